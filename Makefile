@@ -1,0 +1,31 @@
+# corral: `make serve` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# llama-cpp-python compiles llama.cpp once (about 5 minutes on 2 cores); pip caches the wheel.
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
+HOST ?= 127.0.0.1
+PORT ?= 8080
+
+.PHONY: install serve test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[engine,test]'
+	$(PY) -c "from corral.store.embedded import embedded_model_path; print('default model:', embedded_model_path())"
+	touch $@
+
+install: $(VENV)/.installed
+
+serve: install
+	$(VENV)/bin/corral serve --host $(HOST) --port $(PORT)
+
+test: install
+	$(PY) -m pytest -q -ra
+
+bench: install
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

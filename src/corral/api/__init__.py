@@ -1,0 +1,1 @@
+"""The HTTP API (FastAPI): OpenAI, llama.cpp-router and Nitro compatible routes."""

@@ -1,0 +1,82 @@
+"""The event bus: every state change in the router is published here once.
+
+The same events feed GET /models/events (SSE), the logs, the metrics and the tests.
+An event is ``{"event": NAME, "model": ID, ...fields}`` on the wire, as in llama.cpp's
+/models/sse.
+
+Names in use (fields beyond event/model):
+    status_change      instance, old, new, [reason, exit_code, pid]
+                       old/new are instance states: stopped, starting, ready,
+                       stopping, failed
+    model_added        source            (catalog learned a model)
+    model_removed
+    download_started   pull_id, total, source
+    download_progress  pull_id, done, total, rate_bps, eta_s
+    download_finished  pull_id, path, sha256, size
+    download_failed    pull_id, reason
+    download_cancelled pull_id, done
+
+Subscribers each get a bounded queue. A subscriber that falls behind loses the
+oldest events and gets an ``events_dropped`` marker, so a stuck client can never
+make the router's memory grow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+__all__ = ["Event", "EventBus"]
+
+log = logging.getLogger("corral.events")
+
+
+class Event(dict[str, Any]):
+    """A dict with ``event`` and ``model`` keys (plus fields), and a timestamp."""
+
+    @classmethod
+    def make(cls, name: str, model: str | None, **fields: Any) -> "Event":
+        ev = cls(event=name, model=model, **fields)
+        ev["ts"] = time.time()
+        return ev
+
+    @property
+    def name(self) -> str:
+        return self["event"]
+
+
+class EventBus:
+    def __init__(self, queue_size: int = 1000) -> None:
+        self._subscribers: set[asyncio.Queue[Event]] = set()
+        self._queue_size = queue_size
+
+    def publish(self, name: str, model: str | None, **fields: Any) -> Event:
+        """Publish from the event loop thread. Never blocks."""
+        ev = Event.make(name, model, **fields)
+        log.info("%s %s %s", name, model, {k: v for k, v in fields.items()})
+        for q in list(self._subscribers):
+            if q.full():  # drop the two oldest: room for the marker and this event
+                for _ in range(2):
+                    with contextlib.suppress(asyncio.QueueEmpty):
+                        q.get_nowait()
+                q.put_nowait(Event.make("events_dropped", None))
+            q.put_nowait(ev)
+        return ev
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[asyncio.Queue[Event]]:
+        """``async with bus.subscribe() as q: ev = await q.get()``."""
+        q: asyncio.Queue[Event] = asyncio.Queue(self._queue_size)
+        self._subscribers.add(q)
+        try:
+            yield q
+        finally:
+            self._subscribers.discard(q)
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)

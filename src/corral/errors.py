@@ -1,0 +1,181 @@
+"""corral's exception hierarchy, mapped once to OpenAI-style error bodies.
+
+    CorralError                      500 server_error        (never raised bare)
+    ├── ConfigError                  -                       config file/table/key is wrong
+    ├── RequestError                 4xx                     the caller can fix it
+    │   ├── InvalidRequest           400 invalid_request_error (param names the field)
+    │   │   ├── UnsupportedOption    400 code=unsupported_option
+    │   │   ├── ContextLengthExceeded 400 code=context_length_exceeded
+    │   │   └── ModelNotLoaded       400 code=model_not_loaded  (autoload off)
+    │   ├── AuthenticationError      401 authentication_error
+    │   ├── ModelNotFound            404 code=model_not_found
+    │   ├── NotFound                 404 (a pull id, a route object)
+    │   ├── Conflict                 409 (e.g. rm of a loaded model without --force)
+    │   └── PayloadTooLarge          413
+    ├── Unavailable                  503 + Retry-After      try again later
+    │   ├── QueueFull                503 code=queue_full
+    │   └── CapacityTimeout          503 code=capacity_timeout (no room within the wait)
+    ├── ModelError                   5xx                    an instance failed
+    │   ├── LoadFailed               503 code=model_load_failed
+    │   └── WorkerCrashed            502 code=worker_crashed (in-flight requests end so)
+    └── DownloadError                -                       reason in words; see store
+        ├── DownloadCancelled
+        └── ChecksumMismatch
+
+Every error carries what the HTTP layer needs (status, type, code, param); the API
+maps any ``CorralError`` with ``to_body()`` and never lets a traceback out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CorralError",
+    "ConfigError",
+    "RequestError",
+    "InvalidRequest",
+    "UnsupportedOption",
+    "ContextLengthExceeded",
+    "ModelNotLoaded",
+    "AuthenticationError",
+    "ModelNotFound",
+    "NotFound",
+    "Conflict",
+    "PayloadTooLarge",
+    "Unavailable",
+    "QueueFull",
+    "CapacityTimeout",
+    "ModelError",
+    "LoadFailed",
+    "WorkerCrashed",
+    "DownloadError",
+    "DownloadCancelled",
+    "ChecksumMismatch",
+]
+
+
+class CorralError(Exception):
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class ConfigError(CorralError):
+    """A config file is wrong. The message names the file, the table and the key."""
+
+
+class RequestError(CorralError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class InvalidRequest(RequestError):
+    pass
+
+
+class UnsupportedOption(InvalidRequest):
+    code = "unsupported_option"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class ModelNotLoaded(InvalidRequest):
+    code = "model_not_loaded"
+
+
+class AuthenticationError(RequestError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class ModelNotFound(RequestError):
+    status = 404
+    code = "model_not_found"
+
+
+class NotFound(RequestError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(RequestError):
+    status = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(RequestError):
+    status = 413
+    code = "payload_too_large"
+
+
+class Unavailable(CorralError):
+    status = 503
+    type = "server_error"
+    code = "unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kw: Any):
+        super().__init__(message, **kw)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(max(1, round(self.retry_after_s)))}
+
+
+class QueueFull(Unavailable):
+    code = "queue_full"
+
+
+class CapacityTimeout(Unavailable):
+    code = "capacity_timeout"
+
+
+class ModelError(CorralError):
+    status = 503
+    type = "server_error"
+
+
+class LoadFailed(ModelError):
+    code = "model_load_failed"
+
+
+class WorkerCrashed(ModelError):
+    status = 502
+    code = "worker_crashed"
+
+
+class DownloadError(CorralError):
+    """A download failed; ``message`` is a reason a person understands."""
+
+    code = "download_failed"
+
+
+class DownloadCancelled(DownloadError):
+    code = "download_cancelled"
+
+
+class ChecksumMismatch(DownloadError):
+    code = "checksum_mismatch"

@@ -1,0 +1,1 @@
+"""The store: models on disk and downloads."""

@@ -1,0 +1,307 @@
+"""Typed messages between the router and a worker process, and their framing.
+
+This module is the whole contract across the process boundary. It imports nothing
+else of corral, so both sides (``corral.control`` in the router and ``corral.worker``)
+depend on it and never on each other.
+
+Transport: one ``socket.socketpair()`` per worker, created by the router; the child
+end is inherited (``pass_fds``) and named with ``--fd N``. No filesystem path, no TCP
+port: no other local user can reach it. EOF on the socket means the router is gone,
+and the worker exits.
+
+Framing: each message is ``4-byte big-endian length`` + msgpack body. The body is a
+tagged msgspec struct (``{"type": "<tag>", ...}``); ``decode`` returns the concrete
+struct, so handlers ``match`` on the class.
+
+Conversation:
+
+    router                                   worker
+      | ---- (spawn with WorkerSettings) ---> |
+      | <--------------- Loading ------------ |
+      | <------- Ready | LoadFailed --------- |   (LoadFailed: worker exits non-zero)
+      | -- GenerateRequest / EmbedRequest --> |
+      | <--- Delta* then Finished ----------- |   (or RequestFailed)
+      | <--- Embeddings --------------------- |   (or RequestFailed)
+      | ---------------- Abort -------------> |   (answered by Finished(reason="abort"),
+      |                                       |    or nothing if the id is unknown)
+      | ------------- StatsRequest ---------> |
+      | <---------------- Stats ------------- |
+      | --------------- Shutdown -----------> |   (worker drains nothing, exits 0)
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Literal, Union
+
+import msgspec
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "WorkerSettings",
+    "ChatMessage",
+    "SamplingParams",
+    "GenerateRequest",
+    "EmbedRequest",
+    "Abort",
+    "StatsRequest",
+    "Shutdown",
+    "Loading",
+    "ModelInfo",
+    "Ready",
+    "LoadFailed",
+    "Delta",
+    "Usage",
+    "Timings",
+    "Finished",
+    "RequestFailed",
+    "Embeddings",
+    "Stats",
+    "ToWorker",
+    "FromWorker",
+    "FinishReason",
+    "FailureCode",
+    "encode",
+    "decode_to_worker",
+    "decode_from_worker",
+    "FrameDecoder",
+    "FrameTooLarge",
+    "HEADER",
+    "MAX_FRAME",
+]
+
+PROTOCOL_VERSION = 1
+
+HEADER = struct.Struct(">I")
+MAX_FRAME = 256 * 1024 * 1024  # embeddings of large batches can be big; anything above is a bug
+
+
+# --------------------------------------------------------------------------- settings
+
+
+class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a worker needs to load one model instance. Passed as JSON on argv."""
+
+    model_id: str
+    model_path: str
+    instance: int = 0
+    ctx_len: int = 4096  # total KV cells; each slot gets ctx_len // n_parallel
+    n_parallel: int = 4  # slots: sequences decoded together
+    n_batch: int = 512  # max tokens per llama_decode (prompt chunks are at most this)
+    n_gpu_layers: int = 0
+    threads: int | None = None  # None: the engine picks (physical cores)
+    threads_batch: int | None = None
+    embedding: bool = False
+    # Prompt template. chat_template overrides the model's own tokenizer.chat_template.
+    chat_template: str | None = None
+    pre_prompt: str | None = None
+    user_prompt: str | None = None
+    ai_prompt: str | None = None
+    system_prompt: str | None = None
+    seed: int | None = None  # default seed for requests that give none
+    flash_attn: bool | None = None
+    verbose: bool = False
+
+
+# --------------------------------------------------------------------------- router -> worker
+
+
+class ChatMessage(msgspec.Struct, frozen=True):
+    role: str
+    content: str
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    max_tokens: int | None = None  # None: until EOS or the slot's context is full
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = []
+    ignore_eos: bool = False
+
+
+class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True):
+    """Exactly one of prompt / messages is set. The worker renders messages with the
+    model's template (or the configured pre/user/ai prompts)."""
+
+    id: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    params: SamplingParams = SamplingParams()
+    add_special: bool = True  # add BOS for raw prompts when the model wants it
+
+
+class EmbedRequest(msgspec.Struct, frozen=True, tag="embed", kw_only=True):
+    id: str
+    inputs: list[str]
+    normalize: bool = True
+
+
+class Abort(msgspec.Struct, frozen=True, tag="abort"):
+    id: str
+
+
+class StatsRequest(msgspec.Struct, frozen=True, tag="stats_request"):
+    pass
+
+
+class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
+    pass
+
+
+ToWorker = Union[GenerateRequest, EmbedRequest, Abort, StatsRequest, Shutdown]
+
+
+# --------------------------------------------------------------------------- worker -> router
+
+FinishReason = Literal["stop", "length", "abort"]
+FailureCode = Literal[
+    "context_length_exceeded",  # prompt does not fit the slot's context
+    "invalid_request",  # e.g. embeddings asked of a generation-only model
+    "internal",  # the engine failed on this request; the worker goes on
+]
+
+
+class Loading(msgspec.Struct, frozen=True, tag="loading"):
+    pid: int
+    protocol: int = PROTOCOL_VERSION
+
+
+class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
+    description: str  # llama_model_desc, e.g. "gemma3 270M Q4_K - Medium"
+    n_params: int
+    n_vocab: int
+    n_ctx_train: int
+    n_ctx: int  # total KV cells
+    n_ctx_slot: int  # per slot
+    n_slots: int
+    n_embd: int
+    embedding: bool
+    has_chat_template: bool
+    model_bytes: int  # llama_model_size: weights
+    kv_bytes: int  # KV cache (+ compute buffers where known)
+    rss_bytes: int  # process resident memory after load
+    gpu_layers: int
+    load_ms: float
+
+
+class Ready(msgspec.Struct, frozen=True, tag="ready"):
+    pid: int
+    info: ModelInfo
+
+
+class LoadFailed(msgspec.Struct, frozen=True, tag="load_failed"):
+    reason: str
+
+
+class Delta(msgspec.Struct, frozen=True, tag="delta"):
+    """New text for a request. ``text`` is always whole UTF-8 characters and never
+    contains (a prefix of) a stop string that may still complete."""
+
+    id: str
+    text: str
+    n_tokens: int  # tokens this delta covers
+
+
+class Usage(msgspec.Struct, frozen=True):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens reused from the slot's KV cache
+
+
+class Timings(msgspec.Struct, frozen=True):
+    prompt_ms: float
+    predicted_ms: float
+    prompt_per_second: float
+    predicted_per_second: float
+    queued_ms: float = 0.0  # waiting inside the worker for a slot
+
+
+class Finished(msgspec.Struct, frozen=True, tag="finished"):
+    id: str
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    slot: int = -1
+
+
+class RequestFailed(msgspec.Struct, frozen=True, tag="request_failed"):
+    id: str
+    code: FailureCode
+    message: str
+
+
+class Embeddings(msgspec.Struct, frozen=True, tag="embeddings"):
+    id: str
+    data: list[list[float]]
+    prompt_tokens: int
+
+
+class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
+    slots_busy: int
+    slots_total: int
+    waiting: int  # accepted requests not yet in a slot
+    rss_bytes: int
+    model_bytes: int
+    kv_bytes: int
+    tokens_generated: int  # since start
+    tokens_prompt: int
+
+
+FromWorker = Union[
+    Loading, Ready, LoadFailed, Delta, Finished, RequestFailed, Embeddings, Stats
+]
+
+
+# --------------------------------------------------------------------------- framing
+
+_encoder = msgspec.msgpack.Encoder()
+_to_worker = msgspec.msgpack.Decoder(ToWorker)
+_from_worker = msgspec.msgpack.Decoder(FromWorker)
+
+
+class FrameTooLarge(ValueError):
+    pass
+
+
+def encode(msg: ToWorker | FromWorker) -> bytes:
+    """One framed message, ready for ``sock.sendall`` / ``writer.write``."""
+    body = _encoder.encode(msg)
+    if len(body) > MAX_FRAME:
+        raise FrameTooLarge(f"message of {len(body)} bytes exceeds {MAX_FRAME}")
+    return HEADER.pack(len(body)) + body
+
+
+def decode_to_worker(body: bytes | memoryview) -> ToWorker:
+    return _to_worker.decode(body)
+
+
+def decode_from_worker(body: bytes | memoryview) -> FromWorker:
+    return _from_worker.decode(body)
+
+
+class FrameDecoder:
+    """Incremental splitter: ``feed(data)`` returns the complete frame bodies so far."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        out: list[bytes] = []
+        while len(self._buf) >= HEADER.size:
+            (n,) = HEADER.unpack_from(self._buf)
+            if n > MAX_FRAME:
+                raise FrameTooLarge(f"incoming frame of {n} bytes exceeds {MAX_FRAME}")
+            end = HEADER.size + n
+            if len(self._buf) < end:
+                break
+            out.append(bytes(self._buf[HEADER.size : end]))
+            del self._buf[:end]
+        return out

@@ -1,0 +1,1 @@
+"""The worker: one process per model instance, a continuous-batching engine on llama.cpp."""
