@@ -1,0 +1,19 @@
+"""The `corral` command. Each group of commands lives in its own module and registers here."""
+
+from __future__ import annotations
+
+import typer
+
+from corral.cli import serve_cmd, store_cmds
+
+app = typer.Typer(
+    name="corral",
+    help="A local LLM server: many GGUF models, many users, one OpenAI-compatible API.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+serve_cmd.register(app)
+store_cmds.register(app)
+
+if __name__ == "__main__":
+    app()
