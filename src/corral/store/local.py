@@ -1,0 +1,205 @@
+"""The model store on disk: which GGUF models this machine has.
+
+Layout (``models_dir``, default ``$CORRAL_MODELS_DIR`` or ``~/.local/share/corral/models``)::
+
+    models_dir/
+      any/sub/dir/name.gguf            a loose model: id = file stem ("name")
+      <id>.gguf                        a pulled model (placed here once verified)
+      .corral/manifests/<id>.json      pulled models: source, sha256, path, size
+                                       (path may point into the user's HF cache)
+      .corral/partial/<key>.part       downloads in progress or interrupted; never listed
+      .corral/partial/<key>.json       what the partial file is (url, size, sha256, etag)
+
+A model appears in ``list()`` only when its file is complete: pulls write to
+``partial/``, verify, fsync and rename into place, and write the manifest last.
+Files named ``*mmproj*`` (vision projectors) are not models on their own and are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.errors import InvalidRequest, ModelNotFound
+from corral.store.gguf import quantization_of
+
+__all__ = [
+    "LocalModel",
+    "ModelStore",
+    "default_models_dir",
+    "validate_model_id",
+    "model_id_from_filename",
+]
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_META = ".corral"
+
+
+def default_models_dir() -> Path:
+    env = os.environ.get("CORRAL_MODELS_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "corral" / "models"
+
+
+def validate_model_id(model_id: str, *, param: str = "id") -> str:
+    if not _ID_RE.match(model_id) or model_id.endswith(".gguf"):
+        raise InvalidRequest(
+            f"invalid model id {model_id!r}: use letters, digits, '.', '_' and '-' "
+            "(at most 128, starting with a letter or digit)",
+            param=param,
+        )
+    return model_id
+
+
+def model_id_from_filename(name: str) -> str:
+    """``Llama-3.2-1B-Instruct-Q4_K_M.gguf`` -> ``Llama-3.2-1B-Instruct-Q4_K_M``."""
+    stem = Path(name).name
+    if stem.lower().endswith(".gguf"):
+        stem = stem[:-5]
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")[:128]
+    return stem or "model"
+
+
+@dataclass(frozen=True, slots=True)
+class LocalModel:
+    id: str
+    path: Path
+    size: int
+    quantization: str | None
+    source: str | None  # where it was pulled from; None for a loose file
+    sha256: str | None  # known for pulled models; None for loose files (not hashed)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "path": str(self.path),
+            "size": self.size,
+            "quantization": self.quantization,
+            "source": self.source,
+            "sha256": self.sha256,
+        }
+
+
+class ModelStore:
+    """Reads the directory on every call: files a user drops in show up at once."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).expanduser()
+
+    # ----------------------------------------------------------------- paths
+    @property
+    def meta_dir(self) -> Path:
+        return self.root / _META
+
+    @property
+    def manifests_dir(self) -> Path:
+        return self.meta_dir / "manifests"
+
+    @property
+    def partial_dir(self) -> Path:
+        return self.meta_dir / "partial"
+
+    def manifest_path(self, model_id: str) -> Path:
+        return self.manifests_dir / f"{model_id}.json"
+
+    def model_file_path(self, model_id: str) -> Path:
+        """Where a pulled model's file goes."""
+        return self.root / f"{model_id}.gguf"
+
+    def ensure_dirs(self) -> None:
+        self.manifests_dir.mkdir(parents=True, exist_ok=True)
+        self.partial_dir.mkdir(parents=True, exist_ok=True)
+
+    # ----------------------------------------------------------------- reading
+    def _manifests(self) -> dict[str, LocalModel]:
+        out: dict[str, LocalModel] = {}
+        if not self.manifests_dir.is_dir():
+            return out
+        for mf in sorted(self.manifests_dir.glob("*.json")):
+            try:
+                data = json.loads(mf.read_text())
+                path = Path(data["path"])
+                size = path.stat().st_size
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # a manifest whose file is gone or unreadable lists nothing
+            if not path.is_file():
+                continue
+            out[mf.stem] = LocalModel(
+                id=mf.stem,
+                path=path,
+                size=size,
+                quantization=quantization_of(path),
+                source=data.get("source"),
+                sha256=data.get("sha256"),
+            )
+        return out
+
+    def _loose(self, taken: set[Path]) -> dict[str, LocalModel]:
+        out: dict[str, LocalModel] = {}
+        if not self.root.is_dir():
+            return out
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = sorted(d for d in dirnames if d != _META and not d.startswith("."))
+            for name in sorted(filenames):
+                if not name.lower().endswith(".gguf") or "mmproj" in name.lower():
+                    continue
+                path = Path(dirpath) / name
+                if path in taken:
+                    continue
+                mid = model_id_from_filename(name)
+                if mid in out:
+                    continue  # the same stem twice: the first (sorted) wins
+                try:
+                    size = path.stat().st_size
+                except OSError:
+                    continue
+                out[mid] = LocalModel(mid, path, size, quantization_of(path), None, None)
+        return out
+
+    def list(self) -> list[LocalModel]:
+        manifests = self._manifests()
+        loose = self._loose({m.path for m in manifests.values()})
+        merged = {**loose, **manifests}  # a manifest wins over a loose file of that id
+        return [merged[k] for k in sorted(merged)]
+
+    def get(self, model_id: str) -> LocalModel | None:
+        for m in self.list():
+            if m.id == model_id:
+                return m
+        return None
+
+    # ----------------------------------------------------------------- writing
+    def write_manifest(self, model_id: str, *, path: Path, source: str, sha256: str | None,
+                       size: int) -> LocalModel:
+        """Record a pulled model. Written to a temp file and renamed: atomic."""
+        validate_model_id(model_id)
+        self.ensure_dirs()
+        target = self.manifest_path(model_id)
+        tmp = target.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(
+            {"id": model_id, "path": str(path), "source": source, "sha256": sha256,
+             "size": size}, indent=2))
+        os.replace(tmp, target)
+        return LocalModel(model_id, path, size, quantization_of(path), source, sha256)
+
+    def remove(self, model_id: str) -> LocalModel:
+        """Delete a model. A pulled file inside ``models_dir`` is deleted; a file in the
+        user's Hugging Face cache is left there (only the manifest goes)."""
+        model = self.get(model_id)
+        if model is None:
+            raise ModelNotFound(f"model {model_id!r} is not in the store ({self.root})",
+                                param="model")
+        mf = self.manifest_path(model_id)
+        try:
+            inside = model.path.resolve().is_relative_to(self.root.resolve())
+        except OSError:
+            inside = False
+        if inside:
+            model.path.unlink(missing_ok=True)
+        mf.unlink(missing_ok=True)
+        return model
