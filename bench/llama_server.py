@@ -1,0 +1,132 @@
+"""Build (once) and locate llama.cpp's C++ ``llama-server`` for the benchmarks.
+
+The llama.cpp sources come from the llama-cpp-python sdist (the same version
+corral runs), so both sides use the very same llama.cpp. Everything lives
+outside the repository, under ``~/.cache/corral-bench/`` (override with
+``CORRAL_BENCH_CACHE``); the finished binary is reused by later runs.
+
+Usage::
+
+    .venv/bin/python bench/llama_server.py            # build if missing, print the path
+    .venv/bin/python bench/llama_server.py --rebuild  # force a fresh build
+
+The build never reaches the network: the web UI is not downloaded
+(LLAMA_USE_PREBUILT_UI=OFF), OpenSSL/FetchContent are disabled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+CACHE = Path(os.environ.get("CORRAL_BENCH_CACHE", Path.home() / ".cache" / "corral-bench"))
+SRC_ROOT = CACHE / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+LLAMA_CPP = SRC_ROOT / "vendor" / "llama.cpp"
+BUILD_DIR = CACHE / "build-llama-server"
+BINARY = CACHE / "bin" / "llama-server"
+
+CMAKE_FLAGS = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DGGML_NATIVE=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+]
+
+
+def _log(msg: str) -> None:
+    print(f"[llama_server] {msg}", file=sys.stderr, flush=True)
+
+
+def _python() -> str:
+    return sys.executable
+
+
+def fetch_sources() -> Path:
+    """Download the llama-cpp-python sdist via pip and unpack it into the cache."""
+    if (LLAMA_CPP / "CMakeLists.txt").exists():
+        return LLAMA_CPP
+    sdist_dir = CACHE / "sdist"
+    sdist_dir.mkdir(parents=True, exist_ok=True)
+    tarballs = sorted(sdist_dir.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"))
+    if not tarballs:
+        _log(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} sdist")
+        subprocess.run(
+            [_python(), "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(sdist_dir)],
+            check=True,
+        )
+        tarballs = sorted(sdist_dir.glob(f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"))
+    if not tarballs:
+        raise RuntimeError(f"sdist not found in {sdist_dir}")
+    _log(f"extracting {tarballs[0].name}")
+    with tarfile.open(tarballs[0]) as tf:
+        try:
+            tf.extractall(CACHE, filter="data")
+        except TypeError:  # Python < 3.12
+            tf.extractall(CACHE)
+    if not (LLAMA_CPP / "CMakeLists.txt").exists():
+        raise RuntimeError(f"llama.cpp sources missing at {LLAMA_CPP}")
+    return LLAMA_CPP
+
+
+def build(jobs: int = 2, rebuild: bool = False) -> Path:
+    """Return the path of a built llama-server, building it if needed."""
+    if BINARY.exists() and not rebuild:
+        return BINARY
+    if shutil.which("cmake") is None:
+        raise RuntimeError("cmake not found: install cmake (apt-get install cmake) to build llama-server")
+    src = fetch_sources()
+    if rebuild and BUILD_DIR.exists():
+        shutil.rmtree(BUILD_DIR)
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    _log(f"configuring {src} -> {BUILD_DIR}")
+    subprocess.run(["cmake", "-S", str(src), "-B", str(BUILD_DIR), *CMAKE_FLAGS], check=True)
+    _log(f"building llama-server with -j{jobs} (several minutes on 2 cores)")
+    subprocess.run(
+        ["cmake", "--build", str(BUILD_DIR), "--config", "Release", "--target", "llama-server", f"-j{jobs}"],
+        check=True,
+    )
+    built = BUILD_DIR / "bin" / "llama-server"
+    if not built.exists():
+        raise RuntimeError(f"build finished but {built} is missing")
+    BINARY.parent.mkdir(parents=True, exist_ok=True)
+    tmp = BINARY.with_suffix(".tmp")
+    shutil.copy2(built, tmp)
+    os.replace(tmp, BINARY)
+    _log(f"built {BINARY}")
+    return BINARY
+
+
+def find() -> Path | None:
+    """The cached binary, or $LLAMA_SERVER, or None (never builds)."""
+    env = os.environ.get("LLAMA_SERVER")
+    if env and Path(env).exists():
+        return Path(env)
+    return BINARY if BINARY.exists() else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rebuild", action="store_true", help="rebuild even if the binary is cached")
+    ap.add_argument("-j", "--jobs", type=int, default=int(os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2")))
+    args = ap.parse_args()
+    print(build(jobs=args.jobs, rebuild=args.rebuild))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

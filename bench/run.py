@@ -1,0 +1,758 @@
+"""corral benchmarks: corral vs llama.cpp's llama-server vs llama-cpp-python's server.
+
+Everything runs in ONE invocation on the same machine, same model, same thread
+count, same client code, and prints markdown tables with absolute numbers and
+ratios. Results also go to ``bench/results/`` (gitignored).
+
+    .venv/bin/python bench/run.py                     # all scenarios (< 15 min)
+    .venv/bin/python bench/run.py --quick             # smaller counts (< 5 min)
+    .venv/bin/python bench/run.py --only throughput   # or overhead, multimodel, coldstart, queue
+
+Scenarios (see docs/_parts/bench.md):
+  throughput  c=1 and c=8 streaming, 64 tokens: llama-server -np 8, llama-cpp-python, corral
+  overhead    one corral worker reached directly over its socket vs through the HTTP router
+  multimodel  two model ids on one .gguf in one server, c=4 on each at once; llama.cpp router mode too
+  coldstart   POST /models/load -> first token; corral vs llama.cpp router mode
+  queue       1000 concurrent requests, n_parallel 4, max_queue 2000: errors, router peak RSS
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import httpx  # noqa: E402
+
+import llama_server  # noqa: E402
+from loadgen import LoadResult, combined, fmt, run_load, sequential_latency  # noqa: E402
+from servers import (  # noqa: E402
+    PY, RESULTS, ROOT, Server, ServerFailed, corral_cmd, free_port, llama_cpp_python_cmd,
+    llama_router_cmd, llama_server_cmd, stop_all,
+)
+
+SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue")
+SLOT_CTX = 1024  # KV cells per parallel slot, the same for every server
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- tables
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def markdown(self) -> str:
+        out = [f"### {self.title}", ""]
+        if self.rows:
+            out.append("| " + " | ".join(self.columns) + " |")
+            out.append("|" + "|".join("---" for _ in self.columns) + "|")
+            for r in self.rows:
+                out.append("| " + " | ".join(r) + " |")
+        else:
+            out.append("(no rows)")
+        if self.notes:
+            out.append("")
+            out.extend(f"- {n}" for n in self.notes)
+        return "\n".join(out) + "\n"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0:
+        return "–"
+    return f"{a / b:.2f}x"
+
+
+LOAD_COLUMNS = ["server", "c", "requests", "tok/s", "ratio", "TTFT p50 ms", "TTFT p95 ms",
+                "latency p50 ms", "tok/req", "errors"]
+
+
+def load_row(name: str, r: LoadResult, ref: float | None) -> list[str]:
+    errs = str(r.errors) + (f" ({r.status_5xx}x 5xx)" if r.status_5xx else "")
+    return [name, str(r.concurrency), str(r.n_requests), fmt(r.tok_s), ratio(r.tok_s, ref),
+            fmt(r.ttft_p50_ms, 0), fmt(r.ttft_p95_ms, 0), fmt(r.latency_p50_ms, 0),
+            fmt(r.tokens_per_request, 1), errs]
+
+
+def failed_row(name: str, c: int | str, why: str, ncols: int = len(LOAD_COLUMNS)) -> list[str]:
+    short = why.strip().splitlines()[0][:90] if why.strip() else "failed"
+    row = [name, str(c), "–", "FAILED", "–"] + ["–"] * (ncols - 6) + [short.replace("|", "/")]
+    return row[:ncols]
+
+
+# --------------------------------------------------------------------------- context
+
+
+class Ctx:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.quick: bool = args.quick
+        self.model: str = args.model
+        self.threads: int = args.threads
+        self.tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
+        self.llama_bin: Path | None = None
+        self.llama_bin_error: str | None = None
+        self.corral_ok: bool = True
+        self.corral_error: str | None = None
+        self.lcp_error: str | None = None
+        self.lcp_checked = False
+
+    def n(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+    # ---- corral config
+    def corral_config(self, name: str, models: dict[str, dict[str, Any]], **server: Any) -> Path:
+        srv = {
+            "include_default_model": False,
+            "models_dir": str(self.tmp / "empty-models"),
+            "max_loaded_models": max(4, len(models)),
+            "queue_timeout_s": 900.0,
+            "log_dir": str(RESULTS / "logs" / f"{name}-workers"),
+        }
+        srv.update(server)
+        (self.tmp / "empty-models").mkdir(exist_ok=True)
+        lines = ["# generated by bench/run.py", "[server]"]
+        lines += [f"{k} = {toml_value(v)}" for k, v in srv.items()]
+        for mid, m in models.items():
+            lines += ["", f'[models."{mid}"]']
+            lines += [f"{k} = {toml_value(v)}" for k, v in m.items()]
+        text = "\n".join(lines) + "\n"
+        path = self.tmp / f"{name}.toml"
+        path.write_text(text)
+        try:  # fail early, with corral's own message, if the schema moved
+            from corral.config import load_config
+
+            load_config(path)
+        except ImportError:
+            pass
+        return path
+
+    def corral_model(self, n_parallel: int, **extra: Any) -> dict[str, Any]:
+        m = {"path": self.model, "n_parallel": n_parallel, "ctx_len": n_parallel * SLOT_CTX,
+             "threads": self.threads}
+        m.update(extra)
+        return m
+
+    def need_llama(self) -> Path:
+        if self.llama_bin is None:
+            raise ServerFailed(f"llama-server not available: {self.llama_bin_error}")
+        return self.llama_bin
+
+    def need_lcp(self) -> None:
+        if not self.lcp_checked:
+            self.lcp_checked = True
+            self.lcp_error = ensure_llama_cpp_python_server()
+        if self.lcp_error:
+            raise ServerFailed(self.lcp_error)
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))
+
+
+def ensure_llama_cpp_python_server() -> str | None:
+    """llama-cpp-python's server needs extras that corral itself never depends on."""
+    probe = [PY, "-c", "import llama_cpp.server.app"]
+    if subprocess.run(probe, capture_output=True).returncode == 0:
+        return None
+    log("installing sse-starlette starlette-context pydantic-settings for llama_cpp.server (bench only)")
+    r = subprocess.run([PY, "-m", "pip", "install", "-q", "sse-starlette", "starlette-context",
+                        "pydantic-settings"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return "pip install of llama_cpp.server extras failed: " + r.stderr.strip()[-300:]
+    r = subprocess.run(probe, capture_output=True, text=True)
+    if r.returncode != 0:
+        return "llama_cpp.server not importable: " + r.stderr.strip()[-300:]
+    return None
+
+
+async def warmup(base_url: str, model: str | None, extra: dict | None = None, n: int = 2) -> None:
+    """Unmeasured requests: loads lazily-loaded models, warms caches."""
+    r = await run_load(base_url, label="warmup", model=model, concurrency=min(n, 2), n_requests=n,
+                       max_tokens=8, extra=extra, timeout_s=300, first_index=900_000)
+    if r.errors:
+        raise ServerFailed(f"warmup failed: {r.error_samples[:1]}")
+
+
+def start(name: str, cmd: list[str], port: int, timeout_s: float = 180.0, **kw: Any) -> Server:
+    s = Server(name, cmd, port, **kw).start()
+    try:
+        t = s.wait_healthy(timeout_s)
+        log(f"{name} healthy after {t:.1f}s (pid {s.pid}, port {port})")
+    except BaseException:
+        s.stop()
+        raise
+    return s
+
+
+def lcp_extra(max_tokens: int) -> dict[str, Any]:
+    # llama-cpp-python's server has no ignore_eos; min_tokens=max_tokens has the same effect
+    return {"min_tokens": max_tokens}
+
+
+# --------------------------------------------------------------------------- scenario a
+
+
+async def sc_throughput(ctx: Ctx) -> list[Table]:
+    c_list = [1, 8]
+    n_for = {1: ctx.n(10, 4), 8: ctx.n(48, 16)}
+    max_tokens = 64
+    t = Table(f"Throughput: /v1/completions, stream, {max_tokens} tokens, ignore_eos; "
+              f"{ctx.threads} threads each; ratio = tok/s vs llama-server at the same c", LOAD_COLUMNS)
+    results: dict[str, dict[int, LoadResult]] = {}
+
+    async def measure(name: str, srv_factory: Callable[[], Server], model: str | None,
+                      extra: dict | None = None) -> None:
+        try:
+            srv = srv_factory()
+        except Exception as e:  # noqa: BLE001
+            log(f"{name}: {e}")
+            for c in c_list:
+                t.rows.append(failed_row(name, c, str(e)))
+            t.notes.append(f"{name} failed to start: {str(e).splitlines()[0]}")
+            return
+        try:
+            await warmup(srv.base_url, model, extra)
+            for c in c_list:
+                log(f"throughput: {name} c={c} n={n_for[c]}")
+                r = await run_load(srv.base_url, label=name, model=model, concurrency=c,
+                                   n_requests=n_for[c], max_tokens=max_tokens, extra=extra)
+                results.setdefault(name, {})[c] = r
+                log(f"  -> {r.tok_s:.1f} tok/s, errors {r.errors}")
+        except Exception as e:  # noqa: BLE001
+            t.notes.append(f"{name} failed: {e}")
+            for c in c_list:
+                if c not in results.get(name, {}):
+                    t.rows.append(failed_row(name, c, str(e)))
+        finally:
+            srv.stop()
+
+    names = []
+    if "llama-server" in ctx.args.servers:
+        port = free_port()
+        names.append("llama-server")
+        await measure("llama-server", lambda: start(
+            "llama-server", llama_server_cmd(ctx.need_llama(), ctx.model, port, n_parallel=8,
+                                             slot_ctx=SLOT_CTX, threads=ctx.threads), port), None)
+    if "llama-cpp-python" in ctx.args.servers:
+        port = free_port()
+        names.append("llama-cpp-python")
+
+        def lcp() -> Server:
+            ctx.need_lcp()
+            return start("llama-cpp-python", llama_cpp_python_cmd(ctx.model, port, threads=ctx.threads,
+                                                                  n_ctx=8 * SLOT_CTX), port)
+        await measure("llama-cpp-python", lcp, None, lcp_extra(max_tokens))
+    if "corral" in ctx.args.servers:
+        port = free_port()
+        names.append("corral")
+
+        def corral() -> Server:
+            cfg = ctx.corral_config("throughput", {"bench": ctx.corral_model(8)})
+            return start("corral", corral_cmd(cfg, port), port)
+        await measure("corral", corral, "bench")
+
+    ref = results.get("llama-server", {})
+    for name in names:
+        for c in c_list:
+            r = results.get(name, {}).get(c)
+            if r is not None:
+                t.rows.append(load_row(name, r, ref.get(c).tok_s if ref.get(c) else None))
+    t.rows.sort(key=lambda row: (int(row[1]) if row[1].isdigit() else 0, names.index(row[0])
+                                 if row[0] in names else 99))
+    t.data = {n: {c: r.as_dict() for c, r in d.items()} for n, d in results.items()}
+    cr, lr = results.get("corral", {}), results.get("llama-server", {})
+    if 8 in cr and 8 in lr:
+        t.notes.append(f"goal corral >= 1.00x at c=8: {ratio(cr[8].tok_s, lr[8].tok_s)}")
+    if 1 in cr and 1 in lr:
+        t.notes.append(f"goal corral >= 0.95x at c=1: {ratio(cr[1].tok_s, lr[1].tok_s)}")
+    t.notes.append("llama-cpp-python's server has no ignore_eos; it gets min_tokens=max_tokens instead")
+    return [t]
+
+
+# --------------------------------------------------------------------------- scenario b
+
+
+async def sc_overhead(ctx: Ctx) -> list[Table]:
+    from corral import wire
+    from wire_driver import DirectWorker
+
+    n_lat = ctx.n(40, 12)
+    n_load = ctx.n(48, 16)
+    settings = wire.WorkerSettings(model_id="bench", model_path=ctx.model, n_parallel=8,
+                                   ctx_len=8 * SLOT_CTX, threads=ctx.threads, threads_batch=ctx.threads)
+    t = Table("Router overhead: the same worker settings, direct over the socket vs through the HTTP router",
+              ["path", "1-token latency p50 ms", "p95 ms", "c=8 tok/s", "c=8 TTFT p50 ms", "errors"])
+    direct_lat: list[float] | None = None
+    http_lat: list[float] | None = None
+    direct_load = http_load = None
+
+    w = DirectWorker(settings)
+    try:
+        secs = await w.start()
+        log(f"direct worker ready after {secs:.1f}s")
+        await w.run_load(label="warmup", concurrency=2, n_requests=2, max_tokens=8, first_index=900_000)
+        direct_lat = await w.sequential_latency(n_lat)
+        log(f"overhead: direct c=8 n={n_load}")
+        direct_load = await w.run_load(label="direct", concurrency=8, n_requests=n_load)
+        t.rows.append(["worker direct (corral.wire)", fmt(statistics.median(direct_lat), 2),
+                       fmt(_p95(direct_lat), 2), fmt(direct_load.tok_s), fmt(direct_load.ttft_p50_ms, 0),
+                       str(direct_load.errors)])
+    except Exception as e:  # noqa: BLE001
+        t.rows.append(["worker direct (corral.wire)", "FAILED", "–", "–", "–", str(e).splitlines()[0][:90]])
+    finally:
+        await w.stop()
+
+    port = free_port()
+    srv = None
+    try:
+        cfg = ctx.corral_config("overhead", {"bench": ctx.corral_model(8)})
+        srv = start("corral-overhead", corral_cmd(cfg, port), port)
+        await warmup(srv.base_url, "bench")
+        http_lat = await sequential_latency(srv.base_url, model="bench", n=n_lat)
+        log(f"overhead: http c=8 n={n_load}")
+        http_load = await run_load(srv.base_url, label="http", model="bench", concurrency=8,
+                                   n_requests=n_load)
+        t.rows.append(["corral HTTP router", fmt(statistics.median(http_lat), 2), fmt(_p95(http_lat), 2),
+                       fmt(http_load.tok_s), fmt(http_load.ttft_p50_ms, 0), str(http_load.errors)])
+    except Exception as e:  # noqa: BLE001
+        t.rows.append(["corral HTTP router", "FAILED", "–", "–", "–", str(e).splitlines()[0][:90]])
+    finally:
+        if srv:
+            srv.stop()
+
+    if direct_lat and http_lat:
+        added = statistics.median(http_lat) - statistics.median(direct_lat)
+        t.notes.append(f"added latency (median, 1-token request): {added:.2f} ms (goal <= 1 ms); "
+                       "includes the HTTP client's own cost")
+    if direct_load and http_load:
+        t.notes.append(f"streaming tok/s at c=8, router/direct: {ratio(http_load.tok_s, direct_load.tok_s)} "
+                       "(goal >= 0.97x)")
+    t.data = {"direct_latency_ms": direct_lat, "http_latency_ms": http_lat,
+              "direct_load": direct_load.as_dict() if direct_load else None,
+              "http_load": http_load.as_dict() if http_load else None}
+    return [t]
+
+
+def _p95(v: list[float]) -> float | None:
+    from loadgen import pct
+
+    return pct(v, 95)
+
+
+# --------------------------------------------------------------------------- scenario c
+
+
+async def _two_models(base_url: str, ids: tuple[str, str], n_each: int, n_one: int,
+                      extra: dict | None = None) -> tuple[LoadResult, list[LoadResult], LoadResult]:
+    for mid in ids:
+        await warmup(base_url, mid, extra)
+    log(f"multimodel: one model c=8 n={n_one}")
+    one = await run_load(base_url, label=ids[0], model=ids[0], concurrency=8, n_requests=n_one)
+    log(f"multimodel: two models c=4 each n={n_each} each")
+    parts = list(await asyncio.gather(*(
+        run_load(base_url, label=mid, model=mid, concurrency=4, n_requests=n_each, first_index=k * 10_000)
+        for k, mid in enumerate(ids))))
+    both = combined("both", parts)
+    return one, parts, both
+
+
+async def sc_multimodel(ctx: Ctx) -> list[Table]:
+    ids = ("gemma-a", "gemma-b")
+    n_each = ctx.n(24, 8)
+    n_one = ctx.n(48, 16)
+    t = Table("Two model ids on one .gguf in one server: c=4 on each at the same time vs one model at c=8",
+              ["server", "load", "requests", "tok/s", "vs one model c=8", "TTFT p50 ms (worst)",
+               "latency p50 ms (worst)", "errors"])
+    data: dict[str, Any] = {}
+
+    def rows(name: str, one: LoadResult, parts: list[LoadResult], both: LoadResult) -> None:
+        t.rows.append([name, f"one model, c=8", str(one.n_requests), fmt(one.tok_s), "1.00x",
+                       fmt(one.ttft_p50_ms, 0), fmt(one.latency_p50_ms, 0), str(one.errors)])
+        for p in parts:
+            t.rows.append([name, f"{p.label} c=4 (concurrently)", str(p.n_requests), fmt(p.tok_s),
+                           ratio(p.tok_s, one.tok_s), fmt(p.ttft_p50_ms, 0), fmt(p.latency_p50_ms, 0),
+                           str(p.errors)])
+        t.rows.append([name, "**both together**", str(both.n_requests), f"**{fmt(both.tok_s)}**",
+                       ratio(both.tok_s, one.tok_s), fmt(both.ttft_p50_ms, 0), fmt(both.latency_p50_ms, 0),
+                       str(both.errors)])
+        data[name] = {"one": one.as_dict(), "parts": [p.as_dict() for p in parts], "both": both.as_dict()}
+
+    if "corral" in ctx.args.servers:
+        port = free_port()
+        srv = None
+        try:
+            cfg = ctx.corral_config("multimodel", {mid: ctx.corral_model(8) for mid in ids},
+                                    max_loaded_models=2)
+            srv = start("corral-multimodel", corral_cmd(cfg, port), port)
+            rows("corral", *await _two_models(srv.base_url, ids, n_each, n_one))
+        except Exception as e:  # noqa: BLE001
+            t.rows.append(["corral", "FAILED", "–", "–", "–", "–", "–", str(e).splitlines()[0][:90]])
+        finally:
+            if srv:
+                srv.stop()
+
+    if "llama-server" in ctx.args.servers:
+        srv = None
+        try:
+            binary = ctx.need_llama()
+            if not llama_router_supported(binary):
+                raise ServerFailed("this llama-server has no router mode (--models-preset)")
+            preset = ctx.tmp / "multimodel.ini"
+            preset.write_text(llama_preset(ctx, ids, n_parallel=8, load_on_startup=True))
+            port = free_port()
+            srv = start("llama-router-multimodel", llama_router_cmd(binary, preset, port), port,
+                        env=llama_router_env(ctx))
+            rows("llama-server router mode", *await _two_models(srv.base_url, ids, n_each, n_one))
+        except Exception as e:  # noqa: BLE001
+            t.rows.append(["llama-server router mode", "FAILED", "–", "–", "–", "–", "–",
+                           str(e).splitlines()[0][:90]])
+        finally:
+            if srv:
+                srv.stop()
+    t.notes.append(f"each model: n_parallel 8, {ctx.threads} threads, its own process; 64 tokens, stream")
+    t.data = data
+    return [t]
+
+
+def llama_router_supported(binary: Path) -> bool:
+    r = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=30)
+    return "--models-preset" in (r.stdout + r.stderr)
+
+
+def llama_preset(ctx: Ctx, ids: tuple[str, ...], *, n_parallel: int, load_on_startup: bool) -> str:
+    lines = ["version = 1", "", "[*]", f"np = {n_parallel}", f"c = {n_parallel * SLOT_CTX}",
+             f"t = {ctx.threads}", f"tb = {ctx.threads}", "warmup = false"]
+    for mid in ids:
+        lines += ["", f"[{mid}]", f"model = {ctx.model}",
+                  f"load-on-startup = {'true' if load_on_startup else 'false'}"]
+    return "\n".join(lines) + "\n"
+
+
+def llama_router_env(ctx: Ctx) -> dict[str, str]:
+    # an empty cache dir so the router lists only the preset models
+    cache = ctx.tmp / "llama-cache"
+    cache.mkdir(exist_ok=True)
+    return {"LLAMA_CACHE": str(cache), "HF_HOME": str(cache / "hf")}
+
+
+async def wait_model_loaded_llama(base_url: str, mid: str, timeout_s: float = 120) -> None:
+    async with httpx.AsyncClient(timeout=10) as c:
+        deadline = time.perf_counter() + timeout_s
+        while time.perf_counter() < deadline:
+            r = await c.get(base_url + "/models")
+            for m in r.json().get("data", []):
+                if m.get("id") == mid and (m.get("status") or {}).get("value") == "loaded":
+                    return
+            await asyncio.sleep(0.2)
+    raise ServerFailed(f"{mid} not loaded after {timeout_s}s")
+
+
+# --------------------------------------------------------------------------- scenario d
+
+
+async def first_token_after_load(base_url: str, mid: str) -> tuple[float, float, float]:
+    """POST /models/load, then a streamed request; returns (load call s, first token s, total s)
+    all measured from just before the load call."""
+    from loadgen import completion_body
+
+    async with httpx.AsyncClient(timeout=300) as c:
+        t0 = time.perf_counter()
+        r = await c.post(base_url + "/models/load", json={"model": mid})
+        t_load = time.perf_counter() - t0
+        if r.status_code >= 300:
+            raise ServerFailed(f"POST /models/load -> HTTP {r.status_code}: {r.text[:200]}")
+        body = completion_body(mid, 0, 8, stream=True)
+        t_first = None
+        async with c.stream("POST", base_url + "/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                raise ServerFailed(f"completion -> HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
+            async for line in resp.aiter_lines():
+                if line.startswith("data:") and '"text"' in line and t_first is None:
+                    obj = json.loads(line[5:])
+                    if obj.get("choices") and obj["choices"][0].get("text"):
+                        t_first = time.perf_counter() - t0
+        total = time.perf_counter() - t0
+        if t_first is None:
+            raise ServerFailed("no token streamed")
+        return t_load, t_first, total
+
+
+async def sc_coldstart(ctx: Ctx) -> list[Table]:
+    reps = ctx.n(3, 1)
+    t = Table("Cold start: POST /models/load {model} -> first streamed token (fresh server each time)",
+              ["server", "reps", "load call s (median)", "first token s (median)", "min s", "max s",
+               "vs llama.cpp router"])
+    res: dict[str, list[tuple[float, float, float]]] = {}
+    errors: dict[str, str] = {}
+
+    async def run_reps(name: str, make: Callable[[], Server], mid: str, llama: bool) -> None:
+        for i in range(reps):
+            srv = None
+            try:
+                srv = make()
+                log(f"coldstart: {name} rep {i + 1}/{reps}")
+                res.setdefault(name, []).append(await first_token_after_load(srv.base_url, mid))
+            except Exception as e:  # noqa: BLE001
+                errors[name] = str(e).splitlines()[0][:120]
+                return
+            finally:
+                if srv:
+                    srv.stop()
+
+    if "corral" in ctx.args.servers:
+        def mk_corral() -> Server:
+            cfg = ctx.corral_config("coldstart", {"cold": ctx.corral_model(4, load_on_startup=False)})
+            port = free_port()
+            return start("corral-coldstart", corral_cmd(cfg, port), port)
+        await run_reps("corral", mk_corral, "cold", False)
+
+    if "llama-server" in ctx.args.servers:
+        def mk_llama() -> Server:
+            binary = ctx.need_llama()
+            if not llama_router_supported(binary):
+                raise ServerFailed("this llama-server has no router mode (--models-preset)")
+            preset = ctx.tmp / "coldstart.ini"
+            preset.write_text(llama_preset(ctx, ("cold",), n_parallel=4, load_on_startup=False))
+            port = free_port()
+            return start("llama-router-coldstart", llama_router_cmd(binary, preset, port), port,
+                         env=llama_router_env(ctx))
+        await run_reps("llama.cpp router mode", mk_llama, "cold", True)
+
+    ref = res.get("llama.cpp router mode")
+    ref_med = statistics.median(x[1] for x in ref) if ref else None
+    for name, vals in res.items():
+        firsts = [x[1] for x in vals]
+        med = statistics.median(firsts)
+        t.rows.append([name, str(len(vals)), fmt(statistics.median(x[0] for x in vals), 3), fmt(med, 3),
+                       fmt(min(firsts), 3), fmt(max(firsts), 3),
+                       ratio(med, ref_med) if name != "llama.cpp router mode" else "1.00x"])
+    for name, e in errors.items():
+        t.rows.append([name, "FAILED", "–", "–", "–", "–", e.replace("|", "/")])
+    t.notes.append("lower is better; ratio = corral time / llama.cpp router time. "
+                   "'load call' is how long POST /models/load itself took to answer")
+    t.data = {"results": res, "errors": errors}
+    return [t]
+
+
+# --------------------------------------------------------------------------- scenario e
+
+
+async def sc_queue(ctx: Ctx) -> list[Table]:
+    n = ctx.n(1000, 200)
+    max_tokens = 8
+    t = Table(f"Queue: {n} concurrent requests (stream, {max_tokens} tokens) to one model, n_parallel 4",
+              ["server", "requests", "ok", "errors", "5xx", "wall s", "req/s", "tok/s", "latency p50 ms",
+               "latency max ms", "server peak RSS MiB"])
+    data: dict[str, Any] = {}
+
+    async def one(name: str, srv: Server, model: str | None, extra: dict | None = None) -> None:
+        await warmup(srv.base_url, model, extra)
+        log(f"queue: {name} {n} concurrent")
+        r = await run_load(srv.base_url, label=name, model=model, concurrency=n, n_requests=n,
+                           max_tokens=max_tokens, extra=extra, timeout_s=900)
+        hwm = srv.vm_hwm_kb()
+        t.rows.append([name, str(n), str(r.ok), str(r.errors), str(r.status_5xx), fmt(r.wall_s),
+                       fmt(r.req_s), fmt(r.tok_s), fmt(r.latency_p50_ms, 0), fmt(r.latency_max_ms, 0),
+                       fmt(hwm / 1024 if hwm else None)])
+        if r.error_samples:
+            t.notes.append(f"{name} errors, e.g.: {r.error_samples[0][:150]}")
+        data[name] = {**r.as_dict(), "vm_hwm_kb": hwm}
+
+    if "corral" in ctx.args.servers:
+        port = free_port()
+        srv = None
+        try:
+            cfg = ctx.corral_config("queue", {"bench": ctx.corral_model(4)}, max_queue=2000)
+            srv = start("corral-queue", corral_cmd(cfg, port), port)
+            await one("corral (router process)", srv, "bench")
+        except Exception as e:  # noqa: BLE001
+            t.rows.append(["corral", str(n), "FAILED"] + ["–"] * 7 + [str(e).splitlines()[0][:90]])
+        finally:
+            if srv:
+                srv.stop()
+    if "llama-server" in ctx.args.servers and not ctx.args.no_reference:
+        port = free_port()
+        srv = None
+        try:
+            cmd = llama_server_cmd(ctx.need_llama(), ctx.model, port, n_parallel=4, slot_ctx=SLOT_CTX,
+                                   threads=ctx.threads)
+            srv = start("llama-server-queue", cmd, port)
+            await one("llama-server -np 4 (reference, one process)", srv, None)
+        except Exception as e:  # noqa: BLE001
+            t.rows.append(["llama-server", str(n), "FAILED"] + ["–"] * 7 + [str(e).splitlines()[0][:90]])
+        finally:
+            if srv:
+                srv.stop()
+    t.notes.append("corral's RSS is the router process alone (VmHWM); the model lives in its worker. "
+                   "llama-server's RSS includes the model")
+    t.data = data
+    return [t]
+
+
+# --------------------------------------------------------------------------- main
+
+
+FUNCS = {"throughput": sc_throughput, "overhead": sc_overhead, "multimodel": sc_multimodel,
+         "coldstart": sc_coldstart, "queue": sc_queue}
+
+
+def environment(ctx: Ctx) -> list[str]:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.strip()
+    except OSError:
+        rev = "?"
+    load = os.getloadavg()
+    return [
+        f"- date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, corral git {rev}"
+        + (" (--quick)" if ctx.quick else ""),
+        f"- machine: {cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}; "
+        f"load average at start {load[0]:.2f}",
+        f"- model: {ctx.model}",
+        f"- llama-server: {ctx.llama_bin or 'unavailable (' + str(ctx.llama_bin_error) + ')'} "
+        f"(llama.cpp vendored by llama-cpp-python {llama_server.LLAMA_CPP_PYTHON_VERSION})",
+        f"- threads {ctx.threads} everywhere, {SLOT_CTX} KV cells per parallel slot, "
+        "same client (bench/loadgen.py), sampling temperature 0.8 top_p 0.95 top_k 40 min_p 0.05",
+    ]
+
+
+async def amain(args: argparse.Namespace) -> int:
+    ctx = Ctx(args)
+    if "llama-server" in args.servers:
+        try:
+            found = llama_server.find()
+            if found is None and not args.no_build:
+                log("building llama-server (first run only; several minutes)")
+                found = await asyncio.to_thread(llama_server.build, args.jobs)
+            ctx.llama_bin = found
+            if found is None:
+                ctx.llama_bin_error = "not built (run: .venv/bin/python bench/llama_server.py)"
+        except Exception as e:  # noqa: BLE001
+            ctx.llama_bin_error = f"build failed: {e}"
+            log(ctx.llama_bin_error)
+
+    header = ["# corral benchmark", ""] + environment(ctx) + [""]
+    print("\n".join(header), flush=True)
+    tables: list[Table] = []
+    t_all = time.perf_counter()
+    for name in args.only:
+        log(f"=== scenario {name}")
+        t0 = time.perf_counter()
+        try:
+            got = await FUNCS[name](ctx)
+        except Exception as e:  # noqa: BLE001 -- one scenario failing never stops the others
+            traceback.print_exc()
+            got = [Table(f"{name}: FAILED", ["error"], [[str(e).splitlines()[0][:200] if str(e) else
+                                                        type(e).__name__]])]
+        finally:
+            stop_all()
+        dt = time.perf_counter() - t0
+        for tb in got:
+            tb.notes.append(f"scenario '{name}' took {dt:.0f}s")
+            print(tb.markdown(), flush=True)
+        tables.extend(got)
+    total = time.perf_counter() - t_all
+    footer = f"_total {total:.0f}s; command: {' '.join(sys.argv)}_"
+    print(footer, flush=True)
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    md = "\n".join(header) + "\n" + "\n".join(tb.markdown() for tb in tables) + "\n" + footer + "\n"
+    (RESULTS / f"bench-{stamp}.md").write_text(md)
+    (RESULTS / "latest.md").write_text(md)
+    (RESULTS / f"bench-{stamp}.json").write_text(json.dumps(
+        {"argv": sys.argv, "env": header, "tables": [
+            {"title": tb.title, "columns": tb.columns, "rows": tb.rows, "notes": tb.notes, "data": tb.data}
+            for tb in tables]}, indent=1, default=str))
+    log(f"wrote {RESULTS / f'bench-{stamp}.md'} and .json")
+    shutil.rmtree(ctx.tmp, ignore_errors=True)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="corral vs llama-server vs llama-cpp-python, side by side")
+    ap.add_argument("--only", action="append", default=None,
+                    help=f"scenario(s) to run, comma-separated or repeated: {', '.join(SCENARIOS)}")
+    ap.add_argument("--quick", action="store_true", help="smaller counts (< 5 minutes)")
+    ap.add_argument("--servers", default="llama-server,llama-cpp-python,corral",
+                    help="which servers to include (comma-separated)")
+    ap.add_argument("--model", default=None, help="GGUF file (default: corral's embedded Gemma 3 270M)")
+    ap.add_argument("--threads", type=int, default=2, help="threads for every server (default 2)")
+    ap.add_argument("--no-build", action="store_true", help="never build llama-server; skip its rows if absent")
+    ap.add_argument("--no-reference", action="store_true", help="queue scenario: skip the llama-server row")
+    ap.add_argument("-j", "--jobs", type=int, default=2, help="build parallelism for llama-server")
+    args = ap.parse_args()
+
+    only: list[str] = []
+    for item in args.only or list(SCENARIOS):
+        for s in item.split(","):
+            s = s.strip()
+            if not s:
+                continue
+            if s not in SCENARIOS:
+                ap.error(f"unknown scenario {s!r}; choose from {', '.join(SCENARIOS)}")
+            only.append(s)
+    args.only = only
+    args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    if args.model is None:
+        from corral.store.embedded import embedded_model_path
+
+        args.model = str(embedded_model_path())
+    if not Path(args.model).exists():
+        ap.error(f"model not found: {args.model}")
+
+    # 1000 concurrent connections need more than the usual 1024 descriptors (client and server)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, 16384) if hard != resource.RLIM_INFINITY else 16384
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+    try:
+        return asyncio.run(amain(args))
+    except KeyboardInterrupt:
+        log("interrupted; stopping servers")
+        return 130
+    finally:
+        stop_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
