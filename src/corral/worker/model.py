@@ -1,0 +1,278 @@
+"""Loading a GGUF model into a llama.cpp context, and the per-model helpers the engine needs.
+
+This is the only module of the worker that calls llama.cpp's loader; it turns every
+way a load can go wrong into ``ModelLoadError`` with a reason a person understands
+("no such file", "not a GGUF file: bad magic b'PK\\x03\\x04'", ...), so the process
+wrapper can answer ``LoadFailed(reason)``.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import llama_cpp as ll
+
+from corral import wire
+
+__all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes"]
+
+GGUF_MAGIC = b"GGUF"
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+_log_lines: collections.deque[str] = collections.deque(maxlen=20)
+_log_verbose = False
+
+
+class ModelLoadError(Exception):
+    """The model could not be loaded; ``str(exc)`` is the reason for ``LoadFailed``."""
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+def _log_callback(level: int, text: bytes | None, _user: ctypes.c_void_p) -> None:
+    if not text:
+        return
+    line = text.decode("utf-8", "replace")
+    # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 cont
+    if level in (3, 4):
+        _log_lines.append(line.rstrip())
+    if _log_verbose or level == 4:
+        sys.stderr.write(line)
+
+
+def _init_backend(verbose: bool) -> None:
+    global _backend_ready, _log_verbose
+    with _backend_lock:
+        _log_verbose = verbose
+        if _backend_ready:
+            return
+        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        ll.llama_backend_init()
+        _backend_ready = True
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process, from /proc/self/statm (0 where unavailable)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def check_gguf_file(path: str) -> None:
+    """Raise ``ModelLoadError`` unless ``path`` is a readable file that starts like a GGUF."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except FileNotFoundError:
+        raise ModelLoadError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise ModelLoadError(f"is a directory, not a model file: {path}") from None
+    except PermissionError:
+        raise ModelLoadError(f"permission denied reading {path}") from None
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(head) < 8:
+        raise ModelLoadError(f"not a GGUF file: {path} is only {len(head)} bytes long")
+    if head[:4] != GGUF_MAGIC:
+        raise ModelLoadError(f"not a GGUF file: bad magic {head[:4]!r} in {path}")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in (2, 3):
+        raise ModelLoadError(f"unsupported GGUF version {version} in {path}")
+
+
+@dataclass
+class LoadedModel:
+    """A model, its vocabulary and one context sized for all slots."""
+
+    model: ll.llama_model_p
+    ctx: ll.llama_context_p
+    vocab: ll.llama_vocab_p
+    memory: ll.llama_memory_t
+    n_ctx: int
+    n_ctx_slot: int
+    n_slots: int
+    n_batch: int
+    n_vocab: int
+    n_swa: int
+    embedding: bool
+    pooling: int
+    add_bos: bool
+    info: wire.ModelInfo
+
+    def meta(self, key: str) -> str | None:
+        return model_meta(self.model, key)
+
+    def free(self) -> None:
+        if self.ctx:
+            ll.llama_free(self.ctx)
+            self.ctx = None  # type: ignore[assignment]
+        if self.model:
+            ll.llama_model_free(self.model)
+            self.model = None  # type: ignore[assignment]
+
+
+def model_meta(model: ll.llama_model_p, key: str) -> str | None:
+    size = 256
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_model_meta_val_str(model, key.encode(), buf, size)
+        if n < 0:
+            return None
+        if n < size:
+            return buf.value.decode("utf-8", "replace")
+        size = n + 1
+
+
+def _kv_bytes(model: ll.llama_model_p, n_ctx: int, n_slots: int, n_swa_cells: int) -> int:
+    """KV cache size computed from the model's shape (f16 K and V, the default cache type).
+
+    Per layer and cell: n_head_kv * (head_dim_k + head_dim_v) * 2 bytes. Sliding-window
+    layers (Gemma 3: 5 of every 6) only keep ``n_swa_cells`` per slot. Head dims come from
+    GGUF metadata (``<arch>.attention.key_length``), else n_embd / n_head.
+    """
+    arch = model_meta(model, "general.architecture") or ""
+    n_layer = ll.llama_model_n_layer(model)
+    n_head = max(1, ll.llama_model_n_head(model))
+    n_head_kv = ll.llama_model_n_head_kv(model)
+    n_embd = ll.llama_model_n_embd(model)
+
+    def meta_int(key: str, default: int) -> int:
+        v = model_meta(model, f"{arch}.{key}")
+        try:
+            return int(v) if v is not None else default
+        except ValueError:
+            return default
+
+    dk = meta_int("attention.key_length", n_embd // n_head)
+    dv = meta_int("attention.value_length", n_embd // n_head)
+    per_cell_layer = n_head_kv * (dk + dv) * 2
+    n_swa = ll.llama_model_n_swa(model)
+    pattern = meta_int("attention.sliding_window_pattern", 6 if arch.startswith("gemma3") else 0)
+    if n_swa > 0 and pattern > 1 and n_swa_cells < n_ctx:
+        n_full = n_layer // pattern
+        n_sliding = n_layer - n_full
+        return per_cell_layer * (n_full * n_ctx + n_sliding * min(n_ctx, n_swa_cells))
+    return per_cell_layer * n_layer * n_ctx
+
+
+def load_model(s: wire.WorkerSettings) -> LoadedModel:
+    """Load ``s.model_path`` and create one context with ``s.n_parallel`` sequences."""
+    t0 = time.perf_counter()
+    if s.n_parallel < 1:
+        raise ModelLoadError(f"n_parallel must be at least 1, got {s.n_parallel}")
+    if s.ctx_len < s.n_parallel * 16:
+        raise ModelLoadError(f"ctx_len {s.ctx_len} is too small for {s.n_parallel} slots")
+    if s.n_batch < 1:
+        raise ModelLoadError(f"n_batch must be at least 1, got {s.n_batch}")
+    check_gguf_file(s.model_path)
+    _init_backend(s.verbose)
+    _log_lines.clear()
+
+    mparams = ll.llama_model_default_params()
+    mparams.n_gpu_layers = s.n_gpu_layers
+    model = ll.llama_model_load_from_file(s.model_path.encode(), mparams)
+    if not model:
+        detail = "; ".join(line for line in _log_lines if line)[-500:]
+        raise ModelLoadError(
+            f"llama.cpp could not load {s.model_path}" + (f": {detail}" if detail else "")
+        )
+    try:
+        return _make_context(s, model, t0)
+    except BaseException:
+        ll.llama_model_free(model)
+        raise
+
+
+def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float) -> LoadedModel:
+    n_slots = s.n_parallel
+    n_ctx_slot = s.ctx_len // n_slots
+    n_ctx_train = ll.llama_model_n_ctx_train(model)
+    if n_ctx_train > 0:
+        n_ctx_slot = min(n_ctx_slot, n_ctx_train)
+    n_ctx = n_ctx_slot * n_slots
+    n_batch = s.n_batch
+    if s.embedding:
+        # Pooled embeddings need a whole input in one micro-batch.
+        n_batch = max(n_batch, n_ctx_slot)
+    threads = s.threads or os.cpu_count() or 1
+    threads_batch = s.threads_batch or threads
+
+    def make(pooling: int) -> ll.llama_context_p:
+        p = ll.llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = n_batch
+        p.n_ubatch = n_batch if s.embedding else min(n_batch, 512)
+        p.n_seq_max = n_slots
+        p.n_threads = threads
+        p.n_threads_batch = threads_batch
+        p.embeddings = s.embedding
+        p.pooling_type = pooling
+        p.kv_unified = False  # one KV stream per slot: attention only over its own cells
+        p.no_perf = True
+        if s.flash_attn is not None:
+            p.flash_attn_type = (
+                ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
+        ctx = ll.llama_init_from_model(model, p)
+        if not ctx:
+            detail = "; ".join(_log_lines)[-500:]
+            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} cells: {detail}")
+        return ctx
+
+    ctx = make(ll.LLAMA_POOLING_TYPE_UNSPECIFIED)
+    pooling = ll.llama_pooling_type(ctx)
+    if s.embedding and pooling == ll.LLAMA_POOLING_TYPE_NONE:
+        # A generative model has no pooling of its own: mean-pool its hidden states.
+        ll.llama_free(ctx)
+        ctx = make(ll.LLAMA_POOLING_TYPE_MEAN)
+        pooling = ll.llama_pooling_type(ctx)
+
+    vocab = ll.llama_model_get_vocab(model)
+    n_swa = ll.llama_model_n_swa(model)
+    desc = ctypes.create_string_buffer(256)
+    ll.llama_model_desc(model, desc, 256)
+    model_bytes = int(ll.llama_model_size(model))
+    swa_cells = n_swa + min(n_batch, 512) if n_swa > 0 else n_ctx_slot
+    kv_bytes = _kv_bytes(model, n_ctx_slot, n_slots, swa_cells) * n_slots
+    has_template = bool(s.chat_template) or model_meta(model, "tokenizer.chat_template") is not None
+    info = wire.ModelInfo(
+        description=desc.value.decode("utf-8", "replace"),
+        n_params=int(ll.llama_model_n_params(model)),
+        n_vocab=ll.llama_vocab_n_tokens(vocab),
+        n_ctx_train=n_ctx_train,
+        n_ctx=n_ctx,
+        n_ctx_slot=n_ctx_slot,
+        n_slots=n_slots,
+        n_embd=ll.llama_model_n_embd(model),
+        embedding=s.embedding,
+        has_chat_template=has_template,
+        model_bytes=model_bytes,
+        kv_bytes=kv_bytes,
+        rss_bytes=rss_bytes(),
+        gpu_layers=s.n_gpu_layers,
+        load_ms=(time.perf_counter() - t0) * 1000.0,
+    )
+    return LoadedModel(
+        model=model,
+        ctx=ctx,
+        vocab=vocab,
+        memory=ll.llama_get_memory(ctx),
+        n_ctx=n_ctx,
+        n_ctx_slot=n_ctx_slot,
+        n_slots=n_slots,
+        n_batch=n_batch,
+        n_vocab=info.n_vocab,
+        n_swa=n_swa,
+        embedding=s.embedding,
+        pooling=pooling,
+        add_bos=bool(ll.llama_vocab_get_add_bos(vocab)),
+        info=info,
+    )

@@ -1,0 +1,186 @@
+"""The worker process: socket IO around the engine.
+
+    python -m corral.worker --fd N --settings JSON   (or --settings-file PATH)
+
+Threads:
+
+- reader (daemon): ``recv`` on the socket, split frames, decode ``wire.ToWorker``, put
+  them into ``inbox`` (a ``queue.SimpleQueue``). EOF or a broken frame puts ``_EOF``.
+- main: the engine loop. When the engine has nothing to do it blocks on ``inbox.get()``
+  (no busy spin); otherwise it drains the inbox without blocking, runs one
+  ``engine.step()`` and writes all messages of that step with one ``sendall``.
+
+The router going away closes the socket: the reader sees EOF and the loop exits 0. On
+Linux ``PR_SET_PDEATHSIG`` also kills the worker if the router dies without closing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import msgspec
+
+from corral import wire
+
+__all__ = ["main", "serve"]
+
+log = logging.getLogger("corral.worker")
+
+_EOF = object()
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux libc
+        log.warning("could not set PR_SET_PDEATHSIG")
+
+
+def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]") -> None:
+    dec = wire.FrameDecoder()
+    try:
+        while True:
+            data = sock.recv(1 << 16)
+            if not data:
+                break
+            for body in dec.feed(data):
+                try:
+                    inbox.put(wire.decode_to_worker(body))
+                except msgspec.DecodeError as exc:
+                    # A message we cannot read is a router bug; say so and go on.
+                    log.error("undecodable message from router: %s", exc)
+    except (OSError, wire.FrameTooLarge) as exc:
+        log.error("socket read failed: %s", exc)
+    finally:
+        inbox.put(_EOF)
+
+
+class _Writer:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.broken = False
+
+    def send(self, msgs: list) -> None:
+        if not msgs or self.broken:
+            return
+        data = b"".join(wire.encode(m) for m in msgs)
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            log.error("socket write failed: %s", exc)
+            self.broken = True
+
+
+def serve(sock: socket.socket, settings: wire.WorkerSettings) -> int:
+    """Run one worker on a connected socket; return the process exit code."""
+    out = _Writer(sock)
+    out.send([wire.Loading(os.getpid())])
+    from corral.worker.model import ModelLoadError
+
+    try:
+        from corral.worker.engine import Engine
+
+        engine = Engine(settings)
+    except ModelLoadError as exc:
+        log.error("load failed: %s", exc)
+        out.send([wire.LoadFailed(str(exc))])
+        return 1
+    except Exception as exc:  # noqa: BLE001 - report anything as a load failure
+        log.exception("load failed")
+        out.send([wire.LoadFailed(f"{type(exc).__name__}: {exc}")])
+        return 1
+    log.info("ready: %s, %d slots of %d tokens", engine.info.description, engine.info.n_slots,
+             engine.info.n_ctx_slot)
+    out.send([wire.Ready(os.getpid(), engine.info)])
+
+    inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+    threading.Thread(target=_reader, args=(sock, inbox), name="corral-reader", daemon=True).start()
+    try:
+        return _loop(engine, inbox, out)
+    finally:
+        engine.close()
+
+
+def _loop(engine, inbox: "queue.SimpleQueue[object]", out: _Writer) -> int:  # noqa: ANN001
+    replies: list = []
+    while True:
+        msg = inbox.get() if not engine.has_work else _get_nowait(inbox)
+        while msg is not None:
+            if msg is _EOF:
+                log.info("router closed the socket; exiting")
+                return 0
+            if isinstance(msg, (wire.GenerateRequest, wire.EmbedRequest)):
+                engine.submit(msg)
+            elif isinstance(msg, wire.Abort):
+                engine.abort(msg.id)
+            elif isinstance(msg, wire.StatsRequest):
+                replies.append(engine.stats())
+            elif isinstance(msg, wire.Shutdown):
+                out.send(engine.take_output())
+                log.info("shutdown requested")
+                return 0
+            msg = _get_nowait(inbox)
+        try:
+            msgs = engine.step()
+        except Exception:  # noqa: BLE001 - the engine failed outside any one request
+            log.exception("engine step failed")
+            msgs = engine.fail_all("internal engine error (see worker log)")
+        if replies:
+            msgs = [*msgs, *replies]
+            replies = []
+        out.send(msgs)
+        if out.broken:
+            return 0
+
+
+def _get_nowait(inbox: "queue.SimpleQueue[object]") -> object | None:
+    try:
+        return inbox.get_nowait()
+    except queue.Empty:
+        return None
+
+
+def _parse_args(argv: list[str] | None) -> tuple[int, wire.WorkerSettings]:
+    ap = argparse.ArgumentParser(prog="python -m corral.worker", description=__doc__.split("\n")[0])
+    ap.add_argument("--fd", type=int, required=True, help="inherited socketpair end")
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--settings", help="wire.WorkerSettings as JSON")
+    g.add_argument("--settings-file", type=Path, help="file holding wire.WorkerSettings JSON")
+    args = ap.parse_args(argv)
+    raw = args.settings if args.settings is not None else args.settings_file.read_bytes()
+    try:
+        settings = msgspec.json.decode(raw, type=wire.WorkerSettings)
+    except msgspec.DecodeError as exc:
+        ap.error(f"bad --settings: {exc}")
+    return args.fd, settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    _die_with_parent()
+    fd, settings = _parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if settings.verbose else logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s worker[{settings.model_id}#{settings.instance}] %(levelname)s %(message)s",
+    )
+    sock = socket.socket(fileno=fd)
+    try:
+        return serve(sock, settings)
+    finally:
+        try:
+            sock.close()
+        except OSError:
+            pass

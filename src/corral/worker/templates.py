@@ -1,0 +1,138 @@
+"""Turning chat messages into one prompt string.
+
+Two ways, chosen once per worker:
+
+- ``JinjaTemplate``: a Hugging Face style chat template (the model's own
+  ``tokenizer.chat_template`` from GGUF metadata, or ``WorkerSettings.chat_template``),
+  rendered in a sandboxed Jinja2 environment the way ``transformers`` does: trim_blocks,
+  lstrip_blocks, ``raise_exception``, ``bos_token``/``eos_token``, ``add_generation_prompt``.
+- ``PlainTemplate``: for models without one (the embedded Gemma base model). Nitro style:
+
+      <system text or pre_prompt>
+      <user_prompt><content>
+      <ai_prompt><content>
+      ...
+      <ai_prompt>
+
+  A system message takes pre_prompt's place (system_prompt is put before its text);
+  defaults: user_prompt "User: ", ai_prompt "Assistant: ".
+
+A template that fails to render raises ``TemplateError`` with the reason; the engine
+reports that as ``RequestFailed(code="invalid_request")``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Protocol, Sequence
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from corral import wire
+
+__all__ = ["TemplateError", "ChatTemplate", "JinjaTemplate", "PlainTemplate", "choose_template"]
+
+DEFAULT_USER_PROMPT = "User: "
+DEFAULT_AI_PROMPT = "Assistant: "
+
+
+class TemplateError(ValueError):
+    pass
+
+
+class ChatTemplate(Protocol):
+    def render(self, messages: Sequence[wire.ChatMessage]) -> str: ...
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+class JinjaTemplate:
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self._tmpl = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"chat template does not compile: {exc}") from exc
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    def render(self, messages: Sequence[wire.ChatMessage]) -> str:
+        try:
+            return self._tmpl.render(
+                messages=[{"role": m.role, "content": m.content} for m in messages],
+                add_generation_prompt=True,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"chat template failed: {exc}") from exc
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            raise TemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _tojson(value: object, indent: int | None = None) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+class PlainTemplate:
+    def __init__(
+        self,
+        *,
+        pre_prompt: str | None = None,
+        user_prompt: str | None = None,
+        ai_prompt: str | None = None,
+        system_prompt: str | None = None,
+    ) -> None:
+        self.pre_prompt = pre_prompt or ""
+        self.user_prompt = DEFAULT_USER_PROMPT if user_prompt is None else user_prompt
+        self.ai_prompt = DEFAULT_AI_PROMPT if ai_prompt is None else ai_prompt
+        self.system_prompt = system_prompt or ""
+
+    def render(self, messages: Sequence[wire.ChatMessage]) -> str:
+        system = [m.content for m in messages if m.role == "system"]
+        lines: list[str] = []
+        if system:
+            lines.append(self.system_prompt + "\n".join(system))
+        elif self.pre_prompt:
+            lines.append(self.pre_prompt)
+        for m in messages:
+            if m.role == "system":
+                continue
+            if m.role == "assistant":
+                lines.append(self.ai_prompt + m.content)
+            elif m.role in ("user", "tool", "function"):
+                lines.append(self.user_prompt + m.content)
+            else:
+                raise TemplateError(f"unknown message role {m.role!r}")
+        lines.append(self.ai_prompt.rstrip(" ") if self.ai_prompt.endswith(" ") else self.ai_prompt)
+        return "\n".join(lines)
+
+
+def choose_template(
+    s: wire.WorkerSettings, model_template: str | None, bos_token: str, eos_token: str
+) -> ChatTemplate:
+    source = s.chat_template or model_template
+    if source:
+        return JinjaTemplate(source, bos_token=bos_token, eos_token=eos_token)
+    return PlainTemplate(
+        pre_prompt=s.pre_prompt,
+        user_prompt=s.user_prompt,
+        ai_prompt=s.ai_prompt,
+        system_prompt=s.system_prompt,
+    )
