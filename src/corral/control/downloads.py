@@ -1,0 +1,425 @@
+"""Downloads, each in its own child process (``python -m corral.store.fetch``).
+
+The router only starts, watches and stops these children; a crash of one cannot hurt
+the router. One asyncio task per pull owns the child and turns its typed messages
+(``corral.store.messages``) into events on the bus:
+
+    download_started   pull_id, total, source
+    download_progress  pull_id, done, total, rate_bps, eta_s   (throttled, see below)
+    download_finished  pull_id, path, sha256, size
+    download_failed    pull_id, reason
+    download_cancelled pull_id, done                            (never reported as failed)
+
+Pull states: resolving -> downloading -> finished | failed | cancelled.
+A failure while resolving (404, gated repo, no file with that tag, not enough disk
+space) also raises from ``start()`` so the HTTP caller gets a 4xx/5xx at once.
+
+Two pulls of the same source (or that resolve to the same model id) share one child
+and one pull id. Cancel = SIGTERM, then SIGKILL after ``kill_after_s``; the partial
+file stays, and a later pull of the same file resumes from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from corral.control.events import EventBus
+from corral.errors import (
+    Conflict,
+    CorralError,
+    DownloadError,
+    InvalidRequest,
+    NotFound,
+)
+from corral.store import messages as m
+from corral.store.local import ModelStore, validate_model_id
+from corral.store.sources import SourceError, parse_source
+
+__all__ = ["DownloadManager", "PullHandle", "PullState", "ProgressThrottle", "disk_free"]
+
+log = logging.getLogger("corral.downloads")
+
+PullState = Literal["resolving", "downloading", "finished", "failed", "cancelled"]
+OnFinished = Callable[[str, Path], "Awaitable[None] | None"]
+
+
+def disk_free(path: Path) -> int:
+    """Free bytes on the file system that holds ``path`` (tests replace this)."""
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+@dataclass
+class PullHandle:
+    pull_id: str
+    model_id: str
+    source: str
+    state: PullState = "resolving"
+    done: int = 0
+    total: int | None = None
+    rate_bps: float = 0.0
+    eta_s: float | None = None
+    path: Path | None = None
+    sha256: str | None = None
+    reason: str | None = None
+    partial_path: Path | None = None
+    _resolved: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    _ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    _error: CorralError | None = field(default=None, repr=False)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ("resolving", "downloading")
+
+    async def wait(self) -> PullState:
+        """Until the pull ends; returns the final state."""
+        await self._ended.wait()
+        return self.state
+
+    def progress(self) -> dict[str, Any]:
+        return {"pull_id": self.pull_id, "done": self.done, "total": self.total,
+                "rate_bps": round(self.rate_bps, 1), "eta_s": self.eta_s}
+
+
+class ProgressThrottle:
+    """Decides which progress updates become events: at most one per ``min_interval_s``,
+    and only when something a person would see changed (a whole percent, or the ETA in
+    whole seconds). Never one per megabyte."""
+
+    def __init__(self, min_interval_s: float = 0.5, clock: Callable[[], float] = time.monotonic):
+        self.min_interval_s = min_interval_s
+        self._clock = clock
+        self._last_t: float | None = None
+        self._last_key: tuple[int, int | None] | None = None
+
+    def should_emit(self, done: int, total: int | None, eta_s: float | None) -> bool:
+        now = self._clock()
+        if self._last_t is not None and now - self._last_t < self.min_interval_s:
+            return False
+        pct = int(done * 100 / total) if total else done >> 20  # MiB when size unknown
+        key = (pct, None if eta_s is None else int(eta_s))
+        if key == self._last_key:
+            return False
+        self._last_t, self._last_key = now, key
+        return True
+
+
+class _Rate:
+    """Bytes per second over this session's transfer (bytes resumed from disk excluded)."""
+
+    def __init__(self) -> None:
+        self._t0: float | None = None
+        self._d0 = 0
+
+    def update(self, done: int) -> float:
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0, self._d0 = now, done
+            return 0.0
+        dt = now - self._t0
+        return (done - self._d0) / dt if dt > 0 else 0.0
+
+
+class DownloadManager:
+    def __init__(
+        self,
+        store: ModelStore,
+        bus: EventBus,
+        on_finished: OnFinished | None = None,
+        *,
+        retries: int = 5,
+        retry_backoff_s: float = 0.5,
+        progress_interval_s: float = 0.5,
+        resolve_timeout_s: float = 120.0,
+        kill_after_s: float = 3.0,
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.on_finished = on_finished
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+        self.progress_interval_s = progress_interval_s
+        self.resolve_timeout_s = resolve_timeout_s
+        self.kill_after_s = kill_after_s
+        self.spawned = 0  # child processes started (tests count them)
+        self._by_id: dict[str, PullHandle] = {}
+        self._by_source: dict[tuple[str, str | None], PullHandle] = {}
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._cancelling: set[str] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------------ queries
+    def get(self, pull_id: str) -> PullHandle | None:
+        return self._by_id.get(pull_id)
+
+    def find_by_model(self, model_id: str) -> PullHandle | None:
+        for h in self._by_id.values():
+            if h.active and h.model_id == model_id:
+                return h
+        return None
+
+    def progress(self, model_id: str) -> dict[str, Any] | None:
+        h = self.find_by_model(model_id)
+        return h.progress() if h else None
+
+    def active(self) -> list[PullHandle]:
+        return [h for h in self._by_id.values() if h.active]
+
+    # ------------------------------------------------------------------ start
+    async def start(self, source: str, sha256: str | None = None,
+                    model_id: str | None = None) -> PullHandle:
+        """Start (or join) a pull; returns once the file is resolved and the transfer began.
+
+        Raises InvalidRequest / NotFound / Conflict / DownloadError when the pull cannot
+        start (the same reason is published as download_failed)."""
+        if self._closed:
+            raise DownloadError("the download manager is shut down")
+        source = source.strip()
+        try:
+            parsed = parse_source(source)
+        except SourceError as exc:
+            raise InvalidRequest(str(exc), param="model") from exc
+        if sha256 is not None:
+            sha256 = sha256.strip().lower()
+            if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+                raise InvalidRequest("sha256 must be 64 hex digits", param="sha256")
+        if model_id is not None:
+            validate_model_id(model_id)
+            if self.store.get(model_id) is not None:
+                raise Conflict(f"model {model_id!r} already exists; remove it first",
+                               param="id")
+
+        key = (source, model_id)
+        existing = self._by_source.get(key)
+        if existing is not None and existing.active:
+            return await self._joined(existing)
+
+        pull_id = "pull-" + uuid.uuid4().hex[:12]
+        h = PullHandle(pull_id, model_id or parsed.provisional_id, source)
+        self._by_id[pull_id] = h
+        self._by_source[key] = h
+        req = m.FetchRequest(source=source, models_dir=str(self.store.root), sha256=sha256,
+                             model_id=model_id, retries=self.retries,
+                             retry_backoff_s=self.retry_backoff_s)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "corral.store.fetch", msgspec.json.encode(req).decode(),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                start_new_session=True,  # a Ctrl-C in a terminal reaches us, not the child
+            )
+        except OSError as exc:
+            self._end(h, "failed", reason=f"cannot start the download process: {exc}")
+            raise DownloadError(h.reason or "") from exc
+        self.spawned += 1
+        self._procs[pull_id] = proc
+        self._tasks[pull_id] = asyncio.create_task(self._watch(h, proc), name=pull_id)
+        try:
+            await asyncio.wait_for(h._resolved.wait(), self.resolve_timeout_s)
+        except TimeoutError:
+            await self._stop(pull_id)
+            self._end(h, "failed", reason="timed out while looking up the file")
+        if h._error is not None:
+            raise h._error
+        if h.state != "resolving":  # ended while resolving
+            raise h._error or DownloadError(h.reason or "download failed")
+
+        # Resolved: a second pull may have resolved to the same model meanwhile.
+        other = next((o for o in self.active() if o is not h and o.model_id == h.model_id), None)
+        if other is not None:
+            self._by_id.pop(pull_id, None)
+            h.state = "cancelled"  # quietly: this pull never started as far as anyone knows
+            h._ended.set()
+            await self._stop(pull_id)
+            self._by_source[key] = other
+            return await self._joined(other)
+        if model_id is None and self.store.get(h.model_id) is not None:
+            await self._stop(pull_id)
+            err = Conflict(f"model {h.model_id!r} already exists; remove it first "
+                           "or pull with another id", param="model")
+            self._end(h, "failed", reason=err.message, error=err)
+            raise err
+        need = (h.total or 0) - h.done
+        if h.path is None and need > 0:
+            free = disk_free(self.store.root)
+            if free < need:
+                await self._stop(pull_id)
+                err = DownloadError(
+                    f"not enough disk space in {self.store.root}: the download needs "
+                    f"{_fmt(need)} more, {_fmt(free)} is free")
+                err.status = 507
+                self._end(h, "failed", reason=err.message, error=err)
+                raise err
+        h.state = "downloading"
+        self.bus.publish("download_started", h.model_id, pull_id=h.pull_id, total=h.total,
+                         source=h.source)
+        assert proc.stdin is not None
+        proc.stdin.write(m.encode(m.Proceed()))
+        try:
+            await proc.stdin.drain()
+        except (ConnectionError, BrokenPipeError):
+            pass  # the child died; _watch reports it
+        return h
+
+    async def _joined(self, h: PullHandle) -> PullHandle:
+        await h._resolved.wait()
+        if h._error is not None:
+            raise h._error
+        return h
+
+    # ------------------------------------------------------------------ cancel / close
+    async def cancel(self, pull_id: str) -> bool:
+        """Stop a pull; True if it was running. The partial file stays for a resume."""
+        h = self._by_id.get(pull_id)
+        if h is None or not h.active:
+            return False
+        self._cancelling.add(pull_id)
+        await self._stop(pull_id)
+        task = self._tasks.get(pull_id)
+        if task is not None:
+            await asyncio.shield(task)
+        return True
+
+    async def close(self) -> None:
+        """Stop every child (partial files stay); later starts are refused."""
+        self._closed = True
+        for pull_id in [h.pull_id for h in self.active()]:
+            await self.cancel(pull_id)
+
+    async def _stop(self, pull_id: str) -> None:
+        proc = self._procs.get(pull_id)
+        if proc is None or proc.returncode is not None:
+            return
+        # 1. ask: SIGTERM ends the child at once (it holds no state worth saving:
+        #    whatever reached the partial file is kept and verified on resume).
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), self.kill_after_s)
+        except TimeoutError:
+            # 2. it did not go: SIGKILL.
+            proc.kill()
+            await proc.wait()
+
+    # ------------------------------------------------------------------ the owner task
+    async def _watch(self, h: PullHandle, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        reader = m.FrameReader()
+        rate = _Rate()
+        throttle = ProgressThrottle(self.progress_interval_s)
+        try:
+            while h.active:
+                data = await proc.stdout.read(65536)
+                if not data:
+                    break
+                for body in reader.feed(data):
+                    self._handle(h, m.decode_from_fetch(body), rate, throttle)
+                    if not h.active:
+                        break
+        except (msgspec.DecodeError, ValueError) as exc:
+            log.error("bad message from download process %s: %s", h.pull_id, exc)
+            await self._stop(h.pull_id)
+        finally:
+            if proc.returncode is None and h.active:
+                await proc.wait()
+            if h.active:
+                if h.pull_id in self._cancelling:
+                    partial = _size(h.partial_path)
+                    self._end(h, "cancelled", done=partial if partial is not None else h.done)
+                else:
+                    self._end(h, "failed", reason="the download process exited unexpectedly "
+                              f"(exit code {proc.returncode})")
+            self._procs.pop(h.pull_id, None)
+            self._tasks.pop(h.pull_id, None)
+            self._cancelling.discard(h.pull_id)
+        if h.state == "finished" and self.on_finished is not None and h.path is not None:
+            try:
+                res = self.on_finished(h.model_id, h.path)
+                if inspect.isawaitable(res):
+                    await res
+            except Exception:  # the router's callback must not kill the watcher silently
+                log.exception("on_finished(%s) failed", h.model_id)
+
+    def _handle(self, h: PullHandle, msg: m.FromFetch, rate: _Rate,
+                throttle: ProgressThrottle) -> None:
+        match msg:
+            case m.Resolved():
+                h.model_id = msg.model_id
+                h.total = msg.total
+                h.done = msg.have
+                h.sha256 = msg.sha256
+                h.partial_path = Path(msg.partial_path) if msg.partial_path else None
+                h._resolved.set()
+            case m.Progress():
+                h.done, h.total = msg.done, msg.total
+                h.rate_bps = rate.update(msg.done)
+                h.eta_s = (round((h.total - h.done) / h.rate_bps, 1)
+                           if h.total and h.rate_bps > 0 else None)
+                if throttle.should_emit(h.done, h.total, h.eta_s):
+                    self.bus.publish("download_progress", h.model_id, **h.progress())
+            case m.Finished():
+                h.path, h.sha256, h.done, h.total = Path(msg.path), msg.sha256, msg.size, msg.size
+                self._end(h, "finished")
+            case m.Failed():
+                self._end(h, "failed", reason=msg.reason, error=_start_error(msg))
+
+    def _end(self, h: PullHandle, state: PullState, *, reason: str | None = None,
+             done: int | None = None, error: CorralError | None = None) -> None:
+        if not h.active:
+            return
+        was_resolving = h.state == "resolving"
+        h.state = state
+        h.reason = reason
+        if state == "finished":
+            self.bus.publish("download_finished", h.model_id, pull_id=h.pull_id,
+                             path=str(h.path), sha256=h.sha256, size=h.done)
+        elif state == "cancelled":
+            h.done = done if done is not None else h.done
+            self.bus.publish("download_cancelled", h.model_id, pull_id=h.pull_id, done=h.done)
+        else:
+            self.bus.publish("download_failed", h.model_id, pull_id=h.pull_id, reason=reason)
+            if was_resolving:
+                h._error = error or DownloadError(reason or "download failed")
+        h._resolved.set()
+        h._ended.set()
+
+
+def _start_error(msg: m.Failed) -> CorralError:
+    """The error ``start()`` raises when the pull fails before it began."""
+    if msg.kind == "invalid":
+        return InvalidRequest(msg.reason, param="model")
+    if msg.kind == "not_found":
+        return NotFound(msg.reason, param="model")
+    if msg.kind == "unauthorized":
+        return InvalidRequest(msg.reason, param="model", code="hub_unauthorized")
+    err = DownloadError(msg.reason)
+    err.status = 502 if msg.kind == "network" else 507 if msg.kind == "disk" else 500
+    return err
+
+
+def _size(path: Path | None) -> int | None:
+    try:
+        return path.stat().st_size if path is not None else None
+    except OSError:
+        return None
+
+
+def _fmt(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"

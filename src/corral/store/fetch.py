@@ -1,0 +1,451 @@
+"""The download child process: ``python -m corral.store.fetch '<FetchRequest JSON>'``.
+
+It resolves the source, waits for ``Proceed``, moves the bytes into
+``models_dir/.corral/partial/<key>.part`` (resuming from what is there), verifies the
+sha256, fsyncs, renames to ``models_dir/<id>.gguf`` and writes the manifest last. It
+talks to the manager only through ``corral.store.messages`` frames on its stdout.
+
+Retries: a dropped connection, a timeout, HTTP 429 or 5xx is retried ``retries`` times
+with exponential backoff, each time from the bytes already written (HTTP Range); an
+attempt that moved bytes resets the count. A server that ignores Range (200 instead of
+206) makes us start again from byte 0.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+import msgspec
+
+from corral.store import messages as m
+from corral.store.local import ModelStore, model_id_from_filename, validate_model_id
+from corral.store.sources import ParsedSource, SourceError, parse_source, pick_file
+
+__all__ = ["main", "partial_paths", "Fail"]
+
+_SHA_RE_LEN = 64
+
+
+class Fail(Exception):
+    """Ends the child with a ``Failed`` message."""
+
+    def __init__(self, kind: m.FailureKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+class _Retryable(Exception):
+    pass
+
+
+def partial_paths(store: ModelStore, key: str) -> tuple[Path, Path]:
+    """The partial file and its metadata for a download key (repo+file, or URL)."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return store.partial_dir / f"{digest}.part", store.partial_dir / f"{digest}.json"
+
+
+def _is_sha256(s: str | None) -> bool:
+    return bool(s) and len(s) == _SHA_RE_LEN and all(c in "0123456789abcdef" for c in s.lower())  # type: ignore[union-attr]
+
+
+class _Channel:
+    def __init__(self) -> None:
+        # Our stdout carries frames only: keep a private copy, point fd 1 at stderr so
+        # a stray print from a library cannot corrupt the stream.
+        self._out = os.fdopen(os.dup(1), "wb", buffering=0)
+        os.dup2(2, 1)
+        self._in = sys.stdin.buffer
+
+    def send(self, msg: m.FromFetch) -> None:
+        self._out.write(m.encode(msg))
+
+    def wait_proceed(self) -> bool:
+        reader = m.FrameReader()
+        while True:
+            data = os.read(self._in.fileno(), 4096)
+            if not data:
+                return False  # the manager is gone or decided against it
+            for body in reader.feed(data):
+                m.decode_to_fetch(body)
+                return True
+
+
+# ---------------------------------------------------------------------- resolving
+
+
+class _Target(msgspec.Struct, kw_only=True):
+    filename: str
+    key: str
+    url: str | None
+    headers: dict[str, str] = {}
+    total: int | None = None
+    sha256: str | None = None
+    cached_path: str | None = None
+
+
+def _hub_errors(exc: Exception, what: str) -> Fail:
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if isinstance(exc, GatedRepoError):
+        return Fail("unauthorized", f"{what} is gated: accept its license on the Hub and set "
+                    "HF_TOKEN to a token of that account")
+    if isinstance(exc, RepositoryNotFoundError):
+        return Fail("not_found", f"{what} was not found on the Hub (if it is private, set "
+                    "HF_TOKEN to a token that can read it)")
+    if isinstance(exc, RevisionNotFoundError):
+        return Fail("not_found", f"{what}: revision not found")
+    if isinstance(exc, HfHubHTTPError):
+        status = exc.response.status_code if exc.response is not None else None
+        if status in (401, 403):
+            return Fail("unauthorized", f"access to {what} denied (HTTP {status}): it is gated "
+                        "or private; set HF_TOKEN to a token that can read it")
+        if status == 404:
+            return Fail("not_found", f"{what} was not found on the Hub (HTTP 404)")
+        if status is not None and (status >= 500 or status == 429):
+            return _Retryable(f"the Hub answered HTTP {status} for {what}")  # type: ignore[return-value]
+        return Fail("internal", f"the Hub refused {what}: {exc}")
+    return _Retryable(f"cannot reach the Hub for {what}: {exc}")  # type: ignore[return-value]
+
+
+def _with_retries(req: m.FetchRequest, fn, what: str):  # type: ignore[no-untyped-def]
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except Fail:
+            raise
+        except Exception as exc:
+            err = _hub_errors(exc, what) if not isinstance(exc, _Retryable) else exc
+            if isinstance(err, Fail):
+                raise err from exc
+            attempt += 1
+            if attempt > req.retries:
+                raise Fail("network", f"{err} (gave up after {attempt} attempts)") from exc
+            time.sleep(req.retry_backoff_s * 2 ** (attempt - 1))
+
+
+def _resolve_hub(req: m.FetchRequest, src: ParsedSource) -> _Target:
+    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.utils import build_hf_headers
+
+    repo = src.repo
+    assert repo is not None
+    filename = src.filename
+    if filename is None:  # the :TAG form: list the repo and pick a file
+        api = HfApi()
+        files = _with_retries(req, lambda: api.list_repo_files(repo), f"repo {repo}")
+        try:
+            filename = pick_file(files, src.tag, repo)
+        except SourceError as exc:
+            raise Fail("invalid", str(exc)) from exc
+    key = f"hf:{repo}/{filename}"
+    cached = try_to_load_from_cache(repo, filename)
+    if isinstance(cached, str) and os.path.isfile(cached):
+        blob = os.path.basename(os.path.realpath(cached))
+        return _Target(filename=filename, key=key, url=None, total=os.path.getsize(cached),
+                       sha256=blob if _is_sha256(blob) else None, cached_path=cached)
+    url = hf_hub_url(repo, filename)
+    meta = _with_retries(req, lambda: get_hf_file_metadata(url, timeout=req.timeout_s),
+                         f"{repo}/{filename}")
+    etag = (meta.etag or "").strip('"').lower()
+    headers = build_hf_headers()
+    headers["Accept-Encoding"] = "identity"
+    return _Target(filename=filename, key=key, url=url, headers=headers, total=meta.size,
+                   sha256=etag if _is_sha256(etag) else None)
+
+
+def _resolve_url(req: m.FetchRequest, src: ParsedSource) -> _Target:
+    import httpx
+
+    assert src.url is not None and src.filename is not None
+    headers = {"Accept-Encoding": "identity", "User-Agent": "corral"}
+
+    def head() -> int | None:
+        try:
+            with httpx.Client(follow_redirects=True, timeout=req.timeout_s) as c:
+                r = c.head(src.url, headers=headers)  # type: ignore[arg-type]
+        except httpx.HTTPError as exc:
+            raise _Retryable(f"cannot reach {_host(src.url)}: {exc}") from exc
+        if r.status_code in (405, 501):
+            return None  # no HEAD: the size comes with the GET
+        _raise_for_status(r.status_code, src.url)  # type: ignore[arg-type]
+        cl = r.headers.get("Content-Length")
+        return int(cl) if cl and cl.isdigit() else None
+
+    total = _with_retries(req, head, src.url)
+    return _Target(filename=src.filename, key=f"url:{src.url}", url=src.url, headers=headers,
+                   total=total)
+
+
+def _raise_for_status(status: int, url: str) -> None:
+    if status < 300:
+        return
+    if status in (401, 403):
+        hint = ("it is gated or private; set HF_TOKEN to a token that can read it"
+                if "/resolve/" in url else "the server wants credentials")
+        raise Fail("unauthorized", f"access denied (HTTP {status}) for {url}: {hint}")
+    if status == 404:
+        raise Fail("not_found", f"file not found (HTTP 404): {url}")
+    if status >= 500 or status == 429:
+        raise _Retryable(f"{_host(url)} answered HTTP {status}")
+    raise Fail("internal", f"{_host(url)} answered HTTP {status} for {url}")
+
+
+def _host(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).netloc or url
+
+
+# ---------------------------------------------------------------------- transfer
+
+
+def _hash_file(path: Path, h: "hashlib._Hash", upto: int) -> None:
+    with open(path, "rb") as f:
+        left = upto
+        while left > 0:
+            b = f.read(min(left, 1 << 20))
+            if not b:
+                break
+            h.update(b)
+            left -= len(b)
+
+
+def _disk_fail(exc: OSError, where: Path) -> Fail:
+    if exc.errno == errno.ENOSPC:
+        return Fail("disk", f"disk full while writing {where}")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return Fail("disk", f"permission denied: cannot write to {where}")
+    return Fail("disk", f"cannot write {where}: {exc.strerror or exc}")
+
+
+class _Transfer:
+    def __init__(self, req: m.FetchRequest, target: _Target, part: Path, chan: _Channel):
+        self.req, self.t, self.part, self.chan = req, target, part, chan
+        self.hasher = hashlib.sha256()
+        self.done = 0
+        self.total = target.total
+        self._last_report = 0.0
+
+    def start_from(self, have: int) -> None:
+        self.hasher = hashlib.sha256()
+        if have:
+            _hash_file(self.part, self.hasher, have)
+        self.done = have
+
+    def report(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_report >= self.req.progress_interval_s:
+            self._last_report = now
+            self.chan.send(m.Progress(self.done, self.total))
+
+    def run(self) -> None:
+        import httpx
+
+        attempt = 0
+        while True:
+            before = self.done
+            try:
+                if self.total is not None and self.done >= self.total:
+                    return
+                self._attempt(httpx)
+                return
+            except _Retryable as exc:
+                if self.done > before:
+                    attempt = 0  # it moved: a fresh set of retries
+                attempt += 1
+                if attempt > self.req.retries:
+                    raise Fail("network", f"{exc} (gave up after {attempt} attempts)") from exc
+                time.sleep(self.req.retry_backoff_s * 2 ** (attempt - 1))
+
+    def _attempt(self, httpx) -> None:  # type: ignore[no-untyped-def]
+        headers = dict(self.t.headers)
+        if self.done:
+            headers["Range"] = f"bytes={self.done}-"
+        assert self.t.url is not None
+        try:
+            with httpx.Client(follow_redirects=True,
+                              timeout=httpx.Timeout(self.req.timeout_s)) as client:
+                with client.stream("GET", self.t.url, headers=headers) as r:
+                    if r.status_code == 416 and self.done:
+                        # Range beyond the end: what we have is all there is (or junk).
+                        if self.total is None or self.done >= self.total:
+                            return
+                        self.start_from(0)
+                        self._truncate()
+                        raise _Retryable("the server refused our Range; starting over")
+                    _raise_for_status(r.status_code, str(r.url))
+                    if self.done and r.status_code != 206:
+                        self.start_from(0)  # Range ignored: the body is the whole file
+                        self._truncate()
+                    if r.status_code == 200 and self.total is None:
+                        cl = r.headers.get("Content-Length")
+                        self.total = int(cl) if cl and cl.isdigit() else None
+                    self._write_body(r)
+        except httpx.HTTPError as exc:
+            raise _Retryable(f"connection to {_host(self.t.url)} failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
+
+    def _truncate(self) -> None:
+        try:
+            with open(self.part, "r+b") as f:
+                f.truncate(0)
+        except OSError as exc:
+            raise _disk_fail(exc, self.part) from exc
+
+    def _write_body(self, r) -> None:  # type: ignore[no-untyped-def]
+        try:
+            f: BinaryIO = open(self.part, "ab")
+        except OSError as exc:
+            raise _disk_fail(exc, self.part) from exc
+        with f:
+            for chunk in r.iter_bytes():  # as received: a cut keeps every byte that arrived
+                if self.total is not None and self.done + len(chunk) > self.total:
+                    raise Fail("internal", f"the server sent more than the {self.total} bytes "
+                               "it announced")
+                try:
+                    f.write(chunk)
+                except OSError as exc:
+                    raise _disk_fail(exc, self.part) from exc
+                self.hasher.update(chunk)
+                self.done += len(chunk)
+                self.report()
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as exc:
+                raise _disk_fail(exc, self.part) from exc
+        if self.total is not None and self.done < self.total:
+            raise _Retryable(f"the connection to {_host(self.t.url or '')} ended early")
+
+
+# ---------------------------------------------------------------------- the pull
+
+
+def _run(req: m.FetchRequest, chan: _Channel) -> None:
+    store = ModelStore(Path(req.models_dir))
+    try:
+        src = parse_source(req.source)
+    except SourceError as exc:
+        raise Fail("invalid", str(exc)) from exc
+    target = _resolve_url(req, src) if src.kind == "url" else _resolve_hub(req, src)
+    model_id = req.model_id or model_id_from_filename(target.filename)
+    validate_model_id(model_id)
+    want_sha = (req.sha256 or target.sha256 or "").lower() or None
+
+    if target.cached_path is not None:  # in the HF cache already: use it in place
+        chan.send(m.Resolved(model_id=model_id, filename=target.filename, url=None,
+                             total=target.total, sha256=want_sha,
+                             cached_path=target.cached_path, have=target.total or 0))
+        if not chan.wait_proceed():
+            return
+        path = Path(target.cached_path)
+        sha = target.sha256
+        if req.sha256 and sha != req.sha256:
+            h = hashlib.sha256()
+            _hash_file(path, h, path.stat().st_size)
+            sha = h.hexdigest()
+            if sha != req.sha256:
+                raise Fail("checksum", f"checksum mismatch: the cached file {path} has sha256 "
+                           f"{sha}, expected {req.sha256}")
+        size = path.stat().st_size
+        store.write_manifest(model_id, path=path, source=req.source, sha256=sha, size=size)
+        chan.send(m.Finished(path=str(path), sha256=sha, size=size))
+        return
+
+    try:
+        store.ensure_dirs()
+    except OSError as exc:
+        raise _disk_fail(exc, store.partial_dir) from exc
+    part, meta_path = partial_paths(store, target.key)
+    meta = {"key": target.key, "total": target.total, "sha256": want_sha,
+            "source": req.source}
+    have = 0
+    try:
+        old = json.loads(meta_path.read_text())
+        if old == meta and part.is_file():
+            have = part.stat().st_size
+            if target.total is not None and have > target.total:
+                have = 0
+    except (OSError, ValueError):
+        pass
+    try:
+        if have == 0:
+            part.write_bytes(b"")
+        meta_path.write_text(json.dumps(meta))
+    except OSError as exc:
+        raise _disk_fail(exc, part) from exc
+
+    chan.send(m.Resolved(model_id=model_id, filename=target.filename, url=target.url,
+                         total=target.total, sha256=want_sha, have=have,
+                         partial_path=str(part)))
+    if not chan.wait_proceed():
+        return
+
+    xfer = _Transfer(req, target, part, chan)
+    xfer.start_from(have)
+    xfer.report(force=True)
+    xfer.run()
+    xfer.report(force=True)
+    got = xfer.hasher.hexdigest()
+    if want_sha and got != want_sha:
+        part.unlink(missing_ok=True)
+        meta_path.unlink(missing_ok=True)
+        raise Fail("checksum", f"checksum mismatch: downloaded {xfer.done} bytes with sha256 "
+                   f"{got}, expected {want_sha}; the file was removed")
+    final = store.model_file_path(model_id)
+    if final.exists():
+        raise Fail("internal", f"{final} already exists; remove it or pull with another id")
+    try:
+        os.replace(part, final)
+        dfd = os.open(store.root, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        store.write_manifest(model_id, path=final, source=req.source, sha256=got,
+                             size=xfer.done)
+    except OSError as exc:
+        raise _disk_fail(exc, final) from exc
+    meta_path.unlink(missing_ok=True)
+    chan.send(m.Finished(path=str(final), sha256=got, size=xfer.done))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    chan = _Channel()
+    try:
+        req = msgspec.json.decode(args[0].encode(), type=m.FetchRequest)
+    except (IndexError, msgspec.DecodeError) as exc:
+        chan.send(m.Failed(kind="internal", reason=f"bad fetch request: {exc}"))
+        return 2
+    try:
+        _run(req, chan)
+    except Fail as exc:
+        chan.send(m.Failed(kind=exc.kind, reason=exc.reason))
+        return 1
+    except Exception as exc:  # noqa: BLE001 - the manager must get a reason, not a traceback
+        from corral.errors import CorralError
+
+        reason = exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}"
+        chan.send(m.Failed(kind="invalid" if isinstance(exc, CorralError) else "internal",
+                           reason=reason))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
