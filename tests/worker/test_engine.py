@@ -1,0 +1,187 @@
+"""The engine in-process with the real model: sampling, stops, reuse, limits, aborts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral import wire
+from corral.worker.engine import Engine
+
+from .conftest import run_engine, settings_for
+
+pytestmark = pytest.mark.integration
+
+GREEDY = wire.SamplingParams(max_tokens=24, temperature=0.0)
+PROMPT = "The history of the Roman empire begins"
+
+
+def gen(rid: str, prompt: str = PROMPT, params: wire.SamplingParams = GREEDY) -> wire.GenerateRequest:
+    return wire.GenerateRequest(id=rid, prompt=prompt, params=params)
+
+
+def test_greedy_counts_and_usage(engine: Engine) -> None:
+    texts, finals, deltas = run_engine(engine, [gen("g1")])
+    fin = finals["g1"]
+    assert isinstance(fin, wire.Finished)
+    assert fin.usage.prompt_tokens > 3
+    assert fin.finish_reason in ("length", "stop")
+    if fin.finish_reason == "length":
+        assert fin.usage.completion_tokens == 24
+    assert sum(d.n_tokens for d in deltas["g1"]) <= fin.usage.completion_tokens
+    assert texts["g1"].strip()
+    assert fin.timings.prompt_ms > 0 and fin.timings.predicted_ms > 0
+
+
+def test_fixed_seed_reproducible_and_seed_matters(engine: Engine) -> None:
+    p1 = wire.SamplingParams(max_tokens=24, temperature=1.0, seed=1234)
+    p2 = wire.SamplingParams(max_tokens=24, temperature=1.0, seed=99)
+    a, _, _ = run_engine(engine, [gen("s1", params=p1)])
+    b, _, _ = run_engine(engine, [gen("s2", params=p1)])
+    c, _, _ = run_engine(engine, [gen("s3", params=p2)])
+    assert a["s1"] == b["s2"]
+    assert a["s1"] != c["s3"]
+
+
+def test_stop_string_never_emitted(engine: Engine) -> None:
+    full, _, _ = run_engine(engine, [gen("st0")])
+    text = full["st0"]
+    stop = text[len(text) // 2 : len(text) // 2 + 4]
+    assert len(stop) == 4
+    want = text[: text.find(stop)]
+    out, finals, _ = run_engine(
+        engine, [gen("st1", params=wire.SamplingParams(max_tokens=24, temperature=0.0, stop=[stop]))]
+    )
+    assert out.get("st1", "") == want
+    assert stop not in out.get("st1", "")
+    assert finals["st1"].finish_reason == "stop"
+
+
+def test_prefix_reuse_identical_output_and_cached_tokens(engine: Engine) -> None:
+    # Fill every slot with unrelated text so the first run starts from an empty prefix.
+    run_engine(engine, [gen(f"fill{i}", prompt=f"Unrelated text number {i}:") for i in range(4)])
+    p = wire.SamplingParams(max_tokens=16, temperature=0.7, seed=7)
+    prompt = "In a quiet village by the sea, an old fisherman told stories about"
+    a, fa, _ = run_engine(engine, [gen("r1", prompt, p)])
+    b, fb, _ = run_engine(engine, [gen("r2", prompt, p)])
+    assert fa["r1"].usage.cached_tokens < 3  # at most the BOS and a shared first word
+    assert fb["r2"].usage.cached_tokens == fb["r2"].usage.prompt_tokens - 1
+    assert fb["r2"].slot == fa["r1"].slot  # the slot with the longest prefix was chosen
+    assert a["r1"] == b["r2"]
+    # A longer prompt that extends the first one reuses the whole first prompt.
+    c, fc, _ = run_engine(engine, [gen("r3", prompt + " the storm", p)])
+    assert fc["r3"].usage.cached_tokens >= fa["r1"].usage.prompt_tokens
+
+
+def test_abort_frees_slot_within_a_step(engine: Engine) -> None:
+    long = wire.SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True)
+    for i in range(4):
+        engine.submit(gen(f"ab{i}", params=long))
+    engine.submit(gen("after", params=GREEDY))
+    engine.step()
+    engine.step()
+    assert all(s.busy for s in engine.slots)
+    engine.abort("ab2")
+    engine.abort("no-such-id")  # unknown ids are ignored
+    out = engine.step()
+    fin = [m for m in out if isinstance(m, wire.Finished) and m.id == "ab2"]
+    assert fin and fin[0].finish_reason == "abort"
+    for i in (0, 1, 3):
+        engine.abort(f"ab{i}")
+    texts, finals, _ = run_engine(engine, [])
+    assert finals["after"].finish_reason in ("length", "stop")
+    assert finals["after"].usage.completion_tokens > 0
+    assert not engine.has_work
+
+
+def test_abort_while_queued(engine: Engine) -> None:
+    engine.submit(gen("q-a", params=wire.SamplingParams(max_tokens=1)))
+    assert engine.waiting
+    engine.abort("q-a")
+    out = engine.step()
+    assert [(m.id, m.finish_reason) for m in out] == [("q-a", "abort")]
+
+
+def test_prompt_too_long_refused_then_next_works(engine: Engine) -> None:
+    long_prompt = "word " * 2000
+    _, finals, _ = run_engine(engine, [gen("big", prompt=long_prompt)])
+    f = finals["big"]
+    assert isinstance(f, wire.RequestFailed)
+    assert f.code == "context_length_exceeded"
+    assert "1024" in f.message  # names the per-slot context
+    _, finals, _ = run_engine(engine, [gen("small")])
+    assert isinstance(finals["small"], wire.Finished)
+
+
+def test_bad_requests_answered_not_raised(engine: Engine) -> None:
+    _, f, _ = run_engine(engine, [wire.GenerateRequest(id="neither")])
+    assert f["neither"].code == "invalid_request"
+    _, f, _ = run_engine(engine, [wire.EmbedRequest(id="emb", inputs=["x"])])
+    assert f["emb"].code == "invalid_request"
+    _, f, _ = run_engine(engine, [wire.GenerateRequest(id="empty", prompt="", add_special=False)])
+    assert f["empty"].code == "invalid_request"
+
+
+def test_max_tokens_none_runs_to_slot_context(engine: Engine) -> None:
+    p = wire.SamplingParams(max_tokens=None, temperature=0.0, ignore_eos=True)
+    prompt = "x " * 1000  # about 1000 tokens of a 1024-token slot
+    _, finals, _ = run_engine(engine, [gen("fill", prompt=prompt, params=p)])
+    f = finals["fill"]
+    assert f.finish_reason == "length"
+    assert f.usage.prompt_tokens + f.usage.completion_tokens == engine.info.n_ctx_slot
+
+
+def test_non_ascii_streams_as_whole_characters(engine: Engine) -> None:
+    texts, finals, deltas = run_engine(
+        engine, [gen("ja", prompt="日本の首都は東京です。東京は", params=wire.SamplingParams(max_tokens=24, temperature=0.0))]
+    )
+    text = texts["ja"]
+    assert any(ord(ch) > 0x3000 for ch in text), text
+    assert "\ufffd" not in text
+    for d in deltas["ja"]:
+        d.text.encode("utf-8")  # every delta is valid on its own
+
+
+def test_chat_messages_use_plain_template(engine: Engine) -> None:
+    msgs = [wire.ChatMessage("system", "You answer briefly."), wire.ChatMessage("user", "Say hi.")]
+    texts, finals, _ = run_engine(
+        engine, [wire.GenerateRequest(id="chat", messages=msgs, params=GREEDY)]
+    )
+    f = finals["chat"]
+    assert isinstance(f, wire.Finished)
+    expected = engine.tok.tokenize("You answer briefly.\nUser: Say hi.\nAssistant:", add_special=True)
+    assert f.usage.prompt_tokens == len(expected)
+
+
+def test_jinja_template_override_and_template_errors(model_path: Path) -> None:
+    tmpl = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}{% endif %}"
+        "{{ bos_token }}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+        "{{ '<start_of_turn>model\n' }}"
+    )
+    e = Engine(settings_for(model_path, n_parallel=1, ctx_len=512, chat_template=tmpl))
+    try:
+        assert e.info.has_chat_template
+        _, f, _ = run_engine(e, [wire.GenerateRequest(id="ok", messages=[wire.ChatMessage("user", "Hi")],
+                                                      params=wire.SamplingParams(max_tokens=4))])
+        assert isinstance(f["ok"], wire.Finished)
+        # "<bos>" in the rendered text is parsed as the BOS token, not added twice.
+        want = e.tok.tokenize("<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",
+                              add_special=False)
+        assert want[0] == 2 and want[1] != 2
+        assert f["ok"].usage.prompt_tokens == len(want)
+        _, f, _ = run_engine(e, [wire.GenerateRequest(id="bad", messages=[wire.ChatMessage("system", "x")])])
+        assert f["bad"].code == "invalid_request" and "no system" in f["bad"].message
+    finally:
+        e.close()
+
+
+def test_concurrency_does_not_change_seeded_output_here(engine: Engine) -> None:
+    """Documented, not guaranteed in general: llama.cpp's kernels may round differently
+    for other batch shapes. For this model on CPU a seeded request gives the same text
+    alone and next to another request."""
+    p = wire.SamplingParams(max_tokens=16, temperature=0.9, seed=42)
+    alone, _, _ = run_engine(engine, [gen("alone", "Once upon a time", p)])
+    both, _, _ = run_engine(engine, [gen("pair", "Once upon a time", p), gen("other", "Something else", p)])
+    assert alone["alone"] == both["pair"]
