@@ -22,6 +22,7 @@ file stays, and a later pull of the same file resumes from it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import shutil
@@ -86,7 +87,8 @@ class PullHandle:
         return self.state in ("resolving", "downloading")
 
     async def wait(self) -> PullState:
-        """Until the pull ends; returns the final state."""
+        """Until the pull ended, its process is reaped and ``on_finished`` returned;
+        returns the final state."""
         await self._ended.wait()
         return self.state
 
@@ -224,6 +226,7 @@ class DownloadManager:
             )
         except OSError as exc:
             self._end(h, "failed", reason=f"cannot start the download process: {exc}")
+            h._ended.set()
             raise DownloadError(h.reason or "") from exc
         self.spawned += 1
         self._procs[pull_id] = proc
@@ -233,9 +236,8 @@ class DownloadManager:
         except TimeoutError:
             await self._stop(pull_id)
             self._end(h, "failed", reason="timed out while looking up the file")
-        if h._error is not None:
-            raise h._error
-        if h.state != "resolving":  # ended while resolving
+        if h.state != "resolving":  # ended while resolving: the child is gone or going
+            await h._ended.wait()
             raise h._error or DownloadError(h.reason or "download failed")
 
         # Resolved: a second pull may have resolved to the same model meanwhile.
@@ -248,21 +250,23 @@ class DownloadManager:
             self._by_source[key] = other
             return await self._joined(other)
         if model_id is None and self.store.get(h.model_id) is not None:
-            await self._stop(pull_id)
             err = Conflict(f"model {h.model_id!r} already exists; remove it first "
                            "or pull with another id", param="model")
             self._end(h, "failed", reason=err.message, error=err)
+            await self._stop(pull_id)
+            await h._ended.wait()
             raise err
         need = (h.total or 0) - h.done
         if h.path is None and need > 0:
             free = disk_free(self.store.root)
             if free < need:
-                await self._stop(pull_id)
                 err = DownloadError(
                     f"not enough disk space in {self.store.root}: the download needs "
                     f"{_fmt(need)} more, {_fmt(free)} is free")
                 err.status = 507
                 self._end(h, "failed", reason=err.message, error=err)
+                await self._stop(pull_id)
+                await h._ended.wait()
                 raise err
         h.state = "downloading"
         self.bus.publish("download_started", h.model_id, pull_id=h.pull_id, total=h.total,
@@ -333,8 +337,12 @@ class DownloadManager:
             log.error("bad message from download process %s: %s", h.pull_id, exc)
             await self._stop(h.pull_id)
         finally:
-            if proc.returncode is None and h.active:
-                await proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()  # the child needs nothing more from us
+            if h.active or proc.returncode is None:
+                await proc.wait()  # always reap the child
+            with contextlib.suppress(Exception):  # and let its pipe close (EOF)
+                await asyncio.wait_for(proc.stdout.read(), 1.0)
             if h.active:
                 if h.pull_id in self._cancelling:
                     partial = _size(h.partial_path)
@@ -352,6 +360,7 @@ class DownloadManager:
                     await res
             except Exception:  # the router's callback must not kill the watcher silently
                 log.exception("on_finished(%s) failed", h.model_id)
+        h._ended.set()
 
     def _handle(self, h: PullHandle, msg: m.FromFetch, rate: _Rate,
                 throttle: ProgressThrottle) -> None:
@@ -394,7 +403,6 @@ class DownloadManager:
             if was_resolving:
                 h._error = error or DownloadError(reason or "download failed")
         h._resolved.set()
-        h._ended.set()
 
 
 def _start_error(msg: m.Failed) -> CorralError:
