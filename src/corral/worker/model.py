@@ -216,6 +216,9 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float) ->
         p.embeddings = s.embedding
         p.pooling_type = pooling
         p.kv_unified = False  # one KV stream per slot: attention only over its own cells
+        # Like llama-server: sliding-window layers keep only n_swa + n_ubatch cells per
+        # slot (the C default keeps all). Prefix reuse checks what is still there.
+        p.swa_full = False
         p.no_perf = True
         if s.flash_attn is not None:
             p.flash_attn_type = (

@@ -1,0 +1,75 @@
+"""Prefix reuse under sliding-window attention, and embeddings."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from corral import wire
+from corral.worker.engine import Engine
+
+from .conftest import run_engine, settings_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_prefix_reuse_respects_sliding_window(model_path: Path) -> None:
+    """Gemma 3 keeps only the last n_swa (512) positions in its sliding-window layers
+    (the SWA cache holds n_swa + n_ubatch cells per slot). After a sequence grew past
+    that, a prefix whose window is gone must be recomputed, never reused."""
+    e = Engine(settings_for(model_path, n_parallel=1, ctx_len=2048, n_batch=256))
+    try:
+        assert e.m.n_swa == 512
+        p = wire.SamplingParams(max_tokens=8, temperature=0.0)
+        short = "The lighthouse keeper wrote in his journal every night."
+        long_text = short + " " + " ".join(f"Entry {i}: the sea was calm." for i in range(150))
+        fresh, f1, _ = run_engine(e, [wire.GenerateRequest(id="short1", prompt=short, params=p)])
+        _, f2, _ = run_engine(e, [wire.GenerateRequest(id="long", prompt=long_text, params=p)])
+        assert f2["long"].usage.prompt_tokens > 1100
+        # The long request reused the short prompt (its window was intact).
+        assert f2["long"].usage.cached_tokens >= f1["short1"].usage.prompt_tokens - 1
+        # The cache now starts well past position 0: the short prefix's window is gone.
+        assert e._reuse_len(e.slots[0], e.tok.tokenize(short, add_special=True)) == 0
+        again, f3, _ = run_engine(e, [wire.GenerateRequest(id="short2", prompt=short, params=p)])
+        assert f3["short2"].usage.cached_tokens == 0
+        assert again["short2"] == fresh["short1"]
+        # Right after a short request the prefix is reusable again.
+        _, f4, _ = run_engine(e, [wire.GenerateRequest(id="short3", prompt=short, params=p)])
+        assert f4["short3"].usage.cached_tokens == f4["short3"].usage.prompt_tokens - 1
+    finally:
+        e.close()
+
+
+@pytest.fixture(scope="module")
+def embedder(model_path: Path):
+    e = Engine(settings_for(model_path, embedding=True, n_parallel=2, ctx_len=1024))
+    yield e
+    e.close()
+
+
+def test_embeddings_normalized_and_distinct(embedder: Engine) -> None:
+    inputs = ["The cat sat on the mat.", "A kitten rested on the rug.", "Quarterly revenue grew 5%.",
+              "The cat sat on the mat."]
+    _, finals, _ = run_engine(embedder, [wire.EmbedRequest(id="e", inputs=inputs)])
+    emb = finals["e"]
+    assert isinstance(emb, wire.Embeddings)
+    assert len(emb.data) == 4 and all(len(v) == embedder.info.n_embd for v in emb.data)
+    for v in emb.data:
+        assert math.isclose(math.sqrt(sum(x * x for x in v)), 1.0, rel_tol=1e-4)
+    assert emb.data[0] == pytest.approx(emb.data[3], abs=1e-5)  # same text, other batch slot
+    assert emb.data[0] != pytest.approx(emb.data[2], abs=1e-3)
+    assert emb.prompt_tokens > 12
+
+
+def test_embeddings_unnormalized_and_refusals(embedder: Engine) -> None:
+    _, f, _ = run_engine(embedder, [wire.EmbedRequest(id="raw", inputs=["hello"], normalize=False)])
+    norm = math.sqrt(sum(x * x for x in f["raw"].data[0]))
+    assert not math.isclose(norm, 1.0, rel_tol=1e-3)
+    _, f, _ = run_engine(embedder, [wire.GenerateRequest(id="g", prompt="hi")])
+    assert isinstance(f["g"], wire.RequestFailed) and f["g"].code == "invalid_request"
+    _, f, _ = run_engine(embedder, [wire.EmbedRequest(id="long", inputs=["word " * 2000])])
+    assert f["long"].code == "context_length_exceeded"
+    _, f, _ = run_engine(embedder, [wire.EmbedRequest(id="none", inputs=[])])
+    assert f["none"].code == "invalid_request"
