@@ -26,6 +26,7 @@ class FakeRouter:
     def __init__(self) -> None:
         self.loaded: set[str] = set()
         self.unloaded: list[str] = []
+        self.removed: list[str] = []
 
     def is_loaded(self, model_id: str) -> bool:
         return model_id in self.loaded
@@ -33,6 +34,10 @@ class FakeRouter:
     async def unload(self, model_id: str) -> None:
         self.loaded.discard(model_id)
         self.unloaded.append(model_id)
+
+    async def remove_model(self, model_id: str) -> None:
+        assert model_id not in self.loaded, "removed while loaded"
+        self.removed.append(model_id)
 
 
 def make_app(store: ModelStore, bus: EventBus, router: FakeRouter, **dm_kw: object) -> FastAPI:

@@ -96,7 +96,7 @@ async def test_delete_model_refuses_while_loaded_unless_forced(
     assert store.get("here") is not None
     r = await client.delete("/models/here", params={"force": "true"})
     assert r.status_code == 200 and r.json()["deleted"] is True
-    assert router.unloaded == ["here"] and store.get("here") is None
+    assert router.unloaded == ["here"] and router.removed == ["here"] and store.get("here") is None
     r = await client.delete("/models/here")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 

@@ -10,8 +10,8 @@
                                  unless force (which unloads / cancels first)
 
 The app provides ``app.state.downloads`` (DownloadManager), ``app.state.store``
-(ModelStore) and ``app.state.router`` (the control-plane facade: ``is_loaded(id)``,
-``async unload(id)``). Errors are ``corral.errors`` exceptions; the app's handler
+(ModelStore) and ``app.state.router`` (the control plane: ``is_loaded(id)``,
+``async unload(id)``, ``async remove_model(id)``). Errors are ``corral.errors`` exceptions; the app's handler
 turns them into OpenAI-style bodies.
 """
 
@@ -134,10 +134,11 @@ async def delete_model(model_id: str, request: Request, force: bool = False) -> 
                            "force=true", param="model")
         await _maybe_await(facade.unload(model_id))  # type: ignore[union-attr]
     removed = store.remove(model_id)
-    bus = getattr(request.app.state, "bus", None)
-    on_removed = getattr(facade, "on_model_removed", None)
-    if on_removed is not None:
-        await _maybe_await(on_removed(model_id))
-    elif bus is not None:
-        bus.publish("model_removed", model_id)
+    forget = getattr(facade, "remove_model", None)
+    if forget is not None:
+        await _maybe_await(forget(model_id))  # drops it from the catalog; model_removed event
+    else:
+        bus = getattr(request.app.state, "bus", None)
+        if bus is not None:
+            bus.publish("model_removed", model_id)
     return {"id": model_id, "deleted": True, "path": str(removed.path)}
