@@ -1,0 +1,178 @@
+"""Management routes: llama.cpp-router compatible /models*, Nitro's loadmodel, health, metrics.
+
+    GET  /models                 every model: id, aliases, status.value (unloaded, loading,
+                                 loaded, failed, downloading) and per instance: state, pid,
+                                 slots busy/total, memory, last used, failure reason, exit code
+    GET  /models/events          SSE: every EventBus event as data: {"event", "model", ...}
+    POST /models/load            {"model": ID} -> {"success": true} once loaded
+    POST /models/unload          {"model": ID} -> {"success": true}; cancels a download
+    POST /models/reload          re-read the config file and models_dir
+    POST /inferences/llamacpp/loadmodel    Nitro: load a model that is not in the config
+    POST /inferences/llamacpp/unloadmodel  Nitro: {"model_id": ID}
+    GET  /health, GET /metrics (Prometheus)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from corral.api.openai_routes import json_response
+from corral.api.schemas import ModelRef, NitroLoadModel, NitroUnloadModel, parse_body
+from corral.control.catalog import ModelSpec
+from corral.control.plane import ControlPlane
+from corral.errors import Conflict, InvalidRequest, ModelNotFound
+
+__all__ = ["router"]
+
+router = APIRouter()
+_json = msgspec.json.Encoder()
+_KEEPALIVE_S = 15.0
+
+
+def _plane(request: Request) -> ControlPlane:
+    return request.app.state.router
+
+
+def _downloads(request: Request) -> Any:
+    return getattr(request.app.state, "downloads", None)
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    plane = _plane(request)
+    loaded = sum(1 for p in plane.pools.values() if p.status() == "loaded")
+    return json_response({"status": "ok", "models": len(plane.pools), "loaded": loaded})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(_plane(request).metrics.render(),
+                    media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/models")
+async def list_models(request: Request) -> Response:
+    plane = _plane(request)
+    dm = _downloads(request)
+    data = []
+    for pool in plane.pools.values():
+        entry = plane.describe(pool)
+        progress = dm.progress(pool.spec.id) if dm is not None else None
+        if progress is not None and entry["status"]["value"] == "unloaded":
+            entry["status"]["value"] = "downloading"
+            entry["status"]["progress"] = progress
+        data.append(entry)
+    known = {d["id"] for d in data}
+    if dm is not None:
+        for h in dm.active():
+            if h.model_id not in known:
+                data.append({"id": h.model_id, "object": "model", "owned_by": "corral",
+                             "aliases": [], "source": h.source, "in_cache": False,
+                             "status": {"value": "downloading", "failed": False,
+                                        "progress": h.progress()},
+                             "instances": []})
+                known.add(h.model_id)
+    return json_response({"object": "list", "data": data})
+
+
+@router.get("/models/events")
+@router.get("/models/sse", include_in_schema=False)
+async def model_events(request: Request) -> StreamingResponse:
+    bus = _plane(request).bus
+
+    async def events() -> AsyncIterator[bytes]:
+        async with bus.subscribe() as q:
+            yield b": connected\n\n"
+            while True:
+                try:
+                    ev = await asyncio.wait_for(q.get(), _KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    yield b": keepalive\n\n"
+                    continue
+                yield b"data: " + _json.encode(dict(ev)) + b"\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.post("/models/load")
+async def load_model(request: Request) -> Response:
+    body = await parse_body(request, ModelRef)
+    await _plane(request).load(body.model)
+    return json_response({"success": True})
+
+
+@router.post("/models/unload")
+async def unload_model(request: Request) -> Response:
+    body = await parse_body(request, ModelRef)
+    dm = _downloads(request)
+    h = dm.find_by_model(body.model) if dm is not None else None
+    if h is not None:
+        await dm.cancel(h.pull_id)
+        return json_response({"success": True, "cancelled": h.pull_id})
+    await _plane(request).unload(body.model)
+    return json_response({"success": True})
+
+
+@router.post("/models/reload")
+async def reload_models(request: Request) -> Response:
+    result = await _plane(request).reload()
+    return json_response({"success": True, **result})
+
+
+# ------------------------------------------------------------------------ Nitro
+
+
+@router.post("/inferences/llamacpp/loadmodel")
+async def nitro_load(request: Request) -> Response:
+    body = await parse_body(request, NitroLoadModel)
+    plane = _plane(request)
+    path = Path(body.llama_model_path).expanduser()
+    if not path.is_file():
+        raise InvalidRequest(f"llama_model_path: no file at {str(path)!r}", param="llama_model_path")
+    settings = plane.config.inherited_settings()
+    for ours, theirs in (("ctx_len", body.ctx_len), ("n_gpu_layers", body.ngl),
+                         ("embedding", body.embedding), ("pre_prompt", body.pre_prompt),
+                         ("user_prompt", body.user_prompt), ("ai_prompt", body.ai_prompt),
+                         ("system_prompt", body.system_prompt), ("n_parallel", body.n_parallel),
+                         ("threads", body.cpu_threads)):
+        if theirs is not None:
+            settings[ours] = theirs
+    spec = ModelSpec.make(body.model_id, path.resolve(), settings, source="nitro")
+    existing = plane.pools.get(body.model_id)
+    if existing is not None and existing.spec.source != "nitro" and existing.spec.path != spec.path:
+        raise Conflict(f"model_id {body.model_id!r} is already a {existing.spec.source} model "
+                       f"at {existing.spec.path}", param="model_id")
+    if existing is not None and existing.spec.source == "nitro":
+        await plane.add_model(spec, replace=True)
+    elif existing is None:
+        await plane.add_model(spec)
+    already = plane.pools[body.model_id].has_ready
+    await plane.load(body.model_id)
+    return json_response({"message": "Model already loaded" if already else "Model loaded successfully",
+                          "code": "ModelAlreadyLoaded" if already else "ModelloadedSuccessfully",
+                          "model_id": body.model_id, "success": True})
+
+
+@router.post("/inferences/llamacpp/unloadmodel")
+@router.get("/inferences/llamacpp/unloadmodel", include_in_schema=False)
+async def nitro_unload(request: Request) -> Response:
+    if request.method == "GET":
+        mid = request.query_params.get("model_id")
+        if not mid:
+            raise InvalidRequest("model_id: required", param="model_id")
+    else:
+        mid = (await parse_body(request, NitroUnloadModel)).model_id
+    plane = _plane(request)
+    if mid not in plane.pools:
+        raise ModelNotFound(f"model {mid!r} not found", param="model_id")
+    await plane.unload(mid)
+    return json_response({"message": "Model unloaded successfully", "code": "ModelUnloaded",
+                          "model_id": mid, "success": True})

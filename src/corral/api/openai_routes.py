@@ -1,0 +1,296 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models.
+
+Hot path: parse and validate the body once (pydantic), hand a ``wire`` request to the
+control plane, then copy merged text from the ``RequestStream`` into SSE chunks encoded
+with msgspec. No per-token logging, no per-token validation.
+
+A client that disconnects cancels the response task; the ``finally`` sends an Abort to
+the worker (harmless if it already finished), which frees the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+import struct
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from corral import wire
+from corral.api.schemas import (ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
+                                parse_body)
+from corral.control.plane import ControlPlane
+from corral.control.stream import RequestStream
+from corral.errors import CorralError
+
+__all__ = ["router", "json_response"]
+
+router = APIRouter()
+_json = msgspec.json.Encoder()
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_DONE = b"data: [DONE]\n\n"
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(_json.encode(data), status_code=status, media_type="application/json",
+                    headers=headers)
+
+
+def _sse(data: Any) -> bytes:
+    return b"data: " + _json.encode(data) + b"\n\n"
+
+
+def _plane(request: Request) -> ControlPlane:
+    return request.app.state.router
+
+
+def _usage(fin: wire.Finished | None) -> dict[str, Any] | None:
+    if fin is None:
+        return None
+    u = fin.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def _timings(fin: wire.Finished | None) -> dict[str, Any] | None:
+    """llama.cpp's ``timings`` object."""
+    if fin is None:
+        return None
+    t, u = fin.timings, fin.usage
+    return {
+        "cache_n": u.cached_tokens,
+        "prompt_n": u.prompt_tokens - u.cached_tokens,
+        "prompt_ms": t.prompt_ms,
+        "prompt_per_token_ms": t.prompt_ms / max(1, u.prompt_tokens - u.cached_tokens),
+        "prompt_per_second": t.prompt_per_second,
+        "predicted_n": u.completion_tokens,
+        "predicted_ms": t.predicted_ms,
+        "predicted_per_token_ms": t.predicted_ms / max(1, u.completion_tokens),
+        "predicted_per_second": t.predicted_per_second,
+        "queued_ms": t.queued_ms,
+    }
+
+
+def _observe(plane: ControlPlane, stream: RequestStream, endpoint: str, status: int) -> None:
+    fin = stream.finished
+    inst = stream.instance.index if stream.instance is not None else None
+    end = stream.ended or time.perf_counter()
+    plane.metrics.observe_request(
+        stream.model, inst, endpoint, status,
+        prompt_tokens=fin.usage.prompt_tokens if fin else 0,
+        completion_tokens=fin.usage.completion_tokens if fin else 0,
+        ttft_s=(stream.first_token - stream.created) if stream.first_token else None,
+        latency_s=end - stream.created)
+
+
+async def _wait_or_disconnect(request: Request, stream: RequestStream) -> str:
+    """The whole text, or CancelledError if the client goes away first (the worker is
+    told to abort)."""
+    result = asyncio.ensure_future(stream.wait())
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait((result, watcher), return_when=asyncio.FIRST_COMPLETED)
+        if result in done:
+            return result.result()
+        stream.abort()
+        raise asyncio.CancelledError("client disconnected")
+    finally:
+        watcher.cancel()
+        if not result.done():
+            result.cancel()
+            stream.abort()
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+# ------------------------------------------------------------------------ chat
+
+
+@router.post("/v1/chat/completions")
+@router.post("/chat/completions", include_in_schema=False)
+async def chat_completions(request: Request) -> Response:
+    body = await parse_body(request, ChatCompletionRequest)
+    body.check()
+    name = body.model_name()
+    messages = body.wire_messages()
+    rid = "chatcmpl-" + secrets.token_hex(12)
+    msg = wire.GenerateRequest(id=rid, messages=messages, params=body.sampling())
+    prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
+    plane = _plane(request)
+    stream = await plane.generate(name, msg, prefix)
+    created = int(time.time())
+    model = stream.model
+    if body.stream:
+        return StreamingResponse(_chat_events(plane, stream, rid, created, model, body.include_usage),
+                                 media_type="text/event-stream", headers=_SSE_HEADERS)
+    try:
+        text = await _wait_or_disconnect(request, stream)
+    except CorralError as exc:
+        _observe(plane, stream, "chat", exc.status)
+        raise
+    fin = stream.finished
+    _observe(plane, stream, "chat", 200)
+    return json_response({
+        "id": rid, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                     "logprobs": None, "finish_reason": fin.finish_reason if fin else "stop"}],
+        "usage": _usage(fin), "timings": _timings(fin),
+    })
+
+
+async def _chat_events(plane: ControlPlane, stream: RequestStream, rid: str, created: int,
+                       model: str, include_usage: bool) -> AsyncIterator[bytes]:
+    head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+    status = 200
+    try:
+        yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None}]})
+        try:
+            while (text := await stream.next_text()) is not None:
+                yield _sse({**head, "choices": [{"index": 0, "delta": {"content": text},
+                                                 "logprobs": None, "finish_reason": None}]})
+        except CorralError as exc:
+            status = exc.status
+            yield _sse(exc.to_body())
+            return
+        fin = stream.finished
+        final: dict[str, Any] = {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                                      "finish_reason": fin.finish_reason if fin else "stop"}],
+                                 "timings": _timings(fin)}
+        if include_usage:
+            final["usage"] = None
+        yield _sse(final)
+        if include_usage:
+            yield _sse({**head, "choices": [], "usage": _usage(fin)})
+        yield _DONE
+    finally:
+        if not stream.done:
+            stream.abort()
+            status = 499
+        _observe(plane, stream, "chat", status)
+
+
+# ------------------------------------------------------------------------ completions
+
+
+@router.post("/v1/completions")
+@router.post("/completions", include_in_schema=False)
+async def completions(request: Request) -> Response:
+    body = await parse_body(request, CompletionRequest)
+    body.check()
+    name = body.model_name()
+    prompt = body.prompt_text()
+    rid = "cmpl-" + secrets.token_hex(12)
+    msg = wire.GenerateRequest(id=rid, prompt=prompt, params=body.sampling())
+    plane = _plane(request)
+    stream = await plane.generate(name, msg, prompt)
+    created = int(time.time())
+    model = stream.model
+    if body.stream:
+        return StreamingResponse(_completion_events(plane, stream, rid, created, model, body.include_usage),
+                                 media_type="text/event-stream", headers=_SSE_HEADERS)
+    try:
+        text = await _wait_or_disconnect(request, stream)
+    except CorralError as exc:
+        _observe(plane, stream, "completions", exc.status)
+        raise
+    fin = stream.finished
+    _observe(plane, stream, "completions", 200)
+    return json_response({
+        "id": rid, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None,
+                     "finish_reason": fin.finish_reason if fin else "stop"}],
+        "usage": _usage(fin), "timings": _timings(fin),
+    })
+
+
+async def _completion_events(plane: ControlPlane, stream: RequestStream, rid: str, created: int,
+                             model: str, include_usage: bool) -> AsyncIterator[bytes]:
+    head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+    status = 200
+    try:
+        try:
+            while (text := await stream.next_text()) is not None:
+                yield _sse({**head, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                                 "finish_reason": None}]})
+        except CorralError as exc:
+            status = exc.status
+            yield _sse(exc.to_body())
+            return
+        fin = stream.finished
+        yield _sse({**head, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                         "finish_reason": fin.finish_reason if fin else "stop"}],
+                    "timings": _timings(fin)})
+        if include_usage:
+            yield _sse({**head, "choices": [], "usage": _usage(fin)})
+        yield _DONE
+    finally:
+        if not stream.done:
+            stream.abort()
+            status = 499
+        _observe(plane, stream, "completions", status)
+
+
+# ------------------------------------------------------------------------ embeddings
+
+
+@router.post("/v1/embeddings")
+@router.post("/embeddings", include_in_schema=False)
+async def embeddings(request: Request) -> Response:
+    body = await parse_body(request, EmbeddingRequest)
+    name = body.model_name()
+    inputs = body.inputs()
+    plane = _plane(request)
+    rid = "emb-" + secrets.token_hex(12)
+    stream = await plane.embed(name, wire.EmbedRequest(id=rid, inputs=inputs))
+    try:
+        await _wait_or_disconnect(request, stream)
+    except CorralError as exc:
+        _observe(plane, stream, "embeddings", exc.status)
+        raise
+    _observe(plane, stream, "embeddings", 200)
+    emb = stream.embeddings
+    assert emb is not None
+    data = []
+    for i, vec in enumerate(emb.data):
+        if body.encoding_format == "base64":
+            value: Any = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+        else:
+            value = vec
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    return json_response({"object": "list", "data": data, "model": stream.model,
+                          "usage": {"prompt_tokens": emb.prompt_tokens, "total_tokens": emb.prompt_tokens}})
+
+
+# ------------------------------------------------------------------------ models
+
+
+def _openai_model(plane: ControlPlane, pool: Any) -> dict[str, Any]:
+    return {"id": pool.spec.id, "object": "model", "created": int(plane.started_at),
+            "owned_by": "corral", "aliases": list(pool.spec.aliases),
+            "status": {"value": pool.status()}}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    plane = _plane(request)
+    return json_response({"object": "list",
+                          "data": [_openai_model(plane, p) for p in plane.pools.values()]})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> Response:
+    plane = _plane(request)
+    return json_response(_openai_model(plane, plane.pool(model_id)))

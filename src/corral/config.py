@@ -1,0 +1,272 @@
+"""corral's configuration: one TOML file, validated by pydantic, in fixed phases.
+
+    [server]            the router process: address, budget, queue, timeouts, api_key
+    [defaults]          model settings every model inherits
+    [models."ID"]       one table per model (quote ids that contain dots)
+
+Loading runs in phases: parse TOML -> validate against the schema (``extra="forbid"``,
+so a misspelt key is an error) -> apply command-line overrides -> normalize paths
+(relative to the config file). Precedence for model settings: command line > model
+table > ``[defaults]`` > built-in defaults. Every error is a ``ConfigError`` whose
+message names the file, the table and the key.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from corral.errors import ConfigError
+
+__all__ = [
+    "parse_bytes",
+    "ServerConfig",
+    "ModelDefaults",
+    "ModelConfig",
+    "CorralConfig",
+    "MODEL_SETTING_KEYS",
+    "load_config",
+    "config_from_dict",
+    "default_config",
+]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1024,
+    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value: Any) -> Any:
+    """``"8GiB"`` -> 8589934592, ``"512MB"`` -> 512000000, ints pass through."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        raise ValueError(f"{value!r} is not a size; write e.g. 8GiB, 512MiB, 4GB or a number of bytes")
+    return value
+
+
+ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
+
+_STRICT = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerConfig(BaseModel):
+    model_config = _STRICT
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_loaded_models: int = Field(4, ge=1)  # 1 = single-GPU mode: one model at a time
+    memory_budget: ByteSize | None = None  # sum of what loaded workers report
+    models_dir: Path | None = None  # None: corral.store.local.default_models_dir()
+    include_default_model: bool = True  # serve the embedded gemma-3-270m (alias "default")
+    max_queue: int = Field(64, ge=0)  # per model, requests waiting for a slot
+    autoload: bool = True  # False: requests for unloaded models get 400 model_not_loaded
+    api_key: str | None = None
+    load_timeout_s: float = Field(300.0, gt=0)
+    queue_timeout_s: float = Field(60.0, gt=0)  # wait for a slot or for room to load
+    drain_timeout_s: float = Field(30.0, ge=0)  # unload/reload lets running requests finish
+    stop_grace_s: float = Field(5.0, ge=0)  # Shutdown -> SIGTERM after this
+    max_restarts: int = Field(3, ge=0)  # consecutive failures before an instance stays failed
+    restart_backoff_s: float = Field(1.0, ge=0)  # doubles per consecutive failure, max 30 s
+    max_body_bytes: ByteSize = 8 * 1024 * 1024
+    log_dir: Path | None = None  # worker stderr logs; None: a temporary directory
+    worker_command: list[str] | None = None  # advanced/tests: argv prefix instead of python -m corral.worker
+
+
+class _ModelSettings(BaseModel):
+    """Settings a model table and [defaults] share. None: inherit."""
+
+    model_config = _STRICT
+
+    ctx_len: int | None = Field(None, ge=16)
+    n_parallel: int | None = Field(None, ge=1, le=256)
+    instances: int | None = Field(None, ge=1, le=64)
+    n_batch: int | None = Field(None, ge=1)
+    n_gpu_layers: int | None = Field(None, ge=-1)
+    threads: int | None = Field(None, ge=1)
+    embedding: bool | None = None
+    pre_prompt: str | None = None
+    user_prompt: str | None = None
+    ai_prompt: str | None = None
+    system_prompt: str | None = None
+    chat_template: str | None = None
+    ttl_s: float | None = Field(None, gt=0)
+    pinned: bool | None = None
+    load_on_startup: bool | None = None
+
+
+class ModelDefaults(_ModelSettings):
+    pass
+
+
+class ModelConfig(_ModelSettings):
+    path: Path
+    aliases: list[str] = []
+
+
+MODEL_SETTING_KEYS = tuple(_ModelSettings.model_fields)
+
+BUILTIN_MODEL_DEFAULTS: dict[str, Any] = {
+    "ctx_len": 4096,
+    "n_parallel": 4,
+    "instances": 1,
+    "n_batch": 512,
+    "n_gpu_layers": 0,
+    "threads": None,  # None: cores divided among the workers that may run together
+    "embedding": False,
+    "pre_prompt": None,
+    "user_prompt": None,
+    "ai_prompt": None,
+    "system_prompt": None,
+    "chat_template": None,
+    "ttl_s": None,
+    "pinned": False,
+    "load_on_startup": False,
+}
+
+
+class CorralConfig(BaseModel):
+    model_config = _STRICT
+
+    server: ServerConfig = ServerConfig()
+    defaults: ModelDefaults = ModelDefaults()
+    models: dict[str, ModelConfig] = {}
+    # not in the file: where it came from and the command-line overrides of model settings
+    source: Path | None = Field(None, exclude=True)
+    cli_model_overrides: dict[str, Any] = Field(default_factory=dict, exclude=True)
+
+    def model_settings(self, model_id: str) -> dict[str, Any]:
+        """Effective settings of a configured model: CLI > model table > defaults > builtin."""
+        out = dict(BUILTIN_MODEL_DEFAULTS)
+        for layer in (self.defaults.model_dump(exclude_none=True),
+                      self.models[model_id].model_dump(exclude_none=True,
+                                                       exclude={"path", "aliases"}),
+                      self.cli_model_overrides):
+            out.update({k: v for k, v in layer.items() if v is not None})
+        return out
+
+    def inherited_settings(self) -> dict[str, Any]:
+        """Settings for a model not in the file (models_dir, pulled, Nitro loadmodel)."""
+        out = dict(BUILTIN_MODEL_DEFAULTS)
+        out.update(self.defaults.model_dump(exclude_none=True))
+        out.update({k: v for k, v in self.cli_model_overrides.items() if v is not None})
+        return out
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc]
+    if not parts:
+        return "at top level"
+    if len(parts) == 1:
+        return f"key '{parts[0]}' at top level"
+    table = parts[:-1]
+    if table[0] == "models" and len(table) >= 2:
+        head = f'models."{table[1]}"' if "." in table[1] else f"models.{table[1]}"
+        table = [head, *table[2:]]
+    return f"[{'.'.join(table)}] key '{parts[-1]}'"
+
+
+def _config_error(name: str, exc: ValidationError) -> ConfigError:
+    lines = []
+    for err in exc.errors():
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see examples/corral.toml)"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        lines.append(f"{name}: {_where(tuple(err['loc']))}: {msg}")
+    return ConfigError("; ".join(lines))
+
+
+def _check_names(cfg: CorralConfig, name: str) -> None:
+    seen: dict[str, str] = {}
+    for mid, m in cfg.models.items():
+        if not mid or mid.strip() != mid or "/" in mid:
+            raise ConfigError(f"{name}: [models] table name {mid!r} is not a valid model id")
+        seen.setdefault(mid, mid)
+    for mid, m in cfg.models.items():
+        for alias in m.aliases:
+            other = seen.get(alias)
+            if other is not None and other != mid:
+                raise ConfigError(
+                    f"{name}: {_where(('models', mid, 'aliases'))}: alias {alias!r} "
+                    f"is already the id or an alias of model {other!r}")
+            seen[alias] = mid
+
+
+def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
+                     base_dir: Path | None = None) -> CorralConfig:
+    """Validate a parsed TOML document. Relative paths resolve against ``base_dir``."""
+    try:
+        cfg = CorralConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(name, exc) from None
+    _check_names(cfg, name)
+    base = base_dir or Path.cwd()
+    for m in cfg.models.values():
+        p = m.path.expanduser()
+        m.path = p if p.is_absolute() else (base / p)
+    for attr in ("models_dir", "log_dir"):
+        p = getattr(cfg.server, attr)
+        if p is not None:
+            p = p.expanduser()
+            setattr(cfg.server, attr, p if p.is_absolute() else base / p)
+    return cfg
+
+
+def load_config(path: Path | None, *, server_overrides: dict[str, Any] | None = None,
+                model_overrides: dict[str, Any] | None = None) -> CorralConfig:
+    """Read, validate and normalize a config file (None: built-in defaults only).
+
+    ``server_overrides`` / ``model_overrides`` come from the command line and win."""
+    data: dict[str, Any] = {}
+    name = "<command line>"
+    base = None
+    if path is not None:
+        path = Path(path).expanduser()
+        name = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{name}: config file not found") from None
+        except OSError as exc:
+            raise ConfigError(f"{name}: cannot read config file: {exc.strerror}") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{name}: not valid TOML: {exc}") from None
+        base = path.resolve().parent
+    if server_overrides:
+        srv = dict(data.get("server", {}) if isinstance(data.get("server"), dict) else {})
+        srv.update({k: v for k, v in server_overrides.items() if v is not None})
+        data["server"] = srv
+    cfg = config_from_dict(data, name=name, base_dir=base)
+    if model_overrides:
+        try:
+            checked = ModelDefaults.model_validate(
+                {k: v for k, v in model_overrides.items() if v is not None})
+        except ValidationError as exc:
+            raise _config_error("<command line>", exc) from None
+        cfg.cli_model_overrides = checked.model_dump(exclude_none=True)
+    cfg.source = path.resolve() if path is not None else None
+    return cfg
+
+
+def default_config() -> CorralConfig:
+    return CorralConfig()

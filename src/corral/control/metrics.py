@@ -1,0 +1,81 @@
+"""Prometheus metrics, one CollectorRegistry per router (so tests can run many apps).
+
+Counters and histograms are updated once per request (never per token); gauges that
+describe current state (queue depth, busy slots, loaded models, memory) are read from
+the control plane at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+__all__ = ["Metrics"]
+
+_LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_LOAD_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+
+class _StateCollector:
+    def __init__(self, snapshot: Callable[[], Iterable[dict[str, Any]]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        queue = GaugeMetricFamily("corral_queue_depth", "Requests waiting for a slot", labels=["model"])
+        busy = GaugeMetricFamily("corral_slots_busy", "Slots running a request", labels=["model", "instance"])
+        total = GaugeMetricFamily("corral_slots_total", "Slots of ready instances", labels=["model", "instance"])
+        mem = GaugeMetricFamily("corral_instance_memory_bytes", "Weights + KV cache as reported by the worker",
+                                labels=["model", "instance"])
+        loaded = GaugeMetricFamily("corral_model_loaded", "1 when the model has a ready instance", labels=["model"])
+        for m in self._snapshot():
+            queue.add_metric([m["id"]], m["queued"])
+            loaded.add_metric([m["id"]], 1.0 if m["status"] == "loaded" else 0.0)
+            for inst in m["instances"]:
+                labels = [m["id"], str(inst["index"])]
+                busy.add_metric(labels, inst["busy"])
+                total.add_metric(labels, inst["total"] if inst["state"] == "ready" else 0)
+                if inst["memory"] is not None:
+                    mem.add_metric(labels, inst["memory"])
+        yield from (queue, busy, total, mem, loaded)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("corral_requests", "Requests answered", ["model", "instance", "endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("corral_prompt_tokens", "Prompt tokens processed", ["model", "instance"], registry=r)
+        self.completion_tokens = Counter("corral_completion_tokens", "Tokens generated", ["model", "instance"], registry=r)
+        self.ttft = Histogram("corral_time_to_first_token_seconds", "Time to first token (router view)",
+                              ["model", "instance"], buckets=_LAT_BUCKETS, registry=r)
+        self.latency = Histogram("corral_request_duration_seconds", "Request duration (router view)",
+                                 ["model", "instance", "endpoint"], buckets=_LAT_BUCKETS, registry=r)
+        self.loads = Counter("corral_loads", "Worker loads finished", ["model", "instance"], registry=r)
+        self.load_duration = Histogram("corral_load_duration_seconds", "Worker load time",
+                                       ["model", "instance"], buckets=_LOAD_BUCKETS, registry=r)
+        self.restarts = Counter("corral_restarts", "Worker restarts after a failure", ["model", "instance"], registry=r)
+        self.failures = Counter("corral_instance_failures", "Worker failures (crash or failed load)",
+                                ["model", "instance"], registry=r)
+
+    def watch(self, snapshot: Callable[[], Iterable[dict[str, Any]]]) -> None:
+        self.registry.register(_StateCollector(snapshot))
+
+    def observe_request(self, model: str, instance: int | None, endpoint: str, status: int,
+                        *, prompt_tokens: int = 0, completion_tokens: int = 0,
+                        ttft_s: float | None = None, latency_s: float | None = None) -> None:
+        inst = "-" if instance is None else str(instance)
+        self.requests.labels(model, inst, endpoint, str(status)).inc()
+        if prompt_tokens:
+            self.prompt_tokens.labels(model, inst).inc(prompt_tokens)
+        if completion_tokens:
+            self.completion_tokens.labels(model, inst).inc(completion_tokens)
+        if ttft_s is not None:
+            self.ttft.labels(model, inst).observe(ttft_s)
+        if latency_s is not None:
+            self.latency.labels(model, inst, endpoint).observe(latency_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,308 @@
+"""A model's instances, its slots and its FIFO queue: where a request goes.
+
+A request takes a free slot on a ready instance: the one that recently served the
+longest common prompt prefix (at least ``MIN_PREFIX`` characters: the worker can reuse
+that KV cache), then the least busy one. With no free slot it waits in a bounded FIFO
+(``max_queue``; full -> ``QueueFull``); a slot that frees goes to the oldest waiter.
+A draining pool (being unloaded or restarted) hands out no slots; its waiters wait
+for it to come back, or are told to retry (the model was unloaded: autoload again).
+
+Everything here runs on the event loop and is synchronous except the waits, so
+"check a slot, then take it" cannot race.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from corral.control.catalog import ModelSpec
+from corral.control.instance import Instance, InstanceState
+from corral.errors import CapacityTimeout, LoadFailed, QueueFull, Unavailable
+
+__all__ = ["ModelPool", "MIN_PREFIX", "common_prefix_len"]
+
+MIN_PREFIX = 64
+_PREFIX_KEY_CHARS = 4096
+
+S = InstanceState
+
+
+def common_prefix_len(a: str, b: str) -> int:
+    """Length of the common prefix, by binary search over C-speed slice compares."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class ModelPool:
+    def __init__(self, spec: ModelSpec, *, make_instance: Callable[["ModelPool", int], Instance],
+                 on_capacity: Callable[[], None]) -> None:
+        self.spec = spec
+        self._make_instance = make_instance
+        self._on_capacity = on_capacity
+        self.instances: list[Instance] = []
+        self.waiters: deque[tuple[asyncio.Future[Instance | None], str | None]] = deque()
+        self.last_used = 0.0
+        self.draining = False
+        self.footprint: int | None = None  # per-instance bytes, as last reported
+        self.loads = 0
+        self._changed: asyncio.Future[None] | None = None
+        self._idle: asyncio.Future[None] | None = None
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def has_ready(self) -> bool:
+        return any(i.state is S.READY for i in self.instances)
+
+    @property
+    def loading(self) -> bool:
+        return not self.has_ready and any(
+            i.state is S.STARTING or i.restart_pending or i.start_requested
+            for i in self.instances)
+
+    @property
+    def occupies(self) -> bool:
+        """Counts against max_loaded_models / memory_budget."""
+        return any(i.state in (S.STARTING, S.READY, S.STOPPING) or i.restart_pending
+                   or i.start_requested for i in self.instances)
+
+    @property
+    def failed_final(self) -> bool:
+        return bool(self.instances) and all(i.state is S.FAILED and i.final
+                                            and not i.start_requested for i in self.instances)
+
+    @property
+    def failure_reason(self) -> str | None:
+        for i in self.instances:
+            if i.state is S.FAILED and i.reason:
+                return i.reason
+        return None
+
+    @property
+    def inflight(self) -> int:
+        return sum(i.busy for i in self.instances)
+
+    @property
+    def idle(self) -> bool:
+        return self.inflight == 0 and not self.waiters
+
+    @property
+    def evictable(self) -> bool:
+        return (self.occupies and not self.spec.pinned and self.idle and not self.draining
+                and all(i.state in (S.READY, S.FAILED) for i in self.instances))
+
+    def status(self) -> str:
+        states = {i.state for i in self.instances}
+        if S.READY in states or S.STOPPING in states:
+            return "loaded"
+        if S.STARTING in states or any(i.restart_pending or i.start_requested
+                                       for i in self.instances):
+            return "loading"
+        if S.FAILED in states:
+            return "failed"
+        return "unloaded"
+
+    def memory_bytes(self) -> int:
+        """Reported bytes of live instances; the last known (or file size) while loading."""
+        total = 0
+        for i in self.instances:
+            if i.state in (S.STARTING, S.READY, S.STOPPING) or i.restart_pending or i.start_requested:
+                m = i.memory_bytes
+                total += m if m is not None else self.estimate_instance_bytes()
+        return total
+
+    def estimate_instance_bytes(self) -> int:
+        if self.footprint is not None:
+            return self.footprint
+        try:
+            return self.spec.path.stat().st_size
+        except OSError:
+            return 0
+
+    def estimate_bytes(self) -> int:
+        return self.estimate_instance_bytes() * self.spec.instances
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Fresh instances from the current spec, all told to start (does not wait)."""
+        for old in self.instances:
+            old.discard()
+        self.instances = [self._make_instance(self, i) for i in range(self.spec.instances)]
+        self.loads += 1
+        self.last_used = time.time()
+        for inst in self.instances:
+            inst.request_start(reset=True)
+
+    async def stop(self, reason: str) -> None:
+        await asyncio.gather(*(i.stop(reason) for i in self.instances))
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Until an instance is ready. LoadFailed when all failed for good;
+        ModelNotLoaded when the model was stopped meanwhile."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if self.has_ready:
+                return
+            if self.failed_final:
+                raise LoadFailed(f"{self.spec.id} failed to load: {self.failure_reason}")
+            if not self.occupies:
+                raise Unavailable(f"model {self.spec.id!r} was unloaded while loading",
+                                  retry_after_s=1)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise CapacityTimeout(f"model {self.spec.id!r} is still loading after {timeout_s:g} s",
+                                      retry_after_s=5, code="model_loading")
+            if self._changed is None or self._changed.done():
+                self._changed = loop.create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._changed), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Until no request runs on any instance (queued ones may wait). False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.inflight > 0:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            if self._idle is None or self._idle.done():
+                self._idle = loop.create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._idle), remaining)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+    def on_instance_change(self, inst: Instance) -> None:
+        """Called (synchronously) by an instance after each transition."""
+        if inst.state is S.READY:
+            if inst.memory_bytes is not None:
+                self.footprint = inst.memory_bytes
+            self._serve_waiters()
+        elif self.failed_final:
+            self.fail_waiters(LoadFailed(f"{self.spec.id} failed to load: {self.failure_reason}"))
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)
+        if self.inflight == 0:
+            self._set_idle()
+        self._on_capacity()
+
+    # ------------------------------------------------------------------ slots
+
+    def try_acquire(self, prefix: str | None) -> Instance | None:
+        """A reserved slot now, or None (no free slot, queue not empty, or draining)."""
+        if self.draining or self.waiters:
+            return None
+        return self._pick(prefix)
+
+    async def wait_slot(self, prefix: str | None, *, max_queue: int, deadline: float) -> Instance | None:
+        """Queue for a slot. Returns the instance (slot reserved) or None: retry from the top."""
+        if len(self.waiters) >= max_queue:
+            raise QueueFull(f"model {self.spec.id!r} has {len(self.waiters)} requests waiting "
+                            f"(max_queue={max_queue}); try again later", retry_after_s=1)
+        loop = asyncio.get_running_loop()
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise CapacityTimeout(f"no free slot on model {self.spec.id!r} in time", retry_after_s=1)
+        fut: asyncio.Future[Instance | None] = loop.create_future()
+        entry = (fut, prefix)
+        self.waiters.append(entry)
+        try:
+            return await asyncio.wait_for(fut, remaining)
+        except asyncio.TimeoutError:
+            raise CapacityTimeout(f"no free slot on model {self.spec.id!r} within the queue timeout",
+                                  retry_after_s=1) from None
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None and fut.result() is not None:
+                self.release(fut.result())  # type: ignore[arg-type]
+            raise
+        finally:
+            try:
+                self.waiters.remove(entry)
+            except ValueError:
+                pass
+            if not self.waiters and self.inflight == 0:
+                self._on_capacity()
+
+    def release(self, inst: Instance) -> None:
+        """A request ended on ``inst`` (called from the socket reader)."""
+        if inst.busy > 0:
+            inst.busy -= 1
+        self.last_used = inst.last_used = time.time()
+        if self.waiters:
+            self._serve_waiters()
+        if self.inflight == 0:
+            self._set_idle()
+            if not self.waiters:
+                self._on_capacity()
+
+    def wake_waiters(self) -> None:
+        """Tell every waiter to retry from the top (the model was unloaded)."""
+        while self.waiters:
+            fut, _ = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    def fail_waiters(self, exc: Exception) -> None:
+        while self.waiters:
+            fut, _ = self.waiters.popleft()
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _serve_waiters(self) -> None:
+        while self.waiters and not self.draining:
+            fut, prefix = self.waiters[0]
+            if fut.done():
+                self.waiters.popleft()
+                continue
+            inst = self._pick(prefix)
+            if inst is None:
+                return
+            self.waiters.popleft()
+            fut.set_result(inst)
+
+    def _pick(self, prefix: str | None) -> Instance | None:
+        best: Instance | None = None
+        best_key: tuple[int, int] = (-1, 0)
+        candidates = [i for i in self.instances if i.free_slots > 0]
+        if not candidates:
+            return None
+        if len(candidates) == 1 or not prefix:
+            best = min(candidates, key=lambda i: i.busy)
+        else:
+            for inst in candidates:
+                p = 0
+                for seen in inst.recent:
+                    n = common_prefix_len(prefix, seen)
+                    if n > p:
+                        p = n
+                key = (p if p >= MIN_PREFIX else 0, -inst.busy)
+                if key > best_key:
+                    best, best_key = inst, key
+        assert best is not None
+        best.busy += 1
+        if prefix:
+            best.recent.append(prefix[:_PREFIX_KEY_CHARS])
+        self.last_used = best.last_used = time.time()
+        return best
+
+    def _set_idle(self) -> None:
+        if self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+
+    def describe(self) -> dict[str, Any]:
+        return {"queued": len(self.waiters), "inflight": self.inflight}

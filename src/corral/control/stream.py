@@ -1,0 +1,125 @@
+"""The per-request collector between a worker's messages and one HTTP response.
+
+The worker's socket reader pushes deltas in (synchronously, no task per token); the
+route handler pulls merged text out. If the client reads slower than the worker
+produces, pending pieces are joined instead of queued as messages, so memory is the
+generated text and nothing more. One waiter future at a time; no per-token allocation
+beyond the text itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from corral import wire
+from corral.errors import (ContextLengthExceeded, CorralError, InvalidRequest)
+
+if TYPE_CHECKING:
+    from corral.control.instance import Instance
+
+__all__ = ["RequestStream", "failure_to_error"]
+
+_MERGE_AT = 64  # join pending pieces once this many pile up
+
+
+def failure_to_error(msg: wire.RequestFailed) -> CorralError:
+    if msg.code == "context_length_exceeded":
+        return ContextLengthExceeded(msg.message, param="messages")
+    if msg.code == "invalid_request":
+        return InvalidRequest(msg.message)
+    return CorralError(f"the model failed on this request: {msg.message}")
+
+
+class RequestStream:
+    """State of one request as the router sees it. Fed by ``Instance``, read by the API."""
+
+    __slots__ = ("id", "instance", "_parts", "n_tokens", "_waiter", "finished", "error",
+                 "embeddings", "created", "started", "first_token", "ended", "model")
+
+    def __init__(self, request_id: str, model: str) -> None:
+        self.id = request_id
+        self.model = model
+        self.instance: Instance | None = None
+        self._parts: list[str] = []
+        self.n_tokens = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self.finished: wire.Finished | None = None
+        self.error: CorralError | None = None
+        self.embeddings: wire.Embeddings | None = None
+        self.created = time.perf_counter()
+        self.started: float | None = None  # handed to a worker
+        self.first_token: float | None = None
+        self.ended: float | None = None
+
+    # ------------------------------------------------------------ producer side (sync)
+
+    def on_delta(self, msg: wire.Delta) -> None:
+        if self.first_token is None:
+            self.first_token = time.perf_counter()
+        parts = self._parts
+        parts.append(msg.text)
+        if len(parts) >= _MERGE_AT:
+            self._parts = ["".join(parts)]
+        self.n_tokens += msg.n_tokens
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def on_end(self, msg: wire.Finished | wire.RequestFailed | wire.Embeddings) -> None:
+        if type(msg) is wire.Finished:
+            self.finished = msg
+        elif type(msg) is wire.Embeddings:
+            self.embeddings = msg
+        else:
+            self.error = failure_to_error(msg)  # type: ignore[arg-type]
+        self._end()
+
+    def fail(self, exc: CorralError) -> None:
+        if self.done:
+            return
+        self.error = exc
+        self._end()
+
+    def _end(self) -> None:
+        self.ended = time.perf_counter()
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    @property
+    def done(self) -> bool:
+        return self.ended is not None
+
+    # ------------------------------------------------------------ consumer side
+
+    async def next_text(self) -> str | None:
+        """Text generated since the last call (merged); None once finished.
+        Raises the request's error (after any text that came before it)."""
+        while True:
+            parts = self._parts
+            if parts:
+                self._parts = []
+                return parts[0] if len(parts) == 1 else "".join(parts)
+            if self.ended is not None:
+                if self.error is not None:
+                    raise self.error
+                return None
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    async def wait(self) -> str:
+        """Wait for the end; return all text. Raises the request's error."""
+        chunks: list[str] = []
+        while (text := await self.next_text()) is not None:
+            chunks.append(text)
+        return "".join(chunks)
+
+    def abort(self) -> None:
+        """Ask the worker to stop this request. Harmless when done or repeated."""
+        if not self.done and self.instance is not None:
+            self.instance.abort(self.id)

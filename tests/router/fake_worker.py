@@ -1,0 +1,170 @@
+"""A fake worker: speaks corral.wire like ``python -m corral.worker`` but plays a script.
+
+Run as ``python tests/router/fake_worker.py --fd N --settings JSON``. The settings'
+``model_path`` names a JSON script (missing keys take the defaults below):
+
+    load_delay_s     seconds before Ready                      (0)
+    load_fail        a reason: send LoadFailed and exit 1        (null)
+    exit_on_load     exit with this code while loading           (null)
+    tokens           the text pieces every generation yields     (["Hello", ",", " world", "!"])
+    token_delay_s    seconds between pieces                      (0)
+    model_bytes, kv_bytes, rss_bytes                             (1000, 100, 5000)
+    embedding_dim                                                (4)
+    stderr           lines printed to stderr at start            ([])
+
+A prompt containing "SLOW" waits ``slow_delay_s`` (default 0.2) between pieces, one
+containing "FOREVER" streams until aborted; "BOOM" makes it exit with code 7.
+Every request it receives is appended to ``<script>.log`` (one JSON line), so tests
+can see what reached the worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+
+import msgspec  # noqa: E402
+
+from corral import wire  # noqa: E402
+
+DEFAULTS = {
+    "load_delay_s": 0.0,
+    "load_fail": None,
+    "exit_on_load": None,
+    "tokens": ["Hello", ",", " world", "!"],
+    "token_delay_s": 0.0,
+    "slow_delay_s": 0.2,
+    "model_bytes": 1000,
+    "kv_bytes": 100,
+    "rss_bytes": 5000,
+    "embedding_dim": 4,
+    "stderr": [],
+}
+
+
+class Fake:
+    def __init__(self, settings: wire.WorkerSettings, script: dict, writer: asyncio.StreamWriter,
+                 log_path: str) -> None:
+        self.s = settings
+        self.script = script
+        self.w = writer
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.log_path = log_path
+        self.generated = 0
+
+    def send(self, msg) -> None:
+        self.w.write(wire.encode(msg))
+
+    def record(self, msg) -> None:
+        with open(self.log_path, "a") as f:
+            f.write(msgspec.json.encode(msg).decode() + "\n")
+
+    async def generate(self, req: wire.GenerateRequest) -> None:
+        text = req.prompt or " ".join(m.content for m in req.messages or [])
+        if "BOOM" in text:
+            os._exit(7)
+        delay = self.script["slow_delay_s"] if "SLOW" in text else self.script["token_delay_s"]
+        pieces = list(self.script["tokens"])
+        forever = "FOREVER" in text
+        limit = req.params.max_tokens
+        n = 0
+        reason = "stop"
+        t0 = time.perf_counter()
+        try:
+            i = 0
+            while forever or i < len(pieces):
+                if limit is not None and n >= limit:
+                    reason = "length"
+                    break
+                if delay:
+                    await asyncio.sleep(delay)
+                self.send(wire.Delta(req.id, pieces[i % len(pieces)], 1))
+                n += 1
+                i += 1
+                self.generated += 1
+        except asyncio.CancelledError:
+            reason = "abort"
+        ms = (time.perf_counter() - t0) * 1000
+        self.send(wire.Finished(req.id, reason, wire.Usage(len(text.split()) or 1, n),
+                                wire.Timings(1.0, ms, 1000.0, n / max(ms, 1e-3) * 1000)))
+        self.tasks.pop(req.id, None)
+
+    def handle(self, msg) -> bool:
+        if isinstance(msg, wire.GenerateRequest):
+            self.record(msg)
+            self.tasks[msg.id] = asyncio.get_running_loop().create_task(self.generate(msg))
+        elif isinstance(msg, wire.EmbedRequest):
+            self.record(msg)
+            if not self.s.embedding:
+                self.send(wire.RequestFailed(msg.id, "invalid_request",
+                                             "this model was not loaded for embeddings"))
+            else:
+                dim = self.script["embedding_dim"]
+                data = [[float(len(t) + k) for k in range(dim)] for t in msg.inputs]
+                self.send(wire.Embeddings(msg.id, data, sum(len(t.split()) for t in msg.inputs)))
+        elif isinstance(msg, wire.Abort):
+            self.record(msg)
+            t = self.tasks.get(msg.id)
+            if t is not None:
+                t.cancel()
+        elif isinstance(msg, wire.StatsRequest):
+            sc = self.script
+            self.send(wire.Stats(slots_busy=len(self.tasks), slots_total=self.s.n_parallel, waiting=0,
+                                 rss_bytes=sc["rss_bytes"], model_bytes=sc["model_bytes"],
+                                 kv_bytes=sc["kv_bytes"], tokens_generated=self.generated,
+                                 tokens_prompt=0))
+        elif isinstance(msg, wire.Shutdown):
+            return False
+        return True
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--settings", required=True)
+    args = ap.parse_args()
+    settings = msgspec.json.decode(args.settings, type=wire.WorkerSettings)
+    script = dict(DEFAULTS)
+    with open(settings.model_path) as f:
+        script.update(json.load(f))
+    for line in script["stderr"]:
+        print(line, file=sys.stderr, flush=True)
+    sock = socket.socket(fileno=args.fd)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    fake = Fake(settings, script, writer, settings.model_path + ".log")
+    fake.send(wire.Loading(os.getpid()))
+    if script["load_delay_s"]:
+        await asyncio.sleep(script["load_delay_s"])
+    if script["exit_on_load"] is not None:
+        os._exit(script["exit_on_load"])
+    if script["load_fail"]:
+        fake.send(wire.LoadFailed(script["load_fail"]))
+        await writer.drain()
+        return 1
+    info = wire.ModelInfo(
+        description="fake", n_params=1, n_vocab=10, n_ctx_train=settings.ctx_len,
+        n_ctx=settings.ctx_len, n_ctx_slot=settings.ctx_len // settings.n_parallel,
+        n_slots=settings.n_parallel, n_embd=script["embedding_dim"], embedding=settings.embedding,
+        has_chat_template=False, model_bytes=script["model_bytes"], kv_bytes=script["kv_bytes"],
+        rss_bytes=script["rss_bytes"], gpu_layers=0, load_ms=1.0)
+    fake.send(wire.Ready(os.getpid(), info))
+    dec = wire.FrameDecoder()
+    while True:
+        data = await reader.read(65536)
+        if not data:
+            return 0
+        for body in dec.feed(data):
+            if not fake.handle(wire.decode_to_worker(body)):
+                await writer.drain()
+                return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
