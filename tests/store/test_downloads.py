@@ -335,3 +335,28 @@ async def test_bad_input_is_rejected_before_any_process(store: ModelStore, bus: 
     with pytest.raises(Conflict, match="already exists"):
         await dm.start("a/b/c.gguf", model_id="taken")
     assert dm.spawned == 0
+
+
+async def test_a_crashing_child_is_a_failed_download(hub: FakeHub, store: ModelStore,
+                                                     bus: EventBus) -> None:
+    f = hub.add(f"{REPO}/crash.gguf", small_gguf(2_000_000))
+    f.behavior.bytes_per_s = 300_000
+    dm = manager(store, bus)
+    async with bus.subscribe() as q:
+        h = await dm.start(f"{REPO}/crash.gguf")
+        dm._procs[h.pull_id].kill()  # not a cancel: the process just dies
+        events = await until(q, terminal_for(h.pull_id))
+    assert events[-1]["event"] == "download_failed"
+    assert events[-1]["reason"] == ("the download process exited unexpectedly "
+                                     "(killed by SIGKILL)")
+    assert store.list() == []
+
+
+def test_router_side_imports_no_hub_client_and_no_engine() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, corral.control.downloads, corral.api.store_routes, corral.cli.store_cmds;"
+            "bad = [m for m in ('huggingface_hub', 'llama_cpp') if m in sys.modules];"
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -26,6 +26,7 @@ import contextlib
 import inspect
 import logging
 import shutil
+import signal
 import sys
 import time
 import uuid
@@ -349,7 +350,7 @@ class DownloadManager:
                     self._end(h, "cancelled", done=partial if partial is not None else h.done)
                 else:
                     self._end(h, "failed", reason="the download process exited unexpectedly "
-                              f"(exit code {proc.returncode})")
+                              f"({_describe_exit(proc.returncode)})")
             self._procs.pop(h.pull_id, None)
             self._tasks.pop(h.pull_id, None)
             self._cancelling.discard(h.pull_id)
@@ -416,6 +417,15 @@ def _start_error(msg: m.Failed) -> CorralError:
     err = DownloadError(msg.reason)
     err.status = 502 if msg.kind == "network" else 507 if msg.kind == "disk" else 500
     return err
+
+
+def _describe_exit(rc: int | None) -> str:
+    if rc is not None and rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit code {rc}"
 
 
 def _size(path: Path | None) -> int | None:
