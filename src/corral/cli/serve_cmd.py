@@ -1,7 +1,67 @@
+"""`corral serve`: run the router (FastAPI on uvicorn), the one process users talk to."""
+
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
 import typer
+
+from corral.errors import ConfigError
+
+__all__ = ["register", "serve"]
+
+
+def serve(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (see examples/corral.toml)."),
+    models_dir: Optional[Path] = typer.Option(None, "--models-dir", help="Every .gguf under it is a model."),
+    host: Optional[str] = typer.Option(None, "--host", help="Address to listen on [127.0.0.1]."),
+    port: Optional[int] = typer.Option(None, "--port", "-p", help="Port [8080]."),
+    max_loaded_models: Optional[int] = typer.Option(None, "--max-loaded-models", help="1 = single-GPU mode."),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="e.g. 8GiB."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="CORRAL_API_KEY", help="Require Authorization: Bearer KEY."),
+    no_autoload: bool = typer.Option(False, "--no-autoload", help="Requests for unloaded models get 400."),
+    ctx_len: Optional[int] = typer.Option(None, "--ctx-len", help="Every model: total context (KV cells)."),
+    n_parallel: Optional[int] = typer.Option(None, "--n-parallel", help="Every model: slots per instance."),
+    instances: Optional[int] = typer.Option(None, "--instances", help="Every model: worker processes."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Every model: threads per worker."),
+    n_gpu_layers: Optional[int] = typer.Option(None, "--n-gpu-layers", "-ngl", help="Every model: layers on the GPU."),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+) -> None:
+    """Serve models over an OpenAI-compatible HTTP API (no arguments: the embedded default model)."""
+    from corral.config import load_config
+
+    server_overrides: dict[str, Any] = {
+        "host": host, "port": port, "models_dir": str(models_dir) if models_dir else None,
+        "max_loaded_models": max_loaded_models, "memory_budget": memory_budget,
+        "api_key": api_key, "autoload": False if no_autoload else None,
+    }
+    model_overrides: dict[str, Any] = {
+        "ctx_len": ctx_len, "n_parallel": n_parallel, "instances": instances,
+        "threads": threads, "n_gpu_layers": n_gpu_layers,
+    }
+
+    def loader():  # type: ignore[no-untyped-def]
+        return load_config(config, server_overrides=server_overrides, model_overrides=model_overrides)
+
+    try:
+        cfg = loader()
+    except ConfigError as exc:
+        typer.echo(f"corral serve: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from corral.api.app import create_app
+
+    app = create_app(cfg, config_loader=loader, handle_sighup=True)
+    typer.echo(f"corral: serving on http://{cfg.server.host}:{cfg.server.port}", err=True)
+    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level=log_level.lower(),
+                access_log=False, timeout_graceful_shutdown=10)
 
 
 def register(app: typer.Typer) -> None:
     """Adds this module's commands to the `corral` app."""
+    app.command("serve")(serve)
