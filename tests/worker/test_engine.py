@@ -185,3 +185,35 @@ def test_concurrency_does_not_change_seeded_output_here(engine: Engine) -> None:
     alone, _, _ = run_engine(engine, [gen("alone", "Once upon a time", p)])
     both, _, _ = run_engine(engine, [gen("pair", "Once upon a time", p), gen("other", "Something else", p)])
     assert alone["alone"] == both["pair"]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        wire.SamplingParams(max_tokens=-1),
+        wire.SamplingParams(repeat_penalty=0.0),
+        wire.SamplingParams(top_p=1.5),
+        wire.SamplingParams(temperature=float("nan")),
+    ],
+)
+def test_bad_sampling_params_refused(engine: Engine, params: wire.SamplingParams) -> None:
+    _, f, _ = run_engine(engine, [gen("badp", params=params)])
+    assert isinstance(f["badp"], wire.RequestFailed) and f["badp"].code == "invalid_request"
+
+
+def test_penalties_and_sampling_knobs_run(engine: Engine) -> None:
+    p = wire.SamplingParams(max_tokens=12, temperature=0.7, top_k=5, top_p=0.9, min_p=0.1,
+                            repeat_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.5, seed=5)
+    a, f, _ = run_engine(engine, [gen("pen", "la la la la la la la", p)])
+    assert f["pen"].usage.completion_tokens == 12
+    b, _, _ = run_engine(engine, [gen("nopen", "la la la la la la la",
+                                      wire.SamplingParams(max_tokens=12, temperature=0.0))])
+    c, _, _ = run_engine(engine, [gen("pen0", "la la la la la la la",
+                                      wire.SamplingParams(max_tokens=12, temperature=0.0, repeat_penalty=2.0))])
+    assert b["nopen"] != c["pen0"]  # the penalty changes greedy output on a repetitive prompt
+
+
+def test_max_tokens_zero(engine: Engine) -> None:
+    _, f, d = run_engine(engine, [gen("zero", params=wire.SamplingParams(max_tokens=0))])
+    assert f["zero"].finish_reason == "length" and f["zero"].usage.completion_tokens == 0
+    assert "zero" not in d

@@ -76,6 +76,27 @@ class _Slot:
         return self.job is not None
 
 
+def _check_params(p: wire.SamplingParams) -> None:
+    """Values llama.cpp's samplers cannot take (the router validates too; this is the floor)."""
+    bad: str | None = None
+    if p.max_tokens is not None and p.max_tokens < 0:
+        bad = f"max_tokens must be >= 0, got {p.max_tokens}"
+    elif not p.repeat_penalty > 0.0:
+        bad = f"repeat_penalty must be > 0, got {p.repeat_penalty}"
+    elif p.temperature != p.temperature:
+        bad = "temperature must be a number"
+    elif not (0.0 <= p.top_p <= 1.0):
+        bad = f"top_p must be between 0 and 1, got {p.top_p}"
+    elif not (0.0 <= p.min_p <= 1.0):
+        bad = f"min_p must be between 0 and 1, got {p.min_p}"
+    elif p.repeat_last_n < -1:
+        bad = f"repeat_last_n must be >= -1, got {p.repeat_last_n}"
+    elif any(x != x or abs(x) == float("inf") for x in (p.presence_penalty, p.frequency_penalty)):
+        bad = "presence_penalty and frequency_penalty must be finite"
+    if bad:
+        raise RequestRejected("invalid_request", bad)
+
+
 class _Batch:
     """A llama_batch over buffers we own: flat arrays written with plain indexing."""
 
@@ -240,9 +261,7 @@ class Engine:
                 f"the prompt has {len(tokens)} tokens, but this model's context per request is "
                 f"{limit} tokens (at least 1 must be left to generate)",
             )
-        p = req.params
-        if p.max_tokens is not None and p.max_tokens < 0:
-            raise RequestRejected("invalid_request", f"max_tokens must be >= 0, got {p.max_tokens}")
+        _check_params(req.params)
         return tokens
 
     # ------------------------------------------------------------------ scheduling

@@ -198,7 +198,7 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float) ->
     if n_ctx_train > 0:
         n_ctx_slot = min(n_ctx_slot, n_ctx_train)
     n_ctx = n_ctx_slot * n_slots
-    n_batch = s.n_batch
+    n_batch = max(s.n_batch, n_slots)  # every generating slot needs a place in each batch
     if s.embedding:
         # Pooled embeddings need a whole input in one micro-batch.
         n_batch = max(n_batch, n_ctx_slot)
