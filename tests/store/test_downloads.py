@@ -22,6 +22,16 @@ TERMINAL = {"download_finished", "download_failed", "download_cancelled"}
 REPO = "me/tiny-GGUF"
 
 
+_managers: list[DownloadManager] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_managers():
+    yield
+    while _managers:  # every child reaped before the test's loop closes
+        await _managers.pop().close()
+
+
 def manager(store: ModelStore, bus: EventBus, finished: list | None = None, **kw) -> DownloadManager:
     kw.setdefault("retry_backoff_s", 0.02)
     kw.setdefault("retries", 3)
@@ -30,7 +40,9 @@ def manager(store: ModelStore, bus: EventBus, finished: list | None = None, **kw
         if finished is not None:
             finished.append((model_id, path))
 
-    return DownloadManager(store, bus, on_finished, **kw)
+    dm = DownloadManager(store, bus, on_finished, **kw)
+    _managers.append(dm)
+    return dm
 
 
 async def until(q: asyncio.Queue, pred, timeout: float = 30.0) -> list[dict]:
@@ -360,3 +372,19 @@ def test_router_side_imports_no_hub_client_and_no_engine() -> None:
             "bad = [m for m in ('huggingface_hub', 'llama_cpp') if m in sys.modules];"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+async def test_disk_full_while_writing(hub: FakeHub, store: ModelStore, bus: EventBus) -> None:
+    from corral.store.fetch import partial_paths
+
+    hub.add(f"{REPO}/full.gguf", small_gguf(100_000))
+    store.ensure_dirs()
+    part, _ = partial_paths(store, f"hf:{REPO}/full.gguf")
+    part.symlink_to("/dev/full")  # every write: ENOSPC
+    dm = manager(store, bus)
+    async with bus.subscribe() as q:
+        h = await dm.start(f"{REPO}/full.gguf")
+        events = await until(q, terminal_for(h.pull_id))
+    assert events[-1]["event"] == "download_failed"
+    assert events[-1]["reason"] == f"disk full while writing {part}"
+    assert store.list() == []

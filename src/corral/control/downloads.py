@@ -304,6 +304,9 @@ class DownloadManager:
         self._closed = True
         for pull_id in [h.pull_id for h in self.active()]:
             await self.cancel(pull_id)
+        tasks = list(self._tasks.values())  # pulls that were just ending: let them reap
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _stop(self, pull_id: str) -> None:
         proc = self._procs.get(pull_id)
