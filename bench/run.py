@@ -269,8 +269,10 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
 
         def lcp() -> Server:
             ctx.need_lcp()
+            # llama_cpp.server has no /health; /v1/models answers once the model is loaded
             return start("llama-cpp-python", llama_cpp_python_cmd(ctx.model, port, threads=ctx.threads,
-                                                                  n_ctx=8 * SLOT_CTX), port)
+                                                                  n_ctx=8 * SLOT_CTX), port,
+                         health_path="/v1/models")
         await measure("llama-cpp-python", lcp, None, lcp_extra(max_tokens))
     if "corral" in ctx.args.servers:
         port = free_port()

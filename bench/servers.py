@@ -200,6 +200,8 @@ def llama_cpp_python_cmd(model: str, port: int, *, threads: int, n_ctx: int) -> 
     return [
         PY, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1", "--port", str(port),
         "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
+        # default True: each new request aborts the one streaming; False makes them queue
+        "--interrupt_requests", "False",
     ]
 
 
