@@ -1,0 +1,98 @@
+"""Router test harness: a real uvicorn server in the test's event loop, fake worker processes.
+
+``harness.script(name, **kw)`` writes a fake-worker script (see fake_worker.py) and
+returns its path, which serves as the model's ``path``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from corral.api.app import create_app
+from corral.config import CorralConfig, config_from_dict
+from corral.control.events import Event
+from corral.control.plane import ControlPlane
+
+FAKE = Path(__file__).parent / "fake_worker.py"
+
+
+class Harness:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.server: uvicorn.Server | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.client: httpx.AsyncClient | None = None
+        self.base_url = ""
+        self.app: Any = None
+
+    def script(self, name: str, **kw: Any) -> Path:
+        p = self.tmp / f"{name}.json"
+        p.write_text(json.dumps(kw))
+        return p
+
+    def requests_seen(self, name: str) -> list[dict[str, Any]]:
+        p = self.tmp / f"{name}.json.log"
+        if not p.exists():
+            return []
+        return [json.loads(line) for line in p.read_text().splitlines()]
+
+    def config(self, models: dict[str, dict[str, Any]], **server: Any) -> CorralConfig:
+        srv = {"worker_command": [sys.executable, str(FAKE)], "include_default_model": False,
+               "log_dir": str(self.tmp / "logs"), "restart_backoff_s": 0.05, "stop_grace_s": 2.0,
+               "queue_timeout_s": 10.0, "load_timeout_s": 20.0}
+        srv.update(server)
+        return config_from_dict({"server": srv, "models": models}, name="test.toml", base_dir=self.tmp)
+
+    async def start(self, cfg: CorralConfig, *, loader: Callable[[], CorralConfig] | None = None) -> ControlPlane:
+        self.app = create_app(cfg, config_loader=loader, embedded=None, use_store=False)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="on"))
+        self.task = asyncio.create_task(self.server.serve(sockets=[sock]))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while not self.server.started:  # uvicorn offers nothing to await
+            assert not self.task.done(), "server failed to start"
+            assert loop.time() < deadline, "server did not start"
+            await asyncio.sleep(0.01)
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.client = httpx.AsyncClient(base_url=self.base_url, timeout=30)
+        return self.plane
+
+    @property
+    def plane(self) -> ControlPlane:
+        return self.app.state.router
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+        if self.server is not None and self.task is not None:
+            self.server.should_exit = True
+            await asyncio.wait_for(self.task, 30)
+
+
+async def wait_event(q: "asyncio.Queue[Event]", pred: Callable[[Event], bool],
+                     timeout: float = 15.0, seen: list[Event] | None = None) -> Event:
+    """The next event on ``q`` that matches; all events read go to ``seen``."""
+    async with asyncio.timeout(timeout):
+        while True:
+            ev = await q.get()
+            if seen is not None:
+                seen.append(ev)
+            if pred(ev):
+                return ev
+
+
+def chat(model: str, content: str = "hi", **kw: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": content}], **kw}

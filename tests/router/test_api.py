@@ -1,0 +1,189 @@
+"""HTTP API with fake workers: responses in OpenAI's shape, and every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from router.harness import Harness, chat
+
+
+def sse_payloads(text: str) -> list[str]:
+    return [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+
+
+async def test_chat_completion_and_alias(harness: Harness) -> None:
+    cfg = harness.config({"a": {"path": str(harness.script("a")), "aliases": ["x"]}})
+    await harness.start(cfg)
+    r = await harness.client.post("/v1/chat/completions", json=chat("x", max_tokens=3))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["model"] == "a"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello, world"}
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 3
+    assert body["timings"]["predicted_n"] == 3
+    # Nitro's model_id picks the model too
+    r = await harness.client.post("/v1/chat/completions",
+                                  json={"model_id": "a", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop"
+    sent = harness.requests_seen("a")
+    assert sent[0]["params"]["max_tokens"] == 3 and sent[0]["messages"][0]["content"] == "hi"
+
+
+async def test_streaming_chat_with_usage(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    r = await harness.client.post("/v1/chat/completions",
+                                  json=chat("a", stream=True, stream_options={"include_usage": True}))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    payloads = sse_payloads(r.text)
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "Hello, world!"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+async def test_completions_stream_and_not(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    r = await harness.client.post("/v1/completions", json={"model": "a", "prompt": "Once"})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Hello, world!"
+    assert r.json()["object"] == "text_completion"
+    r = await harness.client.post("/v1/completions", json={"model": "a", "prompt": ["Once"], "stream": True})
+    payloads = sse_payloads(r.text)
+    assert payloads[-1] == "[DONE]"
+    assert "".join(json.loads(p)["choices"][0]["text"] for p in payloads[:-1]) == "Hello, world!"
+
+
+async def test_embeddings_and_embedding_on_generation_model(harness: Harness) -> None:
+    cfg = harness.config({"e": {"path": str(harness.script("e")), "embedding": True},
+                          "g": {"path": str(harness.script("g"))}})
+    await harness.start(cfg)
+    r = await harness.client.post("/v1/embeddings", json={"model": "e", "input": ["ab", "abcd"]})
+    assert r.status_code == 200, r.text
+    data = r.json()["data"]
+    assert [d["index"] for d in data] == [0, 1] and data[1]["embedding"][:2] == [4.0, 5.0]
+    r = await harness.client.post("/v1/embeddings", json={"model": "g", "input": "x"})
+    assert r.status_code == 400 and "embeddings" in r.json()["error"]["message"]
+
+
+async def test_models_lists(harness: Harness) -> None:
+    cfg = harness.config({"a": {"path": str(harness.script("a")), "aliases": ["x"]},
+                          "b.c": {"path": str(harness.script("b"))}})
+    await harness.start(cfg)
+    r = await harness.client.get("/v1/models")
+    assert {m["id"] for m in r.json()["data"]} == {"a", "b.c"}
+    r = await harness.client.get("/v1/models/x")
+    assert r.status_code == 200 and r.json()["id"] == "a"
+    r = await harness.client.get("/models")
+    entry = next(m for m in r.json()["data"] if m["id"] == "a")
+    assert entry["status"]["value"] == "unloaded" and entry["aliases"] == ["x"]
+
+
+async def test_bad_input_gets_clear_4xx(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, max_body_bytes=2000))
+    c = harness.client
+
+    async def err(r, status, code=None, param=None):  # noqa: ANN001, ANN202
+        assert r.status_code == status, r.text
+        e = r.json()["error"]
+        assert e["message"] and "Traceback" not in r.text
+        if code is not None:
+            assert e["code"] == code
+        if param is not None:
+            assert e["param"] == param
+        return e
+
+    await err(await c.post("/v1/chat/completions", json=chat("nope")), 404, "model_not_found", "model")
+    await err(await c.post("/v1/chat/completions", content=b'{"model": "a",'), 400)
+    await err(await c.post("/v1/chat/completions", content=b""), 400)
+    await err(await c.post("/v1/chat/completions", content=b"[1,2]"), 400)
+    e = await err(await c.post("/v1/chat/completions", json={"model": "a", "messages": "hi"}), 400,
+                  param="messages")
+    assert "messages" in e["message"]
+    await err(await c.post("/v1/chat/completions", json=chat("a", max_tokens="many")), 400, param="max_tokens")
+    await err(await c.post("/v1/chat/completions", json=chat("a", temperature=7)), 400, param="temperature")
+    await err(await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}),
+              400, param="model")
+    await err(await c.post("/v1/chat/completions",
+                           json={"model": "a", "messages": [{"role": "wizard", "content": "x"}]}),
+              400, param="messages.0.role")
+    e = await err(await c.post("/v1/chat/completions", json=chat("a", n=2)), 400, "unsupported_option", "n")
+    assert "not supported" in e["message"]
+    await err(await c.post("/v1/chat/completions", json=chat("a", tools=[{"type": "function"}])), 400,
+              "unsupported_option")
+    await err(await c.post("/v1/completions", json={"model": "a", "prompt": ["a", "b"]}), 400,
+              "unsupported_option", "prompt")
+    await err(await c.post("/v1/chat/completions", json=chat("a", "x" * 5000)), 413, "payload_too_large")
+    await err(await c.get("/v1/nothing-here"), 404)
+    await err(await c.get("/v1/chat/completions"), 405)
+    await err(await c.post("/models/load", json={"model": "nope"}), 404, "model_not_found")
+    await err(await c.post("/models/load", json={}), 400, param="model")
+    # nothing reached a worker
+    assert harness.requests_seen("a") == []
+
+
+async def test_chunked_body_over_limit_is_413(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, max_body_bytes=1000))
+
+    async def chunks():  # noqa: ANN202
+        for _ in range(10):
+            yield b" " * 500
+
+    r = await harness.client.post("/v1/chat/completions", content=chunks())
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+
+
+async def test_api_key(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, api_key="sekret"))
+    c = harness.client
+    r = await c.post("/v1/chat/completions", json=chat("a"))
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = await c.get("/models", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    assert (await c.get("/health")).status_code == 200
+    r = await c.post("/v1/chat/completions", json=chat("a"), headers={"Authorization": "Bearer sekret"})
+    assert r.status_code == 200
+
+
+async def test_metrics_count_requests(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    assert (await harness.client.post("/v1/chat/completions", json=chat("a"))).status_code == 200
+    text = (await harness.client.get("/metrics")).text
+    assert 'corral_requests_total{endpoint="chat",instance="0",model="a",status="200"} 1.0' in text
+    assert 'corral_completion_tokens_total{instance="0",model="a"} 4.0' in text
+    assert 'corral_loads_total{instance="0",model="a"} 1.0' in text
+    assert "corral_time_to_first_token_seconds_bucket" in text
+    assert 'corral_slots_total{instance="0",model="a"} 4.0' in text
+
+
+async def test_nitro_loadmodel_and_unloadmodel(harness: Harness) -> None:
+    await harness.start(harness.config({}))
+    path = harness.script("tiny")
+    r = await harness.client.post("/inferences/llamacpp/loadmodel", json={
+        "model_id": "tinyllama", "llama_model_path": str(path), "ctx_len": 512, "ngl": 0,
+        "embedding": False, "pre_prompt": "A chat", "user_prompt": "USER: ", "ai_prompt": "ASSISTANT: ",
+        "n_parallel": 2, "cont_batching": True})
+    assert r.status_code == 200, r.text
+    assert harness.plane.pools["tinyllama"].has_ready
+    inst = harness.plane.pools["tinyllama"].instances[0]
+    assert inst.slots_total == 2 and inst.spec.user_prompt == "USER: "
+    r = await harness.client.post("/v1/chat/completions",
+                                  json={"model_id": "tinyllama", "messages": [{"role": "user", "content": "q"}]})
+    assert r.status_code == 200
+    r = await harness.client.post("/inferences/llamacpp/loadmodel",
+                                  json={"model_id": "bad", "llama_model_path": str(harness.tmp / "nope.gguf")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "llama_model_path"
+    r = await harness.client.post("/inferences/llamacpp/unloadmodel", json={"model_id": "tinyllama"})
+    assert r.status_code == 200
+    assert harness.plane.pools["tinyllama"].status() == "unloaded"
+
+
+def test_router_never_imports_llama_cpp() -> None:
+    code = ("import sys, corral.api.app, corral.control.plane, corral.cli.main, corral.cli.serve_cmd;"
+            "bad = [m for m in sys.modules if m.startswith('llama_cpp')];"
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
