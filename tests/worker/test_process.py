@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -177,3 +178,46 @@ def test_settings_file_and_bad_settings(model_path: Path, tmp_path: Path) -> Non
     )
     assert bad.returncode == 2 and "bad --settings" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_worker_dies_with_its_parent_even_if_socket_stays_open(model_path: Path) -> None:
+    """PR_SET_PDEATHSIG: a middle process spawns the worker and is SIGKILLed; this test
+    keeps the other socket end open, so only the death signal can end the worker."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    import msgspec
+
+    ours, theirs = socket.socketpair()
+    settings = msgspec.json.encode(settings_for(model_path, n_parallel=1, ctx_len=512)).decode()
+    code = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-m', 'corral.worker', '--fd', '{theirs.fileno()}',"
+        f" '--settings', sys.argv[1]], pass_fds=({theirs.fileno()},))\n"
+        "time.sleep(600)\n"
+    )
+    middle = subprocess.Popen([sys.executable, "-c", code, settings], pass_fds=(theirs.fileno(),))
+    theirs.close()
+    dec = wire.FrameDecoder()
+    msgs: list[object] = []
+    ours.settimeout(60)
+    while not msgs:
+        msgs += [wire.decode_from_worker(b) for b in dec.feed(ours.recv(65536))]
+    loading = msgs[0]
+    assert isinstance(loading, wire.Loading)
+    middle.send_signal(signal.SIGKILL)
+    middle.wait(10)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(loading.pid, 0)
+        except ProcessLookupError:
+            break
+        # The worker is not our child, so there is nothing to wait on: poll with a deadline.
+        time.sleep(0.05)
+    else:
+        os.kill(loading.pid, signal.SIGKILL)
+        raise AssertionError("worker outlived its parent")
+    ours.close()
