@@ -334,7 +334,7 @@ class DownloadManager:
                 if not data:
                     break
                 for body in reader.feed(data):
-                    self._handle(h, m.decode_from_fetch(body), rate, throttle)
+                    await self._handle(h, m.decode_from_fetch(body), rate, throttle)
                     if not h.active:
                         break
         except (msgspec.DecodeError, ValueError) as exc:
@@ -357,16 +357,9 @@ class DownloadManager:
             self._procs.pop(h.pull_id, None)
             self._tasks.pop(h.pull_id, None)
             self._cancelling.discard(h.pull_id)
-        if h.state == "finished" and self.on_finished is not None and h.path is not None:
-            try:
-                res = self.on_finished(h.model_id, h.path)
-                if inspect.isawaitable(res):
-                    await res
-            except Exception:  # the router's callback must not kill the watcher silently
-                log.exception("on_finished(%s) failed", h.model_id)
         h._ended.set()
 
-    def _handle(self, h: PullHandle, msg: m.FromFetch, rate: _Rate,
+    async def _handle(self, h: PullHandle, msg: m.FromFetch, rate: _Rate,
                 throttle: ProgressThrottle) -> None:
         match msg:
             case m.Resolved():
@@ -385,6 +378,15 @@ class DownloadManager:
                     self.bus.publish("download_progress", h.model_id, **h.progress())
             case m.Finished():
                 h.path, h.sha256, h.done, h.total = Path(msg.path), msg.sha256, msg.size, msg.size
+                # The router learns of the model first: whoever sees download_finished
+                # can use it at once.
+                if self.on_finished is not None:
+                    try:
+                        res = self.on_finished(h.model_id, h.path)
+                        if inspect.isawaitable(res):
+                            await res
+                    except Exception:  # the router's callback must not kill the watcher
+                        log.exception("on_finished(%s) failed", h.model_id)
                 self._end(h, "finished")
             case m.Failed():
                 self._end(h, "failed", reason=msg.reason, error=_start_error(msg))
