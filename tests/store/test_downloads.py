@@ -151,7 +151,7 @@ async def test_cancel_is_cancelled_not_failed_and_pull_again_resumes(
     assert store.list() == []  # a partial is never listed
 
     f.behavior.bytes_per_s = None
-    h2 = await dm.start(f"{REPO}/slow-Q8_0.gguf")
+    h2 = await dm.start(f"{REPO}:Q8_0")  # another name for the same file resumes it too
     assert h2.pull_id != h.pull_id and h2.done == kept
     assert await h2.wait() == "finished", h2.reason
     assert hub.range_starts(f"{REPO}/slow-Q8_0.gguf")[-1] == kept
@@ -388,3 +388,38 @@ async def test_disk_full_while_writing(hub: FakeHub, store: ModelStore, bus: Eve
     assert events[-1]["event"] == "download_failed"
     assert events[-1]["reason"] == f"disk full while writing {part}"
     assert store.list() == []
+
+
+async def test_one_file_two_ids_at_once_is_refused(hub: FakeHub, store: ModelStore, bus: EventBus) -> None:
+    f = hub.add(f"{REPO}/twice.gguf", small_gguf(2_000_000))
+    f.behavior.bytes_per_s = 400_000
+    dm = manager(store, bus)
+    first = await dm.start(f"{REPO}/twice.gguf", model_id="one")
+    with pytest.raises(Conflict, match="being downloaded by another pull"):
+        await dm.start(f"{REPO}/twice.gguf", model_id="two")
+    assert first.active and dm.spawned == 2
+    f.behavior.bytes_per_s = None
+    await dm.cancel(first.pull_id)
+    h = await dm.start(f"{REPO}/twice.gguf", model_id="two")  # free again; resumes
+    assert await h.wait() == "finished" and store.get("two") is not None
+
+
+async def test_offline_tag_form_from_cache_and_offline_miss(
+        hub: FakeHub, store: ModelStore, bus: EventBus, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = small_gguf(20_000)
+    sha = hashlib.sha256(data).hexdigest()
+    repo_dir = Path(os.environ["HF_HOME"]) / "hub" / "models--me--offline-GGUF"
+    (repo_dir / "blobs").mkdir(parents=True)
+    (repo_dir / "blobs" / sha).write_bytes(data)
+    snap = repo_dir / "snapshots" / COMMIT
+    snap.mkdir(parents=True)
+    (snap / "o-Q5_K_M.gguf").symlink_to(Path("../..") / "blobs" / sha)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(COMMIT)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    dm = manager(store, bus)
+    h = await dm.start("me/offline-GGUF:Q5_K_M")
+    assert await h.wait() == "finished" and h.path == snap / "o-Q5_K_M.gguf"
+    with pytest.raises(DownloadError, match="HF_HUB_OFFLINE is set"):
+        await dm.start("me/elsewhere-GGUF/x.gguf")
+    assert hub.requests == []

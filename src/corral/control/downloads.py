@@ -417,6 +417,8 @@ def _start_error(msg: m.Failed) -> CorralError:
         return InvalidRequest(msg.reason, param="model")
     if msg.kind == "not_found":
         return NotFound(msg.reason, param="model")
+    if msg.kind == "busy":
+        return Conflict(msg.reason, param="model")
     if msg.kind == "unauthorized":
         return InvalidRequest(msg.reason, param="model", code="hub_unauthorized")
     err = DownloadError(msg.reason)

@@ -91,14 +91,19 @@ class _Target(msgspec.Struct, kw_only=True):
     cached_path: str | None = None
 
 
-def _hub_errors(exc: Exception, what: str) -> Fail:
+def _hub_errors(exc: Exception, what: str) -> Fail | _Retryable:
+    """A huggingface_hub exception as the end of this pull (Fail) or a retry."""
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
+        OfflineModeIsEnabled,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
+    if isinstance(exc, OfflineModeIsEnabled):
+        return Fail("network", f"HF_HUB_OFFLINE is set and {what} is not in the Hugging Face "
+                    "cache")
     if isinstance(exc, GatedRepoError):
         return Fail("unauthorized", f"{what} is gated: accept its license on the Hub and set "
                     "HF_TOKEN to a token of that account")
@@ -115,9 +120,9 @@ def _hub_errors(exc: Exception, what: str) -> Fail:
         if status == 404:
             return Fail("not_found", f"{what} was not found on the Hub (HTTP 404)")
         if status is not None and (status >= 500 or status == 429):
-            return _Retryable(f"the Hub answered HTTP {status} for {what}")  # type: ignore[return-value]
+            return _Retryable(f"the Hub answered HTTP {status} for {what}")
         return Fail("internal", f"the Hub refused {what}: {exc}")
-    return _Retryable(f"cannot reach the Hub for {what}: {exc}")  # type: ignore[return-value]
+    return _Retryable(f"cannot reach the Hub for {what}: {exc}")
 
 
 def _with_retries(req: m.FetchRequest, fn, what: str):  # type: ignore[no-untyped-def]
@@ -146,7 +151,12 @@ def _resolve_hub(req: m.FetchRequest, src: ParsedSource) -> _Target:
     filename = src.filename
     if filename is None:  # the :TAG form: list the repo and pick a file
         api = HfApi()
-        files = _with_retries(req, lambda: api.list_repo_files(repo), f"repo {repo}")
+        try:
+            files = _with_retries(req, lambda: api.list_repo_files(repo), f"repo {repo}")
+        except Fail as exc:
+            files = _cached_listing(repo) if exc.kind == "network" else []
+            if not files:
+                raise  # offline and nothing of this repo in the cache
         try:
             filename = pick_file(files, src.tag, repo)
         except SourceError as exc:
@@ -165,6 +175,19 @@ def _resolve_hub(req: m.FetchRequest, src: ParsedSource) -> _Target:
     headers["Accept-Encoding"] = "identity"
     return _Target(filename=filename, key=key, url=url, headers=headers, total=meta.size,
                    sha256=etag if _is_sha256(etag) else None)
+
+
+def _cached_listing(repo: str) -> list[str]:
+    """The files of the repo's cached snapshot (main), for the :TAG form offline."""
+    from huggingface_hub import constants
+
+    root = Path(constants.HF_HUB_CACHE) / ("models--" + repo.replace("/", "--"))
+    try:
+        commit = (root / "refs" / "main").read_text().strip()
+    except OSError:
+        return []
+    snap = root / "snapshots" / commit
+    return sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if p.is_file())
 
 
 def _resolve_url(req: m.FetchRequest, src: ParsedSource) -> _Target:
@@ -371,12 +394,14 @@ def _run(req: m.FetchRequest, chan: _Channel) -> None:
     except OSError as exc:
         raise _disk_fail(exc, store.partial_dir) from exc
     part, meta_path = partial_paths(store, target.key)
-    meta = {"key": target.key, "total": target.total, "sha256": want_sha,
-            "source": req.source}
+    _lock(part)
+    # What the partial file is. A different source naming the same file (owner/repo:TAG
+    # vs owner/repo/file.gguf) shares the key and resumes it; a new size or sha256 does not.
+    meta = {"key": target.key, "total": target.total, "sha256": want_sha}
     have = 0
     try:
         old = json.loads(meta_path.read_text())
-        if old == meta and part.is_file():
+        if {k: old.get(k) for k in meta} == meta and part.is_file():
             have = part.stat().st_size
             if target.total is not None and have > target.total:
                 have = 0
@@ -385,7 +410,7 @@ def _run(req: m.FetchRequest, chan: _Channel) -> None:
     try:
         if have == 0:
             part.write_bytes(b"")
-        meta_path.write_text(json.dumps(meta))
+        meta_path.write_text(json.dumps({**meta, "source": req.source}))
     except OSError as exc:
         raise _disk_fail(exc, part) from exc
 
@@ -404,6 +429,7 @@ def _run(req: m.FetchRequest, chan: _Channel) -> None:
     if want_sha and got != want_sha:
         part.unlink(missing_ok=True)
         meta_path.unlink(missing_ok=True)
+        part.with_suffix(".lock").unlink(missing_ok=True)
         raise Fail("checksum", f"checksum mismatch: downloaded {xfer.done} bytes with sha256 "
                    f"{got}, expected {want_sha}; the file was removed")
     final = store.model_file_path(model_id)
@@ -421,7 +447,30 @@ def _run(req: m.FetchRequest, chan: _Channel) -> None:
     except OSError as exc:
         raise _disk_fail(exc, final) from exc
     meta_path.unlink(missing_ok=True)
+    part.with_suffix(".lock").unlink(missing_ok=True)
     chan.send(m.Finished(path=str(final), sha256=got, size=xfer.done))
+
+
+_held_locks: list[int] = []
+
+
+def _lock(part: Path) -> None:
+    """Hold an exclusive lock on ``<part>.lock`` until this process exits, so two pulls
+    (two ids for one file, or the CLI and a server) never write one partial file."""
+    import fcntl
+
+    lock = part.with_suffix(".lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise _disk_fail(exc, lock) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise Fail("busy", "this file is being downloaded by another pull right now; "
+                   "wait for it or cancel it") from None
+    _held_locks.append(fd)  # released by the kernel when we exit, however we exit
 
 
 def main(argv: list[str] | None = None) -> int:

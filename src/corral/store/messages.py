@@ -47,6 +47,7 @@ FailureKind = Literal[
     "network",  # connection dropped / 5xx after retries
     "checksum",  # the bytes are not what the sha256 says
     "disk",  # not enough space, disk full, permission denied
+    "busy",  # another process is downloading this very file
     "internal",  # anything else
 ]
 
