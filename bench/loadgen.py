@@ -228,6 +228,7 @@ async def run_load(
     timeout_s: float = 300.0,
     first_index: int = 0,
     client: httpx.AsyncClient | None = None,
+    raw: list[RequestResult] | None = None,
 ) -> LoadResult:
     """Closed loop: ``concurrency`` clients share ``n_requests`` requests."""
     url = base_url.rstrip("/") + "/v1/completions"
@@ -252,6 +253,8 @@ async def run_load(
     finally:
         if own:
             await client.aclose()
+    if raw is not None:
+        raw.extend(results)
     return summarize(label, concurrency, results, wall)
 
 

@@ -43,7 +43,7 @@ import llama_server  # noqa: E402
 from loadgen import LoadResult, combined, fmt, run_load, sequential_latency  # noqa: E402
 from servers import (  # noqa: E402
     PY, RESULTS, ROOT, Server, ServerFailed, corral_cmd, free_port, llama_cpp_python_cmd,
-    llama_router_cmd, llama_server_cmd, stop_all,
+    llama_router_cmd, llama_server_cmd, stop_all, group_cpu_s,
 )
 
 SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue")
@@ -222,82 +222,107 @@ def lcp_extra(max_tokens: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- scenario a
 
 
+async def idle_cpu_check(servers: dict[str, Server], t: Table, secs: float = 2.0) -> None:
+    """All servers stay up while one is measured, so an idle one must not burn CPU: check it."""
+    before = {n: group_cpu_s(s.pid) for n, s in servers.items() if s.pid}
+    await asyncio.sleep(secs)
+    for n, s in servers.items():
+        if s.pid and n in before:
+            used = (group_cpu_s(s.pid) - before[n]) / secs
+            if used > 0.05:
+                t.notes.append(f"warning: {n} used {used * 100:.0f}% of a core while idle")
+
+
 async def sc_throughput(ctx: Ctx) -> list[Table]:
     c_list = [1, 8]
-    n_for = {1: ctx.n(10, 4), 8: ctx.n(48, 16)}
+    rounds = ctx.n(3, 2)
+    per_round = {1: ctx.n(4, 3), 8: ctx.n(16, 8)}
     max_tokens = 64
     t = Table(f"Throughput: /v1/completions, stream, {max_tokens} tokens, ignore_eos; "
               f"{ctx.threads} threads each; ratio = tok/s vs llama-server at the same c", LOAD_COLUMNS)
-    results: dict[str, dict[int, LoadResult]] = {}
+    names = [n for n in ("llama-server", "llama-cpp-python", "corral") if n in ctx.args.servers]
+    servers: dict[str, Server] = {}
+    extras: dict[str, dict | None] = {"llama-server": None, "corral": None,
+                                      "llama-cpp-python": lcp_extra(max_tokens)}
+    models: dict[str, str | None] = {"llama-server": None, "llama-cpp-python": None, "corral": "bench"}
+    failed: dict[str, str] = {}
 
-    async def measure(name: str, srv_factory: Callable[[], Server], model: str | None,
-                      extra: dict | None = None) -> None:
-        try:
-            srv = srv_factory()
-        except Exception as e:  # noqa: BLE001
-            log(f"{name}: {e}")
-            for c in c_list:
-                t.rows.append(failed_row(name, c, str(e)))
-            t.notes.append(f"{name} failed to start: {str(e).splitlines()[0]}")
-            return
-        try:
-            await warmup(srv.base_url, model, extra)
-            for c in c_list:
-                log(f"throughput: {name} c={c} n={n_for[c]}")
-                r = await run_load(srv.base_url, label=name, model=model, concurrency=c,
-                                   n_requests=n_for[c], max_tokens=max_tokens, extra=extra)
-                results.setdefault(name, {})[c] = r
-                log(f"  -> {r.tok_s:.1f} tok/s, errors {r.errors}")
-        except Exception as e:  # noqa: BLE001
-            t.notes.append(f"{name} failed: {e}")
-            for c in c_list:
-                if c not in results.get(name, {}):
-                    t.rows.append(failed_row(name, c, str(e)))
-        finally:
-            srv.stop()
-
-    names = []
-    if "llama-server" in ctx.args.servers:
+    def make(name: str) -> Server:
         port = free_port()
-        names.append("llama-server")
-        await measure("llama-server", lambda: start(
-            "llama-server", llama_server_cmd(ctx.need_llama(), ctx.model, port, n_parallel=8,
-                                             slot_ctx=SLOT_CTX, threads=ctx.threads), port), None)
-    if "llama-cpp-python" in ctx.args.servers:
-        port = free_port()
-        names.append("llama-cpp-python")
-
-        def lcp() -> Server:
+        if name == "llama-server":
+            return start(name, llama_server_cmd(ctx.need_llama(), ctx.model, port, n_parallel=8,
+                                                slot_ctx=SLOT_CTX, threads=ctx.threads), port)
+        if name == "llama-cpp-python":
             ctx.need_lcp()
             # llama_cpp.server has no /health; /v1/models answers once the model is loaded
-            return start("llama-cpp-python", llama_cpp_python_cmd(ctx.model, port, threads=ctx.threads,
-                                                                  n_ctx=8 * SLOT_CTX), port,
-                         health_path="/v1/models")
-        await measure("llama-cpp-python", lcp, None, lcp_extra(max_tokens))
-    if "corral" in ctx.args.servers:
-        port = free_port()
-        names.append("corral")
+            return start(name, llama_cpp_python_cmd(ctx.model, port, threads=ctx.threads,
+                                                    n_ctx=8 * SLOT_CTX), port, health_path="/v1/models")
+        cfg = ctx.corral_config("throughput", {"bench": ctx.corral_model(8)})
+        return start(name, corral_cmd(cfg, port), port)
 
-        def corral() -> Server:
-            cfg = ctx.corral_config("throughput", {"bench": ctx.corral_model(8)})
-            return start("corral", corral_cmd(cfg, port), port)
-        await measure("corral", corral, "bench")
+    # all servers up at once (idle ones use no CPU: checked below), measured in interleaved
+    # rounds so that drifting background load hits every server alike
+    try:
+        for name in names:
+            try:
+                servers[name] = make(name)
+                await warmup(servers[name].base_url, models[name], extras[name])
+            except Exception as e:  # noqa: BLE001
+                failed[name] = str(e)
+                log(f"{name}: {e}")
+                if name in servers:
+                    servers.pop(name).stop()
+        await idle_cpu_check(servers, t)
+        raw: dict[tuple[str, int], list] = {}
+        walls: dict[tuple[str, int], float] = {}
+        for rnd in range(rounds):
+            for c in c_list:
+                for name in list(servers):
+                    log(f"throughput round {rnd + 1}/{rounds}: {name} c={c} n={per_round[c]}")
+                    try:
+                        r = await run_load(servers[name].base_url, label=name, model=models[name],
+                                           concurrency=c, n_requests=per_round[c], max_tokens=max_tokens,
+                                           extra=extras[name], raw=raw.setdefault((name, c), []),
+                                           first_index=rnd * 1000 + c * 100)
+                        walls[(name, c)] = walls.get((name, c), 0.0) + r.wall_s
+                        log(f"  -> {r.tok_s:.1f} tok/s, errors {r.errors}")
+                    except Exception as e:  # noqa: BLE001
+                        failed[name] = f"failed during c={c}: {e}"
+                        servers.pop(name).stop()
+    finally:
+        for s in servers.values():
+            s.stop()
 
+    from loadgen import summarize
+
+    results: dict[str, dict[int, LoadResult]] = {}
+    for (name, c), rr in raw.items():
+        if rr and name not in failed:
+            results.setdefault(name, {})[c] = summarize(name, c, rr, walls[(name, c)])
     ref = results.get("llama-server", {})
-    for name in names:
-        for c in c_list:
+    for c in c_list:
+        for name in names:
             r = results.get(name, {}).get(c)
             if r is not None:
-                t.rows.append(load_row(name, r, ref.get(c).tok_s if ref.get(c) else None))
-    t.rows.sort(key=lambda row: (int(row[1]) if row[1].isdigit() else 0, names.index(row[0])
-                                 if row[0] in names else 99))
+                t.rows.append(load_row(name, r, ref[c].tok_s if c in ref else None))
+            elif name in failed:
+                t.rows.append(failed_row(name, c, failed[name]))
+    for name, why in failed.items():
+        t.notes.append(f"{name} failed: {why.splitlines()[0][:200]}")
     t.data = {n: {c: r.as_dict() for c, r in d.items()} for n, d in results.items()}
     cr, lr = results.get("corral", {}), results.get("llama-server", {})
     if 8 in cr and 8 in lr:
         t.notes.append(f"goal corral >= 1.00x at c=8: {ratio(cr[8].tok_s, lr[8].tok_s)}")
     if 1 in cr and 1 in lr:
         t.notes.append(f"goal corral >= 0.95x at c=1: {ratio(cr[1].tok_s, lr[1].tok_s)}")
-    t.notes.append("llama-cpp-python's server has no ignore_eos; it gets min_tokens=max_tokens instead")
+    t.notes.append(f"{rounds} interleaved rounds; tok/s = all tokens / all wall time of that row's rounds")
+    if "llama-cpp-python" in names:
+        t.notes.append("llama-cpp-python's server has no ignore_eos; it gets min_tokens=max_tokens instead, "
+                       "and --interrupt_requests False so concurrent requests queue instead of aborting")
+    short = [f"{n} c={c} ({r.tokens_per_request:.1f})" for n, d in results.items() for c, r in d.items()
+             if r.tokens_per_request is not None and r.tokens_per_request < max_tokens - 0.01]
+    if short:
+        t.notes.append("warning: fewer than max_tokens per request: " + ", ".join(short))
     return [t]
 
 

@@ -172,6 +172,27 @@ def read_status_kb(pid: int, key: str) -> int | None:
     return None
 
 
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user+system) used so far by the live processes of a process group."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        # fields[0] is state (field 3); pgrp is field 5, utime 14, stime 15
+        try:
+            if int(fields[2]) == pgid:
+                total += int(fields[11]) + int(fields[12])
+        except (IndexError, ValueError):
+            continue
+    return total / tick
+
+
 def stop_all() -> None:
     for s in list(_live):
         s.stop(grace_s=3.0)
