@@ -36,6 +36,7 @@ class Behavior:
     get_status_times: int | None = None  # ... only the first N GETs
     ignore_range: bool = False
     gated: bool = False  # 401 with X-Error-Code: GatedRepo
+    head_delay_s: float = 0.0  # a slow metadata answer
 
 
 @dataclass
@@ -132,6 +133,8 @@ class FakeHub:
         b = f.behavior
         if b.gated:
             return self._status(h, 401, "GatedRepo")
+        if head and b.head_delay_s:
+            time.sleep(b.head_delay_s)
         if head and b.head_status:
             return self._status(h, b.head_status)
         if not head:

@@ -12,7 +12,7 @@ import pytest
 from corral.control import downloads as dl
 from corral.control.downloads import DownloadManager, ProgressThrottle
 from corral.control.events import EventBus
-from corral.errors import Conflict, DownloadError, InvalidRequest, NotFound
+from corral.errors import Conflict, DownloadCancelled, DownloadError, InvalidRequest, NotFound
 from corral.store.local import ModelStore
 
 from .conftest import small_gguf
@@ -423,3 +423,24 @@ async def test_offline_tag_form_from_cache_and_offline_miss(
     with pytest.raises(DownloadError, match="HF_HUB_OFFLINE is set"):
         await dm.start("me/elsewhere-GGUF/x.gguf")
     assert hub.requests == []
+
+
+async def test_cancel_while_looking_up_the_file(hub: FakeHub, store: ModelStore, bus: EventBus) -> None:
+    f = hub.add(f"{REPO}/slowmeta.gguf", small_gguf(10_000))
+    f.behavior.head_delay_s = 5.0
+    dm = manager(store, bus)
+    async with bus.subscribe() as q:
+        start = asyncio.create_task(dm.start(f"{REPO}/slowmeta.gguf"))
+        deadline = asyncio.get_running_loop().time() + 10
+        while not dm.active():  # nothing to await: start() has not returned a handle
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        (h,) = dm.active()
+        assert h.state == "resolving" and dm.find_by_model("slowmeta") is h
+        t0 = asyncio.get_running_loop().time()
+        assert await dm.cancel(h.pull_id) is True
+        with pytest.raises(DownloadCancelled):
+            await start
+        assert asyncio.get_running_loop().time() - t0 < 3  # did not wait for the hub
+        ev = await asyncio.wait_for(q.get(), 5)
+    assert ev["event"] == "download_cancelled" and ev["pull_id"] == h.pull_id

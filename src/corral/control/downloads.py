@@ -41,6 +41,7 @@ from corral.control.events import EventBus
 from corral.errors import (
     Conflict,
     CorralError,
+    DownloadCancelled,
     DownloadError,
     InvalidRequest,
     NotFound,
@@ -232,6 +233,8 @@ class DownloadManager:
         self.spawned += 1
         self._procs[pull_id] = proc
         self._tasks[pull_id] = asyncio.create_task(self._watch(h, proc), name=pull_id)
+        if pull_id in self._cancelling:  # cancelled while the process was starting
+            await self._stop(pull_id)
         try:
             await asyncio.wait_for(h._resolved.wait(), self.resolve_timeout_s)
         except TimeoutError:
@@ -239,6 +242,10 @@ class DownloadManager:
             self._end(h, "failed", reason="timed out while looking up the file")
         if h.state != "resolving":  # ended while resolving: the child is gone or going
             await h._ended.wait()
+            if h.state == "cancelled":
+                cancelled = DownloadCancelled(f"pull {pull_id} was cancelled")
+                cancelled.status = 409
+                raise cancelled
             raise h._error or DownloadError(h.reason or "download failed")
 
         # Resolved: a second pull may have resolved to the same model meanwhile.
@@ -293,7 +300,7 @@ class DownloadManager:
         if h is None or not h.active:
             return False
         self._cancelling.add(pull_id)
-        await self._stop(pull_id)
+        await self._stop(pull_id)  # no process yet: start() stops it once there is one
         task = self._tasks.get(pull_id)
         if task is not None:
             await asyncio.shield(task)
@@ -314,12 +321,14 @@ class DownloadManager:
             return
         # 1. ask: SIGTERM ends the child at once (it holds no state worth saving:
         #    whatever reached the partial file is kept and verified on resume).
-        proc.terminate()
+        with contextlib.suppress(ProcessLookupError):  # it may have just exited
+            proc.terminate()
         try:
             await asyncio.wait_for(proc.wait(), self.kill_after_s)
         except TimeoutError:
             # 2. it did not go: SIGKILL.
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
             await proc.wait()
 
     # ------------------------------------------------------------------ the owner task
