@@ -202,7 +202,7 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float) ->
     if s.embedding:
         # Pooled embeddings need a whole input in one micro-batch.
         n_batch = max(n_batch, n_ctx_slot)
-    threads = s.threads or os.cpu_count() or 1
+    threads = s.threads or len(os.sched_getaffinity(0)) or 1
     threads_batch = s.threads_batch or threads
 
     def make(pooling: int) -> ll.llama_context_p:
