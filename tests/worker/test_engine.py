@@ -217,3 +217,23 @@ def test_max_tokens_zero(engine: Engine) -> None:
     _, f, d = run_engine(engine, [gen("zero", params=wire.SamplingParams(max_tokens=0))])
     assert f["zero"].finish_reason == "length" and f["zero"].usage.completion_tokens == 0
     assert "zero" not in d
+
+
+def test_internal_error_fails_one_request_only(engine: Engine) -> None:
+    class Broken:
+        def push(self, data: bytes) -> str:
+            raise RuntimeError("injected")
+
+    p = wire.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    engine.submit(gen("victim", params=p))
+    engine.submit(gen("bystander", prompt="Another prompt", params=p))
+    first = engine.step()
+    assert {m.id for m in first} == {"victim", "bystander"}
+    victim = next(s for s in engine.slots if s.job is not None and s.job.req.id == "victim")
+    victim.utf8 = Broken()  # type: ignore[assignment]
+    texts, finals, _ = run_engine(engine, [])
+    assert isinstance(finals["victim"], wire.RequestFailed) and finals["victim"].code == "internal"
+    assert "injected" in finals["victim"].message
+    assert isinstance(finals["bystander"], wire.Finished)
+    assert finals["bystander"].usage.completion_tokens == 8
+    assert not victim.busy and victim.cached == []

@@ -231,6 +231,9 @@ class Engine:
             job = self.waiting.popleft()
             self._by_id.pop(job.req.id, None)
             self.out.append(wire.RequestFailed(job.req.id, "internal", message))
+        while self.embed_waiting:
+            req, _ = self.embed_waiting.popleft()
+            self.out.append(wire.RequestFailed(req.id, "internal", message))
         return self.take_output()
 
     def take_output(self) -> list[Outgoing]:
@@ -392,7 +395,14 @@ class Engine:
             return self.take_output()
         for slot, idx in outputs:
             if slot.job is not None:
-                self._sample(slot, idx)
+                try:
+                    self._sample(slot, idx)
+                except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
+                    log.exception("sampling failed for %s", slot.job.req.id)
+                    job = slot.job
+                    self._release(slot)
+                    self._clear_slot(slot)
+                    self.out.append(wire.RequestFailed(job.req.id, "internal", f"{type(exc).__name__}: {exc}"))
         return self.take_output()
 
     def _decode_failed(self, rc: int) -> None:
