@@ -41,6 +41,7 @@ class DirectWorker:
         self._pump: asyncio.Task | None = None
         self._ready_fut: asyncio.Future | None = None
         self.log_path = LOGS / f"{name}.log"
+        self.last_raw: list[RequestResult] = []
 
     async def start(self, timeout_s: float = 120.0) -> float:
         """Spawn the worker and wait for Ready; returns seconds to Ready."""
@@ -144,6 +145,7 @@ class DirectWorker:
 
         t0 = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
+        self.last_raw = results
         return summarize(label, concurrency, results, time.perf_counter() - t0)
 
     async def sequential_latency(self, n: int, max_tokens: int = 1) -> list[float]:
