@@ -83,9 +83,10 @@ class Fake:
                 if limit is not None and n >= limit:
                     reason = "length"
                     break
-                if delay:
-                    await asyncio.sleep(delay)
+                await asyncio.sleep(delay)  # also yields: Abort must get through
                 self.send(wire.Delta(req.id, pieces[i % len(pieces)], 1))
+                if forever:
+                    await self.w.drain()
                 n += 1
                 i += 1
                 self.generated += 1

@@ -36,7 +36,7 @@ class RequestStream:
     """State of one request as the router sees it. Fed by ``Instance``, read by the API."""
 
     __slots__ = ("id", "instance", "_parts", "n_tokens", "_waiter", "finished", "error",
-                 "embeddings", "created", "started", "first_token", "ended", "model")
+                 "embeddings", "created", "started", "first_token", "ended", "model", "aborted", "_folded")
 
     def __init__(self, request_id: str, model: str) -> None:
         self.id = request_id
@@ -52,17 +52,22 @@ class RequestStream:
         self.started: float | None = None  # handed to a worker
         self.first_token: float | None = None
         self.ended: float | None = None
+        self.aborted = False
+        self._folded = 0
 
     # ------------------------------------------------------------ producer side (sync)
 
     def on_delta(self, msg: wire.Delta) -> None:
         if self.first_token is None:
             self.first_token = time.perf_counter()
+        self.n_tokens += msg.n_tokens
+        if self.aborted:
+            return  # nobody will read it
         parts = self._parts
         parts.append(msg.text)
-        if len(parts) >= _MERGE_AT:
-            self._parts = ["".join(parts)]
-        self.n_tokens += msg.n_tokens
+        if len(parts) - self._folded >= _MERGE_AT:  # fold the newest pieces: linear, bounded overhead
+            parts[self._folded:] = ["".join(parts[self._folded:])]
+            self._folded += 1
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -101,6 +106,7 @@ class RequestStream:
             parts = self._parts
             if parts:
                 self._parts = []
+                self._folded = 0
                 return parts[0] if len(parts) == 1 else "".join(parts)
             if self.ended is not None:
                 if self.error is not None:
@@ -122,4 +128,6 @@ class RequestStream:
     def abort(self) -> None:
         """Ask the worker to stop this request. Harmless when done or repeated."""
         if not self.done and self.instance is not None:
+            self.aborted = True
+            self._parts = []
             self.instance.abort(self.id)

@@ -1,0 +1,194 @@
+"""Instance lifecycle with fake workers: load, unload, crash, restart, failures, events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import httpx
+
+from router.harness import Harness, chat, wait_event
+
+
+def transitions(events: list[dict]) -> list[tuple[str, str]]:
+    return [(e["old"], e["new"]) for e in events if e["event"] == "status_change"]
+
+
+async def test_exact_state_events_for_load_crash_restart_unload(harness: Harness) -> None:
+    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    seen: list[dict] = []
+    async with plane.bus.subscribe() as q:
+        r = await harness.client.post("/models/load", json={"model": "a"})
+        assert r.json() == {"success": True}
+        ready = await wait_event(q, lambda e: e.get("new") == "ready", seen=seen)
+        pid = ready["pid"]
+        os.kill(pid, signal.SIGKILL)
+        failed = await wait_event(q, lambda e: e.get("new") == "failed", seen=seen)
+        await wait_event(q, lambda e: e.get("new") == "ready", seen=seen)
+        r = await harness.client.post("/models/unload", json={"model": "a"})
+        assert r.json() == {"success": True}
+        await wait_event(q, lambda e: e.get("new") == "stopped", seen=seen)
+    assert transitions(seen) == [
+        ("stopped", "starting"), ("starting", "ready"),
+        ("ready", "failed"), ("failed", "starting"), ("starting", "ready"),
+        ("ready", "stopping"), ("stopping", "stopped"),
+    ]
+    assert all(e["model"] == "a" and e["instance"] == 0 for e in seen)
+    assert failed["exit_code"] == -9 and failed["pid"] == pid
+    assert "SIGKILL" in failed["reason"] and "out of memory" in failed["reason"]
+    assert seen[-1]["exit_code"] == 0  # Shutdown -> the worker exits 0
+
+
+async def test_events_stream_over_sse(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    lines: list[dict] = []
+    async with harness.client.stream("GET", "/models/events") as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        it = resp.aiter_lines()
+        assert await anext(it) == ": connected"
+        load = asyncio.create_task(harness.client.post("/models/load", json={"model": "a"}))
+        async for line in it:
+            if line.startswith("data: "):
+                lines.append(json.loads(line[6:]))
+                if lines[-1].get("new") == "ready":
+                    break
+        await load
+    assert [(e["event"], e["model"], e["old"], e["new"]) for e in lines] == [
+        ("status_change", "a", "stopped", "starting"), ("status_change", "a", "starting", "ready")]
+
+
+async def test_crash_mid_stream_errors_clients_restarts_and_spares_other_model(harness: Harness) -> None:
+    cfg = harness.config({"a": {"path": str(harness.script("a", token_delay_s=0.02))},
+                          "b": {"path": str(harness.script("b"))}})
+    plane = await harness.start(cfg)
+    c = harness.client
+    await c.post("/models/load", json={"model": "b"})
+    async with plane.bus.subscribe() as q:
+        async with c.stream("POST", "/v1/chat/completions", json=chat("a", "FOREVER", stream=True)) as resp:
+            it = resp.aiter_lines()
+            first = [line async for line in _take_data(it, 3)]
+            assert len(first) == 3
+            other = asyncio.create_task(c.post("/v1/chat/completions", json=chat("a", "FOREVER")))
+            await _until(lambda: plane.pools["a"].inflight == 2)
+            os.kill(plane.pools["a"].instances[0].pid, signal.SIGKILL)
+            rest = [line async for line in _take_data(it, 10_000)]
+        err = json.loads(rest[-1])
+        assert err["error"]["code"] == "worker_crashed" and "SIGKILL" in err["error"]["message"]
+        r = await other
+        assert r.status_code == 502 and r.json()["error"]["code"] == "worker_crashed"
+        # the other model never noticed
+        r = await c.post("/v1/chat/completions", json=chat("b"))
+        assert r.status_code == 200
+        await wait_event(q, lambda e: e.get("model") == "a" and e.get("new") == "ready")
+    r = await c.post("/v1/chat/completions", json=chat("a"))
+    assert r.status_code == 200
+    models = {m["id"]: m for m in (await c.get("/models")).json()["data"]}
+    assert models["a"]["instances"][0]["restarts"] == 1
+    assert models["b"]["instances"][0]["restarts"] == 0
+
+
+async def test_load_failure_is_reported_and_final(harness: Harness) -> None:
+    cfg = harness.config({"bad": {"path": str(harness.script("bad", load_fail="unknown model architecture: 'xyz'",
+                                                             stderr=["llama_model_load: error loading"]))}})
+    plane = await harness.start(cfg)
+    r = await harness.client.post("/v1/chat/completions", json=chat("bad"))
+    assert r.status_code == 503
+    err = r.json()["error"]
+    assert err["code"] == "model_load_failed" and "unknown model architecture" in err["message"]
+    m = (await harness.client.get("/models")).json()["data"][0]
+    assert m["status"]["value"] == "failed" and m["status"]["failed"] is True
+    assert "unknown model architecture" in m["status"]["reason"]
+    assert "llama_model_load: error loading" in m["status"]["reason"]  # the log tail
+    assert m["instances"][0]["exit_code"] == 1
+    # a failed model stays failed for requests (no load storm)...
+    r = await harness.client.post("/v1/chat/completions", json=chat("bad"))
+    assert r.status_code == 503 and "POST /models/load" in r.json()["error"]["message"]
+    assert plane.pools["bad"].loads == 1
+    # ...until loaded explicitly
+    r = await harness.client.post("/models/load", json={"model": "bad"})
+    assert r.status_code == 503 and plane.pools["bad"].loads == 2
+
+
+async def test_crash_while_loading_retries_then_stays_failed(harness: Harness) -> None:
+    cfg = harness.config({"c": {"path": str(harness.script("c", exit_on_load=3))}}, max_restarts=2)
+    plane = await harness.start(cfg)
+    seen: list[dict] = []
+    async with plane.bus.subscribe() as q:
+        r = await harness.client.post("/models/load", json={"model": "c"})
+        assert r.status_code == 503 and "exited with code 3" in r.json()["error"]["message"]
+        while not q.empty():
+            seen.append(q.get_nowait())
+    assert transitions(seen) == [("stopped", "starting"), ("starting", "failed"),
+                                 ("failed", "starting"), ("starting", "failed"),
+                                 ("failed", "starting"), ("starting", "failed")]
+    assert [e.get("exit_code") for e in seen if e["new"] == "failed"] == [3, 3, 3]
+    assert plane.pools["c"].status() == "failed"
+
+
+async def test_autoload_off(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, autoload=False))
+    r = await harness.client.post("/v1/chat/completions", json=chat("a"))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_loaded"
+    await harness.client.post("/models/load", json={"model": "a"})
+    assert (await harness.client.post("/v1/chat/completions", json=chat("a"))).status_code == 200
+
+
+async def test_unload_lets_running_request_finish(harness: Harness) -> None:
+    cfg = harness.config({"a": {"path": str(harness.script("a", token_delay_s=0.05))}})
+    plane = await harness.start(cfg)
+    running = asyncio.create_task(harness.client.post("/v1/chat/completions", json=chat("a")))
+    await _until(lambda: plane.pools["a"].inflight == 1)
+    r = await harness.client.post("/models/unload", json={"model": "a"})
+    assert r.status_code == 200
+    assert running.done()  # unload returned after the request ended
+    r = running.result()
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "Hello, world!"
+    assert plane.pools["a"].status() == "unloaded"
+
+
+async def test_router_shutdown_stops_workers(harness: Harness) -> None:
+    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a")), "instances": 2}}))
+    await harness.client.post("/models/load", json={"model": "a"})
+    pids = [i.pid for i in plane.pools["a"].instances]
+    assert len(set(pids)) == 2
+    await harness.stop()
+    harness.server = None
+    for pid in pids:
+        assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def _take_data(it, n: int):  # noqa: ANN001, ANN202
+    got = 0
+    async for line in it:
+        if line.startswith("data: "):
+            yield line[6:]
+            got += 1
+            if got >= n:
+                return
+
+
+async def _until(pred, timeout: float = 10.0) -> None:  # noqa: ANN001
+    """For router-internal state with no event to await: poll with a deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not pred():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+__all__ = ["httpx"]

@@ -1,0 +1,159 @@
+"""Slots, queue, eviction, budget, TTL, disconnects, balancing: fake workers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from router.harness import Harness, chat, wait_event
+from router.test_lifecycle import _until
+
+
+async def test_queue_fifo_then_full_503(harness: Harness) -> None:
+    cfg = harness.config({"a": {"path": str(harness.script("a", slow_delay_s=0.05)), "n_parallel": 1}},
+                         max_queue=2)
+    plane = await harness.start(cfg)
+    c = harness.client
+    first = asyncio.create_task(c.post("/v1/completions", json={"model": "a", "prompt": "SLOW 1"}))
+    await _until(lambda: plane.pools["a"].inflight == 1)
+    second = asyncio.create_task(c.post("/v1/completions", json={"model": "a", "prompt": "SLOW 2"}))
+    await _until(lambda: len(plane.pools["a"].waiters) == 1)
+    third = asyncio.create_task(c.post("/v1/completions", json={"model": "a", "prompt": "SLOW 3"}))
+    await _until(lambda: len(plane.pools["a"].waiters) == 2)
+    r = await c.post("/v1/completions", json={"model": "a", "prompt": "4"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
+    assert int(r.headers["Retry-After"]) >= 1
+    for t in (first, second, third):
+        assert (await t).status_code == 200
+    # FIFO: the worker saw them in arrival order
+    assert [x["prompt"] for x in harness.requests_seen("a")] == ["SLOW 1", "SLOW 2", "SLOW 3"]
+
+
+async def test_queue_timeout_503(harness: Harness) -> None:
+    cfg = harness.config({"a": {"path": str(harness.script("a")), "n_parallel": 1}}, queue_timeout_s=0.3)
+    plane = await harness.start(cfg)
+    c = harness.client
+    async with c.stream("POST", "/v1/completions", json={"model": "a", "prompt": "FOREVER", "stream": True}):
+        await _until(lambda: plane.pools["a"].inflight == 1)
+        r = await c.post("/v1/completions", json={"model": "a", "prompt": "x"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "capacity_timeout"
+        assert "Retry-After" in r.headers
+
+
+async def test_disconnect_aborts_and_frees_the_slot(harness: Harness) -> None:
+    cfg = harness.config({"a": {"path": str(harness.script("a", token_delay_s=0.01)), "n_parallel": 1}})
+    plane = await harness.start(cfg)
+    c = harness.client
+    async with c.stream("POST", "/v1/chat/completions", json=chat("a", "FOREVER", stream=True)) as resp:
+        async for line in resp.aiter_lines():
+            if line.startswith("data: ") and "Hello" in line:
+                break
+    # the stream is closed: the worker must be told, and the slot freed
+    await _until(lambda: plane.pools["a"].inflight == 0)
+    seen = harness.requests_seen("a")
+    assert seen[-1] == {"type": "abort", "id": seen[0]["id"]}
+    r = await c.post("/v1/chat/completions", json=chat("a"))
+    assert r.status_code == 200
+    # non-streaming requests are aborted on disconnect too
+    task = asyncio.create_task(c.post("/v1/chat/completions", json=chat("a", "FOREVER")))
+    await _until(lambda: plane.pools["a"].inflight == 1)
+    task.cancel()
+    await _until(lambda: plane.pools["a"].inflight == 0)
+    assert harness.requests_seen("a")[-1]["type"] == "abort"
+
+
+async def test_eviction_skips_busy_model_and_takes_lru_idle(harness: Harness) -> None:
+    models = {m: {"path": str(harness.script(m))} for m in ("a", "b", "c")}
+    plane = await harness.start(harness.config(models, max_loaded_models=2))
+    c = harness.client
+    await c.post("/models/load", json={"model": "a"})  # a: least recently used ...
+    await c.post("/models/load", json={"model": "b"})
+    async with c.stream("POST", "/v1/completions", json={"model": "a", "prompt": "FOREVER", "stream": True}):
+        await _until(lambda: plane.pools["a"].inflight == 1)  # ... but busy
+        async with plane.bus.subscribe() as q:
+            r = await c.post("/v1/completions", json={"model": "c", "prompt": "x"})
+            assert r.status_code == 200
+            ev = await wait_event(q, lambda e: e.get("new") == "stopped")
+        assert ev["model"] == "b" and "evicted to make room for c" in ev["reason"]
+        assert {m for m, p in plane.pools.items() if p.occupies} == {"a", "c"}
+
+
+async def test_no_room_when_all_busy_gives_503_capacity_timeout(harness: Harness) -> None:
+    models = {m: {"path": str(harness.script(m))} for m in ("a", "b")}
+    plane = await harness.start(harness.config(models, max_loaded_models=1, queue_timeout_s=0.3))
+    c = harness.client
+    async with c.stream("POST", "/v1/completions", json={"model": "a", "prompt": "FOREVER", "stream": True}):
+        await _until(lambda: plane.pools["a"].inflight == 1)
+        r = await c.post("/v1/completions", json={"model": "b", "prompt": "x"})
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "capacity_timeout" and "max_loaded_models=1" in r.json()["error"]["message"]
+        assert "Retry-After" in r.headers
+        assert plane.pools["a"].has_ready and not plane.pools["b"].occupies
+
+
+async def test_single_gpu_mode_waits_for_busy_model_then_switches(harness: Harness) -> None:
+    models = {"a": {"path": str(harness.script("a", slow_delay_s=0.05))}, "b": {"path": str(harness.script("b"))}}
+    plane = await harness.start(harness.config(models, max_loaded_models=1))
+    c = harness.client
+    slow = asyncio.create_task(c.post("/v1/completions", json={"model": "a", "prompt": "SLOW"}))
+    await _until(lambda: plane.pools["a"].inflight == 1)
+    r = await c.post("/v1/completions", json={"model": "b", "prompt": "x"})
+    assert r.status_code == 200
+    assert slow.done() and (await slow).status_code == 200  # a finished before b loaded
+    assert not plane.pools["a"].occupies
+
+
+async def test_pinned_model_is_never_evicted(harness: Harness) -> None:
+    models = {"a": {"path": str(harness.script("a")), "pinned": True}, "b": {"path": str(harness.script("b"))}}
+    plane = await harness.start(harness.config(models, max_loaded_models=1, queue_timeout_s=0.3))
+    await harness.client.post("/models/load", json={"model": "a"})
+    r = await harness.client.post("/models/load", json={"model": "b"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "capacity_timeout"
+    assert plane.pools["a"].has_ready
+
+
+async def test_memory_budget_uses_reported_sizes(harness: Harness) -> None:
+    models = {"a": {"path": str(harness.script("a", model_bytes=600, kv_bytes=100))},
+              "b": {"path": str(harness.script("b", model_bytes=500, kv_bytes=100))}}
+    plane = await harness.start(harness.config(models, memory_budget=1000))
+    await harness.client.post("/models/load", json={"model": "a"})
+    assert plane.pools["a"].memory_bytes() == 700
+    async with plane.bus.subscribe() as q:
+        r = await harness.client.post("/models/load", json={"model": "b"})
+        assert r.status_code == 200
+        ev = await wait_event(q, lambda e: e.get("new") == "stopped")
+    assert ev["model"] == "a" and "memory_budget" in ev["reason"]
+    assert plane.pools["b"].has_ready
+
+
+async def test_idle_ttl_unloads(harness: Harness) -> None:
+    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a")), "ttl_s": 0.3}}))
+    async with plane.bus.subscribe() as q:
+        assert (await harness.client.post("/v1/completions", json={"model": "a", "prompt": "x"})).status_code == 200
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        ev = await wait_event(q, lambda e: e.get("new") == "stopping")
+        assert loop.time() - t0 >= 0.25
+    assert "ttl_s" in ev["reason"]
+    await _until(lambda: plane.pools["a"].status() == "unloaded")
+
+
+async def test_balancing_prefers_prefix_then_least_busy(harness: Harness) -> None:
+    cfg = harness.config({"a": {"path": str(harness.script("a")), "instances": 2, "n_parallel": 2}})
+    plane = await harness.start(cfg)
+    c = harness.client
+    await c.post("/models/load", json={"model": "a"})
+    await _until(lambda: all(i.state.value == "ready" for i in plane.pools["a"].instances))
+    pool = plane.pools["a"]
+    system = "You are a careful assistant. " * 4  # > 64 characters shared
+    # two concurrent requests spread over both instances (least busy)
+    s1 = c.stream("POST", "/v1/completions", json={"model": "a", "prompt": system + "FOREVER one", "stream": True})
+    s2 = c.stream("POST", "/v1/completions", json={"model": "a", "prompt": "other FOREVER", "stream": True})
+    async with s1, s2:
+        await _until(lambda: pool.inflight == 2)
+        assert sorted(i.busy for i in pool.instances) == [1, 1]
+        holder = next(i for i in pool.instances if any(r.startswith(system) for r in i.recent))
+        # a request sharing the long prefix goes to the instance that served it
+        async with c.stream("POST", "/v1/completions",
+                            json={"model": "a", "prompt": system + "FOREVER two", "stream": True}):
+            await _until(lambda: pool.inflight == 3)
+            assert holder.busy == 2

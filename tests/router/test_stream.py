@@ -1,0 +1,50 @@
+"""The per-request collector: merging for slow readers, errors after text, abort."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from corral import wire
+from corral.control.stream import RequestStream
+from corral.errors import ContextLengthExceeded, WorkerCrashed
+
+
+def _fin(n: int) -> wire.Finished:
+    return wire.Finished("r", "stop", wire.Usage(1, n), wire.Timings(1, 1, 1, 1))
+
+
+async def test_slow_reader_gets_merged_text_in_bounded_pieces() -> None:
+    s = RequestStream("r", "m")
+    t0 = time.perf_counter()
+    for i in range(50_000):
+        s.on_delta(wire.Delta("r", "ab", 1))
+    assert time.perf_counter() - t0 < 1.0  # linear, not quadratic
+    assert len(s._parts) <= 50_000 // 64 + 64
+    s.on_end(_fin(50_000))
+    assert await s.next_text() == "ab" * 50_000
+    assert await s.next_text() is None
+    assert s.n_tokens == 50_000 and s.finished is not None
+
+
+async def test_error_comes_after_the_text_before_it() -> None:
+    s = RequestStream("r", "m")
+    s.on_delta(wire.Delta("r", "x", 1))
+    s.fail(WorkerCrashed("gone"))
+    assert await s.next_text() == "x"
+    with pytest.raises(WorkerCrashed):
+        await s.next_text()
+    s2 = RequestStream("r", "m")
+    s2.on_end(wire.RequestFailed("r", "context_length_exceeded", "too long"))
+    with pytest.raises(ContextLengthExceeded):
+        await s2.wait()
+
+
+async def test_abort_without_instance_and_twice_is_harmless() -> None:
+    s = RequestStream("r", "m")
+    s.abort()
+    s.abort()
+    s.on_end(_fin(0))
+    s.abort()
+    assert await s.wait() == ""
