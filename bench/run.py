@@ -154,7 +154,7 @@ class Ctx:
         m = {"path": self.model, "n_parallel": n_parallel, "ctx_len": n_parallel * SLOT_CTX,
              "threads": self.threads}
         m.update(extra)
-        return m
+        return {k: v for k, v in m.items() if v is not None}  # threads=None: corral picks
 
     def need_llama(self) -> Path:
         if self.llama_bin is None:
@@ -416,10 +416,12 @@ def _p95(v: list[float]) -> float | None:
 # --------------------------------------------------------------------------- scenario c
 
 
-async def _two_models(base_url: str, ids: tuple[str, str], n_each: int, n_one: int,
+async def _two_models(srv: Server, ids: tuple[str, str], n_each: int, n_one: int, t: Table,
                       extra: dict | None = None) -> tuple[LoadResult, list[LoadResult], LoadResult]:
+    base_url = srv.base_url
     for mid in ids:
         await warmup(base_url, mid, extra)
+    await idle_cpu_check({srv.name: srv}, t)
     log(f"multimodel: one model c=8 n={n_one}")
     one = await run_load(base_url, label=ids[0], model=ids[0], concurrency=8, n_requests=n_one)
     log(f"multimodel: two models c=4 each n={n_each} each")
@@ -451,16 +453,19 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
                        str(both.errors)])
         data[name] = {"one": one.as_dict(), "parts": [p.as_dict() for p in parts], "both": both.as_dict()}
 
-    if "corral" in ctx.args.servers:
+    variants = [("corral", ctx.threads)]
+    if not ctx.quick:
+        variants.append(("corral, threads unset (corral divides the cores)", None))
+    for name, threads in variants if "corral" in ctx.args.servers else []:
         port = free_port()
         srv = None
         try:
-            cfg = ctx.corral_config("multimodel", {mid: ctx.corral_model(8) for mid in ids},
+            cfg = ctx.corral_config("multimodel", {mid: ctx.corral_model(8, threads=threads) for mid in ids},
                                     max_loaded_models=2)
             srv = start("corral-multimodel", corral_cmd(cfg, port), port)
-            rows("corral", *await _two_models(srv.base_url, ids, n_each, n_one))
+            rows(name, *await _two_models(srv, ids, n_each, n_one, t))
         except Exception as e:  # noqa: BLE001
-            t.rows.append(["corral", "FAILED", "–", "–", "–", "–", "–", str(e).splitlines()[0][:90]])
+            t.rows.append([name, "FAILED", "–", "–", "–", "–", "–", str(e).splitlines()[0][:90]])
         finally:
             if srv:
                 srv.stop()
@@ -476,14 +481,15 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
             port = free_port()
             srv = start("llama-router-multimodel", llama_router_cmd(binary, preset, port), port,
                         env=llama_router_env(ctx))
-            rows("llama-server router mode", *await _two_models(srv.base_url, ids, n_each, n_one))
+            rows("llama-server router mode", *await _two_models(srv, ids, n_each, n_one, t))
         except Exception as e:  # noqa: BLE001
             t.rows.append(["llama-server router mode", "FAILED", "–", "–", "–", "–", "–",
                            str(e).splitlines()[0][:90]])
         finally:
             if srv:
                 srv.stop()
-    t.notes.append(f"each model: n_parallel 8, {ctx.threads} threads, its own process; 64 tokens, stream")
+    t.notes.append(f"each model: n_parallel 8, {ctx.threads} threads (unless said otherwise), its own process; "
+                   "64 tokens, stream; 'one model, c=8' runs while the other model is loaded and idle")
     t.data = data
     return [t]
 
@@ -495,7 +501,7 @@ def llama_router_supported(binary: Path) -> bool:
 
 def llama_preset(ctx: Ctx, ids: tuple[str, ...], *, n_parallel: int, load_on_startup: bool) -> str:
     lines = ["version = 1", "", "[*]", f"np = {n_parallel}", f"c = {n_parallel * SLOT_CTX}",
-             f"t = {ctx.threads}", f"tb = {ctx.threads}", "warmup = false"]
+             f"t = {ctx.threads}", f"tb = {ctx.threads}"]  # llama-server's default warmup stays on
     for mid in ids:
         lines += ["", f"[{mid}]", f"model = {ctx.model}",
                   f"load-on-startup = {'true' if load_on_startup else 'false'}"]
