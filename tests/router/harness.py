@@ -47,14 +47,20 @@ class Harness:
         return [json.loads(line) for line in p.read_text().splitlines()]
 
     def config(self, models: dict[str, dict[str, Any]], **server: Any) -> CorralConfig:
+        srv = self.server_table(**server)
+        return config_from_dict({"server": srv, "models": models}, name="test.toml", base_dir=self.tmp)
+
+    def server_table(self, **server: Any) -> dict[str, Any]:
         srv = {"worker_command": [sys.executable, str(FAKE)], "include_default_model": False,
                "log_dir": str(self.tmp / "logs"), "restart_backoff_s": 0.05, "stop_grace_s": 2.0,
                "queue_timeout_s": 10.0, "load_timeout_s": 20.0}
         srv.update(server)
-        return config_from_dict({"server": srv, "models": models}, name="test.toml", base_dir=self.tmp)
+        return srv
 
-    async def start(self, cfg: CorralConfig, *, loader: Callable[[], CorralConfig] | None = None) -> ControlPlane:
-        self.app = create_app(cfg, config_loader=loader, embedded=None, use_store=False)
+    async def start(self, cfg: CorralConfig, *, loader: Callable[[], CorralConfig] | None = None,
+                    sighup: bool = False) -> ControlPlane:
+        self.app = create_app(cfg, config_loader=loader, embedded=None, use_store=False,
+                              handle_sighup=sighup)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -27,7 +27,7 @@ from corral.api.openai_routes import json_response
 from corral.api.schemas import ModelRef, NitroLoadModel, NitroUnloadModel, parse_body
 from corral.control.catalog import ModelSpec
 from corral.control.plane import ControlPlane
-from corral.errors import Conflict, InvalidRequest, ModelNotFound
+from corral.errors import ConfigError, Conflict, InvalidRequest, ModelNotFound
 
 __all__ = ["router"]
 
@@ -123,7 +123,10 @@ async def unload_model(request: Request) -> Response:
 
 @router.post("/models/reload")
 async def reload_models(request: Request) -> Response:
-    result = await _plane(request).reload()
+    try:
+        result = await _plane(request).reload()
+    except ConfigError as exc:  # the old config stays in force
+        raise InvalidRequest(f"config not reloaded: {exc.message}", code="invalid_config") from None
     return json_response({"success": True, **result})
 
 

@@ -1,0 +1,75 @@
+"""Reload without restart: changed models restart, removed ones unload, running requests finish."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from corral.config import load_config
+from router.harness import Harness, chat, wait_event
+from router.test_lifecycle import _until
+
+
+def write_config(path: Path, server: dict[str, Any], models: dict[str, dict[str, Any]]) -> None:
+    lines = ["[server]"] + [f"{k} = {json.dumps(v)}" for k, v in server.items()]
+    for mid, m in models.items():
+        lines.append(f'[models."{mid}"]')
+        lines += [f"{k} = {json.dumps(v)}" for k, v in m.items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+async def test_reload_restarts_changed_unloads_removed_adds_new(harness: Harness) -> None:
+    cfg_path = harness.tmp / "corral.toml"
+    srv = harness.server_table()
+    a, b, c = (str(harness.script(n, slow_delay_s=0.05)) for n in ("a", "b", "c"))
+    write_config(cfg_path, srv, {"a": {"path": a, "n_parallel": 2}, "b": {"path": b}})
+    plane = await harness.start(load_config(cfg_path), loader=lambda: load_config(cfg_path))
+    cl = harness.client
+    await cl.post("/models/load", json={"model": "b"})
+    running = asyncio.create_task(cl.post("/v1/completions", json={"model": "a", "prompt": "SLOW"}))
+    await _until(lambda: plane.pools["a"].inflight == 1)
+    old_pid = plane.pools["a"].instances[0].pid
+
+    write_config(cfg_path, srv, {"a": {"path": a, "n_parallel": 3, "aliases": ["alpha"]}, "c": {"path": c}})
+    r = await cl.post("/models/reload")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"success": True, "added": ["c"], "removed": ["b"], "restarted": ["a"], "updated": []}
+    assert running.done() and (await running).status_code == 200  # it finished on the old worker
+    pool = plane.pools["a"]
+    assert pool.has_ready and pool.instances[0].pid != old_pid and pool.instances[0].slots_total == 3
+    assert "b" not in plane.pools
+    r = await cl.post("/v1/completions", json={"model": "b", "prompt": "x"})
+    assert r.status_code == 404
+    assert (await cl.post("/v1/completions", json={"model": "alpha", "prompt": "x"})).status_code == 200
+    assert (await cl.post("/v1/completions", json={"model": "c", "prompt": "x"})).status_code == 200
+
+
+async def test_bad_config_on_reload_changes_nothing(harness: Harness) -> None:
+    cfg_path = harness.tmp / "corral.toml"
+    write_config(cfg_path, harness.server_table(), {"a": {"path": str(harness.script("a"))}})
+    plane = await harness.start(load_config(cfg_path), loader=lambda: load_config(cfg_path))
+    await harness.client.post("/models/load", json={"model": "a"})
+    cfg_path.write_text(cfg_path.read_text() + "\nmax_tokns = 3\n")
+    r = await harness.client.post("/models/reload")
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "invalid_config" and "max_tokns" in err["message"] and str(cfg_path) in err["message"]
+    assert plane.pools["a"].has_ready
+
+
+async def test_sighup_reloads(harness: Harness) -> None:
+    cfg_path = harness.tmp / "corral.toml"
+    srv = harness.server_table()
+    write_config(cfg_path, srv, {"a": {"path": str(harness.script("a"))}})
+    plane = await harness.start(load_config(cfg_path), loader=lambda: load_config(cfg_path), sighup=True)
+    write_config(cfg_path, srv, {"a": {"path": str(harness.script("a"))}, "new": {"path": str(harness.script("n"))}})
+    async with plane.bus.subscribe() as q:
+        os.kill(os.getpid(), signal.SIGHUP)
+        ev = await wait_event(q, lambda e: e["event"] == "config_reloaded")
+    assert ev["added"] == ["new"]
+    r = await harness.client.post("/v1/chat/completions", json=chat("new"))
+    assert r.status_code == 200
