@@ -291,6 +291,8 @@ class Engine:
         return n
 
     def _admit(self) -> None:
+        if not self.waiting:
+            return
         free = [s for s in self.slots if not s.busy]
         while self.waiting and free:
             job = self.waiting.popleft()
