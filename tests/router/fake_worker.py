@@ -12,7 +12,7 @@ Run as ``python tests/router/fake_worker.py --fd N --settings JSON``. The settin
     embedding_dim                                                (4)
     stderr           lines printed to stderr at start            ([])
 
-A prompt containing "SLOW" waits ``slow_delay_s`` (default 0.2) between pieces, one
+A prompt containing "TOOLONG" fails with context_length_exceeded; "SLOW" waits ``slow_delay_s`` (default 0.2) between pieces, one
 containing "FOREVER" streams until aborted; "BOOM" makes it exit with code 7.
 Every request it receives is appended to ``<script>.log`` (one JSON line), so tests
 can see what reached the worker.
@@ -70,6 +70,11 @@ class Fake:
         text = req.prompt or " ".join(m.content for m in req.messages or [])
         if "BOOM" in text:
             os._exit(7)
+        if "TOOLONG" in text:
+            self.send(wire.RequestFailed(req.id, "context_length_exceeded",
+                                         "the prompt has 9999 tokens; a slot holds 1024"))
+            self.tasks.pop(req.id, None)
+            return
         delay = self.script["slow_delay_s"] if "SLOW" in text else self.script["token_delay_s"]
         pieces = list(self.script["tokens"])
         forever = "FOREVER" in text

@@ -187,3 +187,73 @@ def test_router_never_imports_llama_cpp() -> None:
             "bad = [m for m in sys.modules if m.startswith('llama_cpp')];"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_error_before_first_token_keeps_its_status_when_streaming(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    for stream in (True, False):
+        r = await harness.client.post("/v1/chat/completions", json=chat("a", "TOOLONG", stream=stream))
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert harness.plane.pools["a"].inflight == 0
+
+
+async def test_unexpected_error_is_500_without_traceback(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+
+    async def broken(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("secret internal detail")
+
+    harness.plane.generate = broken  # type: ignore[method-assign]
+    r = await harness.client.post("/v1/chat/completions", json=chat("a"))
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "server_error"
+    assert "secret internal detail" not in r.text and "Traceback" not in r.text
+
+
+class _Pull:
+    def __init__(self, model_id: str) -> None:
+        self.pull_id, self.model_id, self.source = "pull-1", model_id, "hf://x/y"
+
+    def progress(self) -> dict:
+        return {"pull_id": self.pull_id, "done": 5, "total": 10, "rate_bps": 1.0, "eta_s": 5.0}
+
+
+class _Downloads:
+    """Stands in for the store's DownloadManager (its own tests cover it)."""
+
+    def __init__(self, pulls: list[_Pull]) -> None:
+        self.pulls = pulls
+        self.cancelled: list[str] = []
+
+    def active(self) -> list[_Pull]:
+        return self.pulls
+
+    def find_by_model(self, model_id: str) -> _Pull | None:
+        return next((p for p in self.pulls if p.model_id == model_id), None)
+
+    def progress(self, model_id: str) -> dict | None:
+        p = self.find_by_model(model_id)
+        return p.progress() if p else None
+
+    async def cancel(self, pull_id: str) -> bool:
+        self.cancelled.append(pull_id)
+        self.pulls = [p for p in self.pulls if p.pull_id != pull_id]
+        return True
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_downloading_model_listed_and_unload_cancels(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    dm = _Downloads([_Pull("newmodel")])
+    harness.app.state.downloads = dm
+    models = {m["id"]: m for m in (await harness.client.get("/models")).json()["data"]}
+    assert models["newmodel"]["status"]["value"] == "downloading"
+    assert models["newmodel"]["status"]["progress"]["done"] == 5
+    assert models["a"]["status"]["value"] == "unloaded"
+    r = await harness.client.post("/models/unload", json={"model": "newmodel"})
+    assert r.status_code == 200 and r.json()["success"] is True and dm.cancelled == ["pull-1"]
+    models = {m["id"] for m in (await harness.client.get("/models")).json()["data"]}
+    assert models == {"a"}

@@ -157,3 +157,19 @@ async def test_balancing_prefers_prefix_then_least_busy(harness: Harness) -> Non
                             json={"model": "a", "prompt": system + "FOREVER two", "stream": True}):
             await _until(lambda: pool.inflight == 3)
             assert holder.busy == 2
+
+
+async def test_client_leaving_the_queue_is_forgotten(harness: Harness) -> None:
+    cfg = harness.config({"a": {"path": str(harness.script("a")), "n_parallel": 1}})
+    plane = await harness.start(cfg)
+    c = harness.client
+    async with c.stream("POST", "/v1/completions", json={"model": "a", "prompt": "FOREVER", "stream": True}):
+        await _until(lambda: plane.pools["a"].inflight == 1)
+        queued = asyncio.create_task(c.post("/v1/completions", json={"model": "a", "prompt": "queued"}))
+        await _until(lambda: len(plane.pools["a"].waiters) == 1)
+        queued.cancel()
+        await _until(lambda: len(plane.pools["a"].waiters) == 0)
+    await _until(lambda: plane.pools["a"].inflight == 0)
+    assert (await c.post("/v1/completions", json={"model": "a", "prompt": "after"})).status_code == 200
+    prompts = [x.get("prompt") for x in harness.requests_seen("a") if x["type"] == "generate"]
+    assert prompts == ["FOREVER", "after"]  # the one that left never reached the worker

@@ -78,6 +78,14 @@ def _timings(fin: wire.Finished | None) -> dict[str, Any] | None:
     }
 
 
+def _label(plane: ControlPlane, name: str) -> str:
+    """A metrics label: the model id, never a raw client string (bounded cardinality)."""
+    try:
+        return plane.resolve(name)
+    except CorralError:
+        return "unknown"
+
+
 def _observe(plane: ControlPlane, stream: RequestStream, endpoint: str, status: int) -> None:
     fin = stream.finished
     inst = stream.instance.index if stream.instance is not None else None
@@ -90,22 +98,33 @@ def _observe(plane: ControlPlane, stream: RequestStream, endpoint: str, status: 
         latency_s=end - stream.created)
 
 
-async def _wait_or_disconnect(request: Request, stream: RequestStream) -> str:
-    """The whole text, or CancelledError if the client goes away first (the worker is
-    told to abort)."""
-    result = asyncio.ensure_future(stream.wait())
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        done, _ = await asyncio.wait((result, watcher), return_when=asyncio.FIRST_COMPLETED)
-        if result in done:
-            return result.result()
-        stream.abort()
+class _ClientWatch:
+    """Races awaitables against the client going away (for the parts of a request
+    Starlette does not cancel on disconnect: queueing, loading, non-streamed results)."""
+
+    __slots__ = ("_request", "_watcher")
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+        self._watcher: asyncio.Future[None] | None = None
+
+    async def run(self, aw: Any) -> Any:
+        task = asyncio.ensure_future(aw)
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(_disconnected(self._request))
+        try:
+            done, _ = await asyncio.wait((task, self._watcher), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task in done:
+            return task.result()
+        task.cancel()
         raise asyncio.CancelledError("client disconnected")
-    finally:
-        watcher.cancel()
-        if not result.done():
-            result.cancel()
-            stream.abort()
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
 
 
 async def _disconnected(request: Request) -> None:
@@ -113,6 +132,22 @@ async def _disconnected(request: Request) -> None:
         msg = await request.receive()
         if msg["type"] == "http.disconnect":
             return
+
+
+async def _start(request: Request, watch: _ClientWatch, coro: Any, stream_mode: bool
+                 ) -> tuple[RequestStream, str | None]:
+    """Submit, then wait for the first token (streaming: so an error before any output
+    still gets its HTTP status) or for everything (not streaming). Aborts the worker's
+    request if the client leaves meanwhile."""
+    stream: RequestStream = await watch.run(coro)
+    try:
+        if stream_mode:
+            await watch.run(stream.wait_started())
+            return stream, None
+        return stream, await watch.run(stream.wait())
+    except BaseException:
+        stream.abort()
+        raise
 
 
 # ------------------------------------------------------------------------ chat
@@ -129,19 +164,22 @@ async def chat_completions(request: Request) -> Response:
     msg = wire.GenerateRequest(id=rid, messages=messages, params=body.sampling())
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
     plane = _plane(request)
-    stream = await plane.generate(name, msg, prefix)
+    watch = _ClientWatch(request)
+    try:
+        stream, text = await _start(request, watch, plane.generate(name, msg, prefix), body.stream)
+    except CorralError as exc:
+        plane.metrics.observe_request(_label(plane, name), None, "chat", exc.status)
+        raise
+    finally:
+        watch.close()
     created = int(time.time())
     model = stream.model
     if body.stream:
         return StreamingResponse(_chat_events(plane, stream, rid, created, model, body.include_usage),
                                  media_type="text/event-stream", headers=_SSE_HEADERS)
-    try:
-        text = await _wait_or_disconnect(request, stream)
-    except CorralError as exc:
-        _observe(plane, stream, "chat", exc.status)
-        raise
     fin = stream.finished
     _observe(plane, stream, "chat", 200)
+    assert text is not None
     return json_response({
         "id": rid, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -195,17 +233,19 @@ async def completions(request: Request) -> Response:
     rid = "cmpl-" + secrets.token_hex(12)
     msg = wire.GenerateRequest(id=rid, prompt=prompt, params=body.sampling())
     plane = _plane(request)
-    stream = await plane.generate(name, msg, prompt)
+    watch = _ClientWatch(request)
+    try:
+        stream, text = await _start(request, watch, plane.generate(name, msg, prompt), body.stream)
+    except CorralError as exc:
+        plane.metrics.observe_request(_label(plane, name), None, "completions", exc.status)
+        raise
+    finally:
+        watch.close()
     created = int(time.time())
     model = stream.model
     if body.stream:
         return StreamingResponse(_completion_events(plane, stream, rid, created, model, body.include_usage),
                                  media_type="text/event-stream", headers=_SSE_HEADERS)
-    try:
-        text = await _wait_or_disconnect(request, stream)
-    except CorralError as exc:
-        _observe(plane, stream, "completions", exc.status)
-        raise
     fin = stream.finished
     _observe(plane, stream, "completions", 200)
     return json_response({
@@ -254,12 +294,14 @@ async def embeddings(request: Request) -> Response:
     inputs = body.inputs()
     plane = _plane(request)
     rid = "emb-" + secrets.token_hex(12)
-    stream = await plane.embed(name, wire.EmbedRequest(id=rid, inputs=inputs))
+    watch = _ClientWatch(request)
     try:
-        await _wait_or_disconnect(request, stream)
+        stream, _ = await _start(request, watch, plane.embed(name, wire.EmbedRequest(id=rid, inputs=inputs)), False)
     except CorralError as exc:
-        _observe(plane, stream, "embeddings", exc.status)
+        plane.metrics.observe_request(_label(plane, name), None, "embeddings", exc.status)
         raise
+    finally:
+        watch.close()
     _observe(plane, stream, "embeddings", 200)
     emb = stream.embeddings
     assert emb is not None

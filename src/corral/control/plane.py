@@ -329,6 +329,13 @@ class ControlPlane:
                 pool.wake_waiters()
             self._notify_capacity()
 
+    async def _unload_idle(self, pool: ModelPool, reason: str) -> None:
+        """Unload only if still idle when this runs (a request may have come meanwhile);
+        the check and the draining flag happen with no await in between."""
+        if not pool.idle or pool.draining or not pool.occupies:
+            return
+        await self._unload_pool(pool, reason, drain=False)
+
     def _notify_capacity(self) -> None:
         c = self._capacity
         if c is not None and not c.done():
@@ -454,7 +461,7 @@ class ControlPlane:
                 ttl = pool.spec.ttl_s
                 if (ttl and pool.has_ready and pool.idle and not pool.draining and not pool.spec.pinned
                         and now - pool.last_used >= ttl):
-                    self._background(self._unload_pool(pool, f"idle for {ttl:g} s (ttl_s)", drain=False),
+                    self._background(self._unload_idle(pool, f"idle for {ttl:g} s (ttl_s)"),
                                      f"ttl {pool.spec.id}")
             if time.monotonic() - last_stats >= _STATS_EVERY_S:
                 last_stats = time.monotonic()

@@ -118,6 +118,18 @@ class RequestStream:
             finally:
                 self._waiter = None
 
+    async def wait_started(self) -> None:
+        """Until the first text or the end. Raises the request's error if it failed
+        before producing anything (so an HTTP status can still say so)."""
+        while not self._parts and self.ended is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        if not self._parts and self.error is not None:
+            raise self.error
+
     async def wait(self) -> str:
         """Wait for the end; return all text. Raises the request's error."""
         chunks: list[str] = []
