@@ -61,3 +61,15 @@ async def test_openai_client_chat_completions_embeddings(harness: Harness, model
         await client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "x"}], n=2)
     assert bi.value.code == "unsupported_option"
     await client.close()
+
+
+async def test_no_config_serves_the_embedded_default_model(harness: Harness, model_path: Path) -> None:
+    from corral.config import load_config
+
+    cfg = load_config(None, server_overrides={"log_dir": str(harness.tmp / "logs")},
+                      model_overrides={"threads": 1, "ctx_len": 512, "n_parallel": 1})
+    plane = await harness.start(cfg, embedded=True)
+    assert [p.spec.id for p in plane.pools.values()] == ["gemma-3-270m"]
+    assert plane.pools["gemma-3-270m"].spec.path == model_path
+    r = await harness.client.post("/v1/completions", json={"model": "default", "prompt": "Hi", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["model"] == "gemma-3-270m"

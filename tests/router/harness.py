@@ -58,8 +58,8 @@ class Harness:
         return srv
 
     async def start(self, cfg: CorralConfig, *, loader: Callable[[], CorralConfig] | None = None,
-                    sighup: bool = False) -> ControlPlane:
-        self.app = create_app(cfg, config_loader=loader, embedded=None, use_store=False,
+                    sighup: bool = False, embedded: Any = None, use_store: bool = False) -> ControlPlane:
+        self.app = create_app(cfg, config_loader=loader, embedded=embedded, use_store=use_store,
                               handle_sighup=sighup)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))

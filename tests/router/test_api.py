@@ -257,3 +257,21 @@ async def test_downloading_model_listed_and_unload_cancels(harness: Harness) -> 
     assert r.status_code == 200 and r.json()["success"] is True and dm.cancelled == ["pull-1"]
     models = {m["id"] for m in (await harness.client.get("/models")).json()["data"]}
     assert models == {"a"}
+
+
+async def test_every_gguf_under_models_dir_is_a_model(harness: Harness) -> None:
+    models_dir = harness.tmp / "models"
+    (models_dir / "sub").mkdir(parents=True)
+    (models_dir / "sub" / "Tiny-Q4_K_M.gguf").write_text("{}")  # the fake worker reads it as its script
+    cfg = harness.config({"a": {"path": str(harness.script("a"))}}, models_dir=str(models_dir))
+    plane = await harness.start(cfg, use_store=True)
+    ids = {m["id"] for m in (await harness.client.get("/v1/models")).json()["data"]}
+    assert ids == {"a", "Tiny-Q4_K_M"}
+    assert plane.pools["Tiny-Q4_K_M"].spec.source == "store"
+    r = await harness.client.post("/v1/chat/completions", json=chat("Tiny-Q4_K_M"))
+    assert r.status_code == 200
+    # a file dropped in later is found on reload
+    (models_dir / "Later.gguf").write_text("{}")
+    r = await harness.client.post("/models/reload")
+    assert r.status_code == 200 and r.json()["added"] == ["Later"]
+    assert "Later" in plane.pools

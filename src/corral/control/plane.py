@@ -37,7 +37,7 @@ from corral.control.metrics import Metrics
 from corral.control.pool import ModelPool
 from corral.control.process import Launcher
 from corral.control.stream import RequestStream
-from corral.errors import (CapacityTimeout, ConfigError, LoadFailed, ModelNotFound,
+from corral.errors import (CapacityTimeout, LoadFailed, ModelNotFound,
                            ModelNotLoaded, Unavailable)
 
 __all__ = ["ControlPlane"]
@@ -415,10 +415,8 @@ class ControlPlane:
     async def reload(self, config: CorralConfig | None = None) -> dict[str, list[str]]:
         """Re-read the config (and models_dir). Changed models restart, removed ones
         unload, running requests finish. A bad config changes nothing (ConfigError)."""
-        if config is None:
-            if self._config_loader is None:
-                raise ConfigError("no config to reload")
-            config = self._config_loader()
+        if config is None:  # no loader: the same config, models_dir rescanned
+            config = self._config_loader() if self._config_loader is not None else self.config
         new_specs = {s.id: s for s in self._specs(config)}
         self.config = config
         self.launcher.__dict__.update(self._make_launcher(config).__dict__)
