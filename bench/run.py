@@ -43,7 +43,7 @@ import llama_server  # noqa: E402
 from loadgen import LoadResult, combined, fmt, run_load, sequential_latency  # noqa: E402
 from servers import (  # noqa: E402
     PY, RESULTS, ROOT, Server, ServerFailed, corral_cmd, free_port, llama_cpp_python_cmd,
-    llama_router_cmd, llama_server_cmd, stop_all, group_cpu_s,
+    llama_router_cmd, llama_server_cmd, stop_all, tree_cpu_s, proc_cpu_s,
 )
 
 SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue")
@@ -224,11 +224,11 @@ def lcp_extra(max_tokens: int) -> dict[str, Any]:
 
 async def idle_cpu_check(servers: dict[str, Server], t: Table, secs: float = 2.0) -> None:
     """All servers stay up while one is measured, so an idle one must not burn CPU: check it."""
-    before = {n: group_cpu_s(s.pid) for n, s in servers.items() if s.pid}
+    before = {n: tree_cpu_s(s.pid) for n, s in servers.items() if s.pid}
     await asyncio.sleep(secs)
     for n, s in servers.items():
         if s.pid and n in before:
-            used = (group_cpu_s(s.pid) - before[n]) / secs
+            used = (tree_cpu_s(s.pid) - before[n]) / secs
             if used > 0.05:
                 t.notes.append(f"warning: {n} used {used * 100:.0f}% of a core while idle")
 
@@ -622,21 +622,23 @@ async def sc_queue(ctx: Ctx) -> list[Table]:
     max_tokens = 8
     t = Table(f"Queue: {n} concurrent requests (stream, {max_tokens} tokens) to one model, n_parallel 4",
               ["server", "requests", "ok", "errors", "5xx", "wall s", "req/s", "tok/s", "latency p50 ms",
-               "latency max ms", "server peak RSS MiB"])
+               "latency max ms", "peak RSS MiB", "CPU s (main process)", "CPU s (all processes)"])
     data: dict[str, Any] = {}
 
     async def one(name: str, srv: Server, model: str | None, extra: dict | None = None) -> None:
         await warmup(srv.base_url, model, extra)
         log(f"queue: {name} {n} concurrent")
+        main0, all0 = proc_cpu_s(srv.pid) or 0.0, tree_cpu_s(srv.pid)
         r = await run_load(srv.base_url, label=name, model=model, concurrency=n, n_requests=n,
                            max_tokens=max_tokens, extra=extra, timeout_s=900)
+        main_cpu, all_cpu = (proc_cpu_s(srv.pid) or 0.0) - main0, tree_cpu_s(srv.pid) - all0
         hwm = srv.vm_hwm_kb()
         t.rows.append([name, str(n), str(r.ok), str(r.errors), str(r.status_5xx), fmt(r.wall_s),
                        fmt(r.req_s), fmt(r.tok_s), fmt(r.latency_p50_ms, 0), fmt(r.latency_max_ms, 0),
-                       fmt(hwm / 1024 if hwm else None)])
+                       fmt(hwm / 1024 if hwm else None), fmt(main_cpu), fmt(all_cpu)])
         if r.error_samples:
             t.notes.append(f"{name} errors, e.g.: {r.error_samples[0][:150]}")
-        data[name] = {**r.as_dict(), "vm_hwm_kb": hwm}
+        data[name] = {**r.as_dict(), "vm_hwm_kb": hwm, "cpu_main_s": main_cpu, "cpu_all_s": all_cpu}
 
     if "corral" in ctx.args.servers:
         port = free_port()
@@ -646,7 +648,7 @@ async def sc_queue(ctx: Ctx) -> list[Table]:
             srv = start("corral-queue", corral_cmd(cfg, port), port)
             await one("corral (router process)", srv, "bench")
         except Exception as e:  # noqa: BLE001
-            t.rows.append(["corral", str(n), "FAILED"] + ["–"] * 7 + [str(e).splitlines()[0][:90]])
+            t.rows.append(["corral", str(n), "FAILED"] + ["–"] * 9 + [str(e).splitlines()[0][:90]])
         finally:
             if srv:
                 srv.stop()
@@ -659,12 +661,12 @@ async def sc_queue(ctx: Ctx) -> list[Table]:
             srv = start("llama-server-queue", cmd, port)
             await one("llama-server -np 4 (reference, one process)", srv, None)
         except Exception as e:  # noqa: BLE001
-            t.rows.append(["llama-server", str(n), "FAILED"] + ["–"] * 7 + [str(e).splitlines()[0][:90]])
+            t.rows.append(["llama-server", str(n), "FAILED"] + ["–"] * 9 + [str(e).splitlines()[0][:90]])
         finally:
             if srv:
                 srv.stop()
-    t.notes.append("corral's RSS is the router process alone (VmHWM); the model lives in its worker. "
-                   "llama-server's RSS includes the model")
+    t.notes.append("peak RSS is VmHWM of the main process: for corral the router alone (the model lives in "
+                   "its worker), for llama-server the one process with the model. CPU s over the run only")
     t.data = data
     return [t]
 

@@ -121,6 +121,9 @@ class Server:
         p = self.proc
         if p is None:
             return
+        # children that put themselves in their own session (e.g. corral's workers) are not
+        # in our process group: remember them now, kill any left after the server stopped
+        kids = descendants(p.pid)
         try:
             pgid = os.getpgid(p.pid)
         except ProcessLookupError:
@@ -143,6 +146,12 @@ class Server:
             p.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        for pid, start in kids:
+            if proc_start(pid) == start:  # the same process, not a reused pid
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         self.proc = None
         try:
             self._log_fh.close()
@@ -160,6 +169,60 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def proc_start(pid: int) -> int | None:
+    f = _stat_fields(pid)
+    try:
+        return int(f[19]) if f else None  # field 22: starttime
+    except (IndexError, ValueError):
+        return None
+
+
+def descendants(pid: int) -> list[tuple[int, int | None]]:
+    """(pid, starttime) of every live descendant of ``pid``."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            f = _stat_fields(int(d.name))
+            if f:
+                try:
+                    parent[int(d.name)] = int(f[1])
+                except (IndexError, ValueError):
+                    pass
+    out, todo = [], [pid]
+    while todo:
+        cur = todo.pop()
+        for child, par in parent.items():
+            if par == cur:
+                out.append((child, proc_start(child)))
+                todo.append(child)
+    return out
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user+system) used by one process."""
+    f = _stat_fields(pid)
+    try:
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK") if f else None
+    except (IndexError, ValueError):
+        return None
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and all its live descendants."""
+    total = proc_cpu_s(pid) or 0.0
+    for child, _ in descendants(pid):
+        total += proc_cpu_s(child) or 0.0
+    return total
 
 
 def read_status_kb(pid: int, key: str) -> int | None:
