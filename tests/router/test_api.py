@@ -122,6 +122,7 @@ async def test_bad_input_gets_clear_4xx(harness: Harness) -> None:
     await err(await c.get("/v1/chat/completions"), 405)
     await err(await c.post("/models/load", json={"model": "nope"}), 404, "model_not_found")
     await err(await c.post("/models/load", json={}), 400, param="model")
+    await err(await c.delete("/models/a?force=perhaps"), 400, param="force")  # FastAPI validation: 400, not 422
     # nothing reached a worker
     assert harness.requests_seen("a") == []
 

@@ -192,3 +192,18 @@ async def _until(pred, timeout: float = 10.0) -> None:  # noqa: ANN001
 
 
 __all__ = ["httpx"]
+
+
+async def test_stop_during_start(harness: Harness) -> None:
+    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a", load_delay_s=0.5))}}))
+    seen: list[dict] = []
+    async with plane.bus.subscribe() as q:
+        load = asyncio.create_task(harness.client.post("/v1/completions", json={"model": "a", "prompt": "x"}))
+        await wait_event(q, lambda e: e.get("new") == "starting", seen=seen)
+        r = await harness.client.post("/models/unload", json={"model": "a"})
+        assert r.status_code == 200
+        await wait_event(q, lambda e: e.get("new") == "stopped", seen=seen)
+    r = await load
+    assert r.status_code == 503 and "unloaded while loading" in r.json()["error"]["message"]
+    assert transitions(seen) == [("stopped", "starting"), ("starting", "stopping"), ("stopping", "stopped")]
+    assert plane.pools["a"].status() == "unloaded"

@@ -246,6 +246,9 @@ class Instance:
             kill_group(self.pid, signal.SIGKILL)
         self._fail_requests(WorkerCrashed(f"{self.spec.id} instance replaced"))
         self._owner.cancel()
+        for task in list(self._tasks):
+            if not task.get_coro().__name__ == "_wait_exit":  # let the reaper finish
+                task.cancel()
 
     def submit(self, msg: wire.GenerateRequest | wire.EmbedRequest, stream: RequestStream) -> bool:
         """Send a request (sync). False when the instance cannot take it now."""
