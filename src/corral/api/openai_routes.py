@@ -195,10 +195,13 @@ async def _chat_events(plane: ControlPlane, stream: RequestStream, rid: str, cre
     try:
         yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]})
+        # the per-token chunk, pre-encoded around the text (same bytes as encoding the dict)
+        pre = _sse(head)[:-3] + b',"choices":[{"index":0,"delta":{"content":'
+        post = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        enc = _json.encode
         try:
             while (text := await stream.next_text()) is not None:
-                yield _sse({**head, "choices": [{"index": 0, "delta": {"content": text},
-                                                 "logprobs": None, "finish_reason": None}]})
+                yield pre + enc(text) + post
         except CorralError as exc:
             status = exc.status
             yield _sse(exc.to_body())
@@ -261,10 +264,12 @@ async def _completion_events(plane: ControlPlane, stream: RequestStream, rid: st
     head = {"id": rid, "object": "text_completion", "created": created, "model": model}
     status = 200
     try:
+        pre = _sse(head)[:-3] + b',"choices":[{"index":0,"text":'
+        post = b',"logprobs":null,"finish_reason":null}]}\n\n'
+        enc = _json.encode
         try:
             while (text := await stream.next_text()) is not None:
-                yield _sse({**head, "choices": [{"index": 0, "text": text, "logprobs": None,
-                                                 "finish_reason": None}]})
+                yield pre + enc(text) + post
         except CorralError as exc:
             status = exc.status
             yield _sse(exc.to_body())
