@@ -194,7 +194,10 @@ class Instance:
 
     @property
     def free_slots(self) -> int:
-        return self.slots_total - self.busy if self.state is InstanceState.READY else 0
+        t = self._transport
+        if self.state is not InstanceState.READY or t is None or t.is_closing():
+            return 0  # a worker whose socket is closing gets nothing new
+        return self.slots_total - self.busy
 
     @property
     def memory_bytes(self) -> int | None:
