@@ -10,12 +10,11 @@ import asyncio
 import json
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import uvicorn
 
 from corral.api.app import create_app

@@ -30,6 +30,7 @@ from typing import Any
 
 from corral import wire
 from corral.config import CorralConfig
+from corral.control import views
 from corral.control.catalog import Catalog, ModelSpec, default_threads, specs_from_config
 from corral.control.events import EventBus
 from corral.control.instance import Instance, InstanceState
@@ -471,60 +472,7 @@ class ControlPlane:
     # ================================================================ views
 
     def snapshot(self) -> list[dict[str, Any]]:
-        out = []
-        for pool in self.pools.values():
-            out.append({
-                "id": pool.spec.id,
-                "status": pool.status(),
-                "queued": len(pool.waiters),
-                "instances": [{"index": i.index, "state": i.state.value, "busy": i.busy,
-                               "total": i.slots_total, "memory": i.memory_bytes}
-                              for i in pool.instances],
-            })
-        return out
+        return views.snapshot(self.pools.values())
 
     def describe(self, pool: ModelPool) -> dict[str, Any]:
-        spec = pool.spec
-        instances = []
-        for i in pool.instances:
-            instances.append({
-                "index": i.index,
-                "state": i.state.value,
-                "pid": i.pid,
-                "slots": {"busy": i.busy, "total": i.slots_total},
-                "memory": {"model_bytes": (i.stats or i.info).model_bytes if (i.stats or i.info) else None,
-                           "kv_bytes": (i.stats or i.info).kv_bytes if (i.stats or i.info) else None,
-                           "rss_bytes": i.rss_bytes},
-                "last_used": i.last_used or None,
-                "threads": i.threads,
-                "restarts": i.restarts,
-                "failures": i.failures,
-                "reason": i.reason,
-                "exit_code": i.exit_code,
-                "log": str(i.log_path) if i.log_path else None,
-            })
-        status = pool.status()
-        return {
-            "id": spec.id,
-            "object": "model",
-            "owned_by": "corral",
-            "created": int(self.started_at),
-            "aliases": list(spec.aliases),
-            "path": str(spec.path),
-            "source": spec.source,
-            "in_cache": spec.path.exists(),
-            "status": {
-                "value": status,
-                "failed": status == "failed",
-                "reason": pool.failure_reason if status == "failed" else None,
-                "exit_code": next((i.exit_code for i in pool.instances if i.state is InstanceState.FAILED), None),
-            },
-            "settings": {"ctx_len": spec.ctx_len, "n_parallel": spec.n_parallel,
-                         "instances": spec.instances, "n_gpu_layers": spec.n_gpu_layers,
-                         "threads": spec.threads, "embedding": spec.embedding,
-                         "ttl_s": spec.ttl_s, "pinned": spec.pinned},
-            "queued": len(pool.waiters),
-            "last_used": pool.last_used or None,
-            "memory_bytes": pool.memory_bytes() if pool.occupies else 0,
-            "instances": instances,
-        }
+        return views.describe(pool, created=int(self.started_at))

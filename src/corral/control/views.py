@@ -1,0 +1,75 @@
+"""Read-only views of the control plane's state: GET /models entries, metrics snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from corral.control.instance import InstanceState
+from corral.control.pool import ModelPool
+
+__all__ = ["describe", "snapshot"]
+
+
+def snapshot(pools: Iterable[ModelPool]) -> list[dict[str, Any]]:
+    """Compact state for metrics gauges."""
+    out = []
+    for pool in pools:
+        out.append({
+            "id": pool.spec.id,
+            "status": pool.status(),
+            "queued": len(pool.waiters),
+            "instances": [{"index": i.index, "state": i.state.value, "busy": i.busy,
+                           "total": i.slots_total, "memory": i.memory_bytes}
+                          for i in pool.instances],
+        })
+    return out
+
+
+def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
+    """One model as GET /models shows it (llama.cpp router fields plus instances)."""
+    spec = pool.spec
+    instances = []
+    for i in pool.instances:
+        rep = i.stats or i.info  # latest report: Stats, else Ready's ModelInfo
+        instances.append({
+            "index": i.index,
+            "state": i.state.value,
+            "pid": i.pid,
+            "slots": {"busy": i.busy, "total": i.slots_total},
+            "memory": {"model_bytes": rep.model_bytes if rep else None,
+                       "kv_bytes": rep.kv_bytes if rep else None,
+                       "rss_bytes": i.rss_bytes},
+            "last_used": i.last_used or None,
+            "threads": i.threads,
+            "restarts": i.restarts,
+            "failures": i.failures,
+            "reason": i.reason,
+            "exit_code": i.exit_code,
+            "log": str(i.log_path) if i.log_path else None,
+        })
+    status = pool.status()
+    return {
+        "id": spec.id,
+        "object": "model",
+        "owned_by": "corral",
+        "created": created,
+        "aliases": list(spec.aliases),
+        "path": str(spec.path),
+        "source": spec.source,
+        "in_cache": spec.path.exists(),
+        "status": {
+            "value": status,
+            "failed": status == "failed",
+            "reason": pool.failure_reason if status == "failed" else None,
+            "exit_code": next((i.exit_code for i in pool.instances if i.state is InstanceState.FAILED), None),
+        },
+        "settings": {"ctx_len": spec.ctx_len, "n_parallel": spec.n_parallel,
+                     "instances": spec.instances, "n_gpu_layers": spec.n_gpu_layers,
+                     "threads": spec.threads, "embedding": spec.embedding,
+                     "ttl_s": spec.ttl_s, "pinned": spec.pinned},
+        "queued": len(pool.waiters),
+        "last_used": pool.last_used or None,
+        "memory_bytes": pool.memory_bytes() if pool.occupies else 0,
+        "instances": instances,
+    }
