@@ -173,3 +173,30 @@ async def test_client_leaving_the_queue_is_forgotten(harness: Harness) -> None:
     assert (await c.post("/v1/completions", json={"model": "a", "prompt": "after"})).status_code == 200
     prompts = [x.get("prompt") for x in harness.requests_seen("a") if x["type"] == "generate"]
     assert prompts == ["FOREVER", "after"]  # the one that left never reached the worker
+
+
+async def test_many_concurrent_requests_never_exceed_slots(harness: Harness) -> None:
+    cfg = harness.config({"a": {"path": str(harness.script("a", token_delay_s=0.002)), "instances": 2,
+                                "n_parallel": 2}}, max_queue=100)
+    plane = await harness.start(cfg)
+    await harness.client.post("/models/load", json={"model": "a"})
+    await _until(lambda: all(i.state.value == "ready" for i in plane.pools["a"].instances))
+    pool = plane.pools["a"]
+    peak = 0
+    orig = pool._pick
+
+    def watching(prefix):  # noqa: ANN001, ANN202
+        nonlocal peak
+        inst = orig(prefix)
+        peak = max(peak, pool.inflight)
+        assert all(i.busy <= i.slots_total for i in pool.instances)
+        return inst
+
+    pool._pick = watching  # type: ignore[method-assign]
+    rs = await asyncio.gather(*(harness.client.post("/v1/completions", json={"model": "a", "prompt": f"p{i}"})
+                                for i in range(40)))
+    assert [r.status_code for r in rs] == [200] * 40
+    assert peak == 4 and pool.inflight == 0 and not pool.waiters
+    assert {i.index for i in pool.instances if i.last_used} == {0, 1}  # both instances served
+    stats = await pool.instances[0].fetch_stats()
+    assert stats is not None and stats.slots_total == 2 and stats.slots_busy == 0

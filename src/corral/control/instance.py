@@ -280,6 +280,9 @@ class Instance:
             return await asyncio.wait_for(fut, timeout_s)
         except (asyncio.TimeoutError, WorkerCrashed):
             return None
+        finally:
+            if fut in self._stats_waiters:
+                self._stats_waiters.remove(fut)
 
     @property
     def inflight(self) -> int:
