@@ -231,10 +231,11 @@ class ModelPool:
                 self.release(fut.result())  # type: ignore[arg-type]
             raise
         finally:
-            try:
-                self.waiters.remove(entry)
-            except ValueError:
-                pass
+            if fut.cancelled():  # timed out or the caller left: still queued (served ones were popped)
+                try:
+                    self.waiters.remove(entry)
+                except ValueError:
+                    pass
             if not self.waiters and self.inflight == 0:
                 self._on_capacity()
 
