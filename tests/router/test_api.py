@@ -276,3 +276,15 @@ async def test_every_gguf_under_models_dir_is_a_model(harness: Harness) -> None:
     r = await harness.client.post("/models/reload")
     assert r.status_code == 200 and r.json()["added"] == ["Later"]
     assert "Later" in plane.pools
+
+
+async def test_requests_for_a_downloading_model(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    harness.app.state.downloads = _Downloads([_Pull("newmodel")])
+    r = await harness.client.post("/v1/chat/completions", json=chat("newmodel"))
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_downloading"
+    assert "5 of 10 bytes" in r.json()["error"]["message"] and r.headers["Retry-After"] == "5"
+    r = await harness.client.post("/models/load", json={"model": "newmodel"})
+    assert r.status_code == 409
+    r = await harness.client.post("/v1/chat/completions", json=chat("unknown"))
+    assert r.status_code == 404

@@ -105,6 +105,11 @@ async def model_events(request: Request) -> StreamingResponse:
 @router.post("/models/load")
 async def load_model(request: Request) -> Response:
     body = await parse_body(request, ModelRef)
+    dm = _downloads(request)
+    pull = dm.find_by_model(body.model) if dm is not None else None
+    if pull is not None and body.model not in _plane(request).pools:
+        raise Conflict(f"model {body.model!r} is still downloading ({pull.pull_id}); load it when "
+                       "the download has finished", param="model")
     await _plane(request).load(body.model)
     return json_response({"success": True})
 

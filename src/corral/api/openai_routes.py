@@ -27,7 +27,7 @@ from corral.api.schemas import (ChatCompletionRequest, CompletionRequest, Embedd
                                 parse_body)
 from corral.control.plane import ControlPlane
 from corral.control.stream import RequestStream
-from corral.errors import CorralError
+from corral.errors import CorralError, ModelNotFound, Unavailable
 
 __all__ = ["router", "json_response"]
 
@@ -76,6 +76,19 @@ def _timings(fin: wire.Finished | None) -> dict[str, Any] | None:
         "predicted_per_second": t.predicted_per_second,
         "queued_ms": t.queued_ms,
     }
+
+
+def _raise_if_downloading(request: Request, name: str, exc: CorralError) -> None:
+    """A model that is still being pulled is not "not found": 503 with its progress."""
+    dm = getattr(request.app.state, "downloads", None)
+    if not isinstance(exc, ModelNotFound) or dm is None:
+        return
+    pull = dm.find_by_model(name)
+    if pull is not None:
+        p = pull.progress()
+        done = f"{p['done']} of {p['total']} bytes" if p.get("total") else f"{p['done']} bytes"
+        raise Unavailable(f"model {name!r} is still downloading ({done}); try again later",
+                          retry_after_s=5, code="model_downloading") from None
 
 
 def _label(plane: ControlPlane, name: str) -> str:
@@ -169,6 +182,7 @@ async def chat_completions(request: Request) -> Response:
         stream, text = await _start(request, watch, plane.generate(name, msg, prefix), body.stream)
     except CorralError as exc:
         plane.metrics.observe_request(_label(plane, name), None, "chat", exc.status)
+        _raise_if_downloading(request, name, exc)
         raise
     finally:
         watch.close()
@@ -241,6 +255,7 @@ async def completions(request: Request) -> Response:
         stream, text = await _start(request, watch, plane.generate(name, msg, prompt), body.stream)
     except CorralError as exc:
         plane.metrics.observe_request(_label(plane, name), None, "completions", exc.status)
+        _raise_if_downloading(request, name, exc)
         raise
     finally:
         watch.close()
@@ -304,6 +319,7 @@ async def embeddings(request: Request) -> Response:
         stream, _ = await _start(request, watch, plane.embed(name, wire.EmbedRequest(id=rid, inputs=inputs)), False)
     except CorralError as exc:
         plane.metrics.observe_request(_label(plane, name), None, "embeddings", exc.status)
+        _raise_if_downloading(request, name, exc)
         raise
     finally:
         watch.close()
