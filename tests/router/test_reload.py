@@ -73,3 +73,16 @@ async def test_sighup_reloads(harness: Harness) -> None:
     assert ev["added"] == ["new"]
     r = await harness.client.post("/v1/chat/completions", json=chat("new"))
     assert r.status_code == 200
+
+
+async def test_reload_gives_a_failed_model_a_fresh_chance(harness: Harness) -> None:
+    cfg_path = harness.tmp / "corral.toml"
+    script = harness.script("bad", load_fail="corrupt file")
+    write_config(cfg_path, harness.server_table(), {"bad": {"path": str(script)}})
+    plane = await harness.start(load_config(cfg_path), loader=lambda: load_config(cfg_path))
+    assert (await harness.client.post("/v1/completions", json={"model": "bad", "prompt": "x"})).status_code == 503
+    assert plane.pools["bad"].status() == "failed"
+    script.write_text("{}")  # the file was fixed
+    assert (await harness.client.post("/models/reload")).status_code == 200
+    assert plane.pools["bad"].status() == "unloaded"
+    assert (await harness.client.post("/v1/completions", json={"model": "bad", "prompt": "x"})).status_code == 200

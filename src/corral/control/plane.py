@@ -442,6 +442,8 @@ class ControlPlane:
                 pool.spec = spec
                 self.catalog.put(spec)
                 result["updated"].append(mid)
+            if mid in self.pools and self.pools[mid].failed_final:
+                self.pools[mid].forget_failure()  # a reload is a fresh chance
         await asyncio.gather(*jobs, return_exceptions=True)
         self.bus.publish("config_reloaded", None, **result)
         self._notify_capacity()

@@ -144,6 +144,13 @@ class ModelPool:
         for inst in self.instances:
             inst.request_start(reset=True)
 
+    def forget_failure(self) -> None:
+        """A model that failed for good goes back to unloaded (reload)."""
+        if self.failed_final:
+            for old in self.instances:
+                old.discard()
+            self.instances = []
+
     async def stop(self, reason: str) -> None:
         await asyncio.gather(*(i.stop(reason) for i in self.instances))
 
