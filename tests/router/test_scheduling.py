@@ -200,3 +200,17 @@ async def test_many_concurrent_requests_never_exceed_slots(harness: Harness) -> 
     assert {i.index for i in pool.instances if i.last_used} == {0, 1}  # both instances served
     stats = await pool.instances[0].fetch_stats()
     assert stats is not None and stats.slots_total == 2 and stats.slots_busy == 0
+
+
+async def test_a_slow_load_does_not_hold_up_other_models(harness: Harness) -> None:
+    models = {"slow": {"path": str(harness.script("slow", load_delay_s=1.0))}, "b": {"path": str(harness.script("b"))}}
+    plane = await harness.start(harness.config(models))
+    await harness.client.post("/models/load", json={"model": "b"})
+    loading = asyncio.create_task(harness.client.post("/v1/completions", json={"model": "slow", "prompt": "x"}))
+    await _until(lambda: plane.pools["slow"].status() == "loading")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    r = await harness.client.post("/v1/completions", json={"model": "b", "prompt": "x"})
+    assert r.status_code == 200 and loop.time() - t0 < 0.5
+    assert not loading.done()
+    assert (await loading).status_code == 200
