@@ -147,3 +147,16 @@ def test_router_sigkill_leaves_no_worker(tmp_path: Path, model_path: Path) -> No
 
 
 __all__ = ["asyncio"]
+
+
+async def test_real_load_failure_is_reported(harness: Harness, model_path: Path) -> None:
+    bad = harness.tmp / "broken.gguf"
+    bad.write_bytes(b"this is not a gguf file" * 100)
+    cfg = harness.config({"broken": {"path": str(bad), "threads": 1, "ctx_len": 512}}, worker_command=None)
+    plane = await harness.start(cfg)
+    r = await harness.client.post("/v1/completions", json={"model": "broken", "prompt": "x"})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
+    m = (await harness.client.get("/models")).json()["data"][0]
+    assert m["status"]["value"] == "failed" and m["status"]["reason"]
+    assert m["instances"][0]["exit_code"] not in (None, 0)
+    assert plane.pools["broken"].failed_final

@@ -488,7 +488,8 @@ class Instance:
             if st is S.STARTING:
                 reason = f"worker died while loading: {reason}"
             restart = True
-        if tail and tail not in reason:
+        tail = "\n".join(ln for ln in tail.splitlines() if reason not in ln)  # no echo of the reason
+        if tail:
             reason += f"; last log lines:\n{tail}"
         self._fail_requests(WorkerCrashed(f"the worker serving {self.spec.id} failed: {describe_exit(rc)}"))
         self._to_failed(reason, rc, restart=restart)
