@@ -345,6 +345,7 @@ async def sc_overhead(ctx: Ctx) -> list[Table]:
     raw: dict[str, list] = {"direct": [], "http": []}
     wall = {"direct": 0.0, "http": 0.0}
     health_rtt: list[float] = []
+    cpu = {"client_direct": 0.0, "client_http": 0.0, "router": 0.0, "worker_direct": 0.0, "worker_http": 0.0}
     w = DirectWorker(settings)
     srv = None
     try:
@@ -365,12 +366,20 @@ async def sc_overhead(ctx: Ctx) -> list[Table]:
             log(f"overhead round {rnd + 1}/{rounds}")
             lat["direct"] += await w.sequential_latency(n_lat)
             lat["http"] += await sequential_latency(srv.base_url, model="bench", n=n_lat)
+            c0, w0 = time.process_time(), proc_cpu_s(w.proc.pid) or 0.0
             r = await w.run_load(label="direct", concurrency=8, n_requests=n_load, first_index=rnd * 1000)
+            cpu["client_direct"] += time.process_time() - c0
+            cpu["worker_direct"] += (proc_cpu_s(w.proc.pid) or 0.0) - w0
             raw["direct"] += r_raw(r, w)
             wall["direct"] += r.wall_s
             hr: list = []
+            c0, r0, t0 = time.process_time(), proc_cpu_s(srv.pid) or 0.0, tree_cpu_s(srv.pid)
             r2 = await run_load(srv.base_url, label="http", model="bench", concurrency=8, n_requests=n_load,
                                 raw=hr, first_index=rnd * 1000)
+            cpu["client_http"] += time.process_time() - c0
+            router_used = (proc_cpu_s(srv.pid) or 0.0) - r0
+            cpu["router"] += router_used
+            cpu["worker_http"] += tree_cpu_s(srv.pid) - t0 - router_used
             raw["http"] += hr
             wall["http"] += r2.wall_s
             log(f"  direct {r.tok_s:.1f} tok/s, http {r2.tok_s:.1f} tok/s")
@@ -397,8 +406,12 @@ async def sc_overhead(ctx: Ctx) -> list[Table]:
     if "direct" in loads and "http" in loads:
         t.notes.append(f"streaming tok/s at c=8, router/direct: {ratio(loads['http'].tok_s, loads['direct'].tok_s)}"
                        " (goal >= 0.97x)")
+    t.notes.append("CPU seconds during the c=8 runs: "
+                   f"direct: client {cpu['client_direct']:.1f}, worker {cpu['worker_direct']:.1f}; "
+                   f"HTTP: client {cpu['client_http']:.1f}, router {cpu['router']:.1f}, "
+                   f"worker {cpu['worker_http']:.1f} (the client shares the cores with the servers)")
     t.notes.append(f"{rounds} interleaved rounds; both paths up at once, one measured at a time")
-    t.data = {"direct_latency_ms": lat["direct"], "http_latency_ms": lat["http"],
+    t.data = {"cpu_s": cpu, "direct_latency_ms": lat["direct"], "http_latency_ms": lat["http"],
               "health_rtt_ms": health_rtt, "loads": {k: v.as_dict() for k, v in loads.items()}}
     return [t]
 
@@ -434,8 +447,8 @@ async def _two_models(srv: Server, ids: tuple[str, str], n_each: int, n_one: int
 
 async def sc_multimodel(ctx: Ctx) -> list[Table]:
     ids = ("gemma-a", "gemma-b")
-    n_each = ctx.n(24, 8)
-    n_one = ctx.n(48, 16)
+    n_each = ctx.n(12, 8)
+    n_one = ctx.n(24, 16)
     t = Table("Two model ids on one .gguf in one server: c=4 on each at the same time vs one model at c=8",
               ["server", "load", "requests", "tok/s", "vs one model c=8", "TTFT p50 ms (worst)",
                "latency p50 ms (worst)", "errors"])
