@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import shutil
 import statistics
 import subprocess
@@ -810,6 +811,8 @@ def main() -> int:
     if soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers are stopped
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         return asyncio.run(amain(args))
     except KeyboardInterrupt:

@@ -1,0 +1,111 @@
+"""The benchmark harness's own logic (bench/): no servers, no timing assertions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import loadgen  # noqa: E402
+import run  # noqa: E402
+
+
+def test_percentiles() -> None:
+    assert loadgen.pct([], 50) is None
+    assert loadgen.pct([5.0], 95) == 5.0
+    assert loadgen.pct([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert loadgen.pct([float(i) for i in range(101)], 95) == 95.0
+
+
+def test_summarize_and_combined() -> None:
+    rs = [loadgen.RequestResult(ok=True, status=200, ttft_s=0.1, latency_s=1.0, completion_tokens=64),
+          loadgen.RequestResult(ok=True, status=200, ttft_s=0.3, latency_s=2.0, completion_tokens=64),
+          loadgen.RequestResult(ok=False, status=503, latency_s=0.01, error="HTTP 503: busy")]
+    s = loadgen.summarize("x", 2, rs, wall_s=2.0)
+    assert (s.ok, s.errors, s.status_5xx, s.completion_tokens) == (2, 1, 1, 128)
+    assert s.tok_s == 64.0
+    assert s.tokens_per_request == 64.0
+    assert s.ttft_p50_ms == pytest.approx(200.0)
+    assert s.error_samples == ["HTTP 503: busy"]
+    both = loadgen.combined("both", [s, loadgen.summarize("y", 2, rs[:1], wall_s=4.0)])
+    assert both.completion_tokens == 192 and both.wall_s == 4.0 and both.tok_s == 48.0
+
+
+def test_prompts_are_distinct() -> None:
+    assert len({loadgen.make_prompt(i) for i in range(1000)}) == 1000
+
+
+def _sse(chunks: list[dict], done: bool = True) -> bytes:
+    out = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+    return out + (b"data: [DONE]\n\n" if done else b"")
+
+
+async def test_one_request_counts_usage_then_chunks() -> None:
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        chunks = [{"choices": [{"text": "a"}]}, {"choices": [{"text": "b"}]}, {"choices": [{"text": ""}]}]
+        if body["model"] == "with-usage":
+            chunks.append({"choices": [], "usage": {"completion_tokens": 5}})
+        return httpx.Response(200, content=_sse(chunks), headers={"content-type": "text/event-stream"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as c:
+        r1 = await loadgen.one_request(c, "http://x/v1/completions",
+                                       loadgen.completion_body("with-usage", 3, 5), 10)
+        r2 = await loadgen.one_request(c, "http://x/v1/completions",
+                                       loadgen.completion_body("no-usage", 4, 5), 10)
+    assert r1.ok and r1.completion_tokens == 5 and r1.ttft_s is not None
+    assert r2.ok and r2.completion_tokens == 2
+    assert seen[0]["ignore_eos"] is True and seen[0]["stream"] is True and seen[0]["max_tokens"] == 5
+    assert seen[0]["prompt"] != seen[1]["prompt"]
+
+
+async def test_one_request_reports_http_errors() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": {"message": "queue full"}})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as c:
+        r = await loadgen.one_request(c, "http://x/v1/completions", loadgen.completion_body("m", 0, 8), 10)
+    assert not r.ok and r.status == 503 and "queue full" in (r.error or "")
+
+
+def _ctx(tmp_path: Path) -> run.Ctx:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    return run.Ctx(argparse.Namespace(quick=True, model=str(model), threads=2))
+
+
+def test_generated_corral_config_is_valid(tmp_path: Path) -> None:
+    from corral.config import load_config
+
+    ctx = _ctx(tmp_path)
+    path = ctx.corral_config("t", {"gemma-a": ctx.corral_model(8), "gemma-b": ctx.corral_model(8, threads=None)},
+                             max_queue=2000, max_loaded_models=2)
+    cfg = load_config(path)
+    assert cfg.server.max_queue == 2000 and cfg.server.include_default_model is False
+    a, b = cfg.model_settings("gemma-a"), cfg.model_settings("gemma-b")
+    assert (a["n_parallel"], a["ctx_len"], a["threads"]) == (8, 8 * run.SLOT_CTX, 2)
+    assert b["threads"] is None  # left to corral
+
+
+def test_llama_preset(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    text = run.llama_preset(ctx, ("a", "b"), n_parallel=4, load_on_startup=False)
+    assert "np = 4" in text and f"c = {4 * run.SLOT_CTX}" in text and "t = 2" in text
+    assert text.count(f"model = {ctx.model}") == 2 and "[a]" in text and "[b]" in text
+
+
+def test_table_markdown() -> None:
+    t = run.Table("T", ["a", "b"], [["1", "2"]], ["note"])
+    md = t.markdown()
+    assert "| a | b |" in md and "| 1 | 2 |" in md and "- note" in md
+    assert run.ratio(150.0, 100.0) == "1.50x" and run.ratio(1.0, None) == "–"
