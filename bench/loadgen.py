@@ -64,6 +64,8 @@ class RequestResult:
     latency_s: float = 0.0
     completion_tokens: int = 0
     error: str | None = None
+    cut: bool = False  # cancelled at the load's hard deadline; its tokens so far still count
+    t0: float | None = None
 
 
 @dataclass
@@ -84,6 +86,8 @@ class LoadResult:
     latency_p95_ms: float | None = None
     latency_max_ms: float | None = None
     tokens_per_request: float | None = None
+    cut: int = 0  # requests stopped at the hard deadline (their streamed tokens are counted)
+    cut_tokens: int = 0
     error_samples: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -91,12 +95,16 @@ class LoadResult:
 
 
 def summarize(label: str, concurrency: int, results: list[RequestResult], wall_s: float) -> LoadResult:
+    cut = [x for x in results if x.cut]
+    results = [x for x in results if not x.cut]
     r = LoadResult(label=label, concurrency=concurrency, n_requests=len(results))
     ok = [x for x in results if x.ok]
     r.ok = len(ok)
     r.errors = len(results) - len(ok)
     r.status_5xx = sum(1 for x in results if x.status is not None and x.status >= 500)
-    r.completion_tokens = sum(x.completion_tokens for x in ok)
+    r.cut = len(cut)
+    r.cut_tokens = sum(x.completion_tokens for x in cut)
+    r.completion_tokens = sum(x.completion_tokens for x in ok) + r.cut_tokens
     r.wall_s = wall_s
     r.tok_s = r.completion_tokens / wall_s if wall_s > 0 else 0.0
     r.req_s = r.ok / wall_s if wall_s > 0 else 0.0
@@ -105,7 +113,7 @@ def summarize(label: str, concurrency: int, results: list[RequestResult], wall_s
     r.ttft_p50_ms, r.ttft_p95_ms = pct(ttfts, 50), pct(ttfts, 95)
     r.latency_p50_ms, r.latency_p95_ms = pct(lats, 50), pct(lats, 95)
     r.latency_max_ms = max(lats) if lats else None
-    r.tokens_per_request = (r.completion_tokens / r.ok) if r.ok else None
+    r.tokens_per_request = ((r.completion_tokens - r.cut_tokens) / r.ok) if r.ok else None
     seen: list[str] = []
     for x in results:
         if x.error and x.error not in seen:
@@ -132,10 +140,12 @@ async def one_request(
     url: str,
     body: dict[str, Any],
     timeout_s: float,
+    res: RequestResult | None = None,
 ) -> RequestResult:
-    """Send one completion request (streamed or not) and time it."""
+    """Send one completion request (streamed or not) and time it. ``res`` (optional) is
+    filled in place, so a caller that cancels the request still sees the tokens so far."""
     t0 = time.perf_counter()
-    res = RequestResult(ok=False)
+    res = res if res is not None else RequestResult(ok=False)
     try:
         async with asyncio.timeout(timeout_s):
             if body.get("stream"):
@@ -147,6 +157,7 @@ async def one_request(
                         res.latency_s = time.perf_counter() - t0
                         return res
                     chunks = 0
+                    res.t0 = t0
                     usage_tokens = None
                     async for line in resp.aiter_lines():
                         if not line.startswith("data:"):
@@ -164,6 +175,7 @@ async def one_request(
                             return res
                         if _chunk_text(obj):
                             chunks += 1
+                            res.completion_tokens = chunks
                             if res.ttft_s is None:
                                 res.ttft_s = time.perf_counter() - t0
                         usage = obj.get("usage")
@@ -229,8 +241,15 @@ async def run_load(
     first_index: int = 0,
     client: httpx.AsyncClient | None = None,
     raw: list[RequestResult] | None = None,
+    soft_deadline_s: float | None = None,
+    hard_deadline_s: float | None = None,
 ) -> LoadResult:
-    """Closed loop: ``concurrency`` clients share ``n_requests`` requests."""
+    """Closed loop: ``concurrency`` clients share ``n_requests`` requests.
+
+    ``soft_deadline_s``: after it no client starts a new request (``n_requests`` becomes
+    what was started). ``hard_deadline_s``: requests still running are cancelled; their
+    streamed tokens count toward tok/s and they are reported as ``cut``, not as errors.
+    These bound the time a very slow server can take."""
     url = base_url.rstrip("/") + "/v1/completions"
     own = client is None
     if client is None:
@@ -241,14 +260,33 @@ async def run_load(
     counter = iter(range(first_index, first_index + n_requests))
     results: list[RequestResult] = []
 
+    t0 = time.perf_counter()
+
     async def worker() -> None:
         for i in counter:
+            if soft_deadline_s is not None and time.perf_counter() - t0 > soft_deadline_s:
+                return
             body = completion_body(model, i, max_tokens, stream=stream, extra=extra)
-            results.append(await one_request(client, url, body, timeout_s))
+            res = RequestResult(ok=False)
+            results.append(res)
+            try:
+                await one_request(client, url, body, timeout_s, res)
+            except asyncio.CancelledError:
+                res.cut = True
+                res.latency_s = time.perf_counter() - t0
+                raise
 
     try:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        tasks = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+        if hard_deadline_s is None:
+            await asyncio.gather(*tasks)
+        else:
+            done, pending = await asyncio.wait(tasks, timeout=hard_deadline_s)
+            for tk in pending:
+                tk.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            for tk in done:
+                tk.result()
         wall = time.perf_counter() - t0
     finally:
         if own:
@@ -281,6 +319,9 @@ def combined(label: str, parts: list[LoadResult]) -> LoadResult:
     for attr in ("ttft_p50_ms", "ttft_p95_ms", "latency_p50_ms", "latency_p95_ms", "latency_max_ms"):
         vals = [getattr(p, attr) for p in parts if getattr(p, attr) is not None]
         setattr(r, attr, max(vals) if vals else None)
+    r.cut = sum(p.cut for p in parts)
+    r.cut_tokens = sum(p.cut_tokens for p in parts)
+    r.tokens_per_request = ((r.completion_tokens - r.cut_tokens) / r.ok) if r.ok else None
     r.error_samples = [e for p in parts for e in p.error_samples][:5]
     return r
 

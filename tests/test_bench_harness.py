@@ -109,3 +109,24 @@ def test_table_markdown() -> None:
     md = t.markdown()
     assert "| a | b |" in md and "| 1 | 2 |" in md and "- note" in md
     assert run.ratio(150.0, 100.0) == "1.50x" and run.ratio(1.0, None) == "–"
+
+
+async def test_hard_deadline_cuts_running_requests_and_counts_their_tokens(monkeypatch) -> None:
+    import asyncio
+
+    async def slow_stream():
+        for _ in range(1000):
+            yield b'data: {"choices": [{"text": "x"}]}\n\n'
+            await asyncio.sleep(0.01)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=slow_stream(), headers={"content-type": "text/event-stream"})
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    try:
+        r = await loadgen.run_load("http://x", label="slow", model="m", concurrency=2, n_requests=10,
+                                   client=client, soft_deadline_s=0.05, hard_deadline_s=0.2)
+    finally:
+        await client.aclose()
+    assert r.cut == 2 and r.errors == 0 and r.ok == 0
+    assert r.completion_tokens == r.cut_tokens > 0
