@@ -213,6 +213,10 @@ class Engine:
             tokens_prompt=self.tokens_prompt,
         )
 
+    def set_threads(self, n: int) -> None:
+        """Threads for the next decodes (generation and prompt batches alike)."""
+        ll.llama_set_n_threads(self.m.ctx, n, n)
+
     def close(self) -> None:
         for slot in self.slots:
             sampling.free_sampler(slot.sampler)

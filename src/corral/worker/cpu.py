@@ -1,0 +1,92 @@
+"""Choosing how many CPU threads a decode uses, from what the other processes use.
+
+ggml's threads meet at a barrier after every graph node. If they do not each have a
+core, a step gets many times slower (a waiting thread spins on the core the late thread
+needs; see docs/_parts/worker.md for numbers). Fewer threads than cores never hit this.
+
+``ThreadGovernor`` reads /proc/stat (all CPUs) and /proc/self/stat (this process) about
+twice a second, estimates how many cores the OTHER processes kept busy, and sets the
+decode threads to the cores left, between 1 and the configured number:
+
+    want = clamp(floor(n_cpus - others + 0.3), 1, configured)
+
+Two busy workers on 2 cores thus settle at 1 thread each; a worker alone gets all it was
+given. Not on Linux (no /proc): the configured number, unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+
+__all__ = ["ThreadGovernor", "cpu_jiffies"]
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_jiffies() -> tuple[float, float] | None:
+    """(busy jiffies of all CPUs, busy jiffies of this process), or None without /proc."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = f.readline().split()
+        # cpu user nice system idle iowait irq softirq steal guest guest_nice
+        vals = [int(x) for x in fields[1:9]]
+        busy = vals[0] + vals[1] + vals[2] + vals[5] + vals[6] + vals[7]
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        rest = stat[stat.rindex(b")") + 2 :].split()
+        ours = int(rest[11]) + int(rest[12])  # utime, stime (fields 14, 15)
+        return float(busy), float(ours)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class ThreadGovernor:
+    def __init__(
+        self,
+        configured: int,
+        apply: Callable[[int], None],
+        *,
+        n_cpus: int | None = None,
+        interval_s: float = 0.5,
+        read: Callable[[], tuple[float, float] | None] = cpu_jiffies,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.configured = max(1, configured)
+        self.current = self.configured
+        self.n_cpus = n_cpus or len(os.sched_getaffinity(0))
+        self.interval_s = interval_s
+        self._apply = apply
+        self._read = read
+        self._clock = clock
+        self._last = read()
+        self._t_last = clock()
+        self.enabled = self.configured > 1 and self._last is not None
+
+    def tick(self) -> None:
+        """Call between steps; re-decides at most every ``interval_s``."""
+        if not self.enabled:
+            return
+        now = self._clock()
+        if now - self._t_last < self.interval_s:
+            return
+        cur = self._read()
+        if cur is None or self._last is None:
+            return
+        dt = now - self._t_last
+        busy = (cur[0] - self._last[0]) / _TICK
+        ours = (cur[1] - self._last[1]) / _TICK
+        self._last, self._t_last = cur, now
+        others = max(0.0, busy - ours) / dt
+        want = max(1, min(self.configured, math.floor(self.n_cpus - others + 0.3)))
+        if want != self.current:
+            self.current = want
+            self._apply(want)
+
+    def idle(self) -> None:
+        """Call after a wait: the next window starts now (an idle gap says nothing)."""
+        if self.enabled:
+            self._last = self._read()
+            self._t_last = self._clock()

@@ -1,0 +1,93 @@
+"""ThreadGovernor decisions with scripted CPU counters (no model)."""
+
+from __future__ import annotations
+
+from corral.worker import cpu
+from corral.worker.cpu import ThreadGovernor, cpu_jiffies
+
+T = cpu._TICK
+
+
+class Script:
+    """Fake clock and counters: others/ours in cores used over each 1 s window."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.busy = 0.0
+        self.ours = 0.0
+
+    def window(self, others: float, ours: float) -> None:
+        self.t += 1.0
+        self.busy += (others + ours) * T
+        self.ours += ours * T
+
+    def read(self) -> tuple[float, float]:
+        return self.busy, self.ours
+
+    def clock(self) -> float:
+        return self.t
+
+
+def make(configured: int, n_cpus: int = 2) -> tuple[ThreadGovernor, Script, list[int]]:
+    s = Script()
+    applied: list[int] = []
+    g = ThreadGovernor(configured, applied.append, n_cpus=n_cpus, read=s.read, clock=s.clock)
+    return g, s, applied
+
+
+def test_drops_to_free_cores_and_comes_back() -> None:
+    g, s, applied = make(2)
+    s.window(others=0.0, ours=2.0)
+    g.tick()
+    assert g.current == 2 and applied == []
+    s.window(others=1.0, ours=1.0)  # another busy worker
+    g.tick()
+    assert g.current == 1 and applied == [1]
+    s.window(others=1.0, ours=1.0)
+    g.tick()
+    assert applied == [1]  # stable, no re-apply
+    s.window(others=0.1, ours=1.0)  # the other process went idle
+    g.tick()
+    assert g.current == 2 and applied == [1, 2]
+
+
+def test_small_background_load_keeps_all_threads() -> None:
+    g, s, applied = make(2)
+    s.window(others=0.25, ours=1.8)  # router and clients waking per token
+    g.tick()
+    assert g.current == 2 and applied == []
+
+
+def test_never_more_than_configured_nor_less_than_one() -> None:
+    g, s, applied = make(4, n_cpus=16)
+    s.window(others=3.0, ours=4.0)
+    g.tick()
+    assert g.current == 4 and applied == []
+    s.window(others=15.5, ours=0.5)
+    g.tick()
+    assert g.current == 1
+
+
+def test_rate_limited_and_idle_resets_window() -> None:
+    g, s, applied = make(2)
+    s.t += 0.1
+    s.busy += 2 * T  # would look like 20 cores busy if measured over 0.1 s
+    g.tick()
+    assert applied == []  # too soon to decide
+    g.idle()  # the gap before the next request says nothing
+    s.window(others=0.0, ours=2.0)
+    g.tick()
+    assert g.current == 2
+
+
+def test_single_thread_config_disables() -> None:
+    g, s, applied = make(1)
+    assert not g.enabled
+    s.window(others=2.0, ours=1.0)
+    g.tick()
+    assert applied == []
+
+
+def test_reads_real_proc_counters() -> None:
+    got = cpu_jiffies()
+    assert got is not None and got[0] >= got[1] >= 0
