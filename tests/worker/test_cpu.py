@@ -53,9 +53,12 @@ def test_drops_to_free_cores_and_comes_back() -> None:
 
 def test_small_background_load_keeps_all_threads() -> None:
     g, s, applied = make(2)
-    s.window(others=0.25, ours=1.8)  # router and clients waking per token
+    s.window(others=0.45, ours=1.8)  # router and clients waking per token
     g.tick()
     assert g.current == 2 and applied == []
+    s.window(others=0.7, ours=1.5)  # a busy neighbour
+    g.tick()
+    assert g.current == 1
 
 
 def test_never_more_than_configured_nor_less_than_one() -> None:

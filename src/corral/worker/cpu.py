@@ -8,7 +8,7 @@ needs; see docs/_parts/worker.md for numbers). Fewer threads than cores never hi
 twice a second, estimates how many cores the OTHER processes kept busy, and sets the
 decode threads to the cores left, between 1 and the configured number:
 
-    want = clamp(floor(n_cpus - others + 0.3), 1, configured)
+    want = clamp(floor(n_cpus - others + 0.5), 1, configured)
 
 Two busy workers on 2 cores thus settle at 1 thread each; a worker alone gets all it was
 given. Not on Linux (no /proc): the configured number, unchanged.
@@ -80,7 +80,7 @@ class ThreadGovernor:
         ours = (cur[1] - self._last[1]) / _TICK
         self._last, self._t_last = cur, now
         others = max(0.0, busy - ours) / dt
-        want = max(1, min(self.configured, math.floor(self.n_cpus - others + 0.3)))
+        want = max(1, min(self.configured, math.floor(self.n_cpus - others + 0.5)))
         if want != self.current:
             self.current = want
             self._apply(want)
