@@ -71,16 +71,16 @@ def test_never_more_than_configured_nor_less_than_one() -> None:
     assert g.current == 1
 
 
-def test_rate_limited_and_idle_resets_window() -> None:
+def test_rate_limited() -> None:
     g, s, applied = make(2)
     s.t += 0.1
-    s.busy += 2 * T  # would look like 20 cores busy if measured over 0.1 s
+    s.busy += 1.5 * 0.1 * T  # others at 1.5 cores, but only 0.1 s measured
     g.tick()
     assert applied == []  # too soon to decide
-    g.idle()  # the gap before the next request says nothing
-    s.window(others=0.0, ours=2.0)
+    s.t += 0.4
+    s.busy += 1.5 * 0.4 * T
     g.tick()
-    assert g.current == 2
+    assert applied == [1]  # the whole 0.5 s window counts
 
 
 def test_single_thread_config_disables() -> None:

@@ -84,9 +84,3 @@ class ThreadGovernor:
         if want != self.current:
             self.current = want
             self._apply(want)
-
-    def idle(self) -> None:
-        """Call after a wait: the next window starts now (an idle gap says nothing)."""
-        if self.enabled:
-            self._last = self._read()
-            self._t_last = self._clock()

@@ -124,10 +124,19 @@ def _loop(engine, inbox: "queue.SimpleQueue[object]", out: _Writer,  # noqa: ANN
     while True:
         if engine.has_work:
             msg = _get_nowait(inbox)
-            governor.tick()
+        elif governor.enabled:
+            # Idle: wake now and then so the governor's view of the other processes is
+            # fresh when the next request comes (a 1-token request never runs long enough
+            # to measure anything).
+            try:
+                msg = inbox.get(timeout=governor.interval_s)
+            except queue.Empty:
+                msg = None
         else:
             msg = inbox.get()
-            governor.idle()
+        governor.tick()
+        if msg is None and not engine.has_work:
+            continue
         while msg is not None:
             if msg is _EOF:
                 log.info("router closed the socket; exiting")
