@@ -73,3 +73,16 @@ def test_embeddings_unnormalized_and_refusals(embedder: Engine) -> None:
     assert f["long"].code == "context_length_exceeded"
     _, f, _ = run_engine(embedder, [wire.EmbedRequest(id="none", inputs=[])])
     assert f["none"].code == "invalid_request"
+
+
+@pytest.mark.parametrize(("n_parallel", "ctx_len", "mib"), [(4, 4096, 72), (2, 8192, 54)])
+def test_kv_bytes_matches_llama_cpp(model_path: Path, n_parallel: int, ctx_len: int, mib: int) -> None:
+    """llama.cpp logs (Gemma 3 270M, f16): 3 full layers x all cells + 15 sliding-window
+    layers x min(slot cells, 512 + 512) per slot: 12 + 60 MiB and 24 + 30 MiB."""
+    from corral.worker.model import load_model
+
+    m = load_model(settings_for(model_path, n_parallel=n_parallel, ctx_len=ctx_len))
+    try:
+        assert m.info.kv_bytes == mib * 2**20
+    finally:
+        m.free()
