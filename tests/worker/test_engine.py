@@ -237,3 +237,30 @@ def test_internal_error_fails_one_request_only(engine: Engine) -> None:
     assert isinstance(finals["bystander"], wire.Finished)
     assert finals["bystander"].usage.completion_tokens == 8
     assert not victim.busy and victim.cached == []
+
+
+def test_long_prompt_is_chunked_and_does_not_stall_streams(model_path: Path) -> None:
+    e = Engine(settings_for(model_path, n_parallel=2, ctx_len=2048, n_batch=64))
+    try:
+        p = wire.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        e.submit(gen("runner", "Count with me: one, two,", p))
+        e.step()  # runner's prompt and first token
+        long_prompt = "The sea was calm that night. " * 50
+        e.submit(gen("long", long_prompt, wire.SamplingParams(max_tokens=2)))
+        steps_until_long_starts = 0
+        runner_tokens = 0
+        while True:
+            out = e.step()
+            runner_tokens += sum(m.n_tokens for m in out if isinstance(m, wire.Delta) and m.id == "runner")
+            if any(m.id == "long" for m in out):
+                break
+            steps_until_long_starts += 1
+        n_prompt = len(e.tok.tokenize(long_prompt, add_special=True))
+        assert n_prompt > 300
+        # The prompt took several steps of at most 63 tokens (64 minus the runner's token),
+        # and the runner got a token in every one of them.
+        assert steps_until_long_starts + 1 >= n_prompt // 63
+        assert runner_tokens >= steps_until_long_starts
+        run_engine(e, [])
+    finally:
+        e.close()
