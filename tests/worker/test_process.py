@@ -221,3 +221,16 @@ def test_worker_dies_with_its_parent_even_if_socket_stays_open(model_path: Path)
         os.kill(loading.pid, signal.SIGKILL)
         raise AssertionError("worker outlived its parent")
     ours.close()
+
+
+def test_malformed_request_is_answered_and_worker_goes_on(worker: WorkerClient) -> None:
+    import msgspec
+
+    body = msgspec.msgpack.encode({"type": "generate", "id": "broken", "params": {"max_tokens": "many"}})
+    worker.sock.sendall(wire.HEADER.pack(len(body)) + body)
+    msg = worker.recv(30)
+    assert isinstance(msg, wire.RequestFailed) and msg.id == "broken" and msg.code == "invalid_request"
+    assert "max_tokens" in msg.message
+    _, _, fin = worker.generate(wire.GenerateRequest(id="after-broken", prompt="Hi",
+                                                     params=wire.SamplingParams(max_tokens=2)))
+    assert isinstance(fin, wire.Finished)

@@ -61,12 +61,25 @@ def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]") -> None:
                 try:
                     inbox.put(wire.decode_to_worker(body))
                 except msgspec.DecodeError as exc:
-                    # A message we cannot read is a router bug; say so and go on.
+                    # A message we cannot read is a router bug; say so, answer it if it
+                    # names a request id (so nobody waits for it), and go on.
                     log.error("undecodable message from router: %s", exc)
+                    rid = _request_id(body)
+                    if rid is not None:
+                        inbox.put(wire.RequestFailed(rid, "invalid_request", f"malformed request: {exc}"))
     except (OSError, wire.FrameTooLarge) as exc:
         log.error("socket read failed: %s", exc)
     finally:
         inbox.put(_EOF)
+
+
+def _request_id(body: bytes) -> str | None:
+    try:
+        raw = msgspec.msgpack.decode(body)
+    except msgspec.DecodeError:
+        return None
+    rid = raw.get("id") if isinstance(raw, dict) else None
+    return rid if isinstance(rid, str) else None
 
 
 class _Writer:
@@ -147,6 +160,8 @@ def _loop(engine, inbox: "queue.SimpleQueue[object]", out: _Writer,  # noqa: ANN
                 engine.abort(msg.id)
             elif isinstance(msg, wire.StatsRequest):
                 replies.append(engine.stats())
+            elif isinstance(msg, wire.RequestFailed):  # from the reader: malformed request
+                replies.append(msg)
             elif isinstance(msg, wire.Shutdown):
                 out.send(engine.take_output())
                 log.info("shutdown requested")
