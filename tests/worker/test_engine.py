@@ -264,3 +264,18 @@ def test_long_prompt_is_chunked_and_does_not_stall_streams(model_path: Path) -> 
         run_engine(e, [])
     finally:
         e.close()
+
+
+def test_set_threads_reaches_the_context(model_path: Path) -> None:
+    import llama_cpp as ll
+
+    e = Engine(settings_for(model_path, n_parallel=1, ctx_len=512, threads=2, threads_batch=2))
+    try:
+        e.set_threads(1)
+        assert (ll.llama_n_threads(e.m.ctx), ll.llama_n_threads_batch(e.m.ctx)) == (1, 1)
+        e.set_threads(2)
+        assert (ll.llama_n_threads(e.m.ctx), ll.llama_n_threads_batch(e.m.ctx)) == (2, 2)
+        _, f, _ = run_engine(e, [gen("t", params=wire.SamplingParams(max_tokens=2))])
+        assert isinstance(f["t"], wire.Finished)
+    finally:
+        e.close()

@@ -214,8 +214,12 @@ class Engine:
         )
 
     def set_threads(self, n: int) -> None:
-        """Threads for the next decodes (generation and prompt batches alike)."""
-        ll.llama_set_n_threads(self.m.ctx, n, n)
+        """Threads for the next decodes: the configured ones, or ``n`` for generation and
+        prompt batches alike when fewer cores are free."""
+        if n >= self.m.threads:
+            ll.llama_set_n_threads(self.m.ctx, self.m.threads, self.m.threads_batch)
+        else:
+            ll.llama_set_n_threads(self.m.ctx, n, min(n, self.m.threads_batch))
 
     def close(self) -> None:
         for slot in self.slots:

@@ -100,6 +100,8 @@ class LoadedModel:
     n_ctx_slot: int
     n_slots: int
     n_batch: int
+    threads: int
+    threads_batch: int
     n_vocab: int
     n_swa: int
     embedding: bool
@@ -272,6 +274,8 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float) ->
         n_ctx_slot=n_ctx_slot,
         n_slots=n_slots,
         n_batch=n_batch,
+        threads=threads,
+        threads_batch=threads_batch,
         n_vocab=info.n_vocab,
         n_swa=n_swa,
         embedding=s.embedding,

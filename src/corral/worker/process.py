@@ -122,8 +122,7 @@ def serve(sock: socket.socket, settings: wire.WorkerSettings) -> int:
 
     inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
     threading.Thread(target=_reader, args=(sock, inbox), name="corral-reader", daemon=True).start()
-    configured = settings.threads or len(os.sched_getaffinity(0))
-    governor = ThreadGovernor(configured, engine.set_threads)
+    governor = ThreadGovernor(engine.m.threads, engine.set_threads)
     governor.enabled = governor.enabled and os.environ.get("CORRAL_ADAPTIVE_THREADS", "1") != "0"
     try:
         return _loop(engine, inbox, out, governor)
