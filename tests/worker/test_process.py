@@ -178,6 +178,13 @@ def test_settings_file_and_bad_settings(model_path: Path, tmp_path: Path) -> Non
     )
     assert bad.returncode == 2 and "bad --settings" in bad.stderr
     assert "Traceback" not in bad.stderr
+    good = msgspec.json.encode(settings_for(model_path)).decode()
+    nofd = subprocess.run(
+        [sys.executable, "-m", "corral.worker", "--fd", "77", "--settings", good],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert nofd.returncode == 2 and "not an open socket" in nofd.stderr
+    assert "Traceback" not in nofd.stderr
 
 
 def test_worker_dies_with_its_parent_even_if_socket_stays_open(model_path: Path) -> None:

@@ -226,7 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s worker[{settings.model_id}#{settings.instance}] %(levelname)s %(message)s",
     )
-    sock = socket.socket(fileno=fd)
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        print(f"python -m corral.worker: --fd {fd} is not an open socket: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     try:
         return serve(sock, settings)
     finally:
