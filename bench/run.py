@@ -262,6 +262,9 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
         cfg = ctx.corral_config("throughput", {"bench": ctx.corral_model(8)})
         return start(name, corral_cmd(cfg, port), port)
 
+    raw: dict[tuple[str, int], list] = {}
+    walls: dict[tuple[str, int], float] = {}
+    per_round_tok_s: dict[tuple[str, int], list[float]] = {}
     # all servers up at once (idle ones use no CPU: checked below), measured in interleaved
     # rounds so that drifting background load hits every server alike
     try:
@@ -275,8 +278,6 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
                 if name in servers:
                     servers.pop(name).stop()
         await idle_cpu_check(servers, t)
-        raw: dict[tuple[str, int], list] = {}
-        walls: dict[tuple[str, int], float] = {}
         for rnd in range(rounds):
             for c in c_list:
                 for name in list(servers):
@@ -287,6 +288,7 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
                                            extra=extras[name], raw=raw.setdefault((name, c), []),
                                            first_index=rnd * 1000 + c * 100)
                         walls[(name, c)] = walls.get((name, c), 0.0) + r.wall_s
+                        per_round_tok_s.setdefault((name, c), []).append(r.tok_s)
                         log(f"  -> {r.tok_s:.1f} tok/s, errors {r.errors}")
                     except Exception as e:  # noqa: BLE001
                         failed[name] = f"failed during c={c}: {e}"
@@ -317,6 +319,16 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
         t.notes.append(f"goal corral >= 1.00x at c=8: {ratio(cr[8].tok_s, lr[8].tok_s)}")
     if 1 in cr and 1 in lr:
         t.notes.append(f"goal corral >= 0.95x at c=1: {ratio(cr[1].tok_s, lr[1].tok_s)}")
+    for c in c_list:
+        ref_rounds = per_round_tok_s.get(("llama-server", c), [])
+        for name in names:
+            mine = per_round_tok_s.get((name, c), [])
+            if name == "llama-server" or not ref_rounds or len(mine) != len(ref_rounds) or name in failed:
+                continue
+            rr = [a / b for a, b in zip(mine, ref_rounds) if b]
+            if rr:
+                t.notes.append(f"{name} vs llama-server at c={c}, round by round: "
+                               + ", ".join(f"{x:.2f}x" for x in rr) + f" (median {statistics.median(rr):.2f}x)")
     t.notes.append(f"{rounds} interleaved rounds; tok/s = all tokens / all wall time of that row's rounds")
     if "llama-cpp-python" in names:
         t.notes.append("llama-cpp-python's server has no ignore_eos; it gets min_tokens=max_tokens instead, "
