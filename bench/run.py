@@ -529,7 +529,8 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
             if srv:
                 srv.stop()
     t.notes.append(f"each model: n_parallel 8, {ctx.threads} threads (unless said otherwise), its own process; "
-                   "64 tokens, stream; 'one model, c=8' runs while the other model is loaded and idle")
+                   "64 tokens, stream; 'one model, c=8' runs while the other model is loaded and idle; "
+                   "ratios are against the one-model row of the same server and config")
     t.data = data
     return [t]
 
