@@ -718,6 +718,9 @@ async def sc_queue(ctx: Ctx) -> list[Table]:
 # --------------------------------------------------------------------------- main
 
 
+# hang guards per scenario (seconds; x0.6 with --quick), far above normal run times
+LIMITS_S = {"throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600}
+
 FUNCS = {"throughput": sc_throughput, "overhead": sc_overhead, "multimodel": sc_multimodel,
          "coldstart": sc_coldstart, "queue": sc_queue}
 
@@ -772,8 +775,13 @@ async def amain(args: argparse.Namespace) -> int:
     for name in args.only:
         log(f"=== scenario {name}")
         t0 = time.perf_counter()
+        limit = LIMITS_S[name] * (0.6 if ctx.quick else 1.0)
         try:
-            got = await FUNCS[name](ctx)
+            got = await asyncio.wait_for(FUNCS[name](ctx), timeout=limit)
+        except asyncio.TimeoutError:
+            log(f"scenario {name} exceeded its {limit:.0f}s limit; stopped")
+            got = [Table(f"{name}: FAILED", ["error"], [[f"did not finish within {limit:.0f}s (a server hung "
+                                                        "or the machine is very busy); see bench/results/logs/"]])]
         except Exception as e:  # noqa: BLE001 -- one scenario failing never stops the others
             traceback.print_exc()
             got = [Table(f"{name}: FAILED", ["error"], [[str(e).splitlines()[0][:200] if str(e) else
