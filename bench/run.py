@@ -556,18 +556,6 @@ def llama_router_env(ctx: Ctx) -> dict[str, str]:
     return {"LLAMA_CACHE": str(cache), "HF_HOME": str(cache / "hf")}
 
 
-async def wait_model_loaded_llama(base_url: str, mid: str, timeout_s: float = 120) -> None:
-    async with httpx.AsyncClient(timeout=10) as c:
-        deadline = time.perf_counter() + timeout_s
-        while time.perf_counter() < deadline:
-            r = await c.get(base_url + "/models")
-            for m in r.json().get("data", []):
-                if m.get("id") == mid and (m.get("status") or {}).get("value") == "loaded":
-                    return
-            await asyncio.sleep(0.2)
-    raise ServerFailed(f"{mid} not loaded after {timeout_s}s")
-
-
 # --------------------------------------------------------------------------- scenario d
 
 
@@ -577,6 +565,11 @@ async def first_token_after_load(base_url: str, mid: str) -> tuple[float, float,
     from loadgen import completion_body
 
     async with httpx.AsyncClient(timeout=300) as c:
+        r = await c.get(base_url + "/models")  # both servers list {id, status: {value}} here
+        if r.status_code == 200:
+            for m in r.json().get("data", []):
+                if m.get("id") == mid and (m.get("status") or {}).get("value") not in (None, "unloaded"):
+                    raise ServerFailed(f"{mid} is '{m['status']['value']}' before the load call: not a cold start")
         t0 = time.perf_counter()
         r = await c.post(base_url + "/models/load", json={"model": mid})
         t_load = time.perf_counter() - t0
