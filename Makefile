@@ -25,7 +25,7 @@ test: install
 	$(PY) -m pytest -q -ra
 
 bench: install
-	$(PY) bench/run.py
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
