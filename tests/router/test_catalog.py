@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -39,7 +40,19 @@ def test_default_threads_divide_the_cores(cores: int, instances: int, max_loaded
                                           n_models: int, want: int) -> None:
     spec = ModelSpec(id="m", path=Path("/m.gguf"), instances=instances)
     with mock.patch("os.sched_getaffinity", return_value=set(range(cores))):
-        assert default_threads(spec, max_loaded, n_models) == want
+        assert default_threads(spec, max_loaded, n_models, adaptive=False) == want
+
+
+@pytest.mark.parametrize(("instances", "n_models"), [(1, 1), (2, 1), (1, 3)])
+def test_adaptive_workers_get_every_core(instances: int, n_models: int,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = ModelSpec(id="m", path=Path("/m.gguf"), instances=instances)
+    with mock.patch("os.sched_getaffinity", return_value=set(range(4))):
+        assert default_threads(spec, 4, n_models, adaptive=True) == 4
+        monkeypatch.setenv("CORRAL_ADAPTIVE_THREADS", "1")
+        assert default_threads(spec, 4, n_models) == (4 if sys.platform == "linux" else 4 // (instances * n_models))
+        monkeypatch.setenv("CORRAL_ADAPTIVE_THREADS", "0")
+        assert default_threads(spec, 4, n_models) == 4 // (instances * n_models)
 
 
 def test_common_prefix_len() -> None:
