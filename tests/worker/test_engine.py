@@ -154,6 +154,23 @@ def test_chat_messages_use_plain_template(engine: Engine) -> None:
     assert f.usage.prompt_tokens == len(expected)
 
 
+def test_plain_template_chat_ends_at_the_next_turn(engine: Engine) -> None:
+    """A base model continues the conversation on its own ("\nUser: ..."); the plain
+    template's turn prefixes end the answer, and never appear in it."""
+    msgs = [wire.ChatMessage("user", "What is the capital of France?")]
+    params = wire.SamplingParams(max_tokens=40, temperature=0.0)
+    texts, finals, _ = run_engine(engine, [wire.GenerateRequest(id="turn", messages=msgs, params=params)])
+    raw, _, _ = run_engine(engine, [gen("raw", prompt="User: What is the capital of France?\nAssistant:",
+                                        params=params)])
+    assert "\nUser:" in raw["raw"]  # what the model writes when nothing stops it
+    assert finals["turn"].finish_reason == "stop"
+    assert texts["turn"] == raw["raw"][: raw["raw"].index("\nUser:")]
+    # ignore_eos: the caller wants every token, turn markers included
+    ign = wire.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    _, f2, _ = run_engine(engine, [wire.GenerateRequest(id="ign", messages=msgs, params=ign)])
+    assert f2["ign"].usage.completion_tokens == 40
+
+
 def test_jinja_template_override_and_template_errors(model_path: Path) -> None:
     tmpl = (
         "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}{% endif %}"

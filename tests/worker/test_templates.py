@@ -87,6 +87,13 @@ def test_plain_nitro_style_with_system_in_pre_prompt_position() -> None:
     assert t.render([M("system", "Be terse."), M("user", "Hi")]) == "SYSTEM: Be terse.\nUSER: Hi\nASSISTANT:"
 
 
+def test_plain_turn_prefixes_are_stop_strings() -> None:
+    assert PlainTemplate().stop_strings == ("\nUser:", "\nAssistant:")
+    t = PlainTemplate(user_prompt="USER: ", ai_prompt="")
+    assert t.stop_strings == ("\nUSER:",)
+    assert JinjaTemplate("{{ messages[0]['content'] }}").stop_strings == ()
+
+
 def test_plain_unknown_role() -> None:
     with pytest.raises(TemplateError, match="role"):
         PlainTemplate().render([M("wizard", "x")])

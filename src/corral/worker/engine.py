@@ -347,7 +347,10 @@ class Engine:
             prompt_tail=job.tokens,
         )
         slot.utf8 = Utf8Stream()
-        slot.stop = StopMatcher(list(p.stop))
+        stops = list(p.stop)
+        if job.req.messages is not None and self.template is not None and not p.ignore_eos:
+            stops += [s for s in self.template.stop_strings if s not in stops]
+        slot.stop = StopMatcher(stops)
         slot.ignore_eos = p.ignore_eos
         slot.t_start = time.perf_counter()
         slot.t_first = 0.0

@@ -42,6 +42,10 @@ class TemplateError(ValueError):
 
 
 class ChatTemplate(Protocol):
+    # Text that ends the assistant's turn, for templates whose turns end with no special
+    # token: the engine adds them to a chat request's stop strings.
+    stop_strings: tuple[str, ...]
+
     def render(self, messages: Sequence[wire.ChatMessage]) -> str: ...
 
 
@@ -54,6 +58,8 @@ def _strftime_now(fmt: str) -> str:
 
 
 class JinjaTemplate:
+    stop_strings: tuple[str, ...] = ()  # its turns end with the model's end-of-turn token
+
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
@@ -103,6 +109,11 @@ class PlainTemplate:
         self.user_prompt = DEFAULT_USER_PROMPT if user_prompt is None else user_prompt
         self.ai_prompt = DEFAULT_AI_PROMPT if ai_prompt is None else ai_prompt
         self.system_prompt = system_prompt or ""
+        # A base model knows no end of turn: left alone it writes the next "User:" line
+        # itself. A new line that starts a role's prefix ends the answer.
+        self.stop_strings = tuple(
+            "\n" + prefix.strip() for prefix in (self.user_prompt, self.ai_prompt) if prefix.strip()
+        )
 
     def render(self, messages: Sequence[wire.ChatMessage]) -> str:
         system = [m.content for m in messages if m.role == "system"]
