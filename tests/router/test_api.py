@@ -198,6 +198,10 @@ async def test_error_before_first_token_keeps_its_status_when_streaming(harness:
         r = await harness.client.post("/v1/chat/completions", json=chat("a", "TOOLONG", stream=stream))
         assert r.status_code == 400, r.text
         assert r.json()["error"]["code"] == "context_length_exceeded"
+        assert r.json()["error"]["param"] == "messages"
+    r = await harness.client.post("/v1/completions", json={"model": "a", "prompt": "TOOLONG"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "prompt"
     assert harness.plane.pools["a"].inflight == 0
 
 

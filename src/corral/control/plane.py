@@ -202,7 +202,7 @@ class ControlPlane:
         deadline = loop.time() + self.config.server.queue_timeout_s
         while True:
             pool = self.pool(name)
-            stream = RequestStream(msg.id, pool.spec.id)
+            stream = RequestStream(msg.id, pool.spec.id, _input_param(msg))
             inst = pool.try_acquire(prefix)
             if inst is None:
                 if not pool.has_ready and not pool.draining:
@@ -478,3 +478,10 @@ class ControlPlane:
 
     def describe(self, pool: ModelPool) -> dict[str, Any]:
         return views.describe(pool, created=int(self.started_at))
+
+
+def _input_param(msg: wire.GenerateRequest | wire.EmbedRequest) -> str:
+    """The OpenAI body field that held this request's input, for error messages."""
+    if isinstance(msg, wire.EmbedRequest):
+        return "input"
+    return "messages" if msg.messages is not None else "prompt"

@@ -24,9 +24,10 @@ __all__ = ["RequestStream", "failure_to_error"]
 _MERGE_AT = 64  # join pending pieces once this many pile up
 
 
-def failure_to_error(msg: wire.RequestFailed) -> CorralError:
+def failure_to_error(msg: wire.RequestFailed, input_param: str = "messages") -> CorralError:
+    """``input_param``: the body field that held the input (messages, prompt, input)."""
     if msg.code == "context_length_exceeded":
-        return ContextLengthExceeded(msg.message, param="messages")
+        return ContextLengthExceeded(msg.message, param=input_param)
     if msg.code == "invalid_request":
         return InvalidRequest(msg.message)
     return CorralError(f"the model failed on this request: {msg.message}")
@@ -36,11 +37,13 @@ class RequestStream:
     """State of one request as the router sees it. Fed by ``Instance``, read by the API."""
 
     __slots__ = ("id", "instance", "_parts", "n_tokens", "_waiter", "finished", "error",
-                 "embeddings", "created", "started", "first_token", "ended", "model", "aborted", "_folded")
+                 "embeddings", "created", "started", "first_token", "ended", "model", "aborted", "_folded",
+                 "input_param")
 
-    def __init__(self, request_id: str, model: str) -> None:
+    def __init__(self, request_id: str, model: str, input_param: str = "messages") -> None:
         self.id = request_id
         self.model = model
+        self.input_param = input_param
         self.instance: Instance | None = None
         self._parts: list[str] = []
         self.n_tokens = 0
@@ -78,7 +81,7 @@ class RequestStream:
         elif type(msg) is wire.Embeddings:
             self.embeddings = msg
         else:
-            self.error = failure_to_error(msg)  # type: ignore[arg-type]
+            self.error = failure_to_error(msg, self.input_param)  # type: ignore[arg-type]
         self._end()
 
     def fail(self, exc: CorralError) -> None:
