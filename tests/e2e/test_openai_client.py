@@ -31,11 +31,13 @@ async def test_openai_client_chat_completions_embeddings(harness: Harness, model
     assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
     assert r.choices[0].finish_reason in ("stop", "length")
     assert r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 0
+    assert "\nUser:" not in r.choices[0].message.content
 
     pieces, finish, usage = [], None, None
     stream = await client.chat.completions.create(
         model="gemma", messages=[{"role": "user", "content": "Count: one, two,"}], max_tokens=12,
-        temperature=0, stream=True, stream_options={"include_usage": True})
+        temperature=0, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True})  # every token, past the template's turn markers
     async for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
