@@ -163,6 +163,88 @@ async def _start(request: Request, watch: _ClientWatch, coro: Any, stream_mode: 
         raise
 
 
+async def _submit(request: Request, name: str, endpoint: str, coro: Any, stream_mode: bool
+                  ) -> tuple[ControlPlane, RequestStream, str | None]:
+    """``_start`` with the bookkeeping every endpoint shares: a failure before the
+    request runs is counted in the metrics, and a model still being pulled says so."""
+    plane = _plane(request)
+    watch = _ClientWatch(request)
+    try:
+        stream, text = await _start(request, watch, coro, stream_mode)
+    except CorralError as exc:
+        plane.metrics.observe_request(_label(plane, name), None, endpoint, exc.status)
+        _raise_if_downloading(request, name, exc)
+        raise
+    finally:
+        watch.close()
+    return plane, stream, text
+
+
+class _Shape:
+    """How one endpoint's streamed chunks look (chat and completions differ only here)."""
+
+    __slots__ = ("endpoint", "object", "text_open", "text_close", "first_choice", "final_choice",
+                 "usage_null_in_final")
+
+    def __init__(self, endpoint: str, obj: str, text_open: bytes, text_close: bytes,
+                 first_choice: dict[str, Any] | None, final_choice: dict[str, Any],
+                 usage_null_in_final: bool) -> None:
+        self.endpoint = endpoint
+        self.object = obj
+        self.text_open = text_open  # the chunk's bytes between '"index":0,' and the text
+        self.text_close = text_close
+        self.first_choice = first_choice  # a chunk sent before any text (chat: the role)
+        self.final_choice = final_choice  # the last chunk's choice, beside finish_reason
+        self.usage_null_in_final = usage_null_in_final
+
+
+_CHAT = _Shape("chat", "chat.completion.chunk", b'"delta":{"content":', b"}",
+               {"delta": {"role": "assistant", "content": ""}}, {"delta": {}}, True)
+_COMPLETION = _Shape("completions", "text_completion", b'"text":', b"", None, {"text": ""}, False)
+
+
+def _stream_response(plane: ControlPlane, stream: RequestStream, shape: _Shape, rid: str,
+                     created: int, include_usage: bool) -> StreamingResponse:
+    return StreamingResponse(_events(plane, stream, shape, rid, created, include_usage),
+                             media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+async def _events(plane: ControlPlane, stream: RequestStream, shape: _Shape, rid: str,
+                  created: int, include_usage: bool) -> AsyncIterator[bytes]:
+    head = {"id": rid, "object": shape.object, "created": created, "model": stream.model}
+    status = 200
+    try:
+        if shape.first_choice is not None:
+            yield _sse({**head, "choices": [{"index": 0, **shape.first_choice,
+                                             "logprobs": None, "finish_reason": None}]})
+        # the per-token chunk, pre-encoded around the text (same bytes as encoding the dict)
+        pre = _sse(head)[:-3] + b',"choices":[{"index":0,' + shape.text_open
+        post = shape.text_close + b',"logprobs":null,"finish_reason":null}]}\n\n'
+        enc = _json.encode
+        try:
+            while (text := await stream.next_text()) is not None:
+                yield pre + enc(text) + post
+        except CorralError as exc:
+            status = exc.status
+            yield _sse(exc.to_body())
+            return
+        fin = stream.finished
+        final: dict[str, Any] = {**head, "choices": [{"index": 0, **shape.final_choice, "logprobs": None,
+                                                      "finish_reason": fin.finish_reason if fin else "stop"}],
+                                 "timings": _timings(fin)}
+        if include_usage and shape.usage_null_in_final:
+            final["usage"] = None
+        yield _sse(final)
+        if include_usage:
+            yield _sse({**head, "choices": [], "usage": _usage(fin)})
+        yield _DONE
+    finally:
+        if not stream.done:
+            stream.abort()
+            status = 499
+        _observe(plane, stream, shape.endpoint, status)
+
+
 # ------------------------------------------------------------------------ chat
 
 
@@ -176,65 +258,20 @@ async def chat_completions(request: Request) -> Response:
     rid = "chatcmpl-" + secrets.token_hex(12)
     msg = wire.GenerateRequest(id=rid, messages=messages, params=body.sampling())
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
-    plane = _plane(request)
-    watch = _ClientWatch(request)
-    try:
-        stream, text = await _start(request, watch, plane.generate(name, msg, prefix), body.stream)
-    except CorralError as exc:
-        plane.metrics.observe_request(_label(plane, name), None, "chat", exc.status)
-        _raise_if_downloading(request, name, exc)
-        raise
-    finally:
-        watch.close()
+    plane, stream, text = await _submit(request, name, "chat", _plane(request).generate(name, msg, prefix),
+                                        body.stream)
     created = int(time.time())
-    model = stream.model
     if body.stream:
-        return StreamingResponse(_chat_events(plane, stream, rid, created, model, body.include_usage),
-                                 media_type="text/event-stream", headers=_SSE_HEADERS)
+        return _stream_response(plane, stream, _CHAT, rid, created, body.include_usage)
     fin = stream.finished
     _observe(plane, stream, "chat", 200)
     assert text is not None
     return json_response({
-        "id": rid, "object": "chat.completion", "created": created, "model": model,
+        "id": rid, "object": "chat.completion", "created": created, "model": stream.model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                      "logprobs": None, "finish_reason": fin.finish_reason if fin else "stop"}],
         "usage": _usage(fin), "timings": _timings(fin),
     })
-
-
-async def _chat_events(plane: ControlPlane, stream: RequestStream, rid: str, created: int,
-                       model: str, include_usage: bool) -> AsyncIterator[bytes]:
-    head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-    status = 200
-    try:
-        yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]})
-        # the per-token chunk, pre-encoded around the text (same bytes as encoding the dict)
-        pre = _sse(head)[:-3] + b',"choices":[{"index":0,"delta":{"content":'
-        post = b'},"logprobs":null,"finish_reason":null}]}\n\n'
-        enc = _json.encode
-        try:
-            while (text := await stream.next_text()) is not None:
-                yield pre + enc(text) + post
-        except CorralError as exc:
-            status = exc.status
-            yield _sse(exc.to_body())
-            return
-        fin = stream.finished
-        final: dict[str, Any] = {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                                      "finish_reason": fin.finish_reason if fin else "stop"}],
-                                 "timings": _timings(fin)}
-        if include_usage:
-            final["usage"] = None
-        yield _sse(final)
-        if include_usage:
-            yield _sse({**head, "choices": [], "usage": _usage(fin)})
-        yield _DONE
-    finally:
-        if not stream.done:
-            stream.abort()
-            status = 499
-        _observe(plane, stream, "chat", status)
 
 
 # ------------------------------------------------------------------------ completions
@@ -249,58 +286,19 @@ async def completions(request: Request) -> Response:
     prompt = body.prompt_text()
     rid = "cmpl-" + secrets.token_hex(12)
     msg = wire.GenerateRequest(id=rid, prompt=prompt, params=body.sampling())
-    plane = _plane(request)
-    watch = _ClientWatch(request)
-    try:
-        stream, text = await _start(request, watch, plane.generate(name, msg, prompt), body.stream)
-    except CorralError as exc:
-        plane.metrics.observe_request(_label(plane, name), None, "completions", exc.status)
-        _raise_if_downloading(request, name, exc)
-        raise
-    finally:
-        watch.close()
+    plane, stream, text = await _submit(request, name, "completions",
+                                        _plane(request).generate(name, msg, prompt), body.stream)
     created = int(time.time())
-    model = stream.model
     if body.stream:
-        return StreamingResponse(_completion_events(plane, stream, rid, created, model, body.include_usage),
-                                 media_type="text/event-stream", headers=_SSE_HEADERS)
+        return _stream_response(plane, stream, _COMPLETION, rid, created, body.include_usage)
     fin = stream.finished
     _observe(plane, stream, "completions", 200)
     return json_response({
-        "id": rid, "object": "text_completion", "created": created, "model": model,
+        "id": rid, "object": "text_completion", "created": created, "model": stream.model,
         "choices": [{"index": 0, "text": text, "logprobs": None,
                      "finish_reason": fin.finish_reason if fin else "stop"}],
         "usage": _usage(fin), "timings": _timings(fin),
     })
-
-
-async def _completion_events(plane: ControlPlane, stream: RequestStream, rid: str, created: int,
-                             model: str, include_usage: bool) -> AsyncIterator[bytes]:
-    head = {"id": rid, "object": "text_completion", "created": created, "model": model}
-    status = 200
-    try:
-        pre = _sse(head)[:-3] + b',"choices":[{"index":0,"text":'
-        post = b',"logprobs":null,"finish_reason":null}]}\n\n'
-        enc = _json.encode
-        try:
-            while (text := await stream.next_text()) is not None:
-                yield pre + enc(text) + post
-        except CorralError as exc:
-            status = exc.status
-            yield _sse(exc.to_body())
-            return
-        fin = stream.finished
-        yield _sse({**head, "choices": [{"index": 0, "text": "", "logprobs": None,
-                                         "finish_reason": fin.finish_reason if fin else "stop"}],
-                    "timings": _timings(fin)})
-        if include_usage:
-            yield _sse({**head, "choices": [], "usage": _usage(fin)})
-        yield _DONE
-    finally:
-        if not stream.done:
-            stream.abort()
-            status = 499
-        _observe(plane, stream, "completions", status)
 
 
 # ------------------------------------------------------------------------ embeddings
@@ -312,17 +310,9 @@ async def embeddings(request: Request) -> Response:
     body = await parse_body(request, EmbeddingRequest)
     name = body.model_name()
     inputs = body.inputs()
-    plane = _plane(request)
     rid = "emb-" + secrets.token_hex(12)
-    watch = _ClientWatch(request)
-    try:
-        stream, _ = await _start(request, watch, plane.embed(name, wire.EmbedRequest(id=rid, inputs=inputs)), False)
-    except CorralError as exc:
-        plane.metrics.observe_request(_label(plane, name), None, "embeddings", exc.status)
-        _raise_if_downloading(request, name, exc)
-        raise
-    finally:
-        watch.close()
+    plane, stream, _ = await _submit(request, name, "embeddings",
+                                     _plane(request).embed(name, wire.EmbedRequest(id=rid, inputs=inputs)), False)
     _observe(plane, stream, "embeddings", 200)
     emb = stream.embeddings
     assert emb is not None
