@@ -494,7 +494,7 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
 
     variants = [("corral", ctx.threads)]
     if not ctx.quick:
-        variants.append(("corral, threads unset (corral divides the cores)", None))
+        variants.append(("corral, threads unset (corral's default)", None))
     for name, threads in variants if "corral" in ctx.args.servers else []:
         port = free_port()
         srv = None
