@@ -170,16 +170,10 @@ class DirectWorker:
                 if p.poll() is not None:
                     break
                 await asyncio.sleep(0.1)
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            else:
-                try:  # reap stragglers of the group, if any
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            try:  # the worker if still there, and any stragglers of its group
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
