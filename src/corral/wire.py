@@ -287,18 +287,21 @@ def decode_from_worker(body: bytes | memoryview) -> FromWorker:
 
 
 class FrameDecoder:
-    """Incremental splitter: ``feed(data)`` returns the complete frame bodies so far."""
+    """Incremental splitter: ``feed(data)`` returns the complete frame bodies so far.
+    ``max_frame``: the largest body accepted (the download child's channel uses a
+    smaller one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buf = bytearray()
+        self._max = max_frame
 
     def feed(self, data: bytes) -> list[bytes]:
         self._buf += data
         out: list[bytes] = []
         while len(self._buf) >= HEADER.size:
             (n,) = HEADER.unpack_from(self._buf)
-            if n > MAX_FRAME:
-                raise FrameTooLarge(f"incoming frame of {n} bytes exceeds {MAX_FRAME}")
+            if n > self._max:
+                raise FrameTooLarge(f"incoming frame of {n} bytes exceeds {self._max}")
             end = HEADER.size + n
             if len(self._buf) < end:
                 break

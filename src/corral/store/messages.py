@@ -17,10 +17,11 @@ anything else it prints goes to stderr):
 
 from __future__ import annotations
 
-import struct
 from typing import Literal, Union
 
 import msgspec
+
+from corral.wire import HEADER, FrameDecoder
 
 __all__ = [
     "FetchRequest",
@@ -37,7 +38,6 @@ __all__ = [
     "FrameReader",
 ]
 
-_HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 20
 
 FailureKind = Literal[
@@ -104,7 +104,7 @@ _to = msgspec.msgpack.Decoder(Proceed)
 
 def encode(msg: FromFetch | Proceed) -> bytes:
     body = _enc.encode(msg)
-    return _HEADER.pack(len(body)) + body
+    return HEADER.pack(len(body)) + body
 
 
 def decode_from_fetch(body: bytes) -> FromFetch:
@@ -115,22 +115,8 @@ def decode_to_fetch(body: bytes) -> Proceed:
     return _to.decode(body)
 
 
-class FrameReader:
-    """Incremental splitter: ``feed(data)`` returns complete frame bodies."""
+class FrameReader(FrameDecoder):
+    """The same framing as ``corral.wire``, with this channel's smaller frame limit."""
 
     def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> list[bytes]:
-        self._buf += data
-        out: list[bytes] = []
-        while len(self._buf) >= _HEADER.size:
-            (n,) = _HEADER.unpack_from(self._buf)
-            if n > MAX_FRAME:
-                raise ValueError(f"fetch frame of {n} bytes exceeds {MAX_FRAME}")
-            end = _HEADER.size + n
-            if len(self._buf) < end:
-                break
-            out.append(bytes(self._buf[_HEADER.size:end]))
-            del self._buf[:end]
-        return out
+        super().__init__(MAX_FRAME)
