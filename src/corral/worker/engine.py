@@ -2,6 +2,7 @@
 
     engine = Engine(settings)            # loads the model (ModelLoadError on failure)
     engine.submit(GenerateRequest(...))  # or EmbedRequest; queued, joins at the next step
+    engine.submit(engine.prepare(req))   # the same, tokenized first (any thread: prompts.py)
     engine.abort("id")
     msgs = engine.step()                 # one llama_decode; returns Delta/Finished/... messages
 
@@ -16,7 +17,8 @@ Each ``step()``:
 4. samples every slot whose logits were computed, detokenizes, matches stop strings,
    and emits ``Delta`` / ``Finished``.
 
-Only the thread that calls ``step()`` touches llama.cpp. ``submit``/``abort`` only queue.
+Only the thread that calls ``step()`` touches llama.cpp's context. ``submit``/``abort``
+only queue; ``prepare`` (tokenizing, read-only on the vocabulary) may run on another thread.
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ from corral.worker import requests, sampling
 from corral.worker.embed import embed_batch
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, load_model, rss_bytes
+from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.slot_output import SlotOutput
-from corral.worker.templates import ChatTemplate, TemplateError, choose_template, render_chat
+from corral.worker.templates import ChatTemplate, TemplateError, choose_template
 from corral.worker.tokens import Tokenizer
 
-__all__ = ["Engine", "Outgoing"]
+__all__ = ["Engine", "Outgoing", "PreparedRequest"]
 
 log = logging.getLogger("corral.worker.engine")
 
@@ -142,6 +145,7 @@ class Engine:
                 )
             except TemplateError as exc:
                 self._template_error = str(exc)
+        self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot)
         self.slots = [_Slot(i) for i in range(self.m.n_slots)]
         self.waiting: deque[_Job] = deque()
         self.embed_waiting: deque[tuple[wire.EmbedRequest, float]] = deque()
@@ -153,8 +157,13 @@ class Engine:
 
     # ------------------------------------------------------------------ commands
 
-    def submit(self, req: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest) -> None:
-        """Queue a request. Bad requests are answered with RequestFailed at once."""
+    def submit(self, req: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest | PreparedRequest) -> None:
+        """Queue a request (prepared by ``prepare`` or not). Bad requests are answered with
+        RequestFailed at once."""
+        prepared = req if isinstance(req, PreparedRequest) else None
+        if prepared is not None:
+            req = prepared.req
+        assert not isinstance(req, PreparedRequest)
         try:
             if isinstance(req, wire.EmbedRequest):
                 if not self.m.embedding:
@@ -166,15 +175,12 @@ class Engine:
             if isinstance(req, wire.TokenizeRequest):
                 self.out.append(requests.tokenize(self.tok, req))
                 return
-            if self.m.embedding:
-                raise RequestRejected(
-                    "invalid_request",
-                    f"model {self.settings.model_id} is loaded for embeddings only",
-                )
             if req.id in self._by_id:
                 raise RequestRejected("invalid_request", f"request id {req.id!r} is already in use")
-            job = _Job(req, self._prompt_tokens(req), time.perf_counter())
-            job.grammar = requests.grammar_for(self.m.vocab, req)
+            if prepared is None:
+                prepared = self.prepare(req)
+            job = _Job(req, prepared.tokens, time.perf_counter())
+            job.grammar = requests.grammar_sampler(self.m.vocab, prepared.gbnf)
             self._by_id[req.id] = job
             self.waiting.append(job)
         except RequestRejected as exc:
@@ -264,33 +270,17 @@ class Engine:
 
     # ------------------------------------------------------------------ prompt
 
-    def _prompt_tokens(self, req: wire.GenerateRequest) -> list[int]:
-        if sum(x is not None for x in (req.prompt, req.prompt_tokens, req.messages)) != 1:
-            raise RequestRejected("invalid_request", "exactly one of prompt and messages must be given")
-        if req.messages is not None:
-            if self.template is None:
-                raise RequestRejected("invalid_request", f"chat template unusable: {self._template_error}")
-            try:
-                text = render_chat(self.template, req.messages, req.tools)
-            except TemplateError as exc:
-                raise RequestRejected("invalid_request", str(exc)) from exc
-            tokens = self.tok.tokenize(text, add_special=not self.tok.starts_with_bos(text))
-        elif req.prompt_tokens is not None:
-            tokens = requests.check_tokens(req.prompt_tokens, self.m.n_vocab, "prompt")
-        else:
-            tokens = self.tok.tokenize(req.prompt or "", add_special=req.add_special)
-        if not tokens:
-            raise RequestRejected("invalid_request", "the prompt is empty")
-        limit = self.m.n_ctx_slot
-        if len(tokens) >= limit:
-            raise RequestRejected(
-                "context_length_exceeded",
-                f"the prompt has {len(tokens)} tokens, but this model's context per request is "
-                f"{limit} tokens (at least 1 must be left to generate)",
-            )
+    def prepare(self, req: wire.GenerateRequest) -> PreparedRequest:
+        """Tokenize and check a request, and turn its schema into a grammar; RequestRejected
+        if it cannot run. Thread-safe: the worker's reader thread calls it, so long prompts
+        and schema conversion never stall ``step()``."""
+        if self.m.embedding:
+            raise RequestRejected("invalid_request",
+                                  f"model {self.settings.model_id} is loaded for embeddings only")
+        tokens = self.prompts.tokens(req)
         _check_params(req.params)
         requests.check_generation_fields(req, self.m.n_vocab)
-        return tokens
+        return PreparedRequest(req, tokens, requests.grammar_text(req))
 
     # ------------------------------------------------------------------ scheduling
 

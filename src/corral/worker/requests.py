@@ -16,7 +16,8 @@ from corral.worker.grammar import GrammarError, init_grammar_sampler, schema_to_
 from corral.worker.tokens import Tokenizer
 from corral.worker.toolcalls import ToolCallParser
 
-__all__ = ["check_tokens", "check_generation_fields", "grammar_for", "tool_parser", "echo_text", "tokenize",
+__all__ = ["check_tokens", "check_generation_fields", "grammar_text", "grammar_sampler", "tool_parser", "echo_text",
+           "tokenize",
            "MAX_TOP_LOGPROBS"]
 
 MAX_TOP_LOGPROBS = 20
@@ -43,16 +44,24 @@ def check_generation_fields(req: wire.GenerateRequest, n_vocab: int) -> None:
             raise RequestRejected("invalid_request", "logit_bias: values must be numbers")
 
 
-def grammar_for(vocab: ll.llama_vocab_p, req: wire.GenerateRequest) -> ll.llama_sampler_p | None:
-    """The request's grammar sampler (the caller owns it), or None."""
+def grammar_text(req: wire.GenerateRequest) -> str | None:
+    """The request's grammar as GBNF (a JSON schema converted), or None."""
     try:
         if req.json_schema is not None:
-            return init_grammar_sampler(vocab, schema_to_gbnf(req.json_schema))
-        if req.grammar is not None:
-            return init_grammar_sampler(vocab, req.grammar)
+            return schema_to_gbnf(req.json_schema)
     except GrammarError as exc:
         raise RequestRejected("invalid_request", str(exc)) from None
-    return None
+    return req.grammar
+
+
+def grammar_sampler(vocab: ll.llama_vocab_p, gbnf: str | None) -> ll.llama_sampler_p | None:
+    """A grammar sampler (the caller owns it), or None."""
+    if gbnf is None:
+        return None
+    try:
+        return init_grammar_sampler(vocab, gbnf)
+    except GrammarError as exc:
+        raise RequestRejected("invalid_request", str(exc)) from None
 
 
 def tool_parser(req: wire.GenerateRequest) -> ToolCallParser | None:
