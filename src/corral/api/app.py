@@ -27,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from corral.api import management_routes, openai_routes
+from corral.api import management_routes, openai_routes, tokenize_routes
 from corral.api.guard import GuardMiddleware, error_response
 from corral.config import CorralConfig
 from corral.control.events import EventBus
@@ -169,6 +169,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     _install_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(management_routes.router)
+    app.include_router(tokenize_routes.router)
     try:
         from corral.api.store_routes import router as store_router
         app.include_router(store_router)
