@@ -29,6 +29,7 @@ import math
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 import llama_cpp as ll
 import numpy as np
@@ -53,7 +54,8 @@ def resolve_seed(params: wire.SamplingParams, default: int | None) -> int:
 
 
 def _new_chain() -> ll.llama_sampler_p:
-    return ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    chain: ll.llama_sampler_p = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    return chain
 
 
 def _add_pre(chain: ll.llama_sampler_p, p: wire.SamplingParams, n_vocab: int, eog_tokens: list[int]) -> bool:
@@ -67,8 +69,9 @@ def _add_pre(chain: ll.llama_sampler_p, p: wire.SamplingParams, n_vocab: int, eo
     if bias:
         arr = (ll.llama_logit_bias * len(bias))()
         for i, (t, b) in enumerate(bias.items()):
-            arr[i].token = t
-            arr[i].bias = b
+            entry: Any = arr[i]
+            entry.token = t
+            entry.bias = b
         add(chain, ll.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
         added = True
     if _has_penalties(p):
@@ -161,6 +164,7 @@ class SlotSampler:
         self.greedy = p.temperature <= 0.0
         self.min_p = p.min_p if not self.greedy else 0.0
         self.top: ll.llama_sampler_p | None = None
+        self.chain: ll.llama_sampler_p | None = None
         if grammar is None:
             self.chain = make_sampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=eog_tokens,
                                       prompt_tail=prompt_tail)
@@ -219,8 +223,9 @@ class SlotSampler:
         c.selected = -1
         c.sorted = False
 
-    def _run(self, smpl: ll.llama_sampler_p) -> None:
-        ll.llama_sampler_apply(smpl, ctypes.byref(self.cur))
+    def _run(self, smpl: ll.llama_sampler_p | None) -> None:
+        if smpl:  # None only after free()
+            ll.llama_sampler_apply(smpl, ctypes.byref(self.cur))
 
     def _apply(self, logits: Logits, *, grammar_first: bool, top: bool = False) -> int:
         """Bias/penalties, [top-N], [grammar], chain; the selected token (-1: none allowed)."""
