@@ -21,14 +21,14 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.api import management_routes, openai_routes
+from corral.api import management_routes, ollama_models, ollama_routes, openai_routes
+from corral.api.dialect_errors import error_response
 from corral.config import CorralConfig
 from corral.control.events import EventBus
 from corral.control.metrics import Metrics
@@ -38,12 +38,26 @@ from corral.errors import AuthenticationError, CorralError, PayloadTooLarge
 __all__ = ["create_app"]
 
 log = logging.getLogger("corral.api")
-_json = msgspec.json.Encoder()
 
 
-def _error_response(exc: CorralError) -> Response:
-    return Response(_json.encode(exc.to_body()), status_code=exc.status,
-                    media_type="application/json", headers=exc.headers())
+def _error_response(exc: CorralError, path: str = "/") -> Response:
+    """``exc`` in the error shape of the API ``path`` belongs to (OpenAI, Ollama, Anthropic)."""
+    return error_response(path, exc)
+
+
+def _key_ok(headers: list[tuple[bytes, bytes]], key: bytes) -> bool:
+    """The API key as ``Authorization: Bearer KEY`` (OpenAI and most clients) or as
+    ``x-api-key: KEY`` (what Anthropic's clients send), on every route."""
+    bearer = b""
+    x_api_key = b""
+    for name, value in headers:
+        if name == b"authorization":
+            bearer = value
+        elif name == b"x-api-key":
+            x_api_key = value
+    ok_bearer = hmac.compare_digest(bearer, b"Bearer " + key)
+    ok_x = hmac.compare_digest(x_api_key, key)
+    return ok_bearer or ok_x
 
 
 class GuardMiddleware:
@@ -63,14 +77,10 @@ class GuardMiddleware:
             return
         key = srv.api_key
         if key and scope["path"] != "/health":
-            got = b""
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    got = value
-                    break
-            if not hmac.compare_digest(got, b"Bearer " + key.encode()):
-                err = AuthenticationError("missing or wrong API key: send 'Authorization: Bearer KEY'")
-                resp = _error_response(err)
+            if not _key_ok(scope["headers"], key.encode()):
+                err = AuthenticationError("missing or wrong API key: send 'Authorization: Bearer KEY' "
+                                          "or 'x-api-key: KEY'")
+                resp = _error_response(err, scope["path"])
                 resp.headers["WWW-Authenticate"] = "Bearer"
                 await resp(scope, receive, send)
                 return
@@ -83,7 +93,8 @@ class GuardMiddleware:
                     too_big = False
                 if too_big:
                     await _error_response(PayloadTooLarge(
-                        f"request body of {int(value)} bytes exceeds max_body_bytes={limit}"))(scope, receive, send)
+                        f"request body of {int(value)} bytes exceeds max_body_bytes={limit}"),
+                        scope["path"])(scope, receive, send)
                     return
                 break
         seen = 0
@@ -105,7 +116,7 @@ def _install_handlers(app: FastAPI) -> None:
     async def corral_error(request: Request, exc: CorralError) -> Response:
         if exc.status >= 500:
             log.warning("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
-        return _error_response(exc)
+        return _error_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
@@ -115,23 +126,21 @@ def _install_handlers(app: FastAPI) -> None:
         param = ".".join(loc) or None
         from corral.errors import InvalidRequest
         return _error_response(InvalidRequest(f"{param}: {err.get('msg')}" if param else str(err.get("msg")),
-                                              param=param))
+                                              param=param), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        body = {"error": {"message": f"{request.method} {request.url.path}: {exc.detail}",
-                          "type": "invalid_request_error" if exc.status_code < 500 else "server_error",
-                          "param": None, "code": code}}
-        return Response(_json.encode(body), status_code=exc.status_code, media_type="application/json",
-                        headers=getattr(exc, "headers", None))
+        err = CorralError(f"{request.method} {request.url.path}: {exc.detail}",
+                          code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code))
+        err.status = exc.status_code
+        err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return error_response(request.url.path, err, getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        body = {"error": {"message": "internal server error (see the server log)",
-                          "type": "server_error", "param": None, "code": "internal_error"}}
-        return Response(_json.encode(body), status_code=500, media_type="application/json")
+        return error_response(request.url.path, CorralError("internal server error (see the server log)",
+                                                            code="internal_error"))
 
 
 def _embedded() -> tuple[str, Path, tuple[str, ...]] | None:
@@ -205,6 +214,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     _install_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(management_routes.router)
+    app.include_router(ollama_routes.router)
+    app.include_router(ollama_models.router)
     try:
         from corral.api.store_routes import router as store_router
         app.include_router(store_router)

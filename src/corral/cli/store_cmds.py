@@ -15,6 +15,7 @@ import os
 import signal
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import typer
@@ -289,7 +290,7 @@ def register(app: typer.Typer) -> None:
         """Delete a model from disk."""
         url = _server_url(server)
         if _server_running(url):
-            r = httpx.delete(f"{url}/models/{model_id}", params={"force": str(force).lower()},
+            r = httpx.delete(f"{url}/models/{quote(model_id, safe='/:')}", params={"force": str(force).lower()},
                              headers=_headers(), timeout=120)
             if r.status_code != 200:
                 err.print(f"[red]error[/]: {_error_message(r)}")
