@@ -27,7 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.api import management_routes, ollama_models, ollama_routes, openai_routes
+from corral.api import (anthropic_routes, management_routes, ollama_models, ollama_routes,
+                        openai_routes, responses_routes)
 from corral.api.dialect_errors import error_response
 from corral.config import CorralConfig
 from corral.control.events import EventBus
@@ -216,6 +217,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     app.include_router(management_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(ollama_models.router)
+    app.include_router(anthropic_routes.router)
+    app.include_router(responses_routes.router)
     try:
         from corral.api.store_routes import router as store_router
         app.include_router(store_router)

@@ -480,6 +480,7 @@ class Engine:
                     queued_ms=(slot.t_start - job.t_submit) * 1000,
                 ),
                 slot.index,
+                stop_string=slot.stop.matched if slot.stop is not None else None,
             )
         )
         self._release(slot)
