@@ -206,10 +206,10 @@ async def pull(request: Request) -> Response:
         await stack.aclose()
         if "already exists" not in exc.message:
             raise
-        lines = [{"status": "pulling manifest"}, {"status": "success"}]
+        done = [{"status": "pulling manifest"}, {"status": "success"}]
         if not body.stream:
-            return ndjson_response(lines[-1])
-        return StreamingResponse(iter([ndjson_line(x) for x in lines]), media_type="application/x-ndjson")
+            return ndjson_response(done[-1])
+        return StreamingResponse(iter([ndjson_line(x) for x in done]), media_type="application/x-ndjson")
     except BaseException:
         await stack.aclose()
         raise
