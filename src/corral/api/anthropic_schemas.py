@@ -101,6 +101,7 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest):
     top_k: int | None = Field(None, ge=0)
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    ignore_eos: bool = False  # corral's extension (as on its OpenAI routes): generate every token
 
     def check(self) -> None:
         super().check()
@@ -113,7 +114,8 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest):
             v = getattr(self, name)
             if v is not None:
                 kw[name] = v
-        return wire.SamplingParams(max_tokens=self.max_tokens, stop=list(self.stop_sequences or []), **kw)
+        return wire.SamplingParams(max_tokens=self.max_tokens, stop=list(self.stop_sequences or []),
+                                   ignore_eos=self.ignore_eos, **kw)
 
 
 def stop_reason(fin: wire.Finished | None, stop_sequences: list[str] | None) -> tuple[str, str | None]:

@@ -66,6 +66,7 @@ class OllamaOptions(BaseModel):
     repeat_last_n: int | None = Field(None, ge=-1)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    ignore_eos: bool = False  # corral's extension (as on its OpenAI routes): generate every token
 
 
 def sampling_from_options(opts: OllamaOptions | None, slot_ctx: int) -> wire.SamplingParams:
@@ -89,7 +90,7 @@ def sampling_from_options(opts: OllamaOptions | None, slot_ctx: int) -> wire.Sam
     stops = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
     if any(not s for s in stops):
         raise InvalidRequest("options.stop: stop strings must not be empty", param="options.stop")
-    return wire.SamplingParams(stop=stops, **kw)
+    return wire.SamplingParams(stop=stops, ignore_eos=opts.ignore_eos, **kw)
 
 
 class _Generating(BaseModel):

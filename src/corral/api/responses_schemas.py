@@ -65,6 +65,7 @@ class ResponsesRequest(BaseModel):
     text: _TextConfig | None = None
     reasoning: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
+    ignore_eos: bool = False  # corral's extension (as on its OpenAI routes): generate every token
 
     def check(self) -> None:
         if self.tools and self.tool_choice != "none":
@@ -97,7 +98,7 @@ class ResponsesRequest(BaseModel):
             kw["temperature"] = self.temperature
         if self.top_p is not None:
             kw["top_p"] = self.top_p
-        return wire.SamplingParams(max_tokens=self.max_output_tokens, **kw)
+        return wire.SamplingParams(max_tokens=self.max_output_tokens, ignore_eos=self.ignore_eos, **kw)
 
 
 def _text(content: str | list[_Part] | None, where: str) -> str:
