@@ -6,15 +6,15 @@ stops every worker on shutdown. Errors: one handler maps every ``CorralError`` w
 ``to_body()``/``status``/``headers()``; validation errors become 400 naming the field
 (never 422); unknown routes 404; anything else 500 with no traceback in the body.
 
-A small ASGI middleware (not BaseHTTPMiddleware: it must not buffer streams) checks
-the API key (every route but /health) and the body size (413).
+``corral.api.guard.GuardMiddleware`` runs before every route: Host and Origin checks,
+CORS for ``allowed_origins``, the API key (every route but /health), JSON content type
+and body size.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -25,91 +25,25 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.api import (anthropic_routes, management_routes, ollama_models, ollama_routes,
                         openai_routes, responses_routes)
-from corral.api.dialect_errors import error_response
+from corral.api.guard import GuardMiddleware, error_response
 from corral.config import CorralConfig
 from corral.control.events import EventBus
 from corral.control.metrics import Metrics
 from corral.control.plane import ControlPlane
-from corral.errors import AuthenticationError, CorralError, PayloadTooLarge
+from corral.errors import CorralError
+from corral.store.confine import PathPolicy
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("corral.api")
 
 
-def _error_response(exc: CorralError, path: str = "/") -> Response:
+def _error_response(exc: CorralError, path: str) -> Response:
     """``exc`` in the error shape of the API ``path`` belongs to (OpenAI, Ollama, Anthropic)."""
-    return error_response(path, exc)
-
-
-def _key_ok(headers: list[tuple[bytes, bytes]], key: bytes) -> bool:
-    """The API key as ``Authorization: Bearer KEY`` (OpenAI and most clients) or as
-    ``x-api-key: KEY`` (what Anthropic's clients send), on every route."""
-    bearer = b""
-    x_api_key = b""
-    for name, value in headers:
-        if name == b"authorization":
-            bearer = value
-        elif name == b"x-api-key":
-            x_api_key = value
-    ok_bearer = hmac.compare_digest(bearer, b"Bearer " + key)
-    ok_x = hmac.compare_digest(x_api_key, key)
-    return ok_bearer or ok_x
-
-
-class GuardMiddleware:
-    """API key (Bearer) on every route but /health; request bodies over the limit: 413."""
-
-    def __init__(self, app: ASGIApp, get_server: Callable[[], Any]) -> None:
-        self.app = app
-        self.get_server = get_server
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        srv = self.get_server()
-        if srv is None:
-            await self.app(scope, receive, send)
-            return
-        key = srv.api_key
-        if key and scope["path"] != "/health":
-            if not _key_ok(scope["headers"], key.encode()):
-                err = AuthenticationError("missing or wrong API key: send 'Authorization: Bearer KEY' "
-                                          "or 'x-api-key: KEY'")
-                resp = _error_response(err, scope["path"])
-                resp.headers["WWW-Authenticate"] = "Bearer"
-                await resp(scope, receive, send)
-                return
-        limit = srv.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    too_big = int(value) > limit
-                except ValueError:
-                    too_big = False
-                if too_big:
-                    await _error_response(PayloadTooLarge(
-                        f"request body of {int(value)} bytes exceeds max_body_bytes={limit}"),
-                        scope["path"])(scope, receive, send)
-                    return
-                break
-        seen = 0
-
-        async def limited_receive() -> Message:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > limit:
-                    raise PayloadTooLarge(f"request body exceeds max_body_bytes={limit}")
-            return msg
-
-        await self.app(scope, limited_receive, send)
+    return error_response(exc, path)
 
 
 def _install_handlers(app: FastAPI) -> None:
@@ -135,13 +69,15 @@ def _install_handlers(app: FastAPI) -> None:
                           code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code))
         err.status = exc.status_code
         err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return error_response(request.url.path, err, getattr(exc, "headers", None))
+        resp = _error_response(err, request.url.path)
+        resp.headers.update(getattr(exc, "headers", None) or {})
+        return resp
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(request.url.path, CorralError("internal server error (see the server log)",
-                                                            code="internal_error"))
+        return _error_response(CorralError("internal server error (see the server log)", code="internal_error"),
+                               request.url.path)
 
 
 def _embedded() -> tuple[str, Path, tuple[str, ...]] | None:
@@ -162,6 +98,20 @@ def _store(config: CorralConfig) -> Any:
     return ModelStore(config.server.models_dir or default_models_dir())
 
 
+def path_policy(app: FastAPI) -> PathPolicy:
+    """Which files requests may name now (see corral.store.confine): models_dir,
+    [server] allowed_model_dirs, the HF cache, the config's model files, the embedded model."""
+    plane: ControlPlane | None = getattr(app.state, "router", None)
+    store = getattr(app.state, "store", None)
+    if plane is None:
+        return PathPolicy(store.root if store is not None else None)
+    srv = plane.config.server
+    files = [p.spec.path for p in plane.pools.values() if p.spec.source in ("config", "embedded")]
+    files += [m.path for m in plane.config.models.values()]
+    root = store.root if store is not None else srv.models_dir
+    return PathPolicy(root, srv.allowed_model_dirs, files)
+
+
 def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig] | None = None,
                embedded: bool | tuple[str, Path, tuple[str, ...]] | None = True,
                use_store: bool = True, handle_sighup: bool = False) -> FastAPI:
@@ -173,6 +123,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         bus = EventBus()
         metrics = Metrics()
         store = _store(config) if use_store else None
+        if store is not None:
+            store.may_serve = lambda path: path_policy(app).allows(path)
         emb = _embedded() if embedded is True else (embedded or None)
         plane = ControlPlane(config, bus=bus, metrics=metrics, store=store,
                              config_loader=config_loader, embedded=emb)
@@ -198,6 +150,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
                         log.info("SIGHUP reload: %s", result)
                     except CorralError as exc:
                         log.error("SIGHUP reload failed, nothing changed: %s", exc.message)
+                    except Exception:  # noqa: BLE001 - never an unretrieved task exception
+                        log.exception("SIGHUP reload failed, nothing changed")
                 loop.create_task(run())
             loop.add_signal_handler(signal.SIGHUP, on_hup)
         try:
