@@ -14,7 +14,6 @@ prompt_eval_count/duration and eval_count/duration (from the worker's timings).
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -24,7 +23,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from corral import wire
-from corral.api.dialect_core import Generation, Outcome, plane_of, run_embedding, start_generation
+from corral.api.dialect_core import (Generation, Outcome, TextEvent, ToolCallEvent, build_spec,
+                                    parse_arguments, plane_of, run_embedding, run_generation)
 from corral.api.ollama_schemas import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                        OllamaGenerateRequest, parse_keep_alive, sampling_from_options)
 from corral.api.schemas import parse_body
@@ -48,13 +48,6 @@ def ndjson_response(data: Any, status: int = 200) -> Response:
 
 def _ns(seconds: float) -> int:
     return max(0, int(seconds * 1e9))
-
-
-def _stats(o: Outcome) -> dict[str, Any]:
-    return {"done_reason": o.finish_reason, "total_duration": _ns(o.total_s),
-            "load_duration": _ns(o.load_s), "prompt_eval_count": o.prompt_tokens,
-            "prompt_eval_duration": _ns(o.prompt_s), "eval_count": o.completion_tokens,
-            "eval_duration": _ns(o.generate_s)}
 
 
 def _slot_context(plane: ControlPlane, name: str) -> int:
@@ -81,25 +74,50 @@ async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
                             "done_reason": reason})
 
 
-def _stream(gen: Generation, shape: Callable[[str], bytes], final: Callable[[Outcome], dict[str, Any]]
-            ) -> StreamingResponse:
-    async def lines() -> AsyncIterator[bytes]:
-        status = 200
-        try:
-            async for text in gen.texts():
-                yield shape(text)
-            yield _json.encode(final(gen.outcome())) + b"\n"
-        except CorralError as exc:
-            status = exc.status
-            yield _json.encode({"error": exc.message}) + b"\n"
-        finally:
-            gen.close(status)
-    return StreamingResponse(lines(), media_type=_NDJSON)
-
-
 def _keep_alive_hook(request: Request, name: str, keep_alive: float | None) -> Callable[[], None]:
     plane = plane_of(request)
     return lambda: plane.keep_alive(name, keep_alive)
+
+
+def _calls(calls: list[wire.ToolCall]) -> list[dict[str, Any]]:
+    return [{"function": {"name": c.name, "arguments": parse_arguments(c)}} for c in calls]
+
+
+def _done_reason(o: Outcome) -> str:
+    return "stop" if o.finish_reason == "tool_calls" else o.finish_reason
+
+
+def _stats(o: Outcome) -> dict[str, Any]:
+    return {"done_reason": _done_reason(o), "total_duration": _ns(o.total_s),
+            "load_duration": _ns(o.load_s), "prompt_eval_count": o.prompt_tokens,
+            "prompt_eval_duration": _ns(o.prompt_s), "eval_count": o.completion_tokens,
+            "eval_duration": _ns(o.generate_s)}
+
+
+def _ndjson(gen: Generation, text_line: Callable[[str], bytes], calls_line: Callable[[list[wire.ToolCall]], bytes],
+            final: Callable[[Outcome], dict[str, Any]]) -> StreamingResponse:
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            async for ev in gen.events():
+                if isinstance(ev, TextEvent):
+                    if ev.text:
+                        yield text_line(ev.text)
+                elif isinstance(ev, ToolCallEvent):
+                    yield calls_line([ev.call])
+            yield _json.encode(final(gen.outcome())) + b"\n"
+        except CorralError as exc:
+            yield _json.encode({"error": exc.message}) + b"\n"
+    return StreamingResponse(lines(), media_type=_NDJSON)
+
+
+async def _run(request: Request, body: OllamaChatRequest | OllamaGenerateRequest, endpoint: str,
+               messages: list[dict[str, Any]], prompt: str | None, ka: float | None) -> Generation:
+    params = sampling_from_options(body.options, _slot_context(plane_of(request), body.model))
+    tools = body.tools if isinstance(body, OllamaChatRequest) else None
+    spec = build_spec(body.model, endpoint, messages, params, prompt=prompt, tools=tools,
+                      response_format=body.response_format())
+    return await run_generation(request, spec, stream=body.stream,
+                                on_close=_keep_alive_hook(request, body.model, ka))
 
 
 # ------------------------------------------------------------------------ chat
@@ -110,31 +128,31 @@ async def chat(request: Request) -> Response:
     body = await parse_body(request, OllamaChatRequest)
     body.check()
     ka = body.keep_alive_s()
-    plane = plane_of(request)
     if not body.messages:
         return await _load_or_unload(request, body.model, ka, {"message": {"role": "assistant", "content": ""}})
-    params = sampling_from_options(body.options, _slot_context(plane, body.model))
-    msg = wire.GenerateRequest(id="ollama-" + secrets.token_hex(12), messages=body.wire_messages(),
-                               params=params)
-    gen = await start_generation(request, body.model, "ollama_chat", msg, stream=body.stream,
-                                 on_close=_keep_alive_hook(request, body.model, ka))
-    ts = created_at()
+    gen = await _run(request, body, "ollama_chat", body.openai_messages(), None, ka)
     if not body.stream:
-        return ndjson_response({"model": gen.model, "created_at": ts,
-                                "message": {"role": "assistant", "content": gen.text or ""},
+        message: dict[str, Any] = {"role": "assistant", "content": gen.text}
+        if gen.tool_calls:
+            message["tool_calls"] = _calls(gen.tool_calls)
+        return ndjson_response({"model": gen.model, "created_at": created_at(), "message": message,
                                 "done": True, **_stats(gen.outcome())})
     enc = _json.encode
     model = enc(gen.model)
 
-    def shape(text: str) -> bytes:
+    def text_line(text: str) -> bytes:
         return (b'{"model":' + model + b',"created_at":"' + created_at().encode()
                 + b'","message":{"role":"assistant","content":' + enc(text) + b'},"done":false}\n')
+
+    def calls_line(calls: list[wire.ToolCall]) -> bytes:
+        return enc({"model": gen.model, "created_at": created_at(), "message": {
+            "role": "assistant", "content": "", "tool_calls": _calls(calls)}, "done": False}) + b"\n"
 
     def final(o: Outcome) -> dict[str, Any]:
         return {"model": gen.model, "created_at": created_at(),
                 "message": {"role": "assistant", "content": ""}, "done": True, **_stats(o)}
 
-    return _stream(gen, shape, final)
+    return _ndjson(gen, text_line, calls_line, final)
 
 
 # ------------------------------------------------------------------------ generate
@@ -145,29 +163,24 @@ async def generate(request: Request) -> Response:
     body = await parse_body(request, OllamaGenerateRequest)
     body.check()
     ka = body.keep_alive_s()
-    plane = plane_of(request)
     if not body.prompt and not body.system:
         return await _load_or_unload(request, body.model, ka, {"response": ""})
-    params = sampling_from_options(body.options, _slot_context(plane, body.model))
-    prompt, messages = body.wire_input()
-    msg = wire.GenerateRequest(id="ollama-" + secrets.token_hex(12), prompt=prompt, messages=messages,
-                               params=params)
-    gen = await start_generation(request, body.model, "ollama_generate", msg, stream=body.stream,
-                                 on_close=_keep_alive_hook(request, body.model, ka))
+    prompt, messages = body.openai_input()
+    gen = await _run(request, body, "ollama_generate", messages, prompt, ka)
     if not body.stream:
         return ndjson_response({"model": gen.model, "created_at": created_at(),
-                                "response": gen.text or "", "done": True, **_stats(gen.outcome())})
+                                "response": gen.text, "done": True, **_stats(gen.outcome())})
     enc = _json.encode
     model = enc(gen.model)
 
-    def shape(text: str) -> bytes:
+    def text_line(text: str) -> bytes:
         return (b'{"model":' + model + b',"created_at":"' + created_at().encode()
                 + b'","response":' + enc(text) + b',"done":false}\n')
 
     def final(o: Outcome) -> dict[str, Any]:
         return {"model": gen.model, "created_at": created_at(), "response": "", "done": True, **_stats(o)}
 
-    return _stream(gen, shape, final)
+    return _ndjson(gen, text_line, lambda calls: b"", final)
 
 
 # ------------------------------------------------------------------------ embeddings

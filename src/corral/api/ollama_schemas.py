@@ -5,11 +5,13 @@ min_p, seed, stop, repeat_penalty, repeat_last_n, presence_penalty, frequency_pe
 ``num_ctx`` may be at most the slot's context (a slot's context cannot grow per request;
 a smaller value is accepted and does not shrink it). Options corral has no use for
 (num_gpu, num_thread, mirostat, ...) are ignored, as Ollama ignores options a runner
-does not support. ``keep_alive`` is a Go duration ("5m", "1h30m", "0") or seconds.
+does not support. ``keep_alive`` is a Go duration ("5m", "1h30m", "0") or seconds. ``format`` ("json" or a
+JSON schema) and ``tools`` go through corral's structured output and tool calling.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
@@ -103,11 +105,16 @@ class _Generating(BaseModel):
     think: bool | str | None = None
 
     def check_common(self) -> None:
-        if self.format:
-            raise UnsupportedOption("format (JSON mode / structured output) is not supported yet",
-                                    param="format")
         if self.think:
             raise UnsupportedOption("think is not supported (no thinking models)", param="think")
+
+    def response_format(self) -> dict[str, Any] | None:
+        """``format``: "json" (any JSON object) or a JSON schema the output must match."""
+        if not self.format:
+            return None
+        if self.format == "json":
+            return {"type": "json_object"}
+        return {"type": "json_schema", "json_schema": {"name": "format", "schema": self.format}}
 
     def keep_alive_s(self) -> float | None:
         return parse_keep_alive(self.keep_alive)
@@ -139,17 +146,32 @@ class OllamaChatRequest(_Generating):
 
     def check(self) -> None:
         self.check_common()
-        if self.tools:
-            raise UnsupportedOption("tools are not supported yet", param="tools")
         for i, m in enumerate(self.messages):
             if m.images:
                 raise UnsupportedOption("images are not supported (text models only)",
                                         param=f"messages.{i}.images")
-            if m.tool_calls:
-                raise UnsupportedOption("tool_calls are not supported yet", param=f"messages.{i}.tool_calls")
 
-    def wire_messages(self) -> list[wire.ChatMessage]:
-        return [wire.ChatMessage(m.role, m.content or "") for m in self.messages]
+    def openai_messages(self) -> list[dict[str, Any]]:
+        """The messages in OpenAI's chat shape: tool calls get ids, a tool result answers
+        the latest call of its tool_name."""
+        out: list[dict[str, Any]] = []
+        ids: dict[str, str] = {}
+        for i, m in enumerate(self.messages):
+            msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+            if m.tool_calls:
+                calls = []
+                for j, c in enumerate(m.tool_calls):
+                    cid = f"call_{i}_{j}"
+                    ids[c.function.name] = cid
+                    args = c.function.arguments
+                    calls.append({"id": cid, "type": "function", "function": {
+                        "name": c.function.name, "arguments": args if isinstance(args, str) else json.dumps(args)}})
+                msg["tool_calls"] = calls
+            if m.role == "tool" and m.tool_name:
+                msg["name"] = m.tool_name
+                msg["tool_call_id"] = ids.get(m.tool_name)
+            out.append(msg)
+        return out
 
 
 class OllamaGenerateRequest(_Generating):
@@ -177,13 +199,13 @@ class OllamaGenerateRequest(_Generating):
             raise InvalidRequest("system has no effect with raw=true (the prompt is sent as it is)",
                                  param="system")
 
-    def wire_input(self) -> tuple[str | None, list[wire.ChatMessage] | None]:
-        """(prompt, messages): raw sends the prompt as it is; otherwise, as Ollama does, the
-        prompt is a user turn (after ``system``) rendered by the model's template."""
+    def openai_input(self) -> tuple[str | None, list[dict[str, Any]]]:
+        """(raw prompt, messages): raw sends the prompt as it is; otherwise, as Ollama does,
+        the prompt is a user turn (after ``system``) rendered by the model's template."""
         if self.raw:
-            return self.prompt, None
-        msgs = [wire.ChatMessage("system", self.system)] if self.system else []
-        return None, [*msgs, wire.ChatMessage("user", self.prompt)]
+            return self.prompt, []
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        return None, [*msgs, {"role": "user", "content": self.prompt}]
 
 
 class OllamaEmbedRequest(BaseModel):
