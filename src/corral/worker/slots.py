@@ -110,6 +110,7 @@ def finished_message(slot: Slot, job: Job, reason: wire.FinishReason) -> wire.Fi
             grammar_ms=slot.sampler.grammar_s * 1000 if slot.sampler is not None else 0.0,
         ),
         slot.index,
+        stop_string=slot.out.stop.matched if slot.out is not None else None,
     )
 
 
