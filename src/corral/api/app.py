@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.api import management_routes, openai_routes
+from corral.api import live_stats, management_routes, openai_routes, page_routes
 from corral.config import CorralConfig
 from corral.control.events import EventBus
 from corral.control.metrics import Metrics
@@ -47,7 +47,8 @@ def _error_response(exc: CorralError) -> Response:
 
 
 class GuardMiddleware:
-    """API key (Bearer) on every route but /health; request bodies over the limit: 413."""
+    """API key (Bearer) on every route but /health and the web page's static files
+    (``page_routes.is_public_path``); request bodies over the limit: 413."""
 
     def __init__(self, app: ASGIApp, get_server: Callable[[], Any]) -> None:
         self.app = app
@@ -62,7 +63,9 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
         key = srv.api_key
-        if key and scope["path"] != "/health":
+        path = scope["path"]
+        if key and path != "/health" and not (scope["method"] in ("GET", "HEAD")
+                                             and page_routes.is_public_path(path)):
             got = b""
             for name, value in scope["headers"]:
                 if name == b"authorization":
@@ -179,6 +182,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         app.state.downloads = downloads
         app.state.metrics = metrics
         await plane.start()
+        app.state.stats = live_stats.StatsRecorder(plane)
+        app.state.stats.start()
         loop = asyncio.get_running_loop()
         if handle_sighup:
             def on_hup() -> None:
@@ -195,6 +200,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         finally:
             if handle_sighup:
                 loop.remove_signal_handler(signal.SIGHUP)
+            await app.state.stats.close()
             if downloads is not None:
                 with contextlib.suppress(Exception):
                     await downloads.close()
@@ -205,6 +211,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     _install_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(management_routes.router)
+    app.include_router(page_routes.router)
+    app.include_router(live_stats.router)
     try:
         from corral.api.store_routes import router as store_router
         app.include_router(store_router)
