@@ -10,7 +10,9 @@ starts over from the new value.
 
     GET /stats   {"interval_s": 2.0, "now": UNIX_TIME,
                   "models": {ID: {"t": [UNIX_TIME, ...], "tokens_per_s": [...],
-                                  "queued": [...], "busy": [...], "slots": [...]}}}
+                                  "queued": [...], "busy": [...], "slots": [...],
+                                  "instances": [{"index", "state", "busy", "total"}]}}}
+                 (``instances``: as of the last sample)
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class StatsRecorder:
         self.interval_s = interval_s
         self.keep = keep
         self._series: dict[str, dict[str, deque[float]]] = {}
+        self._instances: dict[str, list[dict[str, Any]]] = {}
         # (model, instance index) -> (pid, tokens_generated, monotonic time) of the last sample
         self._counters: dict[tuple[str, int], tuple[int | None, int, float]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -101,15 +104,20 @@ class StatsRecorder:
                 series = self._series[mid] = {f: deque(maxlen=self.keep) for f in _FIELDS}
             busy = sum(i.busy for i in pool.instances)
             slots = sum(i.slots_total for i in pool.instances if i.state is InstanceState.READY)
+            self._instances[mid] = [{"index": i.index, "state": i.state.value, "busy": i.busy,
+                                     "total": i.slots_total} for i in pool.instances]
             for field, value in (("t", round(now, 3)), ("tokens_per_s", round(rates.get(mid, 0.0), 2)),
                                  ("queued", len(pool.waiters)), ("busy", busy), ("slots", slots)):
                 series[field].append(value)
         for gone in [m for m in self._series if m not in ids]:
             del self._series[gone]
+            self._instances.pop(gone, None)
 
     def history(self) -> dict[str, Any]:
         return {"interval_s": self.interval_s, "now": time.time(),
-                "models": {mid: {f: list(s[f]) for f in _FIELDS} for mid, s in self._series.items()}}
+                "models": {mid: {**{f: list(s[f]) for f in _FIELDS},
+                                 "instances": self._instances.get(mid, [])}
+                           for mid, s in self._series.items()}}
 
 
 @router.get("/stats")

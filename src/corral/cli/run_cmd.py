@@ -23,6 +23,7 @@ __all__ = ["register", "Chat"]
 
 HELP = """commands:
   /set system TEXT   set the system prompt (/set system with no text clears it)
+  /set parameter temperature|max_tokens VALUE
   /clear             forget the conversation
   /bye               leave (or Ctrl-D)
   Ctrl-C             stop the answer being written"""
@@ -101,11 +102,26 @@ class Chat:
             text = rest.partition(" ")[2].strip()
             self.system = text or None
             print("set the system prompt" if text else "cleared the system prompt")
+        elif word == "/set" and rest.split(" ", 1)[0] == "parameter":
+            self._set_parameter(rest.split()[1:])
         elif word in ("/?", "/help"):
             print(HELP)
         else:
             print(f"unknown command {word!r}; /? lists the commands")
         return True
+
+
+    def _set_parameter(self, args: list[str]) -> None:
+        kinds: dict[str, type] = {"temperature": float, "max_tokens": int}
+        if len(args) != 2 or args[0] not in kinds:
+            print("usage: /set parameter temperature|max_tokens VALUE")
+            return
+        try:
+            self.options[args[0]] = kinds[args[0]](args[1])
+        except ValueError:
+            print(f"{args[0]}: not a number: {args[1]!r}")
+            return
+        print(f"set {args[0]} to {args[1]}")
 
 
 def _stats(ans: Answer) -> str:

@@ -46,14 +46,23 @@
       const mem = i.memory || {};
       const facts = [
         ["pid", i.pid === null ? "–" : String(i.pid)],
-        ["slots", i.slots ? i.slots.busy + "/" + i.slots.total : "–"],
+        ["slots", slotsText(m.id, i)],
         ["model", C.bytes(mem.model_bytes)], ["KV", C.bytes(mem.kv_bytes)], ["RSS", C.bytes(mem.rss_bytes)],
         ["threads", i.threads === null || i.threads === undefined ? "–" : String(i.threads)],
         ["restarts", String(i.restarts || 0)]];
       return el("li", { "data-instance": i.index, "data-state": i.state },
         el("b", {}, "#" + i.index), el("span", { class: "status " + instClass(i.state) }, i.state),
-        facts.map(([k, v]) => el("span", { class: "fact" }, el("span", { class: "k" }, k), " " + v)));
+        facts.map(([k, v]) => el("span", { class: "fact", "data-fact": k }, el("span", { class: "k" }, k), " ",
+          el("span", { class: "v" }, v))));
     }));
+  }
+
+  // slots busy/total: the last stats sample (every few seconds) is newer than GET /models
+  function slotsText(id, i) {
+    const s = C.stats.models && C.stats.models[id];
+    const live = s && s.instances ? s.instances.find((x) => x.index === i.index && x.state === i.state) : null;
+    const v = live || (i.slots ? { busy: i.slots.busy, total: i.slots.total } : null);
+    return v ? v.busy + "/" + v.total : "–";
   }
 
   function instClass(state) {
@@ -150,9 +159,17 @@
 
   C.renderCharts = function () {
     const all = C.stats.models || {};
-    const cap = 150;
     for (const [id, card] of cards) {
       const s = all[id];
+      const used = !!s && s.slots.some((x) => x > 0);
+      card.charts.hidden = !used;
+      const cap = s ? Math.min(150, Math.max(30, s.t.length)) : 30;
+      const m0 = C.models.find((x) => x.id === id);
+      if (m0) for (const li of card.body.querySelectorAll(".instances li")) {
+        const inst = (m0.instances || []).find((i) => String(i.index) === li.dataset.instance);
+        const v = li.querySelector('[data-fact="slots"] .v');
+        if (inst && v) v.textContent = slotsText(id, inst);
+      }
       for (const [key, , color] of CHARTS) {
         const c = card.canvases[key];
         const values = s ? s[key] : [];
