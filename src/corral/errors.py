@@ -8,6 +8,7 @@
     │   │   ├── ContextLengthExceeded 400 code=context_length_exceeded
     │   │   └── ModelNotLoaded       400 code=model_not_loaded  (autoload off)
     │   ├── AuthenticationError      401 authentication_error
+    │   ├── Forbidden                403 code=forbidden (path_not_allowed, host/origin not allowed)
     │   ├── ModelNotFound            404 code=model_not_found
     │   ├── NotFound                 404 (a pull id, a route object)
     │   ├── Conflict                 409 (e.g. rm of a loaded model without --force)
@@ -39,6 +40,7 @@ __all__ = [
     "ContextLengthExceeded",
     "ModelNotLoaded",
     "AuthenticationError",
+    "Forbidden",
     "ModelNotFound",
     "NotFound",
     "Conflict",
@@ -110,6 +112,15 @@ class AuthenticationError(RequestError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class Forbidden(RequestError):
+    """The request is understood but not allowed here (a path outside the allowed
+    directories, a Host or Origin the server does not serve). The message names the
+    setting that would allow it."""
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
 
 
 class ModelNotFound(RequestError):

@@ -98,9 +98,11 @@ async def test_bad_input_gets_clear_4xx(harness: Harness) -> None:
         return e
 
     await err(await c.post("/v1/chat/completions", json=chat("nope")), 404, "model_not_found", "model")
-    await err(await c.post("/v1/chat/completions", content=b'{"model": "a",'), 400)
-    await err(await c.post("/v1/chat/completions", content=b""), 400)
-    await err(await c.post("/v1/chat/completions", content=b"[1,2]"), 400)
+    js = {"content-type": "application/json"}
+    await err(await c.post("/v1/chat/completions", content=b'{"model": "a",', headers=js), 400)
+    await err(await c.post("/v1/chat/completions", content=b"", headers=js), 400)
+    await err(await c.post("/v1/chat/completions", content=b"[1,2]", headers=js), 400)
+    await err(await c.post("/v1/chat/completions", content=b'{"model": "a"}'), 415, "unsupported_media_type")
     e = await err(await c.post("/v1/chat/completions", json={"model": "a", "messages": "hi"}), 400,
                   param="messages")
     assert "messages" in e["message"]
@@ -134,7 +136,8 @@ async def test_chunked_body_over_limit_is_413(harness: Harness) -> None:
         for _ in range(10):
             yield b" " * 500
 
-    r = await harness.client.post("/v1/chat/completions", content=chunks())
+    r = await harness.client.post("/v1/chat/completions", content=chunks(),
+                                  headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
 
 
@@ -162,7 +165,7 @@ async def test_metrics_count_requests(harness: Harness) -> None:
 
 
 async def test_nitro_loadmodel_and_unloadmodel(harness: Harness) -> None:
-    await harness.start(harness.config({}))
+    await harness.start(harness.config({}, allowed_model_dirs=[str(harness.tmp)]))
     path = harness.script("tiny")
     r = await harness.client.post("/inferences/llamacpp/loadmodel", json={
         "model_id": "tinyllama", "llama_model_path": str(path), "ctx_len": 512, "ngl": 0,

@@ -48,6 +48,8 @@ async def _body(request: Request, model: type[BaseModel]) -> Any:
         data = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise InvalidRequest("the body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object")
     try:

@@ -30,7 +30,7 @@ from rich.table import Table
 
 from corral.cli.client import HostOpt, PortOpt, ServerOpt, api_headers, model_path, server_url
 from corral.errors import CorralError
-from corral.store.local import ModelStore, default_models_dir
+from corral.store.local import ModelStore, default_models_dir, validate_model_id
 
 __all__ = ["register"]
 
@@ -334,9 +334,15 @@ def register(app: typer.Typer) -> None:
         models_dir: Path | None = ModelsDirOpt,
     ) -> None:
         """Delete a model from disk."""
+        try:  # a store id never holds '/', '?', '#' or '%': nothing can reach another route
+            validate_model_id(model_id)
+        except CorralError as exc:
+            err.print(f"[red]error[/]: {exc.message}")
+            raise typer.Exit(1) from None
         url = server_url(host, port, server)
         if _server_running(url):
-            r = httpx.delete(url + model_path("/models", model_id), params={"force": str(force).lower()},
+            r = httpx.delete(url + model_path("/models", model_id),
+                             params={"force": str(force).lower()},
                              headers=_headers(), timeout=120)
             if r.status_code != 200:
                 err.print(f"[red]error[/]: {_error_message(r)}")

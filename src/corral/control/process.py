@@ -3,7 +3,10 @@
 A worker is ``python -m corral.worker --fd N --settings JSON`` in its own session
 (``start_new_session=True``: its process group is ours to kill as a whole). The router
 keeps one end of a ``socketpair``; the worker inherits the other as fd N.
-Its stdout and stderr go to a log file whose last lines explain a failure.
+Its stdout and stderr go to a log file whose last lines explain a failure. Logs are the
+owner's only (directory 0700 when corral creates it, files 0600), and each spawn starts a
+fresh file (the previous one is kept as ``.log.1``), so a failure reason never shows
+what an earlier load of that name (perhaps another client's) wrote.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import msgspec
 
@@ -44,9 +48,14 @@ class Launcher:
         """Start one worker. Returns the process, the router's socket end and the log path."""
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         log_path = self.log_path(settings.model_id, settings.instance)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
-            with open(log_path, "ab") as log:
+            log = _open_private_log(self.log_dir, log_path)
+        except BaseException:
+            parent.close()
+            child.close()
+            raise
+        try:
+            with log:
                 argv = [*self.worker_command, "--fd", str(child.fileno()),
                         "--settings", msgspec.json.encode(settings).decode()]
                 proc = await asyncio.create_subprocess_exec(
@@ -61,6 +70,18 @@ class Launcher:
             child.close()
         parent.setblocking(False)
         return proc, parent, log_path
+
+
+def _open_private_log(log_dir: Path, log_path: Path) -> IO[bytes]:
+    """A fresh owner-only log file (the previous one becomes ``.log.1``)."""
+    if not log_dir.is_dir():
+        log_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
+        os.chmod(log_dir, 0o700)
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(log_path, log_path.with_name(log_path.name + ".1"))
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def describe_exit(rc: int | None) -> str:

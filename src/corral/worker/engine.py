@@ -2,6 +2,7 @@
 
     engine = Engine(settings)            # loads the model (ModelLoadError on failure)
     engine.submit(GenerateRequest(...))  # or EmbedRequest; queued, joins at the next step
+    engine.submit(engine.prepare(req))   # the same, tokenized first (any thread: prompts.py)
     engine.abort("id")
     msgs = engine.step()                 # one llama_decode; returns Delta/Finished/... messages
 
@@ -16,7 +17,8 @@ Each ``step()``:
 4. samples every slot whose logits were computed, detokenizes, matches stop strings,
    and emits ``Delta`` / ``Finished``.
 
-Only the thread that calls ``step()`` touches llama.cpp. ``submit``/``abort`` only queue.
+Only the thread that calls ``step()`` touches llama.cpp's context. ``submit``/``abort``
+only queue; ``prepare`` (tokenizing, read-only on the vocabulary) may run on another thread.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ from corral.worker.detokenize import StopMatcher, Utf8Stream
 from corral.worker.embed import embed_batch
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, load_model, rss_bytes
+from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.templates import ChatTemplate, TemplateError, choose_template
 from corral.worker.tokens import Tokenizer
 
-__all__ = ["Engine", "Outgoing"]
+__all__ = ["Engine", "Outgoing", "PreparedRequest"]
 
 log = logging.getLogger("corral.worker.engine")
 
@@ -140,6 +143,7 @@ class Engine:
                 )
             except TemplateError as exc:
                 self._template_error = str(exc)
+        self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot)
         self.slots = [_Slot(i) for i in range(self.m.n_slots)]
         self.waiting: deque[_Job] = deque()
         self.embed_waiting: deque[tuple[wire.EmbedRequest, float]] = deque()
@@ -151,8 +155,13 @@ class Engine:
 
     # ------------------------------------------------------------------ commands
 
-    def submit(self, req: wire.GenerateRequest | wire.EmbedRequest) -> None:
-        """Queue a request. Bad requests are answered with RequestFailed at once."""
+    def submit(self, req: wire.GenerateRequest | wire.EmbedRequest | PreparedRequest) -> None:
+        """Queue a request (prepared by ``prepare`` or not). Bad requests are answered with
+        RequestFailed at once."""
+        prepared = req if isinstance(req, PreparedRequest) else None
+        if prepared is not None:
+            req = prepared.req
+        assert not isinstance(req, PreparedRequest)
         try:
             if isinstance(req, wire.EmbedRequest):
                 if not self.m.embedding:
@@ -161,14 +170,11 @@ class Engine:
                     )
                 self.embed_waiting.append((req, time.perf_counter()))
                 return
-            if self.m.embedding:
-                raise RequestRejected(
-                    "invalid_request",
-                    f"model {self.settings.model_id} is loaded for embeddings only",
-                )
             if req.id in self._by_id:
                 raise RequestRejected("invalid_request", f"request id {req.id!r} is already in use")
-            job = _Job(req, self._prompt_tokens(req), time.perf_counter())
+            if prepared is None:
+                prepared = self.prepare(req)
+            job = _Job(req, prepared.tokens, time.perf_counter())
             self._by_id[req.id] = job
             self.waiting.append(job)
         except RequestRejected as exc:
@@ -250,30 +256,15 @@ class Engine:
 
     # ------------------------------------------------------------------ prompt
 
-    def _prompt_tokens(self, req: wire.GenerateRequest) -> list[int]:
-        if (req.prompt is None) == (req.messages is None):
-            raise RequestRejected("invalid_request", "exactly one of prompt and messages must be given")
-        if req.messages is not None:
-            if self.template is None:
-                raise RequestRejected("invalid_request", f"chat template unusable: {self._template_error}")
-            try:
-                text = self.template.render(req.messages)
-            except TemplateError as exc:
-                raise RequestRejected("invalid_request", str(exc)) from exc
-            tokens = self.tok.tokenize(text, add_special=not self.tok.starts_with_bos(text))
-        else:
-            tokens = self.tok.tokenize(req.prompt or "", add_special=req.add_special)
-        if not tokens:
-            raise RequestRejected("invalid_request", "the prompt is empty")
-        limit = self.m.n_ctx_slot
-        if len(tokens) >= limit:
-            raise RequestRejected(
-                "context_length_exceeded",
-                f"the prompt has {len(tokens)} tokens, but this model's context per request is "
-                f"{limit} tokens (at least 1 must be left to generate)",
-            )
+    def prepare(self, req: wire.GenerateRequest) -> PreparedRequest:
+        """Tokenize and check a request; RequestRejected if it cannot run. Thread-safe: the
+        worker's reader thread calls it, so long prompts never stall ``step()``."""
+        if self.m.embedding:
+            raise RequestRejected("invalid_request",
+                                  f"model {self.settings.model_id} is loaded for embeddings only")
+        tokens = self.prompts.tokens(req)
         _check_params(req.params)
-        return tokens
+        return PreparedRequest(req, tokens)
 
     # ------------------------------------------------------------------ scheduling
 
