@@ -294,6 +294,7 @@ class Finished(msgspec.Struct, frozen=True, tag="finished"):
     usage: Usage
     timings: Timings
     slot: int = -1
+    stop_string: str | None = None  # the stop string that ended it (finish_reason "stop")
 
 
 class RequestFailed(msgspec.Struct, frozen=True, tag="request_failed"):
