@@ -55,3 +55,22 @@ def test_forced_call_schema() -> None:
     two = forced_call_schema([("f", None), ("g", {"type": "object"})])
     assert [s["properties"]["name"]["const"] for s in two["anyOf"]] == ["f", "g"]
     check_schema(two, "x")
+
+
+def test_n_choices_get_derived_seeds_and_their_own_requests() -> None:
+    from corral.api.chat_request import ChatCompletionRequest
+    from corral.api.generation import chat_spec, completion_spec
+    from corral.api.schemas import CompletionRequest
+
+    body = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                                 "n": 3, "seed": 11})
+    spec = chat_spec(body)
+    assert [r.params.seed for r in spec.requests] == [11, 12, 13]
+    assert len({r.id for r in spec.requests}) == 3
+    unseeded = chat_spec(ChatCompletionRequest.model_validate({"model": "m", "n": 2, "messages": [
+        {"role": "user", "content": "x"}]}))
+    assert [r.params.seed for r in unseeded.requests] == [None, None]  # each worker draws its own
+    comp = completion_spec(CompletionRequest.model_validate({"model": "m", "prompt": [[7], [5, 6]], "n": 2,
+                                                             "seed": 1}))
+    assert [(r.prompt, r.prompt_tokens, r.params.seed) for r in comp.requests] == [
+        (None, [7], 1), (None, [7], 2), (None, [5, 6], 3), (None, [5, 6], 4)]
