@@ -6,7 +6,9 @@
     │   ├── InvalidRequest           400 invalid_request_error (param names the field)
     │   │   ├── UnsupportedOption    400 code=unsupported_option
     │   │   ├── ContextLengthExceeded 400 code=context_length_exceeded
-    │   │   └── ModelNotLoaded       400 code=model_not_loaded  (autoload off)
+    │   │   ├── ModelNotLoaded       400 code=model_not_loaded  (autoload off)
+    │   │   ├── InvalidConfig        400 code=invalid_config    (reload of a bad config)
+    │   │   └── HubUnauthorized      400 code=hub_unauthorized  (gated or private repo)
     │   ├── AuthenticationError      401 authentication_error
     │   ├── ModelNotFound            404 code=model_not_found
     │   ├── NotFound                 404 (a pull id, a route object)
@@ -14,13 +16,17 @@
     │   └── PayloadTooLarge          413
     ├── Unavailable                  503 + Retry-After      try again later
     │   ├── QueueFull                503 code=queue_full
-    │   └── CapacityTimeout          503 code=capacity_timeout (no room within the wait)
+    │   ├── CapacityTimeout          503 code=capacity_timeout (no room within the wait)
+    │   ├── ModelLoading             503 code=model_loading    (still loading after the wait)
+    │   └── ModelDownloading         503 code=model_downloading
     ├── ModelError                   5xx                    an instance failed
     │   ├── LoadFailed               503 code=model_load_failed
-    │   └── WorkerCrashed            502 code=worker_crashed (in-flight requests end so)
-    └── DownloadError                -                       reason in words; see store
-        ├── DownloadCancelled
-        └── ChecksumMismatch
+    │   ├── WorkerCrashed            502 code=worker_crashed (in-flight requests end so)
+    │   └── WorkerRequestFailed      500                     (the engine failed one request)
+    └── DownloadError                500 code=download_failed  reason in words; see store
+        ├── DownloadCancelled        409 code=download_cancelled
+        ├── DownloadNetworkError     502
+        └── InsufficientStorage      507
 
 Every error carries what the HTTP layer needs (status, type, code, param); the API
 maps any ``CorralError`` with ``to_body()`` and never lets a traceback out.
@@ -51,7 +57,13 @@ __all__ = [
     "WorkerCrashed",
     "DownloadError",
     "DownloadCancelled",
-    "ChecksumMismatch",
+    "DownloadNetworkError",
+    "InsufficientStorage",
+    "InvalidConfig",
+    "HubUnauthorized",
+    "ModelLoading",
+    "ModelDownloading",
+    "WorkerRequestFailed",
 ]
 
 
@@ -60,12 +72,10 @@ class CorralError(Exception):
     type: str = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None):
         super().__init__(message)
         self.message = message
         self.param = param
-        if code is not None:
-            self.code = code
 
     def to_body(self) -> dict[str, Any]:
         return {
@@ -106,6 +116,14 @@ class ModelNotLoaded(InvalidRequest):
     code = "model_not_loaded"
 
 
+class InvalidConfig(InvalidRequest):
+    code = "invalid_config"
+
+
+class HubUnauthorized(InvalidRequest):
+    code = "hub_unauthorized"
+
+
 class AuthenticationError(RequestError):
     status = 401
     type = "authentication_error"
@@ -137,8 +155,8 @@ class Unavailable(CorralError):
     type = "server_error"
     code = "unavailable"
 
-    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kw: Any):
-        super().__init__(message, **kw)
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, param: str | None = None):
+        super().__init__(message, param=param)
         self.retry_after_s = retry_after_s
 
     def headers(self) -> dict[str, str]:
@@ -151,6 +169,14 @@ class QueueFull(Unavailable):
 
 class CapacityTimeout(Unavailable):
     code = "capacity_timeout"
+
+
+class ModelLoading(Unavailable):
+    code = "model_loading"
+
+
+class ModelDownloading(Unavailable):
+    code = "model_downloading"
 
 
 class ModelError(CorralError):
@@ -167,6 +193,10 @@ class WorkerCrashed(ModelError):
     code = "worker_crashed"
 
 
+class WorkerRequestFailed(ModelError):
+    status = 500
+
+
 class DownloadError(CorralError):
     """A download failed; ``message`` is a reason a person understands."""
 
@@ -174,8 +204,13 @@ class DownloadError(CorralError):
 
 
 class DownloadCancelled(DownloadError):
+    status = 409
     code = "download_cancelled"
 
 
-class ChecksumMismatch(DownloadError):
-    code = "checksum_mismatch"
+class DownloadNetworkError(DownloadError):
+    status = 502
+
+
+class InsufficientStorage(DownloadError):
+    status = 507

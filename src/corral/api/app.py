@@ -181,15 +181,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         await plane.start()
         loop = asyncio.get_running_loop()
         if handle_sighup:
-            def on_hup() -> None:
-                async def run() -> None:
-                    try:
-                        result = await plane.reload()
-                        log.info("SIGHUP reload: %s", result)
-                    except CorralError as exc:
-                        log.error("SIGHUP reload failed, nothing changed: %s", exc.message)
-                loop.create_task(run())
-            loop.add_signal_handler(signal.SIGHUP, on_hup)
+            loop.add_signal_handler(signal.SIGHUP, plane.reload_soon, "SIGHUP")
         try:
             yield
         finally:

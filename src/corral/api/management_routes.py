@@ -24,10 +24,11 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from corral.api.openai_routes import json_response
-from corral.api.schemas import ModelRef, NitroLoadModel, NitroUnloadModel, parse_body
+from corral.api.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitro_settings,
+                                parse_body)
 from corral.control.catalog import ModelSpec
 from corral.control.plane import ControlPlane
-from corral.errors import ConfigError, Conflict, InvalidRequest, ModelNotFound
+from corral.errors import ConfigError, Conflict, InvalidConfig, InvalidRequest, ModelNotFound
 
 __all__ = ["router"]
 
@@ -131,7 +132,7 @@ async def reload_models(request: Request) -> Response:
     try:
         result = await _plane(request).reload()
     except ConfigError as exc:  # the old config stays in force
-        raise InvalidRequest(f"config not reloaded: {exc.message}", code="invalid_config") from None
+        raise InvalidConfig(f"config not reloaded: {exc.message}") from None
     return json_response({"success": True, **result})
 
 
@@ -145,14 +146,7 @@ async def nitro_load(request: Request) -> Response:
     path = Path(body.llama_model_path).expanduser()
     if not path.is_file():
         raise InvalidRequest(f"llama_model_path: no file at {str(path)!r}", param="llama_model_path")
-    settings = plane.config.inherited_settings()
-    for ours, theirs in (("ctx_len", body.ctx_len), ("n_gpu_layers", body.ngl),
-                         ("embedding", body.embedding), ("pre_prompt", body.pre_prompt),
-                         ("user_prompt", body.user_prompt), ("ai_prompt", body.ai_prompt),
-                         ("system_prompt", body.system_prompt), ("n_parallel", body.n_parallel),
-                         ("threads", body.cpu_threads)):
-        if theirs is not None:
-            settings[ours] = theirs
+    settings = nitro_settings(body, plane.config.inherited_settings())
     spec = ModelSpec.make(body.model_id, path.resolve(), settings, source="nitro")
     existing = plane.pools.get(body.model_id)
     if existing is not None and existing.spec.source != "nitro" and existing.spec.path != spec.path:

@@ -1,66 +1,18 @@
-"""Starting, signalling and describing worker processes (no state: the instance owns that).
+"""Local worker processes in words and signals: exit status, log tail, process group.
 
-A worker is ``python -m corral.worker --fd N --settings JSON`` in its own session
-(``start_new_session=True``: its process group is ours to kill as a whole). The router
-keeps one end of a ``socketpair``; the worker inherits the other as fd N.
-Its stdout and stderr go to a log file whose last lines explain a failure.
+Used by the local transport (``corral.control.link.SocketLink``): a worker leads its
+own session, so its whole process group can be signalled; its stdout and stderr go
+to a log file whose last lines explain a failure.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import socket
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
-
-from corral import wire
-
-__all__ = ["Launcher", "describe_exit", "log_tail", "kill_group"]
-
-
-@dataclass
-class Launcher:
-    """How to start workers; shared by all instances of a router."""
-
-    log_dir: Path
-    worker_command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "corral.worker"])
-    load_timeout_s: float = 300.0
-    stop_grace_s: float = 5.0
-    max_restarts: int = 3
-    restart_backoff_s: float = 1.0
-
-    def log_path(self, model_id: str, index: int) -> Path:
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model_id)
-        return self.log_dir / f"{safe}.{index}.log"
-
-    async def spawn(self, settings: wire.WorkerSettings
-                    ) -> tuple[asyncio.subprocess.Process, socket.socket, Path]:
-        """Start one worker. Returns the process, the router's socket end and the log path."""
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        log_path = self.log_path(settings.model_id, settings.instance)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            with open(log_path, "ab") as log:
-                argv = [*self.worker_command, "--fd", str(child.fileno()),
-                        "--settings", msgspec.json.encode(settings).decode()]
-                proc = await asyncio.create_subprocess_exec(
-                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                    pass_fds=(child.fileno(),), start_new_session=True,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                )
-        except BaseException:
-            parent.close()
-            raise
-        finally:
-            child.close()
-        parent.setblocking(False)
-        return proc, parent, log_path
+__all__ = ["describe_exit", "log_tail", "kill_group"]
 
 
 def describe_exit(rc: int | None) -> str:

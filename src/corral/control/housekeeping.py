@@ -1,0 +1,59 @@
+"""Housekeeping: idle models unload after their ``ttl_s``; workers report their stats.
+
+One task wakes every second (more often for short TTLs). An idle model's unload is
+re-checked at the moment it happens (``Admission.unload_idle``): a request that came
+meanwhile keeps it loaded. Every ``STATS_EVERY_S`` each ready worker is asked for its
+``Stats`` (memory, busy slots), which the budget and ``GET /models`` read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from corral.control.admission import Admission
+from corral.control.pool import ModelPool
+
+__all__ = ["Housekeeper", "STATS_EVERY_S"]
+
+STATS_EVERY_S = 10.0
+
+
+class Housekeeper:
+    def __init__(self, pools: dict[str, ModelPool], admission: Admission,
+                 background: Callable[[Coroutine[Any, Any, None], str], object]) -> None:
+        self._pools = pools
+        self._admission = admission
+        self._background = background
+
+    async def run(self) -> None:
+        last_stats = time.monotonic()
+        while True:
+            await asyncio.sleep(self.tick())
+            self.expire_idle(time.time())
+            if time.monotonic() - last_stats >= STATS_EVERY_S:
+                last_stats = time.monotonic()
+                self.poll_stats()
+
+    def tick(self) -> float:
+        ttls = [p.spec.ttl_s for p in self._pools.values() if p.spec.ttl_s]
+        return max(0.05, min([1.0, *(t / 4 for t in ttls)]))
+
+    def expire_idle(self, now: float) -> None:
+        for pool in list(self._pools.values()):
+            ttl = pool.spec.ttl_s
+            if (ttl and pool.has_ready and pool.idle and not pool.draining and not pool.spec.pinned
+                    and now - pool.last_used >= ttl):
+                self._background(self._admission.unload_idle(pool, f"idle for {ttl:g} s (ttl_s)"),
+                                 f"ttl {pool.spec.id}")
+
+    def poll_stats(self) -> None:
+        for pool in self._pools.values():
+            for inst in pool.instances:
+                self._background(self._fetch(inst.fetch_stats()), "stats")
+
+    @staticmethod
+    async def _fetch(coro: Coroutine[Any, Any, object]) -> None:
+        await coro
