@@ -16,9 +16,10 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError,
+                      ValidationInfo, field_validator)
 
 from corral.errors import ConfigError
 from corral.settings import ModelSettings, SettingsError, setting_names
@@ -62,7 +63,33 @@ ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
 _STRICT = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class ServerConfig(BaseModel):
+def _takes_bool(annotation: Any) -> bool:
+    return annotation is bool or any(_takes_bool(a) for a in get_args(annotation))
+
+
+class _NoBoolNumbers(BaseModel):
+    """TOML ``true`` is not a number: ``max_queue = true`` is an error, not 1."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _bool_is_not_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and not _takes_bool(field.annotation):
+                raise ValueError(f"expected {_kind(field.annotation)}, got {str(value).lower()}")
+        return value
+
+
+def _kind(annotation: Any) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", Path: "a path"}
+    for a in (annotation, *get_args(annotation)):
+        for inner in (a, *get_args(a)):
+            if inner in names:
+                return names[inner]
+    return "a value of another type"
+
+
+class ServerConfig(_NoBoolNumbers):
     model_config = _STRICT
 
     host: str = "127.0.0.1"
@@ -74,6 +101,15 @@ class ServerConfig(BaseModel):
     max_queue: int = Field(64, ge=0)  # per model, requests waiting for a slot
     autoload: bool = True  # False: requests for unloaded models get 400 model_not_loaded
     api_key: str | None = None
+    # directories outside models_dir whose models requests may name (Nitro llama_model_path)
+    allowed_model_dirs: list[Path] = []
+    # web origins (e.g. "http://localhost:3000", "https://*.example.com") that browsers may
+    # call the API from (CORS); same-origin pages always may. Like Ollama's OLLAMA_ORIGINS.
+    allowed_origins: list[str] = []
+    # host names the server answers to besides IP literals, localhost, the bound host and
+    # this machine's name (DNS rebinding protection); "*" accepts any
+    allowed_hosts: list[str] = []
+    header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must arrive within this
     load_timeout_s: float = Field(300.0, gt=0)
     queue_timeout_s: float = Field(60.0, gt=0)  # wait for a slot or for room to load
     drain_timeout_s: float = Field(30.0, ge=0)  # unload/reload lets running requests finish
@@ -232,7 +268,32 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
         if p is not None:
             p = p.expanduser()
             setattr(cfg.server, attr, p if p.is_absolute() else base / p)
+    cfg.server.allowed_model_dirs = [d.expanduser() if d.expanduser().is_absolute()
+                                     else base / d.expanduser()
+                                     for d in cfg.server.allowed_model_dirs]
+    _check_model_files(cfg, name)
     return cfg
+
+
+def _check_model_files(cfg: CorralConfig, name: str) -> None:
+    """A model path that is a directory or not a GGUF file is an error now, naming the
+    file, table and key (a missing file is not: it may be downloaded later). With a
+    ``worker_command`` (another worker program) only directories are refused."""
+    gguf_only = cfg.server.worker_command is None
+    for mid, m in cfg.models.items():
+        where = _where(("models", mid, "path"))
+        if m.path.is_dir():
+            raise ConfigError(f"{name}: {where}: {m.path} is a directory, not a GGUF model file")
+        try:
+            with open(m.path, "rb") as f:
+                magic = f.read(4)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ConfigError(f"{name}: {where}: cannot read {m.path}: {exc.strerror}") from None
+        if gguf_only and magic != b"GGUF":
+            raise ConfigError(f"{name}: {where}: {m.path} is not a GGUF model file "
+                              "(it does not start with the GGUF magic)")
 
 
 def load_config(path: Path | None, *, server_overrides: dict[str, Any] | None = None,
@@ -252,13 +313,21 @@ def load_config(path: Path | None, *, server_overrides: dict[str, Any] | None = 
             raise ConfigError(f"{name}: config file not found") from None
         except OSError as exc:
             raise ConfigError(f"{name}: cannot read config file: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            line = path.read_bytes()[:exc.start].count(b"\n") + 1
+            raise ConfigError(f"{name}: line {line}: not valid UTF-8 (byte {exc.object[exc.start]:#04x} "
+                              f"at offset {exc.start}); TOML files must be UTF-8") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{name}: not valid TOML: {exc}") from None
         base = path.resolve().parent
+    for table in ("server", "defaults", "models"):
+        if table in data and not isinstance(data[table], dict):
+            raise ConfigError(f"{name}: key '{table}' at top level: must be a table ([{table}]), "
+                              f"not {type(data[table]).__name__}")
     if server_overrides:
-        srv = dict(data.get("server", {}) if isinstance(data.get("server"), dict) else {})
+        srv = dict(data.get("server", {}))
         srv.update({k: v for k, v in server_overrides.items() if v is not None})
         data["server"] = srv
     cfg = config_from_dict(data, name=name, base_dir=base)

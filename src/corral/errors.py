@@ -8,8 +8,13 @@
     │   │   ├── ContextLengthExceeded 400 code=context_length_exceeded
     │   │   ├── ModelNotLoaded       400 code=model_not_loaded  (autoload off)
     │   │   ├── InvalidConfig        400 code=invalid_config    (reload of a bad config)
-    │   │   └── HubUnauthorized      400 code=hub_unauthorized  (gated or private repo)
+    │   │   ├── HubUnauthorized      400 code=hub_unauthorized  (gated or private repo)
+    │   │   └── NitroLoadFailed      400 code=model_load_failed (Nitro loadmodel of a bad file)
     │   ├── AuthenticationError      401 authentication_error
+    │   ├── Forbidden                403 code=forbidden
+    │   │   ├── PathNotAllowed       403 code=path_not_allowed
+    │   │   ├── HostNotAllowed       403 code=host_not_allowed
+    │   │   └── OriginNotAllowed     403 code=origin_not_allowed
     │   ├── ModelNotFound            404 code=model_not_found
     │   ├── NotFound                 404 (a pull id, a route object)
     │   ├── Conflict                 409 (e.g. rm of a loaded model without --force)
@@ -45,6 +50,11 @@ __all__ = [
     "ContextLengthExceeded",
     "ModelNotLoaded",
     "AuthenticationError",
+    "Forbidden",
+    "PathNotAllowed",
+    "HostNotAllowed",
+    "OriginNotAllowed",
+    "NitroLoadFailed",
     "ModelNotFound",
     "NotFound",
     "Conflict",
@@ -124,10 +134,35 @@ class HubUnauthorized(InvalidRequest):
     code = "hub_unauthorized"
 
 
+class NitroLoadFailed(InvalidRequest):
+    code = "model_load_failed"
+
+
 class AuthenticationError(RequestError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class Forbidden(RequestError):
+    """The request is understood but not allowed here (a path outside the allowed
+    directories, a Host or Origin the server does not serve). The message names the
+    setting that would allow it."""
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
+class PathNotAllowed(Forbidden):
+    code = "path_not_allowed"
+
+
+class HostNotAllowed(Forbidden):
+    code = "host_not_allowed"
+
+
+class OriginNotAllowed(Forbidden):
+    code = "origin_not_allowed"
 
 
 class ModelNotFound(RequestError):

@@ -151,7 +151,8 @@ __all__ = ["asyncio"]
 
 async def test_real_load_failure_is_reported(harness: Harness, model_path: Path) -> None:
     bad = harness.tmp / "broken.gguf"
-    bad.write_bytes(b"this is not a gguf file" * 100)
+    # GGUF magic (so the config accepts it), then junk: only llama.cpp finds out
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"this is not a gguf file" * 100)
     cfg = harness.config({"broken": {"path": str(bad), "threads": 1, "ctx_len": 512}}, worker_command=None)
     plane = await harness.start(cfg)
     r = await harness.client.post("/v1/completions", json={"model": "broken", "prompt": "x"})

@@ -6,15 +6,15 @@ stops every worker on shutdown. Errors: one handler maps every ``CorralError`` w
 ``to_body()``/``status``/``headers()``; validation errors become 400 naming the field
 (never 422); unknown routes 404; anything else 500 with no traceback in the body.
 
-A small ASGI middleware (not BaseHTTPMiddleware: it must not buffer streams) checks
-the API key (every route but /health) and the body size (413).
+``corral.api.guard.GuardMiddleware`` runs before every route: Host and Origin checks,
+CORS for ``allowed_origins``, the API key (every route but /health), JSON content type
+and body size.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -26,14 +26,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.api import management_routes, openai_routes
+from corral.api.guard import GuardMiddleware, error_response
 from corral.config import CorralConfig
 from corral.control.events import EventBus
 from corral.control.metrics import Metrics
 from corral.control.plane import ControlPlane
-from corral.errors import AuthenticationError, CorralError, PayloadTooLarge
+from corral.errors import CorralError
+from corral.store.confine import PathPolicy
 
 __all__ = ["create_app"]
 
@@ -42,62 +43,7 @@ _json = msgspec.json.Encoder()
 
 
 def _error_response(exc: CorralError) -> Response:
-    return Response(_json.encode(exc.to_body()), status_code=exc.status,
-                    media_type="application/json", headers=exc.headers())
-
-
-class GuardMiddleware:
-    """API key (Bearer) on every route but /health; request bodies over the limit: 413."""
-
-    def __init__(self, app: ASGIApp, get_server: Callable[[], Any]) -> None:
-        self.app = app
-        self.get_server = get_server
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        srv = self.get_server()
-        if srv is None:
-            await self.app(scope, receive, send)
-            return
-        key = srv.api_key
-        if key and scope["path"] != "/health":
-            got = b""
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    got = value
-                    break
-            if not hmac.compare_digest(got, b"Bearer " + key.encode()):
-                err = AuthenticationError("missing or wrong API key: send 'Authorization: Bearer KEY'")
-                resp = _error_response(err)
-                resp.headers["WWW-Authenticate"] = "Bearer"
-                await resp(scope, receive, send)
-                return
-        limit = srv.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    too_big = int(value) > limit
-                except ValueError:
-                    too_big = False
-                if too_big:
-                    await _error_response(PayloadTooLarge(
-                        f"request body of {int(value)} bytes exceeds max_body_bytes={limit}"))(scope, receive, send)
-                    return
-                break
-        seen = 0
-
-        async def limited_receive() -> Message:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > limit:
-                    raise PayloadTooLarge(f"request body exceeds max_body_bytes={limit}")
-            return msg
-
-        await self.app(scope, limited_receive, send)
+    return error_response(exc)
 
 
 def _install_handlers(app: FastAPI) -> None:
@@ -152,6 +98,20 @@ def _store(config: CorralConfig) -> Any:
     return ModelStore(config.server.models_dir or default_models_dir())
 
 
+def path_policy(app: FastAPI) -> PathPolicy:
+    """Which files requests may name now (see corral.store.confine): models_dir,
+    [server] allowed_model_dirs, the HF cache, the config's model files, the embedded model."""
+    plane: ControlPlane | None = getattr(app.state, "router", None)
+    store = getattr(app.state, "store", None)
+    if plane is None:
+        return PathPolicy(store.root if store is not None else None)
+    srv = plane.config.server
+    files = [p.spec.path for p in plane.pools.values() if p.spec.source in ("config", "embedded")]
+    files += [m.path for m in plane.config.models.values()]
+    root = store.root if store is not None else srv.models_dir
+    return PathPolicy(root, srv.allowed_model_dirs, files)
+
+
 def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig] | None = None,
                embedded: bool | tuple[str, Path, tuple[str, ...]] | None = True,
                use_store: bool = True, handle_sighup: bool = False) -> FastAPI:
@@ -163,6 +123,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         bus = EventBus()
         metrics = Metrics()
         store = _store(config) if use_store else None
+        if store is not None:
+            store.may_serve = lambda path: path_policy(app).allows(path)
         emb = _embedded() if embedded is True else (embedded or None)
         plane = ControlPlane(config, bus=bus, metrics=metrics, store=store,
                              config_loader=config_loader, embedded=emb)

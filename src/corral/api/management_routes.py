@@ -8,7 +8,7 @@
     POST /models/unload          {"model": ID} -> {"success": true}; cancels a download
     POST /models/reload          re-read the config file and models_dir
     POST /inferences/llamacpp/loadmodel    Nitro: load a model that is not in the config
-    POST /inferences/llamacpp/unloadmodel  Nitro: {"model_id": ID}
+    POST /inferences/llamacpp/unloadmodel  Nitro: {"model_id": ID} (GET: 405, no state change on GET)
     GET  /health, GET /metrics (Prometheus)
 """
 
@@ -28,11 +28,18 @@ from corral.api.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitr
                                 parse_body)
 from corral.control.catalog import ModelSpec
 from corral.control.plane import ControlPlane
-from corral.errors import ConfigError, Conflict, InvalidConfig, InvalidRequest, ModelNotFound
+from corral.errors import (ConfigError, Conflict, InvalidConfig, InvalidRequest, LoadFailed, ModelNotFound,
+                           NitroLoadFailed, RequestError)
+from corral.store.local import validate_model_id
 
 __all__ = ["router"]
 
 router = APIRouter()
+
+
+class MethodNotAllowed(RequestError):
+    status = 405
+    code = "method_not_allowed"
 _json = msgspec.json.Encoder()
 _KEEPALIVE_S = 15.0
 
@@ -139,42 +146,79 @@ async def reload_models(request: Request) -> Response:
 # ------------------------------------------------------------------------ Nitro
 
 
+def _confined_model_file(request: Request, raw: str) -> Path:
+    """Nitro's llama_model_path, resolved and allowed (403 naming the setting otherwise);
+    only then is the file looked at, so nothing about files outside leaks."""
+    from corral.api.app import path_policy
+
+    path = path_policy(request.app).check(raw, param="llama_model_path")
+    if path.is_dir():
+        raise InvalidRequest(f"llama_model_path: {raw!r} is a directory, not a model file",
+                             param="llama_model_path")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except FileNotFoundError:
+        raise InvalidRequest(f"llama_model_path: no file at {raw!r}", param="llama_model_path") from None
+    except OSError:
+        raise InvalidRequest(f"llama_model_path: cannot read {raw!r}", param="llama_model_path") from None
+    if magic != b"GGUF" and _plane(request).config.server.worker_command is None:
+        raise InvalidRequest(f"llama_model_path: {raw!r} is not a GGUF model file",
+                             param="llama_model_path")
+    return path
+
+
 @router.post("/inferences/llamacpp/loadmodel")
 async def nitro_load(request: Request) -> Response:
     body = await parse_body(request, NitroLoadModel)
     plane = _plane(request)
-    path = Path(body.llama_model_path).expanduser()
-    if not path.is_file():
-        raise InvalidRequest(f"llama_model_path: no file at {str(path)!r}", param="llama_model_path")
+    validate_model_id(body.model_id, param="model_id")
+    path = _confined_model_file(request, body.llama_model_path)
+    try:
+        owner = plane.catalog.resolve_id(body.model_id)
+    except ModelNotFound:
+        owner = None
+    if owner is not None and owner != body.model_id:
+        raise Conflict(f"model_id {body.model_id!r} is an alias of model {owner!r}; choose another "
+                       "model_id", param="model_id")
     settings = nitro_settings(body, plane.config.inherited_settings())
-    spec = ModelSpec.make(body.model_id, path.resolve(), settings, source="nitro")
+    spec = ModelSpec.make(body.model_id, path, settings, source="nitro")
     existing = plane.pools.get(body.model_id)
     if existing is not None and existing.spec.source != "nitro" and existing.spec.path != spec.path:
         raise Conflict(f"model_id {body.model_id!r} is already a {existing.spec.source} model "
-                       f"at {existing.spec.path}", param="model_id")
+                       "at another path", param="model_id")
+    added = existing is None
     if existing is not None and existing.spec.source == "nitro":
         await plane.add_model(spec, replace=True)
     elif existing is None:
         await plane.add_model(spec)
     already = plane.pools[body.model_id].has_ready
-    await plane.load(body.model_id)
+    try:
+        await plane.load(body.model_id)
+    except LoadFailed as exc:
+        if added or (existing is not None and existing.spec.source == "nitro"):
+            await plane.remove_model(body.model_id)  # a failed Nitro entry is not kept listed
+        reason = exc.message.split("\n", 1)[0]
+        raise NitroLoadFailed(f"llama_model_path: the model could not be loaded: {reason}",
+                              param="llama_model_path") from None
     return json_response({"message": "Model already loaded" if already else "Model loaded successfully",
                           "code": "ModelAlreadyLoaded" if already else "ModelloadedSuccessfully",
                           "model_id": body.model_id, "success": True})
 
 
 @router.post("/inferences/llamacpp/unloadmodel")
-@router.get("/inferences/llamacpp/unloadmodel", include_in_schema=False)
 async def nitro_unload(request: Request) -> Response:
-    if request.method == "GET":
-        mid = request.query_params.get("model_id")
-        if not mid:
-            raise InvalidRequest("model_id: required", param="model_id")
-    else:
-        mid = (await parse_body(request, NitroUnloadModel)).model_id
+    """POST only: a GET must never change state (an <img> on any web page can send one)."""
+    mid = (await parse_body(request, NitroUnloadModel)).model_id
     plane = _plane(request)
     if mid not in plane.pools:
         raise ModelNotFound(f"model {mid!r} not found", param="model_id")
     await plane.unload(mid)
     return json_response({"message": "Model unloaded successfully", "code": "ModelUnloaded",
                           "model_id": mid, "success": True})
+
+
+@router.get("/inferences/llamacpp/unloadmodel", include_in_schema=False)
+async def nitro_unload_get(request: Request) -> Response:
+    raise MethodNotAllowed("GET /inferences/llamacpp/unloadmodel: unloading changes state, so it "
+                           'takes POST with {"model_id": ID}')

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.control.downloads import DownloadManager, PullHandle
+from corral.control.events import EventName
 from corral.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
 from corral.store.local import ModelStore
 
@@ -48,6 +49,8 @@ async def _body(request: Request, model: type[BaseModel]) -> Any:
         data = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise InvalidRequest("the body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise InvalidRequest("the body must be a JSON object")
     try:
@@ -140,5 +143,5 @@ async def delete_model(model_id: str, request: Request, force: bool = False) -> 
     else:
         bus = getattr(request.app.state, "bus", None)
         if bus is not None:
-            bus.publish("model_removed", model_id)
+            bus.publish(EventName.MODEL_REMOVED, model_id)
     return {"id": model_id, "deleted": True, "path": str(removed.path)}

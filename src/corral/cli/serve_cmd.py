@@ -20,7 +20,10 @@ def serve(
     port: Optional[int] = typer.Option(None, "--port", "-p", help="Port [8080]."),
     max_loaded_models: Optional[int] = typer.Option(None, "--max-loaded-models", help="1 = single-GPU mode."),
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="e.g. 8GiB."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="CORRAL_API_KEY", help="Require Authorization: Bearer KEY."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="CORRAL_API_KEY", show_envvar=True,
+        help="Require this key (Authorization: Bearer KEY). Prefer the CORRAL_API_KEY environment "
+             "variable: a key on the command line is visible to other local users in the process list."),
     no_autoload: bool = typer.Option(False, "--no-autoload", help="Requests for unloaded models get 400."),
     ctx_len: Optional[int] = typer.Option(None, "--ctx-len", help="Every model: total context (KV cells)."),
     n_parallel: Optional[int] = typer.Option(None, "--n-parallel", help="Every model: slots per instance."),
@@ -58,8 +61,11 @@ def serve(
 
     app = create_app(cfg, config_loader=loader, handle_sighup=True)
     typer.echo(f"corral: serving on http://{cfg.server.host}:{cfg.server.port}", err=True)
+    from corral.api.server import protocol_with_header_timeout
+
     uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level=log_level.lower(),
-                access_log=False, timeout_graceful_shutdown=10)
+                access_log=False, timeout_graceful_shutdown=10,
+                http=protocol_with_header_timeout(cfg.server.header_timeout_s))
 
 
 def register(app: typer.Typer) -> None:

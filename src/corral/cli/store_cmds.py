@@ -15,6 +15,7 @@ import os
 import signal
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import typer
@@ -30,7 +31,7 @@ from rich.progress import (
 from rich.table import Table
 
 from corral.errors import CorralError
-from corral.store.local import ModelStore, default_models_dir
+from corral.store.local import ModelStore, default_models_dir, validate_model_id
 
 __all__ = ["register"]
 
@@ -287,9 +288,15 @@ def register(app: typer.Typer) -> None:
         models_dir: Path | None = ModelsDirOpt,
     ) -> None:
         """Delete a model from disk."""
+        try:  # a store id never holds '/', '?', '#' or '%': nothing can reach another route
+            validate_model_id(model_id)
+        except CorralError as exc:
+            err.print(f"[red]error[/]: {exc.message}")
+            raise typer.Exit(1) from None
         url = _server_url(server)
         if _server_running(url):
-            r = httpx.delete(f"{url}/models/{model_id}", params={"force": str(force).lower()},
+            r = httpx.delete(f"{url}/models/{quote(model_id, safe='')}",
+                             params={"force": str(force).lower()},
                              headers=_headers(), timeout=120)
             if r.status_code != 200:
                 err.print(f"[red]error[/]: {_error_message(r)}")

@@ -44,7 +44,7 @@ from typing import Protocol
 import msgspec
 
 from corral import wire
-from corral.control.process import describe_exit, kill_group, log_tail
+from corral.control.process import describe_exit, kill_group, log_tail, open_private_log
 from corral.control.stream import RequestStream
 from corral.errors import WorkerCrashed
 
@@ -160,7 +160,8 @@ class WorkerLink(abc.ABC):
             r = self._requests.get(msg.id)
             if r is not None:
                 r.on_delta(msg)
-        elif type(msg) is wire.Finished or type(msg) is wire.RequestFailed or type(msg) is wire.Embeddings:
+        elif (type(msg) is wire.Finished or type(msg) is wire.RequestFailed
+              or type(msg) is wire.Embeddings or type(msg) is wire.Tokenized):
             r = self._requests.pop(msg.id, None)
             if r is not None:
                 r.on_end(msg)
@@ -264,8 +265,7 @@ class LocalSpawner:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         log_path = self.log_path(settings.model_id, settings.instance)
         try:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "ab") as log_file:
+            with open_private_log(self.log_dir, log_path) as log_file:
                 argv = [*self.worker_command, "--fd", str(child.fileno()),
                         "--settings", msgspec.json.encode(settings).decode()]
                 proc = await asyncio.create_subprocess_exec(

@@ -171,7 +171,11 @@ class ControlPlane:
     async def embed(self, name: str, msg: wire.EmbedRequest) -> RequestStream:
         return await self._submit(name, msg, None)
 
-    async def _submit(self, name: str, msg: wire.GenerateRequest | wire.EmbedRequest,
+    async def tokenize(self, name: str, msg: wire.TokenizeRequest) -> RequestStream:
+        """Tokenize or detokenize with the model's vocabulary (answered by ``Tokenized``)."""
+        return await self._submit(name, msg, None)
+
+    async def _submit(self, name: str, msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest,
                       prefix: str | None) -> RequestStream:
         frame = _encode(msg)  # before a slot is taken: what cannot be sent takes none
         loop = asyncio.get_running_loop()
@@ -267,6 +271,8 @@ class ControlPlane:
                 log.info("%s reload: %s", why, result)
             except CorralError as exc:
                 log.error("%s reload failed, nothing changed: %s", why, exc.message)
+            except Exception:  # never an unretrieved task exception
+                log.exception("%s reload failed, nothing changed", why)
 
         return self._background(run(), f"reload ({why})")
 
@@ -284,15 +290,23 @@ class ControlPlane:
         return views.describe(pool, created=int(self.started_at))
 
 
-def _encode(msg: wire.GenerateRequest | wire.EmbedRequest) -> bytes:
+def _encode(msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest) -> bytes:
+    """The request's frame, checked against the wire's bounds (the routes check the
+    fields they own with their own names first)."""
+    bad = wire.invalid_field(msg)
+    if bad is not None:
+        path, text = bad
+        raise InvalidRequest(f"{path}: {text}", param=path.split(".")[-1] or None)
     try:
         return wire.encode(msg)
     except (OverflowError, ValueError, TypeError) as exc:  # bounds are checked before; belt and braces
         raise InvalidRequest(f"the request cannot be sent to the worker: {exc}") from None
 
 
-def _input_param(msg: wire.GenerateRequest | wire.EmbedRequest) -> str:
+def _input_param(msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest) -> str:
     """The OpenAI body field that held this request's input, for error messages."""
     if isinstance(msg, wire.EmbedRequest):
         return "input"
+    if isinstance(msg, wire.TokenizeRequest):
+        return "content" if msg.text is not None else "tokens"
     return "messages" if msg.messages is not None else "prompt"

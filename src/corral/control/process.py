@@ -2,7 +2,10 @@
 
 Used by the local transport (``corral.control.link.SocketLink``): a worker leads its
 own session, so its whole process group can be signalled; its stdout and stderr go
-to a log file whose last lines explain a failure.
+to a log file whose last lines explain a failure. Logs are the owner's only
+(directory 0700 when corral creates it, files 0600), and each spawn starts a fresh file
+(the previous one is kept as ``.log.1``), so a failure reason never shows what an
+earlier load of that name (perhaps another client's) wrote.
 """
 
 from __future__ import annotations
@@ -11,8 +14,21 @@ import contextlib
 import os
 import signal
 from pathlib import Path
+from typing import IO
 
-__all__ = ["describe_exit", "log_tail", "kill_group"]
+__all__ = ["describe_exit", "log_tail", "kill_group", "open_private_log"]
+
+
+def open_private_log(log_dir: Path, log_path: Path) -> IO[bytes]:
+    """A fresh owner-only log file (the previous one becomes ``.log.1``)."""
+    if not log_dir.is_dir():
+        log_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
+        os.chmod(log_dir, 0o700)
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(log_path, log_path.with_name(log_path.name + ".1"))
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def describe_exit(rc: int | None) -> str:

@@ -17,6 +17,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -408,9 +409,8 @@ def _run(req: m.FetchRequest, chan: _Channel) -> None:
     except (OSError, ValueError):
         pass
     try:
-        if have == 0:
-            part.write_bytes(b"")
-        meta_path.write_text(json.dumps({**meta, "source": req.source}))
+        _private_write(part, b"", keep=have > 0)
+        _private_write(meta_path, json.dumps({**meta, "source": req.source}).encode())
     except OSError as exc:
         raise _disk_fail(exc, part) from exc
 
@@ -454,6 +454,20 @@ def _run(req: m.FetchRequest, chan: _Channel) -> None:
 _held_locks: list[int] = []
 
 
+def _private_write(path: Path, data: bytes, *, keep: bool = False) -> None:
+    """Write (or with ``keep``, only re-protect) an owner-only file.
+    Partial downloads and their notes (the source URL) are nobody else's."""
+    os.chmod(path.parent, 0o700)  # .corral/partial: other users cannot plant links in it
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (0 if keep else os.O_TRUNC), 0o600)
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.fchmod(fd, 0o600)
+        if data and not keep:
+            os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 def _lock(part: Path) -> None:
     """Hold an exclusive lock on ``<part>.lock`` until this process exits, so two pulls
     (two ids for one file, or the CLI and a server) never write one partial file.
@@ -467,7 +481,7 @@ def _lock(part: Path) -> None:
     lock = part.with_suffix(".lock")
     while True:
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise _disk_fail(exc, lock) from exc
         try:

@@ -10,6 +10,11 @@ Layout (``models_dir``, default ``$CORRAL_MODELS_DIR`` or ``~/.local/share/corra
       .corral/partial/<key>.part       downloads in progress or interrupted; never listed
       .corral/partial/<key>.json       what the partial file is (url, size, sha256, etag)
 
+A symlink (or a manifest) whose file lies outside ``models_dir`` is listed only when
+``may_serve`` allows it (the router passes ``corral.store.confine.PathPolicy.allows``:
+``[server] allowed_model_dirs`` and the HF cache), so a link cannot lead requests out.
+Deleting a model removes its directory entry (a symlink itself, never what it points to).
+
 A model appears in ``list()`` only when its file is complete: pulls write to
 ``partial/``, verify, fsync and rename into place, and write the manifest last.
 Files named ``*mmproj*`` (vision projectors) are not models on their own and are skipped.
@@ -18,8 +23,10 @@ Files named ``*mmproj*`` (vision projectors) are not models on their own and are
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +41,7 @@ __all__ = [
     "model_id_from_filename",
 ]
 
+log = logging.getLogger("corral.store")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _META = ".corral"
 
@@ -88,8 +96,29 @@ class LocalModel:
 class ModelStore:
     """Reads the directory on every call: files a user drops in show up at once."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, may_serve: Callable[[Path], bool] | None = None) -> None:
         self.root = Path(root).expanduser()
+        self.may_serve = may_serve
+        self._warned: set[Path] = set()
+
+    def _reachable(self, path: Path) -> bool:
+        """False for a file outside models_dir (through a symlink or a manifest) that
+        ``may_serve`` does not allow."""
+        if self.may_serve is None:
+            return True
+        try:
+            real = Path(os.path.realpath(path))
+            if real.is_relative_to(Path(os.path.realpath(self.root))):
+                return True
+        except (OSError, ValueError):
+            return False
+        if self.may_serve(path):
+            return True
+        if path not in self._warned:
+            self._warned.add(path)
+            log.warning("not serving %s: it leads to %s, outside the models dir; add that "
+                        "directory to [server] allowed_model_dirs to serve it", path, real)
+        return False
 
     # ----------------------------------------------------------------- paths
     @property
@@ -127,7 +156,7 @@ class ModelStore:
                 size = path.stat().st_size
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # a manifest whose file is gone or unreadable lists nothing
-            if not path.is_file():
+            if not path.is_file() or not self._reachable(path):
                 continue
             out[mf.stem] = LocalModel(
                 id=mf.stem,
@@ -152,7 +181,7 @@ class ModelStore:
                 if path in taken:
                     continue
                 mid = model_id_from_filename(name)
-                if mid in out:
+                if mid in out or not self._reachable(path):
                     continue  # the same stem twice: the first (sorted) wins
                 try:
                     size = path.stat().st_size
@@ -195,11 +224,11 @@ class ModelStore:
             raise ModelNotFound(f"model {model_id!r} is not in the store ({self.root})",
                                 param="model")
         mf = self.manifest_path(model_id)
-        try:
-            inside = model.path.resolve().is_relative_to(self.root.resolve())
+        try:  # the directory entry is ours when its directory is inside models_dir
+            inside = model.path.parent.resolve().is_relative_to(self.root.resolve())
         except OSError:
             inside = False
         if inside:
-            model.path.unlink(missing_ok=True)
+            model.path.unlink(missing_ok=True)  # a symlink: the link goes, not its target
         mf.unlink(missing_ok=True)
         return model

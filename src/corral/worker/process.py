@@ -4,8 +4,10 @@
 
 Threads:
 
-- reader (daemon): ``recv`` on the socket, split frames, decode ``wire.ToWorker``, put
-  them into ``inbox`` (a ``queue.SimpleQueue``). EOF or a broken frame puts ``_EOF``.
+- reader (daemon): ``recv`` on the socket, split frames, decode ``wire.ToWorker``,
+  tokenize and size-check each GenerateRequest (``engine.prepare``, worker/prompts.py:
+  a huge prompt never stalls the decode loop), put them into ``inbox`` (a
+  ``queue.SimpleQueue``) in wire order. EOF or a broken frame puts ``_EOF``.
 - main: the engine loop. When the engine has nothing to do it blocks on ``inbox.get()``
   (no busy spin); otherwise it drains the inbox without blocking, runs one
   ``engine.step()`` and writes all messages of that step with one ``sendall``.
@@ -26,12 +28,17 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from corral import wire
 from corral.worker.cpu import ThreadGovernor
+
+if TYPE_CHECKING:
+    from corral.worker.engine import Engine
 
 __all__ = ["main", "serve"]
 
@@ -51,7 +58,8 @@ def _die_with_parent() -> None:
         log.warning("could not set PR_SET_PDEATHSIG")
 
 
-def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]") -> None:
+def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]",
+            prepare: Callable[[wire.GenerateRequest], object] | None = None) -> None:
     dec = wire.FrameDecoder()
     try:
         while True:
@@ -60,7 +68,10 @@ def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]") -> None:
                 break
             for body in dec.feed(data):
                 try:
-                    inbox.put(wire.decode_to_worker(body))
+                    msg = wire.decode_to_worker(body)
+                    if prepare is not None and isinstance(msg, wire.GenerateRequest):
+                        msg = prepare(msg)  # tokenized here, in wire order, not in the decode loop
+                    inbox.put(msg)
                 except msgspec.DecodeError as exc:
                     # A message we cannot read is a router bug; say so, answer it if it
                     # names a request id (so nobody waits for it), and go on.
@@ -72,6 +83,22 @@ def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]") -> None:
         log.error("socket read failed: %s", exc)
     finally:
         inbox.put(_EOF)
+
+
+def _preparer(engine: "Engine") -> Callable[[wire.GenerateRequest], object]:
+    """engine.prepare for the reader thread: a prepared request, or its RequestFailed."""
+    from corral.worker.failures import RequestRejected
+
+    def prepare(req: wire.GenerateRequest) -> object:
+        try:
+            return engine.prepare(req)
+        except RequestRejected as exc:
+            return wire.RequestFailed(req.id, exc.code, exc.message)
+        except Exception as exc:  # noqa: BLE001 - no request may stop the reader
+            log.exception("request %s failed while preparing", req.id)
+            return wire.RequestFailed(req.id, "internal", f"{type(exc).__name__}: {exc}")
+
+    return prepare
 
 
 def _request_id(body: bytes) -> str | None:
@@ -122,7 +149,8 @@ def serve(sock: socket.socket, settings: wire.WorkerSettings) -> int:
     out.send([wire.Ready(os.getpid(), engine.info)])
 
     inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
-    threading.Thread(target=_reader, args=(sock, inbox), name="corral-reader", daemon=True).start()
+    threading.Thread(target=_reader, args=(sock, inbox, _preparer(engine)), name="corral-reader",
+                     daemon=True).start()
     governor = ThreadGovernor(engine.m.threads, engine.set_threads)
     governor.enabled = governor.enabled and os.environ.get("CORRAL_ADAPTIVE_THREADS", "1") != "0"
     try:
@@ -141,6 +169,8 @@ _GATHER_MAX_S = float(os.environ.get("CORRAL_GATHER_MAX_S", "0.004"))
 
 def _loop(engine, inbox: "queue.SimpleQueue[object]", out: _Writer,  # noqa: ANN001
           governor: ThreadGovernor) -> int:
+    from corral.worker.prompts import PreparedRequest
+
     replies: list = []
     while True:
         was_idle = not engine.has_work
@@ -164,7 +194,7 @@ def _loop(engine, inbox: "queue.SimpleQueue[object]", out: _Writer,  # noqa: ANN
             if msg is _EOF:
                 log.info("router closed the socket; exiting")
                 return 0
-            if isinstance(msg, (wire.GenerateRequest, wire.EmbedRequest)):
+            if isinstance(msg, (PreparedRequest, wire.GenerateRequest, wire.EmbedRequest, wire.TokenizeRequest)):
                 engine.submit(msg)
             elif isinstance(msg, wire.Abort):
                 engine.abort(msg.id)

@@ -1,0 +1,246 @@
+"""The guard in front of every route: what a request must be before any route sees it.
+
+A pure ASGI middleware (not BaseHTTPMiddleware: it must not buffer streams). In order:
+
+1. **Host** (DNS rebinding): the ``Host`` header must be an IP literal, ``localhost``
+   (or ``*.localhost``), the configured ``[server] host``, this machine's name or a name
+   in ``[server] allowed_hosts`` ("*" accepts any). A page on ``evil.example`` whose
+   name was re-pointed at 127.0.0.1 sends ``Host: evil.example``: 403.
+2. **Origin** (cross-site requests from browsers): a request that carries ``Origin`` must
+   come from the server's own origin or one in ``[server] allowed_origins`` (glob
+   patterns, e.g. ``http://localhost:*``; like Ollama's OLLAMA_ORIGINS), else 403. CORS
+   preflights (OPTIONS) are answered for those origins only, and their responses carry
+   ``Access-Control-Allow-Origin``.
+3. **API key** (when ``[server] api_key`` is set): every route but ``GET /health``,
+   docs, schema, metrics and the event stream included. ``Authorization: Bearer KEY``.
+   Compared in constant time (SHA-256 digests, so not even the length leaks).
+4. **Content-Type**: a request with a body must say ``application/json`` (415
+   otherwise): a browser can send ``text/plain`` or form bodies cross-site without a
+   preflight, never JSON.
+5. **Body size**: ``Content-Length`` over ``max_body_bytes`` -> 413 at once; a chunked
+   body is counted as it streams in. Over the limit before the response started: 413;
+   after (a stream already running): the request ends as if the client had left.
+
+Routes must also never change state on GET/HEAD (no preflight protects those).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import ipaddress
+import socket
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from corral.errors import (AuthenticationError, CorralError, HostNotAllowed, OriginNotAllowed,
+                           PayloadTooLarge, RequestError)
+
+__all__ = ["GuardMiddleware", "host_allowed", "key_matches"]
+
+_json = msgspec.json.Encoder()
+_OPEN_PATHS = frozenset({"/health"})
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_CORS_METHODS = "GET, POST, DELETE, OPTIONS"
+_THIS_HOST = socket.gethostname().lower()
+
+
+class UnsupportedMediaType(RequestError):
+    status = 415
+    code = "unsupported_media_type"
+
+
+def error_response(exc: CorralError) -> Response:
+    return Response(_json.encode(exc.to_body()), status_code=exc.status,
+                    media_type="application/json", headers=exc.headers())
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def key_matches(presented: bytes, key: str) -> bool:
+    """Constant time in the content and the length of both."""
+    return hmac.compare_digest(hashlib.sha256(presented).digest(),
+                               hashlib.sha256(key.encode()).digest())
+
+
+def _presented_key(scope: Scope) -> bytes | None:
+    auth = _header(scope, b"authorization")
+    if auth is not None:
+        scheme, _, token = auth.strip().partition(b" ")
+        if scheme.lower() == b"bearer":
+            return token.strip()
+    return None
+
+
+def _host_name(host_header: str) -> str:
+    """``[::1]:8080`` -> ``::1``; ``Example.COM.:80`` -> ``example.com``."""
+    h = host_header.strip().lower()
+    if h.startswith("["):
+        return h[1:h.find("]")] if "]" in h else h
+    if h.count(":") == 1:
+        h = h.split(":", 1)[0]
+    return h.rstrip(".")
+
+
+def host_allowed(host_header: str, bound_host: str, allowed: list[str]) -> bool:
+    name = _host_name(host_header)
+    if not name:
+        return False
+    try:
+        ipaddress.ip_address(name)
+        return True  # rebinding needs a name; an IP literal is the address itself
+    except ValueError:
+        pass
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    if name in (bound_host.lower(), _THIS_HOST):
+        return True
+    return any(fnmatch.fnmatchcase(name, pat.lower()) for pat in allowed)
+
+
+def _origin_allowed(origin: str, host_header: str | None, allowed: list[str]) -> bool:
+    if any(fnmatch.fnmatchcase(origin.lower(), pat.lower()) for pat in allowed):
+        return True
+    if origin == "null" or host_header is None:
+        return False
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == host_header.strip().lower()
+
+
+def _is_json(content_type: bytes | None) -> bool:
+    if content_type is None:
+        return False
+    mime = content_type.split(b";", 1)[0].strip().lower()
+    return mime == b"application/json" or (mime.startswith(b"application/") and mime.endswith(b"+json"))
+
+
+class GuardMiddleware:
+    def __init__(self, app: ASGIApp, get_server: Callable[[], Any]) -> None:
+        self.app = app
+        self.get_server = get_server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        srv = self.get_server()
+        refusal, cors_origin = self._check(scope, srv)
+        if refusal is not None:
+            resp = error_response(refusal)
+            if isinstance(refusal, AuthenticationError):
+                resp.headers["WWW-Authenticate"] = "Bearer"
+            await resp(scope, receive, send)
+            return
+        if scope["method"] == "OPTIONS" and cors_origin is not None \
+                and _header(scope, b"access-control-request-method") is not None:
+            await self._preflight(scope, receive, send, cors_origin)
+            return
+        await self._guarded(scope, receive, send, srv.max_body_bytes, cors_origin)
+
+    def _check(self, scope: Scope, srv: Any) -> tuple[CorralError | None, str | None]:
+        """The refusal (or None) and the allowed cross-origin caller (or None)."""
+        raw_host = _header(scope, b"host")
+        host = raw_host.decode("latin-1") if raw_host is not None else None
+        if host is not None and not host_allowed(host, srv.host, list(srv.allowed_hosts)):
+            return HostNotAllowed(f"host {host!r} is not served here (DNS rebinding protection); "
+                                  "add the name to [server] allowed_hosts to allow it"), None
+        cors_origin = None
+        raw_origin = _header(scope, b"origin")
+        if raw_origin is not None:
+            origin = raw_origin.decode("latin-1")
+            if not _origin_allowed(origin, host, list(srv.allowed_origins)):
+                return OriginNotAllowed(f"origin {origin!r} is not allowed to call this server; add "
+                                        "it to [server] allowed_origins to allow it"), None
+            cors_origin = origin
+        method = scope["method"]
+        preflight = method == "OPTIONS" and _header(scope, b"access-control-request-method") is not None
+        key = srv.api_key
+        if key and not preflight and scope["path"] not in _OPEN_PATHS:
+            presented = _presented_key(scope)
+            if presented is None or not key_matches(presented, key):
+                return AuthenticationError(
+                    "missing or wrong API key: send 'Authorization: Bearer KEY'"), cors_origin
+        if method in _BODY_METHODS and self._has_body(scope) \
+                and not _is_json(_header(scope, b"content-type")):
+            return UnsupportedMediaType(
+                "the request body must be JSON sent with 'Content-Type: application/json' "
+                "(curl: -H 'Content-Type: application/json')"), cors_origin
+        return None, cors_origin
+
+    @staticmethod
+    def _has_body(scope: Scope) -> bool:
+        if _header(scope, b"transfer-encoding") is not None:
+            return True
+        length = _header(scope, b"content-length")
+        return length is not None and length.strip() not in (b"", b"0")
+
+    async def _preflight(self, scope: Scope, receive: Receive, send: Send, origin: str) -> None:
+        asked = _header(scope, b"access-control-request-headers") or b""
+        headers = {"Access-Control-Allow-Origin": origin, "Vary": "Origin",
+                   "Access-Control-Allow-Methods": _CORS_METHODS,
+                   "Access-Control-Allow-Headers": asked.decode("latin-1"),
+                   "Access-Control-Max-Age": "600"}
+        await Response(status_code=204, headers=headers)(scope, receive, send)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send, limit: int,
+                       cors_origin: str | None) -> None:
+        length = _header(scope, b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                declared = 0
+            if declared > limit:
+                await error_response(PayloadTooLarge(
+                    f"request body of {declared} bytes exceeds max_body_bytes={limit}"))(scope, receive, send)
+                return
+        seen = 0
+        started = False
+        refused = False
+
+        async def guarded_send(msg: Message) -> None:
+            nonlocal started
+            if refused:
+                return
+            if msg["type"] == "http.response.start":
+                started = True
+                if cors_origin is not None:
+                    msg = {**msg, "headers": [*msg.get("headers", []),
+                                              (b"access-control-allow-origin", cors_origin.encode("latin-1")),
+                                              (b"vary", b"Origin"),
+                                              (b"access-control-expose-headers", b"Retry-After")]}
+            await send(msg)
+
+        async def limited_receive() -> Message:
+            nonlocal seen, refused, started
+            if refused:
+                return {"type": "http.disconnect"}
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    if not started:
+                        started = True
+                        await error_response(PayloadTooLarge(
+                            f"request body exceeds max_body_bytes={limit}"))(scope, receive, send)
+                    refused = True
+                    return {"type": "http.disconnect"}
+            return msg
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not refused:
+                raise
+            # the route saw the body end early (ClientDisconnect); the 413 already went out

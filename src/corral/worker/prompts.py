@@ -1,0 +1,100 @@
+"""A request's prompt -> tokens, size-checked, off the decode loop.
+
+The worker's reader thread calls ``PromptPreparer.tokens`` for each GenerateRequest as
+it arrives (in wire order, so an Abort still follows its request), so tokenizing a
+long prompt never delays the decode step every other stream of the model waits for.
+``llama_tokenize`` only reads the vocabulary, which nothing changes after load.
+
+Input that cannot fit is refused before it is tokenized: every token stands for at
+most ``max_piece_bytes`` bytes of text (the longest token text of the vocabulary), so
+a prompt of more than ``(n_ctx_slot + 1) * max_piece_bytes`` bytes has more tokens
+than the slot holds. Below that bound it is tokenized and the exact count decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import llama_cpp as ll
+
+from corral import wire
+from corral.worker.failures import RequestRejected
+from corral.worker.templates import ChatTemplate, TemplateError, render_chat
+from corral.worker.tokens import Tokenizer
+
+__all__ = ["PreparedRequest", "PromptPreparer"]
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedRequest:
+    """A GenerateRequest with its prompt tokens, ready for a slot."""
+
+    req: wire.GenerateRequest
+    tokens: list[int]
+    gbnf: str | None = None  # the request's grammar (GBNF), converted from its JSON schema if needed
+
+
+class PromptPreparer:
+    def __init__(self, tok: Tokenizer, template: ChatTemplate | None, template_error: str | None,
+                 n_ctx_slot: int) -> None:
+        self.tok = tok
+        self.template = template
+        self.template_error = template_error
+        self.n_ctx_slot = n_ctx_slot
+        self._max_piece: int | None = None
+
+    def max_piece_bytes(self) -> int:
+        """The longest token text in bytes (computed once, when first needed)."""
+        if self._max_piece is None:
+            vocab = self.tok.vocab
+            longest = max((len(ll.llama_vocab_get_text(vocab, t) or b"")
+                           for t in range(self.tok.n_vocab)), default=1)
+            self._max_piece = max(1, longest)
+        return self._max_piece
+
+    def _check_bytes(self, text: str, field: str) -> None:
+        limit = self.n_ctx_slot
+        n_bytes = len(text)  # characters <= bytes: a cheap first look
+        if n_bytes <= limit:
+            return
+        n_bytes = len(text.encode("utf-8", "surrogatepass"))
+        bound = (limit + 1) * self.max_piece_bytes()
+        if n_bytes > bound:
+            raise RequestRejected(
+                "context_length_exceeded",
+                f"the {field} has {n_bytes} bytes, more than the {limit} tokens this model's "
+                f"context per request holds can cover (at most {bound} bytes); it was not tokenized")
+
+    def tokens(self, req: wire.GenerateRequest) -> list[int]:
+        if sum(x is not None for x in (req.prompt, req.prompt_tokens, req.messages)) != 1:
+            raise RequestRejected("invalid_request", "exactly one of prompt and messages must be given")
+        if req.messages is not None:
+            if self.template is None:
+                raise RequestRejected("invalid_request", f"chat template unusable: {self.template_error}")
+            self._check_bytes("".join(m.content for m in req.messages), "messages")
+            try:
+                text = render_chat(self.template, req.messages, req.tools)
+            except TemplateError as exc:
+                raise RequestRejected("invalid_request", str(exc)) from exc
+            self._check_bytes(text, "rendered chat")
+            tokens = self.tok.tokenize(text, add_special=not self.tok.starts_with_bos(text))
+        elif req.prompt_tokens is not None:
+            tokens = list(req.prompt_tokens)
+            bad = next((t for t in tokens if not 0 <= t < self.tok.n_vocab), None)
+            if bad is not None:
+                raise RequestRejected("invalid_request", f"prompt: token id {bad} is not in this model's "
+                                                         f"vocabulary (0..{self.tok.n_vocab - 1})")
+        else:
+            text = req.prompt or ""
+            self._check_bytes(text, "prompt")
+            tokens = self.tok.tokenize(text, add_special=req.add_special)
+        if not tokens:
+            raise RequestRejected("invalid_request", "the prompt is empty")
+        limit = self.n_ctx_slot
+        if len(tokens) >= limit:
+            raise RequestRejected(
+                "context_length_exceeded",
+                f"the prompt has {len(tokens)} tokens, but this model's context per request is "
+                f"{limit} tokens (at least 1 must be left to generate)",
+            )
+        return tokens
