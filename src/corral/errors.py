@@ -1,6 +1,7 @@
 """corral's exception hierarchy, mapped once to OpenAI-style error bodies.
 
     CorralError                      500 server_error        (never raised bare)
+    ├── InternalError                500 code=internal_error  anything unexpected
     ├── ConfigError                  -                       config file/table/key is wrong
     ├── RequestError                 4xx                     the caller can fix it
     │   ├── InvalidRequest           400 invalid_request_error (param names the field)
@@ -17,6 +18,8 @@
     │   │   └── OriginNotAllowed     403 code=origin_not_allowed
     │   ├── ModelNotFound            404 code=model_not_found
     │   ├── NotFound                 404 (a pull id, a route object)
+    │   │   └── RouteNotFound        404 (no such route)
+    │   ├── MethodNotAllowed         405
     │   ├── Conflict                 409 (e.g. rm of a loaded model without --force)
     │   └── PayloadTooLarge          413
     ├── Unavailable                  503 + Retry-After      try again later
@@ -74,6 +77,10 @@ __all__ = [
     "ModelLoading",
     "ModelDownloading",
     "WorkerRequestFailed",
+    "InternalError",
+    "RouteNotFound",
+    "MethodNotAllowed",
+    "error_for_status",
 ]
 
 
@@ -99,6 +106,12 @@ class CorralError(Exception):
 
     def headers(self) -> dict[str, str]:
         return {}
+
+
+class InternalError(CorralError):
+    """Anything unexpected: the body never carries the exception or a traceback."""
+
+    code = "internal_error"
 
 
 class ConfigError(CorralError):
@@ -180,6 +193,15 @@ class Conflict(RequestError):
     code = "conflict"
 
 
+class RouteNotFound(NotFound):
+    pass
+
+
+class MethodNotAllowed(RequestError):
+    status = 405
+    code = "method_not_allowed"
+
+
 class PayloadTooLarge(RequestError):
     status = 413
     code = "payload_too_large"
@@ -249,3 +271,17 @@ class DownloadNetworkError(DownloadError):
 
 class InsufficientStorage(DownloadError):
     status = 507
+
+
+_HTTP_ERRORS: dict[int, type[CorralError]] = {404: RouteNotFound, 405: MethodNotAllowed}
+
+
+def error_for_status(status: int, message: str) -> CorralError:
+    """The error for an HTTP status the web framework decided (unknown route, wrong
+    method...): one leaf class per status."""
+    cls = _HTTP_ERRORS.get(status)
+    if cls is None:
+        base: type[CorralError] = RequestError if status < 500 else CorralError
+        cls = type(f"HTTP{status}Error", (base,), {"status": status, "code": None})
+        _HTTP_ERRORS[status] = cls
+    return cls(message)

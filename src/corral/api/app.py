@@ -21,29 +21,29 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from corral.api import management_routes, openai_routes
+from corral.api import (anthropic_routes, management_routes, ollama_models, ollama_routes,
+                        openai_routes, responses_routes)
 from corral.api.guard import GuardMiddleware, error_response
 from corral.config import CorralConfig
 from corral.control.events import EventBus
 from corral.control.metrics import Metrics
 from corral.control.plane import ControlPlane
-from corral.errors import CorralError
+from corral.errors import CorralError, InternalError, error_for_status
 from corral.store.confine import PathPolicy
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("corral.api")
-_json = msgspec.json.Encoder()
 
 
-def _error_response(exc: CorralError) -> Response:
-    return error_response(exc)
+def _error_response(exc: CorralError, path: str) -> Response:
+    """``exc`` in the error shape of the API ``path`` belongs to (OpenAI, Ollama, Anthropic)."""
+    return error_response(exc, path)
 
 
 def _install_handlers(app: FastAPI) -> None:
@@ -51,7 +51,7 @@ def _install_handlers(app: FastAPI) -> None:
     async def corral_error(request: Request, exc: CorralError) -> Response:
         if exc.status >= 500:
             log.warning("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
-        return _error_response(exc)
+        return _error_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
@@ -61,23 +61,20 @@ def _install_handlers(app: FastAPI) -> None:
         param = ".".join(loc) or None
         from corral.errors import InvalidRequest
         return _error_response(InvalidRequest(f"{param}: {err.get('msg')}" if param else str(err.get("msg")),
-                                              param=param))
+                                              param=param), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        body = {"error": {"message": f"{request.method} {request.url.path}: {exc.detail}",
-                          "type": "invalid_request_error" if exc.status_code < 500 else "server_error",
-                          "param": None, "code": code}}
-        return Response(_json.encode(body), status_code=exc.status_code, media_type="application/json",
-                        headers=getattr(exc, "headers", None))
+        err = error_for_status(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+        resp = _error_response(err, request.url.path)
+        resp.headers.update(getattr(exc, "headers", None) or {})
+        return resp
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        body = {"error": {"message": "internal server error (see the server log)",
-                          "type": "server_error", "param": None, "code": "internal_error"}}
-        return Response(_json.encode(body), status_code=500, media_type="application/json")
+        return _error_response(InternalError("internal server error (see the server log)"),
+                               request.url.path)
 
 
 def _embedded() -> tuple[str, Path, tuple[str, ...]] | None:
@@ -159,6 +156,10 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     _install_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(management_routes.router)
+    app.include_router(ollama_routes.router)
+    app.include_router(ollama_models.router)
+    app.include_router(anthropic_routes.router)
+    app.include_router(responses_routes.router)
     try:
         from corral.api.store_routes import router as store_router
         app.include_router(store_router)

@@ -288,7 +288,7 @@ def register(app: typer.Typer) -> None:
         models_dir: Path | None = ModelsDirOpt,
     ) -> None:
         """Delete a model from disk."""
-        try:  # a store id never holds '/', '?', '#' or '%': nothing can reach another route
+        try:  # an id never holds '?', '#' or '%', and it is quoted whole ('/' too): one model route
             validate_model_id(model_id)
         except CorralError as exc:
             err.print(f"[red]error[/]: {exc.message}")

@@ -21,12 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from corral.config import CorralConfig
 from corral.control.admission import Admission
 from corral.control.catalog import Catalog, ModelSpec, specs_from_config
 from corral.control.events import EventBus, EventName
 from corral.control.pool import ModelPool
-from corral.errors import ModelNotFound
+from corral.errors import Conflict, InvalidRequest, ModelNotFound
+from corral.model_ids import id_problem
 
 __all__ = ["CatalogSync"]
 
@@ -49,6 +52,7 @@ class CatalogSync:
         self.store = store
         self._embedded = embedded
         self._extra_specs: dict[str, ModelSpec] = {}  # added at run time (Nitro loadmodel, pulls)
+        self._copies: dict[str, str] = {}  # alias -> model id, added by Ollama's /api/copy
 
     def specs(self, cfg: CorralConfig) -> list[ModelSpec]:
         """Every model ``cfg`` (plus models_dir, the embedded model and what was added at
@@ -63,7 +67,30 @@ class CatalogSync:
         specs = specs_from_config(cfg, store_models, embedded)
         ids = {s.id for s in specs}
         specs += [s for mid, s in self._extra_specs.items() if mid not in ids]
+        if self._copies:  # aliases added at run time (Ollama's /api/copy) outlive reloads
+            taken = ids | {a for s in specs for a in s.aliases}
+            specs = [msgspec.structs.replace(s, aliases=s.aliases + tuple(
+                a for a, mid in self._copies.items() if mid == s.id and a not in taken)) for s in specs]
         return specs
+
+    def add_alias(self, model_id: str, alias: str) -> str:
+        """Make ``alias`` another name of ``model_id`` (Ollama's copy); returns the id.
+        InvalidRequest for an invalid name, Conflict if it already names another model."""
+        problem = id_problem(alias)
+        if problem is not None:
+            raise InvalidRequest(f"invalid model name {alias!r}: {problem}", param="destination")
+        try:
+            other = self.catalog.resolve_id(alias)
+        except ModelNotFound:
+            other = None
+        if other is not None and other != model_id:
+            raise Conflict(f"{alias!r} already names model {other!r}", param="destination")
+        if other is None:
+            self._copies[alias] = model_id
+            pool = self.pools[model_id]
+            pool.spec = msgspec.structs.replace(pool.spec, aliases=pool.spec.aliases + (alias,))
+            self.catalog.put(pool.spec)
+        return model_id
 
     def add(self, spec: ModelSpec, *, announce: bool = True) -> ModelPool:
         """The one way a model becomes servable."""

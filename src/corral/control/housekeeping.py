@@ -38,15 +38,16 @@ class Housekeeper:
                 self.poll_stats()
 
     def tick(self) -> float:
-        ttls = [p.spec.ttl_s for p in self._pools.values() if p.spec.ttl_s]
+        ttls = [t for p in self._pools.values() if (t := p.ttl_s) is not None]
         return max(0.05, min([1.0, *(t / 4 for t in ttls)]))
 
     def expire_idle(self, now: float) -> None:
         for pool in list(self._pools.values()):
-            ttl = pool.spec.ttl_s
-            if (ttl and pool.has_ready and pool.idle and not pool.draining and not pool.spec.pinned
+            ttl = pool.ttl_s  # keep_alive, else the spec's ttl_s; None when pinned
+            if (ttl is not None and pool.has_ready and pool.idle and not pool.draining
                     and now - pool.last_used >= ttl):
-                self._background(self._admission.unload_idle(pool, f"idle for {ttl:g} s (ttl_s)"),
+                why = "ttl_s" if pool.keep_alive_s is None else "keep_alive"
+                self._background(self._admission.unload_idle(pool, f"idle for {ttl:g} s ({why})"),
                                  f"ttl {pool.spec.id}")
 
     def poll_stats(self) -> None:

@@ -47,6 +47,7 @@ from corral import wire
 from corral.control.process import describe_exit, kill_group, log_tail, open_private_log
 from corral.control.stream import RequestStream
 from corral.errors import WorkerCrashed
+from corral.model_ids import file_stem
 
 __all__ = ["Placement", "LinkExit", "LinkOwner", "WorkerLink", "Spawner", "LinkClosed",
            "LifecycleMessage", "LocalSpawner", "SocketLink"]
@@ -258,8 +259,7 @@ class LocalSpawner:
         self.worker_command = worker_command or [sys.executable, "-m", "corral.worker"]
 
     def log_path(self, model_id: str, index: int) -> Path:
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model_id)
-        return self.log_dir / f"{safe}.{index}.log"
+        return self.log_dir / f"{file_stem(model_id)}.{index}.log"
 
     async def spawn(self, settings: wire.WorkerSettings, owner: LinkOwner) -> "SocketLink":
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -219,6 +219,20 @@ class ControlPlane:
                                  "load it with POST /models/load", param="model")
         await self.admission.load(pool)
 
+    def keep_alive(self, name: str, seconds: float | None) -> None:
+        """Ollama's ``keep_alive``, applied when a request ends: None leaves the model's
+        configured ttl_s; 0 unloads it as soon as it is idle; > 0 unloads it after that
+        many idle seconds; < 0 keeps it loaded (never evicted) until it is unloaded."""
+        try:
+            pool = self.pool(name)
+        except ModelNotFound:
+            return
+        if seconds is None or not pool.occupies or pool.spec.pinned:
+            return  # a model pinned in the config stays loaded whatever a request asks
+        pool.keep_alive_s = seconds
+        if seconds == 0:
+            self._background(self.admission.unload_idle(pool, "keep_alive=0"), f"keep_alive {pool.spec.id}")
+
     # ================================================================ load / unload
 
     def is_loaded(self, model_id: str) -> bool:
@@ -253,6 +267,10 @@ class ControlPlane:
     async def remove_model(self, model_id: str) -> None:
         """Unload (if needed) and forget a model (e.g. its file was deleted)."""
         await self.sync.remove_model(model_id)
+
+    def add_alias(self, name: str, alias: str) -> str:
+        """Make ``alias`` another name of model ``name`` (Ollama's copy); returns the id."""
+        return self.sync.add_alias(self.resolve(name), alias)
 
     async def reload(self, config: CorralConfig | None = None) -> dict[str, list[str]]:
         """Re-read the config (and models_dir). A bad config changes nothing (ConfigError)."""
