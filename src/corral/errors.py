@@ -10,6 +10,8 @@
     │   │   ├── ModelNotLoaded       400 code=model_not_loaded  (autoload off)
     │   │   ├── InvalidConfig        400 code=invalid_config    (reload of a bad config)
     │   │   ├── HubUnauthorized      400 code=hub_unauthorized  (gated or private repo)
+    │   │   ├── ModelFileMissing     400 code=model_file_missing
+    │   │   ├── UnreadableModel      400 code=unreadable_model  (GGUF header unreadable)
     │   │   └── NitroLoadFailed      400 code=model_load_failed (Nitro loadmodel of a bad file)
     │   ├── AuthenticationError      401 authentication_error
     │   ├── Forbidden                403 code=forbidden
@@ -58,6 +60,8 @@ __all__ = [
     "HostNotAllowed",
     "OriginNotAllowed",
     "NitroLoadFailed",
+    "ModelFileMissing",
+    "UnreadableModel",
     "ModelNotFound",
     "NotFound",
     "Conflict",
@@ -145,6 +149,14 @@ class InvalidConfig(InvalidRequest):
 
 class HubUnauthorized(InvalidRequest):
     code = "hub_unauthorized"
+
+
+class ModelFileMissing(InvalidRequest):
+    code = "model_file_missing"
+
+
+class UnreadableModel(InvalidRequest):
+    code = "unreadable_model"
 
 
 class NitroLoadFailed(InvalidRequest):

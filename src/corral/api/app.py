@@ -26,8 +26,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from corral.api import (anthropic_routes, management_routes, ollama_models, ollama_routes,
-                        openai_routes, responses_routes)
+from corral.api import (anthropic_routes, live_stats, management_routes, ollama_models,
+                        ollama_routes, openai_routes, page_routes, responses_routes)
 from corral.api.guard import GuardMiddleware, error_response
 from corral.config import CorralConfig
 from corral.control.events import EventBus
@@ -138,6 +138,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         app.state.downloads = downloads
         app.state.metrics = metrics
         await plane.start()
+        app.state.stats = live_stats.StatsRecorder(plane)
+        app.state.stats.start()
         loop = asyncio.get_running_loop()
         if handle_sighup:
             loop.add_signal_handler(signal.SIGHUP, plane.reload_soon, "SIGHUP")
@@ -146,6 +148,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         finally:
             if handle_sighup:
                 loop.remove_signal_handler(signal.SIGHUP)
+            await app.state.stats.close()
             if downloads is not None:
                 with contextlib.suppress(Exception):
                     await downloads.close()
@@ -160,6 +163,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     app.include_router(ollama_models.router)
     app.include_router(anthropic_routes.router)
     app.include_router(responses_routes.router)
+    app.include_router(page_routes.router)
+    app.include_router(live_stats.router)
     try:
         from corral.api.store_routes import router as store_router
         app.include_router(store_router)
