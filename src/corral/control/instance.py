@@ -208,11 +208,11 @@ class Instance:
             return False
         return link.submit(request_id, frame, stream, self.index)
 
-    async def fetch_stats(self) -> wire.Stats | None:
+    async def fetch_stats(self, timeout_s: float = 2.0) -> wire.Stats | None:
         link = self._link
         if self.state is not S.READY or link is None:
             return None
-        return await link.fetch_stats()
+        return await link.fetch_stats(timeout_s)
 
     # ----------------------------------------------------------------- LinkOwner
 
