@@ -16,6 +16,7 @@ Scenarios (see docs/_parts/bench.md):
   coldstart   POST /models/load -> first token; corral vs llama.cpp router mode
   queue       1000 concurrent requests, n_parallel 4, max_queue 2000: errors, router peak RSS
   dialects    c=8 streaming through /v1/chat/completions, Ollama, Anthropic, Responses (bench/dialects.py)
+  sampling    c=8 with a JSON schema and with top_logprobs 5 vs without, corral and llama-server (bench/constrained.py)
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
 
+import constrained  # noqa: E402
 import dialects  # noqa: E402
 import llama_server  # noqa: E402
 from loadgen import LoadResult, combined, fmt, run_load, sequential_latency  # noqa: E402
@@ -50,7 +52,7 @@ from servers import (  # noqa: E402
     llama_router_cmd, llama_server_cmd, stop_all, tree_cpu_s, proc_cpu_s,
 )
 
-SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects")
+SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects", "sampling")
 SLOT_CTX = 1024  # KV cells per parallel slot, the same for every server
 
 
@@ -737,11 +739,12 @@ async def sc_queue(ctx: Ctx) -> list[Table]:
 
 # hang guards per scenario (seconds; x0.6 with --quick), far above normal run times
 LIMITS_S = {"throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
-            "dialects": 480}
+            "dialects": 480, "sampling": 600}
 
 FUNCS = {"throughput": sc_throughput, "overhead": sc_overhead, "multimodel": sc_multimodel,
          "coldstart": sc_coldstart, "queue": sc_queue,
-         "dialects": lambda ctx: dialects.sc_dialects(ctx, sys.modules[__name__])}
+         "dialects": lambda ctx: dialects.sc_dialects(ctx, sys.modules[__name__]),
+         "sampling": lambda ctx: constrained.sc_sampling(ctx, sys.modules[__name__])}
 
 
 def environment(ctx: Ctx) -> list[str]:
