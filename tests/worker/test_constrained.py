@@ -75,3 +75,21 @@ def test_token_prompt_equals_text_prompt(engine: Engine) -> None:
     # (the text is not compared with the text prompt's: a reused cached prefix may round differently)
     assert texts["toks"] and finals["toks"].usage.prompt_tokens == len(tokens)
     assert finals["toks"].usage.completion_tokens == 6
+
+
+def test_odd_grammars_end_cleanly_and_never_crash_the_worker(engine: Engine) -> None:
+    forever = wire.SamplingParams(max_tokens=5, temperature=0.7, seed=2, ignore_eos=True)
+    texts, finals, _ = run_engine(engine, [
+        req("empty", grammar='root ::= ""', params=G),  # only the end is allowed
+        req("empty-no-eos", grammar='root ::= ""', params=forever),  # ...and the end is banned
+        req("done-no-eos", grammar='root ::= "ok"', params=forever),
+        req("left-recursive", grammar='root ::= root "a"', params=G),
+        req("star", grammar='root ::= "a"*', params=forever),
+    ])
+    assert finals["empty"].finish_reason == "stop" and texts.get("empty", "") == ""
+    assert finals["empty-no-eos"].finish_reason == "stop"
+    assert texts["done-no-eos"] == "ok" and finals["done-no-eos"].finish_reason == "stop"
+    assert isinstance(finals["left-recursive"], wire.RequestFailed)
+    assert set(texts["star"]) <= {"a"} and finals["star"].finish_reason == "length"
+    texts, finals, _ = run_engine(engine, [req("after", params=G)])  # the engine goes on
+    assert finals["after"].finish_reason in ("stop", "length") and texts["after"]
