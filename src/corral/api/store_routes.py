@@ -25,8 +25,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from corral.control.downloads import DownloadManager, PullHandle
-from corral.control.events import EventName
+from corral.store.downloads import DownloadManager, PullHandle
+from corral.events import EventName
 from corral.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
 from corral.store.local import ModelStore
 
