@@ -63,11 +63,13 @@ async def _body(request: Request, model: type[BaseModel]) -> Any:
 
 
 def _downloads(request: Request) -> DownloadManager:
-    return request.app.state.downloads
+    dm: DownloadManager = request.app.state.downloads
+    return dm
 
 
 def _store(request: Request) -> ModelStore:
-    return request.app.state.store
+    store: ModelStore = request.app.state.store
+    return store
 
 
 def _pull_body(h: PullHandle) -> dict[str, Any]:

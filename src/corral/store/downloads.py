@@ -179,13 +179,13 @@ class DownloadManager:
         if h.path is None and need > 0:
             free = disk_free(self.store.root)
             if free < need:
-                err = InsufficientStorage(
+                full = InsufficientStorage(
                     f"not enough disk space in {self.store.root}: the download needs "
                     f"{fmt_bytes(need)} more, {fmt_bytes(free)} is free")
-                self._end(h, "failed", reason=err.message, error=err)
+                self._end(h, "failed", reason=full.message, error=full)
                 await self._stop(pull_id)
                 await h._ended.wait()
-                raise err
+                raise full
         h.state = "downloading"
         self.bus.publish(EventName.DOWNLOAD_STARTED, h.model_id, pull_id=h.pull_id, total=h.total,
                          source=h.source)

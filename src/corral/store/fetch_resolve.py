@@ -151,24 +151,24 @@ def _cached_listing(repo: str) -> list[str]:
 def _resolve_url(req: m.FetchRequest, src: ParsedSource) -> Target:
     import httpx
 
-    assert src.url is not None and src.filename is not None
+    url, filename = src.url, src.filename
+    assert url is not None and filename is not None
     headers = {"Accept-Encoding": "identity", "User-Agent": "corral"}
 
     def head() -> int | None:
         try:
             with httpx.Client(follow_redirects=True, timeout=req.timeout_s) as c:
-                r = c.head(src.url, headers=headers)  # type: ignore[arg-type]
+                r = c.head(url, headers=headers)
         except httpx.HTTPError as exc:
-            raise Retryable(f"cannot reach {host_of(src.url)}: {exc}") from exc
+            raise Retryable(f"cannot reach {host_of(url)}: {exc}") from exc
         if r.status_code in (405, 501):
             return None  # no HEAD: the size comes with the GET
-        raise_for_status(r.status_code, src.url)  # type: ignore[arg-type]
+        raise_for_status(r.status_code, url)
         cl = r.headers.get("Content-Length")
         return int(cl) if cl and cl.isdigit() else None
 
-    total = _with_retries(req, head, src.url)
-    return Target(filename=src.filename, key=f"url:{src.url}", url=src.url, headers=headers,
-                   total=total)
+    total = _with_retries(req, head, url)
+    return Target(filename=filename, key=f"url:{url}", url=url, headers=headers, total=total)
 
 
 def raise_for_status(status: int, url: str) -> None:
