@@ -62,7 +62,7 @@ def schema_to_gbnf(schema_json: str) -> str:
         raise GrammarError("json_schema: the schema nests too deeply to convert") from None
     except Exception as exc:  # noqa: BLE001 - the converter raises assert/Key/Value errors
         raise GrammarError(f"json_schema: cannot convert to a grammar: {type(exc).__name__}: {exc}") from None
-    return gbnf.replace(_CHAR_RULE, _JSON_CHAR_RULE)
+    return str(gbnf).replace(_CHAR_RULE, _JSON_CHAR_RULE)
 
 
 def init_grammar_sampler(vocab: ll.llama_vocab_p, gbnf: str) -> ll.llama_sampler_p:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import llama_cpp as ll
 
@@ -76,14 +75,12 @@ class Batch:
         for i in range(n):
             self.seq_ptr[i] = ctypes.cast(base + i * size, ctypes.POINTER(ll.llama_seq_id))
         self.logits = (ctypes.c_int8 * n)()
-        self.batch = ll.llama_batch()
-        fields: Any = self.batch  # ctypes fields typed as arrays in the stubs take pointers here
-        fields.token = ctypes.cast(self.token, ctypes.POINTER(ll.llama_token))
-        fields.embd = None
-        fields.pos = ctypes.cast(self.pos, ctypes.POINTER(ll.llama_pos))
-        fields.n_seq_id = ctypes.cast(self.n_seq_id, ctypes.POINTER(ctypes.c_int32))
-        fields.seq_id = ctypes.cast(self.seq_ptr, ctypes.POINTER(ctypes.POINTER(ll.llama_seq_id)))
-        fields.logits = ctypes.cast(self.logits, ctypes.POINTER(ctypes.c_int8))
+        self.batch = ll.llama_batch(
+            token=ctypes.cast(self.token, ctypes.POINTER(ll.llama_token)), embd=None,
+            pos=ctypes.cast(self.pos, ctypes.POINTER(ll.llama_pos)),
+            n_seq_id=ctypes.cast(self.n_seq_id, ctypes.POINTER(ctypes.c_int32)),
+            seq_id=ctypes.cast(self.seq_ptr, ctypes.POINTER(ctypes.POINTER(ll.llama_seq_id))),
+            logits=ctypes.cast(self.logits, ctypes.POINTER(ctypes.c_int8)))
         self.n = 0
 
 
