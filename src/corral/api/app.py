@@ -26,14 +26,14 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from corral.api import (anthropic_routes, management_routes, ollama_models, ollama_routes,
-                        openai_routes, responses_routes)
+from corral.api import (anthropic_routes, live_stats, management_routes, ollama_models,
+                        ollama_routes, openai_routes, page_routes, responses_routes)
 from corral.api.guard import GuardMiddleware, error_response
 from corral.config import CorralConfig
 from corral.control.events import EventBus
 from corral.control.metrics import Metrics
 from corral.control.plane import ControlPlane
-from corral.errors import CorralError
+from corral.errors import CorralError, InternalError, error_for_status
 from corral.store.confine import PathPolicy
 
 __all__ = ["create_app"]
@@ -65,10 +65,7 @@ def _install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        err = CorralError(f"{request.method} {request.url.path}: {exc.detail}",
-                          code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code))
-        err.status = exc.status_code
-        err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        err = error_for_status(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
         resp = _error_response(err, request.url.path)
         resp.headers.update(getattr(exc, "headers", None) or {})
         return resp
@@ -76,7 +73,7 @@ def _install_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return _error_response(CorralError("internal server error (see the server log)", code="internal_error"),
+        return _error_response(InternalError("internal server error (see the server log)"),
                                request.url.path)
 
 
@@ -141,24 +138,17 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         app.state.downloads = downloads
         app.state.metrics = metrics
         await plane.start()
+        app.state.stats = live_stats.StatsRecorder(plane)
+        app.state.stats.start()
         loop = asyncio.get_running_loop()
         if handle_sighup:
-            def on_hup() -> None:
-                async def run() -> None:
-                    try:
-                        result = await plane.reload()
-                        log.info("SIGHUP reload: %s", result)
-                    except CorralError as exc:
-                        log.error("SIGHUP reload failed, nothing changed: %s", exc.message)
-                    except Exception:  # noqa: BLE001 - never an unretrieved task exception
-                        log.exception("SIGHUP reload failed, nothing changed")
-                loop.create_task(run())
-            loop.add_signal_handler(signal.SIGHUP, on_hup)
+            loop.add_signal_handler(signal.SIGHUP, plane.reload_soon, "SIGHUP")
         try:
             yield
         finally:
             if handle_sighup:
                 loop.remove_signal_handler(signal.SIGHUP)
+            await app.state.stats.close()
             if downloads is not None:
                 with contextlib.suppress(Exception):
                     await downloads.close()
@@ -173,6 +163,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     app.include_router(ollama_models.router)
     app.include_router(anthropic_routes.router)
     app.include_router(responses_routes.router)
+    app.include_router(page_routes.router)
+    app.include_router(live_stats.router)
     try:
         from corral.api.store_routes import router as store_router
         app.include_router(store_router)

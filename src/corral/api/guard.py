@@ -11,10 +11,11 @@ A pure ASGI middleware (not BaseHTTPMiddleware: it must not buffer streams). In 
    patterns, e.g. ``http://localhost:*``; like Ollama's OLLAMA_ORIGINS), else 403. CORS
    preflights (OPTIONS) are answered for those origins only, and their responses carry
    ``Access-Control-Allow-Origin``.
-3. **API key** (when ``[server] api_key`` is set): every route but ``GET /health``,
-   docs, schema, metrics and the event stream included. ``Authorization: Bearer KEY`` or
-   ``x-api-key: KEY`` (Anthropic's clients). Refusals use the error shape of the API the
-   path belongs to (``dialect_errors``).
+3. **API key** (when ``[server] api_key`` is set): every route but ``GET /health`` and
+   the web page's static files (``GET /``, ``GET /ui/{asset}``: they hold no data; the
+   page asks for the key itself), docs, schema, metrics and the event stream included.
+   ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's clients). Refusals use
+   the error shape of the API the path belongs to (``dialect_errors``).
    Compared in constant time (SHA-256 digests, so not even the length leaks).
 4. **Content-Type**: a request with a body must say ``application/json`` (415
    otherwise): a browser can send ``text/plain`` or form bodies cross-site without a
@@ -41,7 +42,9 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.api.dialect_errors import error_response as dialect_error_response
-from corral.errors import AuthenticationError, CorralError, Forbidden, PayloadTooLarge, RequestError
+from corral.api.page_routes import is_public_path
+from corral.errors import (AuthenticationError, CorralError, HostNotAllowed, OriginNotAllowed,
+                           PayloadTooLarge, RequestError)
 
 __all__ = ["GuardMiddleware", "host_allowed", "key_matches"]
 
@@ -123,6 +126,12 @@ def _origin_allowed(origin: str, host_header: str | None, allowed: list[str]) ->
     return parts.scheme in ("http", "https") and parts.netloc.lower() == host_header.strip().lower()
 
 
+def _open_path(scope: Scope) -> bool:
+    """Served without the API key: /health and the page's static files."""
+    path = scope["path"]
+    return path in _OPEN_PATHS or (scope["method"] in ("GET", "HEAD") and is_public_path(path))
+
+
 def _is_json(content_type: bytes | None) -> bool:
     if content_type is None:
         return False
@@ -158,22 +167,20 @@ class GuardMiddleware:
         raw_host = _header(scope, b"host")
         host = raw_host.decode("latin-1") if raw_host is not None else None
         if host is not None and not host_allowed(host, srv.host, list(srv.allowed_hosts)):
-            return Forbidden(f"host {host!r} is not served here (DNS rebinding protection); add "
-                             "the name to [server] allowed_hosts to allow it",
-                             code="host_not_allowed"), None
+            return HostNotAllowed(f"host {host!r} is not served here (DNS rebinding protection); "
+                                  "add the name to [server] allowed_hosts to allow it"), None
         cors_origin = None
         raw_origin = _header(scope, b"origin")
         if raw_origin is not None:
             origin = raw_origin.decode("latin-1")
             if not _origin_allowed(origin, host, list(srv.allowed_origins)):
-                return Forbidden(f"origin {origin!r} is not allowed to call this server; add it "
-                                 "to [server] allowed_origins to allow it",
-                                 code="origin_not_allowed"), None
+                return OriginNotAllowed(f"origin {origin!r} is not allowed to call this server; add "
+                                        "it to [server] allowed_origins to allow it"), None
             cors_origin = origin
         method = scope["method"]
         preflight = method == "OPTIONS" and _header(scope, b"access-control-request-method") is not None
         key = srv.api_key
-        if key and not preflight and scope["path"] not in _OPEN_PATHS:
+        if key and not preflight and not _open_path(scope):
             if not any([key_matches(k, key) for k in _presented_keys(scope)]):  # every key compared
                 return AuthenticationError(
                     "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"

@@ -217,9 +217,7 @@ async def pull(request: Request) -> Response:
         await stack.aclose()
         state = await h.wait()
         if state != "finished":
-            err = DownloadError(h.reason or f"pull {state}")
-            err.status = getattr(h._error, "status", 500) if h._error is not None else 500
-            raise err
+            raise h._error if h._error is not None else DownloadError(h.reason or f"pull {state}")
         return ndjson_response({"status": "success"})
 
     async def lines() -> AsyncIterator[bytes]:

@@ -19,7 +19,7 @@ def snapshot(pools: Iterable[ModelPool]) -> list[dict[str, Any]]:
             "id": pool.spec.id,
             "status": pool.status(),
             "queued": len(pool.waiters),
-            "instances": [{"index": i.index, "state": i.state.value, "busy": i.busy,
+            "instances": [{"index": i.index, "state": i.state.value, "busy": pool.busy(i),
                            "total": i.slots_total, "memory": i.memory_bytes}
                           for i in pool.instances],
         })
@@ -36,17 +36,17 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "index": i.index,
             "state": i.state.value,
             "pid": i.pid,
-            "slots": {"busy": i.busy, "total": i.slots_total},
+            "slots": {"busy": pool.busy(i), "total": i.slots_total},
             "memory": {"model_bytes": rep.model_bytes if rep else None,
                        "kv_bytes": rep.kv_bytes if rep else None,
                        "rss_bytes": i.rss_bytes},
-            "last_used": i.last_used or None,
+            "last_used": pool.last_used_of(i) or None,
             "threads": i.threads,
             "restarts": i.restarts,
             "failures": i.failures,
             "reason": i.reason,
             "exit_code": i.exit_code,
-            "log": str(i.log_path) if i.log_path else None,
+            "log": i.log_path,
         })
     status = pool.status()
     return {
