@@ -778,7 +778,7 @@ async def sc_instances(ctx: Ctx) -> list[Table]:
 
 
 LIMITS_S = {"instances": 300, "throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
-            "dialects": 480, "sampling": 600}
+            "dialects": 1200, "sampling": 600}
 
 FUNCS = {"instances": sc_instances, "throughput": sc_throughput, "overhead": sc_overhead, "multimodel": sc_multimodel,
          "coldstart": sc_coldstart, "queue": sc_queue,
