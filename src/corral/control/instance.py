@@ -286,8 +286,8 @@ class Instance:
                                     f"{wire.PROTOCOL_VERSION}: mismatched corral installations")
                 link.kill()
         elif isinstance(msg, wire.Ready):
-            if self.state is not S.STARTING:
-                return
+            if self.state is not S.STARTING or self._load_error is not None:
+                return  # (a worker already refused is being killed)
             self.info = msg.info
             self.last_load_s = time.monotonic() - self._load_started
             self._policy.on_ready()

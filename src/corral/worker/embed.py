@@ -18,7 +18,7 @@ from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel
 from corral.worker.tokens import Tokenizer
 
-__all__ = ["embed_batch", "answer_embed"]
+__all__ = ["embed_batch", "embed_request"]
 
 log = logging.getLogger("corral.worker.embed")
 
@@ -81,14 +81,14 @@ def embed_batch(
     return out, sum(len(t) for t in encoded)
 
 
-def answer_embed(m: LoadedModel, tok: Tokenizer, req: wire.EmbedRequest
-                 ) -> tuple[wire.Embeddings | wire.RequestFailed, int]:
-    """Run one embedding request: its answer and the prompt tokens it took."""
+def embed_request(m: LoadedModel, tok: Tokenizer, req: wire.EmbedRequest
+                  ) -> tuple[wire.Embeddings | wire.RequestFailed, int]:
+    """One embedding request's answer and the prompt tokens it took (0 on failure)."""
     try:
         data, n_tokens = embed_batch(m, tok, req.inputs, req.normalize)
         return wire.Embeddings(req.id, data, n_tokens), n_tokens
     except RequestRejected as exc:
         return wire.RequestFailed(req.id, exc.code, exc.message), 0
-    except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
+    except Exception as exc:  # noqa: BLE001
         log.exception("embedding request %s failed", req.id)
         return wire.RequestFailed(req.id, "internal", f"{type(exc).__name__}: {exc}"), 0

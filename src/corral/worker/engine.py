@@ -32,12 +32,13 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker import requests, sampling
-from corral.worker.embed import answer_embed
+from corral.worker.embed import embed_request
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.prompts import PreparedRequest, PromptPreparer
-from corral.worker.slots import (Batch, Job, Slot, configure, finished_message, prompt_logprobs,
-                                 reuse_len)
+from corral.worker.slot_output import SlotOutput
+from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, check_params, finished_message,
+                                 free_samplers, pick_slot, release)
 from corral.worker.templates import ChatTemplate, TemplateError, choose_template
 from corral.worker.tokens import Tokenizer
 
@@ -47,13 +48,6 @@ log = logging.getLogger("corral.worker.engine")
 
 Outgoing = Union[wire.Delta, wire.Finished, wire.RequestFailed, wire.Embeddings, wire.Tokenized]
 _ECHO_CHUNK = 32  # prompt tokens per step when each needs its logits (echo + logprobs)
-
-
-def _check_params(p: wire.SamplingParams) -> None:
-    """The bounds the router checks too (``wire.invalid_field``): one set for both."""
-    bad = wire.invalid_field(p)
-    if bad is not None:
-        raise RequestRejected("invalid_request", f"{bad[0]}: {bad[1]}")
 
 
 class Engine:
@@ -66,9 +60,12 @@ class Engine:
         self._template_error: str | None = None
         if not self.m.embedding:
             try:
-                self.template = choose_template(settings, self.m.meta("tokenizer.chat_template"),
-                                                self.tok.special_text(ll.llama_vocab_bos(self.m.vocab)),
-                                                self.tok.special_text(ll.llama_vocab_eos(self.m.vocab)))
+                self.template = choose_template(
+                    settings,
+                    self.m.meta("tokenizer.chat_template"),
+                    self.tok.special_text(ll.llama_vocab_bos(self.m.vocab)),
+                    self.tok.special_text(ll.llama_vocab_eos(self.m.vocab)),
+                )
             except TemplateError as exc:
                 self._template_error = str(exc)
         self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot)
@@ -125,46 +122,29 @@ class Engine:
                 self._finish(slot, "abort")
                 return
         self.waiting.remove(job)
-        self._drop(job)
-        queued_ms = (time.perf_counter() - job.t_submit) * 1000
-        self.out.append(wire.Finished(request_id, "abort", wire.Usage(len(job.tokens), 0, 0),
-                                      wire.Timings(0.0, 0.0, 0.0, 0.0, queued_ms)))
-
-    def _drop(self, job: Job) -> None:
-        """Forget a job that never got a slot."""
-        self._by_id.pop(job.req.id, None)
+        del self._by_id[request_id]
         sampling.free_sampler(job.grammar)
         job.grammar = None
+        self.out.append(aborted_in_queue(job, time.perf_counter()))
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.embed_waiting or any(s.busy for s in self.slots))
 
     def stats(self) -> wire.Stats:
-        return wire.Stats(
-            slots_busy=sum(1 for s in self.slots if s.busy),
-            slots_total=len(self.slots),
-            waiting=len(self.waiting) + len(self.embed_waiting),
-            rss_bytes=rss_bytes(),
-            model_bytes=self.info.model_bytes,
-            kv_bytes=self.info.kv_bytes,
-            tokens_generated=self.tokens_generated,
-            tokens_prompt=self.tokens_prompt,
-        )
+        return wire.Stats(slots_busy=sum(1 for s in self.slots if s.busy), slots_total=len(self.slots),
+                          waiting=len(self.waiting) + len(self.embed_waiting), rss_bytes=rss_bytes(),
+                          model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes,
+                          tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt)
 
     def set_threads(self, n: int) -> None:
-        """Threads for the next decodes: the configured ones, or ``n`` for generation and
-        prompt batches alike when fewer cores are free."""
-        if n >= self.m.threads:
-            ll.llama_set_n_threads(self.m.ctx, self.m.threads, self.m.threads_batch)
-        else:
-            ll.llama_set_n_threads(self.m.ctx, n, min(n, self.m.threads_batch))
+        """Threads for the next decodes: the configured ones, or ``n`` for both kinds of batch
+        when fewer cores are free."""
+        t, tb = (self.m.threads, self.m.threads_batch) if n >= self.m.threads else (n, min(n, self.m.threads_batch))
+        ll.llama_set_n_threads(self.m.ctx, t, tb)
 
     def close(self) -> None:
-        for slot in self.slots:
-            slot.reset()
-        for job in self.waiting:
-            self._drop(job)
+        free_samplers(self.slots, self.waiting)
         self.m.free()
 
     def fail_all(self, message: str) -> list[Outgoing]:
@@ -172,7 +152,9 @@ class Engine:
         self._fail_running(message)
         while self.waiting:
             job = self.waiting.popleft()
-            self._drop(job)
+            self._by_id.pop(job.req.id, None)
+            sampling.free_sampler(job.grammar)
+            job.grammar = None
             self.out.append(wire.RequestFailed(job.req.id, "internal", message))
         while self.embed_waiting:
             req, _ = self.embed_waiting.popleft()
@@ -183,8 +165,6 @@ class Engine:
         out, self.out = self.out, []
         return out
 
-    # ------------------------------------------------------------------ prompt
-
     def prepare(self, req: wire.GenerateRequest) -> PreparedRequest:
         """Tokenize and check a request, and turn its schema into a grammar; RequestRejected
         if it cannot run. Thread-safe: the worker's reader thread calls it, so long prompts
@@ -193,7 +173,7 @@ class Engine:
             raise RequestRejected("invalid_request",
                                   f"model {self.settings.model_id} is loaded for embeddings only")
         tokens = self.prompts.tokens(req)
-        _check_params(req.params)
+        check_params(req.params)
         requests.check_generation_fields(req, self.m.n_vocab)
         return PreparedRequest(req, tokens, requests.grammar_text(req))
 
@@ -205,18 +185,16 @@ class Engine:
         free = [s for s in self.slots if not s.busy]
         while self.waiting and free:
             job = self.waiting.popleft()
-            best, best_n = free[0], -1
-            for s in free:
-                n = reuse_len(s, job.tokens, self.m.memory, self.m.n_swa)
-                if n > best_n or (n == best_n and len(s.cached) < len(best.cached)):
-                    best, best_n = s, n
+            best, best_n = pick_slot(free, job.tokens, self.m)
             free.remove(best)
             try:
                 self._start(best, job, best_n)
             except Exception as exc:  # noqa: BLE001
                 log.exception("request %s failed to start", job.req.id)
-                best.job = job
-                self._fail_slot(best, f"{type(exc).__name__}: {exc}")
+                self._by_id.pop(job.req.id, None)
+                best.job = None
+                self._clear_slot(best)
+                self.out.append(wire.RequestFailed(job.req.id, "internal", f"{type(exc).__name__}: {exc}"))
 
     def _clear_slot(self, slot: Slot) -> None:
         ll.llama_memory_seq_rm(self.m.memory, slot.index, -1, -1)
@@ -233,13 +211,41 @@ class Engine:
         else:
             reuse = 0
             self._clear_slot(slot)
-        stops = self.template.stop_strings if req.messages is not None and self.template is not None else ()
-        configure(slot, job, reuse, n_ctx_slot=self.m.n_ctx_slot, tok=self.tok, seed=self.settings.seed,
-                  template_stops=stops)
+        p = job.req.params
+        slot.job = job
+        slot.prompt_pos = reuse
+        slot.n_cached = reuse
+        slot.pending = -1
+        slot.n_gen = 0
+        room = self.m.n_ctx_slot - len(job.tokens)
+        slot.max_tokens = room if p.max_tokens is None else min(p.max_tokens, room)
+        grammar, job.grammar = job.grammar, None
+        slot.sampler = sampling.SlotSampler(
+            p,
+            n_vocab=self.m.n_vocab,
+            seed=sampling.resolve_seed(p, self.settings.seed),
+            eog_tokens=self.tok.eog_tokens if p.ignore_eos else [],
+            prompt_tail=job.tokens,
+            grammar=grammar,
+        )
+        stops = list(p.stop)
+        if req.messages is not None and self.template is not None and not p.ignore_eos and grammar is None:
+            stops += [s for s in self.template.stop_strings if s not in stops]
+        slot.out = SlotOutput(req.id, stops, requests.tool_parser(req))
+        slot.ignore_eos = p.ignore_eos
+        slot.logprobs = req.logprobs
+        slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] \
+            if echo_lp else None
+        slot.t_start = time.perf_counter()
+        slot.t_first = 0.0
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))
         if slot.max_tokens == 0 and not echo_lp:
             self._finish(slot, "length")
+
+    def _special_piece(self, token: int) -> bytes:
+        """A prompt token's bytes for echo; control tokens (BOS) by their text."""
+        return self.tok.piece(token) or self.tok.special_text(token).encode("utf-8")
 
     # ------------------------------------------------------------------ the step
 
@@ -296,18 +302,17 @@ class Engine:
             self._decode_failed(rc)
             return self.take_output()
         for slot, at, pos, count in echo_chunks:
-            echoed = prompt_logprobs(slot, self.m.ctx, self.tok, at, pos, count)
-            if echoed is not None:
-                self.out.append(echoed)
-                if slot.max_tokens == 0:
-                    self._finish(slot, "length")
+            self._prompt_logprobs(slot, at, pos, count)
         for slot, idx in outputs:
             if slot.job is not None:
                 try:
                     self._sample(slot, idx)
                 except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
                     log.exception("sampling failed for %s", slot.job.req.id)
-                    self._fail_slot(slot, f"{type(exc).__name__}: {exc}")
+                    job = slot.job
+                    self._release(slot)
+                    self._clear_slot(slot)
+                    self.out.append(wire.RequestFailed(job.req.id, "internal", f"{type(exc).__name__}: {exc}"))
         return self.take_output()
 
     def _decode_failed(self, rc: int) -> None:
@@ -318,15 +323,29 @@ class Engine:
     def _fail_running(self, message: str) -> None:
         for slot in self.slots:
             if slot.job is not None:
-                self._fail_slot(slot, message)
+                job = slot.job
+                self._release(slot)
+                self._clear_slot(slot)
+                self.out.append(wire.RequestFailed(job.req.id, "internal", message))
 
-    def _fail_slot(self, slot: Slot, message: str) -> None:
-        job = slot.job
-        assert job is not None
-        self._release(slot)
-        self._clear_slot(slot)
-        self._drop(job)
-        self.out.append(wire.RequestFailed(job.req.id, "internal", message))
+    def _prompt_logprobs(self, slot: Slot, at: int, pos: int, count: int) -> None:
+        """Logprobs of the prompt tokens after each of these positions (echo)."""
+        job, lps = slot.job, slot.echo_logprobs
+        assert job is not None and lps is not None
+        toks = job.tokens
+        k = slot.logprobs or 0
+        for j in range(count):
+            if pos + j + 1 < len(toks):
+                nxt = toks[pos + j + 1]
+                lps.append(sampling.token_logprobs(self._logits(at + j), nxt, k, self._special_piece))
+        if pos + count == len(toks):
+            self.out.append(wire.Delta(job.req.id, requests.echo_text(self.tok, job.req, toks), 0, lps))
+            slot.echo_logprobs = None
+            if slot.max_tokens == 0:
+                self._finish(slot, "length")
+
+    def _logits(self, idx: int) -> "sampling.Logits":
+        return sampling.logits_at(self.m.ctx, idx, self.m.n_vocab)
 
     def _sample(self, slot: Slot, idx: int) -> None:
         assert slot.sampler is not None and slot.out is not None and slot.job is not None
@@ -343,8 +362,7 @@ class Engine:
             self._finish(slot, "stop")
             return
         lp = None if slot.logprobs is None else \
-            sampling.token_logprobs(sampling.logits_at(self.m.ctx, idx, self.m.n_vocab), tok, slot.logprobs,
-                                    self.tok.piece)
+            sampling.token_logprobs(self._logits(idx), tok, slot.logprobs, self.tok.piece)
         delta = slot.out.token(self.tok.piece(tok), lp)
         if delta is not None:
             self.out.append(delta)
@@ -362,20 +380,21 @@ class Engine:
             delta = slot.out.finish()
             if delta is not None:
                 self.out.append(delta)
-        self.tokens_prompt += len(job.tokens) - slot.n_cached
-        self.out.append(finished_message(slot, job, reason))
+        n_eval = len(job.tokens) - slot.n_cached
+        self.tokens_prompt += n_eval
+        self.out.append(finished_message(slot, job, reason, time.perf_counter()))
         self._release(slot)
 
     def _release(self, slot: Slot) -> None:
         if slot.job is not None:
             self._by_id.pop(slot.job.req.id, None)
-        slot.reset()
+        release(slot)
 
     # ------------------------------------------------------------------ embeddings
 
     def _run_embeddings(self) -> None:
         """Embedding requests run between generation steps, one request at a time."""
         req, _t_submit = self.embed_waiting.popleft()
-        msg, n_tokens = answer_embed(self.m, self.tok, req)
-        self.out.append(msg)
+        answer, n_tokens = embed_request(self.m, self.tok, req)
+        self.out.append(answer)
         self.tokens_prompt += n_tokens

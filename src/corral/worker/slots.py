@@ -1,21 +1,22 @@
-"""The engine's per-slot and per-request records, the batch buffers, and the Finished
-message a slot's end produces. Plain data; the engine owns the logic."""
+"""A slot's state, the batch buffers, and the messages a slot's end produces: the
+plain data the engine (``corral.worker.engine``) works on."""
 
 from __future__ import annotations
 
 import ctypes
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import requests
-from corral.worker.sampling import SlotSampler, logits_at, resolve_seed, token_logprobs
+from corral.worker import sampling
+from corral.worker.failures import RequestRejected
+from corral.worker.model import LoadedModel
 from corral.worker.slot_output import SlotOutput
-from corral.worker.tokens import Tokenizer
 
-__all__ = ["Job", "Slot", "Batch", "configure", "finished_message", "reuse_len", "echo_piece", "prompt_logprobs"]
+__all__ = ["Job", "Slot", "Batch", "check_params", "finished_message", "release", "reuse_len",
+           "aborted_in_queue", "free_samplers", "pick_slot"]
 
 
 @dataclass(eq=False)
@@ -36,7 +37,7 @@ class Slot:
     pending: int = -1  # sampled token not yet decoded (GENERATE state)
     n_gen: int = 0
     max_tokens: int = 0
-    sampler: SlotSampler | None = None
+    sampler: sampling.SlotSampler | None = None
     out: SlotOutput | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # top alternatives per token; None: no logprobs
@@ -48,16 +49,12 @@ class Slot:
     def busy(self) -> bool:
         return self.job is not None
 
-    def reset(self) -> None:
-        """Back to FREE. ``cached`` stays: it matches the KV cache even mid-prefill (chunks
-        are appended as they are decoded), so what is there stays reusable."""
-        self.job = None
-        self.pending = -1
-        if self.sampler is not None:
-            self.sampler.free()
-            self.sampler = None
-        self.out = None
-        self.echo_logprobs = None
+
+def check_params(p: wire.SamplingParams) -> None:
+    """The bounds the router checks too (``wire.invalid_field``): one set for both."""
+    bad = wire.invalid_field(p)
+    if bad is not None:
+        raise RequestRejected("invalid_request", f"{bad[0]}: {bad[1]}")
 
 
 class Batch:
@@ -84,9 +81,8 @@ class Batch:
         self.n = 0
 
 
-
-def finished_message(slot: Slot, job: Job, reason: wire.FinishReason) -> wire.Finished:
-    now = time.perf_counter()
+def finished_message(slot: Slot, job: Job, reason: wire.FinishReason, now: float) -> wire.Finished:
+    """The ``Finished`` that ends ``job`` on ``slot`` (usage and timings)."""
     t_first = slot.t_first or now
     prompt_ms = (t_first - slot.t_start) * 1000
     predicted_ms = (now - t_first) * 1000
@@ -101,8 +97,7 @@ def finished_message(slot: Slot, job: Job, reason: wire.FinishReason) -> wire.Fi
             predicted_ms=predicted_ms,
             prompt_per_second=n_eval / (prompt_ms / 1000) if prompt_ms > 0 else 0.0,
             predicted_per_second=(slot.n_gen - 1) / (predicted_ms / 1000)
-            if predicted_ms > 0 and slot.n_gen > 1
-            else 0.0,
+            if predicted_ms > 0 and slot.n_gen > 1 else 0.0,
             queued_ms=(slot.t_start - job.t_submit) * 1000,
             grammar_ms=slot.sampler.grammar_s * 1000 if slot.sampler is not None else 0.0,
         ),
@@ -111,7 +106,19 @@ def finished_message(slot: Slot, job: Job, reason: wire.FinishReason) -> wire.Fi
     )
 
 
-def reuse_len(slot: Slot, tokens: list[int], memory: ll.llama_memory_t, n_swa: int) -> int:
+def release(slot: Slot) -> None:
+    """The slot is free again. ``cached`` matches the KV cache even mid-prefill (chunks
+    are appended as they are decoded), so what is there stays reusable."""
+    slot.job = None
+    slot.pending = -1
+    if slot.sampler is not None:
+        slot.sampler.free()
+        slot.sampler = None
+    slot.out = None
+    slot.echo_logprobs = None
+
+
+def reuse_len(slot: Slot, tokens: list[int], m: LoadedModel) -> int:
     """How many leading prompt tokens this slot's cache can serve, still valid.
 
     At most len(tokens) - 1: the last prompt token is always decoded, for its logits.
@@ -126,62 +133,36 @@ def reuse_len(slot: Slot, tokens: list[int], memory: ll.llama_memory_t, n_swa: i
         n += 1
     if n == 0:
         return 0
-    if n_swa > 0:
-        pos_min = ll.llama_memory_seq_pos_min(memory, slot.index)
-        if pos_min > max(0, n - n_swa):
+    if m.n_swa > 0:
+        pos_min = ll.llama_memory_seq_pos_min(m.memory, slot.index)
+        if pos_min > max(0, n - m.n_swa):
             return 0
     return n
 
 
-def echo_piece(tok: Tokenizer, token: int) -> bytes:
-    """A prompt token's bytes for echo; control tokens (BOS) by their text."""
-    return tok.piece(token) or tok.special_text(token).encode("utf-8")
+def pick_slot(free: list[Slot], tokens: list[int], m: LoadedModel) -> tuple[Slot, int]:
+    """The free slot whose cache serves the longest valid prefix of ``tokens`` (ties:
+    the shortest cache), and that prefix's length."""
+    best, best_n = free[0], -1
+    for s in free:
+        n = reuse_len(s, tokens, m)
+        if n > best_n or (n == best_n and len(s.cached) < len(best.cached)):
+            best, best_n = s, n
+    return best, best_n
 
 
-def prompt_logprobs(slot: Slot, ctx: ll.llama_context_p, tok: Tokenizer, at: int, pos: int,
-                    count: int) -> wire.Delta | None:
-    """Collect the logprobs of the prompt tokens that follow positions ``pos..pos+count``
-    (decoded at batch indices ``at..``); once the prompt is complete, the echo Delta."""
-    job, lps = slot.job, slot.echo_logprobs
-    assert job is not None and lps is not None
-    toks = job.tokens
-    k = slot.logprobs or 0
-    for j in range(count):
-        if pos + j + 1 < len(toks):
-            logits = logits_at(ctx, at + j, tok.n_vocab)
-            lps.append(token_logprobs(logits, toks[pos + j + 1], k, lambda t: echo_piece(tok, t)))
-    if pos + count < len(toks):
-        return None
-    slot.echo_logprobs = None
-    return wire.Delta(job.req.id, requests.echo_text(tok, job.req, toks), 0, lps)
+def aborted_in_queue(job: Job, now: float) -> wire.Finished:
+    """``Finished(abort)`` for a request aborted before it had a slot."""
+    return wire.Finished(job.req.id, "abort", wire.Usage(len(job.tokens), 0, 0),
+                         wire.Timings(0.0, 0.0, 0.0, 0.0, (now - job.t_submit) * 1000))
 
 
-def configure(slot: Slot, job: Job, reuse: int, *, n_ctx_slot: int, tok: Tokenizer, seed: int | None,
-              template_stops: tuple[str, ...]) -> None:
-    """Set a slot up for ``job`` (its first ``reuse`` prompt tokens are cached): sampler
-    (taking the job's grammar), output pipeline, limits. ``template_stops``: the chat
-    template's end-of-turn strings (not used under a grammar, which decides the end)."""
-    req = job.req
-    p = req.params
-    slot.job = job
-    slot.prompt_pos = reuse
-    slot.n_cached = reuse
-    slot.pending = -1
-    slot.n_gen = 0
-    room = n_ctx_slot - len(job.tokens)
-    slot.max_tokens = room if p.max_tokens is None else min(p.max_tokens, room)
-    grammar, job.grammar = job.grammar, None
-    slot.sampler = SlotSampler(p, n_vocab=tok.n_vocab, seed=resolve_seed(p, seed),
-                               eog_tokens=tok.eog_tokens if p.ignore_eos else [], prompt_tail=job.tokens,
-                               grammar=grammar)
-    stops = list(p.stop)
-    if not p.ignore_eos and grammar is None:
-        stops += [s for s in template_stops if s not in stops]
-    slot.out = SlotOutput(req.id, stops, requests.tool_parser(req))
-    slot.ignore_eos = p.ignore_eos
-    slot.logprobs = req.logprobs
-    echo_lp = req.echo and req.logprobs is not None
-    slot.echo_logprobs = [wire.TokenLogprob(echo_piece(tok, job.tokens[0]), None, [], job.tokens[0])] \
-        if echo_lp else None
-    slot.t_start = time.perf_counter()
-    slot.t_first = 0.0
+def free_samplers(slots: Iterable[Slot], waiting: Iterable[Job]) -> None:
+    """Free every sampler the slots and the queued jobs hold (the engine closes)."""
+    for slot in slots:
+        if slot.sampler is not None:
+            slot.sampler.free()
+            slot.sampler = None
+    for job in waiting:
+        sampling.free_sampler(job.grammar)
+        job.grammar = None
