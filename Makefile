@@ -7,7 +7,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: install serve test bench clean
+.PHONY: install serve test soak bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ serve: install
 
 test: install
 	$(PY) -m pytest -q -ra
+
+# The long reliability run (30 minutes, two models, faults under load; see tests/reliability/soak.py).
+soak: install
+	$(PY) tests/reliability/soak.py $(SOAK_ARGS)
 
 bench: install
 	$(PY) bench/run.py $(BENCH_ARGS)

@@ -33,10 +33,10 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-async def timed_completion(r: RouterProcess) -> float:
+async def timed_completion(r: RouterProcess, model: str = "m") -> float:
     async with r.aclient() as c:
         t = time.perf_counter()
-        resp = await c.post("/v1/completions", json={"model": "m", "prompt": "Hello", "max_tokens": 4,
+        resp = await c.post("/v1/completions", json={"model": model, "prompt": "Hello", "max_tokens": 4,
                                                      "temperature": 0})
         assert resp.status_code == 200, resp.text
         return time.perf_counter() - t
