@@ -22,6 +22,8 @@ Conversation:
       | -- GenerateRequest / EmbedRequest --> |
       | <--- Delta* then Finished ----------- |   (or RequestFailed)
       | <--- Embeddings --------------------- |   (or RequestFailed)
+      | -- TokenizeRequest -----------------> |
+      | <--- Tokenized ---------------------- |   (or RequestFailed)
       | ---------------- Abort -------------> |   (answered by Finished(reason="abort"),
       |                                       |    or nothing if the id is unknown)
       | ------------- StatsRequest ---------> |
@@ -32,7 +34,7 @@ Conversation:
 from __future__ import annotations
 
 import struct
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import msgspec
 
@@ -40,6 +42,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "WorkerSettings",
     "ChatMessage",
+    "ToolCall",
     "SamplingParams",
     "GenerateRequest",
     "EmbedRequest",
@@ -51,11 +54,15 @@ __all__ = [
     "Ready",
     "LoadFailed",
     "Delta",
+    "TokenLogprob",
+    "TopLogprob",
     "Usage",
     "Timings",
     "Finished",
     "RequestFailed",
     "Embeddings",
+    "TokenizeRequest",
+    "Tokenized",
     "Stats",
     "ToWorker",
     "FromWorker",
@@ -106,9 +113,20 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
 # --------------------------------------------------------------------------- router -> worker
 
 
-class ChatMessage(msgspec.Struct, frozen=True):
+class ToolCall(msgspec.Struct, frozen=True):
+    """A function call: ``arguments`` is JSON text (OpenAI's shape)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     role: str
     content: str
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # role "tool": the call this result answers
+    name: str | None = None  # role "tool": the function's name
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -124,17 +142,43 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     stop: list[str] = []
     ignore_eos: bool = False
+    logit_bias: dict[int, float] = {}  # token id -> added to its logit; <= -100 bans it
 
 
-class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True):
-    """Exactly one of prompt / messages is set. The worker renders messages with the
-    model's template (or the configured pre/user/ai prompts)."""
+class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True, omit_defaults=True):
+    """Exactly one of prompt / prompt_tokens / messages is set. The worker renders
+    messages with the model's template (or the configured pre/user/ai prompts).
+
+    Structured output: at most one of ``grammar`` (GBNF text) and ``json_schema`` (JSON
+    text; the worker converts it to GBNF). ``tools`` (OpenAI tool objects) reach the
+    chat template; ``parse_tool_calls`` makes the worker parse calls out of the output.
+    ``logprobs``: None, or how many top alternatives per token (0-20).
+    ``echo``: the first Delta is the prompt itself (text and, with logprobs, its tokens'
+    logprobs; the first token's is None)."""
 
     id: str
     prompt: str | None = None
+    prompt_tokens: list[int] | None = None
     messages: list[ChatMessage] | None = None
     params: SamplingParams = SamplingParams()
     add_special: bool = True  # add BOS for raw prompts when the model wants it
+    grammar: str | None = None
+    json_schema: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    parse_tool_calls: bool = False
+    parallel_tool_calls: bool = True  # False: at most one call is parsed
+    logprobs: int | None = None
+    echo: bool = False
+
+
+class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):
+    """Exactly one of text / tokens: tokenize text, or detokenize tokens."""
+
+    id: str
+    text: str | None = None
+    tokens: list[int] | None = None
+    add_special: bool = False
+    parse_special: bool = True
 
 
 class EmbedRequest(msgspec.Struct, frozen=True, tag="embed", kw_only=True):
@@ -155,7 +199,7 @@ class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
     pass
 
 
-ToWorker = Union[GenerateRequest, EmbedRequest, Abort, StatsRequest, Shutdown]
+ToWorker = Union[GenerateRequest, EmbedRequest, TokenizeRequest, Abort, StatsRequest, Shutdown]
 
 
 # --------------------------------------------------------------------------- worker -> router
@@ -200,13 +244,33 @@ class LoadFailed(msgspec.Struct, frozen=True, tag="load_failed"):
     reason: str
 
 
-class Delta(msgspec.Struct, frozen=True, tag="delta"):
-    """New text for a request. ``text`` is always whole UTF-8 characters and never
-    contains (a prefix of) a stop string that may still complete."""
+class TopLogprob(msgspec.Struct, frozen=True, array_like=True):
+    token: bytes  # the token's piece
+    logprob: float
+    id: int = -1
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """One token's log-probability (log-softmax of the model's logits) and its top
+    alternatives, most likely first. ``logprob`` is None for a prompt's first token."""
+
+    token: bytes
+    logprob: float | None
+    top: list[TopLogprob] = []
+    id: int = -1
+
+
+class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
+    """New output for a request. ``text`` is always whole UTF-8 characters and never
+    contains (a prefix of) a stop string that may still complete. ``logprobs``: one per
+    token this delta covers (requests that asked). ``tool_calls``: calls parsed out of
+    the output (their text is not in ``text``)."""
 
     id: str
     text: str
     n_tokens: int  # tokens this delta covers
+    logprobs: list[TokenLogprob] = []
+    tool_calls: list[ToolCall] = []
 
 
 class Usage(msgspec.Struct, frozen=True):
@@ -221,6 +285,7 @@ class Timings(msgspec.Struct, frozen=True):
     prompt_per_second: float
     predicted_per_second: float
     queued_ms: float = 0.0  # waiting inside the worker for a slot
+    grammar_ms: float = 0.0  # spent checking and resampling with a grammar (constrained requests)
 
 
 class Finished(msgspec.Struct, frozen=True, tag="finished"):
@@ -243,6 +308,15 @@ class Embeddings(msgspec.Struct, frozen=True, tag="embeddings"):
     prompt_tokens: int
 
 
+class Tokenized(msgspec.Struct, frozen=True, tag="tokenized"):
+    """Answer to TokenizeRequest: the tokens, their pieces, and the text (detokenized)."""
+
+    id: str
+    tokens: list[int]
+    pieces: list[bytes]
+    text: str
+
+
 class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
     slots_busy: int
     slots_total: int
@@ -255,7 +329,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
 
 
 FromWorker = Union[
-    Loading, Ready, LoadFailed, Delta, Finished, RequestFailed, Embeddings, Stats
+    Loading, Ready, LoadFailed, Delta, Finished, RequestFailed, Embeddings, Tokenized, Stats
 ]
 
 

@@ -60,7 +60,7 @@ async def test_openai_client_chat_completions_embeddings(harness: Harness, model
         await client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert ei.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bi:
-        await client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "x"}], n=2)
+        await client.completions.create(model="gemma", prompt="x", suffix="y")
     assert bi.value.code == "unsupported_option"
     await client.close()
 

@@ -113,12 +113,43 @@ async def test_bad_input_gets_clear_4xx(harness: Harness) -> None:
     await err(await c.post("/v1/chat/completions",
                            json={"model": "a", "messages": [{"role": "wizard", "content": "x"}]}),
               400, param="messages.0.role")
-    e = await err(await c.post("/v1/chat/completions", json=chat("a", n=2)), 400, "unsupported_option", "n")
-    assert "not supported" in e["message"]
+    await err(await c.post("/v1/chat/completions", json=chat("a", n=0)), 400, param="n")
+    await err(await c.post("/v1/chat/completions", json=chat("a", n=17)), 400, param="n")
     await err(await c.post("/v1/chat/completions", json=chat("a", tools=[{"type": "function"}])), 400,
-              "unsupported_option")
-    await err(await c.post("/v1/completions", json={"model": "a", "prompt": ["a", "b"]}), 400,
-              "unsupported_option", "prompt")
+              param="tools.0.function")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    e = await err(await c.post("/v1/chat/completions", json=chat("a", tools=[tool], tool_choice={
+        "type": "function", "function": {"name": "g"}})), 400, param="tool_choice.function.name")
+    assert "'g'" in e["message"]
+    await err(await c.post("/v1/chat/completions", json=chat("a", tool_choice="required")), 400, param="tool_choice")
+    await err(await c.post("/v1/chat/completions", json=chat("a", top_logprobs=3)), 400, param="top_logprobs")
+    await err(await c.post("/v1/chat/completions", json=chat("a", logprobs=True, top_logprobs=21)), 400,
+              param="top_logprobs")
+    await err(await c.post("/v1/chat/completions", json=chat("a", logit_bias={"x": 1})), 400, param="logit_bias")
+    await err(await c.post("/v1/chat/completions", json=chat("a", logit_bias={"5": -101})), 400,
+              param="logit_bias.5")
+    e = await err(await c.post("/v1/chat/completions", json=chat("a", response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}}})), 400,
+        param="response_format.json_schema.schema.properties.age.minimum")
+    assert "'minimum'" in e["message"] and "not supported" in e["message"]
+    await err(await c.post("/v1/chat/completions", json=chat("a", response_format={"type": "json_schema"})), 400,
+              param="response_format.json_schema.schema")
+    await err(await c.post("/v1/chat/completions", json=chat("a", response_format={"type": "xml"})), 400,
+              param="response_format.type")
+    await err(await c.post("/v1/chat/completions", json=chat("a", grammar="root ::= x", json_schema={})), 400,
+              param="json_schema")
+    await err(await c.post("/v1/completions", json={"model": "a", "prompt": []}), 400, param="prompt")
+    await err(await c.post("/v1/completions", json={"model": "a", "prompt": [-1]}), 400)
+    await err(await c.post("/v1/completions", json={"model": "a", "prompt": "x", "logprobs": 6}), 400,
+              param="logprobs")
+    await err(await c.post("/v1/completions", json={"model": "a", "prompt": "x", "max_tokens": 0}), 400,
+              param="max_tokens")
+    e = await err(await c.post("/v1/completions", json={"model": "a", "prompt": "x", "suffix": "y"}), 400,
+                  "unsupported_option", "suffix")
+    assert "not supported" in e["message"]
+    await err(await c.post("/v1/completions", json={"model": "a", "prompt": "x", "best_of": 3}), 400,
+              "unsupported_option", "best_of")
     await err(await c.post("/v1/chat/completions", json=chat("a", "x" * 5000)), 413, "payload_too_large")
     await err(await c.get("/v1/nothing-here"), 404)
     await err(await c.get("/v1/chat/completions"), 405)

@@ -247,7 +247,8 @@ def test_internal_error_fails_one_request_only(engine: Engine) -> None:
     first = engine.step()
     assert {m.id for m in first} == {"victim", "bystander"}
     victim = next(s for s in engine.slots if s.job is not None and s.job.req.id == "victim")
-    victim.utf8 = Broken()  # type: ignore[assignment]
+    assert victim.out is not None
+    victim.out.utf8 = Broken()  # type: ignore[assignment]
     texts, finals, _ = run_engine(engine, [])
     assert isinstance(finals["victim"], wire.RequestFailed) and finals["victim"].code == "internal"
     assert "injected" in finals["victim"].message

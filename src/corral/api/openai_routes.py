@@ -1,20 +1,16 @@
 """OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models.
 
-Hot path: parse and validate the body once (pydantic), hand a ``wire`` request to the
-control plane, then copy merged text from the ``RequestStream`` into SSE chunks encoded
-with msgspec. No per-token logging, no per-token validation.
-
-A client that disconnects cancels the response task; the ``finally`` sends an Abort to
-the worker (harmless if it already finished), which frees the slot.
+Chat and completions validate the body once (pydantic), build a ``GenerationSpec`` and
+run it through ``corral.api.generation`` (the core other APIs share); this module only
+shapes results and events as OpenAI does. Streamed text chunks without logprobs are
+pre-encoded around the text (msgspec), so the hot path is one encode per piece.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import secrets
 import struct
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,13 +19,15 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from corral import wire
-from corral.api.schemas import (ChatCompletionRequest, CompletionRequest, EmbeddingRequest,
-                                parse_body)
+from corral.api.chat_request import ChatCompletionRequest
+from corral.api.generation import (FinishEvent, GenerationResult, GenerationStream, TextEvent, ToolCallEvent,
+                                   chat_spec, completion_spec, generate, observe, open_stream, submit)
+from corral.api.logprob_shapes import chat_logprobs, completion_logprobs
+from corral.api.schemas import CompletionRequest, EmbeddingRequest, parse_body
 from corral.control.plane import ControlPlane
-from corral.control.stream import RequestStream
-from corral.errors import CorralError, ModelNotFound, Unavailable
+from corral.errors import CorralError
 
-__all__ = ["router", "json_response"]
+__all__ = ["router", "json_response", "usage_body", "timings_body"]
 
 router = APIRouter()
 _json = msgspec.json.Encoder()
@@ -47,23 +45,22 @@ def _sse(data: Any) -> bytes:
 
 
 def _plane(request: Request) -> ControlPlane:
-    return request.app.state.router
+    plane: ControlPlane = request.app.state.router
+    return plane
 
 
-def _usage(fin: wire.Finished | None) -> dict[str, Any] | None:
-    if fin is None:
+def usage_body(u: wire.Usage | None) -> dict[str, Any] | None:
+    if u is None:
         return None
-    u = fin.usage
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
-def _timings(fin: wire.Finished | None) -> dict[str, Any] | None:
+def timings_body(t: wire.Timings | None, u: wire.Usage | None) -> dict[str, Any] | None:
     """llama.cpp's ``timings`` object."""
-    if fin is None:
+    if t is None or u is None:
         return None
-    t, u = fin.timings, fin.usage
     return {
         "cache_n": u.cached_tokens,
         "prompt_n": u.prompt_tokens - u.cached_tokens,
@@ -78,171 +75,28 @@ def _timings(fin: wire.Finished | None) -> dict[str, Any] | None:
     }
 
 
-def _raise_if_downloading(request: Request, name: str, exc: CorralError) -> None:
-    """A model that is still being pulled is not "not found": 503 with its progress."""
-    dm = getattr(request.app.state, "downloads", None)
-    if not isinstance(exc, ModelNotFound) or dm is None:
-        return
-    pull = dm.find_by_model(name)
-    if pull is not None:
-        p = pull.progress()
-        done = f"{p['done']} of {p['total']} bytes" if p.get("total") else f"{p['done']} bytes"
-        raise Unavailable(f"model {name!r} is still downloading ({done}); try again later",
-                          retry_after_s=5, code="model_downloading") from None
+def _call_body(call: wire.ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def _label(plane: ControlPlane, name: str) -> str:
-    """A metrics label: the model id, never a raw client string (bounded cardinality)."""
+def _streaming(events: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+async def _sse_events(gs: GenerationStream, chunks: AsyncIterator[bytes], include_usage: bool,
+                      obj: str) -> AsyncIterator[bytes]:
+    """The chunks, then (include_usage) the usage chunk and [DONE]; an error mid-stream is
+    sent as an error event."""
     try:
-        return plane.resolve(name)
-    except CorralError:
-        return "unknown"
-
-
-def _observe(plane: ControlPlane, stream: RequestStream, endpoint: str, status: int) -> None:
-    fin = stream.finished
-    inst = stream.instance.index if stream.instance is not None else None
-    end = stream.ended or time.perf_counter()
-    plane.metrics.observe_request(
-        stream.model, inst, endpoint, status,
-        prompt_tokens=fin.usage.prompt_tokens if fin else 0,
-        completion_tokens=fin.usage.completion_tokens if fin else 0,
-        ttft_s=(stream.first_token - stream.created) if stream.first_token else None,
-        latency_s=end - stream.created)
-
-
-class _ClientWatch:
-    """Races awaitables against the client going away (for the parts of a request
-    Starlette does not cancel on disconnect: queueing, loading, non-streamed results)."""
-
-    __slots__ = ("_request", "_watcher")
-
-    def __init__(self, request: Request) -> None:
-        self._request = request
-        self._watcher: asyncio.Future[None] | None = None
-
-    async def run(self, aw: Any) -> Any:
-        task = asyncio.ensure_future(aw)
-        if self._watcher is None:
-            self._watcher = asyncio.ensure_future(_disconnected(self._request))
-        try:
-            done, _ = await asyncio.wait((task, self._watcher), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if task in done:
-            return task.result()
-        task.cancel()
-        raise asyncio.CancelledError("client disconnected")
-
-    def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-
-
-async def _disconnected(request: Request) -> None:
-    while True:
-        msg = await request.receive()
-        if msg["type"] == "http.disconnect":
-            return
-
-
-async def _start(request: Request, watch: _ClientWatch, coro: Any, stream_mode: bool
-                 ) -> tuple[RequestStream, str | None]:
-    """Submit, then wait for the first token (streaming: so an error before any output
-    still gets its HTTP status) or for everything (not streaming). Aborts the worker's
-    request if the client leaves meanwhile."""
-    stream: RequestStream = await watch.run(coro)
-    try:
-        if stream_mode:
-            await watch.run(stream.wait_started())
-            return stream, None
-        return stream, await watch.run(stream.wait())
-    except BaseException:
-        stream.abort()
-        raise
-
-
-async def _submit(request: Request, name: str, endpoint: str, coro: Any, stream_mode: bool
-                  ) -> tuple[ControlPlane, RequestStream, str | None]:
-    """``_start`` with the bookkeeping every endpoint shares: a failure before the
-    request runs is counted in the metrics, and a model still being pulled says so."""
-    plane = _plane(request)
-    watch = _ClientWatch(request)
-    try:
-        stream, text = await _start(request, watch, coro, stream_mode)
+        async for chunk in chunks:
+            yield chunk
     except CorralError as exc:
-        plane.metrics.observe_request(_label(plane, name), None, endpoint, exc.status)
-        _raise_if_downloading(request, name, exc)
-        raise
-    finally:
-        watch.close()
-    return plane, stream, text
-
-
-class _Shape:
-    """How one endpoint's streamed chunks look (chat and completions differ only here)."""
-
-    __slots__ = ("endpoint", "object", "text_open", "text_close", "first_choice", "final_choice",
-                 "usage_null_in_final")
-
-    def __init__(self, endpoint: str, obj: str, text_open: bytes, text_close: bytes,
-                 first_choice: dict[str, Any] | None, final_choice: dict[str, Any],
-                 usage_null_in_final: bool) -> None:
-        self.endpoint = endpoint
-        self.object = obj
-        self.text_open = text_open  # the chunk's bytes between '"index":0,' and the text
-        self.text_close = text_close
-        self.first_choice = first_choice  # a chunk sent before any text (chat: the role)
-        self.final_choice = final_choice  # the last chunk's choice, beside finish_reason
-        self.usage_null_in_final = usage_null_in_final
-
-
-_CHAT = _Shape("chat", "chat.completion.chunk", b'"delta":{"content":', b"}",
-               {"delta": {"role": "assistant", "content": ""}}, {"delta": {}}, True)
-_COMPLETION = _Shape("completions", "text_completion", b'"text":', b"", None, {"text": ""}, False)
-
-
-def _stream_response(plane: ControlPlane, stream: RequestStream, shape: _Shape, rid: str,
-                     created: int, include_usage: bool) -> StreamingResponse:
-    return StreamingResponse(_events(plane, stream, shape, rid, created, include_usage),
-                             media_type="text/event-stream", headers=_SSE_HEADERS)
-
-
-async def _events(plane: ControlPlane, stream: RequestStream, shape: _Shape, rid: str,
-                  created: int, include_usage: bool) -> AsyncIterator[bytes]:
-    head = {"id": rid, "object": shape.object, "created": created, "model": stream.model}
-    status = 200
-    try:
-        if shape.first_choice is not None:
-            yield _sse({**head, "choices": [{"index": 0, **shape.first_choice,
-                                             "logprobs": None, "finish_reason": None}]})
-        # the per-token chunk, pre-encoded around the text (same bytes as encoding the dict)
-        pre = _sse(head)[:-3] + b',"choices":[{"index":0,' + shape.text_open
-        post = shape.text_close + b',"logprobs":null,"finish_reason":null}]}\n\n'
-        enc = _json.encode
-        try:
-            while (text := await stream.next_text()) is not None:
-                yield pre + enc(text) + post
-        except CorralError as exc:
-            status = exc.status
-            yield _sse(exc.to_body())
-            return
-        fin = stream.finished
-        final: dict[str, Any] = {**head, "choices": [{"index": 0, **shape.final_choice, "logprobs": None,
-                                                      "finish_reason": fin.finish_reason if fin else "stop"}],
-                                 "timings": _timings(fin)}
-        if include_usage and shape.usage_null_in_final:
-            final["usage"] = None
-        yield _sse(final)
-        if include_usage:
-            yield _sse({**head, "choices": [], "usage": _usage(fin)})
-        yield _DONE
-    finally:
-        if not stream.done:
-            stream.abort()
-            status = 499
-        _observe(plane, stream, shape.endpoint, status)
+        yield _sse(exc.to_body())
+        return
+    if include_usage:
+        yield _sse({"id": gs.id, "object": obj, "created": gs.created, "model": gs.model,
+                    "choices": [], "usage": usage_body(gs.usage)})
+    yield _DONE
 
 
 # ------------------------------------------------------------------------ chat
@@ -252,26 +106,56 @@ async def _events(plane: ControlPlane, stream: RequestStream, shape: _Shape, rid
 @router.post("/chat/completions", include_in_schema=False)
 async def chat_completions(request: Request) -> Response:
     body = await parse_body(request, ChatCompletionRequest)
-    body.check()
-    name = body.model_name()
-    messages = body.wire_messages()
-    rid = "chatcmpl-" + secrets.token_hex(12)
-    msg = wire.GenerateRequest(id=rid, messages=messages, params=body.sampling())
-    prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
-    plane, stream, text = await _submit(request, name, "chat", _plane(request).generate(name, msg, prefix),
-                                        body.stream)
-    created = int(time.time())
+    spec = chat_spec(body)
     if body.stream:
-        return _stream_response(plane, stream, _CHAT, rid, created, body.include_usage)
-    fin = stream.finished
-    _observe(plane, stream, "chat", 200)
-    assert text is not None
-    return json_response({
-        "id": rid, "object": "chat.completion", "created": created, "model": stream.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": fin.finish_reason if fin else "stop"}],
-        "usage": _usage(fin), "timings": _timings(fin),
-    })
+        gs = await open_stream(request, spec)
+        return _streaming(_sse_events(gs, _chat_chunks(gs, body.include_usage), body.include_usage,
+                                      "chat.completion.chunk"))
+    r = await generate(request, spec)
+    return json_response(_chat_body(r))
+
+
+def _chat_body(r: GenerationResult) -> dict[str, Any]:
+    choices = []
+    for c in r.choices:
+        msg: dict[str, Any] = {"role": "assistant", "content": c.text if (c.text or not c.tool_calls) else None}
+        if c.tool_calls:
+            msg["tool_calls"] = [_call_body(t) for t in c.tool_calls]
+        choices.append({"index": c.index, "message": msg,
+                        "logprobs": chat_logprobs(c.logprobs) if c.logprobs is not None else None,
+                        "finish_reason": c.finish_reason})
+    return {"id": r.id, "object": "chat.completion", "created": r.created, "model": r.model,
+            "choices": choices, "usage": usage_body(r.usage), "timings": timings_body(r.timings, r.usage)}
+
+
+async def _chat_chunks(gs: GenerationStream, include_usage: bool) -> AsyncIterator[bytes]:
+    head = {"id": gs.id, "object": "chat.completion.chunk", "created": gs.created, "model": gs.model}
+    want_lp = gs.spec.requests[0].logprobs is not None
+    for i in range(len(gs.streams)):
+        yield _sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None}]})
+    pre = [_sse(head)[:-3] + b',"choices":[{"index":%d,"delta":{"content":' % i for i in range(len(gs.streams))]
+    post = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+    enc = _json.encode
+    last: dict[str, Any] | None = None
+    async for ev in gs.events():
+        if type(ev) is TextEvent:
+            if not want_lp:
+                yield pre[ev.index] + enc(ev.text) + post
+            else:
+                yield _sse({**head, "choices": [{"index": ev.index, "delta": {"content": ev.text},
+                                                 "logprobs": chat_logprobs(ev.logprobs), "finish_reason": None}]})
+        elif type(ev) is ToolCallEvent:
+            call = {"index": ev.call_index, **_call_body(ev.call)}
+            yield _sse({**head, "choices": [{"index": ev.index, "delta": {"tool_calls": [call]},
+                                             "logprobs": None, "finish_reason": None}]})
+        elif type(ev) is FinishEvent:
+            last = {**head, "choices": [{"index": ev.index, "delta": {}, "logprobs": None,
+                                         "finish_reason": ev.finish_reason}],
+                    "timings": timings_body(ev.timings, ev.usage)}
+            if include_usage:
+                last["usage"] = None
+            yield _sse(last)
 
 
 # ------------------------------------------------------------------------ completions
@@ -281,24 +165,38 @@ async def chat_completions(request: Request) -> Response:
 @router.post("/completions", include_in_schema=False)
 async def completions(request: Request) -> Response:
     body = await parse_body(request, CompletionRequest)
-    body.check()
-    name = body.model_name()
-    prompt = body.prompt_text()
-    rid = "cmpl-" + secrets.token_hex(12)
-    msg = wire.GenerateRequest(id=rid, prompt=prompt, params=body.sampling())
-    plane, stream, text = await _submit(request, name, "completions",
-                                        _plane(request).generate(name, msg, prompt), body.stream)
-    created = int(time.time())
+    spec = completion_spec(body)
     if body.stream:
-        return _stream_response(plane, stream, _COMPLETION, rid, created, body.include_usage)
-    fin = stream.finished
-    _observe(plane, stream, "completions", 200)
-    return json_response({
-        "id": rid, "object": "text_completion", "created": created, "model": stream.model,
-        "choices": [{"index": 0, "text": text, "logprobs": None,
-                     "finish_reason": fin.finish_reason if fin else "stop"}],
-        "usage": _usage(fin), "timings": _timings(fin),
-    })
+        gs = await open_stream(request, spec)
+        return _streaming(_sse_events(gs, _completion_chunks(gs), body.include_usage, "text_completion"))
+    r = await generate(request, spec)
+    choices = [{"index": c.index, "text": c.text,
+                "logprobs": completion_logprobs(c.logprobs, 0)[0] if c.logprobs is not None else None,
+                "finish_reason": c.finish_reason} for c in r.choices]
+    return json_response({"id": r.id, "object": "text_completion", "created": r.created, "model": r.model,
+                          "choices": choices, "usage": usage_body(r.usage),
+                          "timings": timings_body(r.timings, r.usage)})
+
+
+async def _completion_chunks(gs: GenerationStream) -> AsyncIterator[bytes]:
+    head = {"id": gs.id, "object": "text_completion", "created": gs.created, "model": gs.model}
+    want_lp = gs.spec.requests[0].logprobs is not None
+    pre = [_sse(head)[:-3] + b',"choices":[{"index":%d,"text":' % i for i in range(len(gs.streams))]
+    post = b',"logprobs":null,"finish_reason":null}]}\n\n'
+    enc = _json.encode
+    offsets = [0] * len(gs.streams)
+    async for ev in gs.events():
+        if type(ev) is TextEvent:
+            if not want_lp:
+                yield pre[ev.index] + enc(ev.text) + post
+            else:
+                lp, offsets[ev.index] = completion_logprobs(ev.logprobs, offsets[ev.index])
+                yield _sse({**head, "choices": [{"index": ev.index, "text": ev.text, "logprobs": lp,
+                                                 "finish_reason": None}]})
+        elif type(ev) is FinishEvent:
+            yield _sse({**head, "choices": [{"index": ev.index, "text": "", "logprobs": None,
+                                             "finish_reason": ev.finish_reason}],
+                        "timings": timings_body(ev.timings, ev.usage)})
 
 
 # ------------------------------------------------------------------------ embeddings
@@ -311,9 +209,10 @@ async def embeddings(request: Request) -> Response:
     name = body.model_name()
     inputs = body.inputs()
     rid = "emb-" + secrets.token_hex(12)
-    plane, stream, _ = await _submit(request, name, "embeddings",
-                                     _plane(request).embed(name, wire.EmbedRequest(id=rid, inputs=inputs)), False)
-    _observe(plane, stream, "embeddings", 200)
+    plane = _plane(request)
+    [stream] = await submit(request, name, "embeddings", [plane.embed(name, wire.EmbedRequest(id=rid, inputs=inputs))],
+                            wait_all=True)
+    observe(plane, stream, "embeddings", 200)
     emb = stream.embeddings
     assert emb is not None
     data = []

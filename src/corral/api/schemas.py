@@ -8,7 +8,7 @@ Unknown fields are ignored (OpenAI clients send fields corral has no use for).
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
@@ -18,9 +18,10 @@ from corral.errors import InvalidRequest, UnsupportedOption
 
 __all__ = [
     "parse_body",
-    "ChatMessageIn",
-    "ChatCompletionRequest",
+    "SamplingFields",
+    "StreamOptions",
     "CompletionRequest",
+    "MAX_CHOICES",
     "EmbeddingRequest",
     "ModelRef",
     "NitroLoadModel",
@@ -55,45 +56,23 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise InvalidRequest(msg, param=param) from None
 
 
-class _TextPart(BaseModel):
-    model_config = _LENIENT
-    type: str
-    text: str | None = None
-
-
-class ChatMessageIn(BaseModel):
-    model_config = _LENIENT
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[_TextPart] | None = None
-
-    def text(self, index: int) -> str:
-        c = self.content
-        if c is None:
-            return ""
-        if isinstance(c, str):
-            return c
-        out = []
-        for j, part in enumerate(c):
-            if part.type != "text" or part.text is None:
-                raise UnsupportedOption(f"content parts of type {part.type!r} are not supported "
-                                        "(text only)", param=f"messages.{index}.content.{j}.type")
-            out.append(part.text)
-        return "".join(out)
-
-
 class StreamOptions(BaseModel):
     model_config = _LENIENT
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
+MAX_CHOICES = 16  # n (times the prompts of a completions request)
+
+
+class SamplingFields(BaseModel):
+    """The sampling fields chat and completions share (and their checks)."""
     model_config = _LENIENT
     model: str | None = Field(None, min_length=1)
     model_id: str | None = Field(None, min_length=1)  # Nitro
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
@@ -103,7 +82,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int | None = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     ignore_eos: bool = False
     logit_bias: dict[str, float] | None = None
     user: str | None = None
@@ -116,18 +95,34 @@ class _Sampling(BaseModel):
         return name
 
     def check_common(self) -> None:
-        if self.n not in (None, 1):
-            raise UnsupportedOption("n > 1 is not supported; send n separate requests", param="n")
-        if self.logit_bias:
-            raise UnsupportedOption("logit_bias is not supported", param="logit_bias")
         stops = self.stop_list()
         if len(stops) > 4 or any(not s for s in stops):
             raise InvalidRequest("stop: at most 4 non-empty strings", param="stop")
+        self.token_bias()
+
+    def token_bias(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                token = int(key)
+            except ValueError:
+                token = -1
+            if token < 0:
+                raise InvalidRequest(f"logit_bias: keys are token ids (non-negative integers), got {key!r}",
+                                     param="logit_bias")
+            if not -100.0 <= value <= 100.0:
+                raise InvalidRequest(f"logit_bias: values must be between -100 and 100, got {value}",
+                                     param=f"logit_bias.{key}")
+            out[token] = value
+        return out
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def sampling(self) -> wire.SamplingParams:
         kw: dict[str, Any] = {}
@@ -136,62 +131,53 @@ class _Sampling(BaseModel):
             v = getattr(self, name)
             if v is not None:
                 kw[name] = v
-        mt = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return wire.SamplingParams(max_tokens=mt, stop=self.stop_list(), ignore_eos=self.ignore_eos, **kw)
+        return wire.SamplingParams(max_tokens=self.max_new_tokens(), stop=self.stop_list(),
+                                   ignore_eos=self.ignore_eos, logit_bias=self.token_bias(), **kw)
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessageIn] = Field(min_length=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    functions: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
-
-    def check(self) -> None:
-        self.check_common()
-        if self.logprobs or self.top_logprobs:
-            raise UnsupportedOption("logprobs are not supported", param="logprobs")
-        if self.tools or self.functions:
-            raise UnsupportedOption("tool and function calling are not supported",
-                                    param="tools" if self.tools else "functions")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise UnsupportedOption("response_format other than text is not supported",
-                                    param="response_format")
-
-    def wire_messages(self) -> list[wire.ChatMessage]:
-        return [wire.ChatMessage("system" if m.role == "developer" else m.role, m.text(i))
-                for i, m in enumerate(self.messages)]
+TokenArray = list[Annotated[int, Field(ge=0)]]
 
 
-class CompletionRequest(_Sampling):
-    prompt: str | list[str]
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | TokenArray | list[TokenArray]
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
 
     def check(self) -> None:
         self.check_common()
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise UnsupportedOption("a list of prompts is not supported; send one prompt per request",
-                                    param="prompt")
-        if self.echo:
-            raise UnsupportedOption("echo is not supported", param="echo")
         if self.suffix:
             raise UnsupportedOption("suffix (fill-in-the-middle) is not supported", param="suffix")
-        if self.best_of not in (None, 1):
-            raise UnsupportedOption("best_of is not supported", param="best_of")
-        if self.logprobs:
-            raise UnsupportedOption("logprobs are not supported", param="logprobs")
+        if self.best_of not in (None, 1) and self.best_of != self.n:
+            raise UnsupportedOption("best_of is not supported (corral returns every choice it "
+                                    "generates; use n)", param="best_of")
+        if not self.prompts():
+            raise InvalidRequest("prompt: must not be empty", param="prompt")
+        if len(self.prompts()) * self.n > MAX_CHOICES:
+            raise InvalidRequest(f"prompt: at most {MAX_CHOICES} choices per request "
+                                 "(prompts times n)", param="prompt")
+        if self.max_new_tokens() == 0 and not self.echo:
+            raise InvalidRequest("max_tokens: must be at least 1 (0 only with echo)", param="max_tokens")
+        if self.grammar is not None and self.json_schema is not None:
+            raise InvalidRequest("grammar and json_schema: give at most one", param="grammar")
 
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def prompts(self) -> list[str | list[int]]:
+        """One prompt per entry: text, or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            return []
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
 
 
 class EmbeddingRequest(BaseModel):

@@ -253,7 +253,8 @@ class Instance:
             if not task.get_coro().__name__ == "_wait_exit":  # let the reaper finish
                 task.cancel()
 
-    def submit(self, msg: wire.GenerateRequest | wire.EmbedRequest, stream: RequestStream) -> bool:
+    def submit(self, msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest,
+               stream: RequestStream) -> bool:
         """Send a request (sync). False when the instance cannot take it now."""
         t = self._transport
         if self.state is not InstanceState.READY or t is None or t.is_closing():
@@ -296,7 +297,7 @@ class Instance:
             r = self._requests.get(msg.id)
             if r is not None:
                 r.on_delta(msg)
-        elif t is wire.Finished or t is wire.RequestFailed or t is wire.Embeddings:
+        elif t is wire.Finished or t is wire.RequestFailed or t is wire.Embeddings or t is wire.Tokenized:
             r = self._requests.pop(msg.id, None)
             if r is not None:
                 r.on_end(msg)

@@ -197,6 +197,10 @@ class ControlPlane:
     async def embed(self, name: str, msg: wire.EmbedRequest) -> RequestStream:
         return await self._submit(name, msg, None)
 
+    async def tokenize(self, name: str, msg: wire.TokenizeRequest) -> RequestStream:
+        """Tokenize or detokenize with the model's vocabulary (answered by ``Tokenized``)."""
+        return await self._submit(name, msg, None)
+
     async def _submit(self, name: str, msg: Any, prefix: str | None) -> RequestStream:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.server.queue_timeout_s
@@ -480,8 +484,10 @@ class ControlPlane:
         return views.describe(pool, created=int(self.started_at))
 
 
-def _input_param(msg: wire.GenerateRequest | wire.EmbedRequest) -> str:
+def _input_param(msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest) -> str:
     """The OpenAI body field that held this request's input, for error messages."""
     if isinstance(msg, wire.EmbedRequest):
         return "input"
+    if isinstance(msg, wire.TokenizeRequest):
+        return "content" if msg.text is not None else "tokens"
     return "messages" if msg.messages is not None else "prompt"

@@ -19,7 +19,7 @@ from corral.errors import (ContextLengthExceeded, CorralError, InvalidRequest)
 if TYPE_CHECKING:
     from corral.control.instance import Instance
 
-__all__ = ["RequestStream", "failure_to_error"]
+__all__ = ["RequestStream", "StreamPiece", "failure_to_error"]
 
 _MERGE_AT = 64  # join pending pieces once this many pile up
 
@@ -33,12 +33,24 @@ def failure_to_error(msg: wire.RequestFailed, input_param: str = "messages") -> 
     return CorralError(f"the model failed on this request: {msg.message}")
 
 
+class StreamPiece:
+    """What a request produced since the consumer last looked: merged text, the logprobs
+    of the tokens it covers (requests that asked), tool calls parsed out of the output."""
+
+    __slots__ = ("text", "logprobs", "tool_calls")
+
+    def __init__(self, text: str, logprobs: list[wire.TokenLogprob], tool_calls: list[wire.ToolCall]) -> None:
+        self.text = text
+        self.logprobs = logprobs
+        self.tool_calls = tool_calls
+
+
 class RequestStream:
     """State of one request as the router sees it. Fed by ``Instance``, read by the API."""
 
     __slots__ = ("id", "instance", "_parts", "n_tokens", "_waiter", "finished", "error",
                  "embeddings", "created", "started", "first_token", "ended", "model", "aborted", "_folded",
-                 "input_param")
+                 "input_param", "_logprobs", "_tool_calls", "tokenized")
 
     def __init__(self, request_id: str, model: str, input_param: str = "messages") -> None:
         self.id = request_id
@@ -51,6 +63,9 @@ class RequestStream:
         self.finished: wire.Finished | None = None
         self.error: CorralError | None = None
         self.embeddings: wire.Embeddings | None = None
+        self.tokenized: wire.Tokenized | None = None
+        self._logprobs: list[wire.TokenLogprob] = []
+        self._tool_calls: list[wire.ToolCall] = []
         self.created = time.perf_counter()
         self.started: float | None = None  # handed to a worker
         self.first_token: float | None = None
@@ -66,6 +81,10 @@ class RequestStream:
         self.n_tokens += msg.n_tokens
         if self.aborted:
             return  # nobody will read it
+        if msg.logprobs:
+            self._logprobs.extend(msg.logprobs)
+        if msg.tool_calls:
+            self._tool_calls.extend(msg.tool_calls)
         parts = self._parts
         parts.append(msg.text)
         if len(parts) - self._folded >= _MERGE_AT:  # fold the newest pieces: linear, bounded overhead
@@ -75,11 +94,13 @@ class RequestStream:
         if w is not None and not w.done():
             w.set_result(None)
 
-    def on_end(self, msg: wire.Finished | wire.RequestFailed | wire.Embeddings) -> None:
+    def on_end(self, msg: wire.Finished | wire.RequestFailed | wire.Embeddings | wire.Tokenized) -> None:
         if type(msg) is wire.Finished:
             self.finished = msg
         elif type(msg) is wire.Embeddings:
             self.embeddings = msg
+        elif type(msg) is wire.Tokenized:
+            self.tokenized = msg
         else:
             self.error = failure_to_error(msg, self.input_param)  # type: ignore[arg-type]
         self._end()
@@ -121,6 +142,26 @@ class RequestStream:
             finally:
                 self._waiter = None
 
+    async def next_piece(self) -> StreamPiece | None:
+        """Like ``next_text``, with the logprobs and tool calls that came along."""
+        while True:
+            parts = self._parts
+            if parts:
+                self._parts = []
+                self._folded = 0
+                lps, calls = self._logprobs, self._tool_calls
+                self._logprobs, self._tool_calls = [], []
+                return StreamPiece(parts[0] if len(parts) == 1 else "".join(parts), lps, calls)
+            if self.ended is not None:
+                if self.error is not None:
+                    raise self.error
+                return None
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
     async def wait_started(self) -> None:
         """Until the first text or the end. Raises the request's error if it failed
         before producing anything (so an HTTP status can still say so)."""
@@ -132,6 +173,24 @@ class RequestStream:
                 self._waiter = None
         if not self._parts and self.error is not None:
             raise self.error
+
+    async def wait_done(self) -> None:
+        """Until the end (text stays pending for ``take_all``). Raises the request's error."""
+        while self.ended is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        if self.error is not None:
+            raise self.error
+
+    def take_all(self) -> StreamPiece:
+        """Everything not yet consumed: text, logprobs, tool calls."""
+        parts, lps, calls = self._parts, self._logprobs, self._tool_calls
+        self._parts, self._logprobs, self._tool_calls = [], [], []
+        self._folded = 0
+        return StreamPiece("".join(parts), lps, calls)
 
     async def wait(self) -> str:
         """Wait for the end; return all text. Raises the request's error."""
@@ -145,4 +204,6 @@ class RequestStream:
         if not self.done and self.instance is not None:
             self.aborted = True
             self._parts = []
+            self._logprobs = []
+            self._tool_calls = []
             self.instance.abort(self.id)

@@ -33,12 +33,12 @@ from typing import Union
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import sampling
-from corral.worker.detokenize import StopMatcher, Utf8Stream
+from corral.worker import requests, sampling
 from corral.worker.embed import embed_batch
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.prompts import PreparedRequest, PromptPreparer
+from corral.worker.slot_output import SlotOutput
 from corral.worker.templates import ChatTemplate, TemplateError, choose_template
 from corral.worker.tokens import Tokenizer
 
@@ -46,7 +46,8 @@ __all__ = ["Engine", "Outgoing", "PreparedRequest"]
 
 log = logging.getLogger("corral.worker.engine")
 
-Outgoing = Union[wire.Delta, wire.Finished, wire.RequestFailed, wire.Embeddings]
+Outgoing = Union[wire.Delta, wire.Finished, wire.RequestFailed, wire.Embeddings, wire.Tokenized]
+_ECHO_CHUNK = 32  # prompt tokens per step when each needs its logits (echo + logprobs)
 
 
 @dataclass(eq=False)
@@ -54,6 +55,7 @@ class _Job:
     req: wire.GenerateRequest
     tokens: list[int]
     t_submit: float
+    grammar: ll.llama_sampler_p | None = None  # owned until a slot's sampler takes it
 
 
 @dataclass(eq=False)
@@ -65,12 +67,12 @@ class _Slot:
     n_cached: int = 0  # prompt tokens reused from the cache
     pending: int = -1  # sampled token not yet decoded (GENERATE state)
     n_gen: int = 0
-    n_unsent: int = 0  # generated tokens not yet covered by a Delta
     max_tokens: int = 0
-    sampler: ll.llama_sampler_p | None = None
-    utf8: Utf8Stream | None = None
-    stop: StopMatcher | None = None
+    sampler: sampling.SlotSampler | None = None
+    out: SlotOutput | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None  # top alternatives per token; None: no logprobs
+    echo_logprobs: list[wire.TokenLogprob] | None = None  # prompt logprobs being collected
     t_start: float = 0.0
     t_first: float = 0.0
 
@@ -155,7 +157,7 @@ class Engine:
 
     # ------------------------------------------------------------------ commands
 
-    def submit(self, req: wire.GenerateRequest | wire.EmbedRequest | PreparedRequest) -> None:
+    def submit(self, req: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest | PreparedRequest) -> None:
         """Queue a request (prepared by ``prepare`` or not). Bad requests are answered with
         RequestFailed at once."""
         prepared = req if isinstance(req, PreparedRequest) else None
@@ -170,11 +172,15 @@ class Engine:
                     )
                 self.embed_waiting.append((req, time.perf_counter()))
                 return
+            if isinstance(req, wire.TokenizeRequest):
+                self.out.append(requests.tokenize(self.tok, req))
+                return
             if req.id in self._by_id:
                 raise RequestRejected("invalid_request", f"request id {req.id!r} is already in use")
             if prepared is None:
                 prepared = self.prepare(req)
             job = _Job(req, prepared.tokens, time.perf_counter())
+            job.grammar = requests.grammar_sampler(self.m.vocab, prepared.gbnf)
             self._by_id[req.id] = job
             self.waiting.append(job)
         except RequestRejected as exc:
@@ -194,6 +200,8 @@ class Engine:
                 return
         self.waiting.remove(job)
         del self._by_id[request_id]
+        sampling.free_sampler(job.grammar)
+        job.grammar = None
         self.out.append(
             wire.Finished(
                 request_id,
@@ -229,8 +237,12 @@ class Engine:
 
     def close(self) -> None:
         for slot in self.slots:
-            sampling.free_sampler(slot.sampler)
-            slot.sampler = None
+            if slot.sampler is not None:
+                slot.sampler.free()
+                slot.sampler = None
+        for job in self.waiting:
+            sampling.free_sampler(job.grammar)
+            job.grammar = None
         self.m.free()
 
     def fail_all(self, message: str) -> list[Outgoing]:
@@ -244,6 +256,8 @@ class Engine:
         while self.waiting:
             job = self.waiting.popleft()
             self._by_id.pop(job.req.id, None)
+            sampling.free_sampler(job.grammar)
+            job.grammar = None
             self.out.append(wire.RequestFailed(job.req.id, "internal", message))
         while self.embed_waiting:
             req, _ = self.embed_waiting.popleft()
@@ -257,14 +271,16 @@ class Engine:
     # ------------------------------------------------------------------ prompt
 
     def prepare(self, req: wire.GenerateRequest) -> PreparedRequest:
-        """Tokenize and check a request; RequestRejected if it cannot run. Thread-safe: the
-        worker's reader thread calls it, so long prompts never stall ``step()``."""
+        """Tokenize and check a request, and turn its schema into a grammar; RequestRejected
+        if it cannot run. Thread-safe: the worker's reader thread calls it, so long prompts
+        and schema conversion never stall ``step()``."""
         if self.m.embedding:
             raise RequestRejected("invalid_request",
                                   f"model {self.settings.model_id} is loaded for embeddings only")
         tokens = self.prompts.tokens(req)
         _check_params(req.params)
-        return PreparedRequest(req, tokens)
+        requests.check_generation_fields(req, self.m.n_vocab)
+        return PreparedRequest(req, tokens, requests.grammar_text(req))
 
     # ------------------------------------------------------------------ scheduling
 
@@ -316,6 +332,10 @@ class Engine:
 
     def _start(self, slot: _Slot, job: _Job, reuse: int) -> None:
         mem = self.m.memory
+        req = job.req
+        echo_lp = req.echo and req.logprobs is not None
+        if echo_lp:
+            reuse = 0  # every prompt token's logits are needed
         if reuse > 0 and ll.llama_memory_seq_rm(mem, slot.index, reuse, -1):
             del slot.cached[reuse:]
         else:
@@ -327,26 +347,35 @@ class Engine:
         slot.n_cached = reuse
         slot.pending = -1
         slot.n_gen = 0
-        slot.n_unsent = 0
         room = self.m.n_ctx_slot - len(job.tokens)
         slot.max_tokens = room if p.max_tokens is None else min(p.max_tokens, room)
-        slot.sampler = sampling.make_sampler(
+        grammar, job.grammar = job.grammar, None
+        slot.sampler = sampling.SlotSampler(
             p,
             n_vocab=self.m.n_vocab,
             seed=sampling.resolve_seed(p, self.settings.seed),
             eog_tokens=self.tok.eog_tokens if p.ignore_eos else [],
             prompt_tail=job.tokens,
+            grammar=grammar,
         )
-        slot.utf8 = Utf8Stream()
         stops = list(p.stop)
-        if job.req.messages is not None and self.template is not None and not p.ignore_eos:
+        if req.messages is not None and self.template is not None and not p.ignore_eos and grammar is None:
             stops += [s for s in self.template.stop_strings if s not in stops]
-        slot.stop = StopMatcher(stops)
+        slot.out = SlotOutput(req.id, stops, requests.tool_parser(req))
         slot.ignore_eos = p.ignore_eos
+        slot.logprobs = req.logprobs
+        slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] \
+            if echo_lp else None
         slot.t_start = time.perf_counter()
         slot.t_first = 0.0
-        if slot.max_tokens == 0:
+        if req.echo and not echo_lp:
+            self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))
+        if slot.max_tokens == 0 and not echo_lp:
             self._finish(slot, "length")
+
+    def _special_piece(self, token: int) -> bytes:
+        """A prompt token's bytes for echo; control tokens (BOS) by their text."""
+        return self.tok.piece(token) or self.tok.special_text(token).encode("utf-8")
 
     # ------------------------------------------------------------------ the step
 
@@ -358,6 +387,7 @@ class Engine:
         b = self._batch
         n = 0
         outputs: list[tuple[_Slot, int]] = []
+        echo_chunks: list[tuple[_Slot, int, int, int]] = []  # slot, batch index, prompt pos, count
         for slot in self.slots:
             if slot.job is not None and slot.pending >= 0:
                 b.token[n] = slot.pending
@@ -377,12 +407,16 @@ class Engine:
                 continue
             toks = job.tokens
             take = min(budget, len(toks) - slot.prompt_pos)
+            echo = slot.echo_logprobs is not None
+            if echo:
+                take = min(take, _ECHO_CHUNK)
+                echo_chunks.append((slot, n, slot.prompt_pos, take))
             start = len(slot.cached)
             for k in range(take):
                 b.token[n + k] = toks[slot.prompt_pos + k]
                 b.pos[n + k] = start + k
                 b.seq[n + k] = slot.index
-                b.logits[n + k] = 0
+                b.logits[n + k] = 1 if echo else 0
             slot.cached.extend(toks[slot.prompt_pos : slot.prompt_pos + take])
             slot.prompt_pos += take
             n += take
@@ -397,6 +431,8 @@ class Engine:
         if rc != 0:
             self._decode_failed(rc)
             return self.take_output()
+        for slot, at, pos, count in echo_chunks:
+            self._prompt_logprobs(slot, at, pos, count)
         for slot, idx in outputs:
             if slot.job is not None:
                 try:
@@ -419,22 +455,45 @@ class Engine:
                 self._clear_slot(slot)
                 self.out.append(wire.RequestFailed(job.req.id, "internal", f"decode failed: {reason}"))
 
+    def _prompt_logprobs(self, slot: _Slot, at: int, pos: int, count: int) -> None:
+        """Logprobs of the prompt tokens after each of these positions (echo)."""
+        job, lps = slot.job, slot.echo_logprobs
+        assert job is not None and lps is not None
+        toks = job.tokens
+        k = slot.logprobs or 0
+        for j in range(count):
+            if pos + j + 1 < len(toks):
+                nxt = toks[pos + j + 1]
+                lps.append(sampling.token_logprobs(self._logits(at + j), nxt, k, self._special_piece))
+        if pos + count == len(toks):
+            self.out.append(wire.Delta(job.req.id, requests.echo_text(self.tok, job.req, toks), 0, lps))
+            slot.echo_logprobs = None
+            if slot.max_tokens == 0:
+                self._finish(slot, "length")
+
+    def _logits(self, idx: int) -> "sampling.Logits":
+        return sampling.logits_at(self.m.ctx, idx, self.m.n_vocab)
+
     def _sample(self, slot: _Slot, idx: int) -> None:
-        tok = ll.llama_sampler_sample(slot.sampler, self.m.ctx, idx)
+        assert slot.sampler is not None and slot.out is not None and slot.job is not None
+        tok = slot.sampler.sample(self.m.ctx, idx, self.tok.is_eog)
         now = time.perf_counter()
         if slot.n_gen == 0:
             slot.t_first = now
+        if tok < 0:  # the grammar is complete and allows nothing more
+            self._finish(slot, "stop")
+            return
         slot.n_gen += 1
         self.tokens_generated += 1
         if not slot.ignore_eos and self.tok.is_eog(tok):
             self._finish(slot, "stop")
             return
-        slot.n_unsent += 1
-        text = slot.stop.push(slot.utf8.push(self.tok.piece(tok)))  # type: ignore[union-attr]
-        if text:
-            self.out.append(wire.Delta(slot.job.req.id, text, slot.n_unsent))  # type: ignore[union-attr]
-            slot.n_unsent = 0
-        if slot.stop.stopped:  # type: ignore[union-attr]
+        lp = None if slot.logprobs is None else \
+            sampling.token_logprobs(self._logits(idx), tok, slot.logprobs, self.tok.piece)
+        delta = slot.out.token(self.tok.piece(tok), lp)
+        if delta is not None:
+            self.out.append(delta)
+        if slot.out.stopped:
             self._finish(slot, "stop")
         elif slot.n_gen >= slot.max_tokens:
             self._finish(slot, "length")
@@ -444,11 +503,10 @@ class Engine:
     def _finish(self, slot: _Slot, reason: wire.FinishReason) -> None:
         job = slot.job
         assert job is not None
-        if reason != "abort" and slot.utf8 is not None and slot.stop is not None:
-            tail = slot.stop.push(slot.utf8.flush()) if not slot.stop.stopped else ""
-            tail += slot.stop.flush()
-            if tail:
-                self.out.append(wire.Delta(job.req.id, tail, slot.n_unsent))
+        if reason != "abort" and slot.out is not None:
+            delta = slot.out.finish()
+            if delta is not None:
+                self.out.append(delta)
         now = time.perf_counter()
         t_first = slot.t_first or now
         prompt_ms = (t_first - slot.t_start) * 1000
@@ -469,6 +527,7 @@ class Engine:
                     if predicted_ms > 0 and slot.n_gen > 1
                     else 0.0,
                     queued_ms=(slot.t_start - job.t_submit) * 1000,
+                    grammar_ms=slot.sampler.grammar_s * 1000 if slot.sampler is not None else 0.0,
                 ),
                 slot.index,
             )
@@ -483,10 +542,11 @@ class Engine:
             self._by_id.pop(job.req.id, None)
         slot.job = None
         slot.pending = -1
-        sampling.free_sampler(slot.sampler)
-        slot.sampler = None
-        slot.utf8 = None
-        slot.stop = None
+        if slot.sampler is not None:
+            slot.sampler.free()
+            slot.sampler = None
+        slot.out = None
+        slot.echo_logprobs = None
 
     # ------------------------------------------------------------------ embeddings
 

@@ -194,7 +194,7 @@ def _loop(engine, inbox: "queue.SimpleQueue[object]", out: _Writer,  # noqa: ANN
             if msg is _EOF:
                 log.info("router closed the socket; exiting")
                 return 0
-            if isinstance(msg, (PreparedRequest, wire.GenerateRequest, wire.EmbedRequest)):
+            if isinstance(msg, (PreparedRequest, wire.GenerateRequest, wire.EmbedRequest, wire.TokenizeRequest)):
                 engine.submit(msg)
             elif isinstance(msg, wire.Abort):
                 engine.abort(msg.id)

@@ -19,7 +19,7 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker.failures import RequestRejected
-from corral.worker.templates import ChatTemplate, TemplateError
+from corral.worker.templates import ChatTemplate, TemplateError, render_chat
 from corral.worker.tokens import Tokenizer
 
 __all__ = ["PreparedRequest", "PromptPreparer"]
@@ -31,6 +31,7 @@ class PreparedRequest:
 
     req: wire.GenerateRequest
     tokens: list[int]
+    gbnf: str | None = None  # the request's grammar (GBNF), converted from its JSON schema if needed
 
 
 class PromptPreparer:
@@ -65,18 +66,24 @@ class PromptPreparer:
                 f"context per request holds can cover (at most {bound} bytes); it was not tokenized")
 
     def tokens(self, req: wire.GenerateRequest) -> list[int]:
-        if (req.prompt is None) == (req.messages is None):
+        if sum(x is not None for x in (req.prompt, req.prompt_tokens, req.messages)) != 1:
             raise RequestRejected("invalid_request", "exactly one of prompt and messages must be given")
         if req.messages is not None:
             if self.template is None:
                 raise RequestRejected("invalid_request", f"chat template unusable: {self.template_error}")
             self._check_bytes("".join(m.content for m in req.messages), "messages")
             try:
-                text = self.template.render(req.messages)
+                text = render_chat(self.template, req.messages, req.tools)
             except TemplateError as exc:
                 raise RequestRejected("invalid_request", str(exc)) from exc
             self._check_bytes(text, "rendered chat")
             tokens = self.tok.tokenize(text, add_special=not self.tok.starts_with_bos(text))
+        elif req.prompt_tokens is not None:
+            tokens = list(req.prompt_tokens)
+            bad = next((t for t in tokens if not 0 <= t < self.tok.n_vocab), None)
+            if bad is not None:
+                raise RequestRejected("invalid_request", f"prompt: token id {bad} is not in this model's "
+                                                         f"vocabulary (0..{self.tok.n_vocab - 1})")
         else:
             text = req.prompt or ""
             self._check_bytes(text, "prompt")

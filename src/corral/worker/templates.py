@@ -24,14 +24,16 @@ reports that as ``RequestFailed(code="invalid_request")``.
 from __future__ import annotations
 
 import datetime
-from typing import Protocol, Sequence
+import json
+from typing import Any, Protocol, Sequence
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from corral import wire
+from corral.worker.tool_prompt import generic_tool_messages, uses_tool_fields
 
-__all__ = ["TemplateError", "ChatTemplate", "JinjaTemplate", "PlainTemplate", "choose_template"]
+__all__ = ["TemplateError", "ChatTemplate", "JinjaTemplate", "PlainTemplate", "choose_template", "render_chat"]
 
 DEFAULT_USER_PROMPT = "User: "
 DEFAULT_AI_PROMPT = "Assistant: "
@@ -45,8 +47,40 @@ class ChatTemplate(Protocol):
     # Text that ends the assistant's turn, for templates whose turns end with no special
     # token: the engine adds them to a chat request's stop strings.
     stop_strings: tuple[str, ...]
+    # Whether the template renders tools itself (the Jinja ``tools`` variable).
+    supports_tools: bool
 
-    def render(self, messages: Sequence[wire.ChatMessage]) -> str: ...
+    def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None) -> str: ...
+
+
+def render_chat(template: ChatTemplate, messages: Sequence[wire.ChatMessage],
+                tools: list[dict[str, Any]] | None) -> str:
+    """Render a conversation; tools and tool turns go through the generic tool prompt
+    when the template knows no tools (``tool_prompt``)."""
+    if (tools or uses_tool_fields(messages)) and not template.supports_tools:
+        return template.render(generic_tool_messages(messages, tools), None)
+    return template.render(messages, tools)
+
+
+def _hf_message(m: wire.ChatMessage) -> dict[str, Any]:
+    """A message as Hugging Face templates see it (tool call arguments as objects)."""
+    d: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        calls = []
+        for c in m.tool_calls:
+            try:
+                args: Any = json.loads(c.arguments)
+            except ValueError:
+                args = c.arguments
+            calls.append({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": args}})
+        d["tool_calls"] = calls
+        if not m.content:
+            d["content"] = None
+    if m.tool_call_id is not None:
+        d["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        d["name"] = m.name
+    return d
 
 
 def _raise_exception(message: str) -> None:
@@ -73,12 +107,15 @@ class JinjaTemplate:
             raise TemplateError(f"chat template does not compile: {exc}") from exc
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.supports_tools = "tools" in source
 
-    def render(self, messages: Sequence[wire.ChatMessage]) -> str:
+    def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None) -> str:
+        extra: dict[str, Any] = {"tools": tools} if tools else {}
         try:
             return self._tmpl.render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
+                messages=[_hf_message(m) for m in messages],
                 add_generation_prompt=True,
+                **extra,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
             )
@@ -91,12 +128,12 @@ class JinjaTemplate:
 
 
 def _tojson(value: object, indent: int | None = None) -> str:
-    import json
-
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
 class PlainTemplate:
+    supports_tools = False
+
     def __init__(
         self,
         *,
@@ -115,7 +152,7 @@ class PlainTemplate:
             "\n" + prefix.strip() for prefix in (self.user_prompt, self.ai_prompt) if prefix.strip()
         )
 
-    def render(self, messages: Sequence[wire.ChatMessage]) -> str:
+    def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None) -> str:
         system = [m.content for m in messages if m.role == "system"]
         lines: list[str] = []
         if system:

@@ -1,0 +1,46 @@
+"""Token logprobs from the worker (``wire.TokenLogprob``) in OpenAI's two shapes.
+
+Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": null}``.
+Completions: ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` (parallel
+lists; ``top_logprobs`` entries map token text -> logprob; a prompt's first token,
+echoed, has logprob null).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral import wire
+
+__all__ = ["chat_logprobs", "completion_logprobs", "token_text"]
+
+
+def token_text(piece: bytes) -> str:
+    return piece.decode("utf-8", "replace")
+
+
+def chat_logprobs(items: list[wire.TokenLogprob]) -> dict[str, Any]:
+    content = []
+    for t in items:
+        content.append({
+            "token": token_text(t.token), "logprob": t.logprob, "bytes": list(t.token),
+            "top_logprobs": [{"token": token_text(a.token), "logprob": a.logprob, "bytes": list(a.token)}
+                             for a in t.top],
+        })
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(items: list[wire.TokenLogprob], offset: int) -> tuple[dict[str, Any], int]:
+    """The completions shape, and the text offset after these tokens (streaming keeps it)."""
+    tokens, lps, tops, offsets = [], [], [], []
+    for t in items:
+        text = token_text(t.token)
+        tokens.append(text)
+        lps.append(t.logprob)
+        top: dict[str, float] = {}
+        for a in t.top:
+            top.setdefault(token_text(a.token), a.logprob)
+        tops.append(top if t.top or t.logprob is not None else None)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}, offset

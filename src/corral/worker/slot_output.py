@@ -1,0 +1,63 @@
+"""What a generating slot sends: token pieces -> whole characters -> stop-string holdback
+-> tool-call parsing -> ``wire.Delta`` (with the tokens' logprobs, for requests that
+asked). One per running request; pure Python, no llama.cpp."""
+
+from __future__ import annotations
+
+from corral import wire
+from corral.worker.detokenize import StopMatcher, Utf8Stream
+from corral.worker.toolcalls import ToolCallParser
+
+__all__ = ["SlotOutput"]
+
+
+class SlotOutput:
+    def __init__(self, request_id: str, stops: list[str], tool_parser: ToolCallParser | None) -> None:
+        self.id = request_id
+        self.utf8 = Utf8Stream()
+        self.stop = StopMatcher(stops)
+        self.parser = tool_parser
+        self.n_unsent = 0  # generated tokens not yet covered by a Delta
+        self.logprobs: list[wire.TokenLogprob] = []
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop.stopped
+
+    def token(self, piece: bytes, logprob: wire.TokenLogprob | None) -> wire.Delta | None:
+        """One generated token (not an end-of-generation one); the Delta to send, if any."""
+        self.n_unsent += 1
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        return self._emit(self.stop.push(self.utf8.push(piece)), [])
+
+    def finish(self) -> wire.Delta | None:
+        """At the end (not on abort): release what was held back."""
+        tail = self.stop.push(self.utf8.flush()) if not self.stop.stopped else ""
+        tail += self.stop.flush()
+        calls: list[wire.ToolCall] = []
+        if self.parser is not None:
+            tail, calls = self.parser.push(tail)
+            more, late = self.parser.finish()
+            tail += more
+            calls += late
+        if not tail and not calls:
+            return None
+        return self._send(tail, calls)
+
+    def _emit(self, text: str, calls: list[wire.ToolCall]) -> wire.Delta | None:
+        if self.parser is not None and text:
+            text, calls = self.parser.push(text)
+        if not text and not calls:
+            return None
+        return self._send(text, calls)
+
+    def _send(self, text: str, calls: list[wire.ToolCall]) -> wire.Delta:
+        if self.logprobs:
+            d = wire.Delta(self.id, text, self.n_unsent, self.logprobs, calls)
+            self.logprobs = []
+        else:
+            d = wire.Delta(self.id, text, self.n_unsent, tool_calls=calls) if calls else \
+                wire.Delta(self.id, text, self.n_unsent)
+        self.n_unsent = 0
+        return d
