@@ -7,7 +7,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: install serve test soak bench clean
+.PHONY: install serve test soak bench clean chromium
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,14 @@ install: $(VENV)/.installed
 serve: install
 	$(VENV)/bin/corral serve --host $(HOST) --port $(PORT)
 
-test: install
+# The web page's tests drive Debian's chromium (Playwright's own download is not used).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || test -x /usr/bin/chromium || { \
+	  echo "installing chromium (apt) for the browser tests"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
+	  else sudo -n apt-get update -qq && sudo -n apt-get install -y -qq chromium; fi; }
+
+test: install chromium
 	$(PY) -m pytest -q -ra
 
 # The long reliability run (30 minutes, two models, faults under load; see tests/reliability/soak.py).

@@ -7,13 +7,15 @@ ratios. Results also go to ``bench/results/`` (gitignored).
     .venv/bin/python bench/run.py                     # all scenarios (< 15 min)
     .venv/bin/python bench/run.py --quick             # smaller counts (< 5 min)
     .venv/bin/python bench/run.py --only throughput   # or overhead, multimodel, coldstart, queue
+    .venv/bin/python bench/run.py --only throughput --repeat 5   # the ratios of 5 runs side by side
 
 Scenarios (see docs/_parts/bench.md):
   throughput  c=1 and c=8 streaming, 64 tokens: llama-server -np 8, llama-cpp-python, corral
   overhead    one corral worker reached directly over its socket vs through the HTTP router
-  multimodel  two model ids on one .gguf in one server, c=4 on each at once; llama.cpp router mode too
+  multimodel  two model ids (4 slots each) at c=4 each at once vs one model (8 slots) at c=8; llama.cpp router too
   coldstart   POST /models/load -> first token; corral vs llama.cpp router mode
   queue       1000 concurrent requests, n_parallel 4, max_queue 2000: errors, router peak RSS
+  dialects    c=8 streaming through /v1/chat/completions, Ollama, Anthropic, Responses (bench/dialects.py)
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
 
+import dialects  # noqa: E402
 import llama_server  # noqa: E402
 from loadgen import LoadResult, combined, fmt, run_load, sequential_latency  # noqa: E402
 from servers import (  # noqa: E402
@@ -47,7 +50,7 @@ from servers import (  # noqa: E402
     llama_router_cmd, llama_server_cmd, stop_all, tree_cpu_s, proc_cpu_s,
 )
 
-SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue")
+SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects")
 SLOT_CTX = 1024  # KV cells per parallel slot, the same for every server
 
 
@@ -444,32 +447,50 @@ def _p95(v: list[float]) -> float | None:
 # --------------------------------------------------------------------------- scenario c
 
 
-async def _two_models(srv: Server, ids: tuple[str, str], n_each: int, n_one: int, t: Table,
-                      extra: dict | None = None, soft_s: float = 60.0, hard_s: float = 90.0,
+async def _set_loaded(base_url: str, load: tuple[str, ...], unload: tuple[str, ...]) -> None:
+    """Unload then load by the llama.cpp-router routes (corral and llama-server both have them)."""
+    async with httpx.AsyncClient(timeout=300) as c:
+        for mid in unload:
+            await c.post(base_url + "/models/unload", json={"model": mid})
+        for mid in load:
+            r = await c.post(base_url + "/models/load", json={"model": mid})
+            if r.status_code >= 300:
+                raise ServerFailed(f"POST /models/load {mid} -> HTTP {r.status_code}: {r.text[:200]}")
+
+
+async def _one_vs_two(srv: Server, one_id: str, ids: tuple[str, str], n_each: int, n_one: int, t: Table,
+                      soft_s: float = 60.0, hard_s: float = 90.0,
                       ) -> tuple[LoadResult, list[LoadResult], LoadResult]:
+    """The fair comparison (same total slots, same clients): one model with 8 slots at c=8,
+    alone; then two models with 4 slots each at c=4 each, at once (the first one unloaded)."""
     base_url = srv.base_url
-    for mid in ids:
-        await warmup(base_url, mid, extra)
+    await _set_loaded(base_url, (one_id,), ids)
+    await warmup(base_url, one_id)
     await idle_cpu_check({srv.name: srv}, t)
-    log(f"multimodel: one model c=8 n={n_one}")
-    one = await run_load(base_url, label=ids[0], model=ids[0], concurrency=8, n_requests=n_one,
+    log(f"multimodel: one model (8 slots) c=8 n={n_one}")
+    one = await run_load(base_url, label=one_id, model=one_id, concurrency=8, n_requests=n_one,
                          soft_deadline_s=soft_s, hard_deadline_s=hard_s)
-    log(f"multimodel: two models c=4 each n={n_each} each")
+    await _set_loaded(base_url, ids, (one_id,))
+    for mid in ids:
+        await warmup(base_url, mid)
+    await idle_cpu_check({srv.name: srv}, t)
+    log(f"multimodel: two models (4 slots each) c=4 each n={n_each} each")
     parts = list(await asyncio.gather(*(
         run_load(base_url, label=mid, model=mid, concurrency=4, n_requests=n_each, first_index=k * 10_000,
                  soft_deadline_s=soft_s, hard_deadline_s=hard_s)
         for k, mid in enumerate(ids))))
-    both = combined("both", parts)
+    both = combined("both", parts)  # all tokens of both over the wall time of the whole phase
     return one, parts, both
 
 
 async def sc_multimodel(ctx: Ctx) -> list[Table]:
-    ids = ("gemma-a", "gemma-b")
+    one_id, ids = "gemma-one", ("gemma-a", "gemma-b")
     n_each = ctx.n(12, 8)
     n_one = ctx.n(24, 16)
     # oversubscribed cores can make a server crawl (seen: 5 tok/s); bound each load's time
     soft, hard = ctx.n(45, 25), ctx.n(75, 40)
-    t = Table("Two model ids on one .gguf in one server: c=4 on each at the same time vs one model at c=8",
+    t = Table("Two busy models vs one: two model ids (4 slots each) at c=4 each, at once, vs one model "
+              "(8 slots) at c=8 alone; same .gguf, one server",
               ["server", "load", "requests", "tok/s", "vs one model c=8", "TTFT p50 ms (worst)",
                "latency p50 ms (worst)", "errors"])
     data: dict[str, Any] = {}
@@ -478,10 +499,10 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
         return str(r.n_requests) + (f" (+{r.cut} cut)" if r.cut else "")
 
     def rows(name: str, one: LoadResult, parts: list[LoadResult], both: LoadResult) -> None:
-        t.rows.append([name, f"one model, c=8", nreq(one), fmt(one.tok_s), "1.00x",
+        t.rows.append([name, "one model (8 slots), c=8", nreq(one), fmt(one.tok_s), "1.00x",
                        fmt(one.ttft_p50_ms, 0), fmt(one.latency_p50_ms, 0), str(one.errors)])
         for p in parts:
-            t.rows.append([name, f"{p.label} c=4 (concurrently)", nreq(p), fmt(p.tok_s),
+            t.rows.append([name, f"{p.label} (4 slots) c=4 (concurrently)", nreq(p), fmt(p.tok_s),
                            ratio(p.tok_s, one.tok_s), fmt(p.ttft_p50_ms, 0), fmt(p.latency_p50_ms, 0),
                            str(p.errors)])
         if both.cut or one.cut:
@@ -499,10 +520,11 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
         port = free_port()
         srv = None
         try:
-            cfg = ctx.corral_config("multimodel", {mid: ctx.corral_model(8, threads=threads) for mid in ids},
-                                    max_loaded_models=2)
+            models = {one_id: ctx.corral_model(8, threads=threads)}
+            models.update({mid: ctx.corral_model(4, threads=threads) for mid in ids})
+            cfg = ctx.corral_config("multimodel", models, max_loaded_models=2)
             srv = start("corral-multimodel", corral_cmd(cfg, port), port)
-            rows(name, *await _two_models(srv, ids, n_each, n_one, t, soft_s=soft, hard_s=hard))
+            rows(name, *await _one_vs_two(srv, one_id, ids, n_each, n_one, t, soft_s=soft, hard_s=hard))
         except Exception as e:  # noqa: BLE001
             t.rows.append([name, "FAILED", "–", "–", "–", "–", "–", str(e).splitlines()[0][:90]])
         finally:
@@ -516,11 +538,11 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
             if not llama_router_supported(binary):
                 raise ServerFailed("this llama-server has no router mode (--models-preset)")
             preset = ctx.tmp / "multimodel.ini"
-            preset.write_text(llama_preset(ctx, ids, n_parallel=8, load_on_startup=True))
+            preset.write_text(llama_preset(ctx, {one_id: 8, ids[0]: 4, ids[1]: 4}, load_on_startup=False))
             port = free_port()
             srv = start("llama-router-multimodel", llama_router_cmd(binary, preset, port), port,
                         env=llama_router_env(ctx))
-            rows("llama-server router mode", *await _two_models(srv, ids, n_each, n_one, t,
+            rows("llama-server router mode", *await _one_vs_two(srv, one_id, ids, n_each, n_one, t,
                                                                 soft_s=soft, hard_s=hard))
         except Exception as e:  # noqa: BLE001
             t.rows.append(["llama-server router mode", "FAILED", "–", "–", "–", "–", "–",
@@ -528,9 +550,10 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
         finally:
             if srv:
                 srv.stop()
-    t.notes.append(f"each model: n_parallel 8, {ctx.threads} threads (unless said otherwise), its own process; "
-                   "64 tokens, stream; 'one model, c=8' runs while the other model is loaded and idle; "
-                   "ratios are against the one-model row of the same server and config")
+    t.notes.append(f"{ctx.threads} threads per model (unless said otherwise), each model its own process; "
+                   "64 tokens, stream; the one-model phase runs with the two others unloaded, the two-model "
+                   "phase with the first unloaded; 'both together' = all tokens of both over the wall time "
+                   "of the whole phase; ratios are against the one-model row of the same server and config")
     t.data = data
     return [t]
 
@@ -540,11 +563,12 @@ def llama_router_supported(binary: Path) -> bool:
     return "--models-preset" in (r.stdout + r.stderr)
 
 
-def llama_preset(ctx: Ctx, ids: tuple[str, ...], *, n_parallel: int, load_on_startup: bool) -> str:
-    lines = ["version = 1", "", "[*]", f"np = {n_parallel}", f"c = {n_parallel * SLOT_CTX}",
-             f"t = {ctx.threads}", f"tb = {ctx.threads}"]  # llama-server's default warmup stays on
-    for mid in ids:
-        lines += ["", f"[{mid}]", f"model = {ctx.model}",
+def llama_preset(ctx: Ctx, models: dict[str, int], *, load_on_startup: bool) -> str:
+    """``models``: id -> n_parallel (its context is n_parallel * SLOT_CTX)."""
+    lines = ["version = 1", "", "[*]", f"t = {ctx.threads}", f"tb = {ctx.threads}"]
+    # llama-server's default warmup stays on
+    for mid, n_parallel in models.items():
+        lines += ["", f"[{mid}]", f"model = {ctx.model}", f"np = {n_parallel}", f"c = {n_parallel * SLOT_CTX}",
                   f"load-on-startup = {'true' if load_on_startup else 'false'}"]
     return "\n".join(lines) + "\n"
 
@@ -627,7 +651,7 @@ async def sc_coldstart(ctx: Ctx) -> list[Table]:
             if not llama_router_supported(binary):
                 raise ServerFailed("this llama-server has no router mode (--models-preset)")
             preset = ctx.tmp / "coldstart.ini"
-            preset.write_text(llama_preset(ctx, ("cold",), n_parallel=4, load_on_startup=False))
+            preset.write_text(llama_preset(ctx, {"cold": 4}, load_on_startup=False))
             port = free_port()
             return start("llama-router-coldstart", llama_router_cmd(binary, preset, port), port,
                          env=llama_router_env(ctx))
@@ -712,10 +736,12 @@ async def sc_queue(ctx: Ctx) -> list[Table]:
 
 
 # hang guards per scenario (seconds; x0.6 with --quick), far above normal run times
-LIMITS_S = {"throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600}
+LIMITS_S = {"throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
+            "dialects": 480}
 
 FUNCS = {"throughput": sc_throughput, "overhead": sc_overhead, "multimodel": sc_multimodel,
-         "coldstart": sc_coldstart, "queue": sc_queue}
+         "coldstart": sc_coldstart, "queue": sc_queue,
+         "dialects": lambda ctx: dialects.sc_dialects(ctx, sys.modules[__name__])}
 
 
 def environment(ctx: Ctx) -> list[str]:
@@ -765,8 +791,9 @@ async def amain(args: argparse.Namespace) -> int:
     print("\n".join(header), flush=True)
     tables: list[Table] = []
     t_all = time.perf_counter()
-    for name in args.only:
-        log(f"=== scenario {name}")
+    runs = [name for _ in range(args.repeat) for name in args.only]
+    for k, name in enumerate(runs):
+        log(f"=== scenario {name}" + (f" (run {k // len(args.only) + 1} of {args.repeat})" if args.repeat > 1 else ""))
         t0 = time.perf_counter()
         limit = LIMITS_S[name] * (0.6 if ctx.quick else 1.0)
         try:
@@ -786,6 +813,11 @@ async def amain(args: argparse.Namespace) -> int:
             tb.notes.append(f"scenario '{name}' took {dt:.0f}s")
             print(tb.markdown(), flush=True)
         tables.extend(got)
+    if args.repeat > 1:
+        summary = repeat_summary(tables)
+        if summary is not None:
+            print(summary.markdown(), flush=True)
+            tables.append(summary)
     total = time.perf_counter() - t_all
     footer = f"_total {total:.0f}s; command: {' '.join(sys.argv)}_"
     print(footer, flush=True)
@@ -804,11 +836,31 @@ async def amain(args: argparse.Namespace) -> int:
     return 0
 
 
+def repeat_summary(tables: list[Table]) -> Table | None:
+    """With --repeat: each ratio cell (columns named 'vs ...' or 'ratio') of each table row,
+    one column per run, so a goal can be checked in every run at a glance."""
+    cells: dict[tuple[str, str, str], list[str]] = {}
+    for tb in tables:
+        ratio_cols = [i for i, c in enumerate(tb.columns) if c.startswith("vs ") or "ratio" in c]
+        for row in tb.rows:
+            for i in ratio_cols:
+                if i < len(row):
+                    key = (tb.title.split(":")[0][:60], " / ".join(row[:2]), tb.columns[i])
+                    cells.setdefault(key, []).append(row[i])
+    if not cells:
+        return None
+    n = max(len(v) for v in cells.values())
+    return Table("Ratios in each run (--repeat)", ["table", "row", "column", *[f"run {i + 1}" for i in range(n)]],
+                 [[*key, *vals] for key, vals in cells.items()])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="corral vs llama-server vs llama-cpp-python, side by side")
     ap.add_argument("--only", action="append", default=None,
                     help=f"scenario(s) to run, comma-separated or repeated: {', '.join(SCENARIOS)}")
     ap.add_argument("--quick", action="store_true", help="smaller counts (< 5 minutes)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the scenarios N times and print each ratio of each run in one table")
     ap.add_argument("--servers", default="llama-server,llama-cpp-python,corral",
                     help="which servers to include (comma-separated)")
     ap.add_argument("--model", default=None, help="GGUF file (default: corral's embedded Gemma 3 270M)")

@@ -99,9 +99,11 @@ def test_generated_corral_config_is_valid(tmp_path: Path) -> None:
 
 def test_llama_preset(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path)
-    text = run.llama_preset(ctx, ("a", "b"), n_parallel=4, load_on_startup=False)
-    assert "np = 4" in text and f"c = {4 * run.SLOT_CTX}" in text and "t = 2" in text
-    assert text.count(f"model = {ctx.model}") == 2 and "[a]" in text and "[b]" in text
+    text = run.llama_preset(ctx, {"a": 8, "b": 4}, load_on_startup=False)
+    a, b = text.split("[a]")[1].split("[b]")
+    assert "np = 8" in a and f"c = {8 * run.SLOT_CTX}" in a
+    assert "np = 4" in b and f"c = {4 * run.SLOT_CTX}" in b and "t = 2" in text
+    assert text.count(f"model = {ctx.model}") == 2
 
 
 def test_table_markdown() -> None:
@@ -130,3 +132,12 @@ async def test_hard_deadline_cuts_running_requests_and_counts_their_tokens(monke
         await client.aclose()
     assert r.cut == 2 and r.errors == 0 and r.ok == 0
     assert r.completion_tokens == r.cut_tokens > 0
+
+
+def test_repeat_summary_lists_each_runs_ratio() -> None:
+    cols = ["server", "c", "tok/s", "vs llama-server"]
+    runs = [run.Table("Throughput: x", cols, [["corral", "8", "180", f"0.9{i}x"]]) for i in range(3)]
+    s = run.repeat_summary(runs)
+    assert s is not None
+    assert s.rows == [["Throughput", "corral / 8", "vs llama-server", "0.90x", "0.91x", "0.92x"]]
+    assert run.repeat_summary([run.Table("T", ["a"], [["1"]])]) is None

@@ -22,6 +22,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
                       ValidationInfo, field_validator)
 
 from corral.errors import ConfigError
+from corral.model_ids import id_problem
 
 __all__ = [
     "parse_bytes",
@@ -233,8 +234,9 @@ def _config_error(name: str, exc: ValidationError) -> ConfigError:
 def _check_names(cfg: CorralConfig, name: str) -> None:
     seen: dict[str, str] = {}
     for mid, m in cfg.models.items():
-        if not mid or mid.strip() != mid or "/" in mid:
-            raise ConfigError(f"{name}: [models] table name {mid!r} is not a valid model id")
+        problem = id_problem(mid)
+        if problem is not None:
+            raise ConfigError(f"{name}: [models] table name {mid!r} is not a valid model id: {problem}")
         seen.setdefault(mid, mid)
     for mid, m in cfg.models.items():
         for alias in m.aliases:

@@ -51,6 +51,8 @@ __all__ = [
     "Shutdown",
     "Loading",
     "ModelInfo",
+    "DeviceInfo",
+    "FitPlan",
     "Ready",
     "LoadFailed",
     "Delta",
@@ -217,6 +219,32 @@ class Loading(msgspec.Struct, frozen=True, tag="loading"):
     protocol: int = PROTOCOL_VERSION
 
 
+class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A compute device the worker sees (llama.cpp's device registry)."""
+
+    index: int
+    name: str  # "CUDA0", "Vulkan1", "CPU"
+    backend: str  # "CUDA", "Vulkan", "CPU"
+    kind: str  # cpu | gpu | igpu | accel
+    free_bytes: int
+    total_bytes: int
+
+
+class FitPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """How ``n_gpu_layers = "auto"`` placed the model (worker/fit.py)."""
+
+    n_gpu_layers: int
+    n_layers: int  # repeating layers + the output head
+    ctx_len: int  # total KV cells planned
+    ctx_len_asked: int
+    device: str | None
+    device_bytes: int  # planned on the device: weights + KV + compute estimate
+    host_bytes: int  # planned on the host: weights + KV of host layers
+    free_bytes: int  # the device's free memory when planned
+    margin_bytes: int
+    notes: str
+
+
 class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     description: str  # llama_model_desc, e.g. "gemma3 270M Q4_K - Medium"
     n_params: int
@@ -233,6 +261,8 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     rss_bytes: int  # process resident memory after load
     gpu_layers: int
     load_ms: float
+    devices: list[DeviceInfo] = []  # what the worker sees (free memory as at the load)
+    fit: FitPlan | None = None  # n_gpu_layers = "auto": the plan it loaded with
 
 
 class Ready(msgspec.Struct, frozen=True, tag="ready"):
@@ -294,6 +324,7 @@ class Finished(msgspec.Struct, frozen=True, tag="finished"):
     usage: Usage
     timings: Timings
     slot: int = -1
+    stop_string: str | None = None  # the stop string that ended it (finish_reason "stop")
 
 
 class RequestFailed(msgspec.Struct, frozen=True, tag="request_failed"):

@@ -51,7 +51,7 @@ async def test_pull_returns_202_and_finishes(hub: FakeHub, client: httpx.AsyncCl
         ({}, "model", "Field required"),
         ({"model": "no good"}, "model", "cannot read model source"),
         ({"model": "o/r/f.gguf", "sha256": "123"}, "sha256", "64 hex"),
-        ({"model": "o/r/f.gguf", "id": "a/b"}, "id", "invalid model id"),
+        ({"model": "o/r/f.gguf", "id": "a/../b"}, "id", "invalid model id"),
         ([1, 2], None, "JSON object"),
     ],
 )

@@ -51,8 +51,8 @@ def test_pull_locally(runner: CliRunner, hub: FakeHub, store: ModelStore) -> Non
     r = runner.invoke(app, ["pull", f"{REPO}:Q8_0", "--server", NO_SERVER,
                             "--models-dir", str(store.root)])
     assert r.exit_code == 0, r.output
-    assert "pulled c-Q8_0" in r.output
-    assert store.get("c-Q8_0").path.read_bytes() == data  # type: ignore[union-attr]
+    assert f"pulled {REPO}:Q8_0" in r.output  # the name it was pulled by
+    assert store.get(f"{REPO}:Q8_0").path.read_bytes() == data  # type: ignore[union-attr]
     r = runner.invoke(app, ["pull", f"{REPO}/missing.gguf", "--server", NO_SERVER,
                             "--models-dir", str(store.root)])
     assert r.exit_code == 1 and "not found" in r.output

@@ -155,7 +155,7 @@ async def test_cancel_is_cancelled_not_failed_and_pull_again_resumes(
     assert h2.pull_id != h.pull_id and h2.done == kept
     assert await h2.wait() == "finished", h2.reason
     assert hub.range_starts(f"{REPO}/slow-Q8_0.gguf")[-1] == kept
-    assert store.get("slow-Q8_0").path.read_bytes() == data  # type: ignore[union-attr]
+    assert store.get(f"{REPO}:Q8_0").path.read_bytes() == data  # type: ignore[union-attr]  # its name
 
 
 async def test_router_restart_resumes(hub: FakeHub, store: ModelStore) -> None:

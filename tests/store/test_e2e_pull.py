@@ -54,7 +54,7 @@ async def test_pull_then_load_and_query(hub: FakeHub, model_path: Path, tmp_path
             r = await client.post("/models/pull", json={"model": "ggml-org/gemma-3-270m-GGUF:Q4_K_M"})
             assert r.status_code == 202, r.text
             pull_id, model_id = r.json()["id"], r.json()["model"]
-            assert model_id == "gemma-3-270m-Q4_K_M"
+            assert model_id == "ggml-org/gemma-3-270m-GGUF:Q4_K_M"  # the name it was pulled by
 
             async def finished() -> dict:
                 while True:

@@ -103,8 +103,9 @@ def test_manifest_rejects_bad_ids(tmp_path: Path) -> None:
     [
         ("o/r/f-Q4_K_M.gguf", "hf_file", "o/r", "f-Q4_K_M.gguf", None, "f-Q4_K_M"),
         ("hf.co/o/r/sub/f.gguf", "hf_file", "o/r", "sub/f.gguf", None, "f"),
-        ("o/r-GGUF:q8_0", "hf_tag", "o/r-GGUF", None, "q8_0", "r-q8_0"),
-        ("o/r", "hf_tag", "o/r", None, None, "r-Q4_K_M"),
+        ("o/r-GGUF:q8_0", "hf_tag", "o/r-GGUF", None, "q8_0", "o/r-GGUF:q8_0"),
+        ("hf.co/o/r-GGUF:q8_0", "hf_tag", "o/r-GGUF", None, "q8_0", "hf.co/o/r-GGUF:q8_0"),
+        ("o/r", "hf_tag", "o/r", None, None, "o/r"),
         ("https://h.example/x/m%20one.gguf?dl=1", "url", None, "m one.gguf", None, "m-one"),
     ],
 )

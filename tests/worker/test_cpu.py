@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from corral.worker import cpu
 from corral.worker.cpu import ThreadGovernor, cpu_jiffies
 
@@ -94,3 +96,41 @@ def test_single_thread_config_disables() -> None:
 def test_reads_real_proc_counters() -> None:
     got = cpu_jiffies()
     assert got is not None and got[0] >= got[1] >= 0
+
+
+def test_wake_restores_threads_when_the_neighbour_went_quiet() -> None:
+    """The blind spot: idle next to a busy neighbour, the governor settled on 1 thread;
+    the neighbour stops, a request comes: wake() decides from what runs right now."""
+    s = Script()
+    applied: list[int] = []
+    running = [1]
+    g = ThreadGovernor(2, applied.append, n_cpus=2, read=s.read, clock=s.clock,
+                       running=lambda: running[0])
+    s.window(others=1.0, ours=0.0)  # we are idle, a neighbour decodes
+    g.tick()
+    assert g.current == 1 and applied == [1]
+    running[0] = 1  # only our own thread is runnable: the neighbour is done
+    g.wake()
+    assert g.current == 2 and applied == [1, 2]
+
+
+def test_wake_keeps_few_threads_while_the_neighbour_runs() -> None:
+    s = Script()
+    applied: list[int] = []
+    running = [2]  # ours + the neighbour's decode thread
+    g = ThreadGovernor(2, applied.append, n_cpus=2, read=s.read, clock=s.clock,
+                       running=lambda: running[0])
+    g.wake()
+    assert g.current == 1 and applied == [1]
+    # the next tick measures only the busy spell that followed the wake
+    s.window(others=0.0, ours=2.0)
+    g.tick()
+    assert g.current == 2 and applied == [1, 2]
+
+
+def test_runnable_threads_reads_proc_stat() -> None:
+    n = cpu.runnable_threads()
+    if sys.platform == "linux":
+        assert n is not None and n >= 1  # this test's own thread is running
+    else:
+        assert n is None

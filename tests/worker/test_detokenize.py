@@ -74,3 +74,12 @@ def test_no_stops_passes_through() -> None:
     m = StopMatcher(["", ""])
     assert m.push("abc") == "abc"
     assert m.flush() == ""
+
+
+def test_stop_matcher_names_the_stop_string_that_ended_the_text() -> None:
+    m = StopMatcher(["END", ", "])
+    assert m.push("one") == "one" and m.matched is None
+    assert m.push(" two, three") == " two" and m.stopped and m.matched == ", "
+    first = StopMatcher(["xyz", "y"])
+    assert first.push("axyz") == "a" and first.matched == "xyz"  # the earliest match wins
+    assert StopMatcher(["END"]).matched is None

@@ -51,6 +51,9 @@ class _NoGovernor:
     def tick(self) -> None:
         pass
 
+    def wake(self) -> None:
+        pass
+
 
 def _run(engine: _Engine, feed) -> None:  # noqa: ANN001
     inbox: queue.SimpleQueue[object] = queue.SimpleQueue()

@@ -21,13 +21,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from corral.api import management_routes, openai_routes
+from corral.api import (anthropic_routes, live_stats, management_routes, ollama_models,
+                        ollama_routes, openai_routes, page_routes, responses_routes)
 from corral.api.guard import GuardMiddleware, error_response
 from corral.api.openapi_doc import document_request_bodies
 from corral.config import CorralConfig
@@ -40,11 +40,11 @@ from corral.store.confine import PathPolicy
 __all__ = ["create_app"]
 
 log = logging.getLogger("corral.api")
-_json = msgspec.json.Encoder()
 
 
-def _error_response(exc: CorralError) -> Response:
-    return error_response(exc)
+def _error_response(exc: CorralError, path: str) -> Response:
+    """``exc`` in the error shape of the API ``path`` belongs to (OpenAI, Ollama, Anthropic)."""
+    return error_response(exc, path)
 
 
 def _install_handlers(app: FastAPI) -> None:
@@ -52,7 +52,7 @@ def _install_handlers(app: FastAPI) -> None:
     async def corral_error(request: Request, exc: CorralError) -> Response:
         if exc.status >= 500:
             log.warning("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
-        return _error_response(exc)
+        return _error_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
@@ -62,23 +62,23 @@ def _install_handlers(app: FastAPI) -> None:
         param = ".".join(loc) or None
         from corral.errors import InvalidRequest
         return _error_response(InvalidRequest(f"{param}: {err.get('msg')}" if param else str(err.get("msg")),
-                                              param=param))
+                                              param=param), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        body = {"error": {"message": f"{request.method} {request.url.path}: {exc.detail}",
-                          "type": "invalid_request_error" if exc.status_code < 500 else "server_error",
-                          "param": None, "code": code}}
-        return Response(_json.encode(body), status_code=exc.status_code, media_type="application/json",
-                        headers=getattr(exc, "headers", None))
+        err = CorralError(f"{request.method} {request.url.path}: {exc.detail}",
+                          code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code))
+        err.status = exc.status_code
+        err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        resp = _error_response(err, request.url.path)
+        resp.headers.update(getattr(exc, "headers", None) or {})
+        return resp
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        body = {"error": {"message": "internal server error (see the server log)",
-                          "type": "server_error", "param": None, "code": "internal_error"}}
-        return Response(_json.encode(body), status_code=500, media_type="application/json")
+        return _error_response(CorralError("internal server error (see the server log)", code="internal_error"),
+                               request.url.path)
 
 
 def _embedded() -> tuple[str, Path, tuple[str, ...]] | None:
@@ -142,6 +142,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         app.state.downloads = downloads
         app.state.metrics = metrics
         await plane.start()
+        app.state.stats = live_stats.StatsRecorder(plane)
+        app.state.stats.start()
         loop = asyncio.get_running_loop()
         if handle_sighup:
             def on_hup() -> None:
@@ -160,6 +162,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         finally:
             if handle_sighup:
                 loop.remove_signal_handler(signal.SIGHUP)
+            await app.state.stats.close()
             if downloads is not None:
                 with contextlib.suppress(Exception):
                     await downloads.close()
@@ -170,6 +173,12 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     _install_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(management_routes.router)
+    app.include_router(ollama_routes.router)
+    app.include_router(ollama_models.router)
+    app.include_router(anthropic_routes.router)
+    app.include_router(responses_routes.router)
+    app.include_router(page_routes.router)
+    app.include_router(live_stats.router)
     bodies: dict[tuple[str, str], Any] = {}
     try:
         from corral.api.store_routes import PullBody

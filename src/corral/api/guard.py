@@ -11,8 +11,11 @@ A pure ASGI middleware (not BaseHTTPMiddleware: it must not buffer streams). In 
    patterns, e.g. ``http://localhost:*``; like Ollama's OLLAMA_ORIGINS), else 403. CORS
    preflights (OPTIONS) are answered for those origins only, and their responses carry
    ``Access-Control-Allow-Origin``.
-3. **API key** (when ``[server] api_key`` is set): every route but ``GET /health``,
-   docs, schema, metrics and the event stream included. ``Authorization: Bearer KEY``.
+3. **API key** (when ``[server] api_key`` is set): every route but ``GET /health`` and
+   the web page's static files (``GET /``, ``GET /ui/{asset}``: they hold no data; the
+   page asks for the key itself), docs, schema, metrics and the event stream included.
+   ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's clients). Refusals use
+   the error shape of the API the path belongs to (``dialect_errors``).
    Compared in constant time (SHA-256 digests, so not even the length leaks).
 4. **Content-Type**: a request with a body must say ``application/json`` (415
    otherwise): a browser can send ``text/plain`` or form bodies cross-site without a
@@ -35,15 +38,15 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-import msgspec
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from corral.api.dialect_errors import error_response as dialect_error_response
+from corral.api.page_routes import is_public_path
 from corral.errors import AuthenticationError, CorralError, Forbidden, PayloadTooLarge, RequestError
 
 __all__ = ["GuardMiddleware", "host_allowed", "key_matches"]
 
-_json = msgspec.json.Encoder()
 _OPEN_PATHS = frozenset({"/health"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _CORS_METHODS = "GET, POST, DELETE, OPTIONS"
@@ -55,9 +58,9 @@ class UnsupportedMediaType(RequestError):
     code = "unsupported_media_type"
 
 
-def error_response(exc: CorralError) -> Response:
-    return Response(_json.encode(exc.to_body()), status_code=exc.status,
-                    media_type="application/json", headers=exc.headers())
+def error_response(exc: CorralError, path: str = "/") -> Response:
+    """``exc`` in the error shape of the API ``path`` belongs to (``dialect_errors``)."""
+    return dialect_error_response(path, exc)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -73,13 +76,18 @@ def key_matches(presented: bytes, key: str) -> bool:
                                hashlib.sha256(key.encode()).digest())
 
 
-def _presented_key(scope: Scope) -> bytes | None:
+def _presented_keys(scope: Scope) -> list[bytes]:
+    """``Authorization: Bearer KEY`` and ``x-api-key: KEY`` (what Anthropic's clients send)."""
+    keys = []
     auth = _header(scope, b"authorization")
     if auth is not None:
         scheme, _, token = auth.strip().partition(b" ")
         if scheme.lower() == b"bearer":
-            return token.strip()
-    return None
+            keys.append(token.strip())
+    x_api_key = _header(scope, b"x-api-key")
+    if x_api_key is not None:
+        keys.append(x_api_key.strip())
+    return keys
 
 
 def _host_name(host_header: str) -> str:
@@ -117,6 +125,12 @@ def _origin_allowed(origin: str, host_header: str | None, allowed: list[str]) ->
     return parts.scheme in ("http", "https") and parts.netloc.lower() == host_header.strip().lower()
 
 
+def _open_path(scope: Scope) -> bool:
+    """Served without the API key: /health and the page's static files."""
+    path = scope["path"]
+    return path in _OPEN_PATHS or (scope["method"] in ("GET", "HEAD") and is_public_path(path))
+
+
 def _is_json(content_type: bytes | None) -> bool:
     if content_type is None:
         return False
@@ -136,7 +150,7 @@ class GuardMiddleware:
         srv = self.get_server()
         refusal, cors_origin = self._check(scope, srv)
         if refusal is not None:
-            resp = error_response(refusal)
+            resp = error_response(refusal, scope["path"])
             if isinstance(refusal, AuthenticationError):
                 resp.headers["WWW-Authenticate"] = "Bearer"
             await resp(scope, receive, send)
@@ -167,11 +181,11 @@ class GuardMiddleware:
         method = scope["method"]
         preflight = method == "OPTIONS" and _header(scope, b"access-control-request-method") is not None
         key = srv.api_key
-        if key and not preflight and scope["path"] not in _OPEN_PATHS:
-            presented = _presented_key(scope)
-            if presented is None or not key_matches(presented, key):
+        if key and not preflight and not _open_path(scope):
+            if not any([key_matches(k, key) for k in _presented_keys(scope)]):  # every key compared
                 return AuthenticationError(
-                    "missing or wrong API key: send 'Authorization: Bearer KEY'"), cors_origin
+                    "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+                ), cors_origin
         if method in _BODY_METHODS and self._has_body(scope) \
                 and not _is_json(_header(scope, b"content-type")):
             return UnsupportedMediaType(
@@ -204,7 +218,8 @@ class GuardMiddleware:
                 declared = 0
             if declared > limit:
                 await error_response(PayloadTooLarge(
-                    f"request body of {declared} bytes exceeds max_body_bytes={limit}"))(scope, receive, send)
+                    f"request body of {declared} bytes exceeds max_body_bytes={limit}"),
+                    scope["path"])(scope, receive, send)
                 return
         seen = 0
         started = False
@@ -234,7 +249,7 @@ class GuardMiddleware:
                     if not started:
                         started = True
                         await error_response(PayloadTooLarge(
-                            f"request body exceeds max_body_bytes={limit}"))(scope, receive, send)
+                            f"request body exceeds max_body_bytes={limit}"), scope["path"])(scope, receive, send)
                     refused = True
                     return {"type": "http.disconnect"}
             return msg

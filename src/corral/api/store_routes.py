@@ -29,7 +29,7 @@ from corral.control.downloads import DownloadManager, PullHandle
 from corral.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
 from corral.store.local import ModelStore
 
-__all__ = ["router", "PullBody"]
+__all__ = ["router", "PullBody", "remove_from_store"]
 
 router = APIRouter()
 
@@ -114,8 +114,14 @@ async def _maybe_await(x: Any) -> Any:
     return await x if inspect.isawaitable(x) else x
 
 
-@router.delete("/models/{model_id}")
+@router.delete("/models/{model_id:path}")
 async def delete_model(model_id: str, request: Request, force: bool = False) -> dict[str, Any]:
+    return await remove_from_store(request, model_id, force=force)
+
+
+async def remove_from_store(request: Request, model_id: str, *, force: bool) -> dict[str, Any]:
+    """Delete a model's file (and manifest); ``force`` unloads it / cancels its pull first.
+    Also used by Ollama's DELETE /api/delete."""
     dm = _downloads(request)
     store = _store(request)
     pulling = dm.find_by_model(model_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from corral.cli import serve_cmd, store_cmds
+from corral.cli import model_cmds, run_cmd, serve_cmd, store_cmds
 
 app = typer.Typer(
     name="corral",
@@ -14,6 +14,8 @@ app = typer.Typer(
 )
 serve_cmd.register(app)
 store_cmds.register(app)
+model_cmds.register(app)
+run_cmd.register(app)
 
 if __name__ == "__main__":
     app()

@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import typer
@@ -30,12 +28,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from corral.cli.client import HostOpt, PortOpt, ServerOpt, api_headers, model_path, server_url
 from corral.errors import CorralError
 from corral.store.local import ModelStore, default_models_dir, validate_model_id
 
 __all__ = ["register"]
 
-DEFAULT_SERVER = "http://127.0.0.1:8080"
 TERMINAL = ("download_finished", "download_failed", "download_cancelled")
 
 out = Console()
@@ -43,21 +41,14 @@ err = Console(stderr=True)
 
 ModelsDirOpt = typer.Option(None, "--models-dir", help="models directory "
                             "(default: $CORRAL_MODELS_DIR or ~/.local/share/corral/models)")
-ServerOpt = typer.Option(None, "--server", help="corral server URL "
-                         f"(default: $CORRAL_SERVER or {DEFAULT_SERVER})")
 
 
 def _store(models_dir: Path | None) -> ModelStore:
     return ModelStore(models_dir or default_models_dir())
 
 
-def _server_url(server: str | None) -> str:
-    return (server or os.environ.get("CORRAL_SERVER") or DEFAULT_SERVER).rstrip("/")
-
-
 def _headers() -> dict[str, str]:
-    key = os.environ.get("CORRAL_API_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
+    return api_headers()
 
 
 def _server_running(url: str) -> bool:
@@ -144,7 +135,7 @@ def _pull_via_server(url: str, source: str, sha256: str | None, model_id: str | 
         except KeyboardInterrupt:
             if pull_id is None:
                 raise
-            r = client.delete(f"/models/pull/{pull_id}", timeout=30)
+            r = client.delete(model_path("/models/pull", pull_id), timeout=30)
             if r.status_code == 200:
                 st = r.json()
                 return _finish({"event": "download_cancelled", "model": st.get("model"),
@@ -166,7 +157,7 @@ def _pull_by_polling(client: httpx.Client, body: dict[str, Any]) -> int:
         with _bar() as bar:
             task = bar.add_task(r.json()["model"], total=None)
             while True:
-                st = client.get(f"/models/pull/{pull_id}").json()
+                st = client.get(model_path("/models/pull", pull_id)).json()
                 bar.update(task, total=st.get("total"), completed=st.get("done", 0))
                 if st["status"] not in ("resolving", "downloading"):
                     bar.stop()
@@ -176,7 +167,7 @@ def _pull_by_polling(client: httpx.Client, body: dict[str, Any]) -> int:
                                     "done": st.get("done"), "path": st.get("path")})
                 time.sleep(0.5)  # nothing to await: the server has no event stream
     except KeyboardInterrupt:
-        client.delete(f"/models/pull/{pull_id}")
+        client.delete(model_path("/models/pull", pull_id))
         err.print("cancelled (partial kept; pull again to resume)")
         return 130
 
@@ -238,6 +229,35 @@ async def _pull_locally(store: ModelStore, source: str, sha256: str | None,
         await dm.close()
 
 
+# ---------------------------------------------------------------------- ls
+
+
+def _served_models(url: str) -> list[dict[str, Any]] | None:
+    """The running server's GET /models entries; None when no server answers."""
+    try:
+        r = httpx.get(f"{url}/models", headers=_headers(), timeout=2.0)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        err.print(f"note: the server at {url} answered: {_error_message(r)}")
+        return None
+    return list(r.json().get("data", []))
+
+
+def _row_from_server(m: dict[str, Any]) -> dict[str, Any]:
+    """A model the server serves that is not in this models dir (the default, config files)."""
+    from corral.store.gguf import quantization_of
+
+    path = Path(m["path"]) if m.get("path") else None
+    size = None
+    if path is not None:
+        with contextlib.suppress(OSError):
+            size = path.stat().st_size
+    return {"id": m["id"], "path": str(path) if path else "-", "size": size,
+            "quantization": quantization_of(path) if path is not None else None,
+            "source": m.get("source")}
+
+
 # ---------------------------------------------------------------------- commands
 
 
@@ -249,11 +269,16 @@ def register(app: typer.Typer) -> None:
         source: str = typer.Argument(..., help="owner/repo/file.gguf, owner/repo:Q4_K_M, or a URL"),
         sha256: str | None = typer.Option(None, "--sha256", help="expected sha256 of the file"),
         model_id: str | None = typer.Option(None, "--id", help="model id (default: file name)"),
+        host: str | None = HostOpt,
+        port: int | None = PortOpt,
         server: str | None = ServerOpt,
         models_dir: Path | None = ModelsDirOpt,
     ) -> None:
-        """Download a model (resumable; Ctrl-C cancels and keeps the partial file)."""
-        url = _server_url(server)
+        """Download a model (resumable; Ctrl-C cancels and keeps the partial file).
+
+        Through the running server when there is one (its download, its events), else
+        directly into the models dir."""
+        url = server_url(host, port, server)
         if _server_running(url):
             if models_dir is not None:
                 err.print(f"note: pulling into the models dir of the server at {url}")
@@ -264,38 +289,59 @@ def register(app: typer.Typer) -> None:
 
     @app.command("ls")
     def ls(models_dir: Path | None = ModelsDirOpt,
+           host: str | None = HostOpt,
+           port: int | None = PortOpt,
+           server: str | None = ServerOpt,
            as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-        """List the models in the models dir."""
+        """List the models in the models dir (and the running server's models, marking
+        the loaded ones)."""
         store = _store(models_dir)
-        models = store.list()
+        rows: list[dict[str, Any]] = [dict(m.to_dict()) for m in store.list()]
+        served = _served_models(server_url(host, port, server))
+        if served is not None:
+            by_id = {r["id"]: r for r in rows}
+            for m in served:
+                row = by_id.get(m["id"])
+                if row is None:
+                    row = _row_from_server(m)
+                    rows.append(row)
+                    by_id[m["id"]] = row
+                row["status"] = m["status"]["value"]
+                row["loaded"] = m["status"]["value"] == "loaded"
         if as_json:
-            out.print_json(data=[m.to_dict() for m in models])
+            out.print_json(data=rows)
             return
-        if not models:
+        if not rows:
             out.print(f"no models in {store.root}")
             return
-        table = Table("ID", "SIZE", "QUANT", "SOURCE", "PATH", box=None, pad_edge=False)
-        for m in models:
-            table.add_row(m.id, _human(m.size), m.quantization or "-", m.source or "local",
-                          str(m.path))
+        table = Table("ID", "SIZE", "QUANT", "SOURCE", "STATUS", "PATH", box=None, pad_edge=False)
+        for r in rows:
+            status = r.get("status") or ("-" if served is None else "not served")
+            table.add_row(r["id"], _human(r.get("size")), r.get("quantization") or "-",
+                          r.get("source") or "local",
+                          f"[bold green]{status}[/]" if r.get("loaded") else status, str(r.get("path")))
         out.print(table)
+        if served is None:
+            err.print("(no server answered: loaded models are not marked)")
 
     @app.command("rm")
     def rm(
         model_id: str = typer.Argument(..., metavar="ID"),
         force: bool = typer.Option(False, "--force", help="unload it first if it is loaded"),
+        host: str | None = HostOpt,
+        port: int | None = PortOpt,
         server: str | None = ServerOpt,
         models_dir: Path | None = ModelsDirOpt,
     ) -> None:
         """Delete a model from disk."""
-        try:  # a store id never holds '/', '?', '#' or '%': nothing can reach another route
+        try:  # an id never holds '?', '#' or '%', and it is quoted whole ('/' too): one model route
             validate_model_id(model_id)
         except CorralError as exc:
             err.print(f"[red]error[/]: {exc.message}")
             raise typer.Exit(1) from None
-        url = _server_url(server)
+        url = server_url(host, port, server)
         if _server_running(url):
-            r = httpx.delete(f"{url}/models/{quote(model_id, safe='')}",
+            r = httpx.delete(url + model_path("/models", model_id),
                              params={"force": str(force).lower()},
                              headers=_headers(), timeout=120)
             if r.status_code != 200:

@@ -152,10 +152,15 @@ class Catalog:
         return spec
 
     def resolve_id(self, name: str) -> str:
-        """Id for an id or alias; a trailing .gguf is tolerated. ModelNotFound otherwise."""
+        """Id for an id or alias; a trailing .gguf is tolerated, and Ollama's implicit tag:
+        ``name`` finds ``name:latest`` and ``name:latest`` finds ``name``. ModelNotFound otherwise."""
         mid = self._names.get(name)
         if mid is None and name.endswith(".gguf"):
             mid = self._names.get(name[:-5])
+        if mid is None and name.endswith(":latest"):
+            mid = self._names.get(name[:-7])
+        elif mid is None and ":" not in name:
+            mid = self._names.get(name + ":latest")
         if mid is None:
             raise ModelNotFound(f"model {name!r} not found; GET /v1/models lists the models",
                                 param="model")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import tempfile
 import time
@@ -38,8 +39,9 @@ from corral.control.metrics import Metrics
 from corral.control.pool import ModelPool
 from corral.control.process import Launcher
 from corral.control.stream import RequestStream
-from corral.errors import (CapacityTimeout, LoadFailed, ModelNotFound,
+from corral.errors import (CapacityTimeout, Conflict, InvalidRequest, LoadFailed, ModelNotFound,
                            ModelNotLoaded, Unavailable)
+from corral.model_ids import id_problem
 
 __all__ = ["ControlPlane"]
 
@@ -70,6 +72,7 @@ class ControlPlane:
         self.catalog = Catalog()
         self.pools: dict[str, ModelPool] = {}
         self._extra_specs: dict[str, ModelSpec] = {}  # added at run time (Nitro loadmodel, pulls)
+        self._copies: dict[str, str] = {}  # alias -> model id, added by Ollama's /api/copy
         self._tmp_logs: tempfile.TemporaryDirectory[str] | None = None
         self.launcher = self._make_launcher(config)
         self._admit: asyncio.Lock | None = None
@@ -108,7 +111,31 @@ class ControlPlane:
         specs = specs_from_config(cfg, store_models, embedded)
         ids = {s.id for s in specs}
         specs += [s for mid, s in self._extra_specs.items() if mid not in ids]
+        if self._copies:  # aliases added at run time (Ollama's /api/copy) outlive reloads
+            taken = ids | {a for s in specs for a in s.aliases}
+            specs = [dataclasses.replace(s, aliases=s.aliases + tuple(
+                a for a, mid in self._copies.items() if mid == s.id and a not in taken)) for s in specs]
         return specs
+
+    def add_alias(self, name: str, alias: str) -> str:
+        """Make ``alias`` another name of model ``name`` (Ollama's copy); returns the id.
+        InvalidRequest for an invalid name, Conflict if it already names another model."""
+        mid = self.resolve(name)
+        problem = id_problem(alias)
+        if problem is not None:
+            raise InvalidRequest(f"invalid model name {alias!r}: {problem}", param="destination")
+        try:
+            other = self.catalog.resolve_id(alias)
+        except ModelNotFound:
+            other = None
+        if other is not None and other != mid:
+            raise Conflict(f"{alias!r} already names model {other!r}", param="destination")
+        if other is None:
+            self._copies[alias] = mid
+            pool = self.pools[mid]
+            pool.spec = dataclasses.replace(pool.spec, aliases=pool.spec.aliases + (alias,))
+            self.catalog.put(pool.spec)
+        return mid
 
     async def start(self) -> None:
         self._admit = asyncio.Lock()
@@ -234,6 +261,20 @@ class ControlPlane:
             raise ModelNotLoaded(f"model {pool.spec.id!r} is not loaded and autoload is off; "
                                  "load it with POST /models/load", param="model")
         await self._load_pool(pool)
+
+    def keep_alive(self, name: str, seconds: float | None) -> None:
+        """Ollama's ``keep_alive``, applied when a request ends: None leaves the model's
+        configured ttl_s; 0 unloads it as soon as it is idle; > 0 unloads it after that
+        many idle seconds; < 0 keeps it loaded (never evicted) until it is unloaded."""
+        try:
+            pool = self.pool(name)
+        except ModelNotFound:
+            return
+        if seconds is None or not pool.occupies or pool.spec.pinned:
+            return  # a model pinned in the config stays loaded whatever a request asks
+        pool.keep_alive_s = seconds
+        if seconds == 0:
+            self._background(self._unload_idle(pool, "keep_alive=0"), f"keep_alive {pool.spec.id}")
 
     # ================================================================ load / unload
 
@@ -458,15 +499,16 @@ class ControlPlane:
     async def _housekeep(self) -> None:
         last_stats = time.monotonic()
         while True:
-            ttls = [p.spec.ttl_s for p in self.pools.values() if p.spec.ttl_s]
+            ttls = [t for p in self.pools.values() if (t := p.ttl_s) is not None]
             tick = max(0.05, min([1.0, *(t / 4 for t in ttls)]))
             await asyncio.sleep(tick)
             now = time.time()
             for pool in list(self.pools.values()):
-                ttl = pool.spec.ttl_s
-                if (ttl and pool.has_ready and pool.idle and not pool.draining and not pool.spec.pinned
+                ttl = pool.ttl_s
+                if (ttl is not None and pool.has_ready and pool.idle and not pool.draining
                         and now - pool.last_used >= ttl):
-                    self._background(self._unload_idle(pool, f"idle for {ttl:g} s (ttl_s)"),
+                    why = "ttl_s" if pool.keep_alive_s is None else "keep_alive"
+                    self._background(self._unload_idle(pool, f"idle for {ttl:g} s ({why})"),
                                      f"ttl {pool.spec.id}")
             if time.monotonic() - last_stats >= _STATS_EVERY_S:
                 last_stats = time.monotonic()

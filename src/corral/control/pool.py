@@ -55,6 +55,9 @@ class ModelPool:
         self.draining = False
         self.footprint: int | None = None  # per-instance bytes, as last reported
         self.loads = 0
+        # Ollama's keep_alive from the latest request: None = spec.ttl_s, 0 = unload when
+        # idle, > 0 = idle seconds before unloading, < 0 = stay loaded. Reset on each load.
+        self.keep_alive_s: float | None = None
         self._changed: asyncio.Future[None] | None = None
         self._idle: asyncio.Future[None] | None = None
 
@@ -98,8 +101,22 @@ class ModelPool:
 
     @property
     def evictable(self) -> bool:
-        return (self.occupies and not self.spec.pinned and self.idle and not self.draining
+        return (self.occupies and not self.pinned and self.idle and not self.draining
                 and all(i.state in (S.READY, S.FAILED) for i in self.instances))
+
+    @property
+    def pinned(self) -> bool:
+        """Never evicted, no idle unload: configured so, or a negative keep_alive."""
+        return self.spec.pinned or (self.keep_alive_s is not None and self.keep_alive_s < 0)
+
+    @property
+    def ttl_s(self) -> float | None:
+        """Idle seconds before unloading (None: never): keep_alive, else the spec's ttl_s;
+        a model pinned in the config stays pinned whatever a request asks."""
+        ka = self.keep_alive_s
+        if self.spec.pinned or (ka is not None and ka < 0):
+            return None
+        return self.spec.ttl_s if ka is None else ka
 
     def status(self) -> str:
         states = {i.state for i in self.instances}
@@ -140,6 +157,7 @@ class ModelPool:
             old.discard()
         self.instances = [self._make_instance(self, i) for i in range(self.spec.instances)]
         self.loads += 1
+        self.keep_alive_s = None
         self.last_used = time.time()
         for inst in self.instances:
             inst.request_start(reset=True)

@@ -24,6 +24,7 @@ from typing import IO
 import msgspec
 
 from corral import wire
+from corral.model_ids import file_stem
 
 __all__ = ["Launcher", "describe_exit", "log_tail", "kill_group"]
 
@@ -40,8 +41,7 @@ class Launcher:
     restart_backoff_s: float = 1.0
 
     def log_path(self, model_id: str, index: int) -> Path:
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model_id)
-        return self.log_dir / f"{safe}.{index}.log"
+        return self.log_dir / f"{file_stem(model_id)}.{index}.log"
 
     async def spawn(self, settings: wire.WorkerSettings
                     ) -> tuple[asyncio.subprocess.Process, socket.socket, Path]:

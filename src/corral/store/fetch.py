@@ -26,7 +26,7 @@ from typing import BinaryIO
 import msgspec
 
 from corral.store import messages as m
-from corral.store.local import ModelStore, model_id_from_filename, validate_model_id
+from corral.store.local import ModelStore, validate_model_id
 from corral.store.sources import ParsedSource, SourceError, parse_source, pick_file
 
 __all__ = ["main", "partial_paths", "Fail"]
@@ -366,7 +366,7 @@ def _run(req: m.FetchRequest, chan: _Channel) -> None:
     except SourceError as exc:
         raise Fail("invalid", str(exc)) from exc
     target = _resolve_url(req, src) if src.kind == "url" else _resolve_hub(req, src)
-    model_id = req.model_id or model_id_from_filename(target.filename)
+    model_id = req.model_id or src.model_id(target.filename)
     validate_model_id(model_id)
     want_sha = (req.sha256 or target.sha256 or "").lower() or None
 

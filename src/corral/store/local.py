@@ -4,8 +4,10 @@ Layout (``models_dir``, default ``$CORRAL_MODELS_DIR`` or ``~/.local/share/corra
 
     models_dir/
       any/sub/dir/name.gguf            a loose model: id = file stem ("name")
-      <id>.gguf                        a pulled model (placed here once verified)
-      .corral/manifests/<id>.json      pulled models: source, sha256, path, size
+      <stem>.gguf                      a pulled model (placed here once verified)
+      .corral/manifests/<stem>.json    pulled models: id, source, sha256, path, size
+                                       (<stem> = corral.model_ids.file_stem(id): an id
+                                       such as owner/repo:Q4_K_M never becomes a path)
                                        (path may point into the user's HF cache)
       .corral/partial/<key>.part       downloads in progress or interrupted; never listed
       .corral/partial/<key>.json       what the partial file is (url, size, sha256, etag)
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import InvalidRequest, ModelNotFound
+from corral.model_ids import file_stem, id_from_file_stem, id_problem
 from corral.store.gguf import quantization_of
 
 __all__ = [
@@ -42,7 +45,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("corral.store")
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _META = ".corral"
 
 
@@ -55,20 +57,24 @@ def default_models_dir() -> Path:
 
 
 def validate_model_id(model_id: str, *, param: str = "id") -> str:
-    if not _ID_RE.match(model_id) or model_id.endswith(".gguf"):
-        raise InvalidRequest(
-            f"invalid model id {model_id!r}: use letters, digits, '.', '_' and '-' "
-            "(at most 128, starting with a letter or digit)",
-            param=param,
-        )
+    """The id itself, or InvalidRequest saying what is wrong (rules: corral.model_ids)."""
+    problem = id_problem(model_id)
+    if problem is None and model_id.lower().endswith(".gguf"):
+        problem = "a model id does not end with .gguf (that is the file's name)"
+    if problem is not None:
+        raise InvalidRequest(f"invalid model id {model_id!r}: {problem}", param=param)
     return model_id
 
 
 def model_id_from_filename(name: str) -> str:
-    """``Llama-3.2-1B-Instruct-Q4_K_M.gguf`` -> ``Llama-3.2-1B-Instruct-Q4_K_M``."""
+    """``Llama-3.2-1B-Instruct-Q4_K_M.gguf`` -> ``Llama-3.2-1B-Instruct-Q4_K_M``; a file
+    whose name is ``file_stem(id)`` of an id (a pulled model's file) -> that id."""
     stem = Path(name).name
     if stem.lower().endswith(".gguf"):
         stem = stem[:-5]
+    decoded = id_from_file_stem(stem)
+    if decoded is not None:
+        return decoded
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")[:128]
     return stem or "model"
 
@@ -134,11 +140,12 @@ class ModelStore:
         return self.meta_dir / "partial"
 
     def manifest_path(self, model_id: str) -> Path:
-        return self.manifests_dir / f"{model_id}.json"
+        """The manifest's file: named by ``file_stem(id)``, never by the id itself."""
+        return self.manifests_dir / f"{file_stem(model_id)}.json"
 
     def model_file_path(self, model_id: str) -> Path:
-        """Where a pulled model's file goes."""
-        return self.root / f"{model_id}.gguf"
+        """Where a pulled model's file goes (``file_stem(id)``: no '/', no traversal)."""
+        return self.root / f"{file_stem(model_id)}.gguf"
 
     def ensure_dirs(self) -> None:
         self.manifests_dir.mkdir(parents=True, exist_ok=True)
@@ -158,8 +165,11 @@ class ModelStore:
                 continue  # a manifest whose file is gone or unreadable lists nothing
             if not path.is_file() or not self._reachable(path):
                 continue
-            out[mf.stem] = LocalModel(
-                id=mf.stem,
+            mid = data.get("id") if isinstance(data.get("id"), str) else mf.stem
+            if id_problem(mid) is not None or file_stem(mid) != mf.stem:
+                continue  # not a manifest corral wrote for that id
+            out[mid] = LocalModel(
+                id=mid,
                 path=path,
                 size=size,
                 quantization=quantization_of(path),

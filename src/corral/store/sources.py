@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
+from corral.model_ids import id_problem
 from corral.store.local import model_id_from_filename
 
 __all__ = ["ParsedSource", "SourceError", "parse_source", "pick_file", "DEFAULT_TAG"]
@@ -44,12 +45,23 @@ class ParsedSource:
     filename: str | None = None  # path inside the repo, or the URL's last segment
     tag: str | None = None
     url: str | None = None
+    name: str | None = None  # owner/repo[:TAG] as the user wrote it (hf_tag)
 
     @property
     def provisional_id(self) -> str:
-        """The model id before the Hub answered (exact for files and URLs)."""
+        """The model id before the Hub answered (exact but for a file of a Hub repo
+        named by tag whose name is not a valid id)."""
         if self.filename:
             return model_id_from_filename(self.filename)
+        return self.model_id(None)
+
+    def model_id(self, filename: str | None) -> str:
+        """The id a pulled model gets: the name it was pulled by (``owner/repo:Q4_K_M``,
+        as llama.cpp's router and Ollama name pulled models); a file or URL: its stem."""
+        if self.kind == "hf_tag" and self.name is not None and id_problem(self.name) is None:
+            return self.name
+        if filename is not None:
+            return model_id_from_filename(filename)
         assert self.repo is not None
         name = re.sub(r"[-_.]gguf$", "", self.repo.split("/")[1], flags=re.IGNORECASE)
         return model_id_from_filename(f"{name}-{self.tag or DEFAULT_TAG}")
@@ -72,7 +84,7 @@ def parse_source(source: str) -> ParsedSource:
         repo, tag = s.split(":", 1)
         if not _REPO_RE.match(repo) or not _TAG_RE.match(tag):
             raise SourceError(f"cannot read {source!r} as owner/repo:TAG: {_EXAMPLES}")
-        return ParsedSource("hf_tag", repo=repo, tag=tag)
+        return ParsedSource("hf_tag", repo=repo, tag=tag, name=source.strip())
     parts_ = s.split("/")
     if len(parts_) >= 3 and s.lower().endswith(".gguf"):
         repo = "/".join(parts_[:2])
@@ -81,7 +93,7 @@ def parse_source(source: str) -> ParsedSource:
             raise SourceError(f"cannot read {source!r} as owner/repo/file.gguf: {_EXAMPLES}")
         return ParsedSource("hf_file", repo=repo, filename=filename)
     if _REPO_RE.match(s):
-        return ParsedSource("hf_tag", repo=s, tag=None)
+        return ParsedSource("hf_tag", repo=s, tag=None, name=source.strip())
     raise SourceError(f"cannot read model source {source!r}: {_EXAMPLES}")
 
 

@@ -12,6 +12,13 @@ decode threads to the cores left, between 1 and the configured number:
 
 Two busy workers on 2 cores thus settle at 1 thread each; a worker alone gets all it was
 given. Not on Linux (no /proc): the configured number, unchanged.
+
+The window is blind to what happened at its end: a worker that sat idle next to a busy
+one has settled on fewer threads, and when its neighbour goes quiet and a request comes,
+the next decision is up to ``interval_s`` away (a short request runs all of it on too few
+threads). So when work arrives at an idle engine, ``wake()`` decides again at once from the
+threads runnable right now (``procs_running`` in /proc/stat, less this process's own),
+and starts a fresh measuring window for the busy spell.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import os
 import time
 from collections.abc import Callable
 
-__all__ = ["ThreadGovernor", "cpu_jiffies"]
+__all__ = ["ThreadGovernor", "cpu_jiffies", "runnable_threads"]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -43,6 +50,18 @@ def cpu_jiffies() -> tuple[float, float] | None:
         return None
 
 
+def runnable_threads() -> int | None:
+    """Threads runnable on the whole machine at this instant (``procs_running``)."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"procs_running "):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 class ThreadGovernor:
     def __init__(
         self,
@@ -53,6 +72,7 @@ class ThreadGovernor:
         interval_s: float = 0.5,
         read: Callable[[], tuple[float, float] | None] = cpu_jiffies,
         clock: Callable[[], float] = time.monotonic,
+        running: Callable[[], int | None] = runnable_threads,
     ) -> None:
         self.configured = max(1, configured)
         self.current = self.configured
@@ -61,6 +81,7 @@ class ThreadGovernor:
         self._apply = apply
         self._read = read
         self._clock = clock
+        self._running = running
         self._last = read()
         self._t_last = clock()
         self.enabled = self.configured > 1 and self._last is not None
@@ -81,6 +102,22 @@ class ThreadGovernor:
         self._last, self._t_last = cur, now
         others = max(0.0, busy - ours) / dt
         want = max(1, min(self.configured, math.floor(self.n_cpus - others + 0.5)))
+        if want != self.current:
+            self.current = want
+            self._apply(want)
+
+    def wake(self) -> None:
+        """Work arrived at an idle engine: decide now from the threads runnable at this
+        instant (this one is one of them), and measure the coming busy spell afresh."""
+        if not self.enabled:
+            return
+        running = self._running()
+        cur = self._read()
+        if running is None or cur is None:
+            return
+        self._last, self._t_last = cur, self._clock()
+        others = max(0, running - 1)
+        want = max(1, min(self.configured, self.n_cpus - others))
         if want != self.current:
             self.current = want
             self._apply(want)

@@ -36,6 +36,7 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def push(self, text: str) -> str:
         """Feed new text; return the text that can be sent now. After a stop string is
@@ -50,6 +51,7 @@ class StopMatcher:
             i = buf.find(s)
             if i >= 0 and (cut < 0 or i < cut):
                 cut = i
+                self.matched = s
         if cut >= 0:
             self.stopped = True
             self._held = ""

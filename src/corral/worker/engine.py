@@ -530,6 +530,7 @@ class Engine:
                     grammar_ms=slot.sampler.grammar_s * 1000 if slot.sampler is not None else 0.0,
                 ),
                 slot.index,
+                stop_string=slot.out.stop.matched if slot.out is not None else None,
             )
         )
         self._release(slot)

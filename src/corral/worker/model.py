@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import llama_cpp as ll
 
 from corral import wire
+from corral.worker.devices import list_devices
 
 __all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes"]
 
@@ -264,6 +265,7 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float) ->
         rss_bytes=rss_bytes(),
         gpu_layers=s.n_gpu_layers,
         load_ms=(time.perf_counter() - t0) * 1000.0,
+        devices=list_devices(),
     )
     return LoadedModel(
         model=model,

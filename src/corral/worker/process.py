@@ -214,6 +214,8 @@ def _loop(engine, inbox: "queue.SimpleQueue[object]", out: _Writer,  # noqa: ANN
                         msg = inbox.get(timeout=min(_GATHER_GAP_S, left))
                     except queue.Empty:
                         msg = None
+        if was_idle and engine.has_work:
+            governor.wake()  # the tick's window still describes the idle spell
         try:
             msgs = engine.step()
         except Exception:  # noqa: BLE001 - the engine failed outside any one request

@@ -1,0 +1,169 @@
+"""Scenario ``dialects``: streaming c=8 through each API corral answers, in one run.
+
+One corral server, one model. The same closed-loop load (c clients, 64 tokens each with
+``ignore_eos``, llama.cpp's default sampling, distinct prompts) goes through
+/v1/chat/completions (the reference), Ollama's /api/chat, Anthropic's /v1/messages and
+the Responses API's /v1/responses. Rounds are interleaved (every route once per round,
+in turn) so drift of the machine hits all alike; the ratio is each route's tok/s over the
+OpenAI route's in the same round, and the table shows the median round. Each dialect is a
+translation onto the same request path, so the ratios should be 1.00x within noise.
+
+    .venv/bin/python bench/run.py --only dialects
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from loadgen import SAMPLING, LoadResult, RequestResult, fmt, make_prompt, summarize
+
+__all__ = ["ROUTES", "sc_dialects"]
+
+MAX_TOKENS = 64
+
+
+def _openai(model: str, prompt: str) -> tuple[str, dict[str, Any]]:
+    return "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": prompt}],
+                                    "max_tokens": MAX_TOKENS, "stream": True, "ignore_eos": True,
+                                    "stream_options": {"include_usage": True}, **SAMPLING}
+
+
+def _ollama(model: str, prompt: str) -> tuple[str, dict[str, Any]]:
+    return "/api/chat", {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
+                         "options": {"num_predict": MAX_TOKENS, "ignore_eos": True, **SAMPLING}}
+
+
+def _anthropic(model: str, prompt: str) -> tuple[str, dict[str, Any]]:
+    return "/v1/messages", {"model": model, "messages": [{"role": "user", "content": prompt}],
+                            "max_tokens": MAX_TOKENS, "stream": True, "ignore_eos": True,
+                            "temperature": 0.8, "top_p": 0.95, "top_k": 40}
+
+
+def _responses(model: str, prompt: str) -> tuple[str, dict[str, Any]]:
+    return "/v1/responses", {"model": model, "input": prompt, "max_output_tokens": MAX_TOKENS, "stream": True,
+                             "ignore_eos": True, "temperature": 0.8, "top_p": 0.95}
+
+
+def _text_and_tokens(route: str, obj: dict[str, Any]) -> tuple[bool, int | None]:
+    """(this event carries text, completion tokens if it reports them)."""
+    if route == "openai":
+        usage = obj.get("usage")
+        ch = obj.get("choices") or []
+        text = bool(ch and (ch[0].get("delta") or {}).get("content"))
+        return text, (usage or {}).get("completion_tokens") if usage else None
+    if route == "ollama":
+        if obj.get("done"):
+            return False, obj.get("eval_count")
+        return bool((obj.get("message") or {}).get("content")), None
+    if route == "anthropic":
+        if obj.get("type") == "message_delta":
+            return False, obj["usage"]["output_tokens"]
+        return obj.get("type") == "content_block_delta", None
+    if obj.get("type") == "response.completed":
+        return False, obj["response"]["usage"]["output_tokens"]
+    return obj.get("type") == "response.output_text.delta", None
+
+
+ROUTES: dict[str, Callable[[str, str], tuple[str, dict[str, Any]]]] = {
+    "openai": _openai, "ollama": _ollama, "anthropic": _anthropic, "responses": _responses}
+
+
+async def _one(client: httpx.AsyncClient, base: str, route: str, model: str, i: int) -> RequestResult:
+    path, body = ROUTES[route](model, make_prompt(i))
+    res = RequestResult(ok=False)
+    t0 = time.perf_counter()
+    try:
+        async with client.stream("POST", base + path, json=body) as resp:
+            res.status = resp.status_code
+            if resp.status_code != 200:
+                res.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                return res
+            async for line in resp.aiter_lines():
+                data = line[5:].strip() if line.startswith("data:") else line.strip()
+                if not data or data == "[DONE]" or line.startswith("event:"):
+                    continue
+                obj = json.loads(data)
+                if "error" in obj and route in ("ollama", "openai") or obj.get("type") == "error":
+                    res.error = f"stream error: {str(obj)[:200]}"
+                    return res
+                text, tokens = _text_and_tokens(route, obj)
+                if text and res.ttft_s is None:
+                    res.ttft_s = time.perf_counter() - t0
+                if tokens is not None:
+                    res.completion_tokens = int(tokens)
+        res.ok = True
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        res.latency_s = time.perf_counter() - t0
+    return res
+
+
+async def run_route(base: str, route: str, model: str, concurrency: int, n_requests: int,
+                    first_index: int) -> LoadResult:
+    """Closed loop through one route, like loadgen.run_load."""
+    counter = iter(range(first_index, first_index + n_requests))
+    results: list[RequestResult] = []
+    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=30), limits=limits) as client:
+        async def worker() -> None:
+            for i in counter:
+                results.append(await _one(client, base, route, model, i))
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return summarize(route, concurrency, results, wall)
+
+
+async def sc_dialects(ctx: Any, run: Any) -> list[Any]:
+    """``run``: the bench/run.py module (its Table, helpers and server starters)."""
+    LOAD_COLUMNS, Table, load_row, log, start = run.LOAD_COLUMNS, run.Table, run.load_row, run.log, run.start
+    corral_cmd, free_port = run.corral_cmd, run.free_port
+
+    c = 8
+    rounds, per_round = ctx.n(3, 2), ctx.n(16, 8)
+    t = Table(f"API dialects: streaming chat, c={c}, {MAX_TOKENS} tokens, ignore_eos, one corral server; "
+              "ratio = tok/s vs /v1/chat/completions in the same round (median round shown)",
+              ["route"] + LOAD_COLUMNS[1:])
+    port = free_port()
+    cfg = ctx.corral_config("dialects", {"bench": ctx.corral_model(8)})
+    srv = start("corral", corral_cmd(cfg, port), port)
+    base = f"http://127.0.0.1:{port}"
+    by_route: dict[str, list[LoadResult]] = {r: [] for r in ROUTES}
+    try:
+        for r in ROUTES:  # warm up: load the model, touch every route
+            await run_route(base, r, "bench", 2, 2, 900_000)
+        idx = 0
+        for rnd in range(rounds):
+            for r in ROUTES:
+                res = await run_route(base, r, "bench", c, per_round, idx)
+                idx += per_round
+                by_route[r].append(res)
+                log(f"dialects round {rnd + 1} {r}: {res.tok_s:.1f} tok/s, {res.errors} errors")
+    finally:
+        srv.stop()
+    ratios: dict[str, list[float]] = {r: [] for r in ROUTES}
+    for rnd in range(rounds):
+        ref = by_route["openai"][rnd].tok_s
+        for r in ROUTES:
+            ratios[r].append(by_route[r][rnd].tok_s / ref if ref else 0.0)
+    for r, label in (("openai", "/v1/chat/completions"), ("ollama", "/api/chat"),
+                     ("anthropic", "/v1/messages"), ("responses", "/v1/responses")):
+        med = statistics.median(ratios[r])
+        pick = min(range(rounds), key=lambda k: abs(ratios[r][k] - med))
+        row = load_row(label, by_route[r][pick], None)
+        row[4] = f"{med:.2f}x"
+        t.rows.append(row)
+    t.notes.append("per-round ratios: " + "; ".join(
+        f"{r} " + "/".join(f"{x:.2f}" for x in ratios[r]) for r in ROUTES if r != "openai"))
+    t.notes.append("tok/s of the median round; every route generates exactly 64 tokens per request "
+                   f"(ignore_eos), tok/req {fmt(statistics.mean(x.tokens_per_request or 0 for x in by_route['ollama']), 1)}")
+    t.data = {r: [x.as_dict() for x in v] for r, v in by_route.items()}
+    return [t]

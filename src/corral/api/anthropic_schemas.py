@@ -1,0 +1,177 @@
+"""Anthropic Messages API request bodies and their translation to corral's wire request.
+
+``system`` (a string or text blocks) becomes the system message; each message's text
+blocks are joined; ``max_tokens`` is required (as Anthropic requires it);
+``stop_sequences``, ``temperature`` (0-1), ``top_p``, ``top_k`` map onto sampling;
+``metadata`` and ``service_tier`` are ignored. ``tools`` / ``tool_choice`` (auto, any,
+tool, none) and ``tool_use`` / ``tool_result`` blocks become OpenAI tool calls and tool
+messages for the request core. Images, documents and thinking are refused with a 400
+that names the field.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from corral import wire
+from corral.errors import InvalidRequest, UnsupportedOption
+
+__all__ = ["AnthropicMessagesRequest", "AnthropicCountTokensRequest", "stop_reason"]
+
+_LENIENT = ConfigDict(extra="ignore")
+
+
+class _Block(BaseModel):
+    model_config = _LENIENT
+    type: str
+    text: str | None = None
+    id: str | None = None  # tool_use
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None  # tool_result
+    content: str | list["_Block"] | None = None
+    is_error: bool | None = None
+
+
+class _Message(BaseModel):
+    model_config = _LENIENT
+    role: Literal["user", "assistant"]
+    content: str | list[_Block]
+
+
+class _Tool(BaseModel):
+    model_config = _LENIENT
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: str | None = None
+
+
+class _ToolChoice(BaseModel):
+    model_config = _LENIENT
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+def _block_text(blocks: str | list[_Block] | None, where: str) -> str:
+    if blocks is None or isinstance(blocks, str):
+        return blocks or ""
+    out = []
+    for j, b in enumerate(blocks):
+        if b.type != "text":
+            raise UnsupportedOption(f"content blocks of type {b.type!r} are not supported here (text only)",
+                                    param=f"{where}.{j}.type")
+        out.append(b.text or "")
+    return "".join(out)
+
+
+def _openai_messages(m: _Message, i: int) -> list[dict[str, Any]]:
+    """One Anthropic message -> OpenAI chat messages: text blocks joined, tool_use blocks
+    -> the assistant's tool_calls, tool_result blocks -> tool messages (before the text)."""
+    where = f"messages.{i}.content"
+    if isinstance(m.content, str):
+        return [{"role": m.role, "content": m.content}]
+    texts, calls, results = [], [], []
+    for j, b in enumerate(m.content):
+        if b.type == "text":
+            texts.append(b.text or "")
+        elif b.type == "tool_use" and m.role == "assistant":
+            if not b.id or not b.name:
+                raise InvalidRequest(f"{where}.{j}: tool_use needs id and name", param=f"{where}.{j}")
+            calls.append({"id": b.id, "type": "function",
+                          "function": {"name": b.name, "arguments": json.dumps(b.input or {})}})
+        elif b.type == "tool_result" and m.role == "user":
+            if not b.tool_use_id:
+                raise InvalidRequest(f"{where}.{j}.tool_use_id: required", param=f"{where}.{j}.tool_use_id")
+            text = _block_text(b.content, f"{where}.{j}.content")
+            results.append({"role": "tool", "tool_call_id": b.tool_use_id,
+                            "content": f"Error: {text}" if b.is_error else text})
+        else:
+            raise UnsupportedOption(f"content blocks of type {b.type!r} are not supported in a {m.role} "
+                                    "message (text, tool_use, tool_result)", param=f"{where}.{j}.type")
+    out: list[dict[str, Any]] = list(results)
+    if texts or calls or not results:
+        msg: dict[str, Any] = {"role": m.role, "content": "".join(texts)}
+        if calls:
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return out
+
+
+class AnthropicCountTokensRequest(BaseModel):
+    model_config = _LENIENT
+    model: str = Field(min_length=1)
+    messages: list[_Message] = Field(min_length=1)
+    system: str | list[_Block] | None = None
+    tools: list[_Tool] | None = None
+    tool_choice: _ToolChoice | None = None
+    thinking: dict[str, Any] | None = None
+
+    def check(self) -> None:
+        if self.thinking and self.thinking.get("type") != "disabled":
+            raise UnsupportedOption("extended thinking is not supported", param="thinking")
+        if self.tool_choice is not None and self.tool_choice.type == "tool" and not self.tool_choice.name:
+            raise InvalidRequest("tool_choice.name: required for type tool", param="tool_choice.name")
+
+    def openai_messages(self) -> list[dict[str, Any]]:
+        out = []
+        if self.system:
+            out.append({"role": "system", "content": _block_text(self.system, "system")})
+        for i, m in enumerate(self.messages):
+            out.extend(_openai_messages(m, i))
+        return out
+
+    def openai_tools(self) -> dict[str, Any]:
+        """tools, tool_choice and parallel_tool_calls in OpenAI's shape."""
+        if not self.tools:
+            return {}
+        tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                   "parameters": t.input_schema}} for t in self.tools]
+        tc = self.tool_choice
+        choice: Any = None
+        if tc is not None:
+            choice = {"auto": "auto", "any": "required", "none": "none"}.get(tc.type) or {
+                "type": "function", "function": {"name": tc.name}}
+        parallel = None if tc is None or tc.disable_parallel_tool_use is None else not tc.disable_parallel_tool_use
+        return {"tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel}
+
+
+class AnthropicMessagesRequest(AnthropicCountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    ignore_eos: bool = False  # corral's extension (as on its OpenAI routes): generate every token
+
+    def check(self) -> None:
+        super().check()
+        if any(not s for s in self.stop_sequences or []):
+            raise InvalidRequest("stop_sequences: stop sequences must not be empty", param="stop_sequences")
+
+    def sampling(self) -> wire.SamplingParams:
+        kw: dict[str, Any] = {}
+        for name in ("temperature", "top_p", "top_k"):
+            v = getattr(self, name)
+            if v is not None:
+                kw[name] = v
+        return wire.SamplingParams(max_tokens=self.max_tokens, stop=list(self.stop_sequences or []),
+                                   ignore_eos=self.ignore_eos, **kw)
+
+
+def stop_reason(finish_reason: str, stop_string: str | None,
+                stop_sequences: list[str] | None) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) as Anthropic reports them."""
+    if finish_reason == "tool_calls":
+        return "tool_use", None
+    if finish_reason == "length":
+        return "max_tokens", None
+    if stop_string is not None and stop_string in (stop_sequences or []):
+        return "stop_sequence", stop_string
+    return "end_turn", None

@@ -1,0 +1,259 @@
+"""Ollama request bodies and their translation to corral's wire request.
+
+``options`` map onto ``wire.SamplingParams`` (num_predict, temperature, top_k, top_p,
+min_p, seed, stop, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty);
+``num_ctx`` may be at most the slot's context (a slot's context cannot grow per request;
+a smaller value is accepted and does not shrink it). Options corral has no use for
+(num_gpu, num_thread, mirostat, ...) are ignored, as Ollama ignores options a runner
+does not support. ``keep_alive`` is a Go duration ("5m", "1h30m", "0") or seconds. ``format`` ("json" or a
+JSON schema) and ``tools`` go through corral's structured output and tool calling.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from corral import wire
+from corral.errors import InvalidRequest, UnsupportedOption
+
+__all__ = ["OllamaOptions", "OllamaChatRequest", "OllamaGenerateRequest", "OllamaEmbedRequest",
+           "OllamaEmbeddingsRequest", "OllamaModelRequest", "OllamaPullRequest", "OllamaCopyRequest",
+           "parse_keep_alive", "sampling_from_options"]
+
+_LENIENT = ConfigDict(extra="ignore")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def parse_keep_alive(value: float | str | None) -> float | None:
+    """Seconds (negative: forever) from a number of seconds or a Go duration string."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip()
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    try:
+        return sign * float(body)  # "0", "300": seconds
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    for m in _DURATION_RE.finditer(body):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if pos != len(body) or not body:
+        raise InvalidRequest(f"keep_alive: {value!r} is not a duration; write e.g. \"5m\", \"1h\", "
+                             "\"0\" or a number of seconds (negative: keep loaded)", param="keep_alive")
+    return sign * total
+
+
+class OllamaOptions(BaseModel):
+    model_config = _LENIENT
+    num_ctx: int | None = Field(None, ge=1)
+    num_predict: int | None = Field(None, ge=-2)
+    temperature: float | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, ge=0, le=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    repeat_penalty: float | None = Field(None, ge=0)
+    repeat_last_n: int | None = Field(None, ge=-1)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    ignore_eos: bool = False  # corral's extension (as on its OpenAI routes): generate every token
+
+
+def sampling_from_options(opts: OllamaOptions | None, slot_ctx: int) -> wire.SamplingParams:
+    """``options`` -> sampling parameters; ``slot_ctx``: the context one slot holds."""
+    if opts is None:
+        return wire.SamplingParams()
+    if opts.num_ctx is not None and opts.num_ctx > slot_ctx:
+        raise InvalidRequest(f"options.num_ctx: {opts.num_ctx} is more than this model's slot context "
+                             f"({slot_ctx} tokens: ctx_len / n_parallel in its config)",
+                             param="options.num_ctx")
+    kw: dict[str, Any] = {}
+    for name in ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
+                 "presence_penalty", "frequency_penalty"):
+        v = getattr(opts, name)
+        if v is not None:
+            kw[name] = v
+    if opts.repeat_last_n is not None:
+        kw["repeat_last_n"] = slot_ctx if opts.repeat_last_n == -1 else opts.repeat_last_n
+    if opts.num_predict is not None and opts.num_predict >= 0:
+        kw["max_tokens"] = opts.num_predict  # -1 (forever) and -2 (fill the context): no limit
+    stops = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
+    if any(not s for s in stops):
+        raise InvalidRequest("options.stop: stop strings must not be empty", param="options.stop")
+    return wire.SamplingParams(stop=stops, ignore_eos=opts.ignore_eos, **kw)
+
+
+class _Generating(BaseModel):
+    model_config = _LENIENT
+    model: str = Field(min_length=1)
+    stream: bool = True
+    options: OllamaOptions | None = None
+    format: Literal["", "json"] | dict[str, Any] | None = None
+    keep_alive: float | str | None = None
+    think: bool | str | None = None
+
+    def check_common(self) -> None:
+        if self.think:
+            raise UnsupportedOption("think is not supported (no thinking models)", param="think")
+
+    def response_format(self) -> dict[str, Any] | None:
+        """``format``: "json" (any JSON object) or a JSON schema the output must match."""
+        if not self.format:
+            return None
+        if self.format == "json":
+            return {"type": "json_object"}
+        return {"type": "json_schema", "json_schema": {"name": "format", "schema": self.format}}
+
+    def keep_alive_s(self) -> float | None:
+        return parse_keep_alive(self.keep_alive)
+
+
+class OllamaToolCallFunction(BaseModel):
+    model_config = _LENIENT
+    name: str
+    arguments: dict[str, Any] | str = {}
+
+
+class OllamaToolCall(BaseModel):
+    model_config = _LENIENT
+    function: OllamaToolCallFunction
+
+
+class OllamaMessage(BaseModel):
+    model_config = _LENIENT
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = ""
+    images: list[Any] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
+    tool_name: str | None = None
+
+
+class OllamaChatRequest(_Generating):
+    messages: list[OllamaMessage] = []
+    tools: list[dict[str, Any]] | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        for i, m in enumerate(self.messages):
+            if m.images:
+                raise UnsupportedOption("images are not supported (text models only)",
+                                        param=f"messages.{i}.images")
+
+    def openai_messages(self) -> list[dict[str, Any]]:
+        """The messages in OpenAI's chat shape: tool calls get ids, a tool result answers
+        the latest call of its tool_name."""
+        out: list[dict[str, Any]] = []
+        ids: dict[str, str] = {}
+        for i, m in enumerate(self.messages):
+            msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+            if m.tool_calls:
+                calls = []
+                for j, c in enumerate(m.tool_calls):
+                    cid = f"call_{i}_{j}"
+                    ids[c.function.name] = cid
+                    args = c.function.arguments
+                    calls.append({"id": cid, "type": "function", "function": {
+                        "name": c.function.name, "arguments": args if isinstance(args, str) else json.dumps(args)}})
+                msg["tool_calls"] = calls
+            if m.role == "tool" and m.tool_name:
+                msg["name"] = m.tool_name
+                msg["tool_call_id"] = ids.get(m.tool_name)
+            out.append(msg)
+        return out
+
+
+class OllamaGenerateRequest(_Generating):
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    raw: bool = False
+    images: list[Any] | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        if self.images:
+            raise UnsupportedOption("images are not supported (text models only)", param="images")
+        if self.suffix:
+            raise UnsupportedOption("suffix (fill-in-the-middle) is not supported", param="suffix")
+        if self.template:
+            raise UnsupportedOption("template is not supported: corral renders prompts with the model's "
+                                    "chat template or its configured chat_template", param="template")
+        if self.context:
+            raise UnsupportedOption("context (the deprecated token memory) is not supported; use /api/chat",
+                                    param="context")
+        if self.raw and self.system:
+            raise InvalidRequest("system has no effect with raw=true (the prompt is sent as it is)",
+                                 param="system")
+
+    def openai_input(self) -> tuple[str | None, list[dict[str, Any]]]:
+        """(raw prompt, messages): raw sends the prompt as it is; otherwise, as Ollama does,
+        the prompt is a user turn (after ``system``) rendered by the model's template."""
+        if self.raw:
+            return self.prompt, []
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        return None, [*msgs, {"role": "user", "content": self.prompt}]
+
+
+class OllamaEmbedRequest(BaseModel):
+    model_config = _LENIENT
+    model: str = Field(min_length=1)
+    input: str | list[str]
+    truncate: bool = True
+    options: OllamaOptions | None = None
+    keep_alive: float | str | None = None
+    dimensions: int | None = None
+
+    def inputs(self) -> list[str]:
+        if self.dimensions is not None:
+            raise UnsupportedOption("dimensions is not supported", param="dimensions")
+        items = [self.input] if isinstance(self.input, str) else list(self.input)
+        if not items:
+            raise InvalidRequest("input: must not be empty", param="input")
+        return items
+
+
+class OllamaEmbeddingsRequest(BaseModel):
+    model_config = _LENIENT
+    model: str = Field(min_length=1)
+    prompt: str
+    options: OllamaOptions | None = None
+    keep_alive: float | str | None = None
+
+
+class OllamaModelRequest(BaseModel):
+    """/api/show and /api/delete: ``model`` (``name`` in older clients)."""
+    model_config = _LENIENT
+    model: str | None = Field(None, min_length=1)
+    name: str | None = Field(None, min_length=1)
+    verbose: bool = False
+
+    def model_name(self) -> str:
+        name = self.model or self.name
+        if not name:
+            raise InvalidRequest("model: required field is missing", param="model")
+        return name
+
+
+class OllamaPullRequest(OllamaModelRequest):
+    stream: bool = True
+    insecure: bool = False
+
+
+class OllamaCopyRequest(BaseModel):
+    model_config = _LENIENT
+    source: str = Field(min_length=1)
+    destination: str = Field(min_length=1)

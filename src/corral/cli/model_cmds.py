@@ -1,0 +1,151 @@
+"""`corral ps`, `corral load`, `corral unload`, `corral show`: a running server's models.
+
+Routes used: GET /models, POST /models/load, POST /models/unload, GET /models/show?model=ID.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from corral.cli.client import Api, ApiError, HostOpt, PortOpt, ServerOpt, fail, server_url
+
+__all__ = ["register", "until_unload", "human_bytes"]
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def human_bytes(n: int | None) -> str:
+    if not n:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def until_unload(m: dict[str, Any], now: float | None = None) -> str:
+    """When the TTL will unload this model: 'busy', 'pinned', 'never', or '4 min 10 s'."""
+    settings = m.get("settings") or {}
+    if settings.get("pinned"):
+        return "pinned"
+    ttl = settings.get("ttl_s")
+    if not ttl:
+        return "never (no ttl)"
+    if any((i.get("slots") or {}).get("busy") for i in m.get("instances", [])) or m.get("queued"):
+        return "busy"
+    last = m.get("last_used") or 0
+    left = max(0.0, last + ttl - (now if now is not None else time.time()))
+    s = int(round(left))
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+def ps(host: str | None = HostOpt, port: int | None = PortOpt, server: str | None = ServerOpt,
+       as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """The models the server has loaded (or is loading): instances, slots, memory, TTL."""
+    with Api(server_url(host, port, server)) as api:
+        models = [m for m in api.models() if m.get("instances")]
+    if as_json:
+        _print_json(models)
+        return
+    if not models:
+        out.print("no model is loaded")
+        return
+    table = Table("MODEL", "INSTANCE", "PID", "STATE", "SLOTS", "MEMORY", "THREADS", "UNTIL",
+                  box=None, pad_edge=False)
+    now = time.time()
+    for m in models:
+        until = until_unload(m, now)
+        for n, inst in enumerate(m["instances"]):
+            mem = inst.get("memory") or {}
+            slots = inst.get("slots") or {}
+            table.add_row(Text(m["id"]) if n == 0 else "", f"#{inst['index']}", str(inst.get("pid") or "-"),
+                          inst["state"], f"{slots.get('busy', 0)}/{slots.get('total', 0)}",
+                          human_bytes((mem.get("model_bytes") or 0) + (mem.get("kv_bytes") or 0)),
+                          str(inst.get("threads") or "-"), until if n == 0 else "")
+    out.print(table)
+
+
+def load(model: str = typer.Argument(..., help="model id or alias"),
+         host: str | None = HostOpt, port: int | None = PortOpt, server: str | None = ServerOpt) -> None:
+    """Load a model (returns once it is ready)."""
+    with Api(server_url(host, port, server), timeout=None) as api:
+        try:
+            with err.status(f"loading {model}…"):
+                api.post("/models/load", {"model": model})
+        except ApiError as exc:
+            fail(str(exc))
+    out.print(Text(f"loaded {model}"))
+
+
+def unload(model: str = typer.Argument(..., help="model id or alias"),
+           host: str | None = HostOpt, port: int | None = PortOpt, server: str | None = ServerOpt) -> None:
+    """Unload a model (stops its workers; a download of it is cancelled)."""
+    with Api(server_url(host, port, server), timeout=120) as api:
+        try:
+            api.post("/models/unload", {"model": model})
+        except ApiError as exc:
+            fail(str(exc))
+    out.print(Text(f"unloaded {model}"))
+
+
+def show(model: str = typer.Argument(..., help="model id or alias"),
+         host: str | None = HostOpt, port: int | None = PortOpt, server: str | None = ServerOpt,
+         as_json: bool = typer.Option(False, "--json", help="print JSON"),
+         template: bool = typer.Option(False, "--template", help="print the whole chat template")) -> None:
+    """A model's GGUF metadata: architecture, parameters, quantization, context, chat template."""
+    with Api(server_url(host, port, server)) as api:
+        try:
+            info = api.get("/models/show", params={"model": model})
+        except ApiError as exc:
+            fail(str(exc))
+    if as_json:
+        _print_json(info)
+        return
+    params = info.get("parameters_human") or info.get("size_label") or "-"
+    rows = [("id", info["id"]), ("aliases", ", ".join(info.get("aliases") or []) or "-"),
+            ("architecture", info.get("architecture") or "-"), ("name", info.get("name") or "-"),
+            ("parameters", f"{params} ({info['parameters']:,})" if info.get("parameters") else params),
+            ("quantization", info.get("quantization") or "-"),
+            ("context length", str(info.get("context_length") or "-")),
+            ("embedding length", str(info.get("embedding_length") or "-")),
+            ("layers", str(info.get("block_count") or "-")),
+            ("file", f"{info.get('path')} ({human_bytes(info.get('file_bytes'))})"),
+            ("source", info.get("source") or "-"), ("status", info.get("status") or "-")]
+    table = Table(box=None, show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for k, v in rows:
+        table.add_row(k, Text(str(v)))
+    tpl = info.get("chat_template")
+    if not tpl:
+        table.add_row("chat template", "none (corral uses its plain User:/Assistant: prompt)")
+    out.print(table)
+    if tpl:
+        lines = tpl.splitlines()
+        shown = lines if template or len(lines) <= 12 else lines[:12]
+        out.print(Text("chat template:", style="bold"))
+        out.print(Text("\n".join("  " + line for line in shown)))
+        if len(shown) < len(lines):
+            out.print(Text(f"  … {len(lines) - len(shown)} more lines (--template shows all)", style="dim"))
+
+
+def register(app: typer.Typer) -> None:
+    """Adds this module's commands to the `corral` app."""
+    app.command("ps")(ps)
+    app.command("load")(load)
+    app.command("unload")(unload)
+    app.command("show")(show)

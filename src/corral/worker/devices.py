@@ -1,0 +1,103 @@
+"""The compute devices this worker sees, from llama.cpp's device API (``ggml_backend_dev_*``).
+
+llama-cpp-python ships the ggml libraries next to ``libllama``; their device registry
+lists every backend device (CPU, CUDA0, Vulkan0, ...) with its free and total memory.
+The worker reports them in ``Ready`` so the router can place instances and keep a
+per-device memory budget. ``CUDA_VISIBLE_DEVICES`` (and the HIP/Vulkan equivalents),
+set by the router before the worker starts, decide which GPUs a worker sees.
+
+Test hook: ``CORRAL_FAKE_DEVICES`` (a JSON list of ``{"name", "backend", "kind",
+"free_bytes", "total_bytes"}``) replaces the inventory, so placement, fit plans and
+per-device budgets are testable on a machine without a GPU. It changes only what is
+reported and planned; the engine still runs where llama.cpp can.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from pathlib import Path
+
+from corral import wire
+
+__all__ = ["list_devices", "FAKE_DEVICES_ENV", "gpu_devices"]
+
+FAKE_DEVICES_ENV = "CORRAL_FAKE_DEVICES"
+
+# enum ggml_backend_dev_type
+_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
+
+
+def _fake() -> list[wire.DeviceInfo] | None:
+    raw = os.environ.get(FAKE_DEVICES_ENV)
+    if not raw:
+        return None
+    return [wire.DeviceInfo(index=i, name=str(d["name"]), backend=str(d.get("backend", d["name"])),
+                            kind=str(d.get("kind", "gpu")), free_bytes=int(d["free_bytes"]),
+                            total_bytes=int(d["total_bytes"]))
+            for i, d in enumerate(json.loads(raw))]
+
+
+def _lib(name: str) -> ctypes.CDLL | None:
+    import llama_cpp
+
+    libdir = Path(llama_cpp.__file__).parent / "lib"
+    for cand in (libdir / f"lib{name}.so", libdir / f"lib{name}.dylib", libdir / f"{name}.dll"):
+        if cand.exists():
+            try:
+                return ctypes.CDLL(str(cand))
+            except OSError:
+                return None
+    return None
+
+
+def _backend_of(name: str) -> str:
+    """CUDA0 -> CUDA, Vulkan1 -> Vulkan, CPU -> CPU."""
+    return name.rstrip("0123456789") or name
+
+
+def list_devices() -> list[wire.DeviceInfo]:
+    """Every device llama.cpp registered (call after ``llama_backend_init``)."""
+    fake = _fake()
+    if fake is not None:
+        return fake
+    ggml = _lib("ggml")
+    if ggml is None:
+        return []
+    try:
+        count = ggml.ggml_backend_dev_count
+        get = ggml.ggml_backend_dev_get
+        dev_name = ggml.ggml_backend_dev_name
+        memory = ggml.ggml_backend_dev_memory
+        dev_type = ggml.ggml_backend_dev_type
+    except AttributeError:
+        return []
+    count.restype = ctypes.c_size_t
+    count.argtypes = []
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.c_size_t]
+    dev_name.restype = ctypes.c_char_p
+    dev_name.argtypes = [ctypes.c_void_p]
+    memory.restype = None
+    memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    dev_type.restype = ctypes.c_int
+    dev_type.argtypes = [ctypes.c_void_p]
+    out: list[wire.DeviceInfo] = []
+    for i in range(int(count())):
+        dev = get(i)
+        if not dev:
+            continue
+        raw_name = dev_name(dev)
+        name = raw_name.decode("utf-8", "replace") if raw_name else f"device{i}"
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append(wire.DeviceInfo(index=i, name=name, backend=_backend_of(name),
+                                   kind=_KINDS.get(int(dev_type(dev)), "unknown"),
+                                   free_bytes=int(free.value), total_bytes=int(total.value)))
+    return out
+
+
+def gpu_devices(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
+    """The devices with memory of their own (dedicated GPUs)."""
+    return [d for d in devices if d.kind == "gpu"]
