@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from corral.api import guard
+from corral.api.page_routes import is_public_path
 from router.harness import Harness, chat
 
 JSON = {"content-type": "application/json"}
@@ -56,9 +57,11 @@ async def test_every_route_but_health_needs_the_key(harness: Harness) -> None:
         r = await c.request(method, url, content=b"{}", headers=JSON)
         if path == "/health":
             assert r.status_code == 200
+        elif method == "GET" and is_public_path(url):  # the web page's static files: no data in them
+            assert r.status_code in (200, 404) and harness.script("a").name not in r.text
         else:
             assert r.status_code == 401, (method, path, r.status_code)
-            assert r.json()["error"]["code"] == "invalid_api_key"
+            assert "API key" in r.text  # in the shape of that route's API
             assert r.headers["www-authenticate"] == "Bearer"
     # wrong keys of every length, and schemes that are not Bearer
     for auth in ("Bearer s3cre", "Bearer s3cretX", "Bearer", "Basic s3cret", "s3cret", "Bearer S3CRET"):
@@ -66,6 +69,8 @@ async def test_every_route_but_health_needs_the_key(harness: Harness) -> None:
         assert r.status_code == 401, auth
     assert (await c.get("/v1/models", headers={"Authorization": "Bearer s3cret"})).status_code == 200
     assert (await c.get("/v1/models", headers={"Authorization": "bearer s3cret"})).status_code == 200
+    assert (await c.get("/v1/models", headers={"x-api-key": "s3cret"})).status_code == 200
+    assert (await c.get("/v1/models", headers={"x-api-key": "s3cre"})).status_code == 401
     async with c.stream("GET", "/models/events", headers={"Authorization": "Bearer s3cret"}) as r:
         assert r.status_code == 200
 
@@ -285,10 +290,24 @@ def test_rm_cannot_reach_other_routes_or_ids(tmp_path: Path) -> None:
     for name in ("x", "keep", "pull"):
         (models / f"{name}.gguf").write_bytes(b"GGUF")
     env = {"CORRAL_SERVER": "http://127.0.0.1:9", "CORRAL_MODELS_DIR": str(models)}
-    for mid in ("x#y", "keep?force=true", "pull/pull-123", "x/../keep", "%78"):
+    for mid in ("x#y", "keep?force=true", "x/../keep", "%78"):
         res = CliRunner().invoke(app, ["rm", mid], env=env)
         assert res.exit_code == 1 and "invalid model id" in res.output, (mid, res.output)
     assert sorted(p.name for p in models.iterdir()) == ["keep.gguf", "pull.gguf", "x.gguf"]
+
+
+async def test_a_model_id_never_reaches_the_pull_routes(harness: Harness, tmp_path: Path) -> None:
+    """`corral rm pull/x` quotes the id whole (pull%2Fx); the server must then treat it as a
+    model id, not as DELETE /models/pull/{pull_id} (Starlette matches the decoded path)."""
+    from corral.cli.client import model_path
+
+    await harness.start(harness.config({}, models_dir=str(tmp_path / "models")), use_store=True)
+    url = model_path("/models", "pull/pull-123")
+    assert url == "/models/pull%2Fpull-123"
+    r = await harness.client.delete(url)
+    assert r.status_code == 404 and "not in the store" in r.text and "no pull" not in r.text
+    r = await harness.client.delete("/models/pull/pull-123")  # the real route still works
+    assert r.status_code == 404 and "no pull with id" in r.text
 
 
 async def test_partial_downloads_are_owner_only(hub, store, bus) -> None:  # noqa: ANN001
