@@ -93,8 +93,8 @@ def test_generated_corral_config_is_valid(tmp_path: Path) -> None:
     cfg = load_config(path)
     assert cfg.server.max_queue == 2000 and cfg.server.include_default_model is False
     a, b = cfg.model_settings("gemma-a"), cfg.model_settings("gemma-b")
-    assert (a["n_parallel"], a["ctx_len"], a["threads"]) == (8, 8 * run.SLOT_CTX, 2)
-    assert b["threads"] is None  # left to corral
+    assert (a.n_parallel, a.ctx_len, a.threads) == (8, 8 * run.SLOT_CTX, 2)
+    assert b.threads is None  # left to corral
 
 
 def test_llama_preset(tmp_path: Path) -> None:

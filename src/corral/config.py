@@ -18,19 +18,18 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError,
                       ValidationInfo, field_validator)
 
 from corral.errors import ConfigError
 from corral.model_ids import id_problem
+from corral.settings import ModelSettings, SettingsError, setting_names
 
 __all__ = [
     "parse_bytes",
     "ServerConfig",
-    "ModelDefaults",
     "ModelConfig",
     "CorralConfig",
-    "MODEL_SETTING_KEYS",
     "load_config",
     "config_from_dict",
     "default_config",
@@ -123,84 +122,41 @@ class ServerConfig(_NoBoolNumbers):
     worker_command: list[str] | None = None  # advanced/tests: argv prefix instead of python -m corral.worker
 
 
-class _ModelSettings(BaseModel):
-    """Settings a model table and [defaults] share. None: inherit."""
+class ModelConfig(BaseModel):
+    """A ``[models.ID]`` table: the file, its aliases, and model settings
+    (``corral.settings.ModelSettings`` keys, validated there; ``settings`` holds the
+    ones this table sets)."""
 
     model_config = _STRICT
 
-    ctx_len: int | None = Field(None, ge=16)
-    n_parallel: int | None = Field(None, ge=1, le=256)
-    instances: int | None = Field(None, ge=1, le=64)
-    n_batch: int | None = Field(None, ge=1)
-    n_gpu_layers: int | None = Field(None, ge=-1)
-    threads: int | None = Field(None, ge=1)
-    embedding: bool | None = None
-    pre_prompt: str | None = None
-    user_prompt: str | None = None
-    ai_prompt: str | None = None
-    system_prompt: str | None = None
-    chat_template: str | None = None
-    ttl_s: float | None = Field(None, gt=0)
-    pinned: bool | None = None
-    load_on_startup: bool | None = None
-
-
-class ModelDefaults(_ModelSettings):
-    pass
-
-
-class ModelConfig(_ModelSettings):
     path: Path
     aliases: list[str] = []
+    _settings: dict[str, Any] = PrivateAttr(default_factory=dict)
 
-
-MODEL_SETTING_KEYS = tuple(_ModelSettings.model_fields)
-
-BUILTIN_MODEL_DEFAULTS: dict[str, Any] = {
-    "ctx_len": 4096,
-    "n_parallel": 4,
-    "instances": 1,
-    "n_batch": 512,
-    "n_gpu_layers": 0,
-    "threads": None,  # None: cores divided among the workers that may run together
-    "embedding": False,
-    "pre_prompt": None,
-    "user_prompt": None,
-    "ai_prompt": None,
-    "system_prompt": None,
-    "chat_template": None,
-    "ttl_s": None,
-    "pinned": False,
-    "load_on_startup": False,
-}
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self._settings
 
 
 class CorralConfig(BaseModel):
     model_config = _STRICT
 
     server: ServerConfig = ServerConfig()
-    defaults: ModelDefaults = ModelDefaults()
     models: dict[str, ModelConfig] = {}
-    # not in the file: where it came from and the command-line overrides of model settings
+    # not validated by pydantic: the [defaults] table (ModelSettings keys it sets), where
+    # the file came from and the command-line overrides of model settings
+    defaults: dict[str, Any] = Field(default_factory=dict, exclude=True)
     source: Path | None = Field(None, exclude=True)
     cli_model_overrides: dict[str, Any] = Field(default_factory=dict, exclude=True)
 
-    def model_settings(self, model_id: str) -> dict[str, Any]:
+    def model_settings(self, model_id: str) -> ModelSettings:
         """Effective settings of a configured model: CLI > model table > defaults > builtin."""
-        out = dict(BUILTIN_MODEL_DEFAULTS)
-        for layer in (self.defaults.model_dump(exclude_none=True),
-                      self.models[model_id].model_dump(exclude_none=True,
-                                                       exclude={"path", "aliases"}),
-                      self.cli_model_overrides):
-            out.update({k: v for k, v in layer.items() if v is not None})
-        return out
+        return ModelSettings.layered([self.defaults, self.models[model_id].settings,
+                                      self.cli_model_overrides])
 
-    def inherited_settings(self) -> dict[str, Any]:
+    def inherited_settings(self) -> ModelSettings:
         """Settings for a model not in the file (models_dir, pulled, Nitro loadmodel)."""
-        out = dict(BUILTIN_MODEL_DEFAULTS)
-        out.update(self.defaults.model_dump(exclude_none=True))
-        out.update({k: v for k, v in self.cli_model_overrides.items() if v is not None})
-        return out
+        return ModelSettings.layered([self.defaults, self.cli_model_overrides])
 
 
 # --------------------------------------------------------------------------- loading
@@ -219,16 +175,56 @@ def _where(loc: tuple[Any, ...]) -> str:
     return f"[{'.'.join(table)}] key '{parts[-1]}'"
 
 
-def _config_error(name: str, exc: ValidationError) -> ConfigError:
+def _pydantic_errors(name: str, exc: ValidationError) -> list[str]:
     lines = []
     for err in exc.errors():
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see examples/corral.toml)"
+            msg = _UNKNOWN
         elif err["type"] == "missing":
             msg = "required key is missing"
         lines.append(f"{name}: {_where(tuple(err['loc']))}: {msg}")
-    return ConfigError("; ".join(lines))
+    return lines
+
+
+_UNKNOWN = "unknown key (check the spelling; see examples/corral.toml)"
+
+
+def _settings_errors(name: str, table: tuple[str, ...], exc: SettingsError) -> list[str]:
+    return [f"{name}: {_where((*table, key))}: {_UNKNOWN if msg.startswith('unknown key') else msg}"
+            for key, msg in exc.errors]
+
+
+def _split_settings(data: dict[str, Any], name: str, errors: list[str]
+                    ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Take the model settings out of [defaults] and each [models.ID] table (they are
+    validated by ``ModelSettings``); what is left goes to pydantic."""
+    defaults: dict[str, Any] = {}
+    table = data.pop("defaults", {})
+    if not isinstance(table, dict):
+        errors.append(f"{name}: key 'defaults' at top level: must be a table")
+    else:
+        try:
+            defaults = ModelSettings.check_partial(table)
+        except SettingsError as exc:
+            errors += _settings_errors(name, ("defaults",), exc)
+    per_model: dict[str, dict[str, Any]] = {}
+    models = data.get("models")
+    if isinstance(models, dict):
+        names = set(setting_names())
+        rest_models: dict[str, Any] = {}
+        for mid, tbl in models.items():
+            if not isinstance(tbl, dict):
+                rest_models[mid] = tbl
+                continue
+            given = {k: v for k, v in tbl.items() if k in names}
+            rest_models[mid] = {k: v for k, v in tbl.items() if k not in names}
+            try:
+                per_model[mid] = ModelSettings.check_partial(given)
+            except SettingsError as exc:
+                errors += _settings_errors(name, ("models", str(mid)), exc)
+        data["models"] = rest_models
+    return defaults, per_model
 
 
 def _check_names(cfg: CorralConfig, name: str) -> None:
@@ -251,10 +247,19 @@ def _check_names(cfg: CorralConfig, name: str) -> None:
 def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
                      base_dir: Path | None = None) -> CorralConfig:
     """Validate a parsed TOML document. Relative paths resolve against ``base_dir``."""
+    data = dict(data)
+    errors: list[str] = []
+    defaults, per_model = _split_settings(data, name, errors)
+    cfg: CorralConfig | None = None
     try:
         cfg = CorralConfig.model_validate(data)
     except ValidationError as exc:
-        raise _config_error(name, exc) from None
+        errors = _pydantic_errors(name, exc) + errors
+    if errors or cfg is None:
+        raise ConfigError("; ".join(errors))
+    cfg.defaults = defaults
+    for mid, m in cfg.models.items():
+        m.settings.update(per_model.get(mid, {}))
     _check_names(cfg, name)
     base = base_dir or Path.cwd()
     for m in cfg.models.values():
@@ -330,11 +335,10 @@ def load_config(path: Path | None, *, server_overrides: dict[str, Any] | None = 
     cfg = config_from_dict(data, name=name, base_dir=base)
     if model_overrides:
         try:
-            checked = ModelDefaults.model_validate(
+            cfg.cli_model_overrides = ModelSettings.check_partial(
                 {k: v for k, v in model_overrides.items() if v is not None})
-        except ValidationError as exc:
-            raise _config_error("<command line>", exc) from None
-        cfg.cli_model_overrides = checked.model_dump(exclude_none=True)
+        except SettingsError as exc:
+            raise ConfigError("; ".join(_settings_errors("<command line>", (), exc))) from None
     cfg.source = path.resolve() if path is not None else None
     return cfg
 

@@ -1,27 +1,42 @@
 """corral's exception hierarchy, mapped once to OpenAI-style error bodies.
 
     CorralError                      500 server_error        (never raised bare)
+    ├── InternalError                500 code=internal_error  anything unexpected
     ├── ConfigError                  -                       config file/table/key is wrong
     ├── RequestError                 4xx                     the caller can fix it
     │   ├── InvalidRequest           400 invalid_request_error (param names the field)
     │   │   ├── UnsupportedOption    400 code=unsupported_option
     │   │   ├── ContextLengthExceeded 400 code=context_length_exceeded
-    │   │   └── ModelNotLoaded       400 code=model_not_loaded  (autoload off)
+    │   │   ├── ModelNotLoaded       400 code=model_not_loaded  (autoload off)
+    │   │   ├── InvalidConfig        400 code=invalid_config    (reload of a bad config)
+    │   │   ├── HubUnauthorized      400 code=hub_unauthorized  (gated or private repo)
+    │   │   ├── ModelFileMissing     400 code=model_file_missing
+    │   │   ├── UnreadableModel      400 code=unreadable_model  (GGUF header unreadable)
+    │   │   └── NitroLoadFailed      400 code=model_load_failed (Nitro loadmodel of a bad file)
     │   ├── AuthenticationError      401 authentication_error
-    │   ├── Forbidden                403 code=forbidden (path_not_allowed, host/origin not allowed)
+    │   ├── Forbidden                403 code=forbidden
+    │   │   ├── PathNotAllowed       403 code=path_not_allowed
+    │   │   ├── HostNotAllowed       403 code=host_not_allowed
+    │   │   └── OriginNotAllowed     403 code=origin_not_allowed
     │   ├── ModelNotFound            404 code=model_not_found
     │   ├── NotFound                 404 (a pull id, a route object)
+    │   │   └── RouteNotFound        404 (no such route)
+    │   ├── MethodNotAllowed         405
     │   ├── Conflict                 409 (e.g. rm of a loaded model without --force)
     │   └── PayloadTooLarge          413
     ├── Unavailable                  503 + Retry-After      try again later
     │   ├── QueueFull                503 code=queue_full
-    │   └── CapacityTimeout          503 code=capacity_timeout (no room within the wait)
+    │   ├── CapacityTimeout          503 code=capacity_timeout (no room within the wait)
+    │   ├── ModelLoading             503 code=model_loading    (still loading after the wait)
+    │   └── ModelDownloading         503 code=model_downloading
     ├── ModelError                   5xx                    an instance failed
     │   ├── LoadFailed               503 code=model_load_failed
-    │   └── WorkerCrashed            502 code=worker_crashed (in-flight requests end so)
-    └── DownloadError                -                       reason in words; see store
-        ├── DownloadCancelled
-        └── ChecksumMismatch
+    │   ├── WorkerCrashed            502 code=worker_crashed (in-flight requests end so)
+    │   └── WorkerRequestFailed      500                     (the engine failed one request)
+    └── DownloadError                500 code=download_failed  reason in words; see store
+        ├── DownloadCancelled        409 code=download_cancelled
+        ├── DownloadNetworkError     502
+        └── InsufficientStorage      507
 
 Every error carries what the HTTP layer needs (status, type, code, param); the API
 maps any ``CorralError`` with ``to_body()`` and never lets a traceback out.
@@ -41,6 +56,12 @@ __all__ = [
     "ModelNotLoaded",
     "AuthenticationError",
     "Forbidden",
+    "PathNotAllowed",
+    "HostNotAllowed",
+    "OriginNotAllowed",
+    "NitroLoadFailed",
+    "ModelFileMissing",
+    "UnreadableModel",
     "ModelNotFound",
     "NotFound",
     "Conflict",
@@ -53,7 +74,17 @@ __all__ = [
     "WorkerCrashed",
     "DownloadError",
     "DownloadCancelled",
-    "ChecksumMismatch",
+    "DownloadNetworkError",
+    "InsufficientStorage",
+    "InvalidConfig",
+    "HubUnauthorized",
+    "ModelLoading",
+    "ModelDownloading",
+    "WorkerRequestFailed",
+    "InternalError",
+    "RouteNotFound",
+    "MethodNotAllowed",
+    "error_for_status",
 ]
 
 
@@ -62,12 +93,10 @@ class CorralError(Exception):
     type: str = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None):
         super().__init__(message)
         self.message = message
         self.param = param
-        if code is not None:
-            self.code = code
 
     def to_body(self) -> dict[str, Any]:
         return {
@@ -81,6 +110,12 @@ class CorralError(Exception):
 
     def headers(self) -> dict[str, str]:
         return {}
+
+
+class InternalError(CorralError):
+    """Anything unexpected: the body never carries the exception or a traceback."""
+
+    code = "internal_error"
 
 
 class ConfigError(CorralError):
@@ -108,6 +143,26 @@ class ModelNotLoaded(InvalidRequest):
     code = "model_not_loaded"
 
 
+class InvalidConfig(InvalidRequest):
+    code = "invalid_config"
+
+
+class HubUnauthorized(InvalidRequest):
+    code = "hub_unauthorized"
+
+
+class ModelFileMissing(InvalidRequest):
+    code = "model_file_missing"
+
+
+class UnreadableModel(InvalidRequest):
+    code = "unreadable_model"
+
+
+class NitroLoadFailed(InvalidRequest):
+    code = "model_load_failed"
+
+
 class AuthenticationError(RequestError):
     status = 401
     type = "authentication_error"
@@ -121,6 +176,18 @@ class Forbidden(RequestError):
     status = 403
     type = "permission_error"
     code = "forbidden"
+
+
+class PathNotAllowed(Forbidden):
+    code = "path_not_allowed"
+
+
+class HostNotAllowed(Forbidden):
+    code = "host_not_allowed"
+
+
+class OriginNotAllowed(Forbidden):
+    code = "origin_not_allowed"
 
 
 class ModelNotFound(RequestError):
@@ -138,6 +205,15 @@ class Conflict(RequestError):
     code = "conflict"
 
 
+class RouteNotFound(NotFound):
+    pass
+
+
+class MethodNotAllowed(RequestError):
+    status = 405
+    code = "method_not_allowed"
+
+
 class PayloadTooLarge(RequestError):
     status = 413
     code = "payload_too_large"
@@ -148,8 +224,8 @@ class Unavailable(CorralError):
     type = "server_error"
     code = "unavailable"
 
-    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kw: Any):
-        super().__init__(message, **kw)
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, param: str | None = None):
+        super().__init__(message, param=param)
         self.retry_after_s = retry_after_s
 
     def headers(self) -> dict[str, str]:
@@ -162,6 +238,14 @@ class QueueFull(Unavailable):
 
 class CapacityTimeout(Unavailable):
     code = "capacity_timeout"
+
+
+class ModelLoading(Unavailable):
+    code = "model_loading"
+
+
+class ModelDownloading(Unavailable):
+    code = "model_downloading"
 
 
 class ModelError(CorralError):
@@ -178,6 +262,10 @@ class WorkerCrashed(ModelError):
     code = "worker_crashed"
 
 
+class WorkerRequestFailed(ModelError):
+    status = 500
+
+
 class DownloadError(CorralError):
     """A download failed; ``message`` is a reason a person understands."""
 
@@ -185,8 +273,27 @@ class DownloadError(CorralError):
 
 
 class DownloadCancelled(DownloadError):
+    status = 409
     code = "download_cancelled"
 
 
-class ChecksumMismatch(DownloadError):
-    code = "checksum_mismatch"
+class DownloadNetworkError(DownloadError):
+    status = 502
+
+
+class InsufficientStorage(DownloadError):
+    status = 507
+
+
+_HTTP_ERRORS: dict[int, type[CorralError]] = {404: RouteNotFound, 405: MethodNotAllowed}
+
+
+def error_for_status(status: int, message: str) -> CorralError:
+    """The error for an HTTP status the web framework decided (unknown route, wrong
+    method...): one leaf class per status."""
+    cls = _HTTP_ERRORS.get(status)
+    if cls is None:
+        base: type[CorralError] = RequestError if status < 500 else CorralError
+        cls = type(f"HTTP{status}Error", (base,), {"status": status, "code": None})
+        _HTTP_ERRORS[status] = cls
+    return cls(message)

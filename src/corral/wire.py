@@ -1,7 +1,7 @@
 """Typed messages between the router and a worker process, and their framing.
 
 This module is the whole contract across the process boundary. It imports nothing
-else of corral, so both sides (``corral.control`` in the router and ``corral.worker``)
+else of corral but ``corral.settings`` (a leaf module), so both sides (``corral.control`` in the router and ``corral.worker``)
 depend on it and never on each other.
 
 Transport: one ``socket.socketpair()`` per worker, created by the router; the child
@@ -34,9 +34,12 @@ Conversation:
 from __future__ import annotations
 
 import struct
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
+from msgspec import Meta
+
+from corral.settings import INT32_MAX, ModelSettings
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -44,6 +47,7 @@ __all__ = [
     "ChatMessage",
     "ToolCall",
     "SamplingParams",
+    "invalid_field",
     "GenerateRequest",
     "EmbedRequest",
     "Abort",
@@ -88,28 +92,14 @@ MAX_FRAME = 256 * 1024 * 1024  # embeddings of large batches can be big; anythin
 # --------------------------------------------------------------------------- settings
 
 
-class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything a worker needs to load one model instance. Passed as JSON on argv."""
+class WorkerSettings(ModelSettings, frozen=True, kw_only=True):
+    """Everything a worker needs to load one model instance. Passed as JSON on argv.
+    The model's settings (``corral.settings.ModelSettings``: defaults and bounds live
+    there) plus which model file and which instance this spawn is."""
 
     model_id: str
     model_path: str
     instance: int = 0
-    ctx_len: int = 4096  # total KV cells; each slot gets ctx_len // n_parallel
-    n_parallel: int = 4  # slots: sequences decoded together
-    n_batch: int = 512  # max tokens per llama_decode (prompt chunks are at most this)
-    n_gpu_layers: int = 0
-    threads: int | None = None  # None: the engine picks (physical cores)
-    threads_batch: int | None = None
-    embedding: bool = False
-    # Prompt template. chat_template overrides the model's own tokenizer.chat_template.
-    chat_template: str | None = None
-    pre_prompt: str | None = None
-    user_prompt: str | None = None
-    ai_prompt: str | None = None
-    system_prompt: str | None = None
-    seed: int | None = None  # default seed for requests that give none
-    flash_attn: bool | None = None
-    verbose: bool = False
 
 
 # --------------------------------------------------------------------------- router -> worker
@@ -131,20 +121,45 @@ class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     name: str | None = None  # role "tool": the function's name
 
 
+# The bounds of every numeric request field, in one place: the router validates a
+# request against them before it takes a slot (``invalid_field``), and the worker
+# refuses what lies outside them (the same check, and msgspec on decode). Each is
+# within what msgpack carries and what llama.cpp takes.
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
-    max_tokens: int | None = None  # None: until EOS or the slot's context is full
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 40
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
+    # None: until EOS or the slot's context is full; 0: nothing is generated
+    max_tokens: Annotated[int, Meta(ge=0, le=INT32_MAX)] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] = 0.8  # 0: greedy
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.95
+    top_k: Annotated[int, Meta(ge=0, le=INT32_MAX)] = 40  # 0: off
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.05
+    repeat_penalty: Annotated[float, Meta(gt=0.0, le=100.0)] = 1.0
+    repeat_last_n: Annotated[int, Meta(ge=-1, le=INT32_MAX)] = 64  # -1: the whole context
+    presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] = 0.0
+    frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] = 0.0
+    seed: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
     stop: list[str] = []
     ignore_eos: bool = False
-    logit_bias: dict[int, float] = {}  # token id -> added to its logit; <= -100 bans it
+    # token id -> added to its logit; <= -100 bans it
+    logit_bias: dict[Annotated[int, Meta(ge=0, le=INT32_MAX)], Annotated[float, Meta(ge=-100.0, le=100.0)]] = {}
+
+
+def invalid_field(obj: msgspec.Struct) -> tuple[str, str] | None:
+    """The first field of a wire message (or of ``SamplingParams``) outside its bounds,
+    as (dotted path, message); None if all are within them. A struct built in Python
+    is not checked on construction: the router checks before a request takes a slot."""
+    try:
+        msgspec.convert(msgspec.to_builtins(obj), type(obj))
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        head, sep, path = text.rpartition(" - at `$.")
+        if not sep:
+            return "", text
+        return path.rstrip("`").split("[")[0], head
+    return None
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True, omit_defaults=True):
@@ -160,7 +175,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
 
     id: str
     prompt: str | None = None
-    prompt_tokens: list[int] | None = None
+    prompt_tokens: list[Annotated[int, Meta(ge=0, le=INT32_MAX)]] | None = None
     messages: list[ChatMessage] | None = None
     params: SamplingParams = SamplingParams()
     add_special: bool = True  # add BOS for raw prompts when the model wants it
@@ -169,7 +184,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     tools: list[dict[str, Any]] | None = None
     parse_tool_calls: bool = False
     parallel_tool_calls: bool = True  # False: at most one call is parsed
-    logprobs: int | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     echo: bool = False
 
 
@@ -178,7 +193,7 @@ class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True)
 
     id: str
     text: str | None = None
-    tokens: list[int] | None = None
+    tokens: list[Annotated[int, Meta(ge=0, le=INT32_MAX)]] | None = None
     add_special: bool = False
     parse_special: bool = True
 

@@ -11,6 +11,7 @@ Run as ``python tests/router/fake_worker.py --fd N --settings JSON``. The settin
     model_bytes, kv_bytes, rss_bytes                             (1000, 100, 5000)
     embedding_dim                                                (4)
     stderr           lines printed to stderr at start            ([])
+    shutdown_delay_s seconds between Shutdown and exiting          (0)
 
 A prompt containing "TOOLONG" fails with context_length_exceeded; "SLOW" waits ``slow_delay_s`` (default 0.2) between pieces, one
 containing "FOREVER" streams until aborted; "BOOM" makes it exit with code 7.
@@ -46,6 +47,7 @@ DEFAULTS = {
     "rss_bytes": 5000,
     "embedding_dim": 4,
     "stderr": [],
+    "shutdown_delay_s": 0.0,
 }
 
 
@@ -102,6 +104,13 @@ class Fake:
                                 wire.Timings(1.0, ms, 1000.0, n / max(ms, 1e-3) * 1000)))
         self.tasks.pop(req.id, None)
 
+    def aborted_early(self, task: asyncio.Task, rid: str) -> None:
+        """An Abort that came before the generation began (in the same read): answer it
+        as the real worker answers an aborted queued request."""
+        if task.cancelled():
+            self.send(wire.Finished(rid, "abort", wire.Usage(1, 0), wire.Timings(0.0, 0.0, 0.0, 0.0)))
+            self.tasks.pop(rid, None)
+
     def handle(self, msg) -> bool:
         if isinstance(msg, wire.GenerateRequest):
             self.record(msg)
@@ -120,6 +129,7 @@ class Fake:
             t = self.tasks.get(msg.id)
             if t is not None:
                 t.cancel()
+                t.add_done_callback(lambda t, rid=msg.id: self.aborted_early(t, rid))
         elif isinstance(msg, wire.StatsRequest):
             sc = self.script
             self.send(wire.Stats(slots_busy=len(self.tasks), slots_total=self.s.n_parallel, waiting=0,
@@ -169,6 +179,8 @@ async def main() -> int:
         for body in dec.feed(data):
             if not fake.handle(wire.decode_to_worker(body)):
                 await writer.drain()
+                if script["shutdown_delay_s"]:
+                    await asyncio.sleep(script["shutdown_delay_s"])
                 return 0
 
 

@@ -41,9 +41,9 @@ aliases = ["small"]
 """)
     cfg = load_config(p, model_overrides={"threads": 1})
     s = cfg.model_settings("llama-3.2-1b")
-    assert s["ctx_len"] == 2048  # from [defaults]
-    assert s["n_parallel"] == 8  # model table beats defaults
-    assert s["threads"] == 1  # command line beats both
+    assert s.ctx_len == 2048  # from [defaults]
+    assert s.n_parallel == 8  # model table beats defaults
+    assert s.threads == 1  # command line beats both
     assert cfg.models["llama-3.2-1b"].path == tmp_path / "models" / "llama.gguf"  # relative to the file
 
 

@@ -150,13 +150,13 @@ async def test_balancing_prefers_prefix_then_least_busy(harness: Harness) -> Non
     s2 = c.stream("POST", "/v1/completions", json={"model": "a", "prompt": "other FOREVER", "stream": True})
     async with s1, s2:
         await _until(lambda: pool.inflight == 2)
-        assert sorted(i.busy for i in pool.instances) == [1, 1]
-        holder = next(i for i in pool.instances if any(r.startswith(system) for r in i.recent))
+        assert sorted(pool.busy(i) for i in pool.instances) == [1, 1]
+        holder = next(i for i in pool.instances if any(r.startswith(system) for r in pool.recent(i)))
         # a request sharing the long prefix goes to the instance that served it
         async with c.stream("POST", "/v1/completions",
                             json={"model": "a", "prompt": system + "FOREVER two", "stream": True}):
             await _until(lambda: pool.inflight == 3)
-            assert holder.busy == 2
+            assert pool.busy(holder) == 2
 
 
 async def test_client_leaving_the_queue_is_forgotten(harness: Harness) -> None:
@@ -189,7 +189,7 @@ async def test_many_concurrent_requests_never_exceed_slots(harness: Harness) -> 
         nonlocal peak
         inst = orig(prefix)
         peak = max(peak, pool.inflight)
-        assert all(i.busy <= i.slots_total for i in pool.instances)
+        assert all(pool.busy(i) <= i.slots_total for i in pool.instances)
         return inst
 
     pool._pick = watching  # type: ignore[method-assign]
@@ -197,7 +197,7 @@ async def test_many_concurrent_requests_never_exceed_slots(harness: Harness) -> 
                                 for i in range(40)))
     assert [r.status_code for r in rs] == [200] * 40
     assert peak == 4 and pool.inflight == 0 and not pool.waiters
-    assert {i.index for i in pool.instances if i.last_used} == {0, 1}  # both instances served
+    assert {i.index for i in pool.instances if pool.last_used_of(i)} == {0, 1}  # both instances served
     stats = await pool.instances[0].fetch_stats()
     assert stats is not None and stats.slots_total == 2 and stats.slots_busy == 0
 

@@ -444,3 +444,22 @@ async def test_cancel_while_looking_up_the_file(hub: FakeHub, store: ModelStore,
         assert asyncio.get_running_loop().time() - t0 < 3  # did not wait for the hub
         ev = await asyncio.wait_for(q.get(), 5)
     assert ev["event"] == "download_cancelled" and ev["pull_id"] == h.pull_id
+
+
+async def test_lookup_timeout_is_the_reason_not_the_sigterm(hub: FakeHub, store: ModelStore, bus: EventBus,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    f = hub.add(f"{REPO}/slowlookup.gguf", small_gguf(10_000))
+    f.behavior.head_delay_s = 5.0
+    dm = manager(store, bus, resolve_timeout_s=0.3)
+    stop = dm._stop
+
+    async def stop_then_let_the_watcher_finish(pull_id: str) -> None:  # the race, made certain
+        await stop(pull_id)
+        await dm.get(pull_id)._ended.wait()
+
+    monkeypatch.setattr(dm, "_stop", stop_then_let_the_watcher_finish)
+    async with bus.subscribe() as q:
+        with pytest.raises(DownloadError, match="timed out while looking up"):
+            await dm.start(f"{REPO}/slowlookup.gguf")
+        ev = await asyncio.wait_for(q.get(), 5)
+    assert ev["event"] == "download_failed" and "timed out" in ev["reason"], ev

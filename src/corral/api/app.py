@@ -34,7 +34,7 @@ from corral.config import CorralConfig
 from corral.control.events import EventBus
 from corral.control.metrics import Metrics
 from corral.control.plane import ControlPlane
-from corral.errors import CorralError
+from corral.errors import CorralError, InternalError, error_for_status
 from corral.store.confine import PathPolicy
 
 __all__ = ["create_app"]
@@ -66,10 +66,7 @@ def _install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        err = CorralError(f"{request.method} {request.url.path}: {exc.detail}",
-                          code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code))
-        err.status = exc.status_code
-        err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        err = error_for_status(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
         resp = _error_response(err, request.url.path)
         resp.headers.update(getattr(exc, "headers", None) or {})
         return resp
@@ -77,7 +74,7 @@ def _install_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return _error_response(CorralError("internal server error (see the server log)", code="internal_error"),
+        return _error_response(InternalError("internal server error (see the server log)"),
                                request.url.path)
 
 
@@ -146,17 +143,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         app.state.stats.start()
         loop = asyncio.get_running_loop()
         if handle_sighup:
-            def on_hup() -> None:
-                async def run() -> None:
-                    try:
-                        result = await plane.reload()
-                        log.info("SIGHUP reload: %s", result)
-                    except CorralError as exc:
-                        log.error("SIGHUP reload failed, nothing changed: %s", exc.message)
-                    except Exception:  # noqa: BLE001 - never an unretrieved task exception
-                        log.exception("SIGHUP reload failed, nothing changed")
-                loop.create_task(run())
-            loop.add_signal_handler(signal.SIGHUP, on_hup)
+            loop.add_signal_handler(signal.SIGHUP, plane.reload_soon, "SIGHUP")
         try:
             yield
         finally:

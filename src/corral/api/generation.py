@@ -28,7 +28,7 @@ from corral.api.chat_request import ChatCompletionRequest
 from corral.api.schemas import CompletionRequest
 from corral.control.plane import ControlPlane
 from corral.control.stream import RequestStream
-from corral.errors import CorralError, ModelNotFound, Unavailable
+from corral.errors import CorralError, ModelDownloading, ModelNotFound
 
 __all__ = ["GenerationSpec", "Choice", "GenerationResult", "TextEvent", "ToolCallEvent",
            "FinishEvent", "Event", "GenerationStream", "chat_spec", "completion_spec", "generate",
@@ -208,13 +208,13 @@ def _raise_if_downloading(request: Request, name: str, exc: CorralError) -> None
     if pull is not None:
         p = pull.progress()
         done = f"{p['done']} of {p['total']} bytes" if p.get("total") else f"{p['done']} bytes"
-        raise Unavailable(f"model {name!r} is still downloading ({done}); try again later",
-                          retry_after_s=5, code="model_downloading") from None
+        raise ModelDownloading(f"model {name!r} is still downloading ({done}); try again later",
+                               retry_after_s=5) from None
 
 
 def observe(plane: ControlPlane, stream: RequestStream, endpoint: str, status: int) -> None:
     fin = stream.finished
-    inst = stream.instance.index if stream.instance is not None else None
+    inst = stream.instance_index
     end = stream.ended or time.perf_counter()
     plane.metrics.observe_request(
         stream.model, inst, endpoint, status,

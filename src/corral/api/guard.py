@@ -43,7 +43,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.api.dialect_errors import error_response as dialect_error_response
 from corral.api.page_routes import is_public_path
-from corral.errors import AuthenticationError, CorralError, Forbidden, PayloadTooLarge, RequestError
+from corral.errors import (AuthenticationError, CorralError, HostNotAllowed, OriginNotAllowed,
+                           PayloadTooLarge, RequestError)
 
 __all__ = ["GuardMiddleware", "host_allowed", "key_matches"]
 
@@ -166,17 +167,15 @@ class GuardMiddleware:
         raw_host = _header(scope, b"host")
         host = raw_host.decode("latin-1") if raw_host is not None else None
         if host is not None and not host_allowed(host, srv.host, list(srv.allowed_hosts)):
-            return Forbidden(f"host {host!r} is not served here (DNS rebinding protection); add "
-                             "the name to [server] allowed_hosts to allow it",
-                             code="host_not_allowed"), None
+            return HostNotAllowed(f"host {host!r} is not served here (DNS rebinding protection); "
+                                  "add the name to [server] allowed_hosts to allow it"), None
         cors_origin = None
         raw_origin = _header(scope, b"origin")
         if raw_origin is not None:
             origin = raw_origin.decode("latin-1")
             if not _origin_allowed(origin, host, list(srv.allowed_origins)):
-                return Forbidden(f"origin {origin!r} is not allowed to call this server; add it "
-                                 "to [server] allowed_origins to allow it",
-                                 code="origin_not_allowed"), None
+                return OriginNotAllowed(f"origin {origin!r} is not allowed to call this server; add "
+                                        "it to [server] allowed_origins to allow it"), None
             cors_origin = origin
         method = scope["method"]
         preflight = method == "OPTIONS" and _header(scope, b"access-control-request-method") is not None

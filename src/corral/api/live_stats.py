@@ -102,9 +102,9 @@ class StatsRecorder:
             series = self._series.get(mid)
             if series is None:
                 series = self._series[mid] = {f: deque(maxlen=self.keep) for f in _FIELDS}
-            busy = sum(i.busy for i in pool.instances)
+            busy = sum(pool.busy(i) for i in pool.instances)
             slots = sum(i.slots_total for i in pool.instances if i.state is InstanceState.READY)
-            self._instances[mid] = [{"index": i.index, "state": i.state.value, "busy": i.busy,
+            self._instances[mid] = [{"index": i.index, "state": i.state.value, "busy": pool.busy(i),
                                      "total": i.slots_total} for i in pool.instances]
             for field, value in (("t", round(now, 3)), ("tokens_per_s", round(rates.get(mid, 0.0), 2)),
                                  ("queued", len(pool.waiters)), ("busy", busy), ("slots", slots)):

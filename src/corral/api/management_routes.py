@@ -24,10 +24,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from corral.api.openai_routes import json_response
-from corral.api.schemas import ModelRef, NitroLoadModel, NitroUnloadModel, parse_body
+from corral.api.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitro_settings,
+                                parse_body)
 from corral.control.catalog import ModelSpec
 from corral.control.plane import ControlPlane
-from corral.errors import ConfigError, Conflict, InvalidRequest, LoadFailed, ModelNotFound, RequestError
+from corral.errors import (ConfigError, Conflict, InvalidConfig, InvalidRequest, LoadFailed, ModelNotFound,
+                           NitroLoadFailed, RequestError)
 from corral.store.local import validate_model_id
 
 __all__ = ["router"]
@@ -137,7 +139,7 @@ async def reload_models(request: Request) -> Response:
     try:
         result = await _plane(request).reload()
     except ConfigError as exc:  # the old config stays in force
-        raise InvalidRequest(f"config not reloaded: {exc.message}", code="invalid_config") from None
+        raise InvalidConfig(f"config not reloaded: {exc.message}") from None
     return json_response({"success": True, **result})
 
 
@@ -179,14 +181,7 @@ async def nitro_load(request: Request) -> Response:
     if owner is not None and owner != body.model_id:
         raise Conflict(f"model_id {body.model_id!r} is an alias of model {owner!r}; choose another "
                        "model_id", param="model_id")
-    settings = plane.config.inherited_settings()
-    for ours, theirs in (("ctx_len", body.ctx_len), ("n_gpu_layers", body.ngl),
-                         ("embedding", body.embedding), ("pre_prompt", body.pre_prompt),
-                         ("user_prompt", body.user_prompt), ("ai_prompt", body.ai_prompt),
-                         ("system_prompt", body.system_prompt), ("n_parallel", body.n_parallel),
-                         ("threads", body.cpu_threads)):
-        if theirs is not None:
-            settings[ours] = theirs
+    settings = nitro_settings(body, plane.config.inherited_settings())
     spec = ModelSpec.make(body.model_id, path, settings, source="nitro")
     existing = plane.pools.get(body.model_id)
     if existing is not None and existing.spec.source != "nitro" and existing.spec.path != spec.path:
@@ -204,8 +199,8 @@ async def nitro_load(request: Request) -> Response:
         if added or (existing is not None and existing.spec.source == "nitro"):
             await plane.remove_model(body.model_id)  # a failed Nitro entry is not kept listed
         reason = exc.message.split("\n", 1)[0]
-        raise InvalidRequest(f"llama_model_path: the model could not be loaded: {reason}",
-                             param="llama_model_path", code="model_load_failed") from None
+        raise NitroLoadFailed(f"llama_model_path: the model could not be loaded: {reason}",
+                              param="llama_model_path") from None
     return json_response({"message": "Model already loaded" if already else "Model loaded successfully",
                           "code": "ModelAlreadyLoaded" if already else "ModelloadedSuccessfully",
                           "model_id": body.model_id, "success": True})

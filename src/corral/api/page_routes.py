@@ -22,7 +22,7 @@ from starlette.responses import Response
 
 from corral.api.openai_routes import json_response
 from corral.control.plane import ControlPlane
-from corral.errors import InvalidRequest, NotFound
+from corral.errors import InvalidRequest, ModelFileMissing, NotFound, UnreadableModel
 
 __all__ = ["router", "PUBLIC_PATHS", "is_public_path"]
 
@@ -87,9 +87,9 @@ async def show_model(request: Request, model: str = "") -> Response:
     try:
         body.update(read_gguf_info(path))
     except FileNotFoundError:
-        raise InvalidRequest(f"model {pool.spec.id!r}: its file {str(path)!r} is missing",
-                             param="model", code="model_file_missing") from None
+        raise ModelFileMissing(f"model {pool.spec.id!r}: its file {str(path)!r} is missing",
+                               param="model") from None
     except (OSError, GGUFError) as exc:
-        raise InvalidRequest(f"model {pool.spec.id!r}: cannot read its GGUF header: {exc}",
-                             param="model", code="unreadable_model") from None
+        raise UnreadableModel(f"model {pool.spec.id!r}: cannot read its GGUF header: {exc}",
+                              param="model") from None
     return json_response(body)

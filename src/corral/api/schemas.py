@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from corral import wire
 from corral.errors import InvalidRequest, UnsupportedOption
+from corral.settings import ModelSettings, SettingsError
 
 __all__ = [
     "parse_body",
@@ -26,6 +27,7 @@ __all__ = [
     "ModelRef",
     "NitroLoadModel",
     "NitroUnloadModel",
+    "nitro_settings",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -71,15 +73,16 @@ class SamplingFields(BaseModel):
     model_id: str | None = Field(None, min_length=1)  # Nitro
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=0)
-    max_completion_tokens: int | None = Field(None, ge=0)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, ge=0, le=1)
-    top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repeat_penalty: float | None = Field(None, ge=0)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    # numeric bounds: wire.SamplingParams's, checked in sampling() (one set with the worker)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES)
@@ -131,8 +134,15 @@ class SamplingFields(BaseModel):
             v = getattr(self, name)
             if v is not None:
                 kw[name] = v
-        return wire.SamplingParams(max_tokens=self.max_new_tokens(), stop=self.stop_list(),
-                                   ignore_eos=self.ignore_eos, logit_bias=self.token_bias(), **kw)
+        params = wire.SamplingParams(max_tokens=self.max_new_tokens(), stop=self.stop_list(),
+                                     ignore_eos=self.ignore_eos, logit_bias=self.token_bias(), **kw)
+        bad = wire.invalid_field(params)
+        if bad is not None:
+            name, msg = bad
+            if name == "max_tokens" and self.max_completion_tokens is not None:
+                name = "max_completion_tokens"
+            raise InvalidRequest(f"{name}: {msg}", param=name)
+        return params
 
     @property
     def include_usage(self) -> bool:
@@ -217,20 +227,40 @@ class ModelRef(BaseModel):
 
 
 class NitroLoadModel(BaseModel):
-    """Nitro's /inferences/llamacpp/loadmodel body."""
+    """Nitro's /inferences/llamacpp/loadmodel body. Bounds and defaults of the model
+    settings are ``ModelSettings``'s (``nitro_settings``)."""
     model_config = ConfigDict(extra="forbid")
     model_id: str = Field(min_length=1, max_length=128)
     llama_model_path: str = Field(min_length=1)
-    ctx_len: int | None = Field(None, ge=16)
-    ngl: int | None = Field(None, ge=-1)
+    ctx_len: int | None = None
+    ngl: int | None = None
     embedding: bool | None = None
     pre_prompt: str | None = None
     user_prompt: str | None = None
     ai_prompt: str | None = None
     system_prompt: str | None = None
-    n_parallel: int | None = Field(None, ge=1, le=256)
+    n_parallel: int | None = None
     cont_batching: bool | None = None  # always on in corral
-    cpu_threads: int | None = Field(None, ge=1)
+    cpu_threads: int | None = None
+
+
+# Nitro's name -> ModelSettings field
+_NITRO_SETTINGS = {"ctx_len": "ctx_len", "ngl": "n_gpu_layers", "embedding": "embedding",
+                   "pre_prompt": "pre_prompt", "user_prompt": "user_prompt",
+                   "ai_prompt": "ai_prompt", "system_prompt": "system_prompt",
+                   "n_parallel": "n_parallel", "cpu_threads": "threads"}
+
+
+def nitro_settings(body: NitroLoadModel, inherited: ModelSettings) -> ModelSettings:
+    """The body's settings over ``inherited``; a bad value is a 400 naming Nitro's key."""
+    given = {ours: getattr(body, theirs) for theirs, ours in _NITRO_SETTINGS.items()
+             if getattr(body, theirs) is not None}
+    try:
+        return ModelSettings.layered([inherited.to_dict(), given])
+    except SettingsError as exc:
+        key, msg = exc.errors[0]
+        param = next(t for t, o in _NITRO_SETTINGS.items() if o == key)
+        raise InvalidRequest(f"{param}: {msg}", param=param) from None
 
 
 class NitroUnloadModel(BaseModel):

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.control.downloads import DownloadManager, PullHandle
+from corral.control.events import EventName
 from corral.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
 from corral.store.local import ModelStore
 
@@ -152,5 +153,5 @@ async def remove_from_store(request: Request, model_id: str, *, force: bool) -> 
     else:
         bus = getattr(request.app.state, "bus", None)
         if bus is not None:
-            bus.publish("model_removed", model_id)
+            bus.publish(EventName.MODEL_REMOVED, model_id)
     return {"id": model_id, "deleted": True, "path": str(removed.path)}

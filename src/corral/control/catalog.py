@@ -8,69 +8,45 @@ Sources, in order of precedence (an id taken by an earlier source is skipped lat
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from corral import wire
 from corral.config import CorralConfig
 from corral.errors import ModelNotFound
+from corral.settings import ModelSettings
 
 __all__ = ["ModelSpec", "Catalog", "specs_from_config", "default_threads"]
 
 log = logging.getLogger("corral.catalog")
 
-# settings whose change needs the worker restarted (the others apply live)
-_WORKER_FIELDS = ("path", "ctx_len", "n_parallel", "instances", "n_batch", "n_gpu_layers",
-                  "threads", "embedding", "pre_prompt", "user_prompt", "ai_prompt",
-                  "system_prompt", "chat_template")
+class ModelSpec(ModelSettings, frozen=True, kw_only=True):
+    """One model the router can serve: its settings plus its id, file, aliases, source."""
 
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
     id: str
     path: Path
     aliases: tuple[str, ...] = ()
     source: str = "config"
-    ctx_len: int = 4096
-    n_parallel: int = 4
-    instances: int = 1
-    n_batch: int = 512
-    n_gpu_layers: int = 0
-    threads: int | None = None
-    embedding: bool = False
-    pre_prompt: str | None = None
-    user_prompt: str | None = None
-    ai_prompt: str | None = None
-    system_prompt: str | None = None
-    chat_template: str | None = None
-    ttl_s: float | None = None
-    pinned: bool = False
-    load_on_startup: bool = False
 
     @classmethod
-    def make(cls, model_id: str, path: Path, settings: dict[str, Any], *,
+    def make(cls, model_id: str, path: Path, settings: ModelSettings, *,
              aliases: tuple[str, ...] = (), source: str) -> "ModelSpec":
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in settings.items() if k in names}
-        return cls(id=model_id, path=Path(path), aliases=tuple(aliases), source=source, **kw)
+        return cls(id=model_id, path=Path(path), aliases=tuple(aliases), source=source,
+                   **settings.to_dict())
 
     def worker_key(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f) for f in _WORKER_FIELDS)
+        """What a running worker depends on: a change restarts it."""
+        return (self.path, *super().worker_key())
 
     def worker_settings(self, index: int, threads: int | None) -> wire.WorkerSettings:
-        return wire.WorkerSettings(
-            model_id=self.id, model_path=str(self.path), instance=index,
-            ctx_len=self.ctx_len, n_parallel=self.n_parallel, n_batch=self.n_batch,
-            n_gpu_layers=self.n_gpu_layers, threads=threads, threads_batch=threads,
-            embedding=self.embedding, chat_template=self.chat_template,
-            pre_prompt=self.pre_prompt, user_prompt=self.user_prompt,
-            ai_prompt=self.ai_prompt, system_prompt=self.system_prompt,
-        )
+        fields = self.to_dict()
+        fields.update(threads=threads, threads_batch=self.threads_batch or threads)
+        return wire.WorkerSettings(model_id=self.id, model_path=str(self.path), instance=index,
+                                   **fields)
 
 
 def default_threads(spec: ModelSpec, max_loaded_models: int, n_models: int,
@@ -125,7 +101,7 @@ def specs_from_config(cfg: CorralConfig, store_models: list[Any] | None = None,
 class Catalog:
     """Model specs by id, with an alias index. Mutated only from the event loop."""
 
-    def __init__(self, specs: list[ModelSpec] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, specs: Iterable[ModelSpec] = ()) -> None:
         self._specs: dict[str, ModelSpec] = {}
         self._names: dict[str, str] = {}
         for s in specs:
@@ -172,7 +148,7 @@ class Catalog:
     def __contains__(self, model_id: str) -> bool:
         return model_id in self._specs
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[ModelSpec]:
         return iter(list(self._specs.values()))
 
     def __len__(self) -> int:

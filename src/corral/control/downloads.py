@@ -43,6 +43,9 @@ from corral.errors import (
     CorralError,
     DownloadCancelled,
     DownloadError,
+    DownloadNetworkError,
+    HubUnauthorized,
+    InsufficientStorage,
     InvalidRequest,
     NotFound,
 )
@@ -237,15 +240,13 @@ class DownloadManager:
             await self._stop(pull_id)
         try:
             await asyncio.wait_for(h._resolved.wait(), self.resolve_timeout_s)
-        except TimeoutError:
-            await self._stop(pull_id)
+        except TimeoutError:  # failed first: the watcher must not report the SIGTERM instead
             self._end(h, "failed", reason="timed out while looking up the file")
+            await self._stop(pull_id)
         if h.state != "resolving":  # ended while resolving: the child is gone or going
             await h._ended.wait()
             if h.state == "cancelled":
-                cancelled = DownloadCancelled(f"pull {pull_id} was cancelled")
-                cancelled.status = 409
-                raise cancelled
+                raise DownloadCancelled(f"pull {pull_id} was cancelled")
             raise h._error or DownloadError(h.reason or "download failed")
 
         # Resolved: a second pull may have resolved to the same model meanwhile.
@@ -268,10 +269,9 @@ class DownloadManager:
         if h.path is None and need > 0:
             free = disk_free(self.store.root)
             if free < need:
-                err = DownloadError(
+                err = InsufficientStorage(
                     f"not enough disk space in {self.store.root}: the download needs "
                     f"{_fmt(need)} more, {_fmt(free)} is free")
-                err.status = 507
                 self._end(h, "failed", reason=err.message, error=err)
                 await self._stop(pull_id)
                 await h._ended.wait()
@@ -429,10 +429,12 @@ def _start_error(msg: m.Failed) -> CorralError:
     if msg.kind == "busy":
         return Conflict(msg.reason, param="model")
     if msg.kind == "unauthorized":
-        return InvalidRequest(msg.reason, param="model", code="hub_unauthorized")
-    err = DownloadError(msg.reason)
-    err.status = 502 if msg.kind == "network" else 507 if msg.kind == "disk" else 500
-    return err
+        return HubUnauthorized(msg.reason, param="model")
+    if msg.kind == "network":
+        return DownloadNetworkError(msg.reason)
+    if msg.kind == "disk":
+        return InsufficientStorage(msg.reason)
+    return DownloadError(msg.reason)
 
 
 def _describe_exit(rc: int | None) -> str:

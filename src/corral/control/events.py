@@ -4,7 +4,7 @@ The same events feed GET /models/events (SSE), the logs, the metrics and the tes
 An event is ``{"event": NAME, "model": ID, ...fields}`` on the wire, as in llama.cpp's
 /models/sse.
 
-Names in use (fields beyond event/model):
+Names (``EventName``; fields beyond event/model):
     status_change      instance, old, new, [reason, exit_code, pid]
                        old/new are instance states: stopped, starting, ready,
                        stopping, failed
@@ -15,6 +15,8 @@ Names in use (fields beyond event/model):
     download_finished  pull_id, path, sha256, size
     download_failed    pull_id, reason
     download_cancelled pull_id, done
+    config_reloaded    added, removed, restarted, updated (model ids)
+    events_dropped     (this subscriber fell behind; older events were dropped)
 
 Subscribers each get a bounded queue. A subscriber that falls behind loses the
 oldest events and gets an ``events_dropped`` marker, so a stuck client can never
@@ -26,27 +28,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import enum
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-__all__ = ["Event", "EventBus"]
+__all__ = ["Event", "EventBus", "EventName"]
 
 log = logging.getLogger("corral.events")
+
+
+class EventName(enum.StrEnum):
+    """Every event the bus carries (compares equal to its string)."""
+
+    STATUS_CHANGE = "status_change"
+    MODEL_ADDED = "model_added"
+    MODEL_REMOVED = "model_removed"
+    CONFIG_RELOADED = "config_reloaded"
+    DOWNLOAD_STARTED = "download_started"
+    DOWNLOAD_PROGRESS = "download_progress"
+    DOWNLOAD_FINISHED = "download_finished"
+    DOWNLOAD_FAILED = "download_failed"
+    DOWNLOAD_CANCELLED = "download_cancelled"
+    EVENTS_DROPPED = "events_dropped"
 
 
 class Event(dict[str, Any]):
     """A dict with ``event`` and ``model`` keys (plus fields), and a timestamp."""
 
     @classmethod
-    def make(cls, name: str, model: str | None, **fields: Any) -> "Event":
-        ev = cls(event=name, model=model, **fields)
+    def make(cls, name: EventName, model: str | None, **fields: Any) -> "Event":
+        ev = cls(event=str(name), model=model, **fields)
         ev["ts"] = time.time()
         return ev
 
     @property
     def name(self) -> str:
-        return self["event"]
+        return str(self["event"])
 
 
 class EventBus:
@@ -54,7 +72,7 @@ class EventBus:
         self._subscribers: set[asyncio.Queue[Event]] = set()
         self._queue_size = queue_size
 
-    def publish(self, name: str, model: str | None, **fields: Any) -> Event:
+    def publish(self, name: EventName, model: str | None, **fields: Any) -> Event:
         """Publish from the event loop thread. Never blocks."""
         ev = Event.make(name, model, **fields)
         log.info("%s %s %s", name, model, {k: v for k, v in fields.items()})
@@ -63,7 +81,7 @@ class EventBus:
                 for _ in range(2):
                     with contextlib.suppress(asyncio.QueueEmpty):
                         q.get_nowait()
-                q.put_nowait(Event.make("events_dropped", None))
+                q.put_nowait(Event.make(EventName.EVENTS_DROPPED, None))
             q.put_nowait(ev)
         return ev
 
@@ -76,7 +94,3 @@ class EventBus:
             yield q
         finally:
             self._subscribers.discard(q)
-
-    @property
-    def subscriber_count(self) -> int:
-        return len(self._subscribers)

@@ -1,30 +1,28 @@
-"""One worker process for one model instance, and the one task that owns its state.
+"""One model instance and the one task that owns its state.
 
 States (``InstanceState``) and what each command does in them:
 
-    state      start                    stop                      process exits
+    state      start                    stop                      worker exits
     stopped    spawn -> starting        nothing                   -
     starting   wait for Ready           Shutdown -> stopping      -> failed (+restart?)
     ready      nothing                  Shutdown -> stopping      -> failed (+restart?)
     stopping   start again once stopped wait                      -> stopped
     failed     spawn -> starting        -> stopped                -
 
-Only the owner task (``_own``) changes ``state``: callers put commands in its inbox,
-the socket reader and the process waiter put what they saw there too (tagged with
-the spawn generation, so news from an old process is ignored). Every transition is
-checked against ``_ALLOWED`` and published as ``status_change`` (old, new, reason,
-exit_code, pid) on the event bus.
+Only the owner task (``_own``) changes state: callers put commands in its inbox, and
+the link of the current spawn puts what it saw there too (Loading, Ready, LoadFailed,
+channel closed, exit). Each spawn has its own ``WorkerLink`` (``corral.control.link``),
+so news from an earlier worker names an earlier link and is ignored. Every
+transition is checked against ``_ALLOWED``, published as ``status_change`` and passed
+to ``on_change``.
 
-The hot path does not go through the owner: ``submit`` writes a frame to the socket
-and the protocol hands Delta/Finished straight to the request's ``RequestStream``.
-Slot accounting (``busy``) belongs to the model's pool; the instance only zeroes it
-when it leaves ``ready`` (its requests are failed then).
+The hot path does not go through the owner: the link writes requests and hands
+Delta/Finished straight to the request's ``RequestStream``; a finished request is
+reported to ``on_slot_free`` (the pool keeps the slot count).
 
-Stop = Shutdown message; after ``stop_grace_s`` SIGTERM to the process group; after
-2 more seconds SIGKILL to the group. A crash (socket EOF or exit while starting or
-ready) fails in-flight requests with ``WorkerCrashed`` and restarts with backoff
-(1 s, 2 s, 4 s ... max 30 s) up to ``max_restarts`` consecutive failures; a load
-that the worker itself reports as failed (LoadFailed) or a load timeout is final.
+Stop = Shutdown message; after ``stop_grace_s`` the link is terminated (SIGTERM to a
+local process group), 2 s later killed. A crash fails in-flight requests with
+``WorkerCrashed``; whether and when it restarts is the ``RestartPolicy``'s decision.
 """
 
 from __future__ import annotations
@@ -33,28 +31,27 @@ import asyncio
 import contextlib
 import enum
 import logging
-import signal
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from corral import wire
-from corral.control.events import EventBus
-from corral.control.process import Launcher, describe_exit, kill_group, log_tail
+from corral.control.catalog import ModelSpec
+from corral.control.events import EventBus, EventName
+from corral.control.instance_inbox import (Closed, Discard, Exited, Inbox, Lifecycle, LoadTimeout,
+                                           RestartDue, Start, Stop, consume, resolve)
+from corral.control.link import (LifecycleMessage, LinkExit, Placement, Spawner, WorkerLink)
+from corral.control.restart import RestartPolicy
 from corral.control.stream import RequestStream
 from corral.errors import LoadFailed, Unavailable, WorkerCrashed
 
-__all__ = ["InstanceState", "Instance"]
+__all__ = ["InstanceState", "Instance", "Timeouts", "Transition"]
 
 log = logging.getLogger("corral.instance")
 
 _KILL_AFTER_TERM_S = 2.0
-_EXIT_AFTER_EOF_S = 1.0  # a worker whose socket closed must exit within this, or is killed
-_STABLE_S = 30.0  # ready this long: the consecutive-failure count starts over
-_MAX_BACKOFF_S = 30.0
+_EXIT_AFTER_EOF_S = 1.0  # a worker whose channel closed must exit within this, or is killed
 
 
 class InstanceState(str, enum.Enum):
@@ -75,263 +72,184 @@ _ALLOWED: dict[InstanceState, set[InstanceState]] = {
 }
 
 
-# inbox items --------------------------------------------------------------------------
-@dataclass(slots=True)
-class _Start:
-    reply: asyncio.Future[None]
-    reset: bool
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    load_timeout_s: float = 300.0
+    stop_grace_s: float = 5.0
 
 
-@dataclass(slots=True)
-class _Stop:
-    reply: asyncio.Future[None]
-    reason: str
-
-
-@dataclass(slots=True)
-class _Msg:
-    gen: int
-    msg: Any
-
-
-@dataclass(slots=True)
-class _Eof:
-    gen: int
-
-
-@dataclass(slots=True)
-class _Exited:
-    gen: int
-    rc: int | None
-
-
-@dataclass(slots=True)
-class _LoadTimeout:
-    gen: int
-
-
-@dataclass(slots=True)
-class _RestartDue:
-    gen: int
-
-
-class _Protocol(asyncio.Protocol):
-    """Frames from the worker socket. Request traffic is dispatched inline."""
-
-    def __init__(self, inst: "Instance", gen: int) -> None:
-        self._inst = inst
-        self._gen = gen
-        self._dec = wire.FrameDecoder()
-
-    def data_received(self, data: bytes) -> None:
-        inst = self._inst
-        try:
-            bodies = self._dec.feed(data)
-            for body in bodies:
-                inst._on_message(self._gen, wire.decode_from_worker(body))
-        except Exception:  # a malformed frame: the worker is broken
-            log.exception("%s: bad frame from worker; killing it", inst.name)
-            kill_group(inst.pid, signal.SIGKILL)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._inst._inbox.put_nowait(_Eof(self._gen))
+@dataclass(frozen=True, slots=True)
+class Transition:
+    old: InstanceState
+    new: InstanceState
+    restart: bool = False  # a restart after a failure (starting), or one scheduled (failed)
 
 
 class Instance:
-    def __init__(self, spec: Any, index: int, *, launcher: Launcher, bus: EventBus,
-                 threads: int | None, on_change: Callable[["Instance"], None],
+    def __init__(self, spec: ModelSpec, index: int, *, spawner: Spawner, timeouts: Timeouts,
+                 policy: RestartPolicy, bus: EventBus, threads: int | None,
+                 on_change: Callable[["Instance", Transition], None],
                  on_slot_free: Callable[["Instance"], None]) -> None:
         self.spec = spec
         self.index = index
         self.name = f"{spec.id}#{index}"
-        self._launcher = launcher
-        self._bus = bus
         self.threads = threads
+        self._spawner = spawner
+        self._timeouts = timeouts
+        self._policy = policy
+        self._bus = bus
         self._on_change = on_change
         self._on_slot_free = on_slot_free
 
+        # read by the pool and the views; written only by the owner task
         self.state = InstanceState.STOPPED
         self.pid: int | None = None
+        self.placement = Placement()
         self.reason: str | None = None
         self.exit_code: int | None = None
         self.info: wire.ModelInfo | None = None
-        self.stats: wire.Stats | None = None
-        self.log_path: Path | None = None
-        self.restarts = 0  # restarts after crashes, lifetime
-        self.failures = 0  # consecutive failures
+        self.restarts = 0  # restarts performed after crashes, lifetime
         self.final = False  # failed and no restart will follow
         self.restart_pending = False
         self.start_requested = False  # a start command is in the inbox
-        self.last_used = 0.0
-        self.ready_at: float | None = None
-        self.load_started: float | None = None
         self.last_load_s: float | None = None
 
-        # slot accounting, owned by the pool
-        self.busy = 0
-        self.recent: deque[str] = deque(maxlen=max(2, 2 * spec.n_parallel))
-
-        self._requests: dict[str, RequestStream] = {}
-        self._inbox: asyncio.Queue[Any] = asyncio.Queue()
-        self._gen = 0
-        self._proc: asyncio.subprocess.Process | None = None
-        self._transport: asyncio.Transport | None = None
+        self._link: WorkerLink | None = None
+        self._discarded = False
+        self._inbox = Inbox()
+        self._load_started = 0.0
         self._load_error: str | None = None
         self._start_waiters: list[asyncio.Future[None]] = []
         self._stop_waiters: list[asyncio.Future[None]] = []
         self._start_after_stop = False
-        self._stop_reason: str | None = None
+        self._stop_reason = "stopped"
         self._timers: list[asyncio.TimerHandle] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._stats_waiters: list[asyncio.Future[wire.Stats]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
         self._owner = asyncio.get_running_loop().create_task(self._own(), name=f"instance {self.name}")
 
-    # ----------------------------------------------------------------- public API
+    # ----------------------------------------------------------------- read-only views
+
+    @property
+    def failures(self) -> int:
+        return self._policy.failures
+
+    @property
+    def retry_due(self) -> bool:
+        """Failed for good after a crash loop, and its backoff has passed."""
+        return self.state is S.FAILED and self.final and self._policy.retry_due()
 
     @property
     def slots_total(self) -> int:
         return self.info.n_slots if self.info is not None else self.spec.n_parallel
 
     @property
-    def free_slots(self) -> int:
-        t = self._transport
-        if self.state is not InstanceState.READY or t is None or t.is_closing():
-            return 0  # a worker whose socket is closing gets nothing new
-        return self.slots_total - self.busy
+    def accepting(self) -> bool:
+        """Ready, and its channel can take a request."""
+        link = self._link
+        return self.state is S.READY and link is not None and link.is_open
+
+    @property
+    def stats(self) -> wire.Stats | None:
+        return self._link.stats if self._link is not None else None
+
+    @property
+    def log_path(self) -> str | None:
+        link = self._link
+        return str(link.log_path) if link is not None and link.log_path is not None else None
 
     @property
     def memory_bytes(self) -> int | None:
         """What the worker reported: weights + KV cache (latest Stats, else Ready)."""
-        if self.stats is not None:
-            return self.stats.model_bytes + self.stats.kv_bytes
-        if self.info is not None:
-            return self.info.model_bytes + self.info.kv_bytes
-        return None
+        rep = self.stats or self.info
+        return rep.model_bytes + rep.kv_bytes if rep is not None else None
 
     @property
     def rss_bytes(self) -> int | None:
-        if self.stats is not None:
-            return self.stats.rss_bytes
-        return self.info.rss_bytes if self.info is not None else None
+        rep = self.stats or self.info
+        return rep.rss_bytes if rep is not None else None
 
-    async def start(self, *, reset: bool = False) -> None:
-        """Until ready. Raises ``LoadFailed`` when the load fails for good.
-        ``reset`` forgets earlier failures (an explicit load)."""
-        fut = asyncio.get_running_loop().create_future()
-        self._inbox.put_nowait(_Start(fut, reset))
-        await fut
+    # ----------------------------------------------------------------- commands
 
     def request_start(self, *, reset: bool = False) -> asyncio.Future[None]:
-        fut = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(_consume)
+        """Ask for a start (does not wait). ``reset`` forgets earlier failures (an
+        explicit load). The future ends when ready, or with ``LoadFailed``."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(consume)
+        if self._discarded:
+            fut.set_exception(Unavailable(f"{self.spec.id} was unloaded", retry_after_s=1))
+            return fut
         self.start_requested = True
-        self._inbox.put_nowait(_Start(fut, reset))
+        self._inbox.put(Start(fut, reset))
         return fut
 
     async def stop(self, reason: str = "stopped") -> None:
-        fut = asyncio.get_running_loop().create_future()
-        self._inbox.put_nowait(_Stop(fut, reason))
+        if self._discarded:
+            return  # its owner ended (its worker was killed)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inbox.put(Stop(fut, reason))
         await fut
 
-    async def close(self) -> None:
-        """Stop and end the owner task."""
-        await self.stop("router shutting down")
-        self._owner.cancel()
+    def discard(self) -> None:
+        """Forget this instance (a fresh one replaces it, or the router closes): the
+        owner kills a worker still running, fails what waits, and ends."""
+        if not self._discarded:
+            self._discarded = True
+            self._inbox.put(Discard())
+
+    async def closed(self) -> None:
+        """Until the owner task has ended (after ``discard``)."""
         with contextlib.suppress(asyncio.CancelledError):
             await self._owner
 
-    def discard(self) -> None:
-        """Forget this instance (a fresh one replaces it): end its owner task; a process
-        still running (never expected) is killed."""
-        self._cancel_timers()
-        self.restart_pending = False
-        if self.state in (S.STARTING, S.READY, S.STOPPING):
-            kill_group(self.pid, signal.SIGKILL)
-        self._fail_requests(WorkerCrashed(f"{self.spec.id} instance replaced"))
-        self._owner.cancel()
-        for task in list(self._tasks):
-            if not task.get_coro().__name__ == "_wait_exit":  # let the reaper finish
-                task.cancel()
-
-    def submit(self, msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest,
-               stream: RequestStream) -> bool:
-        """Send a request (sync). False when the instance cannot take it now."""
-        t = self._transport
-        if self.state is not InstanceState.READY or t is None or t.is_closing():
+    def submit(self, request_id: str, frame: bytes, stream: RequestStream) -> bool:
+        """Send an encoded request (sync). False when the instance cannot take it now."""
+        link = self._link
+        if self.state is not S.READY or link is None:
             return False
-        self._requests[msg.id] = stream
-        stream.instance = self
-        stream.started = time.perf_counter()
-        t.write(wire.encode(msg))
-        return True
-
-    def abort(self, request_id: str) -> None:
-        t = self._transport
-        if request_id in self._requests and t is not None and not t.is_closing():
-            t.write(wire.encode(wire.Abort(request_id)))
+        return link.submit(request_id, frame, stream, self.index)
 
     async def fetch_stats(self, timeout_s: float = 2.0) -> wire.Stats | None:
-        t = self._transport
-        if self.state is not InstanceState.READY or t is None or t.is_closing():
+        link = self._link
+        if self.state is not S.READY or link is None:
             return None
-        fut: asyncio.Future[wire.Stats] = asyncio.get_running_loop().create_future()
-        self._stats_waiters.append(fut)
-        t.write(wire.encode(wire.StatsRequest()))
-        try:
-            return await asyncio.wait_for(fut, timeout_s)
-        except (asyncio.TimeoutError, WorkerCrashed):
-            return None
-        finally:
-            if fut in self._stats_waiters:
-                self._stats_waiters.remove(fut)
+        return await link.fetch_stats(timeout_s)
 
-    @property
-    def inflight(self) -> int:
-        return len(self._requests)
+    # ----------------------------------------------------------------- LinkOwner
 
-    # ----------------------------------------------------------------- hot path (sync)
+    def link_message(self, link: WorkerLink, msg: LifecycleMessage) -> None:
+        self._inbox.put(Lifecycle(link, msg))
 
-    def _on_message(self, gen: int, msg: Any) -> None:
-        t = type(msg)
-        if t is wire.Delta:
-            r = self._requests.get(msg.id)
-            if r is not None:
-                r.on_delta(msg)
-        elif t is wire.Finished or t is wire.RequestFailed or t is wire.Embeddings or t is wire.Tokenized:
-            r = self._requests.pop(msg.id, None)
-            if r is not None:
-                r.on_end(msg)
-                if gen == self._gen:
-                    self._on_slot_free(self)
-        elif t is wire.Stats:
-            self.stats = msg
-            waiters, self._stats_waiters = self._stats_waiters, []
-            for w in waiters:
-                if not w.done():
-                    w.set_result(msg)
-        else:
-            self._inbox.put_nowait(_Msg(gen, msg))
+    def link_request_ended(self, link: WorkerLink) -> None:
+        if link is self._link:
+            self._on_slot_free(self)
+
+    def link_closed(self, link: WorkerLink) -> None:
+        self._inbox.put(Closed(link))
+
+    def link_exited(self, link: WorkerLink, exit: LinkExit) -> None:
+        self._inbox.put(Exited(link, exit))
 
     # ----------------------------------------------------------------- the owner
 
     async def _own(self) -> None:
         while True:
             item = await self._inbox.get()
+            if isinstance(item, Discard):
+                self._discard()
+                return
             try:
                 await self._handle(item)
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log.exception("%s: error handling %r", self.name, item)
 
-    async def _handle(self, item: Any) -> None:
+    async def _handle(self, item: object) -> None:
         st = self.state
-        if isinstance(item, _Start):
+        if isinstance(item, Start):
             try:
                 if item.reset:
-                    self.failures = 0
+                    self._policy.reset()
                 if st is S.READY:
-                    _resolve(item.reply)
+                    resolve(item.reply)
                 elif st is S.STARTING:
                     self._start_waiters.append(item.reply)
                 elif st is S.STOPPING:
@@ -344,204 +262,189 @@ class Instance:
                     await self._spawn()
             finally:
                 self.start_requested = False
-        elif isinstance(item, _Stop):
-            if st is S.STOPPED:
-                _resolve(item.reply)
-            elif st is S.FAILED:
-                self._cancel_timers()
-                self.restart_pending = False
-                self._set(S.STOPPED, reason=item.reason)
-                self._fail_start_waiters(Unavailable(f"{self.spec.id} was stopped: {item.reason}"))
-                _resolve(item.reply)
-            elif st is S.STOPPING:
-                self._start_after_stop = False
-                self._stop_waiters.append(item.reply)
-            else:  # starting or ready: ask, then insist
-                self._stop_waiters.append(item.reply)
-                self._stop_reason = item.reason
-                self._set(S.STOPPING, reason=item.reason)
-                self._fail_start_waiters(Unavailable(f"{self.spec.id} was stopped while loading: {item.reason}"))
-                t = self._transport
-                if t is not None and not t.is_closing():
-                    t.write(wire.encode(wire.Shutdown()))
-                self._spawn_task(self._escalate(self._gen, self.pid))
-        elif item.gen != self._gen:
-            return  # news from an earlier process
-        elif isinstance(item, _Msg):
-            self._on_control_message(item.msg)
-        elif isinstance(item, _Eof):
-            self._transport = None
-            if st in (S.STARTING, S.READY, S.STOPPING):
-                # the process should be exiting; make sure of it
-                self._timers.append(asyncio.get_running_loop().call_later(
-                    _EXIT_AFTER_EOF_S, kill_group, self.pid, signal.SIGKILL))
-        elif isinstance(item, _Exited):
-            self._on_exit(item.rc)
-        elif isinstance(item, _LoadTimeout):
-            if st is S.STARTING:
-                self._load_error = (f"load did not finish within load_timeout_s="
-                                    f"{self._launcher.load_timeout_s:g}")
-                kill_group(self.pid, signal.SIGKILL)
-        elif isinstance(item, _RestartDue):
+        elif isinstance(item, Stop):
+            self._on_stop(item)
+        elif isinstance(item, RestartDue):
             if st is S.FAILED and self.restart_pending:
                 self.restart_pending = False
                 self.restarts += 1
-                await self._spawn()
+                await self._spawn(restart=True)
+        elif isinstance(item, (Lifecycle, Closed, Exited, LoadTimeout)):
+            if item.link is self._link:  # else: news from an earlier worker
+                self._on_link_news(item)
 
-    def _on_control_message(self, msg: Any) -> None:
+    def _on_stop(self, item: Stop) -> None:
+        st = self.state
+        if st is S.STOPPED:
+            resolve(item.reply)
+        elif st is S.FAILED:
+            self._cancel_timers()
+            self.restart_pending = False
+            self._set(S.STOPPED, reason=item.reason)
+            self._fail_start_waiters(Unavailable(f"{self.spec.id} was stopped: {item.reason}"))
+            resolve(item.reply)
+        elif st is S.STOPPING:
+            self._stop_waiters.append(item.reply)
+            if self._start_after_stop:  # the start that was to follow is called off
+                self._start_after_stop = False
+                self._fail_start_waiters(Unavailable(f"{self.spec.id} was stopped: {item.reason}"))
+        else:  # starting or ready: ask, then insist
+            self._stop_waiters.append(item.reply)
+            self._stop_reason = item.reason
+            self._set(S.STOPPING, reason=item.reason)
+            self._fail_start_waiters(Unavailable(f"{self.spec.id} was stopped while loading: {item.reason}"))
+            link = self._link
+            if link is not None:
+                with contextlib.suppress(Exception):
+                    link.send(wire.Shutdown())
+                self._spawn_task(self._escalate(link))
+
+    def _on_link_news(self, item: Lifecycle | Closed | Exited | LoadTimeout) -> None:
+        st = self.state
+        link = item.link
+        if isinstance(item, Lifecycle):
+            self._on_lifecycle(link, item.msg)
+        elif isinstance(item, Closed):
+            if link.exit is None and st in (S.STARTING, S.READY, S.STOPPING):
+                # the worker should be exiting; make sure of it
+                self._timers.append(asyncio.get_running_loop().call_later(_EXIT_AFTER_EOF_S, link.kill))
+        elif isinstance(item, Exited):
+            self._on_exit(link, item.exit)
+        elif st is S.STARTING:  # LoadTimeout
+            self._load_error = f"load did not finish within load_timeout_s={self._timeouts.load_timeout_s:g}"
+            link.kill()
+
+    def _on_lifecycle(self, link: WorkerLink, msg: LifecycleMessage) -> None:
         if isinstance(msg, wire.Loading):
-            self.pid = msg.pid
+            if msg.protocol != wire.PROTOCOL_VERSION:
+                self._load_error = (f"the worker speaks wire protocol {msg.protocol}, the router "
+                                    f"{wire.PROTOCOL_VERSION}: mismatched corral installations")
+                link.kill()
         elif isinstance(msg, wire.Ready):
             if self.state is not S.STARTING:
                 return
             self.info = msg.info
-            self.stats = None
-            self.busy = 0
-            self.ready_at = time.monotonic()
-            self.last_load_s = time.monotonic() - (self.load_started or self.ready_at)
-            self.last_used = time.time()
+            self.last_load_s = time.monotonic() - self._load_started
+            self._policy.on_ready()
             self._cancel_timers()
             self._set(S.READY)
             waiters, self._start_waiters = self._start_waiters, []
             for w in waiters:
-                _resolve(w)
-        elif isinstance(msg, wire.LoadFailed):
+                resolve(w)
+        else:
             self._load_error = msg.reason
 
-    async def _spawn(self) -> None:
-        self._gen += 1
-        gen = self._gen
+    async def _spawn(self, *, restart: bool = False) -> None:
         self._load_error = None
         self.info = None
-        self.stats = None
         self.exit_code = None
         self.reason = None
         self.final = False
-        self.load_started = time.monotonic()
+        self._load_started = time.monotonic()
         settings = self.spec.worker_settings(self.index, self.threads)
         try:
-            proc, sock, self.log_path = await self._launcher.spawn(settings)
+            link = await self._spawner.spawn(settings, self)
         except OSError as exc:
-            self._set(S.STARTING)
-            self._to_failed(f"cannot start worker: {exc}", None, restart=False)
+            self._set(S.STARTING, restart=restart)
+            self._to_failed(f"cannot start worker: {exc}", None, retryable=False)
             return
-        self._proc = proc
-        self.pid = proc.pid
-        self._set(S.STARTING)
-        loop = asyncio.get_running_loop()
-        try:
-            transport, _ = await loop.connect_accepted_socket(lambda: _Protocol(self, gen), sock)
-            self._transport = transport  # type: ignore[assignment]
-        except OSError as exc:
-            sock.close()
-            self._load_error = f"cannot talk to worker: {exc}"
-            kill_group(proc.pid, signal.SIGKILL)
-        self._spawn_task(self._wait_exit(gen, proc))
-        self._timers.append(loop.call_later(self._launcher.load_timeout_s,
-                                            self._inbox.put_nowait, _LoadTimeout(gen)))
+        self._link = link
+        self.placement = link.placement
+        self.pid = link.placement.pid
+        self._set(S.STARTING, restart=restart)
+        self._timers.append(asyncio.get_running_loop().call_later(
+            self._timeouts.load_timeout_s, self._inbox.put, LoadTimeout(link)))
 
-    async def _wait_exit(self, gen: int, proc: asyncio.subprocess.Process) -> None:
-        rc = await proc.wait()
-        self._inbox.put_nowait(_Exited(gen, rc))
-
-    async def _escalate(self, gen: int, pid: int | None) -> None:
-        """Shutdown was sent. Grace, then SIGTERM the group, then SIGKILL it."""
-        await asyncio.sleep(self._launcher.stop_grace_s)
-        if gen != self._gen or self.state is not S.STOPPING:
+    async def _escalate(self, link: WorkerLink) -> None:
+        """Shutdown was sent. Grace, then terminate, then kill."""
+        await asyncio.sleep(self._timeouts.stop_grace_s)
+        if link.exit is not None:
             return
-        log.warning("%s: no exit %.1fs after Shutdown; SIGTERM", self.name, self._launcher.stop_grace_s)
-        kill_group(pid, signal.SIGTERM)
+        log.warning("%s: no exit %.1fs after Shutdown; SIGTERM", self.name, self._timeouts.stop_grace_s)
+        link.terminate()
         await asyncio.sleep(_KILL_AFTER_TERM_S)
-        if gen != self._gen or self.state is not S.STOPPING:
-            return
-        log.warning("%s: still running after SIGTERM; SIGKILL", self.name)
-        kill_group(pid, signal.SIGKILL)
+        if link.exit is None:
+            log.warning("%s: still running after SIGTERM; SIGKILL", self.name)
+            link.kill()
 
-    def _on_exit(self, rc: int | None) -> None:
+    def _on_exit(self, link: WorkerLink, exit: LinkExit) -> None:
         self._cancel_timers()
-        if self._transport is not None:
-            self._transport.close()
-            self._transport = None
-        # whatever else the worker group left behind goes too
-        kill_group(self.pid, signal.SIGKILL)
-        self.exit_code = rc
+        self.exit_code = exit.code
         st = self.state
         if st is S.STOPPING:
-            self._fail_requests(WorkerCrashed(
+            link.fail_requests(WorkerCrashed(
                 f"{self.spec.id} was stopped ({self._stop_reason}) before the request finished"))
-            self._set(S.STOPPED, reason=self._stop_reason, exit_code=rc)
+            self._set(S.STOPPED, reason=self._stop_reason, exit_code=exit.code)
             waiters, self._stop_waiters = self._stop_waiters, []
             for w in waiters:
-                _resolve(w)
+                resolve(w)
             if self._start_after_stop:
                 self._start_after_stop = False
-                self.start_requested = True
-                self._inbox.put_nowait(_Start(_done_future(), False))
+                self.request_start()
             return
         if st not in (S.STARTING, S.READY):
             return
-        tail = log_tail(self.log_path)
+        retryable = self._load_error is None
         if self._load_error is not None:
             reason = self._load_error
-            restart = False
         else:
-            reason = describe_exit(rc)
-            if st is S.STARTING:
-                reason = f"worker died while loading: {reason}"
-            restart = True
-        tail = "\n".join(ln for ln in tail.splitlines() if reason not in ln)  # no echo of the reason
+            reason = exit.reason if st is S.READY else f"worker died while loading: {exit.reason}"
+        tail = "\n".join(ln for ln in link.log_tail().splitlines() if reason not in ln)  # no echo
         if tail:
             reason += f"; last log lines:\n{tail}"
-        self._fail_requests(WorkerCrashed(f"the worker serving {self.spec.id} failed: {describe_exit(rc)}"))
-        self._to_failed(reason, rc, restart=restart)
+        link.fail_requests(WorkerCrashed(f"the worker serving {self.spec.id} failed: {exit.reason}"))
+        self._to_failed(reason, exit.code, retryable=retryable)
 
-    def _to_failed(self, reason: str, rc: int | None, *, restart: bool) -> None:
-        now = time.monotonic()
-        if self.ready_at is not None and now - self.ready_at > _STABLE_S:
-            self.failures = 0
-        self.ready_at = None
-        self.failures += 1
+    def _to_failed(self, reason: str, code: int | None, *, retryable: bool) -> None:
+        decision = self._policy.on_failure(retryable=retryable)
         self.reason = reason
-        self.busy = 0
-        restart = restart and self.failures <= self._launcher.max_restarts
-        self.final = not restart
-        self.restart_pending = restart
-        self._set(S.FAILED, reason=reason, exit_code=rc)
-        if restart:
-            delay = min(_MAX_BACKOFF_S, self._launcher.restart_backoff_s * 2 ** (self.failures - 1))
+        self.final = decision.final
+        self.restart_pending = decision.restart
+        self._set(S.FAILED, reason=reason, exit_code=code, restart=decision.restart)
+        if decision.restart:
             self._timers.append(asyncio.get_running_loop().call_later(
-                delay, self._inbox.put_nowait, _RestartDue(self._gen)))
+                decision.delay_s, self._inbox.put, RestartDue()))
         else:
             self._fail_start_waiters(LoadFailed(f"{self.spec.id} failed to load: {reason}"))
+
+    def _discard(self) -> None:
+        self._cancel_timers()
+        self.restart_pending = False
+        for task in self._tasks:
+            task.cancel()
+        link = self._link
+        if link is not None and link.exit is None:
+            link.kill()
+            link.fail_requests(WorkerCrashed(f"{self.spec.id} instance replaced"))
+        gone = Unavailable(f"{self.spec.id} was unloaded", retry_after_s=1)
+        self._fail_start_waiters(gone)
+        self._start_after_stop = False
+        waiters, self._stop_waiters = self._stop_waiters, []
+        for w in waiters:
+            resolve(w)
+        while (item := self._inbox.get_nowait()) is not None:  # commands nobody will run
+            if isinstance(item, Start):
+                if not item.reply.done():
+                    item.reply.set_exception(gone)
+            elif isinstance(item, Stop):
+                resolve(item.reply)
 
     # ----------------------------------------------------------------- helpers
 
     def _set(self, new: InstanceState, *, reason: str | None = None,
-             exit_code: int | None = None) -> None:
+             exit_code: int | None = None, restart: bool = False) -> None:
         old = self.state
         if new not in _ALLOWED[old]:
             raise RuntimeError(f"{self.name}: illegal transition {old.value} -> {new.value}")
         self.state = new
-        if new is not S.READY:
-            self.busy = 0
-        fields: dict[str, Any] = {"instance": self.index, "old": old.value, "new": new.value,
-                                  "pid": self.pid}
+        fields: dict[str, object] = {"instance": self.index, "old": old.value, "new": new.value,
+                                     "pid": self.pid}
         if reason is not None:
             fields["reason"] = reason
         if exit_code is not None:
             fields["exit_code"] = exit_code
-        self._bus.publish("status_change", self.spec.id, **fields)
-        self._on_change(self)
-
-    def _fail_requests(self, exc: Exception) -> None:
-        reqs, self._requests = self._requests, {}
-        for r in reqs.values():
-            r.fail(exc)  # type: ignore[arg-type]
-        waiters, self._stats_waiters = self._stats_waiters, []
-        for w in waiters:
-            if not w.done():
-                w.set_exception(WorkerCrashed("worker gone"))
-                w.exception()
+        self._bus.publish(EventName.STATUS_CHANGE, self.spec.id, **fields)
+        self._on_change(self, Transition(old, new, restart))
 
     def _fail_start_waiters(self, exc: Exception) -> None:
         waiters, self._start_waiters = self._start_waiters, []
@@ -554,23 +457,7 @@ class Instance:
             t.cancel()
         self._timers.clear()
 
-    def _spawn_task(self, coro: Any) -> None:
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _consume(fut: asyncio.Future[None]) -> None:
-    if not fut.cancelled():
-        fut.exception()  # mark retrieved: the pool reads outcomes from state
-
-
-def _done_future() -> asyncio.Future[None]:
-    fut = asyncio.get_running_loop().create_future()
-    fut.add_done_callback(_consume)
-    return fut

@@ -7,8 +7,10 @@ that KV cache), then the least busy one. With no free slot it waits in a bounded
 A draining pool (being unloaded or restarted) hands out no slots; its waiters wait
 for it to come back, or are told to retry (the model was unloaded: autoload again).
 
-Everything here runs on the event loop and is synchronous except the waits, so
-"check a slot, then take it" cannot race.
+The pool keeps its own slot bookkeeping (``_Slots`` per instance: busy slots, recent
+prompt prefixes, last use); an instance leaving ``ready`` has its count zeroed here
+(its requests were failed). Everything here runs on the event loop and is synchronous
+except the waits, so "check a slot, then take it" cannot race.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
 
 from corral.control.catalog import ModelSpec
-from corral.control.instance import Instance, InstanceState
-from corral.errors import CapacityTimeout, LoadFailed, QueueFull, Unavailable
+from corral.control.instance import Instance, InstanceState, Transition
+from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, QueueFull, Unavailable
 
 __all__ = ["ModelPool", "MIN_PREFIX", "common_prefix_len"]
 
@@ -43,6 +45,13 @@ def common_prefix_len(a: str, b: str) -> int:
     return lo
 
 
+@dataclass(slots=True)
+class _Slots:
+    busy: int = 0
+    recent: deque[str] = field(default_factory=deque)
+    last_used: float = 0.0
+
+
 class ModelPool:
     def __init__(self, spec: ModelSpec, *, make_instance: Callable[["ModelPool", int], Instance],
                  on_capacity: Callable[[], None]) -> None:
@@ -50,6 +59,7 @@ class ModelPool:
         self._make_instance = make_instance
         self._on_capacity = on_capacity
         self.instances: list[Instance] = []
+        self._slots: dict[Instance, _Slots] = {}
         self.waiters: deque[tuple[asyncio.Future[Instance | None], str | None]] = deque()
         self.last_used = 0.0
         self.draining = False
@@ -67,11 +77,19 @@ class ModelPool:
     def has_ready(self) -> bool:
         return any(i.state is S.READY for i in self.instances)
 
-    @property
-    def loading(self) -> bool:
-        return not self.has_ready and any(
-            i.state is S.STARTING or i.restart_pending or i.start_requested
-            for i in self.instances)
+    def busy(self, inst: Instance) -> int:
+        """Slots of ``inst`` running a request."""
+        return self._slots[inst].busy if inst in self._slots else 0
+
+    def recent(self, inst: Instance) -> deque[str]:
+        """Prompt prefixes ``inst`` served lately (prefix affinity)."""
+        return self._slots[inst].recent if inst in self._slots else deque()
+
+    def last_used_of(self, inst: Instance) -> float:
+        return self._slots[inst].last_used if inst in self._slots else 0.0
+
+    def _free_slots(self, inst: Instance) -> int:
+        return inst.slots_total - self._slots[inst].busy if inst.accepting else 0
 
     @property
     def occupies(self) -> bool:
@@ -85,6 +103,12 @@ class ModelPool:
                                             and not i.start_requested for i in self.instances)
 
     @property
+    def retry_due(self) -> bool:
+        """Failed for good after a crash loop, and the backoff has passed: a request may
+        start it again."""
+        return self.failed_final and any(i.retry_due for i in self.instances)
+
+    @property
     def failure_reason(self) -> str | None:
         for i in self.instances:
             if i.state is S.FAILED and i.reason:
@@ -93,7 +117,7 @@ class ModelPool:
 
     @property
     def inflight(self) -> int:
-        return sum(i.busy for i in self.instances)
+        return sum(s.busy for s in self._slots.values())
 
     @property
     def idle(self) -> bool:
@@ -151,23 +175,37 @@ class ModelPool:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        """Fresh instances from the current spec, all told to start (does not wait)."""
-        for old in self.instances:
-            old.discard()
-        self.instances = [self._make_instance(self, i) for i in range(self.spec.instances)]
+    def start(self, *, fresh: bool = True) -> None:
+        """Tell every instance to start (does not wait). ``fresh``: new instances from
+        the current spec, earlier failures forgotten; else the failed ones try again
+        with their failure counts (a retry after the backoff)."""
         self.loads += 1
         self.keep_alive_s = None
         self.last_used = time.time()
+        if fresh or not self.instances:
+            self._replace([self._make_instance(self, i) for i in range(self.spec.instances)])
+            for inst in self.instances:
+                inst.request_start(reset=True)
+            return
         for inst in self.instances:
-            inst.request_start(reset=True)
+            if inst.state in (S.FAILED, S.STOPPED):
+                inst.request_start()
 
     def forget_failure(self) -> None:
         """A model that failed for good goes back to unloaded (reload)."""
         if self.failed_final:
-            for old in self.instances:
-                old.discard()
-            self.instances = []
+            self._replace([])
+
+    def discard(self) -> None:
+        """Forget every instance (the model is removed or the router closes)."""
+        self._replace([])
+
+    def _replace(self, instances: list[Instance]) -> None:
+        for old in self.instances:
+            old.discard()
+        self.instances = instances
+        self._slots = {i: _Slots(recent=deque(maxlen=max(2, 2 * self.spec.n_parallel)))
+                       for i in instances}
 
     async def stop(self, reason: str) -> None:
         await asyncio.gather(*(i.stop(reason) for i in self.instances))
@@ -187,8 +225,8 @@ class ModelPool:
                                   retry_after_s=1)
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise CapacityTimeout(f"model {self.spec.id!r} is still loading after {timeout_s:g} s",
-                                      retry_after_s=5, code="model_loading")
+                raise ModelLoading(f"model {self.spec.id!r} is still loading after {timeout_s:g} s",
+                                   retry_after_s=5)
             if self._changed is None or self._changed.done():
                 self._changed = loop.create_future()
             try:
@@ -212,9 +250,15 @@ class ModelPool:
                 return False
         return True
 
-    def on_instance_change(self, inst: Instance) -> None:
+    def on_instance_change(self, inst: Instance, tr: Transition) -> None:
         """Called (synchronously) by an instance after each transition."""
+        slots = self._slots.get(inst)
+        if slots is None:
+            return  # a discarded instance
+        if tr.new is not S.READY:
+            slots.busy = 0  # its requests were failed or are being stopped
         if inst.state is S.READY:
+            slots.last_used = time.time()
             if inst.memory_bytes is not None:
                 self.footprint = inst.memory_bytes
             self._serve_waiters()
@@ -252,8 +296,10 @@ class ModelPool:
             raise CapacityTimeout(f"no free slot on model {self.spec.id!r} within the queue timeout",
                                   retry_after_s=1) from None
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled() and fut.exception() is None and fut.result() is not None:
-                self.release(fut.result())  # type: ignore[arg-type]
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                got = fut.result()
+                if got is not None:
+                    self.release(got)
             raise
         finally:
             if fut.cancelled():  # timed out or the caller left: still queued (served ones were popped)
@@ -265,10 +311,13 @@ class ModelPool:
                 self._on_capacity()
 
     def release(self, inst: Instance) -> None:
-        """A request ended on ``inst`` (called from the socket reader)."""
-        if inst.busy > 0:
-            inst.busy -= 1
-        self.last_used = inst.last_used = time.time()
+        """A request ended on ``inst`` (called from the link), or was never sent."""
+        slots = self._slots.get(inst)
+        if slots is None:
+            return
+        if slots.busy > 0:
+            slots.busy -= 1
+        self.last_used = slots.last_used = time.time()
         if self.waiters:
             self._serve_waiters()
         if self.inflight == 0:
@@ -304,31 +353,29 @@ class ModelPool:
     def _pick(self, prefix: str | None) -> Instance | None:
         best: Instance | None = None
         best_key: tuple[int, int] = (-1, 0)
-        candidates = [i for i in self.instances if i.free_slots > 0]
+        candidates = [i for i in self.instances if self._free_slots(i) > 0]
         if not candidates:
             return None
         if len(candidates) == 1 or not prefix:
-            best = min(candidates, key=lambda i: i.busy)
+            best = min(candidates, key=lambda i: self._slots[i].busy)
         else:
             for inst in candidates:
                 p = 0
-                for seen in inst.recent:
+                for seen in self._slots[inst].recent:
                     n = common_prefix_len(prefix, seen)
                     if n > p:
                         p = n
-                key = (p if p >= MIN_PREFIX else 0, -inst.busy)
+                key = (p if p >= MIN_PREFIX else 0, -self._slots[inst].busy)
                 if key > best_key:
                     best, best_key = inst, key
         assert best is not None
-        best.busy += 1
+        slots = self._slots[best]
+        slots.busy += 1
         if prefix:
-            best.recent.append(prefix[:_PREFIX_KEY_CHARS])
-        self.last_used = best.last_used = time.time()
+            slots.recent.append(prefix[:_PREFIX_KEY_CHARS])
+        self.last_used = slots.last_used = time.time()
         return best
 
     def _set_idle(self) -> None:
         if self._idle is not None and not self._idle.done():
             self._idle.set_result(None)
-
-    def describe(self) -> dict[str, Any]:
-        return {"queued": len(self.waiters), "inflight": self.inflight}

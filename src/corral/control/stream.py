@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from corral import wire
-from corral.errors import (ContextLengthExceeded, CorralError, InvalidRequest)
-
-if TYPE_CHECKING:
-    from corral.control.instance import Instance
+from corral.errors import ContextLengthExceeded, CorralError, InvalidRequest, WorkerRequestFailed
 
 __all__ = ["RequestStream", "StreamPiece", "failure_to_error"]
 
@@ -30,7 +27,7 @@ def failure_to_error(msg: wire.RequestFailed, input_param: str = "messages") -> 
         return ContextLengthExceeded(msg.message, param=input_param)
     if msg.code == "invalid_request":
         return InvalidRequest(msg.message)
-    return CorralError(f"the model failed on this request: {msg.message}")
+    return WorkerRequestFailed(f"the model failed on this request: {msg.message}")
 
 
 class StreamPiece:
@@ -46,9 +43,11 @@ class StreamPiece:
 
 
 class RequestStream:
-    """State of one request as the router sees it. Fed by ``Instance``, read by the API."""
+    """State of one request as the router sees it. Fed by the worker's link, read by the
+    API. ``bind`` (when the request is sent) gives it the instance index and how to
+    abort it."""
 
-    __slots__ = ("id", "instance", "_parts", "n_tokens", "_waiter", "finished", "error",
+    __slots__ = ("id", "instance_index", "_abort", "_parts", "n_tokens", "_waiter", "finished", "error",
                  "embeddings", "created", "started", "first_token", "ended", "model", "aborted", "_folded",
                  "input_param", "_logprobs", "_tool_calls", "tokenized")
 
@@ -56,7 +55,8 @@ class RequestStream:
         self.id = request_id
         self.model = model
         self.input_param = input_param
-        self.instance: Instance | None = None
+        self.instance_index: int | None = None
+        self._abort: Callable[[str], None] | None = None
         self._parts: list[str] = []
         self.n_tokens = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -72,6 +72,11 @@ class RequestStream:
         self.ended: float | None = None
         self.aborted = False
         self._folded = 0
+
+    def bind(self, instance_index: int, abort: Callable[[str], None]) -> None:
+        """The request was sent to instance ``instance_index``; ``abort(id)`` stops it."""
+        self.instance_index = instance_index
+        self._abort = abort
 
     # ------------------------------------------------------------ producer side (sync)
 
@@ -95,14 +100,14 @@ class RequestStream:
             w.set_result(None)
 
     def on_end(self, msg: wire.Finished | wire.RequestFailed | wire.Embeddings | wire.Tokenized) -> None:
-        if type(msg) is wire.Finished:
+        if isinstance(msg, wire.Finished):
             self.finished = msg
-        elif type(msg) is wire.Embeddings:
+        elif isinstance(msg, wire.Embeddings):
             self.embeddings = msg
-        elif type(msg) is wire.Tokenized:
+        elif isinstance(msg, wire.Tokenized):
             self.tokenized = msg
         else:
-            self.error = failure_to_error(msg, self.input_param)  # type: ignore[arg-type]
+            self.error = failure_to_error(msg, self.input_param)
         self._end()
 
     def fail(self, exc: CorralError) -> None:
@@ -201,9 +206,9 @@ class RequestStream:
 
     def abort(self) -> None:
         """Ask the worker to stop this request. Harmless when done or repeated."""
-        if not self.done and self.instance is not None:
+        if not self.done and self._abort is not None:
             self.aborted = True
             self._parts = []
             self._logprobs = []
             self._tool_calls = []
-            self.instance.abort(self.id)
+            self._abort(self.id)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
 from corral.control.instance import InstanceState
 from corral.control.pool import ModelPool
 
@@ -19,7 +21,7 @@ def snapshot(pools: Iterable[ModelPool]) -> list[dict[str, Any]]:
             "id": pool.spec.id,
             "status": pool.status(),
             "queued": len(pool.waiters),
-            "instances": [{"index": i.index, "state": i.state.value, "busy": i.busy,
+            "instances": [{"index": i.index, "state": i.state.value, "busy": pool.busy(i),
                            "total": i.slots_total, "memory": i.memory_bytes}
                           for i in pool.instances],
         })
@@ -36,17 +38,20 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "index": i.index,
             "state": i.state.value,
             "pid": i.pid,
-            "slots": {"busy": i.busy, "total": i.slots_total},
+            "slots": {"busy": pool.busy(i), "total": i.slots_total},
             "memory": {"model_bytes": rep.model_bytes if rep else None,
                        "kv_bytes": rep.kv_bytes if rep else None,
                        "rss_bytes": i.rss_bytes},
-            "last_used": i.last_used or None,
+            "last_used": pool.last_used_of(i) or None,
             "threads": i.threads,
             "restarts": i.restarts,
             "failures": i.failures,
             "reason": i.reason,
             "exit_code": i.exit_code,
-            "log": str(i.log_path) if i.log_path else None,
+            "log": i.log_path,
+            "gpu_layers": i.info.gpu_layers if i.info else None,
+            "devices": [msgspec.to_builtins(d) for d in i.info.devices] if i.info else [],
+            "fit": msgspec.to_builtins(i.info.fit) if i.info and i.info.fit else None,
         })
     status = pool.status()
     return {
@@ -65,7 +70,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "exit_code": next((i.exit_code for i in pool.instances if i.state is InstanceState.FAILED), None),
         },
         "settings": {"ctx_len": spec.ctx_len, "n_parallel": spec.n_parallel,
-                     "instances": spec.instances, "n_gpu_layers": spec.n_gpu_layers,
+                     "instances": spec.instances, "n_gpu_layers": spec.n_gpu_layers, "devices": spec.devices,
                      "threads": spec.threads, "embedding": spec.embedding,
                      "ttl_s": spec.ttl_s, "pinned": spec.pinned},
         "queued": len(pool.waiters),

@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from corral.errors import Forbidden, InvalidRequest
+from corral.errors import InvalidRequest, PathNotAllowed
 
 __all__ = ["PathPolicy", "hf_hub_cache_dir", "real_path"]
 
@@ -83,8 +83,8 @@ class PathPolicy:
         rp = real_path(path, param=param)
         if rp in self.files or any(_inside(rp, root) for root in self.roots):
             return rp
-        raise Forbidden(
+        raise PathNotAllowed(
             f"{param}: {os.fspath(path)!r} is outside the models directory and the allowed "
             "directories; to serve models from there, add the directory to [server] "
             "allowed_model_dirs in the config (or put the file in models_dir)",
-            param=param, code="path_not_allowed")
+            param=param)

@@ -470,20 +470,33 @@ def _private_write(path: Path, data: bytes, *, keep: bool = False) -> None:
 
 def _lock(part: Path) -> None:
     """Hold an exclusive lock on ``<part>.lock`` until this process exits, so two pulls
-    (two ids for one file, or the CLI and a server) never write one partial file."""
+    (two ids for one file, or the CLI and a server) never write one partial file.
+
+    A pull that is done deletes the lock file while it still holds the lock. A pull
+    that opened the file just before that would lock a deleted file while a third
+    pull locks the new one; so a lock counts only when the file locked is still the
+    one at the path (same inode), else it is taken again."""
     import fcntl
 
     lock = part.with_suffix(".lock")
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:
-        raise _disk_fail(exc, lock) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise Fail("busy", "this file is being downloaded by another pull right now; "
-                   "wait for it or cancel it") from None
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise _disk_fail(exc, lock) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise Fail("busy", "this file is being downloaded by another pull right now; "
+                       "wait for it or cancel it") from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # we locked a file that was deleted meanwhile: lock the current one
     _held_locks.append(fd)  # released by the kernel when we exit, however we exit
 
 

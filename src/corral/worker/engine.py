@@ -82,24 +82,10 @@ class _Slot:
 
 
 def _check_params(p: wire.SamplingParams) -> None:
-    """Values llama.cpp's samplers cannot take (the router validates too; this is the floor)."""
-    bad: str | None = None
-    if p.max_tokens is not None and p.max_tokens < 0:
-        bad = f"max_tokens must be >= 0, got {p.max_tokens}"
-    elif not p.repeat_penalty > 0.0:
-        bad = f"repeat_penalty must be > 0, got {p.repeat_penalty}"
-    elif p.temperature != p.temperature:
-        bad = "temperature must be a number"
-    elif not (0.0 <= p.top_p <= 1.0):
-        bad = f"top_p must be between 0 and 1, got {p.top_p}"
-    elif not (0.0 <= p.min_p <= 1.0):
-        bad = f"min_p must be between 0 and 1, got {p.min_p}"
-    elif p.repeat_last_n < -1:
-        bad = f"repeat_last_n must be >= -1, got {p.repeat_last_n}"
-    elif any(x != x or abs(x) == float("inf") for x in (p.presence_penalty, p.frequency_penalty)):
-        bad = "presence_penalty and frequency_penalty must be finite"
-    if bad:
-        raise RequestRejected("invalid_request", bad)
+    """The bounds the router checks too (``wire.invalid_field``): one set for both."""
+    bad = wire.invalid_field(p)
+    if bad is not None:
+        raise RequestRejected("invalid_request", f"{bad[0]}: {bad[1]}")
 
 
 class _Batch:

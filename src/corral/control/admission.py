@@ -1,0 +1,176 @@
+"""Admission: the one place that starts workers, within the budget.
+
+Budget: ``max_loaded_models`` and ``memory_budget`` (the bytes workers report in
+Ready/Stats: weights + KV cache; for a model never loaded, its file size). A load
+beyond the budget evicts the least recently used idle model; a model with requests
+running or queued, a model that is loading, and a pinned model are never evicted:
+the load then waits up to ``queue_timeout_s`` for room (the capacity wait) and fails
+with 503 ``CapacityTimeout``.
+
+The admission lock is held only while deciding what to evict and starting workers,
+never while serving, so loads never block requests to other models. Every start goes
+through ``load``: a request's autoload, an explicit load, a restart after a config
+change (reload) and a retry after a crash loop's backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from corral.config import ServerConfig
+from corral.control.pool import ModelPool
+from corral.errors import CapacityTimeout, LoadFailed
+
+__all__ = ["Admission", "fmt_bytes"]
+
+log = logging.getLogger("corral.admission")
+
+Background = Callable[[Coroutine[Any, Any, None], str], object]
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+class Admission:
+    def __init__(self, pools: dict[str, ModelPool], server: Callable[[], ServerConfig],
+                 background: Background) -> None:
+        self._pools = pools
+        self._server = server
+        self._background = background
+        self._lock = asyncio.Lock()
+        self._capacity: asyncio.Future[None] | None = None
+
+    # ------------------------------------------------------------------ loading
+
+    async def load(self, pool: ModelPool, *, fresh: bool = True) -> None:
+        """Start ``pool`` (making room first) unless it already holds its place; wait
+        until an instance is ready. ``fresh=False``: failed instances retry with their
+        failure counts (after a crash loop's backoff)."""
+        if not pool.occupies:
+            async with self._lock:
+                if not pool.occupies:
+                    await self._make_room(pool)
+                    pool.start(fresh=fresh)
+        await pool.wait_ready(self._server().load_timeout_s)
+        if self._server().memory_budget is not None:
+            self._background(self._trim(pool), "trim")
+
+    async def _make_room(self, pool: ModelPool) -> None:
+        """Evict LRU idle models until ``pool`` fits; wait for room up to queue_timeout_s."""
+        srv = self._server()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + srv.queue_timeout_s
+        budget = srv.memory_budget
+        need = pool.estimate_bytes()
+        if budget is not None and need > budget:
+            raise LoadFailed(f"model {pool.spec.id!r} needs about {fmt_bytes(need)}, more than "
+                             f"memory_budget ({fmt_bytes(budget)})")
+        while True:
+            others = [p for p in self._pools.values() if p is not pool and p.occupies]
+            over_count = len(others) + 1 > srv.max_loaded_models
+            used = sum(p.memory_bytes() for p in others)
+            over_mem = budget is not None and used + need > budget
+            if not over_count and not over_mem:
+                return
+            victims = sorted((p for p in others if p.evictable), key=lambda p: p.last_used)
+            if victims:
+                why = (f"max_loaded_models={srv.max_loaded_models}" if over_count
+                       else f"memory_budget={fmt_bytes(budget or 0)}")
+                await self.unload(victims[0], f"evicted to make room for {pool.spec.id} ({why})",
+                                  drain=False)
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                what = (f"{len(others)} models loaded (max_loaded_models={srv.max_loaded_models})"
+                        if over_count else
+                        f"{fmt_bytes(used)} of memory_budget {fmt_bytes(budget or 0)} in use")
+                raise CapacityTimeout(f"no room to load model {pool.spec.id!r}: {what} and none "
+                                      "can be evicted (busy, loading or pinned); try again later",
+                                      retry_after_s=5)
+            await self._wait_capacity(remaining)
+
+    async def _trim(self, loaded: ModelPool) -> None:
+        """After a load, with real numbers: evict LRU idle models while over budget."""
+        budget = self._server().memory_budget
+        if budget is None:
+            return
+        async with self._lock:
+            while True:
+                active = [p for p in self._pools.values() if p.occupies]
+                if sum(p.memory_bytes() for p in active) <= budget:
+                    return
+                victims = sorted((p for p in active if p is not loaded and p.evictable),
+                                 key=lambda p: p.last_used)
+                if not victims:
+                    log.warning("over memory_budget after loading %s; nothing idle to evict", loaded.spec.id)
+                    return
+                await self.unload(victims[0], f"evicted: over memory_budget after loading "
+                                  f"{loaded.spec.id}", drain=False)
+
+    # ------------------------------------------------------------------ unloading
+
+    async def unload(self, pool: ModelPool, reason: str, *, drain: bool,
+                     waiters_exc: Exception | None = None) -> None:
+        """Stop the pool's workers (after its running requests, up to drain_timeout_s,
+        when ``drain``). Its queued requests get ``waiters_exc``, or retry from the top."""
+        pool.draining = True
+        try:
+            if drain and pool.inflight:
+                await pool.wait_idle(self._server().drain_timeout_s)
+            await pool.stop(reason)
+        finally:
+            pool.draining = False
+            if waiters_exc is not None:
+                pool.fail_waiters(waiters_exc)
+            else:
+                pool.wake_waiters()
+            self.notify_capacity()
+
+    async def unload_idle(self, pool: ModelPool, reason: str) -> None:
+        """Unload only if still idle when this runs (a request may have come meanwhile);
+        the check and the draining flag happen with no await in between."""
+        if not pool.idle or pool.draining or not pool.occupies:
+            return
+        await self.unload(pool, reason, drain=False)
+
+    async def restart(self, pool: ModelPool, apply: Callable[[], None]) -> None:
+        """New worker settings: drain and stop the workers, ``apply`` the new spec, and
+        load again (within the budget) if it was loaded. Requests arriving meanwhile
+        queue and are served by the new workers. Raises when the new load fails."""
+        was_active = pool.occupies
+        pool.draining = True
+        try:
+            if was_active:
+                await pool.wait_idle(self._server().drain_timeout_s)
+                await pool.stop("config changed: restarting with new settings")
+            pool.forget_failure()
+            apply()
+        finally:
+            pool.draining = False
+            self.notify_capacity()
+        if was_active:
+            await self.load(pool)
+        elif pool.waiters:
+            pool.wake_waiters()
+
+    # ------------------------------------------------------------------ capacity wait
+
+    def notify_capacity(self) -> None:
+        c = self._capacity
+        if c is not None and not c.done():
+            c.set_result(None)
+
+    async def _wait_capacity(self, timeout_s: float) -> None:
+        if self._capacity is None or self._capacity.done():
+            self._capacity = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._capacity), timeout_s)

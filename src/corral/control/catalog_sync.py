@@ -1,0 +1,183 @@
+"""Catalog sync: models appear, change and go while the router runs.
+
+Sources of change: a reload (``POST /models/reload``, SIGHUP: the config file and
+models_dir are read again), Nitro's loadmodel (``add_model``), a finished pull
+(``on_download_finished``) and a deleted file (``remove_model``).
+
+- removed models unload (running requests finish) and disappear (404);
+- models whose worker settings changed restart through admission (drain, stop, load
+  again within the budget); requests arriving meanwhile queue for the new workers;
+- alias/ttl/pinned changes apply live;
+- new models appear (and load if ``load_on_startup``).
+
+A pool is added in one place (``add``), which also publishes ``model_added``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from corral.config import CorralConfig
+from corral.control.admission import Admission
+from corral.control.catalog import Catalog, ModelSpec, specs_from_config
+from corral.control.events import EventBus, EventName
+from corral.control.pool import ModelPool
+from corral.errors import Conflict, InvalidRequest, ModelNotFound
+from corral.model_ids import id_problem
+
+__all__ = ["CatalogSync"]
+
+log = logging.getLogger("corral.catalog")
+
+Embedded = tuple[str, Path, tuple[str, ...]]
+
+
+class CatalogSync:
+    def __init__(self, *, catalog: Catalog, pools: dict[str, ModelPool], bus: EventBus,
+                 admission: Admission, make_pool: Callable[[ModelSpec], ModelPool],
+                 load_soon: Callable[[ModelPool], None], store: Any = None,
+                 embedded: Embedded | None = None) -> None:
+        self.catalog = catalog
+        self.pools = pools
+        self._bus = bus
+        self._admission = admission
+        self._make_pool = make_pool
+        self._load_soon = load_soon
+        self.store = store
+        self._embedded = embedded
+        self._extra_specs: dict[str, ModelSpec] = {}  # added at run time (Nitro loadmodel, pulls)
+        self._copies: dict[str, str] = {}  # alias -> model id, added by Ollama's /api/copy
+
+    def specs(self, cfg: CorralConfig) -> list[ModelSpec]:
+        """Every model ``cfg`` (plus models_dir, the embedded model and what was added at
+        run time) names."""
+        store_models = []
+        if self.store is not None:
+            try:
+                store_models = self.store.list()
+            except Exception as exc:  # an unreadable models_dir must not stop the router
+                log.warning("cannot list models_dir: %s", exc)
+        embedded = self._embedded if cfg.server.include_default_model else None
+        specs = specs_from_config(cfg, store_models, embedded)
+        ids = {s.id for s in specs}
+        specs += [s for mid, s in self._extra_specs.items() if mid not in ids]
+        if self._copies:  # aliases added at run time (Ollama's /api/copy) outlive reloads
+            taken = ids | {a for s in specs for a in s.aliases}
+            specs = [msgspec.structs.replace(s, aliases=s.aliases + tuple(
+                a for a, mid in self._copies.items() if mid == s.id and a not in taken)) for s in specs]
+        return specs
+
+    def add_alias(self, model_id: str, alias: str) -> str:
+        """Make ``alias`` another name of ``model_id`` (Ollama's copy); returns the id.
+        InvalidRequest for an invalid name, Conflict if it already names another model."""
+        problem = id_problem(alias)
+        if problem is not None:
+            raise InvalidRequest(f"invalid model name {alias!r}: {problem}", param="destination")
+        try:
+            other = self.catalog.resolve_id(alias)
+        except ModelNotFound:
+            other = None
+        if other is not None and other != model_id:
+            raise Conflict(f"{alias!r} already names model {other!r}", param="destination")
+        if other is None:
+            self._copies[alias] = model_id
+            pool = self.pools[model_id]
+            pool.spec = msgspec.structs.replace(pool.spec, aliases=pool.spec.aliases + (alias,))
+            self.catalog.put(pool.spec)
+        return model_id
+
+    def add(self, spec: ModelSpec, *, announce: bool = True) -> ModelPool:
+        """The one way a model becomes servable."""
+        self.catalog.put(spec)
+        pool = self._make_pool(spec)
+        self.pools[spec.id] = pool
+        if announce:
+            self._bus.publish(EventName.MODEL_ADDED, spec.id, source=spec.source)
+        return pool
+
+    # ------------------------------------------------------------------ run-time changes
+
+    async def add_model(self, spec: ModelSpec, *, replace: bool = False) -> ModelPool:
+        """A model learned at run time (Nitro loadmodel, a finished pull)."""
+        existing = self.pools.get(spec.id)
+        if existing is not None:
+            if not replace or existing.spec.worker_key() == spec.worker_key():
+                return existing
+            self._extra_specs[spec.id] = spec
+            await self._restart(existing, spec)
+            return existing
+        self._extra_specs[spec.id] = spec
+        return self.add(spec)
+
+    def on_download_finished(self, model_id: str, path: Path, inherited: Any) -> None:
+        if model_id not in self.pools:
+            self.add(ModelSpec.make(model_id, Path(path), inherited, source="store"))
+
+    async def remove_model(self, model_id: str) -> None:
+        """Unload (if needed) and forget a model (e.g. its file was deleted)."""
+        pool = self.pools.get(model_id)
+        if pool is None:
+            return
+        await self._admission.unload(pool, "model removed", drain=True,
+                                     waiters_exc=ModelNotFound(f"model {model_id!r} was removed",
+                                                               param="model"))
+        pool.discard()
+        del self.pools[model_id]
+        self.catalog.remove(model_id)
+        self._extra_specs.pop(model_id, None)
+        self._bus.publish(EventName.MODEL_REMOVED, model_id)
+
+    async def _restart(self, pool: ModelPool, spec: ModelSpec) -> None:
+        def apply() -> None:
+            pool.spec = spec
+            self.catalog.put(spec)
+
+        await self._admission.restart(pool, apply)
+
+    # ------------------------------------------------------------------ reload
+
+    async def reload(self, config: CorralConfig) -> dict[str, list[str]]:
+        """Bring the pools in line with ``config``. Changed models restart, removed ones
+        unload, running requests finish. Models whose restart or removal failed are
+        logged and listed under ``failed``."""
+        new_specs = {s.id: s for s in self.specs(config)}
+        result: dict[str, list[str]] = {"added": [], "removed": [], "restarted": [], "updated": []}
+        jobs: dict[str, asyncio.Future[None] | Any] = {}
+        for mid in list(self.pools):
+            if mid not in new_specs:
+                result["removed"].append(mid)
+                jobs[mid] = self.remove_model(mid)
+        for mid, spec in new_specs.items():
+            pool = self.pools.get(mid)
+            if pool is None:
+                pool = self.add(spec)
+                result["added"].append(mid)
+                if spec.load_on_startup:
+                    self._load_soon(pool)
+                continue
+            if pool.failed_final:
+                pool.forget_failure()  # a reload is a fresh chance
+            if pool.spec.worker_key() != spec.worker_key():
+                result["restarted"].append(mid)
+                jobs[mid] = self._restart(pool, spec)
+            elif pool.spec != spec:
+                pool.spec = spec
+                self.catalog.put(spec)
+                result["updated"].append(mid)
+        outcomes = await asyncio.gather(*jobs.values(), return_exceptions=True)
+        failed = []
+        for mid, outcome in zip(jobs, outcomes):
+            if isinstance(outcome, BaseException):
+                log.warning("reload: %s failed: %s", mid, outcome)
+                failed.append(mid)
+        if failed:
+            result["failed"] = failed
+        self._bus.publish(EventName.CONFIG_RELOADED, None, **result)
+        self._admission.notify_capacity()
+        return result

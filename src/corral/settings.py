@@ -1,0 +1,134 @@
+"""Model settings: the one type that says how a model is run, with every default and bound.
+
+``ModelSettings`` is used everywhere a model's settings appear:
+
+- the config file (``[defaults]`` and ``[models.ID]`` tables; ``corral.config``),
+- the catalog (``corral.control.catalog.ModelSpec`` extends it with id, path, aliases),
+- the wire (``corral.wire.WorkerSettings`` extends it with what one spawn needs),
+- the Nitro ``loadmodel`` route (its body's fields map onto these names).
+
+To add a setting, add ONE field here (type, default, bounds in ``Meta``); everything
+above picks it up. A field the worker does not need to restart for belongs in
+``LIVE_FIELDS`` too. Unknown keys are an error that names the key
+(``check_partial``); a value out of bounds is an error that names the key and the
+bound.
+
+This module imports nothing of corral: ``corral.wire`` (which the worker imports)
+depends on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+__all__ = ["ModelSettings", "SettingsError", "LIVE_FIELDS", "INT32_MAX", "UINT32_MAX",
+           "setting_names"]
+
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+
+_Positive32 = Annotated[int, Meta(ge=1, le=INT32_MAX)]
+
+
+class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How one model is run. Defaults here are the only defaults."""
+
+    ctx_len: Annotated[int, Meta(ge=16, le=INT32_MAX)] = 4096  # total KV cells; per slot ctx_len // n_parallel
+    n_parallel: Annotated[int, Meta(ge=1, le=256)] = 4  # slots: sequences decoded together
+    instances: Annotated[int, Meta(ge=1, le=64)] = 1  # worker processes of this model
+    n_batch: _Positive32 = 512  # max tokens per llama_decode
+    # layers on the GPU: a number (-1: all), or "auto": fit layers and context to the
+    # device's free memory (worker/fit.py); with no GPU, auto is 0
+    n_gpu_layers: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | Literal["auto"] = "auto"
+    # GPUs of each instance (CUDA_VISIBLE_DEVICES and the HIP/Vulkan equivalents); None: all
+    devices: list[Annotated[int, Meta(ge=0, le=1023)]] | None = None
+    fit_ctx_floor: Annotated[int, Meta(ge=16, le=INT32_MAX)] = 1024  # auto: context per slot kept at least
+    threads: _Positive32 | None = None  # None: see corral.control.catalog.default_threads
+    threads_batch: _Positive32 | None = None  # None: same as threads
+    flash_attn: bool | None = None  # None: llama.cpp decides
+    embedding: bool = False
+    # prompt template: chat_template overrides the model's own tokenizer.chat_template;
+    # the others shape the plain Nitro-style prompt of models without one
+    chat_template: str | None = None
+    pre_prompt: str | None = None
+    user_prompt: str | None = None
+    ai_prompt: str | None = None
+    system_prompt: str | None = None
+    seed: Annotated[int, Meta(ge=0, le=UINT32_MAX)] | None = None  # for requests that give none
+    verbose: bool = False  # the worker prints llama.cpp's whole log
+    # router only (changing these needs no worker restart)
+    ttl_s: Annotated[float, Meta(gt=0)] | None = None  # unload after this long idle
+    pinned: bool = False  # never evicted
+    load_on_startup: bool = False
+
+    @classmethod
+    def check_partial(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate some settings (a config table, command-line overrides, a request
+        body). Returns them (converted); ``SettingsError`` names every bad key."""
+        errors: list[tuple[str, str]] = []
+        out: dict[str, Any] = {}
+        fields = setting_names()
+        for key, value in values.items():
+            if key not in fields:
+                errors.append((key, "unknown key (check the spelling)"))
+                continue
+            try:
+                out[key] = getattr(msgspec.convert({key: value}, cls), key)
+            except msgspec.ValidationError as exc:
+                errors.append((key, _strip_path(str(exc))))
+        if errors:
+            raise SettingsError(errors)
+        return out
+
+    @classmethod
+    def layered(cls, layers: Iterable[Mapping[str, Any]]) -> "ModelSettings":
+        """Later layers win; a key absent from every layer keeps its default."""
+        merged: dict[str, Any] = {}
+        for layer in layers:
+            merged.update(cls.check_partial(layer))
+        return msgspec.convert(merged, cls)
+
+    def settings(self) -> "ModelSettings":
+        """Just the model settings (a subclass instance loses its extra fields)."""
+        return ModelSettings(**{f: getattr(self, f) for f in ModelSettings.__struct_fields__})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in ModelSettings.__struct_fields__}
+
+    def device_env(self) -> dict[str, str]:
+        """The variables that pin a worker to ``devices`` (CUDA, ROCm/HIP, Vulkan); none
+        when unset (the worker sees every device)."""
+        if self.devices is None:
+            return {}
+        v = ",".join(str(d) for d in self.devices)
+        return {"CUDA_VISIBLE_DEVICES": v, "HIP_VISIBLE_DEVICES": v, "GGML_VK_VISIBLE_DEVICES": v}
+
+    def worker_key(self) -> tuple[Any, ...]:
+        """The settings whose change needs the worker restarted."""
+        return tuple(getattr(self, f) for f in ModelSettings.__struct_fields__ if f not in LIVE_FIELDS)
+
+
+# changing these applies to a loaded model at once (no worker restart)
+LIVE_FIELDS = frozenset({"ttl_s", "pinned", "load_on_startup"})
+
+
+def setting_names() -> tuple[str, ...]:
+    return ModelSettings.__struct_fields__
+
+
+class SettingsError(ValueError):
+    """Bad model settings: ``errors`` is ``[(key, message), ...]``."""
+
+    def __init__(self, errors: list[tuple[str, str]]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{k}: {m}" for k, m in errors))
+
+
+def _strip_path(text: str) -> str:
+    """msgspec's ``Expected `int` >= 1 - at `$.n_parallel``` without the path."""
+    head, sep, _ = text.rpartition(" - at `$")
+    return head if sep else text

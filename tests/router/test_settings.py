@@ -1,0 +1,57 @@
+"""One model-settings type: defaults in one place, unknown keys named, bounds shared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from corral import wire
+from corral.config import config_from_dict
+from corral.control.catalog import ModelSpec
+from corral.errors import ConfigError
+from corral.settings import ModelSettings, SettingsError
+from router.harness import Harness
+
+
+def test_defaults_live_in_one_place() -> None:
+    base = ModelSettings()
+    assert ModelSpec(id="m", path=Path("/m")).settings() == base
+    assert wire.WorkerSettings(model_id="m", model_path="/m").settings() == base
+    assert config_from_dict({}).inherited_settings() == base
+
+
+def test_unknown_key_is_an_error_naming_it() -> None:
+    with pytest.raises(SettingsError) as ei:
+        ModelSettings.check_partial({"n_paralel": 2})
+    assert ei.value.errors[0][0] == "n_paralel"
+    with pytest.raises(ConfigError, match=r"\[defaults\] key 'ctx_lenn': unknown key"):
+        config_from_dict({"defaults": {"ctx_lenn": 5}}, name="t.toml")
+
+
+def test_bounds_apply_to_config_and_worker_settings_alike() -> None:
+    with pytest.raises(ConfigError, match=r"\[models.m\] key 'n_parallel'.*>= 1"):
+        config_from_dict({"models": {"m": {"path": "/m", "n_parallel": 0}}}, name="t.toml")
+    with pytest.raises(msgspec.ValidationError, match="n_parallel"):
+        msgspec.json.decode(b'{"model_id": "m", "model_path": "/m", "n_parallel": 0}',
+                            type=wire.WorkerSettings)
+
+
+def test_worker_settings_carry_every_model_setting(tmp_path: Path) -> None:
+    cfg = config_from_dict({"defaults": {"seed": 7, "flash_attn": True, "verbose": True},
+                            "models": {"m": {"path": "/m.gguf", "threads_batch": 3}}})
+    spec = ModelSpec.make("m", Path("/m.gguf"), cfg.model_settings("m"), source="config")
+    ws = spec.worker_settings(0, threads=2)
+    assert (ws.seed, ws.flash_attn, ws.verbose, ws.threads, ws.threads_batch) == (7, True, True, 2, 3)
+
+
+async def test_nitro_loadmodel_checks_settings_by_its_own_names(harness: Harness) -> None:
+    await harness.start(harness.config({}, allowed_model_dirs=[str(harness.tmp)]))
+    path = harness.script("n")
+    r = await harness.client.post("/inferences/llamacpp/loadmodel",
+                                  json={"model_id": "n", "llama_model_path": str(path), "n_parallel": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n_parallel"
+    r = await harness.client.post("/inferences/llamacpp/loadmodel",
+                                  json={"model_id": "n", "llama_model_path": str(path), "ngl": -5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ngl"
