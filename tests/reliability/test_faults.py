@@ -127,8 +127,6 @@ async def run_faults(r: RouterProcess, models: list[str], kills: int, interval_s
     return t
 
 
-@pytest.mark.xfail(strict=True, reason="restart policy gives up on a healthy model (issue 8; the control "
-                   "engineer's fix): drop this marker when it lands")
 async def test_worker_sigkill_under_streaming_load(routers, model_path: Path) -> None:  # noqa: ANN001
     r = routers(real_models(model_path, "m", ctx_len=1024, n_parallel=8))
     t = await run_faults(r, ["m"], FAULT_KILLS, FAULT_INTERVAL_S)
