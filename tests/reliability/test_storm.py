@@ -62,8 +62,6 @@ def check_quiet(r: RouterProcess) -> str:
     return str(m["status"]["value"])
 
 
-@pytest.mark.xfail(strict=True, reason="loads and requests that meet an unload answer 503 (issue 8, the "
-                   "control plane's part): drop this marker when that lands")
 async def test_load_unload_storm_while_requests_run(routers, model_path: Path) -> None:  # noqa: ANN001
     r = routers(real_models(model_path, "m", ctx_len=512, n_parallel=2, instances=2))
     statuses: Counter[str] = Counter()
