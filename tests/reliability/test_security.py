@@ -311,7 +311,7 @@ async def test_a_model_id_never_reaches_the_pull_routes(harness: Harness, tmp_pa
 
 
 async def test_partial_downloads_are_owner_only(hub, store, bus) -> None:  # noqa: ANN001
-    from corral.control.downloads import DownloadManager
+    from corral.store.downloads import DownloadManager
     from store.conftest import small_gguf
 
     f = hub.add("owner/repo/slow.gguf", small_gguf(2_000_000))
