@@ -23,7 +23,7 @@ from corral.api.schemas import parse_body
 from corral.control.plane import ControlPlane
 from corral.errors import InvalidRequest
 
-__all__ = ["router"]
+__all__ = ["router", "BODIES"]
 
 router = APIRouter()
 _LENIENT = ConfigDict(extra="ignore")
@@ -42,6 +42,10 @@ class DetokenizeBody(BaseModel):
     model_config = _LENIENT
     model: str | None = Field(None, min_length=1)
     tokens: list[Annotated[int, Field(ge=0)]]
+
+
+BODIES: dict[tuple[str, str], type[BaseModel]] = {("post", "/tokenize"): TokenizeBody,
+                                                  ("post", "/detokenize"): DetokenizeBody}
 
 
 def _model(plane: ControlPlane, name: str | None) -> str:
