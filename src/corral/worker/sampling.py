@@ -10,11 +10,14 @@ Two ways to sample a slot:
 - plain (no grammar): one ``llama_sampler_sample`` on the whole chain, all in C.
 - with a grammar (``SlotSampler.grammar``): the way llama.cpp's common sampler does it.
   Sample WITHOUT the grammar first, then ask the grammar about the chosen token only
-  (one candidate: microseconds). Only if it is rejected, resample with the grammar:
-  first over the 1024 most likely tokens (the bias/penalty stage, then top-1024, then
-  the grammar, then the rest of the chain), and only if none of them is allowed (or, when
-  sampling, the cut could matter for min_p) over the whole vocabulary. Applying a
-  grammar to Gemma's 262k tokens costs 20-30 ms; to 1024 about 0.7 ms.
+  (one candidate: microseconds). Only if it is rejected, resample with the grammar over
+  the model's 1024 most likely tokens (the bias/penalty stage, then top-1024, then the
+  grammar, then the rest of the chain), and only if none of them is allowed over the
+  whole vocabulary. Applying a grammar to Gemma's 262k tokens costs 20-30 ms; to 1024
+  about 0.7 ms. Greedy decoding is exact (the best allowed token is among the top 1024
+  whenever any allowed one is); sampling draws from the allowed tokens among the model's
+  1024 most likely, like a top_k of 1024 in front of the grammar (llama.cpp's common
+  sampler resamples over the whole vocabulary instead).
 
 Logprobs (only for requests that ask) are the log-softmax of the model's raw logits,
 computed with numpy over a view of llama.cpp's logits buffer: ~0.3 ms per token for
@@ -158,7 +161,8 @@ class SlotSampler:
         self._freed = False
         self.grammar = grammar
         self.grammar_s = 0.0  # time spent in grammar work
-        self.resamples = 0
+        self.resamples = 0  # the chosen token was rejected by the grammar
+        self.full_resamples = 0  # ...and none of the top candidates was allowed either
         self.greedy = p.temperature <= 0.0
         self.min_p = p.min_p if not self.greedy else 0.0
         self.top: ll.llama_sampler_p | None = None
@@ -245,18 +249,12 @@ class SlotSampler:
         return int(self.data["id"][sel]) if 0 <= sel < self.cur.size else -1
 
     def _compact(self, top: bool) -> bool:
-        """Keep only the candidates the grammar allows. With ``top``: False also when the
-        cut could change the result (see the module doc)."""
+        """Keep only the candidates the grammar allows; False when there are none."""
         n = self.cur.size
         view = self.data[:n]
         keep = view[view["logit"] > -np.inf]
         if len(keep) == 0:
             return False
-        if top and not self.greedy and n == _RESAMPLE_TOP:
-            cut = float(view["logit"].min())
-            best = float(keep["logit"].max())
-            if self.min_p <= 0.0 or cut >= best + math.log(self.min_p):
-                return False  # a token below the cut could still have been chosen
         self.data[: len(keep)] = keep
         self.cur.size = len(keep)
         self.cur.sorted = False
@@ -277,6 +275,7 @@ class SlotSampler:
     def _resample(self, logits: Logits) -> int:
         tok = self._apply(logits, grammar_first=True, top=True)
         if tok == -2:
+            self.full_resamples += 1
             tok = self._apply(logits, grammar_first=True)
         return tok
 
