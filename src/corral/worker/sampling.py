@@ -12,12 +12,12 @@ Two ways to sample a slot:
   Sample WITHOUT the grammar first, then ask the grammar about the chosen token only
   (one candidate: microseconds). Only if it is rejected, resample with the grammar over
   the model's 1024 most likely tokens (the bias/penalty stage, then top-1024, then the
-  grammar, then the rest of the chain), and only if none of them is allowed over the
-  whole vocabulary. Applying a grammar to Gemma's 262k tokens costs 20-30 ms; to 1024
-  about 0.7 ms. Greedy decoding is exact (the best allowed token is among the top 1024
-  whenever any allowed one is); sampling draws from the allowed tokens among the model's
-  1024 most likely, like a top_k of 1024 in front of the grammar (llama.cpp's common
-  sampler resamples over the whole vocabulary instead).
+  grammar, then the rest of the chain); if none of them is allowed, over the 16384 most
+  likely; only then over the whole vocabulary. Applying a grammar to Gemma's 262k tokens
+  costs 20-30 ms; to 1024 about 0.7 ms. Greedy decoding is exact (the best allowed token
+  is among the top N whenever any allowed one is); sampling draws from the allowed tokens
+  among the model's N most likely, like a top_k of N in front of the grammar (llama.cpp's
+  common sampler resamples over the whole vocabulary instead).
 
 Logprobs (only for requests that ask) are the log-softmax of the model's raw logits,
 computed with numpy over a view of llama.cpp's logits buffer: ~0.3 ms per token for
@@ -44,7 +44,7 @@ __all__ = ["make_sampler", "free_sampler", "resolve_seed", "SlotSampler", "token
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 BAN = -100.0  # a logit_bias at or below this bans the token (-inf), as OpenAI documents
-_RESAMPLE_TOP = 1024
+_RESAMPLE_TOPS = (1024, 16384)  # candidates a grammar resample tries before the whole vocabulary
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
 
@@ -165,7 +165,7 @@ class SlotSampler:
         self.full_resamples = 0  # ...and none of the top candidates was allowed either
         self.greedy = p.temperature <= 0.0
         self.min_p = p.min_p if not self.greedy else 0.0
-        self.top: ll.llama_sampler_p | None = None
+        self.tops: list[ll.llama_sampler_p] = []
         self.chain: ll.llama_sampler_p | None = None
         if grammar is None:
             self.chain = make_sampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=eog_tokens,
@@ -180,7 +180,7 @@ class SlotSampler:
             _prime(self.pre, p, n_vocab, prompt_tail)
         self.chain = _new_chain()
         _add_post(self.chain, p, seed)
-        self.top = ll.llama_sampler_init_top_k(_RESAMPLE_TOP)
+        self.tops = [ll.llama_sampler_init_top_k(k) for k in _RESAMPLE_TOPS]
         self.data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
         self.ids = np.arange(n_vocab, dtype=np.int32)
         self.cur = ll.llama_token_data_array(self.data.ctypes.data_as(ll.llama_token_data_p), n_vocab, -1, False)
@@ -196,8 +196,9 @@ class SlotSampler:
         self.pre = None
         free_sampler(self.grammar)
         self.grammar = None
-        free_sampler(self.top)
-        self.top = None
+        for t in self.tops:
+            free_sampler(t)
+        self.tops = []
 
     def sample(self, ctx: ll.llama_context_p, idx: int, is_eog: Callable[[int], bool]) -> int:
         if self.grammar is None:
@@ -231,24 +232,25 @@ class SlotSampler:
         if smpl:  # None only after free()
             ll.llama_sampler_apply(smpl, ctypes.byref(self.cur))
 
-    def _apply(self, logits: Logits, *, grammar_first: bool, top: bool = False) -> int:
-        """Bias/penalties, [top-N], [grammar], chain; the selected token (-1: none allowed)."""
+    def _apply(self, logits: Logits, *, grammar_first: bool, top: ll.llama_sampler_p | None = None) -> int:
+        """Bias/penalties, [top-N], [grammar], chain; the selected token (-1: none allowed;
+        -2: none allowed among the top N)."""
         self._fill(logits)
         if self.pre is not None:
             self._run(self.pre)
-        grammar, top_k = self.grammar, self.top
-        assert grammar is not None and top_k is not None  # only requests with a grammar get here
-        if top:
-            self._run(top_k)
+        grammar = self.grammar
+        assert grammar is not None  # only requests with a grammar get here
+        if top is not None:
+            self._run(top)
         if grammar_first:
             self._run(grammar)
-            if not self._compact(top):
-                return -2 if top else -1
+            if not self._compact():
+                return -2 if top is not None else -1
         self._run(self.chain)
         sel = self.cur.selected
         return int(self.data["id"][sel]) if 0 <= sel < self.cur.size else -1
 
-    def _compact(self, top: bool) -> bool:
+    def _compact(self) -> bool:
         """Keep only the candidates the grammar allows; False when there are none."""
         n = self.cur.size
         view = self.data[:n]
@@ -273,10 +275,11 @@ class SlotSampler:
         return bool(one["logit"][0] > -np.inf)
 
     def _resample(self, logits: Logits) -> int:
-        tok = self._apply(logits, grammar_first=True, top=True)
-        if tok == -2:
-            self.full_resamples += 1
-            tok = self._apply(logits, grammar_first=True)
-        return tok
+        for top in self.tops:
+            tok = self._apply(logits, grammar_first=True, top=top)
+            if tok != -2:
+                return tok
+        self.full_resamples += 1
+        return self._apply(logits, grammar_first=True)
 
 
