@@ -176,3 +176,29 @@ async def _gone(pid: int | None, timeout: float = 30) -> None:
             return
         await asyncio.sleep(0.1)  # a process exit offers nothing to await across machines
     raise AssertionError(f"worker {pid} still runs")
+
+
+async def test_lost_bridge_ends_its_workers_and_reconnects(cluster: Nodes, tmp_path: Path, model_path: Path) -> None:
+    """The bridge (the Ray driver) dying is the Ray connection lost: Ray kills the actors
+    it owned, their workers die with them, the links fail with a clear reason, and the
+    cluster connection comes back by itself."""
+    rc = await connect(cluster, tmp_path)
+    try:
+        o = Owner()
+        link = await rc.spawn(settings(model_path, "bridge"), o)
+        await o.next(wire.Ready)
+        worker = link.placement.pid
+        assert rc._proc is not None
+        rc._proc.kill()
+        ex = await o.next(LinkExit)
+        assert "lost the connection to the Ray cluster" in ex.reason and "127.0.0.1" in ex.reason, ex
+        assert rc.status in ("disconnected", "connecting")
+        await _gone(worker)
+        await asyncio.wait_for(rc._connected.wait(), 60)
+        assert rc.status == "connected"
+        o2 = Owner()
+        await rc.spawn(settings(model_path, "again"), o2)
+        await o2.next(wire.Ready)
+    finally:
+        await rc.close()
+    assert not corral_workers(TAG)
