@@ -97,3 +97,115 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
 def cluster(nodes: Nodes) -> Nodes:
     nodes.ensure_both()
     return nodes
+
+
+# ---------------------------------------------------------------- a real `corral serve --ray`
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from typing import Any  # noqa: E402
+
+import httpx  # noqa: E402
+
+
+def toml(data: dict[str, Any]) -> str:
+    def value(v: Any) -> str:
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {json.dumps(x)}" for k, x in v.items()) + " }"
+        return json.dumps(v)
+
+    lines: list[str] = []
+    for name, body in data.items():
+        tables = body.items() if name == "models" else [(None, body)]
+        for mid, t in tables:
+            lines.append(f'[models."{mid}"]' if mid else f"[{name}]")
+            lines += [f"{k} = {value(v)}" for k, v in t.items()]
+    return "\n".join(lines) + "\n"
+
+
+class RayRouter:
+    """`corral serve -c FILE` with `ray_address` set, in its own session."""
+
+    def __init__(self, tmp: Path, nodes: Nodes, models: dict[str, dict[str, Any]], **server: Any) -> None:
+        from corral.cluster.local import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        srv: dict[str, Any] = {"port": self.port, "include_default_model": False,
+                               "log_dir": str(tmp / "logs"), "ray_address": nodes.address,
+                               "ray_namespace": "corral-test", "restart_backoff_s": 0.2,
+                               "load_timeout_s": 120.0}
+        srv.update(server)
+        cfg = tmp / "corral.toml"
+        cfg.write_text(toml({"server": srv, "models": models}))
+        self.log_path = tmp / "router.log"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "corral.cli.main", "serve", "-c", str(cfg)],
+                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        self.client = httpx.AsyncClient(base_url=self.url, timeout=60)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    async def wait_up(self, timeout_s: float = 120) -> None:
+        """Until /health answers (the router offers nothing else to wait on from outside)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            assert self.proc.poll() is None, f"corral serve exited:\n{self.log()}"
+            try:
+                if (await self.client.get("/health")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert asyncio.get_running_loop().time() < deadline, f"corral serve did not start:\n{self.log()}"
+            await asyncio.sleep(0.2)
+
+    async def model(self, mid: str) -> dict[str, Any]:
+        r = await self.client.get("/models")
+        return next(m for m in r.json()["data"] if m["id"] == mid)
+
+    async def stop(self) -> None:
+        await self.client.aclose()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+class Events:
+    """GET /models/events collected in the background; ``wait(pred)`` awaits one."""
+
+    def __init__(self, router: RayRouter) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self._new = asyncio.Event()
+        self._task = asyncio.ensure_future(self._run(router.url))
+
+    async def _run(self, url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=None) as c:
+            async with c.stream("GET", "/models/events") as resp:
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: "):
+                        self.seen.append(json.loads(line[6:]))
+                        self._new.set()
+
+    async def wait(self, pred: Any, timeout_s: float = 120, since: int = 0) -> dict[str, Any]:
+        async def find() -> dict[str, Any]:
+            i = since
+            while True:
+                while i < len(self.seen):
+                    if pred(self.seen[i]):
+                        return self.seen[i]
+                    i += 1
+                self._new.clear()
+                await self._new.wait()
+
+        return await asyncio.wait_for(find(), timeout_s)
+
+    def close(self) -> None:
+        self._task.cancel()

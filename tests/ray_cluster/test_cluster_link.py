@@ -15,7 +15,8 @@ import pytest
 
 from corral import wire
 from corral.control.link import LinkExit, WorkerLink
-from corral.control.ray_link import RayCluster, RayUnavailable
+from corral.control.ray_cluster import RayCluster
+from corral.control.ray_link import RayUnavailable
 
 from .conftest import TAG, Nodes, corral_workers
 
