@@ -117,7 +117,7 @@ class Bridge:
             await self.refresh_nodes()  # maybe a node joined
             why = unplaceable(msg.resources, self._nodes)
         if why is not None:
-            self.send(m.SpawnFailed(msg.key, why))
+            self.send(m.SpawnFailed(msg.key, why, final=True))
             return
         r = msg.resources
         opts: dict[str, Any] = {"num_cpus": r.num_cpus, "max_restarts": 0, "max_concurrency": 4,
@@ -156,8 +156,12 @@ class Bridge:
             await self.refresh_nodes()
             where = describe_node(self._nodes, node_id)
             alive = any(n.alive for n in self._nodes if n.node_id == node_id)
-            what = "lost the worker's Ray actor on" if alive else "lost"
-            self.send(m.Exited(key=key, rc=None, reason=f"{what} {where}: {_short(exc)}"))
+            text = str(exc)
+            if not alive or "node has died" in text:
+                reason = f"lost {where}: the node died or left the Ray cluster"
+            else:
+                reason = f"lost the worker's Ray actor on {where}: {_actor_death(text)}"
+            self.send(m.Exited(key=key, rc=None, reason=reason))
         self._drop(key)
         await self.refresh_nodes()
 
@@ -179,6 +183,15 @@ class Bridge:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+
+
+def _actor_death(text: str) -> str:
+    """Ray's actor-death text, without its boilerplate first sentence and ids."""
+    text = " ".join(text.split())
+    for marker in ("The actor died because", "The actor is dead because"):
+        if marker in text:
+            return text[text.index(marker):][:200]
+    return text[:200]
 
 
 def _short(exc: BaseException) -> str:

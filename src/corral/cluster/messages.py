@@ -100,6 +100,7 @@ class Placed(msgspec.Struct, frozen=True, tag="placed", kw_only=True):
 class SpawnFailed(msgspec.Struct, frozen=True, tag="spawn_failed"):
     key: str
     reason: str
+    final: bool = False  # no node could ever hold it (else: no room now, or a Ray error)
 
 
 class Exited(msgspec.Struct, frozen=True, tag="exited", kw_only=True):
