@@ -37,6 +37,7 @@ log = logging.getLogger("corral.ray")
 
 _CONNECT_TIMEOUT_S = 60.0
 _MAX_BACKOFF_S = 30.0
+_SPAWN_WAITS_FOR_CONNECTION_S = 30.0
 
 
 class RayCluster:
@@ -102,6 +103,9 @@ class RayCluster:
     # ------------------------------------------------------------ Spawner
 
     async def spawn(self, settings: wire.WorkerSettings, owner: LinkOwner) -> RayLink:
+        if self.status != "connected":  # reconnecting: wait a while (a restart after a lost head)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._connected.wait(), _SPAWN_WAITS_FOR_CONNECTION_S)
         if self.status != "connected":
             raise RayUnavailable(f"not connected to the Ray cluster at {self.address}"
                                  + (f": {self.reason}" if self.reason else ""))
@@ -221,7 +225,7 @@ class RayCluster:
         elif isinstance(msg, m.SpawnFailed):
             fut = self._pending.get(msg.key)
             if fut is not None and not fut.done():
-                fut.set_exception(RayUnavailable(msg.reason))
+                fut.set_exception(RayUnavailable(msg.reason, retryable=not msg.final))
         elif isinstance(msg, m.Exited):
             link = self._links.get(msg.key)
             if link is not None:

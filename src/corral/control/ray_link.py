@@ -43,7 +43,12 @@ _EXIT_AFTER_CLOSE_S = 1.0  # channel closed and no exit report by then: the node
 
 
 class RayUnavailable(ConnectionError):
-    """No connection to the Ray cluster now (an ``OSError``: the spawn failed)."""
+    """The spawn failed (an ``OSError``). ``retryable``: it may work later (no connection
+    or no room now); False when no node of the cluster could ever hold the instance."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 def actor_resources(settings: wire.WorkerSettings, memory: int) -> m.ActorResources:
