@@ -49,7 +49,7 @@ async def test_pinned_by_resources_and_shown_by_node(cluster: Nodes, tmp_path: P
         await r.wait_up()
         health = (await r.client.get("/health")).json()
         assert health["ray"]["status"] == "connected", health
-        by_res = {next(iter(n["resources"])): n["node_id"] for n in health["ray"]["nodes"]}
+        by_res = {next(iter(n["resources"])): n["node_id"] for n in health["ray"]["nodes"] if n["alive"]}
         assert set(by_res) == {"node_a", "node_b"}
         for m in (a, b):
             resp = await r.client.post("/models/load", json={"model": m})
@@ -76,7 +76,7 @@ async def test_faults_fail_one_instance_and_it_comes_back(cluster: Nodes, tmp_pa
         insts = await ready_instances(r, m, 2, ev)
         assert len({i["node"]["id"] for i in insts}) == 2, "the 2 instances should be on 2 nodes"
         node_b = next(n["node_id"] for n in (await r.client.get("/health")).json()["ray"]["nodes"]
-                      if "node_b" in n["resources"])
+                      if "node_b" in n["resources"] and n["alive"])
 
         # 1. the worker serving a stream dies: that stream ends with an error at once
         since = len(ev.seen)

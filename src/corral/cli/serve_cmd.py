@@ -30,6 +30,8 @@ def serve(
     instances: Optional[int] = typer.Option(None, "--instances", help="Every model: worker processes."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Every model: threads per worker."),
     n_gpu_layers: Optional[int] = typer.Option(None, "--n-gpu-layers", "-ngl", help="Every model: layers on the GPU."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Place model instances on this Ray cluster: auto, HOST:PORT or ray://HOST:10001 (pip install 'corral[ray]')."),
+    ray_namespace: Optional[str] = typer.Option(None, "--ray-namespace", help="Ray namespace of the instances' actors [corral]."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API (no arguments: the embedded default model)."""
@@ -39,6 +41,7 @@ def serve(
         "host": host, "port": port, "models_dir": str(models_dir) if models_dir else None,
         "max_loaded_models": max_loaded_models, "memory_budget": memory_budget,
         "api_key": api_key, "autoload": False if no_autoload else None,
+        "ray_address": ray, "ray_namespace": ray_namespace,
     }
     model_overrides: dict[str, Any] = {
         "ctx_len": ctx_len, "n_parallel": n_parallel, "instances": instances,
