@@ -173,3 +173,40 @@ def _named_actors(cluster: Nodes, model_id: str) -> list[str]:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     names = json.loads(out.strip().splitlines()[-1])
     return [n["name"] for n in names if model_id in n["name"]]
+
+
+async def test_per_node_budget_evicts_idle_models_never_busy_ones(cluster: Nodes, tmp_path: Path,
+                                                                  model_path: Path) -> None:
+    """Two models that each need node_a's one CPU: loading the second evicts the first
+    when it is idle, and never while it serves (the load then gets 503 after the wait)."""
+    p, q = mid("p"), mid("q")
+    pinned = {"ray_resources": {"node_a": 1}, "ctx_len": 4096, "n_parallel": 1}
+    r = RayRouter(tmp_path, cluster, {p: model(model_path, **pinned), q: model(model_path, **pinned)},
+                  queue_timeout_s=3.0)
+    try:
+        await r.wait_up()
+        assert (await r.client.post("/models/load", json={"model": p})).status_code == 200
+        body = completion(p, max_tokens=3000, stream=True, ignore_eos=True)
+        first = asyncio.get_running_loop().create_future()
+
+        async def stream() -> None:  # reads on until cancelled: closing the stream aborts it
+            async with r.client.stream("POST", "/v1/completions", json=body) as resp:
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: ") and not first.done():
+                        first.set_result(line)
+
+        reader = asyncio.ensure_future(stream())
+        assert "error" not in json.loads((await asyncio.wait_for(first, 60))[6:])  # p is busy now
+        busy = await r.client.post("/models/load", json={"model": q})
+        assert busy.status_code == 503, busy.text
+        assert "no node of the Ray cluster has room" in busy.json()["error"]["message"]
+        assert (await r.model(p))["status"]["value"] == "loaded" and not reader.done()
+        reader.cancel()
+        # the stream is closed (the request aborted): p is idle and gets evicted for q
+        ok = await r.client.post("/models/load", json={"model": q})
+        assert ok.status_code == 200, ok.text
+        assert (await r.model(p))["status"]["value"] == "unloaded"
+        assert (await r.client.post("/v1/completions", json=completion(q))).status_code == 200
+    finally:
+        await r.stop()
+    assert not corral_workers(p) and not corral_workers(q)

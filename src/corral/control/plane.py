@@ -74,7 +74,8 @@ class ControlPlane:
             self.spawner = self.ray
         self._tasks: set[asyncio.Task[None]] = set()
         self._housekeeper: asyncio.Task[None] | None = None
-        self.admission = Admission(self.pools, lambda: self.config.server, self._background)
+        self.admission = Admission(self.pools, lambda: self.config.server, self._background,
+                                   node_room=self._node_room if self.ray is not None else None)
         self.sync = CatalogSync(catalog=self.catalog, pools=self.pools, bus=self.bus,
                                 admission=self.admission, make_pool=self._make_pool,
                                 load_soon=self._load_soon, store=store, embedded=embedded)
@@ -118,6 +119,11 @@ class ControlPlane:
         if self._tmp_logs is not None:
             with contextlib.suppress(OSError):
                 self._tmp_logs.cleanup()
+
+    def _node_room(self, pool: ModelPool) -> str | None:
+        """On Ray: the per-node budget (a load that fits no node evicts idle models)."""
+        assert self.ray is not None
+        return self.ray.room_for(pool.spec.worker_settings(0, pool.spec.threads), pool.spec.instances)
 
     def _make_pool(self, spec: ModelSpec) -> ModelPool:
         return ModelPool(spec, make_instance=self._make_instance,

@@ -26,7 +26,7 @@ import msgspec
 
 from corral import wire
 from corral.cluster import messages as m
-from corral.control.events import EventBus
+from corral.control.events import EventBus, EventName
 from corral.control.link import LinkOwner
 from corral.control.process import describe_exit
 from corral.control.ray_link import RayLink, RayUnavailable, actor_resources, file_estimate
@@ -67,6 +67,7 @@ class RayCluster:
         self._links: dict[str, RayLink] = {}
         self._memory: dict[tuple[Any, ...], int] = {}  # what a load with these settings reported
         self._shape: dict[str, tuple[Any, ...]] = {}  # spawn key -> its settings' memory shape
+        self._claims: dict[str, tuple[str | None, m.ActorResources]] = {}  # key -> (node id, asked)
         self._connected: asyncio.Event = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
         self._closing = False
@@ -112,7 +113,8 @@ class RayCluster:
         key = f"{self._router_id}/{settings.model_id}#{settings.instance}.{next(self._seq)}"
         shape = _memory_shape(settings)
         self._shape[key] = shape
-        res = actor_resources(settings, self._memory.get(shape) or self._estimate(settings))
+        res = self.resources_for(settings)
+        self._claims[key] = (None, res)
         fut: asyncio.Future[m.Placed] = asyncio.get_running_loop().create_future()
         self._pending[key] = fut
         self._send(m.Spawn(key=key, settings_json=msgspec.json.encode(settings).decode(),
@@ -122,12 +124,14 @@ class RayCluster:
             placed = await fut
         except BaseException:
             self._shape.pop(key, None)
+            self._claims.pop(key, None)
             raise
         finally:
             self._pending.pop(key, None)
         link = RayLink(owner, self, key, placed)
         self._links[key] = link
-        self._publish("ray_placed", settings.model_id, instance=settings.instance,
+        self._claims[key] = (placed.node_id, res)
+        self._publish(EventName.RAY_PLACED, settings.model_id, instance=settings.instance,
                       node_id=placed.node_id, node_address=placed.node_address,
                       hostname=placed.hostname)
         await link.connect()
@@ -140,6 +144,39 @@ class RayCluster:
     def forget(self, key: str) -> None:
         self._links.pop(key, None)
         self._shape.pop(key, None)
+        self._claims.pop(key, None)
+
+    # ------------------------------------------------------------ per-node room
+
+    def resources_for(self, settings: wire.WorkerSettings) -> m.ActorResources:
+        """What an instance with these settings asks of Ray (memory: what the last load
+        of the same shape reported, else the file estimate)."""
+        known = self._memory.get(_memory_shape(settings))
+        return actor_resources(settings, known or self._estimate(settings))
+
+    def room_for(self, settings: wire.WorkerSettings, count: int) -> str | None:
+        """None when ``count`` more instances with these settings fit on the live nodes
+        next to what corral's instances hold there (CPUs, GPUs, memory, custom
+        resources: the per-node budget); else why not, for the capacity error."""
+        if self.status != "connected" or not self.nodes:
+            return None  # nothing known: let the spawn wait for the connection
+        free = {n.node_id: _capacity(n) for n in self.nodes if n.alive}
+        pending = []
+        for node_id, res in self._claims.values():
+            if node_id in free:
+                _take(free[node_id], res)
+            elif node_id is None:
+                pending.append(res)
+        want = self.resources_for(settings)
+        for res in [*pending, *[want] * count]:
+            node = next((nid for nid, cap in free.items() if _fits(cap, res)), None)
+            if node is None:
+                if res is not want:
+                    continue  # a pending spawn Ray may place elsewhere: not our question
+                return (f"no node of the Ray cluster has room for another instance "
+                        f"({_describe(want)}) next to the instances corral runs there")
+            _take(free[node], res)
+        return None
 
     def learned(self, key: str, memory: int) -> None:
         """A worker reported its weights + KV: the next spawn of that shape asks for it."""
@@ -246,11 +283,33 @@ class RayCluster:
         self.status, self.reason = status, reason
         if status == "disconnected":
             log.warning("Ray cluster %s: %s", self.address, reason)
-        self._publish("ray_status", None, status=status, address=self.address, reason=reason)
+        self._publish(EventName.RAY_STATUS, None, status=status, address=self.address, reason=reason)
 
-    def _publish(self, name: str, model: str | None, **fields: Any) -> None:
+    def _publish(self, name: EventName, model: str | None, **fields: Any) -> None:
         if self._bus is not None:
             self._bus.publish(name, model, **fields)
+
+
+def _capacity(n: m.NodeView) -> dict[str, float]:
+    return {"CPU": n.cpus, "GPU": n.gpus, "memory": float(n.memory), **n.resources}
+
+
+def _asks(res: m.ActorResources) -> dict[str, float]:
+    return {"CPU": res.num_cpus, "GPU": res.num_gpus, "memory": float(res.memory), **res.resources}
+
+
+def _fits(cap: dict[str, float], res: m.ActorResources) -> bool:
+    return all(cap.get(k, 0.0) >= v for k, v in _asks(res).items() if v > 0)
+
+
+def _take(cap: dict[str, float], res: m.ActorResources) -> None:
+    for k, v in _asks(res).items():
+        cap[k] = cap.get(k, 0.0) - v
+
+
+def _describe(res: m.ActorResources) -> str:
+    return ", ".join(f"{k}={v / 2**20:.0f} MiB" if k == "memory" else f"{k}={v:g}"
+                     for k, v in _asks(res).items() if v > 0)
 
 
 def _memory_shape(s: wire.WorkerSettings) -> tuple[Any, ...]:
