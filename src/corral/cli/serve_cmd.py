@@ -56,6 +56,13 @@ def serve(
     except ConfigError as exc:
         typer.echo(f"corral serve: {exc.message}", err=True)
         raise typer.Exit(2) from None
+    if cfg.server.ray_address:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            typer.echo("corral serve: --ray / [server] ray_address needs Ray, which is not installed: "
+                       "pip install 'corral[ray]'", err=True)
+            raise typer.Exit(2)
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn

@@ -42,7 +42,7 @@ from corral.control.metrics import Metrics
 from corral.control.pool import ModelPool
 from corral.control.restart import RestartPolicy
 from corral.control.stream import RequestStream
-from corral.errors import (CapacityTimeout, CorralError, InvalidRequest, LoadFailed, ModelNotFound,
+from corral.errors import (CapacityTimeout, ConfigError, CorralError, InvalidRequest, LoadFailed, ModelNotFound,
                            ModelNotLoaded, Unavailable)
 
 if TYPE_CHECKING:
@@ -328,10 +328,15 @@ class ControlPlane:
 
 
 def _ray_cluster(config: CorralConfig, bus: EventBus, log_dir: Path) -> RayCluster:
+    import importlib.util
+
     from corral.control.ray_cluster import RayCluster
 
     srv = config.server
     assert srv.ray_address is not None
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(f"[server] ray_address = {srv.ray_address!r} needs Ray, which is not installed: "
+                          "pip install 'corral[ray]'")
     return RayCluster(srv.ray_address, srv.ray_namespace, bus=bus, log_dir=log_dir,
                       worker_command=srv.worker_command, place_timeout_s=srv.load_timeout_s)
 
