@@ -64,6 +64,7 @@ async def test_pinned_by_resources_and_shown_by_node(cluster: Nodes, tmp_path: P
     finally:
         await r.stop()
     assert not corral_workers(a) and not corral_workers(b), "the router's stop left workers behind"
+    assert not _named_actors(cluster, a) and not _named_actors(cluster, b), "the router's stop left actors"
 
 
 async def test_faults_fail_one_instance_and_it_comes_back(cluster: Nodes, tmp_path: Path, model_path: Path) -> None:
