@@ -38,6 +38,7 @@ log = logging.getLogger("corral.ray")
 _CONNECT_TIMEOUT_S = 60.0
 _MAX_BACKOFF_S = 30.0
 _SPAWN_WAITS_FOR_CONNECTION_S = 30.0
+_GCS_RECONNECT_S = "20"  # the bridge gives up on an unreachable head after this (Ray: 60 s)
 
 
 class RayCluster:
@@ -213,7 +214,8 @@ class RayCluster:
             self._proc = await asyncio.create_subprocess_exec(
                 *self._bridge_command, "--address", self.address, "--namespace", self.namespace,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log_file,
-                env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"})
+                env={"RAY_gcs_rpc_server_reconnect_timeout_s": _GCS_RECONNECT_S, **os.environ,
+                     "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"})
         assert self._proc.stdout is not None
         dec = wire.FrameDecoder(m.MAX_FRAME)
         try:
