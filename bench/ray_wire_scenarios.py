@@ -163,17 +163,21 @@ async def sc_relay(ctx: "Ctx") -> str:
                                 RayRelayWorker(s, "relay-ray-generator", {"node_a": 1})]
     rows, notes = [], []
     totals: dict[str, list[LoadResult]] = {w.name: [] for w in ways}
+    one_token: dict[str, list[float]] = {w.name: [] for w in ways}
     for rnd in range(ctx.rounds):
         for w in ways:
             await w.start()
             await load(w, w.name, 8, 8, 10_000)  # warm-up
             totals[w.name].append(await load(w, w.name, 8, ctx.n, rnd * 1000))
+            one_token[w.name] += await w.sequential_latency(20)
             await w.stop()
     base = _merged(totals["relay-socketpair"])
     for w in ways:
         rows.append(row(_merged(totals[w.name]), base.tok_s))
     for w in ways:
         notes.append(f"{w.name}: per round " + ", ".join(f"{r.tok_s:.1f}" for r in totals[w.name]))
+    notes.append("1-token request, one at a time, median latency (transport + one decode step): " + ", ".join(
+        f"{w.name} {sorted(one_token[w.name])[len(one_token[w.name]) // 2]:.1f} ms" for w in ways))
     notes.append("one worker, threads 2, n_parallel 8, 64 tokens per request; ratio against the socketpair")
     return table("Ray relay: how the frames travel (c=8)", COLS, rows, notes)
 
