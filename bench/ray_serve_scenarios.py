@@ -112,7 +112,7 @@ async def sc_scaling(ctx: "Ctx") -> str:
 
 
 async def sc_transport(ctx: "Ctx") -> str:
-    model = {"instances": 1, "threads": 2, "n_parallel": 8, "ctx_len": 8192, "ray_resources": {"node_a": 1}}
+    model = {"instances": 1, "threads": 1, "n_parallel": 8, "ctx_len": 8192, "ray_resources": {"node_a": 1}}
     raw: dict[str, list[LoadResult]] = {"local": [], "ray": []}
     for rnd in range(ctx.rounds):
         for kind in ("local", "ray"):
@@ -129,7 +129,7 @@ async def sc_transport(ctx: "Ctx") -> str:
     loc, ray_ = _merged(raw["local"]), _merged(raw["ray"])
     notes = [f"per round: local {', '.join(f'{x.tok_s:.1f}' for x in raw['local'])}; "
              f"ray {', '.join(f'{x.tok_s:.1f}' for x in raw['ray'])}",
-             "threads 2 (cpus 0-1), n_parallel 8; the Ray worker pinned to node_a; goal >= 0.95x"]
+             "threads 1, n_parallel 8; the Ray worker on node_a (cpu 0, 1 CPU); goal >= 0.95x"]
     return table("Ray transport vs local socketpair (corral serve, c=8)", COLS,
                  [row(loc, loc.tok_s), row(ray_, loc.tok_s)], notes)
 
