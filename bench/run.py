@@ -15,6 +15,7 @@ Scenarios (see docs/_parts/bench.md):
   multimodel  two model ids (4 slots each) at c=4 each at once vs one model (8 slots) at c=8; llama.cpp router too
   coldstart   POST /models/load -> first token; corral vs llama.cpp router mode
   queue       1000 concurrent requests, n_parallel 4, max_queue 2000: errors, router peak RSS
+  instances   one model as 1 vs 2 instances (8 slots each), c=16 (corral only)
   dialects    c=8 streaming through /v1/chat/completions, Ollama, Anthropic, Responses (bench/dialects.py)
 """
 
@@ -50,7 +51,7 @@ from servers import (  # noqa: E402
     llama_router_cmd, llama_server_cmd, stop_all, tree_cpu_s, proc_cpu_s,
 )
 
-SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects")
+SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects", "instances")
 SLOT_CTX = 1024  # KV cells per parallel slot, the same for every server
 
 
@@ -116,6 +117,9 @@ class Ctx:
         self.quick: bool = args.quick
         self.model: str = args.model
         self.threads: int = args.threads
+        self.gpu_layers: int = getattr(args, "gpu_layers", 0)
+        self.concurrency: list[int] = [int(x) for x in str(getattr(args, "concurrency", "1,8")).split(",")
+                                       if x.strip()]
         self.tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
         self.llama_bin: Path | None = None
         self.llama_bin_error: str | None = None
@@ -157,7 +161,7 @@ class Ctx:
 
     def corral_model(self, n_parallel: int, **extra: Any) -> dict[str, Any]:
         m = {"path": self.model, "n_parallel": n_parallel, "ctx_len": n_parallel * SLOT_CTX,
-             "threads": self.threads}
+             "threads": self.threads, "n_gpu_layers": self.gpu_layers or None}
         m.update(extra)
         return {k: v for k, v in m.items() if v is not None}  # threads=None: corral picks
 
@@ -239,12 +243,14 @@ async def idle_cpu_check(servers: dict[str, Server], t: Table, secs: float = 2.0
 
 
 async def sc_throughput(ctx: Ctx) -> list[Table]:
-    c_list = [1, 8]
+    c_list = ctx.concurrency
     rounds = ctx.n(3, 2)
-    per_round = {1: ctx.n(4, 3), 8: ctx.n(16, 8)}
+    per_round = {c: max(ctx.n(4, 3), ctx.n(2, 1) * c) for c in c_list}
+    n_slots = max(8, *c_list)
     max_tokens = 64
+    gpu = f", {ctx.gpu_layers} layers on the GPU" if ctx.gpu_layers else ""
     t = Table(f"Throughput: /v1/completions, stream, {max_tokens} tokens, ignore_eos; "
-              f"{ctx.threads} threads each; ratio = tok/s vs llama-server at the same c", LOAD_COLUMNS)
+              f"{ctx.threads} threads each{gpu}; ratio = tok/s vs llama-server at the same c", LOAD_COLUMNS)
     names = [n for n in ("llama-server", "llama-cpp-python", "corral") if n in ctx.args.servers]
     servers: dict[str, Server] = {}
     extras: dict[str, dict | None] = {"llama-server": None, "corral": None,
@@ -255,14 +261,15 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
     def make(name: str) -> Server:
         port = free_port()
         if name == "llama-server":
-            return start(name, llama_server_cmd(ctx.need_llama(), ctx.model, port, n_parallel=8,
-                                                slot_ctx=SLOT_CTX, threads=ctx.threads), port)
+            return start(name, llama_server_cmd(ctx.need_llama(), ctx.model, port, n_parallel=n_slots,
+                                                slot_ctx=SLOT_CTX, threads=ctx.threads,
+                                                gpu_layers=ctx.gpu_layers), port)
         if name == "llama-cpp-python":
             ctx.need_lcp()
             # llama_cpp.server has no /health; /v1/models answers once the model is loaded
             return start(name, llama_cpp_python_cmd(ctx.model, port, threads=ctx.threads,
                                                     n_ctx=8 * SLOT_CTX), port, health_path="/v1/models")
-        cfg = ctx.corral_config("throughput", {"bench": ctx.corral_model(8)})
+        cfg = ctx.corral_config("throughput", {"bench": ctx.corral_model(n_slots)})
         return start(name, corral_cmd(cfg, port), port)
 
     raw: dict[tuple[str, int], list] = {}
@@ -566,6 +573,8 @@ def llama_router_supported(binary: Path) -> bool:
 def llama_preset(ctx: Ctx, models: dict[str, int], *, load_on_startup: bool) -> str:
     """``models``: id -> n_parallel (its context is n_parallel * SLOT_CTX)."""
     lines = ["version = 1", "", "[*]", f"t = {ctx.threads}", f"tb = {ctx.threads}"]
+    if ctx.gpu_layers:
+        lines.append(f"ngl = {ctx.gpu_layers}")
     # llama-server's default warmup stays on
     for mid, n_parallel in models.items():
         lines += ["", f"[{mid}]", f"model = {ctx.model}", f"np = {n_parallel}", f"c = {n_parallel * SLOT_CTX}",
@@ -736,10 +745,40 @@ async def sc_queue(ctx: Ctx) -> list[Table]:
 
 
 # hang guards per scenario (seconds; x0.6 with --quick), far above normal run times
-LIMITS_S = {"throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
+async def sc_instances(ctx: Ctx) -> list[Table]:
+    """One model as one instance vs as two instances (each its own process, same device),
+    8 slots each, 16 clients: what a second instance on the same GPU or cores adds."""
+    c, n = 16, ctx.n(48, 32)
+    t = Table("Instances: one model as 1 vs 2 instances (8 slots each), c=16, stream, 64 tokens",
+              ["server", "instances", "requests", "tok/s", "vs 1 instance", "TTFT p50 ms", "latency p50 ms",
+               "errors"])
+    if "corral" not in ctx.args.servers:
+        return []
+    ids = {1: "one-instance", 2: "two-instances"}
+    cfg = ctx.corral_config("instances", {mid: ctx.corral_model(8, instances=k) for k, mid in ids.items()},
+                            max_loaded_models=1)
+    port = free_port()
+    srv = start("corral-instances", corral_cmd(cfg, port), port)
+    base: float | None = None
+    try:
+        for k, mid in ids.items():
+            await _set_loaded(srv.base_url, (mid,), tuple(m for m in ids.values() if m != mid))
+            await warmup(srv.base_url, mid)
+            r = await run_load(srv.base_url, label=mid, model=mid, concurrency=c, n_requests=n)
+            base = base or r.tok_s
+            t.rows.append(["corral", str(k), str(r.n_requests), fmt(r.tok_s), ratio(r.tok_s, base),
+                           fmt(r.ttft_p50_ms, 0), fmt(r.latency_p50_ms, 0), str(r.errors)])
+    finally:
+        srv.stop()
+    gpu = f"{ctx.gpu_layers} layers on the GPU" if ctx.gpu_layers else "CPU"
+    t.notes.append(f"{gpu}, {ctx.threads} threads per instance")
+    return [t]
+
+
+LIMITS_S = {"instances": 300, "throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
             "dialects": 480}
 
-FUNCS = {"throughput": sc_throughput, "overhead": sc_overhead, "multimodel": sc_multimodel,
+FUNCS = {"instances": sc_instances, "throughput": sc_throughput, "overhead": sc_overhead, "multimodel": sc_multimodel,
          "coldstart": sc_coldstart, "queue": sc_queue,
          "dialects": lambda ctx: dialects.sc_dialects(ctx, sys.modules[__name__])}
 
@@ -865,6 +904,10 @@ def main() -> int:
                     help="which servers to include (comma-separated)")
     ap.add_argument("--model", default=None, help="GGUF file (default: corral's embedded Gemma 3 270M)")
     ap.add_argument("--threads", type=int, default=2, help="threads for every server (default 2)")
+    ap.add_argument("--gpu-layers", type=int, default=0,
+                    help="layers on the GPU for every server (llama-server -ngl, corral n_gpu_layers); 0: CPU")
+    ap.add_argument("--concurrency", default="1,8",
+                    help="throughput: comma-separated client counts (default 1,8); slots = max(8, largest)")
     ap.add_argument("--no-build", action="store_true", help="never build llama-server; skip its rows if absent")
     ap.add_argument("--no-reference", action="store_true", help="queue scenario: skip the llama-server row")
     ap.add_argument("-j", "--jobs", type=int, default=2, help="build parallelism for llama-server")

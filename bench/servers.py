@@ -10,6 +10,7 @@ fails to start.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -265,11 +266,11 @@ def stop_all() -> None:
 
 
 def llama_server_cmd(binary: str | Path, model: str, port: int, *, n_parallel: int, slot_ctx: int,
-                     threads: int) -> list[str]:
+                     threads: int, gpu_layers: int = 0) -> list[str]:
     return [
         str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(port),
         "-np", str(n_parallel), "-c", str(n_parallel * slot_ctx), "-t", str(threads), "-tb", str(threads),
-        "-cb", "--no-warmup",
+        "-cb", "--no-warmup", "-ngl", str(gpu_layers),
     ]
 
 
@@ -290,5 +291,10 @@ def llama_cpp_python_cmd(model: str, port: int, *, threads: int, n_ctx: int) -> 
 
 
 def corral_cmd(config: Path, port: int) -> list[str]:
-    exe = str(CORRAL) if CORRAL.exists() else "corral"
-    return [exe, "serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+    if CORRAL.exists():
+        exe = [str(CORRAL)]
+    elif shutil.which("corral"):
+        exe = ["corral"]
+    else:  # corral on PYTHONPATH only (bench/gpu/run.sh on a machine without the venv)
+        exe = [sys.executable, "-c", "from corral.cli.main import app; app()"]
+    return [*exe, "serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]

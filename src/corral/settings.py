@@ -20,7 +20,7 @@ depends on it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -41,7 +41,12 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     n_parallel: Annotated[int, Meta(ge=1, le=256)] = 4  # slots: sequences decoded together
     instances: Annotated[int, Meta(ge=1, le=64)] = 1  # worker processes of this model
     n_batch: _Positive32 = 512  # max tokens per llama_decode
-    n_gpu_layers: Annotated[int, Meta(ge=-1, le=INT32_MAX)] = 0
+    # layers on the GPU: a number (-1: all), or "auto": fit layers and context to the
+    # device's free memory (worker/fit.py); with no GPU, auto is 0
+    n_gpu_layers: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | Literal["auto"] = "auto"
+    # GPUs of each instance (CUDA_VISIBLE_DEVICES and the HIP/Vulkan equivalents); None: all
+    devices: list[Annotated[int, Meta(ge=0, le=1023)]] | None = None
+    fit_ctx_floor: Annotated[int, Meta(ge=16, le=INT32_MAX)] = 1024  # auto: context per slot kept at least
     threads: _Positive32 | None = None  # None: see corral.control.catalog.default_threads
     threads_batch: _Positive32 | None = None  # None: same as threads
     flash_attn: bool | None = None  # None: llama.cpp decides
@@ -95,6 +100,14 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in ModelSettings.__struct_fields__}
+
+    def device_env(self) -> dict[str, str]:
+        """The variables that pin a worker to ``devices`` (CUDA, ROCm/HIP, Vulkan); none
+        when unset (the worker sees every device)."""
+        if self.devices is None:
+            return {}
+        v = ",".join(str(d) for d in self.devices)
+        return {"CUDA_VISIBLE_DEVICES": v, "HIP_VISIBLE_DEVICES": v, "GGML_VK_VISIBLE_DEVICES": v}
 
     def worker_key(self) -> tuple[Any, ...]:
         """The settings whose change needs the worker restarted."""

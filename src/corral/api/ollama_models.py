@@ -105,7 +105,8 @@ async def ps(request: Request) -> Response:
         slot = next((i.info.n_ctx_slot for i in pool.instances if i.info is not None),
                     pool.spec.ctx_len // pool.spec.n_parallel)
         out.append({**_entry(pool, meta, shas), "size": size,
-                    "size_vram": size if pool.spec.n_gpu_layers != 0 else 0,
+                    "size_vram": size if any(i.info is not None and i.info.gpu_layers > 0
+                                             for i in pool.instances) else 0,
                     "expires_at": _iso(pool.last_used + ttl) if ttl is not None else _FOREVER,
                     "context_length": slot})
     return ndjson_response({"models": out})

@@ -29,7 +29,9 @@ def serve(
     n_parallel: Optional[int] = typer.Option(None, "--n-parallel", help="Every model: slots per instance."),
     instances: Optional[int] = typer.Option(None, "--instances", help="Every model: worker processes."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Every model: threads per worker."),
-    n_gpu_layers: Optional[int] = typer.Option(None, "--n-gpu-layers", "-ngl", help="Every model: layers on the GPU."),
+    n_gpu_layers: Optional[str] = typer.Option(
+        None, "--n-gpu-layers", "-ngl",
+        help="Every model: layers on the GPU (a number, -1 for all, or auto: fit to the GPU's free memory)."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Place model instances on this Ray cluster: auto, HOST:PORT or ray://HOST:10001 (pip install 'corral[ray]')."),
     ray_namespace: Optional[str] = typer.Option(None, "--ray-namespace", help="Ray namespace of the instances' actors [corral]."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
@@ -45,7 +47,8 @@ def serve(
     }
     model_overrides: dict[str, Any] = {
         "ctx_len": ctx_len, "n_parallel": n_parallel, "instances": instances,
-        "threads": threads, "n_gpu_layers": n_gpu_layers,
+        "threads": threads,
+        "n_gpu_layers": n_gpu_layers if n_gpu_layers in (None, "auto") else _int_or_text(n_gpu_layers),
     }
 
     def loader():  # type: ignore[no-untyped-def]
@@ -81,3 +84,11 @@ def serve(
 def register(app: typer.Typer) -> None:
     """Adds this module's commands to the `corral` app."""
     app.command("serve")(serve)
+
+
+def _int_or_text(value: str) -> int | str:
+    """A number stays a number; anything else goes to the settings check, which names it."""
+    try:
+        return int(value)
+    except ValueError:
+        return value

@@ -128,7 +128,8 @@ class WorkerHost:
                     self._proc = subprocess.Popen(
                         [*self._command, "--fd", str(conn.fileno()), "--settings", self._settings_json],
                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(conn.fileno(),),
-                        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                        start_new_session=True,
+                        env={**os.environ, "PYTHONUNBUFFERED": "1", **_device_env(self._settings_json)})
             finally:
                 conn.close()
             if self._killed:
@@ -162,6 +163,16 @@ class WorkerHost:
                 conn.close()  # not the router: drop it, keep waiting
         self._failure = "stopped before the router connected"
         return None
+
+
+def _device_env(settings_json: str) -> dict[str, str]:
+    """``devices`` pins the worker to those GPUs of its node, as locally; unset, it
+    keeps the ones Ray gave the actor (Ray sets CUDA_VISIBLE_DEVICES for it)."""
+    import msgspec
+
+    from corral import wire
+
+    return msgspec.json.decode(settings_json, type=wire.WorkerSettings).device_env()
 
 
 def _log_tail(path: Path, lines: int = 5, max_bytes: int = 8192) -> str:

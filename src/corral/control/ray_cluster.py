@@ -153,7 +153,8 @@ class RayCluster:
         """What an instance with these settings asks of Ray (memory: what the last load
         of the same shape reported, else the file estimate)."""
         known = self._memory.get(_memory_shape(settings))
-        return actor_resources(settings, known or self._estimate(settings))
+        gpus = any(n.alive and n.gpus > 0 for n in self.nodes)
+        return actor_resources(settings, known or self._estimate(settings), cluster_has_gpus=gpus)
 
     def room_for(self, settings: wire.WorkerSettings, count: int) -> str | None:
         """None when ``count`` more instances with these settings fit on the live nodes

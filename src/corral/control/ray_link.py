@@ -51,13 +51,17 @@ class RayUnavailable(ConnectionError):
         self.retryable = retryable
 
 
-def actor_resources(settings: wire.WorkerSettings, memory: int) -> m.ActorResources:
+def actor_resources(settings: wire.WorkerSettings, memory: int, *, cluster_has_gpus: bool) -> m.ActorResources:
     """What one instance asks of Ray. Threads unset: one CPU (the worker then adapts
-    its threads to the cores its node leaves free)."""
+    its threads to the cores its node leaves free). A GPU when layers are offloaded
+    (``n_gpu_layers`` a number other than 0, or ``auto`` on a cluster that has GPUs;
+    ``devices`` asks for that many)."""
     threads = settings.threads or 1
+    layers = settings.n_gpu_layers
+    wants_gpu = layers != 0 and (layers != "auto" or cluster_has_gpus)
+    gpus = float(len(settings.devices)) if settings.devices else 1.0
     custom = dict(getattr(settings, "ray_resources", None) or {})
-    return m.ActorResources(num_cpus=float(threads),
-                            num_gpus=1.0 if settings.n_gpu_layers != 0 else 0.0,
+    return m.ActorResources(num_cpus=float(threads), num_gpus=gpus if wants_gpu else 0.0,
                             memory=max(0, int(memory)), resources=custom)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
 from corral.control.instance import InstanceState
 from corral.control.pool import ModelPool
 
@@ -51,6 +53,9 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "reason": i.reason,
             "exit_code": i.exit_code,
             "log": i.log_path,
+            "gpu_layers": i.info.gpu_layers if i.info else None,
+            "devices": [msgspec.to_builtins(d) for d in i.info.devices] if i.info else [],
+            "fit": msgspec.to_builtins(i.info.fit) if i.info and i.info.fit else None,
         })
     status = pool.status()
     return {
@@ -69,7 +74,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "exit_code": next((i.exit_code for i in pool.instances if i.state is InstanceState.FAILED), None),
         },
         "settings": {"ctx_len": spec.ctx_len, "n_parallel": spec.n_parallel,
-                     "instances": spec.instances, "n_gpu_layers": spec.n_gpu_layers,
+                     "instances": spec.instances, "n_gpu_layers": spec.n_gpu_layers, "devices": spec.devices,
                      "threads": spec.threads, "embedding": spec.embedding,
                      "ttl_s": spec.ttl_s, "pinned": spec.pinned},
         "queued": len(pool.waiters),

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from corral import wire
 
-__all__ = ["list_devices", "FAKE_DEVICES_ENV", "gpu_devices"]
+__all__ = ["list_devices", "FAKE_DEVICES_ENV", "gpu_devices", "host_available_bytes"]
 
 FAKE_DEVICES_ENV = "CORRAL_FAKE_DEVICES"
 
@@ -30,13 +30,22 @@ _KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 
 
 def _fake() -> list[wire.DeviceInfo] | None:
+    """The test inventory; like CUDA, ``CUDA_VISIBLE_DEVICES`` hides the GPUs it does not
+    name (the fake's names are kept as given)."""
     raw = os.environ.get(FAKE_DEVICES_ENV)
     if not raw:
         return None
-    return [wire.DeviceInfo(index=i, name=str(d["name"]), backend=str(d.get("backend", d["name"])),
+    devs = [wire.DeviceInfo(index=i, name=str(d["name"]), backend=str(d.get("backend", d["name"])),
                             kind=str(d.get("kind", "gpu")), free_bytes=int(d["free_bytes"]),
                             total_bytes=int(d["total_bytes"]))
             for i, d in enumerate(json.loads(raw))]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return devs
+    keep = {int(x) for x in visible.split(",") if x.strip().isdigit()}
+    gpus = [d for d in devs if d.kind == "gpu"]
+    shown = {id(d) for k, d in enumerate(gpus) if k in keep}
+    return [d for d in devs if d.kind != "gpu" or id(d) in shown]
 
 
 def _lib(name: str) -> ctypes.CDLL | None:
@@ -101,3 +110,15 @@ def list_devices() -> list[wire.DeviceInfo]:
 def gpu_devices(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
     """The devices with memory of their own (dedicated GPUs)."""
     return [d for d in devices if d.kind == "gpu"]
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is none)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

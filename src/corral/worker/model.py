@@ -17,9 +17,12 @@ import time
 from dataclasses import dataclass
 
 import llama_cpp as ll
+import msgspec
 
 from corral import wire
-from corral.worker.devices import list_devices
+from corral.worker.devices import gpu_devices, host_available_bytes, list_devices
+from corral.worker.fit import FitError, plan_fit
+from corral.worker.gguf_layout import LayoutError, read_layout
 
 __all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes"]
 
@@ -179,8 +182,15 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     _init_backend(s.verbose)
     _log_lines.clear()
 
+    devices = list_devices()
+    plan: wire.FitPlan | None = None
+    if s.n_gpu_layers == "auto":
+        plan = _fit(s, devices)
+        if plan is not None and plan.ctx_len != s.ctx_len:
+            s = msgspec.structs.replace(s, ctx_len=plan.ctx_len)
+    n_gpu_layers = s.n_gpu_layers if isinstance(s.n_gpu_layers, int) else (plan.n_gpu_layers if plan else 0)
     mparams = ll.llama_model_default_params()
-    mparams.n_gpu_layers = s.n_gpu_layers
+    mparams.n_gpu_layers = n_gpu_layers
     model = ll.llama_model_load_from_file(s.model_path.encode(), mparams)
     if not model:
         detail = "; ".join(line for line in _log_lines if line)[-500:]
@@ -188,13 +198,31 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
             f"llama.cpp could not load {s.model_path}" + (f": {detail}" if detail else "")
         )
     try:
-        return _make_context(s, model, t0)
+        return _make_context(s, model, t0, gpu_layers=n_gpu_layers, devices=devices, plan=plan)
     except BaseException:
         ll.llama_model_free(model)
         raise
 
 
-def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float) -> LoadedModel:
+def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo]) -> wire.FitPlan | None:
+    """``n_gpu_layers = "auto"``: the plan on the first GPU this worker sees (None: no GPU)."""
+    gpus = gpu_devices(devices)
+    if not gpus:
+        return None
+    try:
+        layout = read_layout(s.model_path)
+    except (LayoutError, OSError) as exc:
+        raise ModelLoadError(f"cannot plan GPU layers for {s.model_path}: {exc}") from exc
+    try:
+        return plan_fit(layout, device=gpus[0], ctx_len=s.ctx_len, n_slots=s.n_parallel,
+                        ctx_floor_per_slot=s.fit_ctx_floor, n_ubatch=min(s.n_batch, 512),
+                        host_available_bytes=host_available_bytes())
+    except FitError as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *, gpu_layers: int,
+                  devices: list[wire.DeviceInfo], plan: wire.FitPlan | None) -> LoadedModel:
     n_slots = s.n_parallel
     n_ctx_slot = s.ctx_len // n_slots
     n_ctx_train = ll.llama_model_n_ctx_train(model)
@@ -263,9 +291,10 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float) ->
         model_bytes=model_bytes,
         kv_bytes=kv_bytes,
         rss_bytes=rss_bytes(),
-        gpu_layers=s.n_gpu_layers,
+        gpu_layers=gpu_layers,
         load_ms=(time.perf_counter() - t0) * 1000.0,
-        devices=list_devices(),
+        devices=devices,
+        fit=plan,
     )
     return LoadedModel(
         model=model,

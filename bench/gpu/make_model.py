@@ -1,0 +1,92 @@
+"""Write a GGUF model with random weights in a known shape (default: TinyLlama 1.1B).
+
+The GPU machine reaches no hub and the embedded Gemma (253 MB) need not travel: a
+model's speed does not depend on its weights' values, only on its shape and types.
+Uses llama.cpp's own GGUF writer (gguf-py, from the sources bench/gpu/prepare.sh
+stripped), F16 weights, a SentencePiece-style vocabulary of made-up pieces.
+
+    python3 bench/gpu/make_model.py OUT.gguf [--layers 22 --embd 2048 --ff 5632 --heads 32 --kv-heads 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--gguf-py", default=str(Path(__file__).resolve().parents[2] / ".gpu" / "gguf-py"))
+    ap.add_argument("--layers", type=int, default=22)
+    ap.add_argument("--embd", type=int, default=2048)
+    ap.add_argument("--ff", type=int, default=5632)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    sys.path.insert(0, a.gguf_py)
+    import gguf  # noqa: PLC0415 - from the carried sources
+
+    rng = np.random.default_rng(a.seed)
+    head_dim = a.embd // a.heads
+    w = gguf.GGUFWriter(a.out, "llama")
+    w.add_name(f"random-llama-{a.layers}x{a.embd}")
+    w.add_context_length(a.ctx)
+    w.add_embedding_length(a.embd)
+    w.add_block_count(a.layers)
+    w.add_feed_forward_length(a.ff)
+    w.add_head_count(a.heads)
+    w.add_head_count_kv(a.kv_heads)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    # vocabulary: <unk> <s> </s>, the 256 byte pieces, then made-up pieces
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [f"\u2581w{i}" for i in range(a.vocab - len(tokens))]
+    types = ([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+             + [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * (a.vocab - 259))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([-float(i) for i in range(a.vocab)])
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def rand(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    kv = a.kv_heads * head_dim
+    w.add_tensor("token_embd.weight", rand(a.vocab, a.embd))
+    for i in range(a.layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", ones(a.embd))
+        w.add_tensor(p + "attn_q.weight", rand(a.embd, a.embd))
+        w.add_tensor(p + "attn_k.weight", rand(kv, a.embd))
+        w.add_tensor(p + "attn_v.weight", rand(kv, a.embd))
+        w.add_tensor(p + "attn_output.weight", rand(a.embd, a.embd))
+        w.add_tensor(p + "ffn_norm.weight", ones(a.embd))
+        w.add_tensor(p + "ffn_gate.weight", rand(a.ff, a.embd))
+        w.add_tensor(p + "ffn_up.weight", rand(a.ff, a.embd))
+        w.add_tensor(p + "ffn_down.weight", rand(a.embd, a.ff))
+    w.add_tensor("output_norm.weight", ones(a.embd))
+    w.add_tensor("output.weight", rand(a.vocab, a.embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"wrote {a.out} ({Path(a.out).stat().st_size / 2**20:.0f} MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

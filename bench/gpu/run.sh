@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# corral on a CUDA GPU, side by side with llama-server: one table (issue 13, part 2).
+#
+# The GPU machine reaches no registry and no network: everything comes from .gpu/, made
+# HERE beforehand by `bash bench/gpu/prepare.sh` (llama.cpp's sources stripped to ~26 MB,
+# the bindings, gguf-py, a few wheels; ~31 MiB in all). On the device:
+#
+#     bash bench/gpu/run.sh            # carry: [".gpu"]; prints the table, copies it to $OUT
+#
+# Steps: (1) install the wheels and the bindings into a private site dir; (2) build
+# llama.cpp ONCE for this card's architecture only (shared libraries for corral's workers
+# + llama-server from the same sources); (3) write a random-weight TinyLlama-1.1B-shaped
+# GGUF (speed does not depend on the weights' values); (4) run bench/run.py: the seed's
+# case (two model ids on one GPU, concurrent streaming: no crash), corral vs llama-server
+# with full offload at c=1, 8, 32, and two instances of one model on one GPU.
+#
+# CUDA=0 runs every step on a CPU (how this script is tested before GPU minutes are spent).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+G=.gpu
+OUT=${OUT:-/tmp/corral-gpu-out}
+CUDA=${CUDA:-1}
+ARCH=${CUDA_ARCH:-native}          # the card's own architecture only (H100/H200: 90)
+JOBS=${JOBS:-$(nproc)}
+PY=${PY:-python3}
+SITE=${SITE:-/tmp/corral-site}
+BUILD=${BUILD:-/tmp/corral-build}
+MODEL=${MODEL:-/tmp/tinyllama-random.gguf}
+MODEL_ARGS=${MODEL_ARGS:-}          # e.g. "--layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2" for a CPU test
+GPU_LAYERS=${GPU_LAYERS:-999}
+CONCURRENCY=${CONCURRENCY:-1,8,32}
+THREADS=${THREADS:-4}
+ONLY=${ONLY:-throughput,multimodel,instances}
+mkdir -p "$OUT"
+log() { echo "[gpu $(date +%T)] $*" >&2; }
+[ -d "$G/llama.cpp" ] || { echo "no $G/llama.cpp: run bench/gpu/prepare.sh first (and carry .gpu)"; exit 2; }
+
+log "1/4 python packages -> $SITE"
+rm -rf "$SITE" && mkdir -p "$SITE"
+if [ "${SKIP_WHEELS:-0}" != 1 ]; then  # SKIP_WHEELS=1: $PY already has them (a CPU test with corral's venv)
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$G"/wheels/*.whl
+fi
+cp -r "$G/llama_cpp" "$SITE/llama_cpp" && mkdir -p "$SITE/llama_cpp/lib"
+export PYTHONPATH="$SITE:$PWD/src"
+
+log "2/4 building llama.cpp (CUDA=$CUDA, arch $ARCH, $JOBS jobs)"
+flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON
+       -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF
+       -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DFETCHCONTENT_FULLY_DISCONNECTED=ON)
+[ "$CUDA" = 1 ] && flags+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH")
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+t0=$(date +%s)
+cmake -S "$G/llama.cpp" -B "$BUILD" "${gen[@]}" "${flags[@]}" >"$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
+cmake --build "$BUILD" -j "$JOBS" --target llama-server mtmd >"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+find "$BUILD" -name 'lib*.so*' -exec cp -a {} "$SITE/llama_cpp/lib/" \;
+export CORRAL_BENCH_CACHE=/tmp/corral-bench LLAMA_SERVER="$BUILD/bin/llama-server"
+log "   built in $(( $(date +%s) - t0 )) s"
+"$PY" - <<'EOF'
+import llama_cpp, corral.worker.devices as d
+from corral.worker.model import _init_backend
+_init_backend(False)
+for dev in d.list_devices():
+    print(f"[gpu] device {dev.name} ({dev.kind}): {dev.free_bytes / 2**30:.1f} of {dev.total_bytes / 2**30:.1f} GiB free")
+print("[gpu] llama_supports_gpu_offload:", llama_cpp.llama_supports_gpu_offload())
+EOF
+
+log "3/4 model -> $MODEL"
+[ -s "$MODEL" ] || "$PY" bench/gpu/make_model.py "$MODEL" $MODEL_ARGS
+
+log "4/4 bench ($ONLY)"
+set -o pipefail
+"$PY" bench/run.py --no-build --model "$MODEL" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
+  --concurrency "$CONCURRENCY" --servers llama-server,corral $(printf -- '--only %s ' ${ONLY//,/ }) \
+  2>"$OUT/bench.log" | tee "$OUT/table.md"
+cp bench/results/latest.md "$OUT/results.md" 2>/dev/null || true
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null | tee -a "$OUT/table.md" || true

@@ -1,0 +1,68 @@
+"""n_gpu_layers = "auto" and devices = [...] with a fake device inventory (the worker's test
+hook CORRAL_FAKE_DEVICES): real workers, the real model, the plan shown in GET /models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from router.harness import Harness
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+def fake(monkeypatch: pytest.MonkeyPatch, *free: int) -> None:
+    monkeypatch.setenv("CORRAL_FAKE_DEVICES", json.dumps(
+        [{"name": f"CUDA{i}", "backend": "CUDA", "free_bytes": f, "total_bytes": 80 * GiB} for i, f in enumerate(free)]))
+
+
+async def instance(harness: Harness, model: str) -> dict:  # type: ignore[type-arg]
+    r = await harness.client.post("/models/load", json={"model": model})  # type: ignore[union-attr]
+    assert r.status_code == 200, r.text
+    r = await harness.client.get("/models")  # type: ignore[union-attr]
+    entry = next(m for m in r.json()["data"] if m["id"] == model)
+    return entry["instances"][0]  # type: ignore[no-any-return]
+
+
+async def test_auto_fits_the_context_to_a_small_device_and_pins_devices(
+        harness: Harness, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake(monkeypatch, 80 * GiB, 520 * MiB)
+    cfg = harness.config({
+        "roomy": {"path": str(model_path), "ctx_len": 8192, "n_parallel": 2, "threads": 1},
+        "tight": {"path": str(model_path), "ctx_len": 32768, "n_parallel": 2, "threads": 1, "devices": [1],
+                  "fit_ctx_floor": 512},
+    }, worker_command=None, max_loaded_models=2)
+    await harness.start(cfg)
+
+    roomy = await instance(harness, "roomy")
+    assert [d["name"] for d in roomy["devices"]] == ["CUDA0", "CUDA1"]
+    assert roomy["fit"]["device"] == "CUDA0" and roomy["fit"]["ctx_len"] == 8192
+    assert roomy["gpu_layers"] == roomy["fit"]["n_layers"] == 19  # 18 layers + the output head
+
+    tight = await instance(harness, "tight")
+    assert [d["name"] for d in tight["devices"]] == ["CUDA1"]  # CUDA_VISIBLE_DEVICES=1
+    fit = tight["fit"]
+    assert fit["device"] == "CUDA1" and fit["ctx_len_asked"] == 32768
+    assert fit["ctx_len"] < 32768 or fit["n_gpu_layers"] < fit["n_layers"]
+    assert fit["device_bytes"] <= 520 * MiB - fit["margin_bytes"]
+    assert tight["gpu_layers"] == fit["n_gpu_layers"]
+
+    r = await harness.client.post("/v1/completions", json={  # type: ignore[union-attr]
+        "model": "tight", "prompt": "One, two,", "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+async def test_no_gpu_means_no_plan_and_no_layers(harness: Harness, model_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CORRAL_FAKE_DEVICES", raising=False)
+    cfg = harness.config({"m": {"path": str(model_path), "ctx_len": 1024, "n_parallel": 1, "threads": 1}},
+                         worker_command=None)
+    await harness.start(cfg)
+    inst = await instance(harness, "m")
+    assert inst["fit"] is None and inst["gpu_layers"] == 0
+    assert [d["kind"] for d in inst["devices"]] == ["cpu"]
