@@ -776,7 +776,7 @@ async def sc_instances(ctx: Ctx) -> list[Table]:
 
 
 LIMITS_S = {"instances": 300, "throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
-            "dialects": 480}
+            "dialects": 1200}
 
 FUNCS = {"instances": sc_instances, "throughput": sc_throughput, "overhead": sc_overhead, "multimodel": sc_multimodel,
          "coldstart": sc_coldstart, "queue": sc_queue,

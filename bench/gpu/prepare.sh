@@ -32,7 +32,7 @@ rm -rf "$DEST/llama_cpp/server" "$DEST/llama_cpp/lib"
 L="$src/vendor/llama.cpp"
 cp -r "$L/gguf-py" "$DEST/gguf-py"
 mkdir -p "$DEST/llama.cpp"
-for d in CMakeLists.txt cmake common src include ggml vendor tools licenses LICENSE; do
+for d in CMakeLists.txt cmake common src include ggml vendor tools scripts licenses LICENSE; do
   [ -e "$L/$d" ] && cp -r "$L/$d" "$DEST/llama.cpp/"
 done
 # a CPU or CUDA build needs none of these

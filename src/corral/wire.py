@@ -9,7 +9,8 @@ end is inherited (``pass_fds``) and named with ``--fd N``. No filesystem path, n
 port: no other local user can reach it. EOF on the socket means the router is gone,
 and the worker exits.
 
-Framing: each message is ``4-byte big-endian length`` + msgpack body. The body is a
+Framing (``corral.frames``, shared with the download child's channel): each message
+is ``4-byte big-endian length`` + msgpack body. The body is a
 tagged msgspec struct (``{"type": "<tag>", ...}``); ``decode`` returns the concrete
 struct, so handlers ``match`` on the class.
 
@@ -33,59 +34,27 @@ Conversation:
 
 from __future__ import annotations
 
-import struct
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
 from msgspec import Meta
 
+from corral import frames
+from corral.frames import HEADER, FrameTooLarge, frame
 from corral.settings import INT32_MAX, ModelSettings
 
 __all__ = [
-    "PROTOCOL_VERSION",
-    "WorkerSettings",
-    "ChatMessage",
-    "ToolCall",
-    "SamplingParams",
-    "invalid_field",
-    "GenerateRequest",
-    "EmbedRequest",
-    "Abort",
-    "StatsRequest",
-    "Shutdown",
-    "Loading",
-    "ModelInfo",
-    "DeviceInfo",
-    "FitPlan",
-    "Ready",
-    "LoadFailed",
-    "Delta",
-    "TokenLogprob",
-    "TopLogprob",
-    "Usage",
-    "Timings",
-    "Finished",
-    "RequestFailed",
-    "Embeddings",
-    "TokenizeRequest",
-    "Tokenized",
-    "Stats",
-    "ToWorker",
-    "FromWorker",
-    "FinishReason",
-    "FailureCode",
-    "encode",
-    "decode_to_worker",
-    "decode_from_worker",
-    "FrameDecoder",
-    "FrameTooLarge",
-    "HEADER",
-    "MAX_FRAME",
+    "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams",
+    "invalid_field", "GenerateRequest", "EmbedRequest", "Abort", "StatsRequest", "Shutdown",
+    "Loading", "ModelInfo", "DeviceInfo", "FitPlan", "Ready", "LoadFailed", "Delta",
+    "TokenLogprob", "TopLogprob", "Usage", "Timings", "Finished", "RequestFailed", "Embeddings",
+    "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",
+    "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",
+    "FrameTooLarge", "HEADER", "MAX_FRAME",
 ]
 
 PROTOCOL_VERSION = 1
 
-HEADER = struct.Struct(">I")
 MAX_FRAME = 256 * 1024 * 1024  # embeddings of large batches can be big; anything above is a bug
 
 
@@ -386,16 +355,9 @@ _to_worker = msgspec.msgpack.Decoder(ToWorker)
 _from_worker = msgspec.msgpack.Decoder(FromWorker)
 
 
-class FrameTooLarge(ValueError):
-    pass
-
-
 def encode(msg: ToWorker | FromWorker) -> bytes:
     """One framed message, ready for ``sock.sendall`` / ``writer.write``."""
-    body = _encoder.encode(msg)
-    if len(body) > MAX_FRAME:
-        raise FrameTooLarge(f"message of {len(body)} bytes exceeds {MAX_FRAME}")
-    return HEADER.pack(len(body)) + body
+    return frame(_encoder.encode(msg), MAX_FRAME)
 
 
 def decode_to_worker(body: bytes | memoryview) -> ToWorker:
@@ -406,25 +368,8 @@ def decode_from_worker(body: bytes | memoryview) -> FromWorker:
     return _from_worker.decode(body)
 
 
-class FrameDecoder:
-    """Incremental splitter: ``feed(data)`` returns the complete frame bodies so far.
-    ``max_frame``: the largest body accepted (the download child's channel uses a
-    smaller one)."""
+class FrameDecoder(frames.FrameDecoder):
+    """``corral.frames.FrameDecoder`` with this channel's largest frame."""
 
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
-        self._buf = bytearray()
-        self._max = max_frame
-
-    def feed(self, data: bytes) -> list[bytes]:
-        self._buf += data
-        out: list[bytes] = []
-        while len(self._buf) >= HEADER.size:
-            (n,) = HEADER.unpack_from(self._buf)
-            if n > self._max:
-                raise FrameTooLarge(f"incoming frame of {n} bytes exceeds {self._max}")
-            end = HEADER.size + n
-            if len(self._buf) < end:
-                break
-            out.append(bytes(self._buf[HEADER.size : end]))
-            del self._buf[:end]
-        return out
+        super().__init__(max_frame)

@@ -19,7 +19,7 @@ import uvicorn
 
 from corral.api.app import create_app
 from corral.config import CorralConfig, config_from_dict
-from corral.control.events import Event
+from corral.events import Event
 from corral.control.plane import ControlPlane
 
 FAKE = Path(__file__).parent / "fake_worker.py"

@@ -156,3 +156,26 @@ async def test_streams_end_with_each_apis_terminal_event_and_abort_on_disconnect
             async for _ in s.aiter_bytes():
                 break
         await _until(lambda: plane.pools["a"].inflight == 0)
+
+
+async def test_ids_with_slash_and_colon_in_every_route(harness: Harness) -> None:
+    mid = "org/model-GGUF:Q4_K_M"
+    plane = await harness.start(harness.config({mid: {"path": str(harness.script("a")), "aliases": ["m:latest"]}}))
+    c = harness.client
+    assert [m["id"] for m in (await c.get("/v1/models")).json()["data"]] == [mid]
+    assert [m["id"] for m in (await c.get("/models")).json()["data"]] == [mid]
+    assert (await c.get(f"/v1/models/{mid}")).json()["id"] == mid
+    r = await c.post("/v1/chat/completions", json={"model": mid, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200 and r.json()["model"] == mid
+    r = await c.post("/api/generate", json={"model": "m", "prompt": "x", "stream": False})  # m -> m:latest
+    assert r.status_code == 200 and r.json()["model"] == mid
+    assert (await c.post("/models/unload", json={"model": mid})).status_code == 200
+    assert (await c.post("/api/show", json={"model": mid})).status_code == 200
+    r = await c.post("/api/copy", json={"source": mid, "destination": "short"})
+    assert r.status_code == 200 and plane.resolve("short") == mid
+    r = await c.post("/api/copy", json={"source": mid, "destination": "../x"})
+    assert r.status_code == 400 and "destination" in r.json()["error"] or "invalid" in r.json()["error"]
+    assert (await c.post("/v1/messages", json={"model": "short", "max_tokens": 3, "messages": [
+        {"role": "user", "content": "x"}]})).json()["model"] == mid
+    # the worker's log file is named by the id's safe file stem, not by the id
+    assert (harness.tmp / "logs" / "org%2Fmodel-GGUF%3AQ4_K_M.0.log").exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.control.events import EventBus
+from corral.events import EventBus
 from corral.store.local import ModelStore
 
 from .fake_hub import FakeHub

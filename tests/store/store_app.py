@@ -14,8 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.store_routes import router as store_router
-from corral.control.downloads import DownloadManager
-from corral.control.events import EventBus
+from corral.store.downloads import DownloadManager
+from corral.events import EventBus
 from corral.errors import CorralError
 from corral.store.local import ModelStore
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from corral.control.events import EventBus
+from corral.events import EventBus
 from corral.store.local import ModelStore
 
 from .conftest import small_gguf

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from corral.cli import store_cmds
 from corral.cli.main import app
-from corral.control.events import EventBus
+from corral.events import EventBus
 from corral.store.local import ModelStore
 
 from .conftest import small_gguf

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from corral.control import downloads as dl
-from corral.control.downloads import DownloadManager, ProgressThrottle
-from corral.control.events import EventBus
+from corral.store import downloads as dl
+from corral.store.downloads import DownloadManager, ProgressThrottle
+from corral.events import EventBus
 from corral.errors import Conflict, DownloadCancelled, DownloadError, InvalidRequest, NotFound
 from corral.store.local import ModelStore
 
@@ -368,7 +368,7 @@ def test_router_side_imports_no_hub_client_and_no_engine() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, corral.control.downloads, corral.api.store_routes, corral.cli.store_cmds;"
+    code = ("import sys, corral.store.downloads, corral.api.store_routes, corral.cli.store_cmds;"
             "bad = [m for m in ('huggingface_hub', 'llama_cpp') if m in sys.modules];"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -82,6 +82,14 @@ async def messages(request: Request) -> Response:
 
 
 async def _stream(gen: Generation, mid: str, stops: list[str] | None) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in _chunks(gen, mid, stops):
+            yield chunk
+    finally:
+        gen.close()
+
+
+async def _chunks(gen: Generation, mid: str, stops: list[str] | None) -> AsyncIterator[bytes]:
     yield _event("message_start", {"type": "message_start", "message": {
         "id": mid, "type": "message", "role": "assistant", "model": gen.model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})

@@ -30,7 +30,7 @@ from corral.api import (anthropic_routes, live_stats, management_routes, ollama_
                         ollama_routes, openai_routes, page_routes, responses_routes)
 from corral.api.guard import GuardMiddleware, error_response
 from corral.config import CorralConfig
-from corral.control.events import EventBus
+from corral.events import EventBus
 from corral.control.metrics import Metrics
 from corral.control.plane import ControlPlane
 from corral.errors import CorralError, InternalError, error_for_status
@@ -128,7 +128,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         downloads = None
         if store is not None:
             try:
-                from corral.control.downloads import DownloadManager
+                from corral.store.downloads import DownloadManager
                 downloads = DownloadManager(store, bus, on_finished=plane.on_download_finished)
             except ImportError:
                 downloads = None

@@ -115,6 +115,7 @@ class Generation:
         self._gs = gs
         self._on_close = on_close
         self._n_calls = len(tool_calls)
+        self._iterated = False
 
     @property
     def model(self) -> str:
@@ -124,6 +125,7 @@ class Generation:
         """TextEvent / ToolCallEvent / FinishEvent; raises the request's CorralError.
         Leaving early (client gone) aborts the worker's request."""
         assert self._gs is not None
+        self._iterated = True
         try:
             async for ev in self._gs.events():
                 if isinstance(ev, ToolCallEvent):
@@ -134,6 +136,18 @@ class Generation:
 
     def outcome(self) -> Outcome:
         return Outcome.of(self.stream, self._n_calls)
+
+    def close(self) -> None:
+        """For a dialect's stream generator's ``finally``: a stream the response never got
+        to read (the client left during the first bytes) is aborted and counted as 499."""
+        gs = self._gs
+        if gs is not None and not self._iterated:
+            self._iterated = True
+            for s in gs.streams:
+                if not s.done:
+                    s.abort()
+                observe(gs.plane, s, gs.spec.endpoint, 499)
+        self._closed()
 
     def _closed(self) -> None:
         if self._on_close is not None:

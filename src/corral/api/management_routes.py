@@ -45,7 +45,8 @@ _KEEPALIVE_S = 15.0
 
 
 def _plane(request: Request) -> ControlPlane:
-    return request.app.state.router
+    plane: ControlPlane = request.app.state.router
+    return plane
 
 
 def _downloads(request: Request) -> Any:

@@ -31,7 +31,7 @@ from corral.api.ollama_routes import ndjson_response
 from corral.api.ollama_schemas import OllamaCopyRequest, OllamaModelRequest, OllamaPullRequest
 from corral.api.schemas import parse_body
 from corral.api.store_routes import remove_from_store
-from corral.control.events import Event
+from corral.events import Event
 from corral.control.pool import ModelPool
 from corral.errors import Conflict, DownloadError, InvalidRequest, ModelNotFound
 from corral.store.gguf_meta import GGUFMetadata, parameter_size, read_metadata

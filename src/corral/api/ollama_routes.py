@@ -107,6 +107,8 @@ def _ndjson(gen: Generation, text_line: Callable[[str], bytes], calls_line: Call
             yield _json.encode(final(gen.outcome())) + b"\n"
         except CorralError as exc:
             yield _json.encode({"error": exc.message}) + b"\n"
+        finally:
+            gen.close()
     return StreamingResponse(lines(), media_type=_NDJSON)
 
 

@@ -131,6 +131,15 @@ async def create_response(request: Request) -> Response:
 
 async def _events(gen: Generation, shape: _Shape, remember: Callable[[str, list[wire.ToolCall]], None]
                   ) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in _chunks(gen, shape, remember):
+            yield chunk
+    finally:
+        gen.close()
+
+
+async def _chunks(gen: Generation, shape: _Shape, remember: Callable[[str, list[wire.ToolCall]], None]
+                  ) -> AsyncIterator[bytes]:
     ev = shape.event
     yield ev("response.created", {"response": shape.response("in_progress", [], None)})
     yield ev("response.in_progress", {"response": shape.response("in_progress", [], None)})

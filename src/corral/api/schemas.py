@@ -185,9 +185,14 @@ class CompletionRequest(SamplingFields):
             return [p]
         if not p:
             return []
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]
-        return list(p)  # type: ignore[arg-type]
+        out: list[str | list[int]] = []
+        ints: list[int] = []
+        for x in p:
+            if isinstance(x, int):
+                ints.append(x)
+            else:
+                out.append(x)
+        return [ints] if ints else out
 
 
 class EmbeddingRequest(BaseModel):
@@ -213,11 +218,12 @@ class EmbeddingRequest(BaseModel):
             inp = [inp]
         if not inp:
             raise InvalidRequest("input: must not be empty", param="input")
-        if not all(isinstance(x, str) for x in inp):
+        texts = [x for x in inp if isinstance(x, str)]
+        if len(texts) != len(inp):
             raise UnsupportedOption("token arrays as input are not supported; send text", param="input")
-        if len(inp) > 2048:
+        if len(texts) > 2048:
             raise InvalidRequest("input: at most 2048 items", param="input")
-        return list(inp)  # type: ignore[arg-type]
+        return texts
 
 
 class ModelRef(BaseModel):

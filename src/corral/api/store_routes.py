@@ -25,8 +25,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from corral.control.downloads import DownloadManager, PullHandle
-from corral.control.events import EventName
+from corral.store.downloads import DownloadManager, PullHandle
+from corral.events import EventName
 from corral.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
 from corral.store.local import ModelStore
 
@@ -63,11 +63,13 @@ async def _body(request: Request, model: type[BaseModel]) -> Any:
 
 
 def _downloads(request: Request) -> DownloadManager:
-    return request.app.state.downloads
+    dm: DownloadManager = request.app.state.downloads
+    return dm
 
 
 def _store(request: Request) -> ModelStore:
-    return request.app.state.store
+    store: ModelStore = request.app.state.store
+    return store
 
 
 def _pull_body(h: PullHandle) -> dict[str, Any]:

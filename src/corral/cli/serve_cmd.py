@@ -37,7 +37,7 @@ def serve(
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API (no arguments: the embedded default model)."""
-    from corral.config import load_config
+    from corral.config import CorralConfig, load_config
 
     server_overrides: dict[str, Any] = {
         "host": host, "port": port, "models_dir": str(models_dir) if models_dir else None,
@@ -51,7 +51,7 @@ def serve(
         "n_gpu_layers": n_gpu_layers if n_gpu_layers in (None, "auto") else _int_or_text(n_gpu_layers),
     }
 
-    def loader():  # type: ignore[no-untyped-def]
+    def loader() -> CorralConfig:
         return load_config(config, server_overrides=server_overrides, model_overrides=model_overrides)
 
     try:

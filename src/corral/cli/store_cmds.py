@@ -107,7 +107,9 @@ def _pull_via_server(url: str, source: str, sha256: str | None, model_id: str | 
             # Subscribe before starting the pull, so no event is missed.
             with client.stream("GET", "/models/events") as events:
                 if events.status_code != 200:
-                    return _pull_by_polling(client, body)
+                    events.read()
+                    err.print(f"[red]error[/]: GET /models/events: {_error_message(events)}")
+                    return 1
                 r = client.post("/models/pull", json=body, timeout=600)
                 if r.status_code != 202:
                     err.print(f"[red]error[/]: {_error_message(r)}")
@@ -144,41 +146,13 @@ def _pull_via_server(url: str, source: str, sha256: str | None, model_id: str | 
             return 1
 
 
-def _pull_by_polling(client: httpx.Client, body: dict[str, Any]) -> int:
-    """For a server without /models/events: poll the pull's state."""
-    import time
-
-    r = client.post("/models/pull", json=body, timeout=600)
-    if r.status_code != 202:
-        err.print(f"[red]error[/]: {_error_message(r)}")
-        return 1
-    pull_id = r.json()["id"]
-    try:
-        with _bar() as bar:
-            task = bar.add_task(r.json()["model"], total=None)
-            while True:
-                st = client.get(model_path("/models/pull", pull_id)).json()
-                bar.update(task, total=st.get("total"), completed=st.get("done", 0))
-                if st["status"] not in ("resolving", "downloading"):
-                    bar.stop()
-                    name = {"finished": "download_finished", "cancelled": "download_cancelled"}
-                    return _finish({"event": name.get(st["status"], "download_failed"),
-                                    "model": st["model"], "reason": st.get("reason"),
-                                    "done": st.get("done"), "path": st.get("path")})
-                time.sleep(0.5)  # nothing to await: the server has no event stream
-    except KeyboardInterrupt:
-        client.delete(model_path("/models/pull", pull_id))
-        err.print("cancelled (partial kept; pull again to resume)")
-        return 130
-
-
 # ---------------------------------------------------------------------- pull locally
 
 
 async def _pull_locally(store: ModelStore, source: str, sha256: str | None,
                         model_id: str | None) -> int:
-    from corral.control.downloads import DownloadManager
-    from corral.control.events import EventBus
+    from corral.store.downloads import DownloadManager
+    from corral.events import EventBus
 
     bus = EventBus()
     dm = DownloadManager(store, bus)

@@ -26,7 +26,7 @@ import msgspec
 from corral.config import CorralConfig
 from corral.control.admission import Admission
 from corral.control.catalog import Catalog, ModelSpec, specs_from_config
-from corral.control.events import EventBus, EventName
+from corral.events import EventBus, EventName
 from corral.control.pool import ModelPool
 from corral.errors import Conflict, InvalidRequest, ModelNotFound
 from corral.model_ids import id_problem

@@ -13,34 +13,33 @@ Only the owner task (``_own``) changes state: callers put commands in its inbox,
 the link of the current spawn puts what it saw there too (Loading, Ready, LoadFailed,
 channel closed, exit). Each spawn has its own ``WorkerLink`` (``corral.control.link``),
 so news from an earlier worker names an earlier link and is ignored. Every
-transition is checked against ``_ALLOWED``, published as ``status_change`` and passed
+transition is checked against ``ALLOWED``, published as ``status_change`` and passed
 to ``on_change``.
 
 The hot path does not go through the owner: the link writes requests and hands
 Delta/Finished straight to the request's ``RequestStream``; a finished request is
 reported to ``on_slot_free`` (the pool keeps the slot count).
 
-Stop = Shutdown message; after ``stop_grace_s`` the link is terminated (SIGTERM to a
-local process group), 2 s later killed. A crash fails in-flight requests with
-``WorkerCrashed``; whether and when it restarts is the ``RestartPolicy``'s decision.
+Stop = ``WorkerLink.shutdown`` (Shutdown, then terminate, then kill). A crash fails
+in-flight requests with ``WorkerCrashed``; whether and when it restarts is the
+``RestartPolicy``'s decision.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 from corral import wire
 from corral.control.catalog import ModelSpec
-from corral.control.events import EventBus, EventName
+from corral.events import EventBus, EventName
+from corral.control.instance_state import ALLOWED, InstanceState, Timeouts, Transition, failure_reason
 from corral.control.instance_inbox import (Closed, Discard, Exited, Inbox, Lifecycle, LoadTimeout,
-                                           RestartDue, Start, Stop, consume, resolve)
+                                           RestartDue, Start, Stop, consume, resolve, resolve_all)
 from corral.control.link import (LifecycleMessage, LinkExit, Placement, Spawner, WorkerLink)
 from corral.control.restart import RestartPolicy
 from corral.control.stream import RequestStream
@@ -50,39 +49,8 @@ __all__ = ["InstanceState", "Instance", "Timeouts", "Transition"]
 
 log = logging.getLogger("corral.instance")
 
-_KILL_AFTER_TERM_S = 2.0
-_EXIT_AFTER_EOF_S = 1.0  # a worker whose channel closed must exit within this, or is killed
-
-
-class InstanceState(str, enum.Enum):
-    STOPPED = "stopped"
-    STARTING = "starting"
-    READY = "ready"
-    STOPPING = "stopping"
-    FAILED = "failed"
-
-
 S = InstanceState
-_ALLOWED: dict[InstanceState, set[InstanceState]] = {
-    S.STOPPED: {S.STARTING},
-    S.STARTING: {S.READY, S.STOPPING, S.FAILED},
-    S.READY: {S.STOPPING, S.FAILED},
-    S.STOPPING: {S.STOPPED},
-    S.FAILED: {S.STARTING, S.STOPPED},
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    load_timeout_s: float = 300.0
-    stop_grace_s: float = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    old: InstanceState
-    new: InstanceState
-    restart: bool = False  # a restart after a failure (starting), or one scheduled (failed)
+_EXIT_AFTER_EOF_S = 1.0  # a worker whose channel closed must exit within this, or is killed
 
 
 class Instance:
@@ -293,11 +261,8 @@ class Instance:
             self._stop_reason = item.reason
             self._set(S.STOPPING, reason=item.reason)
             self._fail_start_waiters(Unavailable(f"{self.spec.id} was stopped while loading: {item.reason}"))
-            link = self._link
-            if link is not None:
-                with contextlib.suppress(Exception):
-                    link.send(wire.Shutdown())
-                self._spawn_task(self._escalate(link))
+            if self._link is not None:
+                self._spawn_task(self._link.shutdown(self._timeouts.stop_grace_s))
 
     def _on_link_news(self, item: Lifecycle | Closed | Exited | LoadTimeout) -> None:
         st = self.state
@@ -330,9 +295,7 @@ class Instance:
             self._policy.on_ready()
             self._cancel_timers()
             self._set(S.READY)
-            waiters, self._start_waiters = self._start_waiters, []
-            for w in waiters:
-                resolve(w)
+            resolve_all(self._start_waiters)
         else:
             self._load_error = msg.reason
 
@@ -357,18 +320,6 @@ class Instance:
         self._timers.append(asyncio.get_running_loop().call_later(
             self._timeouts.load_timeout_s, self._inbox.put, LoadTimeout(link)))
 
-    async def _escalate(self, link: WorkerLink) -> None:
-        """Shutdown was sent. Grace, then terminate, then kill."""
-        await asyncio.sleep(self._timeouts.stop_grace_s)
-        if link.exit is not None:
-            return
-        log.warning("%s: no exit %.1fs after Shutdown; SIGTERM", self.name, self._timeouts.stop_grace_s)
-        link.terminate()
-        await asyncio.sleep(_KILL_AFTER_TERM_S)
-        if link.exit is None:
-            log.warning("%s: still running after SIGTERM; SIGKILL", self.name)
-            link.kill()
-
     def _on_exit(self, link: WorkerLink, exit: LinkExit) -> None:
         self._cancel_timers()
         self.exit_code = exit.code
@@ -377,25 +328,16 @@ class Instance:
             link.fail_requests(WorkerCrashed(
                 f"{self.spec.id} was stopped ({self._stop_reason}) before the request finished"))
             self._set(S.STOPPED, reason=self._stop_reason, exit_code=exit.code)
-            waiters, self._stop_waiters = self._stop_waiters, []
-            for w in waiters:
-                resolve(w)
+            resolve_all(self._stop_waiters)
             if self._start_after_stop:
                 self._start_after_stop = False
                 self.request_start()
             return
         if st not in (S.STARTING, S.READY):
             return
-        retryable = self._load_error is None
-        if self._load_error is not None:
-            reason = self._load_error
-        else:
-            reason = exit.reason if st is S.READY else f"worker died while loading: {exit.reason}"
-        tail = "\n".join(ln for ln in link.log_tail().splitlines() if reason not in ln)  # no echo
-        if tail:
-            reason += f"; last log lines:\n{tail}"
+        reason = failure_reason(exit, self._load_error, loading=st is S.STARTING, log_tail=link.log_tail())
         link.fail_requests(WorkerCrashed(f"the worker serving {self.spec.id} failed: {exit.reason}"))
-        self._to_failed(reason, exit.code, retryable=retryable)
+        self._to_failed(reason, exit.code, retryable=self._load_error is None)
 
     def _to_failed(self, reason: str, code: int | None, *, retryable: bool) -> None:
         decision = self._policy.on_failure(retryable=retryable)
@@ -421,22 +363,15 @@ class Instance:
         gone = Unavailable(f"{self.spec.id} was unloaded", retry_after_s=1)
         self._fail_start_waiters(gone)
         self._start_after_stop = False
-        waiters, self._stop_waiters = self._stop_waiters, []
-        for w in waiters:
-            resolve(w)
-        while (item := self._inbox.get_nowait()) is not None:  # commands nobody will run
-            if isinstance(item, Start):
-                if not item.reply.done():
-                    item.reply.set_exception(gone)
-            elif isinstance(item, Stop):
-                resolve(item.reply)
+        resolve_all(self._stop_waiters)
+        self._inbox.close(gone)  # commands nobody will run
 
     # ----------------------------------------------------------------- helpers
 
     def _set(self, new: InstanceState, *, reason: str | None = None,
              exit_code: int | None = None, restart: bool = False) -> None:
         old = self.state
-        if new not in _ALLOWED[old]:
+        if new not in ALLOWED[old]:
             raise RuntimeError(f"{self.name}: illegal transition {old.value} -> {new.value}")
         self.state = new
         fields: dict[str, object] = {"instance": self.index, "old": old.value, "new": new.value,

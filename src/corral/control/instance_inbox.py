@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from corral.control.link import LifecycleMessage, LinkExit, WorkerLink
 
 __all__ = ["Start", "Stop", "Discard", "RestartDue", "Lifecycle", "Closed", "Exited",
-           "LoadTimeout", "Item", "Inbox", "resolve", "consume"]
+           "LoadTimeout", "Item", "Inbox", "resolve", "resolve_all", "consume"]
 
 
 @dataclass(slots=True)
@@ -73,16 +73,27 @@ class Inbox:
     async def get(self) -> Item:
         return await self._q.get()
 
-    def get_nowait(self) -> Item | None:
-        try:
-            return self._q.get_nowait()
-        except asyncio.QueueEmpty:
-            return None
+    def close(self, exc: Exception) -> None:
+        """The owner is gone: starts still queued fail with ``exc``, stops are done."""
+        while not self._q.empty():
+            item = self._q.get_nowait()
+            if isinstance(item, Start) and not item.reply.done():
+                item.reply.set_exception(exc)
+            elif isinstance(item, Stop):
+                resolve(item.reply)
 
 
 def resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def resolve_all(futures: list[asyncio.Future[None]]) -> None:
+    """Resolve every future in ``futures`` and empty the list."""
+    waiting = futures[:]
+    futures.clear()
+    for fut in waiting:
+        resolve(fut)
 
 
 def consume(fut: asyncio.Future[None]) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -199,6 +200,21 @@ class WorkerLink(abc.ABC):
         if not self.is_open:
             raise LinkClosed("the worker's channel is closed")
         self._write(frame)
+
+    async def shutdown(self, grace_s: float, kill_after_s: float = 2.0) -> None:
+        """Ask the worker to exit (``Shutdown``); still there after ``grace_s``:
+        terminate it; ``kill_after_s`` later: kill it."""
+        with contextlib.suppress(LinkClosed, OSError):
+            self.send(wire.Shutdown())
+        await asyncio.sleep(grace_s)
+        if self._exit is not None:
+            return
+        log.warning("worker %s: no exit %.1fs after Shutdown; terminating it", self.placement, grace_s)
+        self.terminate()
+        await asyncio.sleep(kill_after_s)
+        if self._exit is None:
+            log.warning("worker %s: still running; killing it", self.placement)
+            self.kill()
 
     def submit(self, request_id: str, frame: bytes, stream: RequestStream, instance_index: int) -> bool:
         """Send an encoded request (sync). False when the channel is closed."""

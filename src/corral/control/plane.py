@@ -34,7 +34,7 @@ from corral.control import views
 from corral.control.admission import Admission
 from corral.control.catalog import Catalog, ModelSpec, default_threads
 from corral.control.catalog_sync import CatalogSync, Embedded
-from corral.control.events import EventBus
+from corral.events import EventBus
 from corral.control.housekeeping import Housekeeper
 from corral.control.instance import Instance, InstanceState, Timeouts, Transition
 from corral.control.link import LocalSpawner, Spawner

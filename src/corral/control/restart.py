@@ -60,7 +60,7 @@ class RestartPolicy:
 
     def backoff(self) -> float:
         n = max(1, self.failures)
-        return min(self.max_backoff_s, self.backoff_s * 2 ** (n - 1))
+        return min(self.max_backoff_s, self.backoff_s * 2.0 ** (n - 1))
 
     def on_failure(self, *, retryable: bool) -> RestartDecision:
         """A worker failed (``retryable``: it crashed, as opposed to a load the worker

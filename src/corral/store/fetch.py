@@ -26,35 +26,15 @@ from typing import BinaryIO
 import msgspec
 
 from corral.store import messages as m
+from corral.store.fetch_resolve import Fail, Retryable, Target, host_of, raise_for_status, resolve
 from corral.store.local import ModelStore, validate_model_id
-from corral.store.sources import ParsedSource, SourceError, parse_source, pick_file
 
 __all__ = ["main", "partial_paths", "Fail"]
-
-_SHA_RE_LEN = 64
-
-
-class Fail(Exception):
-    """Ends the child with a ``Failed`` message."""
-
-    def __init__(self, kind: m.FailureKind, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
-
-
-class _Retryable(Exception):
-    pass
-
 
 def partial_paths(store: ModelStore, key: str) -> tuple[Path, Path]:
     """The partial file and its metadata for a download key (repo+file, or URL)."""
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     return store.partial_dir / f"{digest}.part", store.partial_dir / f"{digest}.json"
-
-
-def _is_sha256(s: str | None) -> bool:
-    return bool(s) and len(s) == _SHA_RE_LEN and all(c in "0123456789abcdef" for c in s.lower())  # type: ignore[union-attr]
 
 
 class _Channel:
@@ -82,161 +62,6 @@ class _Channel:
 # ---------------------------------------------------------------------- resolving
 
 
-class _Target(msgspec.Struct, kw_only=True):
-    filename: str
-    key: str
-    url: str | None
-    headers: dict[str, str] = {}
-    total: int | None = None
-    sha256: str | None = None
-    cached_path: str | None = None
-
-
-def _hub_errors(exc: Exception, what: str) -> Fail | _Retryable:
-    """A huggingface_hub exception as the end of this pull (Fail) or a retry."""
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    if isinstance(exc, OfflineModeIsEnabled):
-        return Fail("network", f"HF_HUB_OFFLINE is set and {what} is not in the Hugging Face "
-                    "cache")
-    if isinstance(exc, GatedRepoError):
-        return Fail("unauthorized", f"{what} is gated: accept its license on the Hub and set "
-                    "HF_TOKEN to a token of that account")
-    if isinstance(exc, RepositoryNotFoundError):
-        return Fail("not_found", f"{what} was not found on the Hub (if it is private, set "
-                    "HF_TOKEN to a token that can read it)")
-    if isinstance(exc, RevisionNotFoundError):
-        return Fail("not_found", f"{what}: revision not found")
-    if isinstance(exc, HfHubHTTPError):
-        status = exc.response.status_code if exc.response is not None else None
-        if status in (401, 403):
-            return Fail("unauthorized", f"access to {what} denied (HTTP {status}): it is gated "
-                        "or private; set HF_TOKEN to a token that can read it")
-        if status == 404:
-            return Fail("not_found", f"{what} was not found on the Hub (HTTP 404)")
-        if status is not None and (status >= 500 or status == 429):
-            return _Retryable(f"the Hub answered HTTP {status} for {what}")
-        return Fail("internal", f"the Hub refused {what}: {exc}")
-    return _Retryable(f"cannot reach the Hub for {what}: {exc}")
-
-
-def _with_retries(req: m.FetchRequest, fn, what: str):  # type: ignore[no-untyped-def]
-    attempt = 0
-    while True:
-        try:
-            return fn()
-        except Fail:
-            raise
-        except Exception as exc:
-            err = _hub_errors(exc, what) if not isinstance(exc, _Retryable) else exc
-            if isinstance(err, Fail):
-                raise err from exc
-            attempt += 1
-            if attempt > req.retries:
-                raise Fail("network", f"{err} (gave up after {attempt} attempts)") from exc
-            time.sleep(req.retry_backoff_s * 2 ** (attempt - 1))
-
-
-def _resolve_hub(req: m.FetchRequest, src: ParsedSource) -> _Target:
-    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
-    from huggingface_hub.utils import build_hf_headers
-
-    repo = src.repo
-    assert repo is not None
-    filename = src.filename
-    if filename is None:  # the :TAG form: list the repo and pick a file
-        api = HfApi()
-        try:
-            files = _with_retries(req, lambda: api.list_repo_files(repo), f"repo {repo}")
-        except Fail as exc:
-            files = _cached_listing(repo) if exc.kind == "network" else []
-            if not files:
-                raise  # offline and nothing of this repo in the cache
-        try:
-            filename = pick_file(files, src.tag, repo)
-        except SourceError as exc:
-            raise Fail("invalid", str(exc)) from exc
-    key = f"hf:{repo}/{filename}"
-    cached = try_to_load_from_cache(repo, filename)
-    if isinstance(cached, str) and os.path.isfile(cached):
-        blob = os.path.basename(os.path.realpath(cached))
-        return _Target(filename=filename, key=key, url=None, total=os.path.getsize(cached),
-                       sha256=blob if _is_sha256(blob) else None, cached_path=cached)
-    url = hf_hub_url(repo, filename)
-    meta = _with_retries(req, lambda: get_hf_file_metadata(url, timeout=req.timeout_s),
-                         f"{repo}/{filename}")
-    etag = (meta.etag or "").strip('"').lower()
-    headers = build_hf_headers()
-    headers["Accept-Encoding"] = "identity"
-    return _Target(filename=filename, key=key, url=url, headers=headers, total=meta.size,
-                   sha256=etag if _is_sha256(etag) else None)
-
-
-def _cached_listing(repo: str) -> list[str]:
-    """The files of the repo's cached snapshot (main), for the :TAG form offline."""
-    from huggingface_hub import constants
-
-    root = Path(constants.HF_HUB_CACHE) / ("models--" + repo.replace("/", "--"))
-    try:
-        commit = (root / "refs" / "main").read_text().strip()
-    except OSError:
-        return []
-    snap = root / "snapshots" / commit
-    return sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if p.is_file())
-
-
-def _resolve_url(req: m.FetchRequest, src: ParsedSource) -> _Target:
-    import httpx
-
-    assert src.url is not None and src.filename is not None
-    headers = {"Accept-Encoding": "identity", "User-Agent": "corral"}
-
-    def head() -> int | None:
-        try:
-            with httpx.Client(follow_redirects=True, timeout=req.timeout_s) as c:
-                r = c.head(src.url, headers=headers)  # type: ignore[arg-type]
-        except httpx.HTTPError as exc:
-            raise _Retryable(f"cannot reach {_host(src.url)}: {exc}") from exc
-        if r.status_code in (405, 501):
-            return None  # no HEAD: the size comes with the GET
-        _raise_for_status(r.status_code, src.url)  # type: ignore[arg-type]
-        cl = r.headers.get("Content-Length")
-        return int(cl) if cl and cl.isdigit() else None
-
-    total = _with_retries(req, head, src.url)
-    return _Target(filename=src.filename, key=f"url:{src.url}", url=src.url, headers=headers,
-                   total=total)
-
-
-def _raise_for_status(status: int, url: str) -> None:
-    if status < 300:
-        return
-    if status in (401, 403):
-        hint = ("it is gated or private; set HF_TOKEN to a token that can read it"
-                if "/resolve/" in url else "the server wants credentials")
-        raise Fail("unauthorized", f"access denied (HTTP {status}) for {url}: {hint}")
-    if status == 404:
-        raise Fail("not_found", f"file not found (HTTP 404): {url}")
-    if status >= 500 or status == 429:
-        raise _Retryable(f"{_host(url)} answered HTTP {status}")
-    raise Fail("internal", f"{_host(url)} answered HTTP {status} for {url}")
-
-
-def _host(url: str) -> str:
-    from urllib.parse import urlsplit
-
-    return urlsplit(url).netloc or url
-
-
-# ---------------------------------------------------------------------- transfer
-
-
 def _hash_file(path: Path, h: "hashlib._Hash", upto: int) -> None:
     with open(path, "rb") as f:
         left = upto
@@ -257,7 +82,7 @@ def _disk_fail(exc: OSError, where: Path) -> Fail:
 
 
 class _Transfer:
-    def __init__(self, req: m.FetchRequest, target: _Target, part: Path, chan: _Channel):
+    def __init__(self, req: m.FetchRequest, target: Target, part: Path, chan: _Channel):
         self.req, self.t, self.part, self.chan = req, target, part, chan
         self.hasher = hashlib.sha256()
         self.done = 0
@@ -287,7 +112,7 @@ class _Transfer:
                     return
                 self._attempt(httpx)
                 return
-            except _Retryable as exc:
+            except Retryable as exc:
                 if self.done > before:
                     attempt = 0  # it moved: a fresh set of retries
                 attempt += 1
@@ -310,8 +135,8 @@ class _Transfer:
                             return
                         self.start_from(0)
                         self._truncate()
-                        raise _Retryable("the server refused our Range; starting over")
-                    _raise_for_status(r.status_code, str(r.url))
+                        raise Retryable("the server refused our Range; starting over")
+                    raise_for_status(r.status_code, str(r.url))
                     if self.done and r.status_code != 206:
                         self.start_from(0)  # Range ignored: the body is the whole file
                         self._truncate()
@@ -320,7 +145,7 @@ class _Transfer:
                         self.total = int(cl) if cl and cl.isdigit() else None
                     self._write_body(r)
         except httpx.HTTPError as exc:
-            raise _Retryable(f"connection to {_host(self.t.url)} failed: "
+            raise Retryable(f"connection to {host_of(self.t.url)} failed: "
                              f"{type(exc).__name__}: {exc}") from exc
 
     def _truncate(self) -> None:
@@ -353,7 +178,7 @@ class _Transfer:
             except OSError as exc:
                 raise _disk_fail(exc, self.part) from exc
         if self.total is not None and self.done < self.total:
-            raise _Retryable(f"the connection to {_host(self.t.url or '')} ended early")
+            raise Retryable(f"the connection to {host_of(self.t.url or '')} ended early")
 
 
 # ---------------------------------------------------------------------- the pull
@@ -361,11 +186,7 @@ class _Transfer:
 
 def _run(req: m.FetchRequest, chan: _Channel) -> None:
     store = ModelStore(Path(req.models_dir))
-    try:
-        src = parse_source(req.source)
-    except SourceError as exc:
-        raise Fail("invalid", str(exc)) from exc
-    target = _resolve_url(req, src) if src.kind == "url" else _resolve_hub(req, src)
+    src, target = resolve(req)
     model_id = req.model_id or src.model_id(target.filename)
     validate_model_id(model_id)
     want_sha = (req.sha256 or target.sha256 or "").lower() or None

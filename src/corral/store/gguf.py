@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import re
-import struct
 from pathlib import Path
 from typing import BinaryIO
 
@@ -49,11 +48,11 @@ def _read(f: BinaryIO, n: int) -> bytes:
 
 
 def _u32(f: BinaryIO) -> int:
-    return struct.unpack("<I", _read(f, 4))[0]
+    return int.from_bytes(_read(f, 4), "little")
 
 
 def _u64(f: BinaryIO) -> int:
-    return struct.unpack("<Q", _read(f, 8))[0]
+    return int.from_bytes(_read(f, 8), "little")
 
 
 def _skip_value(f: BinaryIO, vtype: int) -> None:

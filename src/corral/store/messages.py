@@ -21,7 +21,7 @@ from typing import Literal, Union
 
 import msgspec
 
-from corral.wire import HEADER, FrameDecoder
+from corral.frames import FrameDecoder, frame
 
 __all__ = [
     "FetchRequest",
@@ -61,7 +61,6 @@ class FetchRequest(msgspec.Struct, frozen=True, kw_only=True):
     retry_backoff_s: float = 0.5
     progress_interval_s: float = 0.2
     timeout_s: float = 30.0
-    chunk_bytes: int = 1 << 20
 
 
 class Resolved(msgspec.Struct, frozen=True, tag="resolved", kw_only=True):
@@ -103,8 +102,7 @@ _to = msgspec.msgpack.Decoder(Proceed)
 
 
 def encode(msg: FromFetch | Proceed) -> bytes:
-    body = _enc.encode(msg)
-    return HEADER.pack(len(body)) + body
+    return frame(_enc.encode(msg), MAX_FRAME)
 
 
 def decode_from_fetch(body: bytes) -> FromFetch:
@@ -116,7 +114,8 @@ def decode_to_fetch(body: bytes) -> Proceed:
 
 
 class FrameReader(FrameDecoder):
-    """The same framing as ``corral.wire``, with this channel's smaller frame limit."""
+    """The framing ``corral.wire`` uses too (``corral.frames``), with this channel's
+    smaller frame limit."""
 
     def __init__(self) -> None:
         super().__init__(MAX_FRAME)

@@ -103,13 +103,12 @@ class _Batch:
         for i in range(n):
             self.seq_ptr[i] = ctypes.cast(base + i * size, ctypes.POINTER(ll.llama_seq_id))
         self.logits = (ctypes.c_int8 * n)()
-        self.batch = ll.llama_batch()
-        self.batch.token = ctypes.cast(self.token, ctypes.POINTER(ll.llama_token))
-        self.batch.embd = None
-        self.batch.pos = ctypes.cast(self.pos, ctypes.POINTER(ll.llama_pos))
-        self.batch.n_seq_id = ctypes.cast(self.n_seq_id, ctypes.POINTER(ctypes.c_int32))
-        self.batch.seq_id = ctypes.cast(self.seq_ptr, ctypes.POINTER(ctypes.POINTER(ll.llama_seq_id)))
-        self.batch.logits = ctypes.cast(self.logits, ctypes.POINTER(ctypes.c_int8))
+        self.batch = ll.llama_batch(
+            token=ctypes.cast(self.token, ctypes.POINTER(ll.llama_token)), embd=None,
+            pos=ctypes.cast(self.pos, ctypes.POINTER(ll.llama_pos)),
+            n_seq_id=ctypes.cast(self.n_seq_id, ctypes.POINTER(ctypes.c_int32)),
+            seq_id=ctypes.cast(self.seq_ptr, ctypes.POINTER(ctypes.POINTER(ll.llama_seq_id))),
+            logits=ctypes.cast(self.logits, ctypes.POINTER(ctypes.c_int8)))
         self.n = 0
 
 

@@ -62,14 +62,14 @@ def schema_to_gbnf(schema_json: str) -> str:
         raise GrammarError("json_schema: the schema nests too deeply to convert") from None
     except Exception as exc:  # noqa: BLE001 - the converter raises assert/Key/Value errors
         raise GrammarError(f"json_schema: cannot convert to a grammar: {type(exc).__name__}: {exc}") from None
-    return gbnf.replace(_CHAR_RULE, _JSON_CHAR_RULE)
+    return str(gbnf).replace(_CHAR_RULE, _JSON_CHAR_RULE)
 
 
 def init_grammar_sampler(vocab: ll.llama_vocab_p, gbnf: str) -> ll.llama_sampler_p:
     """A grammar sampler over ``gbnf`` (root rule ``root``); GrammarError if it does not parse."""
     if "\x00" in gbnf:
         raise GrammarError("grammar: must not contain NUL characters")
-    smpl = ll.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), b"root")
+    smpl: ll.llama_sampler_p = ll.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), b"root")
     if not smpl:
         raise GrammarError("grammar: llama.cpp could not parse it (GBNF with a `root` rule is "
                            "expected; see the worker log for the parser's message)")

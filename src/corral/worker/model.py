@@ -38,8 +38,7 @@ class ModelLoadError(Exception):
     """The model could not be loaded; ``str(exc)`` is the reason for ``LoadFailed``."""
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-def _log_callback(level: int, text: bytes | None, _user: ctypes.c_void_p) -> None:
+def _log_message(level: int, text: bytes | None, _user: ctypes.c_void_p) -> None:
     if not text:
         return
     line = text.decode("utf-8", "replace")
@@ -48,6 +47,9 @@ def _log_callback(level: int, text: bytes | None, _user: ctypes.c_void_p) -> Non
         _log_lines.append(line.rstrip())
     if _log_verbose or level == 4:
         sys.stderr.write(line)
+
+
+_log_callback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(_log_message)
 
 
 def _init_backend(verbose: bool) -> None:
@@ -165,8 +167,8 @@ def _kv_bytes(model: ll.llama_model_p, n_ctx: int, n_slots: int, n_swa_cells: in
     if n_swa > 0 and pattern > 1 and n_swa_cells < n_ctx:
         n_full = n_layer // pattern
         n_sliding = n_layer - n_full
-        return per_cell_layer * (n_full * n_ctx + n_sliding * min(n_ctx, n_swa_cells))
-    return per_cell_layer * n_layer * n_ctx
+        return int(per_cell_layer * (n_full * n_ctx + n_sliding * min(n_ctx, n_swa_cells)))
+    return int(per_cell_layer * n_layer * n_ctx)
 
 
 def load_model(s: wire.WorkerSettings) -> LoadedModel:
@@ -255,7 +257,7 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
             p.flash_attn_type = (
                 ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
-        ctx = ll.llama_init_from_model(model, p)
+        ctx: ll.llama_context_p = ll.llama_init_from_model(model, p)
         if not ctx:
             detail = "; ".join(_log_lines)[-500:]
             raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} cells: {detail}")

@@ -28,7 +28,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,7 +68,7 @@ def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]",
                 break
             for body in dec.feed(data):
                 try:
-                    msg = wire.decode_to_worker(body)
+                    msg: object = wire.decode_to_worker(body)
                     if prepare is not None and isinstance(msg, wire.GenerateRequest):
                         msg = prepare(msg)  # tokenized here, in wire order, not in the decode loop
                     inbox.put(msg)
@@ -115,7 +115,7 @@ class _Writer:
         self.sock = sock
         self.broken = False
 
-    def send(self, msgs: list) -> None:
+    def send(self, msgs: Sequence[wire.FromWorker]) -> None:
         if not msgs or self.broken:
             return
         data = b"".join(wire.encode(m) for m in msgs)
@@ -167,11 +167,11 @@ _GATHER_GAP_S = 0.001
 _GATHER_MAX_S = float(os.environ.get("CORRAL_GATHER_MAX_S", "0.004"))
 
 
-def _loop(engine, inbox: "queue.SimpleQueue[object]", out: _Writer,  # noqa: ANN001
+def _loop(engine: "Engine", inbox: "queue.SimpleQueue[object]", out: _Writer,
           governor: ThreadGovernor) -> int:
     from corral.worker.prompts import PreparedRequest
 
-    replies: list = []
+    replies: list[wire.FromWorker] = []
     while True:
         was_idle = not engine.has_work
         if not was_idle:
@@ -216,13 +216,14 @@ def _loop(engine, inbox: "queue.SimpleQueue[object]", out: _Writer,  # noqa: ANN
                         msg = None
         if was_idle and engine.has_work:
             governor.wake()  # the tick's window still describes the idle spell
+        msgs: list[wire.FromWorker]
         try:
-            msgs = engine.step()
+            msgs = [*engine.step()]
         except Exception:  # noqa: BLE001 - the engine failed outside any one request
             log.exception("engine step failed")
-            msgs = engine.fail_all("internal engine error (see worker log)")
+            msgs = [*engine.fail_all("internal engine error (see worker log)")]
         if replies:
-            msgs = [*msgs, *replies]
+            msgs += replies
             replies = []
         out.send(msgs)
         if out.broken:

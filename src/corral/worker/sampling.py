@@ -53,7 +53,8 @@ def resolve_seed(params: wire.SamplingParams, default: int | None) -> int:
 
 
 def _new_chain() -> ll.llama_sampler_p:
-    return ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    chain: ll.llama_sampler_p = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    return chain
 
 
 def _add_pre(chain: ll.llama_sampler_p, p: wire.SamplingParams, n_vocab: int, eog_tokens: list[int]) -> bool:
@@ -67,8 +68,7 @@ def _add_pre(chain: ll.llama_sampler_p, p: wire.SamplingParams, n_vocab: int, eo
     if bias:
         arr = (ll.llama_logit_bias * len(bias))()
         for i, (t, b) in enumerate(bias.items()):
-            arr[i].token = t
-            arr[i].bias = b
+            arr[i] = ll.llama_logit_bias(t, b)
         add(chain, ll.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
         added = True
     if _has_penalties(p):
@@ -155,6 +155,7 @@ class SlotSampler:
     def __init__(self, p: wire.SamplingParams, *, n_vocab: int, seed: int, eog_tokens: list[int],
                  prompt_tail: list[int], grammar: ll.llama_sampler_p | None = None) -> None:
         self.n_vocab = n_vocab
+        self._freed = False
         self.grammar = grammar
         self.grammar_s = 0.0  # time spent in grammar work
         self.resamples = 0
@@ -182,8 +183,10 @@ class SlotSampler:
         self.one_cur = ll.llama_token_data_array(self.one.ctypes.data_as(ll.llama_token_data_p), 1, -1, False)
 
     def free(self) -> None:
+        if self._freed:
+            return
+        self._freed = True
         free_sampler(self.chain)
-        self.chain = None
         free_sampler(self.pre)
         self.pre = None
         free_sampler(self.grammar)
@@ -227,10 +230,12 @@ class SlotSampler:
         self._fill(logits)
         if self.pre is not None:
             self._run(self.pre)
+        grammar, top_k = self.grammar, self.top
+        assert grammar is not None and top_k is not None  # only requests with a grammar get here
         if top:
-            self._run(self.top)
+            self._run(top_k)
         if grammar_first:
-            self._run(self.grammar)
+            self._run(grammar)
             if not self._compact(top):
                 return -2 if top else -1
         self._run(self.chain)

@@ -25,121 +25,31 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import shutil
-import signal
 import sys
-import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
-from corral.control.events import EventBus
+from corral.events import EventBus, EventName
 from corral.errors import (
     Conflict,
     CorralError,
     DownloadCancelled,
     DownloadError,
-    DownloadNetworkError,
-    HubUnauthorized,
     InsufficientStorage,
     InvalidRequest,
-    NotFound,
 )
 from corral.store import messages as m
+from corral.store.pulls import (OnFinished, ProgressThrottle, PullHandle, PullState, Rate, describe_exit,
+                                disk_free, file_size, fmt_bytes, start_error)
 from corral.store.local import ModelStore, validate_model_id
 from corral.store.sources import SourceError, parse_source
 
 __all__ = ["DownloadManager", "PullHandle", "PullState", "ProgressThrottle", "disk_free"]
 
 log = logging.getLogger("corral.downloads")
-
-PullState = Literal["resolving", "downloading", "finished", "failed", "cancelled"]
-OnFinished = Callable[[str, Path], "Awaitable[None] | None"]
-
-
-def disk_free(path: Path) -> int:
-    """Free bytes on the file system that holds ``path`` (tests replace this)."""
-    p = path
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return shutil.disk_usage(p).free
-
-
-@dataclass
-class PullHandle:
-    pull_id: str
-    model_id: str
-    source: str
-    state: PullState = "resolving"
-    done: int = 0
-    total: int | None = None
-    rate_bps: float = 0.0
-    eta_s: float | None = None
-    path: Path | None = None
-    sha256: str | None = None
-    reason: str | None = None
-    partial_path: Path | None = None
-    _resolved: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-    _ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-    _error: CorralError | None = field(default=None, repr=False)
-
-    @property
-    def active(self) -> bool:
-        return self.state in ("resolving", "downloading")
-
-    async def wait(self) -> PullState:
-        """Until the pull ended, its process is reaped and ``on_finished`` returned;
-        returns the final state."""
-        await self._ended.wait()
-        return self.state
-
-    def progress(self) -> dict[str, Any]:
-        return {"pull_id": self.pull_id, "done": self.done, "total": self.total,
-                "rate_bps": round(self.rate_bps, 1), "eta_s": self.eta_s}
-
-
-class ProgressThrottle:
-    """Decides which progress updates become events: at most one per ``min_interval_s``,
-    and only when something a person would see changed (a whole percent, or the ETA in
-    whole seconds). Never one per megabyte."""
-
-    def __init__(self, min_interval_s: float = 0.5, clock: Callable[[], float] = time.monotonic):
-        self.min_interval_s = min_interval_s
-        self._clock = clock
-        self._last_t: float | None = None
-        self._last_key: tuple[int, int | None] | None = None
-
-    def should_emit(self, done: int, total: int | None, eta_s: float | None) -> bool:
-        now = self._clock()
-        if self._last_t is not None and now - self._last_t < self.min_interval_s:
-            return False
-        pct = int(done * 100 / total) if total else done >> 20  # MiB when size unknown
-        key = (pct, None if eta_s is None else int(eta_s))
-        if key == self._last_key:
-            return False
-        self._last_t, self._last_key = now, key
-        return True
-
-
-class _Rate:
-    """Bytes per second over this session's transfer (bytes resumed from disk excluded)."""
-
-    def __init__(self) -> None:
-        self._t0: float | None = None
-        self._d0 = 0
-
-    def update(self, done: int) -> float:
-        now = time.monotonic()
-        if self._t0 is None:
-            self._t0, self._d0 = now, done
-            return 0.0
-        dt = now - self._t0
-        return (done - self._d0) / dt if dt > 0 else 0.0
-
 
 class DownloadManager:
     def __init__(
@@ -269,15 +179,15 @@ class DownloadManager:
         if h.path is None and need > 0:
             free = disk_free(self.store.root)
             if free < need:
-                err = InsufficientStorage(
+                full = InsufficientStorage(
                     f"not enough disk space in {self.store.root}: the download needs "
-                    f"{_fmt(need)} more, {_fmt(free)} is free")
-                self._end(h, "failed", reason=err.message, error=err)
+                    f"{fmt_bytes(need)} more, {fmt_bytes(free)} is free")
+                self._end(h, "failed", reason=full.message, error=full)
                 await self._stop(pull_id)
                 await h._ended.wait()
-                raise err
+                raise full
         h.state = "downloading"
-        self.bus.publish("download_started", h.model_id, pull_id=h.pull_id, total=h.total,
+        self.bus.publish(EventName.DOWNLOAD_STARTED, h.model_id, pull_id=h.pull_id, total=h.total,
                          source=h.source)
         assert proc.stdin is not None
         proc.stdin.write(m.encode(m.Proceed()))
@@ -335,7 +245,7 @@ class DownloadManager:
     async def _watch(self, h: PullHandle, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
         reader = m.FrameReader()
-        rate = _Rate()
+        rate = Rate()
         throttle = ProgressThrottle(self.progress_interval_s)
         try:
             while h.active:
@@ -358,17 +268,17 @@ class DownloadManager:
                 await asyncio.wait_for(proc.stdout.read(), 1.0)
             if h.active:
                 if h.pull_id in self._cancelling:
-                    partial = _size(h.partial_path)
+                    partial = file_size(h.partial_path)
                     self._end(h, "cancelled", done=partial if partial is not None else h.done)
                 else:
                     self._end(h, "failed", reason="the download process exited unexpectedly "
-                              f"({_describe_exit(proc.returncode)})")
+                              f"({describe_exit(proc.returncode)})")
             self._procs.pop(h.pull_id, None)
             self._tasks.pop(h.pull_id, None)
             self._cancelling.discard(h.pull_id)
         h._ended.set()
 
-    async def _handle(self, h: PullHandle, msg: m.FromFetch, rate: _Rate,
+    async def _handle(self, h: PullHandle, msg: m.FromFetch, rate: Rate,
                 throttle: ProgressThrottle) -> None:
         match msg:
             case m.Resolved():
@@ -384,7 +294,7 @@ class DownloadManager:
                 h.eta_s = (round((h.total - h.done) / h.rate_bps, 1)
                            if h.total and h.rate_bps > 0 else None)
                 if throttle.should_emit(h.done, h.total, h.eta_s):
-                    self.bus.publish("download_progress", h.model_id, **h.progress())
+                    self.bus.publish(EventName.DOWNLOAD_PROGRESS, h.model_id, **h.progress())
             case m.Finished():
                 h.path, h.sha256, h.done, h.total = Path(msg.path), msg.sha256, msg.size, msg.size
                 # The router learns of the model first: whoever sees download_finished
@@ -398,7 +308,7 @@ class DownloadManager:
                         log.exception("on_finished(%s) failed", h.model_id)
                 self._end(h, "finished")
             case m.Failed():
-                self._end(h, "failed", reason=msg.reason, error=_start_error(msg))
+                self._end(h, "failed", reason=msg.reason, error=start_error(msg))
 
     def _end(self, h: PullHandle, state: PullState, *, reason: str | None = None,
              done: int | None = None, error: CorralError | None = None) -> None:
@@ -408,54 +318,13 @@ class DownloadManager:
         h.state = state
         h.reason = reason
         if state == "finished":
-            self.bus.publish("download_finished", h.model_id, pull_id=h.pull_id,
+            self.bus.publish(EventName.DOWNLOAD_FINISHED, h.model_id, pull_id=h.pull_id,
                              path=str(h.path), sha256=h.sha256, size=h.done)
         elif state == "cancelled":
             h.done = done if done is not None else h.done
-            self.bus.publish("download_cancelled", h.model_id, pull_id=h.pull_id, done=h.done)
+            self.bus.publish(EventName.DOWNLOAD_CANCELLED, h.model_id, pull_id=h.pull_id, done=h.done)
         else:
-            self.bus.publish("download_failed", h.model_id, pull_id=h.pull_id, reason=reason)
+            self.bus.publish(EventName.DOWNLOAD_FAILED, h.model_id, pull_id=h.pull_id, reason=reason)
             if was_resolving:
                 h._error = error or DownloadError(reason or "download failed")
         h._resolved.set()
-
-
-def _start_error(msg: m.Failed) -> CorralError:
-    """The error ``start()`` raises when the pull fails before it began."""
-    if msg.kind == "invalid":
-        return InvalidRequest(msg.reason, param="model")
-    if msg.kind == "not_found":
-        return NotFound(msg.reason, param="model")
-    if msg.kind == "busy":
-        return Conflict(msg.reason, param="model")
-    if msg.kind == "unauthorized":
-        return HubUnauthorized(msg.reason, param="model")
-    if msg.kind == "network":
-        return DownloadNetworkError(msg.reason)
-    if msg.kind == "disk":
-        return InsufficientStorage(msg.reason)
-    return DownloadError(msg.reason)
-
-
-def _describe_exit(rc: int | None) -> str:
-    if rc is not None and rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit code {rc}"
-
-
-def _size(path: Path | None) -> int | None:
-    try:
-        return path.stat().st_size if path is not None else None
-    except OSError:
-        return None
-
-
-def _fmt(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"
