@@ -27,7 +27,7 @@ import ray as _ray_typed
 
 from corral.cluster import messages as m
 from corral.cluster.host import WorkerHost
-from corral.wire import FrameDecoder
+from corral.frames import FrameDecoder
 
 log = logging.getLogger("corral.cluster.bridge")
 

@@ -23,7 +23,7 @@ from typing import Union
 
 import msgspec
 
-from corral.wire import HEADER
+from corral.frames import frame
 
 __all__ = [
     "ActorResources", "Spawn", "Kill", "Connected", "Placed", "SpawnFailed", "Exited",
@@ -123,8 +123,7 @@ _from_bridge = msgspec.msgpack.Decoder(FromBridge)
 
 
 def encode(msg: ToBridge | FromBridge) -> bytes:
-    body = _encoder.encode(msg)
-    return HEADER.pack(len(body)) + body
+    return frame(_encoder.encode(msg), MAX_FRAME)
 
 
 def decode_to_bridge(body: bytes) -> ToBridge:

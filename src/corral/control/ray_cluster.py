@@ -26,7 +26,8 @@ import msgspec
 
 from corral import wire
 from corral.cluster import messages as m
-from corral.control.events import EventBus, EventName
+from corral.events import EventBus, EventName
+from corral.frames import FrameDecoder, FrameTooLarge
 from corral.control.link import LinkOwner
 from corral.control.process import describe_exit
 from corral.control.ray_link import RayLink, RayUnavailable, actor_resources, file_estimate
@@ -218,7 +219,7 @@ class RayCluster:
                 env={"RAY_gcs_rpc_server_reconnect_timeout_s": _GCS_RECONNECT_S, **os.environ,
                      "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"})
         assert self._proc.stdout is not None
-        dec = wire.FrameDecoder(m.MAX_FRAME)
+        dec = FrameDecoder(m.MAX_FRAME)
         try:
             while True:
                 data = await self._proc.stdout.read(1 << 16)
@@ -226,7 +227,7 @@ class RayCluster:
                     break
                 for body in dec.feed(data):
                     self._on_message(m.decode_from_bridge(body))
-        except (msgspec.DecodeError, wire.FrameTooLarge) as exc:
+        except (msgspec.DecodeError, FrameTooLarge) as exc:
             log.error("bad message from the Ray bridge: %s", exc)
         rc = await self._stop_bridge()
         tail = _last_line(log_path)
