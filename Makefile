@@ -7,7 +7,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: install serve test typecheck bench clean chromium
+.PHONY: install serve test soak typecheck bench clean chromium
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ chromium:
 
 test: install chromium
 	$(PY) -m pytest -q -ra
+
+# The long reliability run (30 minutes, two models, faults under load; see tests/reliability/soak.py).
+soak: install
+	$(PY) tests/reliability/soak.py $(SOAK_ARGS)
 
 # mypy --strict on src/corral (settings in pyproject.toml [tool.mypy])
 typecheck: install

@@ -67,6 +67,7 @@ __all__ = [
     "Conflict",
     "PayloadTooLarge",
     "Unavailable",
+    "ModelUnloaded",
     "QueueFull",
     "CapacityTimeout",
     "ModelError",
@@ -230,6 +231,12 @@ class Unavailable(CorralError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(max(1, round(self.retry_after_s)))}
+
+
+class ModelUnloaded(Unavailable):
+    """The model was unloaded (by another request) while this one waited for it to load.
+    A request goes back to the top (autoload again); an explicit load answers 409."""
+    code = "model_unloaded"
 
 
 class QueueFull(Unavailable):

@@ -12,6 +12,7 @@ Run as ``python tests/router/fake_worker.py --fd N --settings JSON``. The settin
     embedding_dim                                                (4)
     stderr           lines printed to stderr at start            ([])
     shutdown_delay_s seconds between Shutdown and exiting          (0)
+    protocol         the wire protocol version it claims in Loading (wire.PROTOCOL_VERSION)
 
 A prompt containing "TOOLONG" fails with context_length_exceeded; "SLOW" waits ``slow_delay_s`` (default 0.2) between pieces, one
 containing "FOREVER" streams until aborted; "BOOM" makes it exit with code 7.
@@ -48,6 +49,7 @@ DEFAULTS = {
     "embedding_dim": 4,
     "stderr": [],
     "shutdown_delay_s": 0.0,
+    "protocol": wire.PROTOCOL_VERSION,
 }
 
 
@@ -155,7 +157,7 @@ async def main() -> int:
     sock = socket.socket(fileno=args.fd)
     reader, writer = await asyncio.open_connection(sock=sock)
     fake = Fake(settings, script, writer, settings.model_path + ".log")
-    fake.send(wire.Loading(os.getpid()))
+    fake.send(wire.Loading(os.getpid(), script["protocol"]))
     if script["load_delay_s"]:
         await asyncio.sleep(script["load_delay_s"])
     if script["exit_on_load"] is not None:

@@ -138,3 +138,10 @@ async def test_request_retries_a_crash_looping_model_after_its_backoff(harness: 
     await _until(lambda: plane.pools["c"].retry_due)
     r = await harness.client.post("/v1/chat/completions", json=chat("c"))
     assert r.status_code == 200, r.text
+
+
+async def test_a_worker_of_another_protocol_version_fails_to_load(harness: Harness) -> None:
+    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a", protocol=99))}}))
+    r = await harness.client.post("/v1/chat/completions", json=chat("a"))
+    assert r.status_code == 503 and "wire protocol 99" in r.json()["error"]["message"], r.text
+    assert plane.pools["a"].status() == "failed"

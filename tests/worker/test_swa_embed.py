@@ -9,6 +9,7 @@ import pytest
 
 from corral import wire
 from corral.worker.engine import Engine
+from corral.worker.slots import reuse_len
 
 from .conftest import run_engine, settings_for
 
@@ -31,7 +32,7 @@ def test_prefix_reuse_respects_sliding_window(model_path: Path) -> None:
         # The long request reused the short prompt (its window was intact).
         assert f2["long"].usage.cached_tokens >= f1["short1"].usage.prompt_tokens - 1
         # The cache now starts well past position 0: the short prefix's window is gone.
-        assert e._reuse_len(e.slots[0], e.tok.tokenize(short, add_special=True)) == 0
+        assert reuse_len(e.slots[0], e.tok.tokenize(short, add_special=True), e.m) == 0
         again, f3, _ = run_engine(e, [wire.GenerateRequest(id="short2", prompt=short, params=p)])
         assert f3["short2"].usage.cached_tokens == 0
         assert again["short2"] == fresh["short1"]

@@ -29,6 +29,7 @@ from starlette.responses import Response
 from corral.api import (anthropic_routes, live_stats, management_routes, ollama_models,
                         ollama_routes, openai_routes, page_routes, responses_routes)
 from corral.api.guard import GuardMiddleware, error_response
+from corral.api.openapi_doc import document_request_bodies
 from corral.config import CorralConfig
 from corral.events import EventBus
 from corral.control.metrics import Metrics
@@ -165,11 +166,15 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     app.include_router(responses_routes.router)
     app.include_router(page_routes.router)
     app.include_router(live_stats.router)
+    bodies: dict[tuple[str, str], Any] = {}
     try:
+        from corral.api.store_routes import PullBody
         from corral.api.store_routes import router as store_router
         app.include_router(store_router)
+        bodies = {("post", "/models/pull"): PullBody, ("post", "/models"): PullBody}
     except ImportError as exc:
         log.warning("store routes unavailable: %s", exc)
+    document_request_bodies(app, bodies)
 
     def server() -> Any:
         plane = getattr(app.state, "router", None)

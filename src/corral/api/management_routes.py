@@ -29,17 +29,12 @@ from corral.api.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitr
 from corral.control.catalog import ModelSpec
 from corral.control.plane import ControlPlane
 from corral.errors import (ConfigError, Conflict, InvalidConfig, InvalidRequest, LoadFailed, ModelNotFound,
-                           NitroLoadFailed, RequestError)
+                           MethodNotAllowed, NitroLoadFailed)
 from corral.store.local import validate_model_id
 
 __all__ = ["router"]
 
 router = APIRouter()
-
-
-class MethodNotAllowed(RequestError):
-    status = 405
-    code = "method_not_allowed"
 _json = msgspec.json.Encoder()
 _KEEPALIVE_S = 15.0
 

@@ -104,6 +104,10 @@ async def get_pull(pull_id: str, request: Request) -> dict[str, Any]:
 
 @router.delete("/models/pull/{pull_id}")
 async def cancel_pull(pull_id: str, request: Request) -> dict[str, Any]:
+    raw = request.scope.get("raw_path") or b""
+    if not raw.startswith(b"/models/pull/"):  # /models/pull%2F...: a model id, not this route
+        force = request.query_params.get("force", "false").lower() in ("1", "true", "yes")
+        return await remove_from_store(request, f"pull/{pull_id}", force=force)
     dm = _downloads(request)
     h = dm.get(pull_id)
     if h is None:

@@ -9,20 +9,13 @@ States (``InstanceState``) and what each command does in them:
     stopping   start again once stopped wait                      -> stopped
     failed     spawn -> starting        -> stopped                -
 
-Only the owner task (``_own``) changes state: callers put commands in its inbox, and
-the link of the current spawn puts what it saw there too (Loading, Ready, LoadFailed,
-channel closed, exit). Each spawn has its own ``WorkerLink`` (``corral.control.link``),
-so news from an earlier worker names an earlier link and is ignored. Every
-transition is checked against ``ALLOWED``, published as ``status_change`` and passed
-to ``on_change``.
-
-The hot path does not go through the owner: the link writes requests and hands
-Delta/Finished straight to the request's ``RequestStream``; a finished request is
-reported to ``on_slot_free`` (the pool keeps the slot count).
-
-Stop = ``WorkerLink.shutdown`` (Shutdown, then terminate, then kill). A crash fails
-in-flight requests with ``WorkerCrashed``; whether and when it restarts is the
-``RestartPolicy``'s decision.
+Only the owner task (``_own``) changes state; callers and the link of the current spawn
+(``corral.control.link``; news from an earlier link is ignored) put items in its inbox.
+Every transition is checked against ``ALLOWED``, published as ``status_change`` and
+passed to ``on_change``. Requests bypass the owner: the link hands their messages to the
+``RequestStream`` and reports a freed slot to ``on_slot_free`` (the pool counts slots).
+A crash fails in-flight requests with ``WorkerCrashed``; the ``RestartPolicy`` decides
+whether and when it restarts. See docs/architecture.md, "Instance state machine".
 """
 
 from __future__ import annotations
@@ -288,8 +281,8 @@ class Instance:
                                     f"{wire.PROTOCOL_VERSION}: mismatched corral installations")
                 link.kill()
         elif isinstance(msg, wire.Ready):
-            if self.state is not S.STARTING:
-                return
+            if self.state is not S.STARTING or self._load_error is not None:
+                return  # (a worker already refused is being killed)
             self.info = msg.info
             self.last_load_s = time.monotonic() - self._load_started
             self._policy.on_ready()

@@ -42,8 +42,8 @@ from corral.control.metrics import Metrics
 from corral.control.pool import ModelPool
 from corral.control.restart import RestartPolicy
 from corral.control.stream import RequestStream
-from corral.errors import (CapacityTimeout, ConfigError, CorralError, InvalidRequest, LoadFailed, ModelNotFound,
-                           ModelNotLoaded, Unavailable)
+from corral.errors import (CapacityTimeout, ConfigError, Conflict, CorralError, InvalidRequest, LoadFailed,
+                           ModelNotFound, ModelNotLoaded, ModelUnloaded, Unavailable)
 
 if TYPE_CHECKING:
     from corral.control.ray_cluster import RayCluster
@@ -205,7 +205,12 @@ class ControlPlane:
             inst = pool.try_acquire(prefix)
             if inst is None:
                 if not pool.has_ready and not pool.draining:
-                    await self._ensure_loaded(pool)
+                    try:
+                        await self._ensure_loaded(pool)
+                    except ModelUnloaded:  # another request unloaded it meanwhile: autoload again
+                        if loop.time() >= deadline:
+                            raise
+                        continue
                     inst = pool.try_acquire(prefix)
                 if inst is None:
                     inst = await pool.wait_slot(prefix, max_queue=self.config.server.max_queue,
@@ -260,17 +265,21 @@ class ControlPlane:
         return pool is not None and pool.occupies
 
     async def load(self, name: str) -> None:
-        """Explicit load: also retries a model that failed for good (fresh instances)."""
-        await self.admission.load(self.pool(name))
+        """Explicit load: also retries a model that failed for good (fresh instances).
+        409 when another request unloaded it before it was ready (the later call wins)."""
+        try:
+            await self.admission.load(self.pool(name))
+        except ModelUnloaded as exc:
+            raise Conflict(f"{exc.message}: another request unloaded it before it was ready",
+                           param="model") from None
 
     async def unload(self, name: str, reason: str = "unloaded by request") -> bool:
         """Let running requests finish (up to drain_timeout_s), then stop the workers.
-        Requests queued for it get 503. False when it was not loaded."""
+        Requests queued for it go back to the top: with autoload they load it again, without
+        they get 400 model_not_loaded. False when it was not loaded."""
         pool = self.pool(name)
         was = pool.occupies or bool(pool.instances)
-        await self.admission.unload(pool, reason, drain=True,
-                                    waiters_exc=Unavailable(f"model {pool.spec.id!r} was unloaded",
-                                                            retry_after_s=1))
+        await self.admission.unload(pool, reason, drain=True)
         return was
 
     # ================================================================ catalog changes

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from corral.control.catalog import ModelSpec
 from corral.control.instance import Instance, InstanceState, Transition
-from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, QueueFull, Unavailable
+from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, ModelUnloaded, QueueFull, Unavailable
 
 __all__ = ["ModelPool", "MIN_PREFIX", "common_prefix_len"]
 
@@ -221,8 +221,8 @@ class ModelPool:
             if self.failed_final:
                 raise LoadFailed(f"{self.spec.id} failed to load: {self.failure_reason}")
             if not self.occupies:
-                raise Unavailable(f"model {self.spec.id!r} was unloaded while loading",
-                                  retry_after_s=1)
+                raise ModelUnloaded(f"model {self.spec.id!r} was unloaded while loading",
+                                    retry_after_s=1)
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise ModelLoading(f"model {self.spec.id!r} is still loading after {timeout_s:g} s",

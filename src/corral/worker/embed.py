@@ -8,15 +8,19 @@ The KV cache is cleared before each decode: embedding inputs share nothing.
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 
 import llama_cpp as ll
 
+from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel
 from corral.worker.tokens import Tokenizer
 
-__all__ = ["embed_batch"]
+__all__ = ["embed_batch", "embed_request"]
+
+log = logging.getLogger("corral.worker.embed")
 
 
 def embed_batch(
@@ -75,3 +79,16 @@ def embed_batch(
         ll.llama_memory_clear(m.memory, True)
         ll.llama_batch_free(batch)
     return out, sum(len(t) for t in encoded)
+
+
+def embed_request(m: LoadedModel, tok: Tokenizer, req: wire.EmbedRequest
+                  ) -> tuple[wire.Embeddings | wire.RequestFailed, int]:
+    """One embedding request's answer and the prompt tokens it took (0 on failure)."""
+    try:
+        data, n_tokens = embed_batch(m, tok, req.inputs, req.normalize)
+        return wire.Embeddings(req.id, data, n_tokens), n_tokens
+    except RequestRejected as exc:
+        return wire.RequestFailed(req.id, exc.code, exc.message), 0
+    except Exception as exc:  # noqa: BLE001
+        log.exception("embedding request %s failed", req.id)
+        return wire.RequestFailed(req.id, "internal", f"{type(exc).__name__}: {exc}"), 0

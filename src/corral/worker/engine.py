@@ -10,7 +10,7 @@ A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) 
 Each ``step()``:
 
 1. gives waiting requests a free slot, the one whose cached tokens share the longest
-   valid prefix with the prompt (prefix reuse, see ``_reuse_len``);
+   valid prefix with the prompt (prefix reuse, see ``slots.reuse_len``);
 2. builds ONE batch: the last sampled token of every generating slot, then prompt
    chunks of prefilling slots while the n_batch budget lasts;
 3. runs one ``llama_decode`` (C, releases the GIL);
@@ -23,22 +23,22 @@ only queue; ``prepare`` (tokenizing, read-only on the vocabulary) may run on ano
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Union
 
 import llama_cpp as ll
 
 from corral import wire
 from corral.worker import requests, sampling
-from corral.worker.embed import embed_batch
+from corral.worker.embed import embed_request
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.slot_output import SlotOutput
+from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, check_params, finished_message,
+                                 free_samplers, pick_slot, release)
 from corral.worker.templates import ChatTemplate, TemplateError, choose_template
 from corral.worker.tokens import Tokenizer
 
@@ -48,68 +48,6 @@ log = logging.getLogger("corral.worker.engine")
 
 Outgoing = Union[wire.Delta, wire.Finished, wire.RequestFailed, wire.Embeddings, wire.Tokenized]
 _ECHO_CHUNK = 32  # prompt tokens per step when each needs its logits (echo + logprobs)
-
-
-@dataclass(eq=False)
-class _Job:
-    req: wire.GenerateRequest
-    tokens: list[int]
-    t_submit: float
-    grammar: ll.llama_sampler_p | None = None  # owned until a slot's sampler takes it
-
-
-@dataclass(eq=False)
-class _Slot:
-    index: int
-    cached: list[int] = field(default_factory=list)  # tokens whose KV is in the cache, in order
-    job: _Job | None = None
-    prompt_pos: int = 0  # next prompt token to decode
-    n_cached: int = 0  # prompt tokens reused from the cache
-    pending: int = -1  # sampled token not yet decoded (GENERATE state)
-    n_gen: int = 0
-    max_tokens: int = 0
-    sampler: sampling.SlotSampler | None = None
-    out: SlotOutput | None = None
-    ignore_eos: bool = False
-    logprobs: int | None = None  # top alternatives per token; None: no logprobs
-    echo_logprobs: list[wire.TokenLogprob] | None = None  # prompt logprobs being collected
-    t_start: float = 0.0
-    t_first: float = 0.0
-
-    @property
-    def busy(self) -> bool:
-        return self.job is not None
-
-
-def _check_params(p: wire.SamplingParams) -> None:
-    """The bounds the router checks too (``wire.invalid_field``): one set for both."""
-    bad = wire.invalid_field(p)
-    if bad is not None:
-        raise RequestRejected("invalid_request", f"{bad[0]}: {bad[1]}")
-
-
-class _Batch:
-    """A llama_batch over buffers we own: flat arrays written with plain indexing."""
-
-    def __init__(self, n: int) -> None:
-        self.cap = n
-        self.token = (ll.llama_token * n)()
-        self.pos = (ll.llama_pos * n)()
-        self.n_seq_id = (ctypes.c_int32 * n)(*([1] * n))
-        self.seq = (ll.llama_seq_id * n)()
-        self.seq_ptr = (ctypes.POINTER(ll.llama_seq_id) * n)()
-        base = ctypes.addressof(self.seq)
-        size = ctypes.sizeof(ll.llama_seq_id)
-        for i in range(n):
-            self.seq_ptr[i] = ctypes.cast(base + i * size, ctypes.POINTER(ll.llama_seq_id))
-        self.logits = (ctypes.c_int8 * n)()
-        self.batch = ll.llama_batch(
-            token=ctypes.cast(self.token, ctypes.POINTER(ll.llama_token)), embd=None,
-            pos=ctypes.cast(self.pos, ctypes.POINTER(ll.llama_pos)),
-            n_seq_id=ctypes.cast(self.n_seq_id, ctypes.POINTER(ctypes.c_int32)),
-            seq_id=ctypes.cast(self.seq_ptr, ctypes.POINTER(ctypes.POINTER(ll.llama_seq_id))),
-            logits=ctypes.cast(self.logits, ctypes.POINTER(ctypes.c_int8)))
-        self.n = 0
 
 
 class Engine:
@@ -131,12 +69,12 @@ class Engine:
             except TemplateError as exc:
                 self._template_error = str(exc)
         self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot)
-        self.slots = [_Slot(i) for i in range(self.m.n_slots)]
-        self.waiting: deque[_Job] = deque()
+        self.slots = [Slot(i) for i in range(self.m.n_slots)]
+        self.waiting: deque[Job] = deque()
         self.embed_waiting: deque[tuple[wire.EmbedRequest, float]] = deque()
         self.out: list[Outgoing] = []
-        self._batch = _Batch(self.m.n_batch)
-        self._by_id: dict[str, _Job] = {}
+        self._batch = Batch(self.m.n_batch)
+        self._by_id: dict[str, Job] = {}
         self.tokens_generated = 0
         self.tokens_prompt = 0
 
@@ -164,7 +102,7 @@ class Engine:
                 raise RequestRejected("invalid_request", f"request id {req.id!r} is already in use")
             if prepared is None:
                 prepared = self.prepare(req)
-            job = _Job(req, prepared.tokens, time.perf_counter())
+            job = Job(req, prepared.tokens, time.perf_counter())
             job.grammar = requests.grammar_sampler(self.m.vocab, prepared.gbnf)
             self._by_id[req.id] = job
             self.waiting.append(job)
@@ -187,57 +125,31 @@ class Engine:
         del self._by_id[request_id]
         sampling.free_sampler(job.grammar)
         job.grammar = None
-        self.out.append(
-            wire.Finished(
-                request_id,
-                "abort",
-                wire.Usage(len(job.tokens), 0, 0),
-                wire.Timings(0.0, 0.0, 0.0, 0.0, (time.perf_counter() - job.t_submit) * 1000),
-            )
-        )
+        self.out.append(aborted_in_queue(job, time.perf_counter()))
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.embed_waiting or any(s.busy for s in self.slots))
 
     def stats(self) -> wire.Stats:
-        return wire.Stats(
-            slots_busy=sum(1 for s in self.slots if s.busy),
-            slots_total=len(self.slots),
-            waiting=len(self.waiting) + len(self.embed_waiting),
-            rss_bytes=rss_bytes(),
-            model_bytes=self.info.model_bytes,
-            kv_bytes=self.info.kv_bytes,
-            tokens_generated=self.tokens_generated,
-            tokens_prompt=self.tokens_prompt,
-        )
+        return wire.Stats(slots_busy=sum(1 for s in self.slots if s.busy), slots_total=len(self.slots),
+                          waiting=len(self.waiting) + len(self.embed_waiting), rss_bytes=rss_bytes(),
+                          model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes,
+                          tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt)
 
     def set_threads(self, n: int) -> None:
-        """Threads for the next decodes: the configured ones, or ``n`` for generation and
-        prompt batches alike when fewer cores are free."""
-        if n >= self.m.threads:
-            ll.llama_set_n_threads(self.m.ctx, self.m.threads, self.m.threads_batch)
-        else:
-            ll.llama_set_n_threads(self.m.ctx, n, min(n, self.m.threads_batch))
+        """Threads for the next decodes: the configured ones, or ``n`` for both kinds of batch
+        when fewer cores are free."""
+        t, tb = (self.m.threads, self.m.threads_batch) if n >= self.m.threads else (n, min(n, self.m.threads_batch))
+        ll.llama_set_n_threads(self.m.ctx, t, tb)
 
     def close(self) -> None:
-        for slot in self.slots:
-            if slot.sampler is not None:
-                slot.sampler.free()
-                slot.sampler = None
-        for job in self.waiting:
-            sampling.free_sampler(job.grammar)
-            job.grammar = None
+        free_samplers(self.slots, self.waiting)
         self.m.free()
 
     def fail_all(self, message: str) -> list[Outgoing]:
         """End every accepted request with RequestFailed(internal); the engine stays usable."""
-        for slot in self.slots:
-            if slot.job is not None:
-                job = slot.job
-                self._release(slot)
-                self._clear_slot(slot)
-                self.out.append(wire.RequestFailed(job.req.id, "internal", message))
+        self._fail_running(message)
         while self.waiting:
             job = self.waiting.popleft()
             self._by_id.pop(job.req.id, None)
@@ -253,8 +165,6 @@ class Engine:
         out, self.out = self.out, []
         return out
 
-    # ------------------------------------------------------------------ prompt
-
     def prepare(self, req: wire.GenerateRequest) -> PreparedRequest:
         """Tokenize and check a request, and turn its schema into a grammar; RequestRejected
         if it cannot run. Thread-safe: the worker's reader thread calls it, so long prompts
@@ -263,32 +173,11 @@ class Engine:
             raise RequestRejected("invalid_request",
                                   f"model {self.settings.model_id} is loaded for embeddings only")
         tokens = self.prompts.tokens(req)
-        _check_params(req.params)
+        check_params(req.params)
         requests.check_generation_fields(req, self.m.n_vocab)
         return PreparedRequest(req, tokens, requests.grammar_text(req))
 
     # ------------------------------------------------------------------ scheduling
-
-    def _reuse_len(self, slot: _Slot, tokens: list[int]) -> int:
-        """How many leading prompt tokens this slot's cache can serve, still valid.
-
-        At most len(tokens) - 1: the last prompt token is always decoded, for its logits.
-        With sliding-window attention the cache drops positions more than n_swa behind
-        the newest one; reusing n tokens needs positions [n - n_swa, n) still present,
-        i.e. seq_pos_min <= max(0, n - n_swa). Otherwise the prefix is not reused.
-        """
-        cached = slot.cached
-        n = 0
-        limit = min(len(cached), len(tokens) - 1)
-        while n < limit and cached[n] == tokens[n]:
-            n += 1
-        if n == 0:
-            return 0
-        if self.m.n_swa > 0:
-            pos_min = ll.llama_memory_seq_pos_min(self.m.memory, slot.index)
-            if pos_min > max(0, n - self.m.n_swa):
-                return 0
-        return n
 
     def _admit(self) -> None:
         if not self.waiting:
@@ -296,11 +185,7 @@ class Engine:
         free = [s for s in self.slots if not s.busy]
         while self.waiting and free:
             job = self.waiting.popleft()
-            best, best_n = free[0], -1
-            for s in free:
-                n = self._reuse_len(s, job.tokens)
-                if n > best_n or (n == best_n and len(s.cached) < len(best.cached)):
-                    best, best_n = s, n
+            best, best_n = pick_slot(free, job.tokens, self.m)
             free.remove(best)
             try:
                 self._start(best, job, best_n)
@@ -311,11 +196,11 @@ class Engine:
                 self._clear_slot(best)
                 self.out.append(wire.RequestFailed(job.req.id, "internal", f"{type(exc).__name__}: {exc}"))
 
-    def _clear_slot(self, slot: _Slot) -> None:
+    def _clear_slot(self, slot: Slot) -> None:
         ll.llama_memory_seq_rm(self.m.memory, slot.index, -1, -1)
         slot.cached = []
 
-    def _start(self, slot: _Slot, job: _Job, reuse: int) -> None:
+    def _start(self, slot: Slot, job: Job, reuse: int) -> None:
         mem = self.m.memory
         req = job.req
         echo_lp = req.echo and req.logprobs is not None
@@ -371,8 +256,8 @@ class Engine:
         self._admit()
         b = self._batch
         n = 0
-        outputs: list[tuple[_Slot, int]] = []
-        echo_chunks: list[tuple[_Slot, int, int, int]] = []  # slot, batch index, prompt pos, count
+        outputs: list[tuple[Slot, int]] = []
+        echo_chunks: list[tuple[Slot, int, int, int]] = []  # slot, batch index, prompt pos, count
         for slot in self.slots:
             if slot.job is not None and slot.pending >= 0:
                 b.token[n] = slot.pending
@@ -433,14 +318,17 @@ class Engine:
     def _decode_failed(self, rc: int) -> None:
         reason = "no room in the KV cache" if rc == 1 else f"llama_decode returned {rc}"
         log.error("decode failed: %s", reason)
+        self._fail_running(f"decode failed: {reason}")
+
+    def _fail_running(self, message: str) -> None:
         for slot in self.slots:
             if slot.job is not None:
                 job = slot.job
                 self._release(slot)
                 self._clear_slot(slot)
-                self.out.append(wire.RequestFailed(job.req.id, "internal", f"decode failed: {reason}"))
+                self.out.append(wire.RequestFailed(job.req.id, "internal", message))
 
-    def _prompt_logprobs(self, slot: _Slot, at: int, pos: int, count: int) -> None:
+    def _prompt_logprobs(self, slot: Slot, at: int, pos: int, count: int) -> None:
         """Logprobs of the prompt tokens after each of these positions (echo)."""
         job, lps = slot.job, slot.echo_logprobs
         assert job is not None and lps is not None
@@ -459,7 +347,7 @@ class Engine:
     def _logits(self, idx: int) -> "sampling.Logits":
         return sampling.logits_at(self.m.ctx, idx, self.m.n_vocab)
 
-    def _sample(self, slot: _Slot, idx: int) -> None:
+    def _sample(self, slot: Slot, idx: int) -> None:
         assert slot.sampler is not None and slot.out is not None and slot.job is not None
         tok = slot.sampler.sample(self.m.ctx, idx, self.tok.is_eog)
         now = time.perf_counter()
@@ -485,66 +373,28 @@ class Engine:
         else:
             slot.pending = tok
 
-    def _finish(self, slot: _Slot, reason: wire.FinishReason) -> None:
+    def _finish(self, slot: Slot, reason: wire.FinishReason) -> None:
         job = slot.job
         assert job is not None
         if reason != "abort" and slot.out is not None:
             delta = slot.out.finish()
             if delta is not None:
                 self.out.append(delta)
-        now = time.perf_counter()
-        t_first = slot.t_first or now
-        prompt_ms = (t_first - slot.t_start) * 1000
-        predicted_ms = (now - t_first) * 1000
-        n_prompt = len(job.tokens)
-        n_eval = n_prompt - slot.n_cached
+        n_eval = len(job.tokens) - slot.n_cached
         self.tokens_prompt += n_eval
-        self.out.append(
-            wire.Finished(
-                job.req.id,
-                reason,
-                wire.Usage(n_prompt, slot.n_gen, slot.n_cached),
-                wire.Timings(
-                    prompt_ms=prompt_ms,
-                    predicted_ms=predicted_ms,
-                    prompt_per_second=n_eval / (prompt_ms / 1000) if prompt_ms > 0 else 0.0,
-                    predicted_per_second=(slot.n_gen - 1) / (predicted_ms / 1000)
-                    if predicted_ms > 0 and slot.n_gen > 1
-                    else 0.0,
-                    queued_ms=(slot.t_start - job.t_submit) * 1000,
-                    grammar_ms=slot.sampler.grammar_s * 1000 if slot.sampler is not None else 0.0,
-                ),
-                slot.index,
-                stop_string=slot.out.stop.matched if slot.out is not None else None,
-            )
-        )
+        self.out.append(finished_message(slot, job, reason, time.perf_counter()))
         self._release(slot)
 
-    def _release(self, slot: _Slot) -> None:
-        job = slot.job
-        if job is not None:
-            # ``cached`` matches the KV cache even mid-prefill (chunks are appended as
-            # they are decoded), so what is there stays reusable.
-            self._by_id.pop(job.req.id, None)
-        slot.job = None
-        slot.pending = -1
-        if slot.sampler is not None:
-            slot.sampler.free()
-            slot.sampler = None
-        slot.out = None
-        slot.echo_logprobs = None
+    def _release(self, slot: Slot) -> None:
+        if slot.job is not None:
+            self._by_id.pop(slot.job.req.id, None)
+        release(slot)
 
     # ------------------------------------------------------------------ embeddings
 
     def _run_embeddings(self) -> None:
         """Embedding requests run between generation steps, one request at a time."""
         req, _t_submit = self.embed_waiting.popleft()
-        try:
-            data, n_tokens = embed_batch(self.m, self.tok, req.inputs, req.normalize)
-            self.out.append(wire.Embeddings(req.id, data, n_tokens))
-            self.tokens_prompt += n_tokens
-        except RequestRejected as exc:
-            self.out.append(wire.RequestFailed(req.id, exc.code, exc.message))
-        except Exception as exc:  # noqa: BLE001
-            log.exception("embedding request %s failed", req.id)
-            self.out.append(wire.RequestFailed(req.id, "internal", f"{type(exc).__name__}: {exc}"))
+        answer, n_tokens = embed_request(self.m, self.tok, req)
+        self.out.append(answer)
+        self.tokens_prompt += n_tokens

@@ -1,0 +1,168 @@
+"""A slot's state, the batch buffers, and the messages a slot's end produces: the
+plain data the engine (``corral.worker.engine``) works on."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import llama_cpp as ll
+
+from corral import wire
+from corral.worker import sampling
+from corral.worker.failures import RequestRejected
+from corral.worker.model import LoadedModel
+from corral.worker.slot_output import SlotOutput
+
+__all__ = ["Job", "Slot", "Batch", "check_params", "finished_message", "release", "reuse_len",
+           "aborted_in_queue", "free_samplers", "pick_slot"]
+
+
+@dataclass(eq=False)
+class Job:
+    req: wire.GenerateRequest
+    tokens: list[int]
+    t_submit: float
+    grammar: ll.llama_sampler_p | None = None  # owned until a slot's sampler takes it
+
+
+@dataclass(eq=False)
+class Slot:
+    index: int
+    cached: list[int] = field(default_factory=list)  # tokens whose KV is in the cache, in order
+    job: Job | None = None
+    prompt_pos: int = 0  # next prompt token to decode
+    n_cached: int = 0  # prompt tokens reused from the cache
+    pending: int = -1  # sampled token not yet decoded (GENERATE state)
+    n_gen: int = 0
+    max_tokens: int = 0
+    sampler: sampling.SlotSampler | None = None
+    out: SlotOutput | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top alternatives per token; None: no logprobs
+    echo_logprobs: list[wire.TokenLogprob] | None = None  # prompt logprobs being collected
+    t_start: float = 0.0
+    t_first: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.job is not None
+
+
+def check_params(p: wire.SamplingParams) -> None:
+    """The bounds the router checks too (``wire.invalid_field``): one set for both."""
+    bad = wire.invalid_field(p)
+    if bad is not None:
+        raise RequestRejected("invalid_request", f"{bad[0]}: {bad[1]}")
+
+
+class Batch:
+    """A llama_batch over buffers we own: flat arrays written with plain indexing."""
+
+    def __init__(self, n: int) -> None:
+        self.cap = n
+        self.token = (ll.llama_token * n)()
+        self.pos = (ll.llama_pos * n)()
+        self.n_seq_id = (ctypes.c_int32 * n)(*([1] * n))
+        self.seq = (ll.llama_seq_id * n)()
+        self.seq_ptr = (ctypes.POINTER(ll.llama_seq_id) * n)()
+        base = ctypes.addressof(self.seq)
+        size = ctypes.sizeof(ll.llama_seq_id)
+        for i in range(n):
+            self.seq_ptr[i] = ctypes.cast(base + i * size, ctypes.POINTER(ll.llama_seq_id))
+        self.logits = (ctypes.c_int8 * n)()
+        self.batch = ll.llama_batch(
+            token=ctypes.cast(self.token, ctypes.POINTER(ll.llama_token)), embd=None,
+            pos=ctypes.cast(self.pos, ctypes.POINTER(ll.llama_pos)),
+            n_seq_id=ctypes.cast(self.n_seq_id, ctypes.POINTER(ctypes.c_int32)),
+            seq_id=ctypes.cast(self.seq_ptr, ctypes.POINTER(ctypes.POINTER(ll.llama_seq_id))),
+            logits=ctypes.cast(self.logits, ctypes.POINTER(ctypes.c_int8)))
+        self.n = 0
+
+
+def finished_message(slot: Slot, job: Job, reason: wire.FinishReason, now: float) -> wire.Finished:
+    """The ``Finished`` that ends ``job`` on ``slot`` (usage and timings)."""
+    t_first = slot.t_first or now
+    prompt_ms = (t_first - slot.t_start) * 1000
+    predicted_ms = (now - t_first) * 1000
+    n_prompt = len(job.tokens)
+    n_eval = n_prompt - slot.n_cached
+    return wire.Finished(
+        job.req.id,
+        reason,
+        wire.Usage(n_prompt, slot.n_gen, slot.n_cached),
+        wire.Timings(
+            prompt_ms=prompt_ms,
+            predicted_ms=predicted_ms,
+            prompt_per_second=n_eval / (prompt_ms / 1000) if prompt_ms > 0 else 0.0,
+            predicted_per_second=(slot.n_gen - 1) / (predicted_ms / 1000)
+            if predicted_ms > 0 and slot.n_gen > 1 else 0.0,
+            queued_ms=(slot.t_start - job.t_submit) * 1000,
+            grammar_ms=slot.sampler.grammar_s * 1000 if slot.sampler is not None else 0.0,
+        ),
+        slot.index,
+        stop_string=slot.out.stop.matched if slot.out is not None else None,
+    )
+
+
+def release(slot: Slot) -> None:
+    """The slot is free again. ``cached`` matches the KV cache even mid-prefill (chunks
+    are appended as they are decoded), so what is there stays reusable."""
+    slot.job = None
+    slot.pending = -1
+    if slot.sampler is not None:
+        slot.sampler.free()
+        slot.sampler = None
+    slot.out = None
+    slot.echo_logprobs = None
+
+
+def reuse_len(slot: Slot, tokens: list[int], m: LoadedModel) -> int:
+    """How many leading prompt tokens this slot's cache can serve, still valid.
+
+    At most len(tokens) - 1: the last prompt token is always decoded, for its logits.
+    With sliding-window attention the cache drops positions more than n_swa behind
+    the newest one; reusing n tokens needs positions [n - n_swa, n) still present,
+    i.e. seq_pos_min <= max(0, n - n_swa). Otherwise the prefix is not reused.
+    """
+    cached = slot.cached
+    n = 0
+    limit = min(len(cached), len(tokens) - 1)
+    while n < limit and cached[n] == tokens[n]:
+        n += 1
+    if n == 0:
+        return 0
+    if m.n_swa > 0:
+        pos_min = ll.llama_memory_seq_pos_min(m.memory, slot.index)
+        if pos_min > max(0, n - m.n_swa):
+            return 0
+    return n
+
+
+def pick_slot(free: list[Slot], tokens: list[int], m: LoadedModel) -> tuple[Slot, int]:
+    """The free slot whose cache serves the longest valid prefix of ``tokens`` (ties:
+    the shortest cache), and that prefix's length."""
+    best, best_n = free[0], -1
+    for s in free:
+        n = reuse_len(s, tokens, m)
+        if n > best_n or (n == best_n and len(s.cached) < len(best.cached)):
+            best, best_n = s, n
+    return best, best_n
+
+
+def aborted_in_queue(job: Job, now: float) -> wire.Finished:
+    """``Finished(abort)`` for a request aborted before it had a slot."""
+    return wire.Finished(job.req.id, "abort", wire.Usage(len(job.tokens), 0, 0),
+                         wire.Timings(0.0, 0.0, 0.0, 0.0, (now - job.t_submit) * 1000))
+
+
+def free_samplers(slots: Iterable[Slot], waiting: Iterable[Job]) -> None:
+    """Free every sampler the slots and the queued jobs hold (the engine closes)."""
+    for slot in slots:
+        if slot.sampler is not None:
+            slot.sampler.free()
+            slot.sampler = None
+    for job in waiting:
+        sampling.free_sampler(job.grammar)
+        job.grammar = None

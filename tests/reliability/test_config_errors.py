@@ -1,0 +1,94 @@
+"""Config files written wrong: a clear error naming file, table and key; never a traceback
+at start, never a 500 or a dead task on reload."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from corral.config import load_config
+from corral.errors import ConfigError
+from router.harness import FAKE, Harness
+
+
+def write(tmp_path: Path, text: bytes | str) -> Path:
+    p = tmp_path / "corral.toml"
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return p
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    (b'[server]\nport = 8080\n# caf\xe9\n', ["corral.toml", "line 3", "UTF-8"]),
+    ('server = "x"\n', ["corral.toml", "'server'", "table"]),
+    ('models = 3\n', ["corral.toml", "'models'", "table"]),
+    ('[server]\nmax_queue = true\n', ["corral.toml", "[server] key 'max_queue'", "integer", "true"]),
+    ('[server]\nqueue_timeout_s = false\n', ["[server] key 'queue_timeout_s'", "number"]),
+    ('[server]\nautoload = true\nmax_loaded_models = 2\n', None),
+])
+def test_config_errors_name_file_table_and_key(tmp_path: Path, text: bytes | str,
+                                               words: list[str] | None) -> None:
+    path = write(tmp_path, text)
+    if words is None:
+        assert load_config(path).server.max_loaded_models == 2
+        return
+    with pytest.raises(ConfigError) as ei:
+        load_config(path)
+    for w in words:
+        assert w in ei.value.message, (w, ei.value.message)
+    # a server override from the command line does not hide it either
+    with pytest.raises(ConfigError):
+        load_config(path, server_overrides={"port": 9000, "host": None})
+
+
+def test_model_path_that_is_a_directory_or_not_gguf(tmp_path: Path) -> None:
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "notes.gguf").write_text("hello")
+    for target, words in (("adir", "is a directory"), ("notes.gguf", "not a GGUF model file")):
+        path = write(tmp_path, f'[models."m.1"]\npath = "{target}"\n')
+        with pytest.raises(ConfigError) as ei:
+            load_config(path)
+        msg = ei.value.message
+        assert str(path) in msg and "[models.\"m.1\"] key 'path'" in msg and words in msg, msg
+
+
+def test_invalid_utf8_config_at_start_is_a_message_not_a_traceback(tmp_path: Path) -> None:
+    path = write(tmp_path, b"[server]\nport = 8080\n\xff\xfe\n")
+    r = subprocess.run([sys.executable, "-m", "corral.cli.main", "serve", "-c", str(path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and "not valid UTF-8" in r.stderr and str(path) in r.stderr
+
+
+async def test_bad_reload_changes_nothing(harness: Harness, tmp_path: Path,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    script = harness.script("a")
+    good = (f'[server]\nworker_command = ["{sys.executable}", "{FAKE}"]\ninclude_default_model = false\n'
+            f'[models.a]\npath = "{script}"\n')
+    path = write(tmp_path, good)
+    await harness.start(load_config(path), loader=lambda: load_config(path), sighup=True)
+    c = harness.client
+    loop_errors: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: loop_errors.append(ctx))
+    for bad in (good.encode() + b"\n# \xff\n", ('server = "x"\n' + good.split("\n", 3)[3]).encode(),
+                good.replace("include_default_model = false", "max_queue = true").encode()):
+        path.write_bytes(bad)
+        r = await c.post("/models/reload")
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_config", r.text
+        assert str(path) in r.json()["error"]["message"]
+        with caplog.at_level(logging.ERROR, logger="corral.api"):
+            caplog.clear()
+            os.kill(os.getpid(), signal.SIGHUP)
+            for _ in range(200):  # the handler runs on this loop; let it
+                await asyncio.sleep(0.01)
+                if any("SIGHUP reload failed" in rec.getMessage() for rec in caplog.records):
+                    break
+            assert any("SIGHUP reload failed, nothing changed" in rec.getMessage() for rec in caplog.records)
+    assert loop_errors == []
+    assert (await c.post("/v1/completions", json={"model": "a", "prompt": "x"})).status_code == 200
