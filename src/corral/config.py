@@ -120,6 +120,9 @@ class ServerConfig(_NoBoolNumbers):
     max_body_bytes: ByteSize = 8 * 1024 * 1024
     log_dir: Path | None = None  # worker stderr logs; None: a temporary directory
     worker_command: list[str] | None = None  # advanced/tests: argv prefix instead of python -m corral.worker
+    # Ray cluster for model instances ("auto", "HOST:PORT", "ray://HOST:10001"); None: local processes
+    ray_address: str | None = None
+    ray_namespace: str = "corral"
 
 
 class ModelConfig(BaseModel):

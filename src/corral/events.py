@@ -51,6 +51,8 @@ class EventName(enum.StrEnum):
     DOWNLOAD_FAILED = "download_failed"
     DOWNLOAD_CANCELLED = "download_cancelled"
     EVENTS_DROPPED = "events_dropped"
+    RAY_STATUS = "ray_status"  # the Ray connection: connecting, connected, disconnected (+ reason)
+    RAY_PLACED = "ray_placed"  # an instance's actor was placed: node id, address, hostname
 
 
 class Event(dict[str, Any]):

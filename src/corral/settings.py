@@ -60,6 +60,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     system_prompt: str | None = None
     seed: Annotated[int, Meta(ge=0, le=UINT32_MAX)] | None = None  # for requests that give none
     verbose: bool = False  # the worker prints llama.cpp's whole log
+    # with [server] ray_address: custom Ray resources each instance asks for (e.g. a node tag)
+    ray_resources: dict[str, Annotated[float, Meta(ge=0)]] = {}
     # router only (changing these needs no worker restart)
     ttl_s: Annotated[float, Meta(gt=0)] | None = None  # unload after this long idle
     pinned: bool = False  # never evicted

@@ -192,7 +192,7 @@ async def test_metrics_count_requests(harness: Harness) -> None:
     assert 'corral_completion_tokens_total{instance="0",model="a"} 4.0' in text
     assert 'corral_loads_total{instance="0",model="a"} 1.0' in text
     assert "corral_time_to_first_token_seconds_bucket" in text
-    assert 'corral_slots_total{instance="0",model="a"} 4.0' in text
+    assert 'corral_slots_total{instance="0",model="a",node="local"} 4.0' in text
 
 
 async def test_nitro_loadmodel_and_unloadmodel(harness: Harness) -> None:

@@ -9,7 +9,7 @@
     POST /models/reload          re-read the config file and models_dir
     POST /inferences/llamacpp/loadmodel    Nitro: load a model that is not in the config
     POST /inferences/llamacpp/unloadmodel  Nitro: {"model_id": ID} (GET: 405, no state change on GET)
-    GET  /health, GET /metrics (Prometheus)
+    GET  /health, GET /metrics (Prometheus); /health has a "ray" section with ray_address
 """
 
 from __future__ import annotations
@@ -52,7 +52,10 @@ def _downloads(request: Request) -> Any:
 async def health(request: Request) -> Response:
     plane = _plane(request)
     loaded = sum(1 for p in plane.pools.values() if p.status() == "loaded")
-    return json_response({"status": "ok", "models": len(plane.pools), "loaded": loaded})
+    body: dict[str, Any] = {"status": "ok", "models": len(plane.pools), "loaded": loaded}
+    if plane.ray is not None:  # the Ray cluster: status (reason when not connected) and nodes
+        body["ray"] = plane.ray.view()
+    return json_response(body)
 
 
 @router.get("/metrics")

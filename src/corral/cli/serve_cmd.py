@@ -32,6 +32,8 @@ def serve(
     n_gpu_layers: Optional[str] = typer.Option(
         None, "--n-gpu-layers", "-ngl",
         help="Every model: layers on the GPU (a number, -1 for all, or auto: fit to the GPU's free memory)."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Place model instances on this Ray cluster: auto, HOST:PORT or ray://HOST:10001 (pip install 'corral[ray]')."),
+    ray_namespace: Optional[str] = typer.Option(None, "--ray-namespace", help="Ray namespace of the instances' actors [corral]."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API (no arguments: the embedded default model)."""
@@ -41,6 +43,7 @@ def serve(
         "host": host, "port": port, "models_dir": str(models_dir) if models_dir else None,
         "max_loaded_models": max_loaded_models, "memory_budget": memory_budget,
         "api_key": api_key, "autoload": False if no_autoload else None,
+        "ray_address": ray, "ray_namespace": ray_namespace,
     }
     model_overrides: dict[str, Any] = {
         "ctx_len": ctx_len, "n_parallel": n_parallel, "instances": instances,
@@ -56,6 +59,13 @@ def serve(
     except ConfigError as exc:
         typer.echo(f"corral serve: {exc.message}", err=True)
         raise typer.Exit(2) from None
+    if cfg.server.ray_address:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            typer.echo("corral serve: --ray / [server] ray_address needs Ray, which is not installed: "
+                       "pip install 'corral[ray]'", err=True)
+            raise typer.Exit(2)
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn

@@ -42,8 +42,9 @@ def fmt_bytes(n: float) -> str:
 
 class Admission:
     def __init__(self, pools: dict[str, ModelPool], server: Callable[[], ServerConfig],
-                 background: Background) -> None:
+                 background: Background, node_room: Callable[[ModelPool], str | None] | None = None) -> None:
         self._pools = pools
+        self.node_room = node_room  # on a Ray cluster: why no node has room for the pool, or None
         self._server = server
         self._background = background
         self._lock = asyncio.Lock()
@@ -79,12 +80,13 @@ class Admission:
             over_count = len(others) + 1 > srv.max_loaded_models
             used = sum(p.memory_bytes() for p in others)
             over_mem = budget is not None and used + need > budget
-            if not over_count and not over_mem:
+            no_node = None if over_count or over_mem or self.node_room is None else self.node_room(pool)
+            if not over_count and not over_mem and no_node is None:
                 return
             victims = sorted((p for p in others if p.evictable), key=lambda p: p.last_used)
             if victims:
                 why = (f"max_loaded_models={srv.max_loaded_models}" if over_count
-                       else f"memory_budget={fmt_bytes(budget or 0)}")
+                       else f"memory_budget={fmt_bytes(budget or 0)}" if over_mem else "no room on any node")
                 await self.unload(victims[0], f"evicted to make room for {pool.spec.id} ({why})",
                                   drain=False)
                 continue
@@ -92,7 +94,8 @@ class Admission:
             if remaining <= 0:
                 what = (f"{len(others)} models loaded (max_loaded_models={srv.max_loaded_models})"
                         if over_count else
-                        f"{fmt_bytes(used)} of memory_budget {fmt_bytes(budget or 0)} in use")
+                        f"{fmt_bytes(used)} of memory_budget {fmt_bytes(budget or 0)} in use" if over_mem
+                        else str(no_node))
                 raise CapacityTimeout(f"no room to load model {pool.spec.id!r}: {what} and none "
                                       "can be evicted (busy, loading or pinned); try again later",
                                       retry_after_s=5)

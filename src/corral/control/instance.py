@@ -274,6 +274,8 @@ class Instance:
 
     def _on_lifecycle(self, link: WorkerLink, msg: LifecycleMessage) -> None:
         if isinstance(msg, wire.Loading):
+            self.placement = link.placement  # a remote link learns the worker's pid from Loading
+            self.pid = self.placement.pid or msg.pid
             if msg.protocol != wire.PROTOCOL_VERSION:
                 self._load_error = (f"the worker speaks wire protocol {msg.protocol}, the router "
                                     f"{wire.PROTOCOL_VERSION}: mismatched corral installations")
@@ -300,9 +302,9 @@ class Instance:
         settings = self.spec.worker_settings(self.index, self.threads)
         try:
             link = await self._spawner.spawn(settings, self)
-        except OSError as exc:
+        except OSError as exc:  # final, unless the spawner says a later try may work (Ray: no room now)
             self._set(S.STARTING, restart=restart)
-            self._to_failed(f"cannot start worker: {exc}", None, retryable=False)
+            self._to_failed(f"cannot start worker: {exc}", None, retryable=getattr(exc, "retryable", False))
             return
         self._link = link
         self.placement = link.placement
@@ -371,6 +373,8 @@ class Instance:
             fields["reason"] = reason
         if exit_code is not None:
             fields["exit_code"] = exit_code
+        if self.placement.node_id is not None:  # where it runs (a Ray node)
+            fields["node"] = {"id": self.placement.node_id, "address": self.placement.node_address}
         self._bus.publish(EventName.STATUS_CHANGE, self.spec.id, **fields)
         self._on_change(self, Transition(old, new, restart))
 

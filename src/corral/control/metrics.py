@@ -25,21 +25,25 @@ class _StateCollector:
 
     def collect(self):  # type: ignore[no-untyped-def]
         queue = GaugeMetricFamily("corral_queue_depth", "Requests waiting for a slot", labels=["model"])
-        busy = GaugeMetricFamily("corral_slots_busy", "Slots running a request", labels=["model", "instance"])
-        total = GaugeMetricFamily("corral_slots_total", "Slots of ready instances", labels=["model", "instance"])
+        per_instance = ["model", "instance", "node"]  # node: the Ray node id, "local" on this machine
+        busy = GaugeMetricFamily("corral_slots_busy", "Slots running a request", labels=per_instance)
+        total = GaugeMetricFamily("corral_slots_total", "Slots of ready instances", labels=per_instance)
         mem = GaugeMetricFamily("corral_instance_memory_bytes", "Weights + KV cache as reported by the worker",
-                                labels=["model", "instance"])
+                                labels=per_instance)
+        node = GaugeMetricFamily("corral_instance_node", "Where an instance runs (1 per instance)",
+                                 labels=[*per_instance, "node_address"])
         loaded = GaugeMetricFamily("corral_model_loaded", "1 when the model has a ready instance", labels=["model"])
         for m in self._snapshot():
             queue.add_metric([m["id"]], m["queued"])
             loaded.add_metric([m["id"]], 1.0 if m["status"] == "loaded" else 0.0)
             for inst in m["instances"]:
-                labels = [m["id"], str(inst["index"])]
+                labels = [m["id"], str(inst["index"]), inst["node"]]
+                node.add_metric([*labels, inst["node_address"]], 1.0)
                 busy.add_metric(labels, inst["busy"])
                 total.add_metric(labels, inst["total"] if inst["state"] == "ready" else 0)
                 if inst["memory"] is not None:
                     mem.add_metric(labels, inst["memory"])
-        yield from (queue, busy, total, mem, loaded)
+        yield from (queue, busy, total, mem, loaded, node)
 
 
 class Metrics:

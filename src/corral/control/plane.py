@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral import wire
 from corral.config import CorralConfig
@@ -42,8 +42,11 @@ from corral.control.metrics import Metrics
 from corral.control.pool import ModelPool
 from corral.control.restart import RestartPolicy
 from corral.control.stream import RequestStream
-from corral.errors import (CapacityTimeout, Conflict, CorralError, InvalidRequest, LoadFailed,
+from corral.errors import (CapacityTimeout, ConfigError, Conflict, CorralError, InvalidRequest, LoadFailed,
                            ModelNotFound, ModelNotLoaded, ModelUnloaded, Unavailable)
+
+if TYPE_CHECKING:
+    from corral.control.ray_cluster import RayCluster
 
 __all__ = ["ControlPlane"]
 
@@ -65,9 +68,14 @@ class ControlPlane:
         self._tmp_logs: tempfile.TemporaryDirectory[str] | None = None
         self._local = LocalSpawner(self._log_dir(config), config.server.worker_command)
         self.spawner: Spawner = spawner or self._local
+        self.ray: RayCluster | None = None  # a RayCluster when [server] ray_address is set (Ray is imported only then)
+        if spawner is None and config.server.ray_address:
+            self.ray = _ray_cluster(config, self.bus, self._log_dir(config))
+            self.spawner = self.ray
         self._tasks: set[asyncio.Task[None]] = set()
         self._housekeeper: asyncio.Task[None] | None = None
-        self.admission = Admission(self.pools, lambda: self.config.server, self._background)
+        self.admission = Admission(self.pools, lambda: self.config.server, self._background,
+                                   node_room=self._node_room if self.ray is not None else None)
         self.sync = CatalogSync(catalog=self.catalog, pools=self.pools, bus=self.bus,
                                 admission=self.admission, make_pool=self._make_pool,
                                 load_soon=self._load_soon, store=store, embedded=embedded)
@@ -84,6 +92,8 @@ class ControlPlane:
         return Path(self._tmp_logs.name)
 
     async def start(self) -> None:
+        if self.ray is not None:
+            await self.ray.start()
         for spec in self.sync.specs(self.config):
             self.sync.add(spec, announce=False)
         housekeeper = Housekeeper(self.pools, self.admission, self._background)
@@ -104,9 +114,16 @@ class ControlPlane:
                              return_exceptions=True)
         for pool in self.pools.values():
             pool.discard()
+        if self.ray is not None:
+            await self.ray.close()  # the bridge ends: Ray removes the actors it owned
         if self._tmp_logs is not None:
             with contextlib.suppress(OSError):
                 self._tmp_logs.cleanup()
+
+    def _node_room(self, pool: ModelPool) -> str | None:
+        """On Ray: the per-node budget (a load that fits no node evicts idle models)."""
+        assert self.ray is not None
+        return self.ray.room_for(pool.spec.worker_settings(0, pool.spec.threads), pool.spec.instances)
 
     def _make_pool(self, spec: ModelSpec) -> ModelPool:
         return ModelPool(spec, make_instance=self._make_instance,
@@ -114,7 +131,9 @@ class ControlPlane:
 
     def _make_instance(self, pool: ModelPool, index: int) -> Instance:
         spec, srv = pool.spec, self.config.server
-        threads = spec.threads or default_threads(spec, srv.max_loaded_models, len(self.pools))
+        threads = spec.threads
+        if threads is None and self.ray is None:  # on Ray: 1 CPU asked, the worker adapts to its node
+            threads = default_threads(spec, srv.max_loaded_models, len(self.pools))
 
         def on_change(inst: Instance, tr: Transition) -> None:
             pool.on_instance_change(inst, tr)
@@ -315,6 +334,20 @@ class ControlPlane:
 
     def describe(self, pool: ModelPool) -> dict[str, Any]:
         return views.describe(pool, created=int(self.started_at))
+
+
+def _ray_cluster(config: CorralConfig, bus: EventBus, log_dir: Path) -> RayCluster:
+    import importlib.util
+
+    from corral.control.ray_cluster import RayCluster
+
+    srv = config.server
+    assert srv.ray_address is not None
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(f"[server] ray_address = {srv.ray_address!r} needs Ray, which is not installed: "
+                          "pip install 'corral[ray]'")
+    return RayCluster(srv.ray_address, srv.ray_namespace, bus=bus, log_dir=log_dir,
+                      worker_command=srv.worker_command, place_timeout_s=srv.load_timeout_s)
 
 
 def _encode(msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest) -> bytes:

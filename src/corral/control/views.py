@@ -22,7 +22,9 @@ def snapshot(pools: Iterable[ModelPool]) -> list[dict[str, Any]]:
             "status": pool.status(),
             "queued": len(pool.waiters),
             "instances": [{"index": i.index, "state": i.state.value, "busy": pool.busy(i),
-                           "total": i.slots_total, "memory": i.memory_bytes}
+                           "total": i.slots_total, "memory": i.memory_bytes,
+                           "node": i.placement.node_id or "local",
+                           "node_address": i.placement.node_address or ""}
                           for i in pool.instances],
         })
     return out
@@ -38,6 +40,8 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "index": i.index,
             "state": i.state.value,
             "pid": i.pid,
+            "node": (None if i.placement.node_id is None else
+                     {"id": i.placement.node_id, "address": i.placement.node_address}),
             "slots": {"busy": pool.busy(i), "total": i.slots_total},
             "memory": {"model_bytes": rep.model_bytes if rep else None,
                        "kv_bytes": rep.kv_bytes if rep else None,

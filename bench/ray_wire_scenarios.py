@@ -1,0 +1,220 @@
+"""Ray benchmark scenarios below the router: how the frames travel (``relay``) and what
+two cores can give (``limit``). Run by ``bench/ray_bench.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from corral import wire
+from corral.store.embedded import embedded_model_path
+from loadgen import LoadResult
+from servers import PY
+from wire_driver import DirectWorker, WorkerDied
+
+import ray_relay
+
+if TYPE_CHECKING:
+    from ray_bench import Ctx
+
+
+def log(msg: str) -> None:
+    print(f"[ray-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def table(title: str, cols: list[str], rows: list[list[str]], notes: list[str]) -> str:
+    out = [f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out + [""] + [f"- {n}" for n in notes] + [""])
+
+
+def settings(threads: int, n_parallel: int = 8, name: str = "bench") -> wire.WorkerSettings:
+    return wire.WorkerSettings(model_id=name, model_path=str(embedded_model_path()), threads=threads,
+                               n_parallel=n_parallel, ctx_len=1024 * n_parallel)
+
+
+# ---------------------------------------------------------------- workers reached three ways
+
+
+class PinnedWorker(DirectWorker):
+    """A local worker on a socketpair, optionally pinned with taskset."""
+
+    def __init__(self, s: wire.WorkerSettings, name: str, cpus: str | None) -> None:
+        super().__init__(s, name)
+        self.cpus = cpus
+
+    async def start(self, timeout_s: float = 120.0) -> float:
+        parent, child = socket.socketpair()
+        self._log = open(self.log_path, "w")
+        prefix = ["taskset", "-c", self.cpus] if self.cpus else []
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [*prefix, PY, "-m", "corral.worker", "--fd", str(child.fileno()),
+             "--settings", msgspec.json.encode(self.settings).decode()],
+            pass_fds=(child.fileno(),), stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        child.close()
+        reader, writer = await asyncio.open_connection(sock=parent)
+        return await self._attach(reader, writer, t0, timeout_s)
+
+    async def _attach(self, reader: Any, writer: Any, t0: float, timeout_s: float) -> float:
+        self._reader, self._writer = reader, writer
+        self._ready_fut = asyncio.get_running_loop().create_future()
+        self._pump = asyncio.create_task(self._read_loop())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready_fut), timeout_s)
+        except asyncio.TimeoutError:
+            raise WorkerDied(f"worker not ready after {timeout_s:.0f}s") from None
+        return time.perf_counter() - t0
+
+
+class RayTcpWorker(PinnedWorker):
+    """corral's Ray transport: a WorkerHost actor, then TCP straight to the worker."""
+
+    def __init__(self, s: wire.WorkerSettings, name: str, resources: dict[str, float]) -> None:
+        super().__init__(s, name, None)
+        self.resources = resources
+        self.actor: Any = None
+
+    async def start(self, timeout_s: float = 120.0) -> float:
+        import ray
+
+        from corral.cluster.host import WorkerHost
+
+        self._log = open(self.log_path, "w")
+        t0 = time.perf_counter()
+        self.actor = ray.remote(WorkerHost).options(num_cpus=1, resources=self.resources).remote(
+            self.name, msgspec.json.encode(self.settings).decode(), None)
+        info = await self.actor.place.remote()
+        reader, writer = await asyncio.open_connection(info["host"], info["port"])
+        writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        writer.write(info["token"])
+        return await self._attach(reader, writer, t0, timeout_s)
+
+    async def stop(self) -> None:
+        import ray
+
+        if self.actor is not None:
+            ray.kill(self.actor)
+        if self._pump is not None:
+            self._pump.cancel()
+
+
+class RayRelayWorker(PinnedWorker):
+    """The alternative: frames relayed by the actor (calls in, a streaming generator out)."""
+
+    def __init__(self, s: wire.WorkerSettings, name: str, resources: dict[str, float]) -> None:
+        super().__init__(s, name, None)
+        self.resources = resources
+        self.actor: Any = None
+        self._relay: asyncio.Task[None] | None = None
+
+    async def start(self, timeout_s: float = 120.0) -> float:
+        import ray
+
+        self._log = open(self.log_path, "w")
+        t0 = time.perf_counter()
+        self.actor = ray.remote(ray_relay.RelayHost).options(num_cpus=1, resources=self.resources).remote(
+            msgspec.json.encode(self.settings).decode())
+        reader = asyncio.StreamReader()
+        gen = self.actor.frames.remote()
+
+        async def pump() -> None:
+            async for ref in gen:
+                reader.feed_data(await ref)
+            reader.feed_eof()
+
+        self._relay = asyncio.create_task(pump())
+        return await self._attach(reader, ray_relay.ActorWriter(self.actor), t0, timeout_s)
+
+    async def stop(self) -> None:
+        import ray
+
+        if self.actor is not None:
+            ray.kill(self.actor)
+        for t in (self._pump, self._relay):
+            if t is not None:
+                t.cancel()
+
+
+async def load(w: PinnedWorker, label: str, c: int, n: int, first: int) -> LoadResult:
+    return await w.run_load(label=label, concurrency=c, n_requests=n, max_tokens=64, first_index=first)
+
+
+def row(r: LoadResult, ref: float | None) -> list[str]:
+    ratio = f"{r.tok_s / ref:.2f}x" if ref else "-"
+    ttft = f"{r.ttft_p50_ms:.0f}" if r.ttft_p50_ms is not None else "-"
+    return [r.label, str(r.concurrency), f"{r.ok}/{r.n_requests}", f"{r.tok_s:.1f}", ttft, ratio]
+
+
+COLS = ["setup", "c", "ok", "tok/s", "TTFT p50 ms", "ratio"]
+
+
+async def sc_relay(ctx: "Ctx") -> str:
+    s = settings(threads=2)
+    ways: list[PinnedWorker] = [PinnedWorker(s, "relay-socketpair", None),
+                                RayTcpWorker(s, "relay-ray-tcp", {"node_a": 1}),
+                                RayRelayWorker(s, "relay-ray-generator", {"node_a": 1})]
+    rows, notes = [], []
+    totals: dict[str, list[LoadResult]] = {w.name: [] for w in ways}
+    one_token: dict[str, list[float]] = {w.name: [] for w in ways}
+    for rnd in range(ctx.rounds):
+        for w in ways:
+            await w.start()
+            await load(w, w.name, 8, 8, 10_000)  # warm-up
+            totals[w.name].append(await load(w, w.name, 8, ctx.n, rnd * 1000))
+            one_token[w.name] += await w.sequential_latency(20)
+            await w.stop()
+    base = _merged(totals["relay-socketpair"])
+    for w in ways:
+        rows.append(row(_merged(totals[w.name]), base.tok_s))
+    for w in ways:
+        notes.append(f"{w.name}: per round " + ", ".join(f"{r.tok_s:.1f}" for r in totals[w.name]))
+    notes.append("1-token request, one at a time, median latency (transport + one decode step): " + ", ".join(
+        f"{w.name} {sorted(one_token[w.name])[len(one_token[w.name]) // 2]:.1f} ms" for w in ways))
+    notes.append("one worker, threads 2, n_parallel 8, 64 tokens per request; ratio against the socketpair")
+    return table("Ray relay: how the frames travel (c=8)", COLS, rows, notes)
+
+
+async def sc_limit(ctx: "Ctx") -> str:
+    s = settings(threads=1)
+    one = PinnedWorker(s, "limit-one-cpu0", "0")
+    a, b = PinnedWorker(s, "limit-two-cpu0", "0"), PinnedWorker(s, "limit-two-cpu1", "1")
+    ones, twos = [], []
+    for rnd in range(ctx.rounds):
+        await one.start()
+        ones.append(await load(one, "1 worker, 1 thread, cpu 0", 8, ctx.n, rnd * 1000))
+        await one.stop()
+        await asyncio.gather(a.start(), b.start())
+        t0 = time.perf_counter()
+        ra, rb = await asyncio.gather(load(a, "a", 4, ctx.n // 2, rnd * 1000),
+                                      load(b, "b", 4, ctx.n // 2, rnd * 1000 + 500))
+        wall = time.perf_counter() - t0
+        toks = ra.completion_tokens + rb.completion_tokens
+        twos.append(LoadResult(label="2 workers, 1 thread each, cpu 0 + cpu 1", concurrency=8,
+                               n_requests=ra.n_requests + rb.n_requests, ok=ra.ok + rb.ok,
+                               completion_tokens=toks, wall_s=wall, tok_s=toks / wall,
+                               ttft_p50_ms=ra.ttft_p50_ms))
+        await asyncio.gather(a.stop(), b.stop())
+    r1, r2 = _merged(ones), _merged(twos)
+    ctx.limit = r2.tok_s / r1.tok_s if r1.tok_s else None
+    notes = [f"per round: one {', '.join(f'{r.tok_s:.1f}' for r in ones)}; two "
+             f"{', '.join(f'{r.tok_s:.1f}' for r in twos)}",
+             "the limit for the scaling scenario: what two 1-thread llama.cpp processes reach next to one"]
+    return table("The 2-core limit (no Ray, no router)", COLS, [row(r1, r1.tok_s), row(r2, r1.tok_s)], notes)
+
+
+def _merged(rs: list[LoadResult]) -> LoadResult:
+    toks = sum(r.completion_tokens for r in rs)
+    wall = sum(r.wall_s for r in rs)
+    ttfts = [r.ttft_p50_ms for r in rs if r.ttft_p50_ms is not None]
+    return LoadResult(label=rs[0].label, concurrency=rs[0].concurrency,
+                      n_requests=sum(r.n_requests for r in rs), ok=sum(r.ok for r in rs),
+                      completion_tokens=toks, wall_s=wall, tok_s=toks / wall if wall else 0.0,
+                      ttft_p50_ms=sorted(ttfts)[len(ttfts) // 2] if ttfts else None)
