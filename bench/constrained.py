@@ -64,8 +64,8 @@ async def _grammar_ms_per_token(base: str, model: str) -> tuple[float | None, fl
             timings: dict[str, Any] = r.json()["timings"]
             return timings
         got = await asyncio.gather(*(one(i) for i in range(C)))
-    per_tok = [t["grammar_ms"] / t["predicted_n"] for t in got if t.get("predicted_n")]
-    share = [t["grammar_ms"] / t["predicted_ms"] for t in got if t.get("predicted_ms")]
+    per_tok = [t.get("grammar_ms", 0.0) / t["predicted_n"] for t in got if t.get("predicted_n")]
+    share = [t.get("grammar_ms", 0.0) / t["predicted_ms"] for t in got if t.get("predicted_ms")]
     return (statistics.mean(per_tok) if per_tok else None, statistics.mean(share) if share else None)
 
 

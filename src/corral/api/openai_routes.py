@@ -72,6 +72,7 @@ def timings_body(t: wire.Timings | None, u: wire.Usage | None) -> dict[str, Any]
         "predicted_per_token_ms": t.predicted_ms / max(1, u.completion_tokens),
         "predicted_per_second": t.predicted_per_second,
         "queued_ms": t.queued_ms,
+        "grammar_ms": t.grammar_ms,  # corral: time in grammar checks/resamples (constrained requests)
     }
 
 
