@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from corral.store.gguf import FILE_TYPES, GGUFError, quant_from_name
+from corral.store.gguf import FILE_TYPES, GGUFError, _read, _u32, _u64, quant_from_name
 
 __all__ = ["read_gguf_info", "read_metadata"]
 
@@ -21,21 +21,6 @@ _STRING, _ARRAY = 8, 9
 _MAX_KV = 1 << 20
 _MAX_TENSORS = 1 << 22
 _MAX_STRING = 1 << 24  # 16 MiB: a chat template is a few KiB
-
-
-def _read(f: BinaryIO, n: int) -> bytes:
-    b = f.read(n)
-    if len(b) != n:
-        raise GGUFError("truncated GGUF header")
-    return b
-
-
-def _u32(f: BinaryIO) -> int:
-    return int(struct.unpack("<I", _read(f, 4))[0])
-
-
-def _u64(f: BinaryIO) -> int:
-    return int(struct.unpack("<Q", _read(f, 8))[0])
 
 
 def _string(f: BinaryIO) -> str:
