@@ -216,6 +216,7 @@ def _loop(engine: "Engine", inbox: "queue.SimpleQueue[object]", out: _Writer,
                         msg = None
         if was_idle and engine.has_work:
             governor.wake()  # the tick's window still describes the idle spell
+        engine.pool.cap = governor.free_cores  # sampling threads: no more than the free cores
         msgs: list[wire.FromWorker]
         try:
             msgs = [*engine.step()]
