@@ -3,6 +3,7 @@ setting, and the governor's cap. The engine with the real model: test_parallel_s
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -65,12 +66,12 @@ def test_an_exception_in_a_pool_thread_reaches_the_caller() -> None:
 
 
 def test_auto_and_explicit_sizes() -> None:
-    assert resolve_sampling_threads("auto", gpu_layers=0, n_parallel=32, n_cpus=16) == AUTO_CPU
-    assert resolve_sampling_threads("auto", gpu_layers=99, n_parallel=32, n_cpus=16) == AUTO_GPU_MAX
-    assert resolve_sampling_threads("auto", gpu_layers=99, n_parallel=4, n_cpus=16) == 4
-    assert resolve_sampling_threads("auto", gpu_layers=99, n_parallel=32, n_cpus=2) == 2
-    assert resolve_sampling_threads(3, gpu_layers=0, n_parallel=32, n_cpus=2) == 3  # as configured
-    assert resolve_sampling_threads(6, gpu_layers=0, n_parallel=4, n_cpus=2) == 4  # never more than slots
+    assert resolve_sampling_threads("auto", offloaded=False, n_parallel=32, n_cpus=16) == AUTO_CPU
+    assert resolve_sampling_threads("auto", offloaded=True, n_parallel=32, n_cpus=16) == AUTO_GPU_MAX
+    assert resolve_sampling_threads("auto", offloaded=True, n_parallel=4, n_cpus=16) == 4
+    assert resolve_sampling_threads("auto", offloaded=True, n_parallel=32, n_cpus=2) == 2
+    assert resolve_sampling_threads(3, offloaded=False, n_parallel=32, n_cpus=2) == 3  # as configured
+    assert resolve_sampling_threads(6, offloaded=False, n_parallel=4, n_cpus=2) == 4  # never more than slots
 
 
 def test_the_setting_is_checked() -> None:
@@ -100,3 +101,22 @@ def test_governor_reports_free_cores_uncapped_by_decode_threads() -> None:
     assert g.free_cores == 6 and g.current == 2
     g.wake()  # three threads runnable now, one of them ours
     assert g.free_cores == 6
+
+
+def test_auto_counts_layers_as_offloaded_only_with_a_gpu_present() -> None:
+    from corral import wire
+    from corral.worker.sample_pool import pool_for
+
+    def info(gpu_layers: int, kinds: list[str]) -> wire.ModelInfo:
+        devs = [wire.DeviceInfo(index=i, name=f"D{i}", backend="X", kind=k, free_bytes=1, total_bytes=1)
+                for i, k in enumerate(kinds)]
+        return wire.ModelInfo(description="m", n_params=1, n_vocab=1, n_ctx_train=1, n_ctx=32 * 16,
+                              n_ctx_slot=16, n_slots=32, n_embd=1, embedding=False, has_chat_template=False,
+                              model_bytes=1, kv_bytes=1, rss_bytes=1, gpu_layers=gpu_layers, load_ms=1.0,
+                              devices=devs)
+
+    assert pool_for("auto", info(999, ["cpu"])).n == AUTO_CPU  # -ngl 999 on a machine without a GPU
+    assert pool_for("auto", info(0, ["cpu", "gpu"])).n == AUTO_CPU
+    with_gpu = pool_for("auto", info(999, ["cpu", "gpu"])).n
+    assert with_gpu == max(1, min(32, len(os.sched_getaffinity(0)), AUTO_GPU_MAX))
+    assert pool_for(2, info(0, ["cpu"])).n == 2

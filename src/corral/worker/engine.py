@@ -79,7 +79,7 @@ class Engine:
         self._by_id: dict[str, Job] = {}
         self.tokens_generated = 0
         self.tokens_prompt = 0
-        self.pool = sample_pool.pool_for(settings.sampling_threads, self.info.gpu_layers, self.m.n_slots)
+        self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
 
     # ------------------------------------------------------------------ commands
 

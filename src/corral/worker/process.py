@@ -144,8 +144,8 @@ def serve(sock: socket.socket, settings: wire.WorkerSettings) -> int:
         log.exception("load failed")
         out.send([wire.LoadFailed(f"{type(exc).__name__}: {exc}")])
         return 1
-    log.info("ready: %s, %d slots of %d tokens", engine.info.description, engine.info.n_slots,
-             engine.info.n_ctx_slot)
+    log.info("ready: %s, %d slots of %d tokens, %d sampling threads", engine.info.description,
+             engine.info.n_slots, engine.info.n_ctx_slot, engine.pool.n)
     out.send([wire.Ready(os.getpid(), engine.info)])
 
     inbox: queue.SimpleQueue[object] = queue.SimpleQueue()

@@ -47,6 +47,7 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker import sampling
+from corral.worker.devices import gpu_devices
 
 __all__ = ["SamplePool", "Drawn", "draw", "presync", "pool_for", "resolve_sampling_threads", "AUTO_CPU", "AUTO_GPU_MAX"]
 
@@ -57,19 +58,22 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def resolve_sampling_threads(setting: int | Literal["auto"], *, gpu_layers: int, n_parallel: int,
+def resolve_sampling_threads(setting: int | Literal["auto"], *, offloaded: bool, n_parallel: int,
                              n_cpus: int) -> int:
     """The pool's size: a number as given (at most one per slot), or "auto"."""
     if setting != "auto":
         return max(1, min(setting, n_parallel))
-    if gpu_layers == 0:
+    if not offloaded:
         return AUTO_CPU
     return max(1, min(n_parallel, n_cpus, AUTO_GPU_MAX))
 
 
-def pool_for(setting: int | Literal["auto"], gpu_layers: int, n_parallel: int) -> "SamplePool":
+def pool_for(setting: int | Literal["auto"], info: wire.ModelInfo) -> "SamplePool":
+    """The pool for a loaded model: "auto" counts as offloaded when layers went to a GPU
+    this worker sees (``n_gpu_layers = 999`` on a machine without one is the CPU case)."""
+    offloaded = info.gpu_layers != 0 and bool(gpu_devices(info.devices))
     n_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return SamplePool(resolve_sampling_threads(setting, gpu_layers=gpu_layers, n_parallel=n_parallel,
+    return SamplePool(resolve_sampling_threads(setting, offloaded=offloaded, n_parallel=info.n_slots,
                                                n_cpus=n_cpus))
 
 
