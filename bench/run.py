@@ -563,12 +563,34 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
         finally:
             if srv:
                 srv.stop()
+    limit = Table("What the cores allow for two busy models: workers reached directly (no router), the same "
+                  "loads as above", ["workers", "tok/s", "vs one worker c=8", "rounds"])
+    if "corral" in ctx.args.servers:
+        try:
+            from multimodel_limit import measure
+
+            lim = await measure(str(ctx.model), ctx.threads, SLOT_CTX, n_one, n_each, ctx.n(2, 1), log)
+            ref = sum(r.completion_tokens for r in lim["one"]) / max(1e-9, sum(r.wall_s for r in lim["one"]))
+            labels = {"one": f"one worker, {ctx.threads} threads, 8 slots, c=8",
+                      "pinned": "two workers, 4 slots each, c=4 each, each pinned to half the cores "
+                                "(one thread per core)",
+                      "free": f"two workers, 4 slots each, c=4 each, {ctx.threads} threads each, not pinned "
+                              "(governor)"}
+            for k, rs in lim.items():
+                tok_s = sum(r.completion_tokens for r in rs) / max(1e-9, sum(r.wall_s for r in rs))
+                limit.rows.append([labels[k], fmt(tok_s), ratio(tok_s, ref),
+                                   ", ".join(fmt(r.tok_s) for r in rs)])
+            data["limit"] = {k: [r.as_dict() for r in rs] for k, rs in lim.items()}
+        except Exception as e:  # noqa: BLE001
+            limit.rows.append(["FAILED", "–", "–", str(e).splitlines()[0][:90]])
+        limit.notes.append("the same client as the overhead scenario's direct path (bench/wire_driver.py); "
+                           "rounds interleaved, tok/s per round in the last column")
     t.notes.append(f"{ctx.threads} threads per model (unless said otherwise), each model its own process; "
                    "64 tokens, stream; the one-model phase runs with the two others unloaded, the two-model "
                    "phase with the first unloaded; 'both together' = all tokens of both over the wall time "
                    "of the whole phase; ratios are against the one-model row of the same server and config")
     t.data = data
-    return [t]
+    return [t, limit] if limit.rows else [t]
 
 
 def llama_router_supported(binary: Path) -> bool:

@@ -30,12 +30,15 @@ everything, as before.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
 from collections.abc import Callable
 
 __all__ = ["ThreadGovernor", "cpu_jiffies", "runnable_threads"]
+
+log = logging.getLogger("corral.worker.cpu")
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -126,6 +129,7 @@ class ThreadGovernor:
         others = max(0.0, busy - ours) / dt
         want = max(1, min(self.configured, math.floor(self.n_cpus - others + 0.5)))
         if want != self.current:
+            log.info("decode threads %d -> %d: other processes used %.2f cores", self.current, want, others)
             self.current = want
             self._apply(want)
 
@@ -144,5 +148,6 @@ class ThreadGovernor:
             others = max(0, others - math.floor(self.nice_cores + 0.5))
         want = max(1, min(self.configured, self.n_cpus - others))
         if want != self.current:
+            log.info("decode threads %d -> %d on waking: %d other threads runnable", self.current, want, others)
             self.current = want
             self._apply(want)
