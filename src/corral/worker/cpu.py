@@ -5,7 +5,7 @@ core, a step gets many times slower (a waiting thread spins on the core the late
 needs; see docs/architecture.md, "Threads and CPU contention", for numbers). Fewer threads than cores never hit this.
 
 ``ThreadGovernor`` reads /proc/stat (all CPUs) and /proc/self/stat (this process) about
-twice a second, estimates how many cores the OTHER processes kept busy, and sets the
+four times a second, estimates how many cores the OTHER processes kept busy, and sets the
 decode threads to the cores left, between 1 and the configured number:
 
     want = clamp(floor(n_cpus - others + 0.5), 1, configured)
@@ -87,7 +87,7 @@ class ThreadGovernor:
         apply: Callable[[int], None],
         *,
         n_cpus: int | None = None,
-        interval_s: float = 0.5,
+        interval_s: float = 0.25,
         read: Callable[[], tuple[float, ...] | None] = cpu_jiffies,
         clock: Callable[[], float] = time.monotonic,
         running: Callable[[], int | None] = runnable_threads,
