@@ -44,7 +44,7 @@ class HotRoutes:
         self.endpoints: dict[str, Endpoint] = {}
         for router in routers:
             for route in router.routes:
-                if (isinstance(route, APIRoute) and route.path in HOT_PATHS and "POST" in route.methods
+                if (isinstance(route, APIRoute) and route.path in HOT_PATHS and "POST" in (route.methods or ())
                         and _takes_only_request(route)):
                     self.endpoints.setdefault(route.path, route.endpoint)
 
