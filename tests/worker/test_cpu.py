@@ -196,3 +196,25 @@ def test_wake_leaves_out_runnable_niced_threads() -> None:
     g.current = 1
     g.wake()
     assert g.current == 1 and applied == [2]
+
+
+def test_the_first_window_after_waking_is_short() -> None:
+    """Idle next to a busy neighbour, the governor settled on 1 thread; the neighbour
+    stops as our work arrives (its threads still spin at that instant, so waking sees no
+    room): the first check of the busy spell comes after 0.1 s, not a whole window."""
+    s = Script()
+    applied: list[int] = []
+    g = ThreadGovernor(2, applied.append, n_cpus=2, read=s.read, clock=s.clock, running=lambda: 2)
+    s.window(others=1.0, ours=0.0)
+    g.tick()
+    assert applied == [1]
+    g.wake()
+    s.t += 0.1
+    s.ours += 2.0 * 0.1 * T  # we alone now
+    s.busy += 2.0 * 0.1 * T
+    g.tick()
+    assert applied == [1, 2]
+    s.t += 0.1
+    s.busy += 1.0 * 0.1 * T  # windows are whole again after that one
+    g.tick()
+    assert applied == [1, 2]

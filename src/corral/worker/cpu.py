@@ -104,6 +104,10 @@ class ThreadGovernor:
         # a niced worker competes with niced processes on equal terms: count them as others
         self.niced = _niceness() > 0 if niced is None else niced
         self.nice_cores = 0.0  # cores niced processes used, averaged over the last windows
+        # the first window of a busy spell is short: a wrong count left by the idle spell
+        # (a neighbour just stopped, or started with us) is put right within 0.1 s
+        self.wake_window_s = min(0.1, interval_s)
+        self._after_wake = False
         self._last = read()
         self._t_last = clock()
         self.enabled = self.configured > 1 and self._last is not None
@@ -113,8 +117,9 @@ class ThreadGovernor:
         if not self.enabled:
             return
         now = self._clock()
-        if now - self._t_last < self.interval_s:
+        if now - self._t_last < (self.wake_window_s if self._after_wake else self.interval_s):
             return
+        self._after_wake = False
         cur = self._read()
         if cur is None or self._last is None:
             return
@@ -147,6 +152,7 @@ class ThreadGovernor:
         if running is None or cur is None:
             return
         self._last, self._t_last = cur, self._clock()
+        self._after_wake = True
         others = max(0, running - 1)
         if not self.niced:  # runnable niced threads will yield: leave out as many as lately ran
             others = max(0, others - math.floor(self.nice_cores + 0.5))
