@@ -218,3 +218,18 @@ def test_the_first_window_after_waking_is_short() -> None:
     s.busy += 1.0 * 0.1 * T  # windows are whole again after that one
     g.tick()
     assert applied == [1, 2]
+
+
+def test_wake_leaves_out_the_router_that_hands_over_the_work() -> None:
+    s = Script()
+    applied: list[int] = []
+    g = ThreadGovernor(2, applied.append, n_cpus=2, read=s.read, clock=s.clock,
+                       running=lambda: 2, parent_running=lambda: 1)
+    s.window(others=1.0, ours=0.0)  # a neighbour was busy while we idled
+    g.tick()
+    g.wake()  # now only we and our router run
+    assert applied == [1, 2]
+
+
+def test_parent_running_reads_proc() -> None:
+    assert cpu.parent_running() in (0, 1)

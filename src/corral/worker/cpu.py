@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import Callable
 
-__all__ = ["ThreadGovernor", "cpu_jiffies", "runnable_threads"]
+__all__ = ["ThreadGovernor", "cpu_jiffies", "parent_running", "runnable_threads"]
 
 log = logging.getLogger("corral.worker.cpu")
 
@@ -80,6 +80,17 @@ def runnable_threads() -> int | None:
     return None
 
 
+def parent_running() -> int:
+    """1 if the parent process (the router, which just handed us the work) is running at
+    this instant, else 0."""
+    try:
+        with open(f"/proc/{os.getppid()}/stat", "rb") as f:
+            stat = f.read()
+        return 1 if stat[stat.rindex(b")") + 2 :][:1] == b"R" else 0
+    except (OSError, ValueError):
+        return 0
+
+
 class ThreadGovernor:
     def __init__(
         self,
@@ -91,6 +102,7 @@ class ThreadGovernor:
         read: Callable[[], tuple[float, ...] | None] = cpu_jiffies,
         clock: Callable[[], float] = time.monotonic,
         running: Callable[[], int | None] = runnable_threads,
+        parent_running: Callable[[], int] = lambda: 0,
         niced: bool | None = None,
     ) -> None:
         self.configured = max(1, configured)
@@ -101,6 +113,7 @@ class ThreadGovernor:
         self._read = read
         self._clock = clock
         self._running = running
+        self._parent_running = parent_running
         # a niced worker competes with niced processes on equal terms: count them as others
         self.niced = _niceness() > 0 if niced is None else niced
         self.nice_cores = 0.0  # cores niced processes used, averaged over the last windows
@@ -153,7 +166,7 @@ class ThreadGovernor:
             return
         self._last, self._t_last = cur, self._clock()
         self._after_wake = True
-        others = max(0, running - 1)
+        others = max(0, running - 1 - self._parent_running())  # the router handing us the work
         if not self.niced:  # runnable niced threads will yield: leave out as many as lately ran
             others = max(0, others - math.floor(self.nice_cores + 0.5))
         want = max(1, min(self.configured, self.n_cpus - others))
