@@ -92,7 +92,9 @@ def test_governor_reports_free_cores_uncapped_by_decode_threads() -> None:
 
     from corral.worker import cpu
 
-    g = ThreadGovernor(2, lambda n: None, n_cpus=8, read=read, clock=lambda: t[0], running=lambda: 3)
+    runnable = [3]
+    g = ThreadGovernor(2, lambda n: None, n_cpus=8, read=read, clock=lambda: t[0], running=lambda: runnable[0],
+                       niced=False)
     assert g.free_cores == 8
     t[0] += 1.0
     counters[0] += 3.0 * cpu._TICK  # three cores busy, one of them ours
@@ -101,6 +103,9 @@ def test_governor_reports_free_cores_uncapped_by_decode_threads() -> None:
     assert g.free_cores == 6 and g.current == 2
     g.wake()  # three threads runnable now, one of them ours
     assert g.free_cores == 6
+    runnable[0] = 1  # only ours: waking takes the cores back at once (it never lowers them)
+    g.wake()
+    assert g.free_cores == 8 and g.current == 2
 
 
 def test_auto_counts_layers_as_offloaded_only_with_a_gpu_present() -> None:
