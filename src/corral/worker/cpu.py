@@ -173,8 +173,9 @@ class ThreadGovernor:
         others = max(0, running - 1 - self._parent_running())  # the router handing us the work
         if not self.niced:  # runnable niced threads will yield: leave out as many as lately ran
             others = max(0, others - math.floor(self.nice_cores + 0.5))
-        self.free_cores = max(self.free_cores, 1, min(self.n_cpus, self.n_cpus - others))  # only up, too
-        want = min(self.configured, self.free_cores)
+        free = max(1, min(self.n_cpus, self.n_cpus - others))
+        self.free_cores = max(self.free_cores, free)  # only up here, too
+        want = min(self.configured, free)
         if want > self.current:
             log.info("decode threads %d -> %d on waking: %d other threads runnable", self.current, want, others)
             self.current = want
