@@ -29,6 +29,8 @@ _FAST_FAILURE_ENV = {
     "RAY_health_check_period_ms": "500",
     "RAY_health_check_timeout_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
+    # a node started on busy cores may take a while to register with the head (Ray: 30 s)
+    "RAY_raylet_start_wait_time_s": "120",
 }
 
 
