@@ -11,8 +11,8 @@ Ray sends traffic beyond loopback on its own. Results: printed, and written to
   node (scaling), two plain 1-thread workers against one (the 2-core limit), the Ray
   transport against the local socketpair through ``corral serve`` (worker on cpu 0 and
   router on cpu 1 in both), and ``POST /models/load`` to the first token through Ray
-  against locally. See ``ray_serve_scenarios.py``. Default: 3 rounds of 16 requests
-  (about 10 minutes on 2 quiet cores); ``--quick``: 1 round of 8 (about 4 minutes).
+  against locally. See ``ray_serve_scenarios.py``. Default: 4 rounds of 16 requests
+  (about 7 minutes on 2 quiet cores); ``--quick``: 1 round of 8 (about 2 minutes).
 - ``relay`` (only when asked): how the frames travel (the choice of the Ray transport):
   one worker at c=8 over its local socketpair, over a Ray actor's direct
   token-authenticated TCP connection (what corral uses), and relayed through the actor
@@ -44,7 +44,7 @@ from servers import LOGS  # noqa: E402
 
 class Ctx:
     def __init__(self, args: argparse.Namespace, base: Path, cluster: LocalCluster) -> None:
-        self.rounds = args.rounds or (1 if args.quick else 3)
+        self.rounds = args.rounds or (1 if args.quick else 4)
         self.n = args.n or (8 if args.quick else 16)
         self.cold_rounds = 1 if args.quick else 3
         self.dir = base
@@ -104,7 +104,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", action="append", help="compare (default), relay; comma-separated")
-    ap.add_argument("--rounds", type=int, help="interleaved rounds (default 3; --quick 1)")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds (default 4; --quick 1)")
     ap.add_argument("--n", type=int, help="requests per setup and round, c=8 (default 16; --quick 8)")
     args = ap.parse_args()
     if not loopback_only():
