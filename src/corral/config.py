@@ -97,6 +97,10 @@ class ServerConfig(_NoBoolNumbers):
     port: int = Field(8080, ge=0, le=65535)
     max_loaded_models: int = Field(4, ge=1)  # 1 = single-GPU mode: one model at a time
     memory_budget: ByteSize | None = None  # sum of what loaded workers report
+    # GPUs (control/gpus.py): each GPU's budget is its free memory at startup less this margin,
+    # capped per GPU (by index) by gpu_memory_budget when given
+    gpu_memory_margin: ByteSize = 512 * 1024 * 1024
+    gpu_memory_budget: list[ByteSize] = []
     models_dir: Path | None = None  # None: corral.store.local.default_models_dir()
     include_default_model: bool = True  # serve the embedded gemma-3-270m (alias "default")
     max_queue: int = Field(64, ge=0)  # per model, requests waiting for a slot

@@ -69,6 +69,9 @@ class WorkerSettings(ModelSettings, frozen=True, kw_only=True):
     model_id: str
     model_path: str
     instance: int = 0
+    # set by the router when it placed the instance on a GPU (n_gpu_layers "auto" plans within):
+    gpu_budget_bytes: int | None = None  # its share of the GPU's budget (None: the device's free memory)
+    gpu_margin_bytes: int | None = None  # kept free on the GPU (None: corral.gpu_fit.DEFAULT_MARGIN_BYTES)
 
 
 # --------------------------------------------------------------------------- router -> worker

@@ -9,7 +9,7 @@ import pytest
 
 from corral.cli.model_cmds import until_unload
 from corral.store.gguf import GGUFError
-from corral.store.gguf_info import read_gguf_info
+from corral.store.gguf_meta import read_gguf_info
 
 
 def _model(ttl: float | None, last_used: float, busy: int = 0, pinned: bool = False) -> dict:

@@ -40,12 +40,14 @@ async def test_auto_fits_the_context_to_a_small_device_and_pins_devices(
     await harness.start(cfg)
 
     roomy = await instance(harness, "roomy")
-    assert [d["name"] for d in roomy["devices"]] == ["CUDA0", "CUDA1"]
+    assert roomy["gpu"]["devices"] == [0]  # placed on the GPU with the most free budget ...
+    assert [d["name"] for d in roomy["devices"]] == ["CUDA0"]  # ... and pinned there
     assert roomy["fit"]["device"] == "CUDA0" and roomy["fit"]["ctx_len"] == 8192
     assert roomy["gpu_layers"] == roomy["fit"]["n_layers"] == 19  # 18 layers + the output head
 
     tight = await instance(harness, "tight")
     assert [d["name"] for d in tight["devices"]] == ["CUDA1"]  # CUDA_VISIBLE_DEVICES=1
+    assert tight["gpu"]["devices"] == [1]
     fit = tight["fit"]
     assert fit["device"] == "CUDA1" and fit["ctx_len_asked"] == 32768
     assert fit["ctx_len"] < 32768 or fit["n_gpu_layers"] < fit["n_layers"]
@@ -64,5 +66,35 @@ async def test_no_gpu_means_no_plan_and_no_layers(harness: Harness, model_path: 
                          worker_command=None)
     await harness.start(cfg)
     inst = await instance(harness, "m")
-    assert inst["fit"] is None and inst["gpu_layers"] == 0
+    assert inst["fit"] is None and inst["gpu_layers"] == 0 and inst["gpu"] is None
     assert [d["kind"] for d in inst["devices"]] == ["cpu"]
+
+
+async def test_two_models_spread_over_two_gpus_and_a_third_evicts_the_lru_one(
+        harness: Harness, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from corral.gpu_fit import device_need, read_layout
+    from corral.settings import ModelSettings
+
+    settings = {"ctx_len": 2048, "n_parallel": 1, "threads": 1}
+    need = device_need(read_layout(model_path), ModelSettings(**settings), budget_bytes=80 * GiB)
+    room = need + need // 2  # one model per GPU
+    fake(monkeypatch, room + 10 * MiB, room)
+    cfg = harness.config({m: {"path": str(model_path), **settings} for m in ("a", "b", "c")},
+                         worker_command=None, gpu_memory_margin=0)
+    plane = await harness.start(cfg)
+
+    a = await instance(harness, "a")
+    b = await instance(harness, "b")
+    assert (a["gpu"]["devices"], b["gpu"]["devices"]) == ([0], [1])
+    assert a["fit"]["device"] == "CUDA0" and b["fit"]["device"] == "CUDA1"
+    r = await harness.client.get("/models")  # type: ignore[union-attr]
+    gpus = r.json()["gpus"]
+    assert [g["used_bytes"] for g in gpus] == [a["fit"]["device_bytes"], b["fit"]["device_bytes"]]
+    assert 0 < a["fit"]["device_bytes"] <= need  # the worker's plan, the router's estimate: same math
+
+    r = await harness.client.post("/v1/completions", json={  # type: ignore[union-attr]
+        "model": "c", "prompt": "One, two,", "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200
+    assert not plane.pools["a"].occupies and plane.pools["b"].occupies  # a: least recently used
+    c = await instance(harness, "c")
+    assert c["gpu"]["devices"] == [0] and c["fit"]["device"] == "CUDA0"

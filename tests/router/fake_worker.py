@@ -13,6 +13,10 @@ Run as ``python tests/router/fake_worker.py --fd N --settings JSON``. The settin
     stderr           lines printed to stderr at start            ([])
     shutdown_delay_s seconds between Shutdown and exiting          (0)
     protocol         the wire protocol version it claims in Loading (wire.PROTOCOL_VERSION)
+    device_bytes     report a GPU fit plan with this many bytes on its first GPU   (null: no plan)
+
+``--list-devices`` prints the devices of the test hook CORRAL_FAKE_DEVICES (else none),
+like ``python -m corral.worker --list-devices``; Ready reports them too.
 
 A prompt containing "TOOLONG" fails with context_length_exceeded; "SLOW" waits ``slow_delay_s`` (default 0.2) between pieces, one
 containing "FOREVER" streams until aborted; "BOOM" makes it exit with code 7.
@@ -50,7 +54,16 @@ DEFAULTS = {
     "stderr": [],
     "shutdown_delay_s": 0.0,
     "protocol": wire.PROTOCOL_VERSION,
+    "device_bytes": None,
 }
+
+
+def fake_devices() -> list[wire.DeviceInfo]:
+    if not os.environ.get("CORRAL_FAKE_DEVICES"):
+        return []
+    from corral.worker.devices import list_devices
+
+    return list_devices()
 
 
 class Fake:
@@ -144,6 +157,9 @@ class Fake:
 
 
 async def main() -> int:
+    if sys.argv[1:] == ["--list-devices"]:  # FAKE_PROBE_SEES_NOTHING: as if the probe saw no GPU
+        print(msgspec.json.encode([] if os.environ.get("FAKE_PROBE_SEES_NOTHING") else fake_devices()).decode())
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--fd", type=int, required=True)
     ap.add_argument("--settings", required=True)
@@ -166,12 +182,20 @@ async def main() -> int:
         fake.send(wire.LoadFailed(script["load_fail"]))
         await writer.drain()
         return 1
+    devices = fake_devices()
+    gpus = [d for d in devices if d.kind == "gpu"]
+    fit = None
+    if script["device_bytes"] is not None and gpus:
+        fit = wire.FitPlan(n_gpu_layers=1, n_layers=1, ctx_len=settings.ctx_len, ctx_len_asked=settings.ctx_len,
+                           device=gpus[0].name, device_bytes=script["device_bytes"],
+                           host_bytes=script["model_bytes"], free_bytes=gpus[0].free_bytes, margin_bytes=0,
+                           notes="fake")
     info = wire.ModelInfo(
         description="fake", n_params=1, n_vocab=10, n_ctx_train=settings.ctx_len,
         n_ctx=settings.ctx_len, n_ctx_slot=settings.ctx_len // settings.n_parallel,
         n_slots=settings.n_parallel, n_embd=script["embedding_dim"], embedding=settings.embedding,
         has_chat_template=False, model_bytes=script["model_bytes"], kv_bytes=script["kv_bytes"],
-        rss_bytes=script["rss_bytes"], gpu_layers=0, load_ms=1.0)
+        rss_bytes=script["rss_bytes"], gpu_layers=0, load_ms=1.0, devices=devices, fit=fit)
     fake.send(wire.Ready(os.getpid(), info))
     dec = wire.FrameDecoder()
     while True:

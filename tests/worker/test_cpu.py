@@ -134,3 +134,61 @@ def test_runnable_threads_reads_proc_stat() -> None:
         assert n is not None and n >= 1  # this test's own thread is running
     else:
         assert n is None
+
+
+class NiceScript(Script):
+    """Also a nice column: cores used by niced processes over each 1 s window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nice = 0.0
+
+    def window_nice(self, others: float, ours: float, niced: float, ours_niced: bool = False) -> None:
+        self.t += 1.0
+        self.busy += (others + (0.0 if ours_niced else ours)) * T
+        self.nice += (niced + (ours if ours_niced else 0.0)) * T
+        self.ours += ours * T
+
+    def read3(self) -> tuple[float, float, float]:
+        return self.busy, self.ours, self.nice
+
+
+def test_niced_processes_do_not_take_threads_away() -> None:
+    """A niced test suite or build yields its cores to a worker at normal priority."""
+    s = NiceScript()
+    applied: list[int] = []
+    g = ThreadGovernor(2, applied.append, n_cpus=2, read=s.read3, clock=s.clock, niced=False)
+    s.window_nice(others=0.0, ours=0.5, niced=1.5)
+    g.tick()
+    assert g.current == 2 and applied == []
+    s.window_nice(others=1.0, ours=1.0, niced=0.0)  # a neighbour at normal priority does
+    g.tick()
+    assert g.current == 1
+
+
+def test_a_niced_worker_counts_niced_neighbours() -> None:
+    s = NiceScript()
+    applied: list[int] = []
+    g = ThreadGovernor(2, applied.append, n_cpus=2, read=s.read3, clock=s.clock, niced=True)
+    s.window_nice(others=0.0, ours=1.0, niced=1.0, ours_niced=True)
+    g.tick()
+    assert g.current == 1 and applied == [1]
+
+
+def test_wake_leaves_out_runnable_niced_threads() -> None:
+    """procs_running counts niced threads too; wake() leaves out as many as niced
+    processes kept busy lately."""
+    s = NiceScript()
+    applied: list[int] = []
+    running = [3]  # ours + two niced threads
+    g = ThreadGovernor(2, applied.append, n_cpus=2, read=s.read3, clock=s.clock, niced=False,
+                       running=lambda: running[0])
+    for _ in range(3):  # idle next to a niced job that takes both cores
+        s.window_nice(others=0.0, ours=0.0, niced=2.0)
+        g.tick()
+    g.wake()
+    assert g.current == 2 and applied == []
+    running[0] = 4  # and now a neighbour at normal priority runs as well
+    g.current = 2
+    g.wake()
+    assert g.current == 1 and applied == [1]

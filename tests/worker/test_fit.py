@@ -8,8 +8,7 @@ import os
 import pytest
 
 from corral import wire
-from corral.worker.fit import FitError, plan_fit
-from corral.worker.gguf_layout import ModelLayout, read_layout
+from corral.gpu_fit import FitError, ModelLayout, plan_fit, read_layout
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

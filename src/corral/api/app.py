@@ -30,6 +30,7 @@ from corral.api import (anthropic_routes, live_stats, management_routes, ollama_
                         ollama_routes, openai_routes, page_routes, responses_routes,
                         tokenize_routes)
 from corral.api.guard import GuardMiddleware, error_response
+from corral.api.hot_routes import HotRoutes
 from corral.api.openapi_doc import document_request_bodies
 from corral.config import CorralConfig
 from corral.events import EventBus
@@ -182,5 +183,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         plane = getattr(app.state, "router", None)
         return plane.config.server if plane is not None else config.server
 
+    hot = [openai_routes.router, ollama_routes.router, anthropic_routes.router, responses_routes.router]
+    app.add_middleware(HotRoutes, fastapi_app=app, routers=hot)  # inside the guard: added first
     app.add_middleware(GuardMiddleware, get_server=server)
     return app

@@ -86,7 +86,9 @@ async def list_models(request: Request) -> Response:
                                         "progress": h.progress()},
                              "instances": []})
                 known.add(h.model_id)
-    return json_response({"object": "list", "data": data})
+    gpus = plane.admission.gpus
+    return json_response({"object": "list", "data": data,
+                          "gpus": gpus.describe(plane.pools.values()) if gpus is not None else []})
 
 
 @router.get("/models/events")

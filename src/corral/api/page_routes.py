@@ -83,7 +83,7 @@ async def show_model(request: Request, model: str = "") -> Response:
                             "path": str(path), "source": pool.spec.source,
                             "status": pool.status()}
     from corral.store.gguf import GGUFError
-    from corral.store.gguf_info import read_gguf_info
+    from corral.store.gguf_meta import read_gguf_info
     try:
         body.update(read_gguf_info(path))
     except FileNotFoundError:

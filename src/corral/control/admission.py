@@ -7,6 +7,12 @@ running or queued, a model that is loading, and a pinned model are never evicted
 the load then waits up to ``queue_timeout_s`` for room (the capacity wait) and fails
 with 503 ``CapacityTimeout``.
 
+GPUs (local workers, ``control/gpus.py``): each GPU has its own budget, and a model
+that uses one is placed on the GPU with the most free budget that holds its need;
+when none does, the LRU idle models on the GPUs where that would make room are
+evicted, by memory (not by count), under the same rules (busy, loading or pinned: never;
+else the capacity wait, then 503 naming the GPU and the bytes).
+
 The admission lock is held only while deciding what to evict and starting workers,
 never while serving, so loads never block requests to other models. Every start goes
 through ``load``: a request's autoload, an explicit load, a restart after a config
@@ -22,6 +28,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from corral.config import ServerConfig
+from corral.control.gpus import GpuBudget, GpuSlot, Shortage, device_use, fmt_bytes
 from corral.control.pool import ModelPool
 from corral.errors import CapacityTimeout, LoadFailed
 
@@ -32,18 +39,17 @@ log = logging.getLogger("corral.admission")
 Background = Callable[[Coroutine[Any, Any, None], str], object]
 
 
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+def _gpu_why(short: Shortage) -> str:
+    return (f"{short.device} has {fmt_bytes(short.free_bytes)} free of its budget "
+            f"{fmt_bytes(short.budget_bytes)}, the model needs {fmt_bytes(short.need_bytes)}")
 
 
 class Admission:
     def __init__(self, pools: dict[str, ModelPool], server: Callable[[], ServerConfig],
-                 background: Background, node_room: Callable[[ModelPool], str | None] | None = None) -> None:
+                 background: Background, node_room: Callable[[ModelPool], str | None] | None = None,
+                 gpus: GpuBudget | None = None) -> None:
         self._pools = pools
+        self.gpus = gpus  # local workers: the GPU inventory, per-device budget and placement
         self.node_room = node_room  # on a Ray cluster: why no node has room for the pool, or None
         self._server = server
         self._background = background
@@ -59,14 +65,15 @@ class Admission:
         if not pool.occupies:
             async with self._lock:
                 if not pool.occupies:
-                    await self._make_room(pool)
-                    pool.start(fresh=fresh)
+                    placed = await self._make_room(pool)
+                    pool.start(fresh=fresh, gpus=placed)
         await pool.wait_ready(self._server().load_timeout_s)
         if self._server().memory_budget is not None:
             self._background(self._trim(pool), "trim")
 
-    async def _make_room(self, pool: ModelPool) -> None:
-        """Evict LRU idle models until ``pool`` fits; wait for room up to queue_timeout_s."""
+    async def _make_room(self, pool: ModelPool) -> list[GpuSlot] | None:
+        """Evict LRU idle models until ``pool`` fits (count, host memory, GPU memory);
+        wait for room up to queue_timeout_s. Returns where its instances go on the GPUs."""
         srv = self._server()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + srv.queue_timeout_s
@@ -75,18 +82,30 @@ class Admission:
         if budget is not None and need > budget:
             raise LoadFailed(f"model {pool.spec.id!r} needs about {fmt_bytes(need)}, more than "
                              f"memory_budget ({fmt_bytes(budget)})")
+        gpus = self.gpus
+        if gpus is not None:
+            await gpus.inventory()
+            gpus.learn(self._pools.values())
+            if not gpus.uses_gpu(pool):
+                gpus = None
+        gpu_need = await gpus.need(pool) if gpus is not None else 0
         while True:
             others = [p for p in self._pools.values() if p is not pool and p.occupies]
             over_count = len(others) + 1 > srv.max_loaded_models
             used = sum(p.memory_bytes() for p in others)
             over_mem = budget is not None and used + need > budget
+            placed = gpus.place(pool, gpu_need, others) if gpus is not None else None
+            short = placed if isinstance(placed, Shortage) else None
             no_node = None if over_count or over_mem or self.node_room is None else self.node_room(pool)
-            if not over_count and not over_mem and no_node is None:
-                return
+            if not over_count and not over_mem and short is None and no_node is None:
+                return placed if isinstance(placed, list) else None
             victims = sorted((p for p in others if p.evictable), key=lambda p: p.last_used)
+            if short is not None and not over_count and not over_mem:
+                victims = [p for p in victims if short.helpful & device_use(p).keys()]
             if victims:
                 why = (f"max_loaded_models={srv.max_loaded_models}" if over_count
-                       else f"memory_budget={fmt_bytes(budget or 0)}" if over_mem else "no room on any node")
+                       else f"memory_budget={fmt_bytes(budget or 0)}" if over_mem
+                       else _gpu_why(short) if short is not None else "no room on any node")
                 await self.unload(victims[0], f"evicted to make room for {pool.spec.id} ({why})",
                                   drain=False)
                 continue
@@ -95,7 +114,7 @@ class Admission:
                 what = (f"{len(others)} models loaded (max_loaded_models={srv.max_loaded_models})"
                         if over_count else
                         f"{fmt_bytes(used)} of memory_budget {fmt_bytes(budget or 0)} in use" if over_mem
-                        else str(no_node))
+                        else _gpu_why(short) if short is not None else str(no_node))
                 raise CapacityTimeout(f"no room to load model {pool.spec.id!r}: {what} and none "
                                       "can be evicted (busy, loading or pinned); try again later",
                                       retry_after_s=5)

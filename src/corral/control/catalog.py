@@ -13,12 +13,15 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral import wire
 from corral.config import CorralConfig
 from corral.errors import ModelNotFound
 from corral.settings import ModelSettings
+
+if TYPE_CHECKING:
+    from corral.control.gpus import GpuSlot
 
 __all__ = ["ModelSpec", "Catalog", "specs_from_config", "default_threads"]
 
@@ -42,9 +45,12 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
         """What a running worker depends on: a change restarts it."""
         return (self.path, *super().worker_key())
 
-    def worker_settings(self, index: int, threads: int | None) -> wire.WorkerSettings:
+    def worker_settings(self, index: int, threads: int | None, gpu: GpuSlot | None = None) -> wire.WorkerSettings:
+        """One spawn's settings; ``gpu``: where admission placed it (its GPUs and budget)."""
         fields = self.to_dict()
         fields.update(threads=threads, threads_batch=self.threads_batch or threads)
+        if gpu is not None:
+            fields.update(devices=gpu.devices, gpu_budget_bytes=gpu.budget_bytes, gpu_margin_bytes=gpu.margin_bytes)
         return wire.WorkerSettings(model_id=self.id, model_path=str(self.path), instance=index,
                                    **fields)
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from corral import wire
 from corral.control.catalog import ModelSpec
+from corral.control.gpus import GpuSlot
 from corral.events import EventBus, EventName
 from corral.control.instance_state import ALLOWED, InstanceState, Timeouts, Transition, failure_reason
 from corral.control.instance_inbox import (Closed, Discard, Exited, Inbox, Lifecycle, LoadTimeout,
@@ -66,6 +67,7 @@ class Instance:
         self.state = InstanceState.STOPPED
         self.pid: int | None = None
         self.placement = Placement()
+        self.gpu: GpuSlot | None = None  # the GPUs admission placed it on, and its estimated need there
         self.reason: str | None = None
         self.exit_code: int | None = None
         self.info: wire.ModelInfo | None = None
@@ -299,7 +301,7 @@ class Instance:
         self.reason = None
         self.final = False
         self._load_started = time.monotonic()
-        settings = self.spec.worker_settings(self.index, self.threads)
+        settings = self.spec.worker_settings(self.index, self.threads, self.gpu)
         try:
             link = await self._spawner.spawn(settings, self)
         except OSError as exc:  # final, unless the spawner says a later try may work (Ray: no room now)

@@ -32,6 +32,7 @@ from corral import wire
 from corral.config import CorralConfig
 from corral.control import views
 from corral.control.admission import Admission
+from corral.control.gpus import GpuBudget
 from corral.control.catalog import Catalog, ModelSpec, default_threads
 from corral.control.catalog_sync import CatalogSync, Embedded
 from corral.events import EventBus
@@ -75,7 +76,9 @@ class ControlPlane:
         self._tasks: set[asyncio.Task[None]] = set()
         self._housekeeper: asyncio.Task[None] | None = None
         self.admission = Admission(self.pools, lambda: self.config.server, self._background,
-                                   node_room=self._node_room if self.ray is not None else None)
+                                   node_room=self._node_room if self.ray is not None else None,
+                                   gpus=GpuBudget(lambda: self._local.worker_command, lambda: self.config.server)
+                                   if self.spawner is self._local else None)
         self.sync = CatalogSync(catalog=self.catalog, pools=self.pools, bus=self.bus,
                                 admission=self.admission, make_pool=self._make_pool,
                                 load_soon=self._load_soon, store=store, embedded=embedded)

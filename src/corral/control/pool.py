@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from corral.control.catalog import ModelSpec
+from corral.control.gpus import GpuSlot
 from corral.control.instance import Instance, InstanceState, Transition
 from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, ModelUnloaded, QueueFull, Unavailable
 
@@ -153,13 +154,18 @@ class ModelPool:
             return "failed"
         return "unloaded"
 
+    def live(self) -> list[Instance]:
+        """The instances that take memory: starting, ready, stopping, or about to start."""
+        return [i for i in self.instances if i.state in (S.STARTING, S.READY, S.STOPPING)
+                or i.restart_pending or i.start_requested]
+
     def memory_bytes(self) -> int:
-        """Reported bytes of live instances; the last known (or file size) while loading."""
+        """Reported host bytes of live instances (a GPU fit plan's host part, else weights +
+        KV); the last known (or file size) while loading."""
         total = 0
-        for i in self.instances:
-            if i.state in (S.STARTING, S.READY, S.STOPPING) or i.restart_pending or i.start_requested:
-                m = i.memory_bytes
-                total += m if m is not None else self.estimate_instance_bytes()
+        for i in self.live():
+            m = i.info.fit.host_bytes if i.info is not None and i.info.fit is not None else i.memory_bytes
+            total += m if m is not None else self.estimate_instance_bytes()
         return total
 
     def estimate_instance_bytes(self) -> int:
@@ -175,17 +181,22 @@ class ModelPool:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, *, fresh: bool = True) -> None:
+    def start(self, *, fresh: bool = True, gpus: list[GpuSlot] | None = None) -> None:
         """Tell every instance to start (does not wait). ``fresh``: new instances from
         the current spec, earlier failures forgotten; else the failed ones try again
-        with their failure counts (a retry after the backoff)."""
+        with their failure counts (a retry after the backoff). ``gpus``: where admission
+        placed each instance."""
         self.loads += 1
         self.keep_alive_s = None
         self.last_used = time.time()
-        if fresh or not self.instances:
+        fresh = fresh or not self.instances
+        if fresh:
             self._replace([self._make_instance(self, i) for i in range(self.spec.instances)])
-            for inst in self.instances:
+        for k, inst in enumerate(self.instances):
+            inst.gpu = gpus[k] if gpus is not None and k < len(gpus) else None
+            if fresh:
                 inst.request_start(reset=True)
+        if fresh:
             return
         for inst in self.instances:
             if inst.state in (S.FAILED, S.STOPPED):

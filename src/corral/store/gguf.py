@@ -1,9 +1,6 @@
-"""Just enough of the GGUF format to read a model's quantization from its header.
-
-The header is ``magic "GGUF", version u32, n_tensors u64, n_kv u64`` followed by the
-key/value pairs. We walk the pairs (seeking past values we don't need, including the
-large tokenizer arrays) until ``general.file_type`` turns up. No llama_cpp import: the
-router reads headers too.
+"""A model's quantization: from its GGUF header (``general.file_type``, read with
+``corral.gguf_header``, the one GGUF reader), else from its file name. No llama_cpp
+import: the router reads headers too.
 """
 
 from __future__ import annotations
@@ -11,7 +8,8 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import BinaryIO
+
+from corral.gguf_header import GGUFError, read_header
 
 __all__ = ["FILE_TYPES", "read_file_type", "quantization_of", "quant_from_name", "GGUFError"]
 
@@ -25,71 +23,16 @@ FILE_TYPES: dict[int, str] = {
     37: "TQ2_0", 38: "MXFP4_MOE",
 }
 
-# GGUF value types: fixed sizes of the scalar ones.
-_SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_STRING, _ARRAY, _UINT32 = 8, 9, 4
-_MAX_KV = 1 << 20
-
 _QUANT_RE = re.compile(
     r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32|TQ\d_\d|MXFP4(?:_MOE)?)(?![A-Za-z0-9])",
     re.IGNORECASE,
 )
 
 
-class GGUFError(ValueError):
-    """The file is not a readable GGUF file."""
-
-
-def _read(f: BinaryIO, n: int) -> bytes:
-    b = f.read(n)
-    if len(b) != n:
-        raise GGUFError("truncated GGUF header")
-    return b
-
-
-def _u32(f: BinaryIO) -> int:
-    return int.from_bytes(_read(f, 4), "little")
-
-
-def _u64(f: BinaryIO) -> int:
-    return int.from_bytes(_read(f, 8), "little")
-
-
-def _skip_value(f: BinaryIO, vtype: int) -> None:
-    if vtype in _SCALAR_SIZE:
-        f.seek(_SCALAR_SIZE[vtype], 1)
-    elif vtype == _STRING:
-        f.seek(_u64(f), 1)
-    elif vtype == _ARRAY:
-        etype, count = _u32(f), _u64(f)
-        if etype in _SCALAR_SIZE:
-            f.seek(_SCALAR_SIZE[etype] * count, 1)
-        else:
-            for _ in range(count):
-                _skip_value(f, etype)
-    else:
-        raise GGUFError(f"unknown GGUF value type {vtype}")
-
-
 def read_file_type(path: Path) -> int | None:
     """``general.file_type`` from the header, or None when the key is absent."""
-    with open(path, "rb") as f:
-        if _read(f, 4) != b"GGUF":
-            raise GGUFError(f"{path.name} is not a GGUF file")
-        version = _u32(f)
-        if version < 2:
-            raise GGUFError(f"GGUF version {version} is not supported")
-        _u64(f)  # tensor count
-        n_kv = _u64(f)
-        if n_kv > _MAX_KV:
-            raise GGUFError("implausible GGUF key count")
-        for _ in range(n_kv):
-            key = _read(f, _u64(f)).decode("utf-8", "replace")
-            vtype = _u32(f)
-            if key == "general.file_type" and vtype == _UINT32:
-                return _u32(f)
-            _skip_value(f, vtype)
-    return None
+    ft = read_header(path, tensors=False).values.get("general.file_type")
+    return ft if isinstance(ft, int) else None
 
 
 def quant_from_name(name: str) -> str | None:

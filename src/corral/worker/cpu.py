@@ -5,7 +5,7 @@ core, a step gets many times slower (a waiting thread spins on the core the late
 needs; see docs/architecture.md, "Threads and CPU contention", for numbers). Fewer threads than cores never hit this.
 
 ``ThreadGovernor`` reads /proc/stat (all CPUs) and /proc/self/stat (this process) about
-twice a second, estimates how many cores the OTHER processes kept busy, and sets the
+four times a second, estimates how many cores the OTHER processes kept busy, and sets the
 decode threads to the cores left, between 1 and the configured number:
 
     want = clamp(floor(n_cpus - others + 0.5), 1, configured)
@@ -19,10 +19,18 @@ the next decision is up to ``interval_s`` away (a short request runs all of it o
 threads). So when work arrives at an idle engine, ``wake()`` decides again at once from the
 threads runnable right now (``procs_running`` in /proc/stat, less this process's own),
 and starts a fresh measuring window for the busy spell.
+
+Niced processes (``nice`` > 0: background builds, test suites) give their cores back to
+a worker at normal priority, so they do not count as others when the worker itself is
+not niced: /proc/stat keeps their time apart ("nice" column), and at ``wake()`` the
+runnable threads are lessened by the cores niced processes used lately (an average over
+the last windows), since ``procs_running`` cannot tell them apart. A niced worker counts
+everything, as before.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -30,24 +38,34 @@ from collections.abc import Callable
 
 __all__ = ["ThreadGovernor", "cpu_jiffies", "runnable_threads"]
 
+log = logging.getLogger("corral.worker.cpu")
+
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_jiffies() -> tuple[float, float] | None:
-    """(busy jiffies of all CPUs, busy jiffies of this process), or None without /proc."""
+def cpu_jiffies() -> tuple[float, float, float] | None:
+    """(busy jiffies of all CPUs at normal priority, busy jiffies of this process, jiffies
+    of niced processes), or None without /proc."""
     try:
         with open("/proc/stat", "rb") as f:
             fields = f.readline().split()
         # cpu user nice system idle iowait irq softirq steal guest guest_nice
         vals = [int(x) for x in fields[1:9]]
-        busy = vals[0] + vals[1] + vals[2] + vals[5] + vals[6] + vals[7]
+        busy = vals[0] + vals[2] + vals[5] + vals[6] + vals[7]
         with open("/proc/self/stat", "rb") as f:
             stat = f.read()
         rest = stat[stat.rindex(b")") + 2 :].split()
         ours = int(rest[11]) + int(rest[12])  # utime, stime (fields 14, 15)
-        return float(busy), float(ours)
+        return float(busy), float(ours), float(vals[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _niceness() -> int:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    except (OSError, AttributeError):
+        return 0
 
 
 def runnable_threads() -> int | None:
@@ -69,10 +87,11 @@ class ThreadGovernor:
         apply: Callable[[int], None],
         *,
         n_cpus: int | None = None,
-        interval_s: float = 0.5,
-        read: Callable[[], tuple[float, float] | None] = cpu_jiffies,
+        interval_s: float = 0.25,
+        read: Callable[[], tuple[float, ...] | None] = cpu_jiffies,
         clock: Callable[[], float] = time.monotonic,
         running: Callable[[], int | None] = runnable_threads,
+        niced: bool | None = None,
     ) -> None:
         self.configured = max(1, configured)
         self.current = self.configured
@@ -82,6 +101,9 @@ class ThreadGovernor:
         self._read = read
         self._clock = clock
         self._running = running
+        # a niced worker competes with niced processes on equal terms: count them as others
+        self.niced = _niceness() > 0 if niced is None else niced
+        self.nice_cores = 0.0  # cores niced processes used, averaged over the last windows
         self._last = read()
         self._t_last = clock()
         self.enabled = self.configured > 1 and self._last is not None
@@ -99,10 +121,15 @@ class ThreadGovernor:
         dt = now - self._t_last
         busy = (cur[0] - self._last[0]) / _TICK
         ours = (cur[1] - self._last[1]) / _TICK
+        nice = (cur[2] - self._last[2]) / _TICK if len(cur) > 2 and len(self._last) > 2 else 0.0
         self._last, self._t_last = cur, now
+        self.nice_cores = 0.5 * self.nice_cores + 0.5 * nice / dt
+        if self.niced:
+            busy += nice
         others = max(0.0, busy - ours) / dt
         want = max(1, min(self.configured, math.floor(self.n_cpus - others + 0.5)))
         if want != self.current:
+            log.info("decode threads %d -> %d: other processes used %.2f cores", self.current, want, others)
             self.current = want
             self._apply(want)
 
@@ -117,7 +144,10 @@ class ThreadGovernor:
             return
         self._last, self._t_last = cur, self._clock()
         others = max(0, running - 1)
+        if not self.niced:  # runnable niced threads will yield: leave out as many as lately ran
+            others = max(0, others - math.floor(self.nice_cores + 0.5))
         want = max(1, min(self.configured, self.n_cpus - others))
         if want != self.current:
+            log.info("decode threads %d -> %d on waking: %d other threads runnable", self.current, want, others)
             self.current = want
             self._apply(want)

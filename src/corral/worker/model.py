@@ -20,9 +20,8 @@ import llama_cpp as ll
 import msgspec
 
 from corral import wire
+from corral.gpu_fit import DEFAULT_MARGIN_BYTES, FitError, GGUFError, plan_fit, read_layout
 from corral.worker.devices import gpu_devices, host_available_bytes, list_devices
-from corral.worker.fit import FitError, plan_fit
-from corral.worker.gguf_layout import LayoutError, read_layout
 
 __all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes"]
 
@@ -213,11 +212,15 @@ def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo]) -> wire.FitPlan
         return None
     try:
         layout = read_layout(s.model_path)
-    except (LayoutError, OSError) as exc:
+    except (GGUFError, OSError) as exc:
         raise ModelLoadError(f"cannot plan GPU layers for {s.model_path}: {exc}") from exc
+    device = gpus[0]
+    margin = DEFAULT_MARGIN_BYTES if s.gpu_margin_bytes is None else s.gpu_margin_bytes
+    if s.gpu_budget_bytes is not None:  # the router's share for this instance (others may share the GPU)
+        device = msgspec.structs.replace(device, free_bytes=min(device.free_bytes, s.gpu_budget_bytes + margin))
     try:
-        return plan_fit(layout, device=gpus[0], ctx_len=s.ctx_len, n_slots=s.n_parallel,
-                        ctx_floor_per_slot=s.fit_ctx_floor, n_ubatch=min(s.n_batch, 512),
+        return plan_fit(layout, device=device, ctx_len=s.ctx_len, n_slots=s.n_parallel,
+                        ctx_floor_per_slot=s.fit_ctx_floor, n_ubatch=min(s.n_batch, 512), margin_bytes=margin,
                         host_available_bytes=host_available_bytes())
     except FitError as exc:
         raise ModelLoadError(str(exc)) from exc

@@ -1,0 +1,257 @@
+"""GPUs on the router side: the device inventory, the per-device budget, placement.
+
+Inventory: a probe (``WORKER_COMMAND --list-devices``, a short child process that asks
+llama.cpp's device registry, honouring the worker's test hook ``CORRAL_FAKE_DEVICES``),
+run once, lazily and off the event loop, cached per process (and per command and
+visible-devices environment). When it found no GPU, the first unpinned worker that
+reports GPUs in ``ModelInfo.devices`` supplies them. No GPU: nothing here applies and
+admission behaves as without this module.
+
+Budget of GPU ``k`` (its ordinal among the GPUs, as ``CUDA_VISIBLE_DEVICES`` counts):
+what the probe saw free, less ``[server] gpu_memory_margin``, capped by
+``gpu_memory_budget[k]`` when given. An instance's use of its device: the worker's fit
+plan (``FitPlan.device_bytes``) once reported, before that the estimate made with the
+worker's own math (``corral.gpu_fit.device_need``: weights of GPU layers + KV + compute
+on an empty device; a file that is not readable GGUF counts its file size).
+
+Placement: instances of a model without ``devices`` go, one by one, to the GPU with the
+most free budget that holds their need (each then starts pinned to it: its
+``devices=[k]``); a model with ``devices`` uses ``devices[0]``'s budget. When none has
+room, ``place`` says which GPUs eviction could free enough on (``Shortage``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from corral import wire
+from corral.config import ServerConfig
+from corral.errors import LoadFailed
+from corral.gpu_fit import GGUFError, ModelLayout, device_need, read_layout
+
+if TYPE_CHECKING:
+    from corral.control.pool import ModelPool
+
+__all__ = ["GpuSlot", "Shortage", "GpuBudget", "probe_devices", "device_use", "fmt_bytes"]
+
+log = logging.getLogger("corral.gpus")
+
+_PROBE_TIMEOUT_S = 60.0
+_ENV_KEYS = ("CORRAL_FAKE_DEVICES", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES")
+_probed: dict[tuple[str, ...], list[wire.DeviceInfo]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSlot:
+    """Where admission placed one instance: its GPUs and its estimated need on the first."""
+
+    devices: list[int]
+    need_bytes: int
+    budget_bytes: int | None = None  # what was free of the first GPU's budget when placed
+    margin_bytes: int | None = None  # [server] gpu_memory_margin
+
+
+@dataclass(frozen=True, slots=True)
+class Shortage:
+    """No GPU has room: the best one's numbers, and the GPUs where evicting idle models
+    would make enough room (empty: waiting is all that can help)."""
+
+    device: str
+    need_bytes: int
+    free_bytes: int
+    budget_bytes: int
+    helpful: frozenset[int] = field(default_factory=frozenset)
+
+
+def probe_devices(command: list[str]) -> list[wire.DeviceInfo]:
+    """``command --list-devices``'s JSON (every device; [] when the probe fails)."""
+    try:
+        out = subprocess.run([*command, "--list-devices"], capture_output=True, timeout=_PROBE_TIMEOUT_S,
+                             check=True, stdin=subprocess.DEVNULL)
+        return msgspec.json.decode(out.stdout.strip() or b"[]", type=list[wire.DeviceInfo])
+    except (OSError, subprocess.SubprocessError, msgspec.DecodeError) as exc:
+        log.warning("device probe %s --list-devices failed (%s); assuming no GPU", " ".join(command), exc)
+        return []
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(path: str, size: int, mtime_ns: int) -> ModelLayout | None:
+    try:
+        return read_layout(path)
+    except (GGUFError, OSError, ValueError):
+        return None
+
+
+def _need(pool: ModelPool, budget: int) -> int:
+    """One instance's estimated need on a GPU whose budget is ``budget`` (blocking: reads the file)."""
+    path = Path(pool.spec.path)
+    try:
+        st = path.stat()
+    except OSError:
+        return 0
+    layout = _layout(str(path), st.st_size, st.st_mtime_ns)
+    return st.st_size if layout is None else device_need(layout, pool.spec, budget_bytes=budget)
+
+
+def _gpus(devices: Iterable[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
+    return [d for d in devices if d.kind == "gpu"]
+
+
+def device_use(pool: ModelPool) -> dict[int, int]:
+    """Per GPU: what ``pool``'s live instances take there (the worker's fit plan, else the
+    estimate). An instance not placed by admission that saw every GPU counts its plan on
+    the GPU it planned for."""
+    out: dict[int, int] = {}
+    for i in pool.live():
+        fit = i.info.fit if i.info is not None else None
+        if i.gpu is not None and i.gpu.devices:
+            k, b = i.gpu.devices[0], fit.device_bytes if fit is not None else i.gpu.need_bytes
+        elif fit is not None and i.info is not None and pool.spec.devices is None:
+            names = [d.name for d in _gpus(i.info.devices)]
+            if fit.device not in names:
+                continue
+            k, b = names.index(fit.device), fit.device_bytes
+        else:
+            continue
+        out[k] = out.get(k, 0) + b
+    return out
+
+
+class GpuBudget:
+    def __init__(self, command: Callable[[], list[str]], server: Callable[[], ServerConfig]) -> None:
+        self._command = command  # the worker's argv prefix (the probe adds --list-devices)
+        self._server = server
+        self._inventory: list[wire.DeviceInfo] | None = None
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ inventory
+
+    async def inventory(self) -> list[wire.DeviceInfo]:
+        """The GPUs (probed once per process and environment)."""
+        if self._inventory is None:
+            async with self._lock:
+                if self._inventory is None:
+                    command = self._command()
+                    key = (*command, *(os.environ.get(k, "\0") for k in _ENV_KEYS))
+                    if key not in _probed:
+                        _probed[key] = await asyncio.to_thread(probe_devices, command)
+                    self._inventory = _gpus(_probed[key])
+                    log.info("GPUs: %s", ", ".join(f"{d.name} ({d.free_bytes} B free)" for d in self._inventory)
+                             or "none")
+        return self._inventory
+
+    def learn(self, pools: Iterable[ModelPool]) -> None:
+        """No GPU from the probe: take them from a worker that saw every device."""
+        if self._inventory:
+            return
+        for pool in pools:
+            for inst in pool.instances:
+                if inst.info is not None and inst.gpu is None and pool.spec.devices is None:
+                    gpus = _gpus(inst.info.devices)
+                    if gpus:
+                        self._inventory = gpus
+                        return
+
+    @property
+    def known(self) -> list[wire.DeviceInfo]:
+        return self._inventory or []
+
+    def budgets(self) -> list[int]:
+        srv = self._server()
+        caps = srv.gpu_memory_budget
+        out = []
+        for k, d in enumerate(self.known):
+            b = max(0, d.free_bytes - srv.gpu_memory_margin)
+            out.append(min(b, caps[k]) if k < len(caps) else b)
+        return out
+
+    # ------------------------------------------------------------------ need and use
+
+    def uses_gpu(self, pool: ModelPool) -> bool:
+        return bool(self.known) and pool.spec.n_gpu_layers != 0 and pool.spec.devices != []
+
+    async def need(self, pool: ModelPool) -> int:
+        """One instance's estimated device need; ``LoadFailed`` when no GPU could ever hold it."""
+        budgets = self.budgets()
+        pinned = pool.spec.devices
+        if pinned is not None:
+            budgets = [budgets[pinned[0]]] if pinned and pinned[0] < len(budgets) else []
+        if not budgets:
+            return 0  # pinned to a GPU the inventory does not list: not budgeted
+        top = max(budgets)
+        need = await asyncio.to_thread(_need, pool, top)
+        if need > top:
+            where = f"GPU {pinned[0]} ({self.known[pinned[0]].name})" if pinned else "the largest GPU"
+            raise LoadFailed(
+                f"model {pool.spec.id!r} needs about {fmt_bytes(need)} of GPU memory (n_gpu_layers="
+                f"{pool.spec.n_gpu_layers}, ctx_len={pool.spec.ctx_len}) but {where} has a budget of {fmt_bytes(top)} "
+                "(free memory less gpu_memory_margin): lower n_gpu_layers or ctx_len, or use n_gpu_layers = \"auto\"")
+        return need
+
+    def used(self, pools: Iterable[ModelPool]) -> list[int]:
+        used = [0] * len(self.known)
+        for p in pools:
+            for k, b in device_use(p).items():
+                if k < len(used):
+                    used[k] += b
+        return used
+
+    # ------------------------------------------------------------------ placement
+
+    def place(self, pool: ModelPool, need: int, others: list[ModelPool]) -> list[GpuSlot] | Shortage:
+        """A slot per instance of ``pool``, or why none fits (``others``: the occupying pools)."""
+        budgets = self.budgets()
+        free = [b - u for b, u in zip(budgets, self.used(others))]
+        spare = list(free)  # with every evictable model gone
+        for p in others:
+            if p.evictable:
+                for k, b in device_use(p).items():
+                    if k < len(spare):
+                        spare[k] += b
+        n = pool.spec.instances
+        pinned = pool.spec.devices
+        margin = self._server().gpu_memory_margin
+        if pinned is not None:
+            k = pinned[0]
+            if k >= len(free):
+                return [GpuSlot(list(pinned), 0) for _ in range(n)]  # a GPU the inventory does not list
+            if free[k] >= need * n:
+                return [GpuSlot(list(pinned), need, free[k] - need * j, margin) for j in range(n)]
+            return self._short(k, need * n, free, budgets, frozenset({k} if spare[k] >= need * n else ()))
+        slots: list[GpuSlot] = []
+        for _ in range(n):
+            best = max(range(len(free)), key=lambda j: free[j])
+            if free[best] < need:
+                helpful = frozenset(j for j in range(len(spare)) if spare[j] >= need)
+                return self._short(best, need, free, budgets, helpful)
+            slots.append(GpuSlot([best], need, free[best], margin))
+            free[best] -= need
+        return slots
+
+    def _short(self, k: int, need: int, free: list[int], budgets: list[int], helpful: frozenset[int]) -> Shortage:
+        return Shortage(device=f"GPU {k} ({self.known[k].name})", need_bytes=need, free_bytes=max(0, free[k]),
+                        budget_bytes=budgets[k], helpful=helpful)
+
+    def describe(self, pools: Iterable[ModelPool]) -> list[dict[str, object]]:
+        """Each GPU, its budget and what is placed on it (GET /models)."""
+        used = self.used(p for p in pools if p.occupies)
+        return [{"index": k, "name": d.name, "free_bytes_at_start": d.free_bytes, "total_bytes": d.total_bytes,
+                 "budget_bytes": b, "used_bytes": used[k]} for k, (d, b) in enumerate(zip(self.known, self.budgets()))]
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
