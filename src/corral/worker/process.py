@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from corral import wire
-from corral.worker.cpu import ThreadGovernor
+from corral.worker.cpu import ThreadGovernor, parent_running
 
 if TYPE_CHECKING:
     from corral.worker.engine import Engine
@@ -151,7 +151,7 @@ def serve(sock: socket.socket, settings: wire.WorkerSettings) -> int:
     inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
     threading.Thread(target=_reader, args=(sock, inbox, _preparer(engine)), name="corral-reader",
                      daemon=True).start()
-    governor = ThreadGovernor(engine.m.threads, engine.set_threads)
+    governor = ThreadGovernor(engine.m.threads, engine.set_threads, parent_running=parent_running)
     governor.enabled = governor.enabled and os.environ.get("CORRAL_ADAPTIVE_THREADS", "1") != "0"
     try:
         return _loop(engine, inbox, out, governor)
