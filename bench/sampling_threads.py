@@ -48,6 +48,9 @@ def model_path(arg: str | None) -> str:
 
 
 def cmd_step(a: argparse.Namespace) -> None:
+    from corral.worker.process import _cpu_wait_policy
+
+    _cpu_wait_policy()  # as in a worker: ggml's threads spin 0.2 ms, not 3 ms, after a decode
     from corral.worker.engine import Engine
     from corral.worker.sample_pool import SamplePool
     from loadgen import SAMPLING, make_prompt

@@ -50,7 +50,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     threads: _Positive32 | None = None  # None: see corral.control.catalog.default_threads
     threads_batch: _Positive32 | None = None  # None: same as threads
     # threads that sample the slots of one step side by side (worker/sample_pool.py); "auto":
-    # 1 with no GPU layers (the CPU measured no gain), else min(n_parallel, CPUs, 8). Never
+    # 1 with no GPU layers (no gain measured on a CPU), else min(n_parallel, CPUs, 8). Never
     # more than the cores the thread governor finds free at that moment.
     sampling_threads: Annotated[int, Meta(ge=1, le=256)] | Literal["auto"] = "auto"
     flash_attn: bool | None = None  # None: llama.cpp decides

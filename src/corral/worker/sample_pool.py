@@ -51,7 +51,9 @@ from corral.worker.devices import gpu_devices
 
 __all__ = ["SamplePool", "Drawn", "draw", "presync", "pool_for", "resolve_sampling_threads", "AUTO_CPU", "AUTO_GPU_MAX"]
 
-AUTO_CPU = 1  # "auto" with no layers on a GPU: measured, two threads gained nothing on the CPU
+# "auto" with no layers on a GPU: on 2 cores two threads took a third off the draws, but
+# the draws are 5-7% of a CPU step, and c=8 tok/s showed no gain above the noise (0.99x)
+AUTO_CPU = 1
 AUTO_GPU_MAX = 8  # "auto" with GPU layers: min(n_parallel, CPUs, this)
 
 T = TypeVar("T")
