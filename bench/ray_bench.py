@@ -1,22 +1,22 @@
 """Ray benchmarks (issue 12), on a local Ray cluster of 1-CPU nodes pinned with taskset.
 
-    sudo .venv/bin/python bench/ray_bench.py [--quick] [--only relay,limit,scaling,transport,coldstart]
+    sudo .venv/bin/python bench/ray_bench.py [--quick] [--rounds N] [--n N] [--only compare,relay]
 
 Runs itself in a network namespace with only ``lo`` (``unshare -n``; needs root), because
-Ray sends traffic beyond loopback on its own. Scenarios, each printed as a markdown table
-(absolute numbers and ratios, measured in interleaved rounds):
+Ray sends traffic beyond loopback on its own. Results: printed, and written to
+``bench/results/ray-latest.md``.
 
-- ``relay``: how the frames travel (the choice of the Ray transport). One worker at c=8
-  reached over its local socketpair, over a Ray actor's direct token-authenticated TCP
-  connection (what corral uses), and relayed through the actor (method calls in, a
-  streaming generator out).
-- ``limit``: what 2 cores can give: two 1-thread workers (pinned to cpu 0 and cpu 1)
-  next to one, c=8 in all (aggregate). Memory bandwidth is shared.
-- ``scaling``: ``corral serve --ray``, one model, ``instances = 2`` on 2 nodes (node_a on
-  cpu 0, node_b on cpu 1, 1 CPU each) against ``instances = 1``, c=8.
-- ``transport``: ``corral serve`` (local socketpair) against ``corral serve --ray`` (one
-  node), same worker settings, c=8.
-- ``coldstart``: ``POST /models/load`` to the first streamed token, through Ray and locally.
+- ``compare`` (the default): one table, every ratio measured in the same interleaved
+  rounds with every setup up at once: instances 2 on 2 nodes against instances 1 on one
+  node (scaling), two plain 1-thread workers against one (the 2-core limit), the Ray
+  transport against the local socketpair through ``corral serve`` (worker on cpu 0 and
+  router on cpu 1 in both), and ``POST /models/load`` to the first token through Ray
+  against locally. See ``ray_serve_scenarios.py``. Default: 4 rounds of 16 requests
+  (about 7 minutes on 2 quiet cores); ``--quick``: 1 round of 8 (about 2 minutes).
+- ``relay`` (only when asked): how the frames travel (the choice of the Ray transport):
+  one worker at c=8 over its local socketpair, over a Ray actor's direct
+  token-authenticated TCP connection (what corral uses), and relayed through the actor
+  (method calls in, a streaming generator out).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corral.cluster.local import LocalCluster, loopback_only  # noqa: E402
-from ray_serve_scenarios import sc_coldstart, sc_scaling, sc_transport  # noqa: E402
-from ray_wire_scenarios import log, sc_limit, sc_relay  # noqa: E402
+from ray_serve_scenarios import sc_compare  # noqa: E402
+from ray_wire_scenarios import log, sc_relay  # noqa: E402
 from servers import LOGS  # noqa: E402
 
 
@@ -44,32 +44,43 @@ from servers import LOGS  # noqa: E402
 
 class Ctx:
     def __init__(self, args: argparse.Namespace, base: Path, cluster: LocalCluster) -> None:
-        self.rounds = 1 if args.quick else 2
-        self.n = 32 if args.quick else 64
+        self.rounds = args.rounds or (1 if args.quick else 4)
+        self.n = args.n or (8 if args.quick else 16)
+        self.cold_rounds = 1 if args.quick else 3
         self.dir = base
         self.cluster = cluster
-        self.limit: float | None = None
+        self.pinned: dict[str, str] = {}
 
 
-SCENARIOS = {"relay": sc_relay, "limit": sc_limit, "scaling": sc_scaling, "transport": sc_transport,
-             "coldstart": sc_coldstart}
+SCENARIOS = {"compare": sc_compare, "relay": sc_relay}
 
 
 async def amain(args: argparse.Namespace) -> int:
     import ray
 
-    only = [s for o in (args.only or ["relay,limit,scaling,transport,coldstart"]) for s in o.split(",")]
+    only = [s for o in (args.only or ["compare"]) for s in o.split(",")]
+    unknown = [s for s in only if s not in SCENARIOS]
+    if unknown:
+        print(f"ray_bench: unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    t_start = time.monotonic()
     base = Path(tempfile.mkdtemp(prefix="corral-ray-bench-"))
     cluster = LocalCluster(base / "cluster")
-    cluster.add_node("node_a", num_cpus=1, cpus="0")
-    cluster.add_node("node_b", num_cpus=1, cpus="1")
-    cluster.wait_nodes(2)
-    ray.init(address=cluster.address, namespace="bench", logging_level="ERROR", log_to_driver=False)
-    ctx = Ctx(args, base, cluster)
-    LOGS.mkdir(parents=True, exist_ok=True)
     out = [f"## corral on Ray ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
            f"load average at start {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs)", ""]
     try:
+        # one node after the other (a node that registers late fails its start):
+        # node_a + node_b take `instances = 2` (one each: resource `pair`), node_c `instances = 1`
+        for i, (name, cpus, res) in enumerate([("node_a", "0", {"node_a": 1, "pair": 1}),
+                                                ("node_b", "1", {"node_b": 1, "pair": 1}),
+                                                ("node_c", "0", {"node_c": 1})]):
+            cluster.add_node(name, num_cpus=1, cpus=cpus, resources=res)
+            cluster.wait_nodes(i + 1)
+        log(f"cluster up in {time.monotonic() - t_start:.0f} s")
+        if "relay" in only:  # this process drives the relay's actors itself
+            ray.init(address=cluster.address, namespace="bench", logging_level="ERROR", log_to_driver=False)
+        ctx = Ctx(args, base, cluster)
+        LOGS.mkdir(parents=True, exist_ok=True)
         for name in only:
             log(f"scenario {name}")
             try:
@@ -77,6 +88,8 @@ async def amain(args: argparse.Namespace) -> int:
             except Exception as exc:  # noqa: BLE001 - the other scenarios still run
                 out.append(f"### {name}: FAILED: {exc}\n")
             print(out[-1], flush=True)
+        out.append(f"- the whole run took {time.monotonic() - t_start:.0f} s")
+        print(out[-1], flush=True)
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -90,7 +103,9 @@ async def amain(args: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", action="append")
+    ap.add_argument("--only", action="append", help="compare (default), relay; comma-separated")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds (default 4; --quick 1)")
+    ap.add_argument("--n", type=int, help="requests per setup and round, c=8 (default 16; --quick 8)")
     args = ap.parse_args()
     if not loopback_only():
         if os.geteuid() != 0:

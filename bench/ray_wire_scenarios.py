@@ -1,5 +1,6 @@
-"""Ray benchmark scenarios below the router: how the frames travel (``relay``) and what
-two cores can give (``limit``). Run by ``bench/ray_bench.py``."""
+"""Ray benchmark pieces below the router: workers reached over a socketpair (optionally
+pinned), over corral's Ray transport, or relayed through an actor; the ``relay``
+scenario (how the frames travel). Run by ``bench/ray_bench.py``."""
 
 from __future__ import annotations
 
@@ -182,32 +183,16 @@ async def sc_relay(ctx: "Ctx") -> str:
     return table("Ray relay: how the frames travel (c=8)", COLS, rows, notes)
 
 
-async def sc_limit(ctx: "Ctx") -> str:
-    s = settings(threads=1)
-    one = PinnedWorker(s, "limit-one-cpu0", "0")
-    a, b = PinnedWorker(s, "limit-two-cpu0", "0"), PinnedWorker(s, "limit-two-cpu1", "1")
-    ones, twos = [], []
-    for rnd in range(ctx.rounds):
-        await one.start()
-        ones.append(await load(one, "1 worker, 1 thread, cpu 0", 8, ctx.n, rnd * 1000))
-        await one.stop()
-        await asyncio.gather(a.start(), b.start())
-        t0 = time.perf_counter()
-        ra, rb = await asyncio.gather(load(a, "a", 4, ctx.n // 2, rnd * 1000),
-                                      load(b, "b", 4, ctx.n // 2, rnd * 1000 + 500))
-        wall = time.perf_counter() - t0
-        toks = ra.completion_tokens + rb.completion_tokens
-        twos.append(LoadResult(label="2 workers, 1 thread each, cpu 0 + cpu 1", concurrency=8,
-                               n_requests=ra.n_requests + rb.n_requests, ok=ra.ok + rb.ok,
-                               completion_tokens=toks, wall_s=wall, tok_s=toks / wall,
-                               ttft_p50_ms=ra.ttft_p50_ms))
-        await asyncio.gather(a.stop(), b.stop())
-    r1, r2 = _merged(ones), _merged(twos)
-    ctx.limit = r2.tok_s / r1.tok_s if r1.tok_s else None
-    notes = [f"per round: one {', '.join(f'{r.tok_s:.1f}' for r in ones)}; two "
-             f"{', '.join(f'{r.tok_s:.1f}' for r in twos)}",
-             "the limit for the scaling scenario: what two 1-thread llama.cpp processes reach next to one"]
-    return table("The 2-core limit (no Ray, no router)", COLS, [row(r1, r1.tok_s), row(r2, r1.tok_s)], notes)
+async def combined_two(a: PinnedWorker, b: PinnedWorker, label: str, n: int, first: int) -> LoadResult:
+    """Two workers loaded at once, c=4 each: their aggregate tok/s over the common wall time."""
+    t0 = time.perf_counter()
+    ra, rb = await asyncio.gather(load(a, "a", 4, n // 2, first), load(b, "b", 4, n // 2, first + 500))
+    wall = time.perf_counter() - t0
+    toks = ra.completion_tokens + rb.completion_tokens
+    ttfts = [t for t in (ra.ttft_p50_ms, rb.ttft_p50_ms) if t is not None]
+    return LoadResult(label=label, concurrency=8, n_requests=ra.n_requests + rb.n_requests, ok=ra.ok + rb.ok,
+                      completion_tokens=toks, wall_s=wall, tok_s=toks / wall,
+                      ttft_p50_ms=sum(ttfts) / len(ttfts) if ttfts else None)
 
 
 def _merged(rs: list[LoadResult]) -> LoadResult:

@@ -80,6 +80,7 @@ __all__ = [
     "InvalidConfig",
     "HubUnauthorized",
     "ModelLoading",
+    "ClusterUnreachable",
     "ModelDownloading",
     "WorkerRequestFailed",
     "InternalError",
@@ -249,6 +250,11 @@ class CapacityTimeout(Unavailable):
 
 class ModelLoading(Unavailable):
     code = "model_loading"
+
+
+class ClusterUnreachable(Unavailable):
+    """The router lost its Ray cluster (``[server] ray_address``) and is reconnecting."""
+    code = "cluster_unreachable"
 
 
 class ModelDownloading(Unavailable):

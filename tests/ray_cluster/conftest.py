@@ -48,6 +48,11 @@ class Nodes:
     def address(self) -> str:
         return self.cluster.address
 
+    @property
+    def client_address(self) -> str:
+        """``ray://127.0.0.1:PORT``: the head's Ray Client server."""
+        return self.cluster.client_address
+
     def node(self, name: str):  # noqa: ANN201
         return next(n for n in self.cluster.nodes if n.name == name and n.alive())
 
@@ -55,12 +60,19 @@ class Nodes:
         self.cluster.kill_node(self.node(name))
 
     def ensure_both(self) -> None:
-        """After a test killed a node: start it again."""
-        alive = {n.name for n in self.cluster.nodes if n.alive()}
-        if "node_a" not in alive:
-            raise RuntimeError("the head node is gone; the session's cluster cannot continue")
-        if "node_b" not in alive:
+        """After a test killed a node: start it again (a lost head on the same address
+        and ports; node_b then joins the new head)."""
+        started = False
+        if self.cluster.head() is None:
+            for n in self.cluster.nodes:
+                if n.alive():  # a node of the old head: gone with it
+                    self.cluster.kill_node(n)
+            self.cluster.add_node("node_a", num_cpus=1, memory=NODE_MEMORY)
+            started = True
+        if "node_b" not in {n.name for n in self.cluster.nodes if n.alive()}:
             self.cluster.add_node("node_b", num_cpus=1, memory=NODE_MEMORY)
+            started = True
+        if started:
             self.cluster.wait_nodes(2)
 
 

@@ -19,6 +19,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from typing import Any
@@ -223,6 +224,21 @@ async def _serve(bridge: Bridge, address: str, namespace: str) -> None:
                 bridge.kill(msg.key)
 
 
+def unreachable_head(address: str, timeout_s: float = 3.0) -> str | None:
+    """Why the head at ``HOST:PORT`` or ``ray://HOST:PORT`` refuses a TCP connection, or
+    None (``auto``, or it answers). Checked before ``ray.init``, which retries an absent
+    head for its whole GCS timeout: a reconnect attempt then fails in moments."""
+    hostport = address[len("ray://"):] if address.startswith("ray://") else address
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout_s).close()
+    except OSError as exc:
+        return f"cannot reach the Ray head at {hostport}: {exc.strerror or exc}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m corral.cluster.bridge")
     ap.add_argument("--address", required=True)
@@ -232,18 +248,30 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="ray-bridge: %(message)s", stream=sys.stderr)
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt frames
+    why = unreachable_head(args.address)
+    if why is not None:
+        print(why, file=sys.stderr)
+        return 3
     try:
         ray.init(address=args.address, namespace=args.namespace, logging_level=logging.WARNING,
                  log_to_driver=False, configure_logging=False)
     except Exception as exc:  # noqa: BLE001 - the router shows this line as the status
         print(f"cannot connect to the Ray cluster at {args.address}: {_short(exc)}", file=sys.stderr)
         return 3
+    # A SIGTERM to the router's process group (systemd, a terminal) would end this driver
+    # (Ray's handler) before the router closes our stdin; the router stops it in order
+    # (stdin closed: actors killed), and it dies with the router anyway.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     bridge = Bridge(out)
     try:
         asyncio.run(_serve(bridge, args.address, args.namespace))
     finally:
         for key in list(bridge._actors):
             bridge._drop(key)
+        try:
+            ray.shutdown()  # a ray:// client disconnects now: no grace period for its actors
+        except Exception:  # noqa: BLE001 - the cluster is gone already
+            pass
     return 0
 
 

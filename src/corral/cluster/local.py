@@ -29,6 +29,8 @@ _FAST_FAILURE_ENV = {
     "RAY_health_check_period_ms": "500",
     "RAY_health_check_timeout_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
+    # a node started on busy cores may take a while to register with the head (Ray: 30 s)
+    "RAY_raylet_start_wait_time_s": "120",
 }
 
 
@@ -59,16 +61,20 @@ class LocalNode:
     proc: subprocess.Popen[bytes]
     log_path: Path
     resources: dict[str, float] = field(default_factory=dict)
+    head: bool = False
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
 
 class LocalCluster:
-    def __init__(self, base_dir: Path, *, port: int | None = None) -> None:
+    def __init__(self, base_dir: Path, *, port: int | None = None, client_port: int | None = None) -> None:
         self.base_dir = base_dir
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
+        # the head's Ray Client server (``ray://``; needs ``ray[client]``)
+        self.client_port = client_port or free_port()
+        self.client_address = f"ray://127.0.0.1:{self.client_port}"
         self.nodes: list[LocalNode] = []
         base_dir.mkdir(parents=True, exist_ok=True)
 
@@ -87,22 +93,29 @@ class LocalCluster:
     def add_node(self, name: str, *, num_cpus: int = 1, memory: int | None = None,
                  resources: dict[str, float] | None = None, cpus: str | None = None,
                  object_store_memory: int = 100 * 1024 * 1024) -> LocalNode:
-        """The first node added is the head. ``resources`` defaults to ``{name: 1}``."""
+        """The first node added is the head, and so is a node added while no head is alive
+        (a head restarted on the same address). ``resources`` defaults to ``{name: 1}``."""
         res = resources if resources is not None else {name: 1.0}
         args = ["--node-ip-address=127.0.0.1", f"--num-cpus={num_cpus}",
                 f"--resources={json.dumps(res)}", f"--object-store-memory={object_store_memory}",
                 "--disable-usage-stats"]
         if memory is not None:
             args.append(f"--memory={memory}")
-        if not self.nodes:
+        if self.head() is None:
             args += ["--head", f"--port={self.port}", "--include-dashboard=false",
+                     f"--ray-client-server-port={self.client_port}",
                      f"--temp-dir={self.base_dir / 'ray'}"]
             node = self._start(name, args, cpus)
+            node.head = True
             self._wait_port(node)
         else:
             node = self._start(name, [f"--address={self.address}", *args], cpus)
         node.resources = res
         return node
+
+    def head(self) -> LocalNode | None:
+        """The live head node, if any."""
+        return next((n for n in self.nodes if n.head and n.alive()), None)
 
     def _wait_port(self, node: LocalNode, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s

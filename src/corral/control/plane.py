@@ -232,8 +232,13 @@ class ControlPlane:
                 return stream
 
     async def _ensure_loaded(self, pool: ModelPool) -> None:
+        if self.ray is not None:  # the Ray cluster lost: 503 at once, not a wait for instances
+            err = self.ray.unreachable()
+            if err is not None:
+                raise err
         if pool.occupies:
-            await pool.wait_ready(self.config.server.load_timeout_s)
+            waiting = pool.wait_ready(self.config.server.load_timeout_s)
+            await (waiting if self.ray is None else self.ray.while_reachable(waiting))
             return
         if pool.failed_final:
             if pool.retry_due:  # a crash loop's backoff has passed: try again

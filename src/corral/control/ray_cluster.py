@@ -15,10 +15,11 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import msgspec
 
 from corral import wire
 from corral.cluster import messages as m
+from corral.errors import ClusterUnreachable
 from corral.events import EventBus, EventName
 from corral.frames import FrameDecoder, FrameTooLarge
 from corral.control.link import LinkOwner
@@ -40,6 +42,8 @@ _CONNECT_TIMEOUT_S = 60.0
 _MAX_BACKOFF_S = 30.0
 _SPAWN_WAITS_FOR_CONNECTION_S = 30.0
 _GCS_RECONNECT_S = "20"  # the bridge gives up on an unreachable head after this (Ray: 60 s)
+# ray://: how long the client server keeps a vanished bridge's actors for it (Ray: 30 s)
+_CLIENT_GRACE_S = "5"
 
 
 class RayCluster:
@@ -71,6 +75,9 @@ class RayCluster:
         self._shape: dict[str, tuple[Any, ...]] = {}  # spawn key -> its settings' memory shape
         self._claims: dict[str, tuple[str | None, m.ActorResources]] = {}  # key -> (node id, asked)
         self._connected: asyncio.Event = asyncio.Event()
+        self._lost_event: asyncio.Event = asyncio.Event()  # set while "disconnected"
+        self.attempts = 0  # failed reconnect attempts since the connection was lost
+        self.last_error: str | None = None  # why the last reconnect attempt failed
         self._runner: asyncio.Task[None] | None = None
         self._closing = False
         self._failures = 0
@@ -94,8 +101,38 @@ class RayCluster:
 
     def view(self) -> dict[str, Any]:
         return {"address": self.address, "namespace": self.namespace, "status": self.status,
-                "reason": self.reason, "ray_version": self.ray_version,
+                "reason": self.reason, "reconnect_attempts": self.attempts,
+                "last_attempt_error": self.last_error, "ray_version": self.ray_version,
                 "nodes": [msgspec.structs.asdict(n) for n in self.nodes]}
+
+    def unreachable(self) -> ClusterUnreachable | None:
+        """While disconnected: the 503 that a request for a Ray instance gets at once."""
+        if self.status != "disconnected":
+            return None
+        return ClusterUnreachable(
+            f"the Ray cluster at {self.address} is unreachable ({self.reason}); reconnecting "
+            f"({self.attempts} attempt(s) so far); try again later", retry_after_s=5)
+
+    async def while_reachable(self, waiting: Awaitable[None]) -> None:
+        """Await ``waiting`` (a request waiting for an instance to start); raise
+        ``unreachable()`` instead as soon as the cluster is (or becomes) disconnected."""
+        err = self.unreachable()
+        if err is not None:
+            if asyncio.iscoroutine(waiting):
+                waiting.close()
+            raise err
+        task = asyncio.ensure_future(waiting)
+        lost = asyncio.ensure_future(self._lost_event.wait())
+        try:
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not task.done():
+                task.cancel()
+        if task.done() and not task.cancelled():
+            task.result()  # its own error, if any
+            return
+        raise self.unreachable() or ClusterUnreachable(f"lost the Ray cluster at {self.address}")
 
     def node_address(self, node_id: str | None) -> str | None:
         for n in self.nodes:
@@ -201,7 +238,12 @@ class RayCluster:
             reason = await self._bridge_session()
             if self._closing:
                 return
-            self._lost(reason)
+            if self.status == "disconnected":  # a reconnect attempt failed
+                self.attempts += 1
+                self.last_error = reason
+                self._lost(self.reason or reason)
+            else:  # the connection (or the first attempt) was lost
+                self._lost(reason)
             if time.monotonic() - started > _MAX_BACKOFF_S:
                 self._failures = 0
             self._failures += 1
@@ -209,14 +251,16 @@ class RayCluster:
 
     async def _bridge_session(self) -> str:
         """Run one bridge until it exits; return why it ended, in words."""
-        self._set_status("connecting", None)
+        if self.status != "disconnected":  # a lost connection stays "disconnected" until it is back
+            self._set_status("connecting", None)
         self._log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self._log_dir / "ray-bridge.log"
         with open(log_path, "ab") as log_file:
             self._proc = await asyncio.create_subprocess_exec(
                 *self._bridge_command, "--address", self.address, "--namespace", self.namespace,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log_file,
-                env={"RAY_gcs_rpc_server_reconnect_timeout_s": _GCS_RECONNECT_S, **os.environ,
+                env={"RAY_gcs_rpc_server_reconnect_timeout_s": _GCS_RECONNECT_S,
+                     "RAY_CLIENT_RECONNECT_GRACE_PERIOD": _CLIENT_GRACE_S, **os.environ,
                      "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"})
         assert self._proc.stdout is not None
         dec = FrameDecoder(m.MAX_FRAME)
@@ -253,7 +297,10 @@ class RayCluster:
             self.nodes = list(msg.nodes)
             self.ray_version = msg.ray_version
             self._failures = 0
+            self.attempts = 0
+            self.last_error = None
             self._set_status("connected", None)
+            self._lost_event.clear()
             self._connected.set()
         elif isinstance(msg, m.Nodes):
             self.nodes = list(msg.nodes)
@@ -275,6 +322,7 @@ class RayCluster:
     def _lost(self, reason: str) -> None:
         self._set_status("disconnected", reason)
         self._connected.clear()
+        self._lost_event.set()
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(RayUnavailable(reason))
@@ -326,4 +374,7 @@ def _last_line(path: Path) -> str:
     except OSError:
         return ""
     interesting = [ln for ln in lines if "network_util.cc" not in ln]
-    return interesting[-1][:300] if interesting else ""
+    if not interesting:
+        return ""
+    # Ray's C++ log prefix ("[2026-01-01 12:00:00,000 E 123 456] rpc_client.h:204: ") says nothing here
+    return re.sub(r"^\[[^\]]*\] [\w.]+:\d+: ", "", interesting[-1])[:300]
