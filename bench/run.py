@@ -56,12 +56,11 @@ from servers import (  # noqa: E402
 
 SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects", "instances", "sampling")
 SLOT_CTX = 1024  # KV cells per parallel slot, the same for every server
-# A pause before each server's turn in interleaved rounds: each turn starts on a machine
-# that has been idle a moment, as it would be for a server used alone. Without it, the
-# server measured just before is still winding down and corral's thread governor (which
-# adapts to other processes' load) starts the turn on the count it settled on while the
-# other server ran (two idle windows of 0.25 s fit in the pause). llama-server does not adapt; it is not
-# affected either way.
+# A pause before each server's turn in interleaved rounds, so that each turn starts on a
+# machine that has been idle a moment, as it is for a server used alone. corral's thread
+# governor adapts to other processes' load: right after the other server's turn it would
+# start on the thread count it settled on while that server ran (until its first check);
+# two idle windows of 0.25 s fit in the pause. llama-server does not adapt: no effect on it.
 TURN_GAP_S = 0.6
 
 
