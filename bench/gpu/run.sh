@@ -12,7 +12,10 @@
 # + llama-server from the same sources); (3) write a random-weight TinyLlama-1.1B-shaped
 # GGUF (speed does not depend on the weights' values); (4) run bench/run.py: the seed's
 # case (two model ids on one GPU, concurrent streaming: no crash), corral vs llama-server
-# with full offload at c=1, 8, 32, and two instances of one model on one GPU.
+# with full offload at c=1, 8, 32, and two instances of one model on one GPU; (5) sampling
+# threads (bench/sampling_threads.py): c=32 tok/s with sampling_threads 1 vs auto on that
+# model and on a Gemma-3-270M-sized one (262k vocabulary: sampling costs ~0.3 ms per slot
+# per step on the CPU), and the per-step draw time with 1, 2, 4, 8 threads. SAMPLING=0 skips it.
 #
 # CUDA=0 runs every step on a CPU (how this script is tested before GPU minutes are spent).
 set -euo pipefail
@@ -31,11 +34,14 @@ GPU_LAYERS=${GPU_LAYERS:-999}
 CONCURRENCY=${CONCURRENCY:-1,8,32}
 THREADS=${THREADS:-4}
 ONLY=${ONLY:-throughput,multimodel,instances}
+SAMPLING=${SAMPLING:-1}
+MODEL_262K=${MODEL_262K:-/tmp/gemma-shaped-262k.gguf}
+MODEL_262K_ARGS=${MODEL_262K_ARGS:-"--layers 18 --embd 640 --ff 2048 --heads 5 --kv-heads 1"}
 mkdir -p "$OUT"
 log() { echo "[gpu $(date +%T)] $*" >&2; }
 [ -d "$G/llama.cpp" ] || { echo "no $G/llama.cpp: run bench/gpu/prepare.sh first (and carry .gpu)"; exit 2; }
 
-log "1/4 python packages -> $SITE"
+log "1/5 python packages -> $SITE"
 rm -rf "$SITE" && mkdir -p "$SITE"
 if [ "${SKIP_WHEELS:-0}" != 1 ]; then  # SKIP_WHEELS=1: $PY already has them (a CPU test with corral's venv)
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$G"/wheels/*.whl
@@ -43,7 +49,7 @@ fi
 cp -r "$G/llama_cpp" "$SITE/llama_cpp" && mkdir -p "$SITE/llama_cpp/lib"
 export PYTHONPATH="$SITE:$PWD/src"
 
-log "2/4 building llama.cpp (CUDA=$CUDA, arch $ARCH, $JOBS jobs)"
+log "2/5 building llama.cpp (CUDA=$CUDA, arch $ARCH, $JOBS jobs)"
 flags=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON
        -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF
        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DFETCHCONTENT_FULLY_DISCONNECTED=ON)
@@ -64,13 +70,26 @@ for dev in d.list_devices():
 print("[gpu] llama_supports_gpu_offload:", llama_cpp.llama_supports_gpu_offload())
 EOF
 
-log "3/4 model -> $MODEL"
+log "3/5 model -> $MODEL"
 [ -s "$MODEL" ] || "$PY" bench/gpu/make_model.py "$MODEL" $MODEL_ARGS
 
-log "4/4 bench ($ONLY)"
+log "4/5 bench ($ONLY)"
 set -o pipefail
 "$PY" bench/run.py --no-build --model "$MODEL" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
   --concurrency "$CONCURRENCY" --servers llama-server,corral $(printf -- '--only %s ' ${ONLY//,/ }) \
   2>"$OUT/bench.log" | tee "$OUT/table.md"
 cp bench/results/latest.md "$OUT/results.md" 2>/dev/null || true
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null | tee -a "$OUT/table.md" || true
+
+if [ "$SAMPLING" = 1 ]; then
+  log "5/5 sampling threads: c=32, 1 vs auto; draw time per step"
+  [ -s "$MODEL_262K" ] || "$PY" bench/gpu/make_model.py "$MODEL_262K" $MODEL_262K_ARGS --vocab 262144
+  for m in "$MODEL" "$MODEL_262K"; do
+    echo "#### sampling_threads 1 vs auto, c=32: $(basename "$m")" | tee -a "$OUT/table.md"
+    "$PY" bench/sampling_threads.py ab --model "$m" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
+      --concurrency 32 --variants 1,auto --rounds 3 --requests 64 2>>"$OUT/bench.log" | tee -a "$OUT/table.md"
+  done
+  echo "#### draw time per step: $(basename "$MODEL_262K")" | tee -a "$OUT/table.md"
+  "$PY" bench/sampling_threads.py step --model "$MODEL_262K" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
+    --slots 8,32 --variants 1,2,4,8 --steps 20 2>>"$OUT/bench.log" | tee -a "$OUT/table.md"
+fi

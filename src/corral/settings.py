@@ -49,6 +49,10 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     fit_ctx_floor: Annotated[int, Meta(ge=16, le=INT32_MAX)] = 1024  # auto: context per slot kept at least
     threads: _Positive32 | None = None  # None: see corral.control.catalog.default_threads
     threads_batch: _Positive32 | None = None  # None: same as threads
+    # threads that sample the slots of one step side by side (worker/sample_pool.py); "auto":
+    # 1 with no GPU layers (the CPU measured no gain), else min(n_parallel, CPUs, 8). Never
+    # more than the cores the thread governor finds free at that moment.
+    sampling_threads: Annotated[int, Meta(ge=1, le=256)] | Literal["auto"] = "auto"
     flash_attn: bool | None = None  # None: llama.cpp decides
     embedding: bool = False
     # prompt template: chat_template overrides the model's own tokenizer.chat_template;

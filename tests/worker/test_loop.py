@@ -8,6 +8,7 @@ import time
 
 from corral import wire
 from corral.worker import process
+from corral.worker.sample_pool import SamplePool
 
 
 class _Engine:
@@ -17,6 +18,7 @@ class _Engine:
         self.left: dict[str, int] = {}
         self.steps_seen: list[list[str]] = []
         self.steps = steps
+        self.pool = SamplePool(1)  # the loop sets its cap from the governor
 
     @property
     def has_work(self) -> bool:
@@ -47,6 +49,7 @@ class _Out:
 class _NoGovernor:
     enabled = False
     interval_s = 0.5
+    free_cores = 2
 
     def tick(self) -> None:
         pass
@@ -61,6 +64,7 @@ def _run(engine: _Engine, feed) -> None:  # noqa: ANN001
     t.start()
     assert process._loop(engine, inbox, _Out(), _NoGovernor()) == 0
     t.join()
+    assert engine.pool.cap == _NoGovernor.free_cores  # sampling never on more than the free cores
 
 
 def _req(i: int) -> wire.GenerateRequest:
@@ -112,6 +116,7 @@ def test_a_busy_engine_does_not_wait_for_more_requests() -> None:
     t.start()
     assert process._loop(engine, inbox, _Out(), _NoGovernor()) == 0
     t.join()
+    assert engine.pool.cap == _NoGovernor.free_cores  # sampling never on more than the free cores
     joined = next(i for i, seen in enumerate(engine.steps_seen) if "r1" in seen)
     assert joined > 0
     # the gather happened once, when r0 found the engine idle; never after

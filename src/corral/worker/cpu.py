@@ -11,7 +11,9 @@ decode threads to the cores left, between 1 and the configured number:
     want = clamp(floor(n_cpus - others + 0.5), 1, configured)
 
 Two busy workers on 2 cores thus settle at 1 thread each; a worker alone gets all it was
-given. Not on Linux (no /proc): the configured number, unchanged.
+given. Not on Linux (no /proc): the configured number, unchanged. ``free_cores`` (the same
+estimate, not capped by the configured number) caps the threads that sample a step
+(worker/sample_pool.py): they run between decodes, on the cores the decode threads use.
 
 The window is blind to what happened at its end: a worker that sat idle next to a busy
 one has settled on fewer threads, and when its neighbour goes quiet and a request comes,
@@ -108,6 +110,7 @@ class ThreadGovernor:
         self.configured = max(1, configured)
         self.current = self.configured
         self.n_cpus = n_cpus or len(os.sched_getaffinity(0))
+        self.free_cores = self.n_cpus  # cores the others leave free (the sampling threads' cap)
         self.interval_s = interval_s
         self._apply = apply
         self._read = read
@@ -145,7 +148,8 @@ class ThreadGovernor:
         if self.niced:
             busy += nice
         others = max(0.0, busy - ours) / dt
-        want = max(1, min(self.configured, math.floor(self.n_cpus - others + 0.5)))
+        self.free_cores = max(1, min(self.n_cpus, math.floor(self.n_cpus - others + 0.5)))
+        want = min(self.configured, self.free_cores)
         if want != self.current:
             log.info("decode threads %d -> %d: other processes used %.2f cores", self.current, want, others)
             self.current = want
@@ -169,7 +173,9 @@ class ThreadGovernor:
         others = max(0, running - 1 - self._parent_running())  # the router handing us the work
         if not self.niced:  # runnable niced threads will yield: leave out as many as lately ran
             others = max(0, others - math.floor(self.nice_cores + 0.5))
-        want = max(1, min(self.configured, self.n_cpus - others))
+        free = max(1, min(self.n_cpus, self.n_cpus - others))
+        self.free_cores = max(self.free_cores, free)  # only up here, too
+        want = min(self.configured, free)
         if want > self.current:
             log.info("decode threads %d -> %d on waking: %d other threads runnable", self.current, want, others)
             self.current = want

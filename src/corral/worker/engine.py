@@ -14,11 +14,13 @@ Each ``step()``:
 2. builds ONE batch: the last sampled token of every generating slot, then prompt
    chunks of prefilling slots while the n_batch budget lasts;
 3. runs one ``llama_decode`` (C, releases the GIL);
-4. samples every slot whose logits were computed, detokenizes, matches stop strings,
-   and emits ``Delta`` / ``Finished``.
+4. draws the next token of every slot whose logits were computed, side by side on the
+   ``sampling_threads`` (sample_pool.py), then per slot in batch order on this thread:
+   detokenizes, matches stop strings, emits ``Delta`` / ``Finished``.
 
-Only the thread that calls ``step()`` touches llama.cpp's context. ``submit``/``abort``
-only queue; ``prepare`` (tokenizing, read-only on the vocabulary) may run on another thread.
+Only the thread that calls ``step()`` changes llama.cpp's context (the draws only read
+it, each with its own slot's sampler). ``submit``/``abort`` only queue; ``prepare``
+(tokenizing, read-only on the vocabulary) may run on another thread.
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ from typing import Union
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import requests, sampling
+from corral.worker import requests, sample_pool, sampling
 from corral.worker.embed import embed_request
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.slot_output import SlotOutput
-from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, check_params, finished_message,
+from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, begin, check_params, finished_message,
                                  free_samplers, pick_slot, release)
 from corral.worker.templates import ChatTemplate, TemplateError, choose_template
 from corral.worker.tokens import Tokenizer
@@ -77,6 +79,7 @@ class Engine:
         self._by_id: dict[str, Job] = {}
         self.tokens_generated = 0
         self.tokens_prompt = 0
+        self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
 
     # ------------------------------------------------------------------ commands
 
@@ -144,6 +147,7 @@ class Engine:
         ll.llama_set_n_threads(self.m.ctx, t, tb)
 
     def close(self) -> None:
+        self.pool.close()
         free_samplers(self.slots, self.waiting)
         self.m.free()
 
@@ -212,32 +216,18 @@ class Engine:
             reuse = 0
             self._clear_slot(slot)
         p = job.req.params
-        slot.job = job
-        slot.prompt_pos = reuse
-        slot.n_cached = reuse
-        slot.pending = -1
-        slot.n_gen = 0
-        room = self.m.n_ctx_slot - len(job.tokens)
-        slot.max_tokens = room if p.max_tokens is None else min(p.max_tokens, room)
+        begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter())
         grammar, job.grammar = job.grammar, None
-        slot.sampler = sampling.SlotSampler(
-            p,
-            n_vocab=self.m.n_vocab,
-            seed=sampling.resolve_seed(p, self.settings.seed),
-            eog_tokens=self.tok.eog_tokens if p.ignore_eos else [],
-            prompt_tail=job.tokens,
-            grammar=grammar,
-        )
+        seed = sampling.resolve_seed(p, self.settings.seed)
+        slot.sampler = sampling.SlotSampler(p, n_vocab=self.m.n_vocab, seed=seed,
+                                            eog_tokens=self.tok.eog_tokens if p.ignore_eos else [],
+                                            prompt_tail=job.tokens, grammar=grammar)
         stops = list(p.stop)
         if req.messages is not None and self.template is not None and not p.ignore_eos and grammar is None:
             stops += [s for s in self.template.stop_strings if s not in stops]
         slot.out = SlotOutput(req.id, stops, requests.tool_parser(req))
-        slot.ignore_eos = p.ignore_eos
-        slot.logprobs = req.logprobs
         slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] \
             if echo_lp else None
-        slot.t_start = time.perf_counter()
-        slot.t_first = 0.0
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))
         if slot.max_tokens == 0 and not echo_lp:
@@ -303,16 +293,11 @@ class Engine:
             return self.take_output()
         for slot, at, pos, count in echo_chunks:
             self._prompt_logprobs(slot, at, pos, count)
-        for slot, idx in outputs:
-            if slot.job is not None:
-                try:
-                    self._sample(slot, idx)
-                except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
-                    log.exception("sampling failed for %s", slot.job.req.id)
-                    job = slot.job
-                    self._release(slot)
-                    self._clear_slot(slot)
-                    self.out.append(wire.RequestFailed(job.req.id, "internal", f"{type(exc).__name__}: {exc}"))
+        todo = [(slot, idx) for slot, idx in outputs if slot.job is not None]
+        if todo:  # draws side by side (sample_pool.py), the rest in batch order here
+            sample_pool.presync(self.m.ctx)
+            for (slot, _), drawn in zip(todo, self.pool.map(self._draw, todo)):
+                self._take(slot, drawn)
         return self.take_output()
 
     def _decode_failed(self, rc: int) -> None:
@@ -337,19 +322,36 @@ class Engine:
         for j in range(count):
             if pos + j + 1 < len(toks):
                 nxt = toks[pos + j + 1]
-                lps.append(sampling.token_logprobs(self._logits(at + j), nxt, k, self._special_piece))
+                logits = sampling.logits_at(self.m.ctx, at + j, self.m.n_vocab)
+                lps.append(sampling.token_logprobs(logits, nxt, k, self._special_piece))
         if pos + count == len(toks):
             self.out.append(wire.Delta(job.req.id, requests.echo_text(self.tok, job.req, toks), 0, lps))
             slot.echo_logprobs = None
             if slot.max_tokens == 0:
                 self._finish(slot, "length")
 
-    def _logits(self, idx: int) -> "sampling.Logits":
-        return sampling.logits_at(self.m.ctx, idx, self.m.n_vocab)
+    def _draw(self, item: tuple[Slot, int]) -> sample_pool.Drawn:
+        """On any sampling thread: touches only this slot's sampler."""
+        slot, idx = item
+        return sample_pool.draw(slot.sampler, self.m.ctx, idx, is_eog=self.tok.is_eog, ends_on_eog=not slot.ignore_eos,
+                                logprobs=slot.logprobs, n_vocab=self.m.n_vocab, piece=self.tok.piece)
 
-    def _sample(self, slot: Slot, idx: int) -> None:
-        assert slot.sampler is not None and slot.out is not None and slot.job is not None
-        tok = slot.sampler.sample(self.m.ctx, idx, self.tok.is_eog)
+    def _take(self, slot: Slot, drawn: sample_pool.Drawn) -> None:
+        """A slot's drawn token, on the engine thread: a failure fails this request only."""
+        job = slot.job
+        assert job is not None and slot.out is not None
+        try:
+            if drawn.error is not None:
+                raise drawn.error
+            self._next_token(slot, slot.out, drawn.token, drawn.logprob)
+        except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
+            log.exception("sampling failed for %s", job.req.id)
+            if slot.job is job:
+                self._release(slot)
+                self._clear_slot(slot)
+            self.out.append(wire.RequestFailed(job.req.id, "internal", f"{type(exc).__name__}: {exc}"))
+
+    def _next_token(self, slot: Slot, out: SlotOutput, tok: int, lp: wire.TokenLogprob | None) -> None:
         now = time.perf_counter()
         if slot.n_gen == 0:
             slot.t_first = now
@@ -361,12 +363,10 @@ class Engine:
         if not slot.ignore_eos and self.tok.is_eog(tok):
             self._finish(slot, "stop")
             return
-        lp = None if slot.logprobs is None else \
-            sampling.token_logprobs(self._logits(idx), tok, slot.logprobs, self.tok.piece)
-        delta = slot.out.token(self.tok.piece(tok), lp)
+        delta = out.token(self.tok.piece(tok), lp)
         if delta is not None:
             self.out.append(delta)
-        if slot.out.stopped:
+        if out.stopped:
             self._finish(slot, "stop")
         elif slot.n_gen >= slot.max_tokens:
             self._finish(slot, "length")

@@ -144,8 +144,8 @@ def serve(sock: socket.socket, settings: wire.WorkerSettings) -> int:
         log.exception("load failed")
         out.send([wire.LoadFailed(f"{type(exc).__name__}: {exc}")])
         return 1
-    log.info("ready: %s, %d slots of %d tokens", engine.info.description, engine.info.n_slots,
-             engine.info.n_ctx_slot)
+    log.info("ready: %s, %d slots of %d tokens, %d sampling threads", engine.info.description,
+             engine.info.n_slots, engine.info.n_ctx_slot, engine.pool.n)
     out.send([wire.Ready(os.getpid(), engine.info)])
 
     inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -216,6 +216,7 @@ def _loop(engine: "Engine", inbox: "queue.SimpleQueue[object]", out: _Writer,
                         msg = None
         if was_idle and engine.has_work:
             governor.wake()  # the tick's window still describes the idle spell
+        engine.pool.cap = governor.free_cores  # sampling threads: no more than the free cores
         msgs: list[wire.FromWorker]
         try:
             msgs = [*engine.step()]

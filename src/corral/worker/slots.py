@@ -15,7 +15,7 @@ from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel
 from corral.worker.slot_output import SlotOutput
 
-__all__ = ["Job", "Slot", "Batch", "check_params", "finished_message", "release", "reuse_len",
+__all__ = ["Job", "Slot", "Batch", "begin", "check_params", "finished_message", "release", "reuse_len",
            "aborted_in_queue", "free_samplers", "pick_slot"]
 
 
@@ -48,6 +48,22 @@ class Slot:
     @property
     def busy(self) -> bool:
         return self.job is not None
+
+
+def begin(slot: Slot, job: Job, reuse: int, room: int, now: float) -> None:
+    """Reset ``slot`` for ``job``, whose first ``reuse`` prompt tokens are in its cache and
+    which has ``room`` cells left after the prompt."""
+    p = job.req.params
+    slot.job = job
+    slot.prompt_pos = reuse
+    slot.n_cached = reuse
+    slot.pending = -1
+    slot.n_gen = 0
+    slot.max_tokens = room if p.max_tokens is None else min(p.max_tokens, room)
+    slot.ignore_eos = p.ignore_eos
+    slot.logprobs = job.req.logprobs
+    slot.t_start = now
+    slot.t_first = 0.0
 
 
 def check_params(p: wire.SamplingParams) -> None:

@@ -15,8 +15,7 @@ class Tokenizer:
     def __init__(self, m: LoadedModel) -> None:
         self.vocab = m.vocab
         self.n_vocab = m.n_vocab
-        self._pieces: dict[int, bytes] = {}
-        self._buf = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}  # sampling threads share it (a dict set is atomic)
         self.eog_tokens = [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t)]
         self._eog = frozenset(self.eog_tokens)
         bos = ll.llama_vocab_bos(self.vocab)
@@ -46,12 +45,14 @@ class Tokenizer:
         return self._to_piece(token, special=True).decode("utf-8", "replace")
 
     def _to_piece(self, token: int, *, special: bool) -> bytes:
-        n = ll.llama_token_to_piece(self.vocab, token, self._buf, len(self._buf), 0, special)
+        # a buffer per call, not per tokenizer: sampling threads (logprobs) and the reader
+        # thread may convert tokens at the same time; the cache makes this rare
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = ll.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
-            return buf.raw[:n]
-        return self._buf.raw[:n]
+        return buf.raw[:n]
 
     def is_eog(self, token: int) -> bool:
         return token in self._eog
