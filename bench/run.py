@@ -56,6 +56,12 @@ from servers import (  # noqa: E402
 
 SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects", "instances", "sampling")
 SLOT_CTX = 1024  # KV cells per parallel slot, the same for every server
+# A pause before each server's turn in interleaved rounds, so that each turn starts on a
+# machine that has been idle a moment, as it is for a server used alone. corral's thread
+# governor adapts to other processes' load: right after the other server's turn it would
+# start on the thread count it settled on while that server ran (until its first check);
+# two idle windows of 0.25 s fit in the pause. llama-server does not adapt: no effect on it.
+TURN_GAP_S = 0.6
 
 
 def log(msg: str) -> None:
@@ -295,6 +301,7 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
             for c in c_list:
                 for name in list(servers):
                     log(f"throughput round {rnd + 1}/{rounds}: {name} c={c} n={per_round[c]}")
+                    await asyncio.sleep(TURN_GAP_S)
                     try:
                         r = await run_load(servers[name].base_url, label=name, model=models[name],
                                            concurrency=c, n_requests=per_round[c], max_tokens=max_tokens,
@@ -342,7 +349,8 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
             if rr:
                 t.notes.append(f"{name} vs llama-server at c={c}, round by round: "
                                + ", ".join(f"{x:.2f}x" for x in rr) + f" (median {statistics.median(rr):.2f}x)")
-    t.notes.append(f"{rounds} interleaved rounds; tok/s = all tokens / all wall time of that row's rounds")
+    t.notes.append(f"{rounds} interleaved rounds, each turn after a {TURN_GAP_S} s pause; tok/s = all tokens / "
+                   "all wall time of that row's rounds")
     if "llama-cpp-python" in names:
         t.notes.append("llama-cpp-python's server has no ignore_eos; it gets min_tokens=max_tokens instead, "
                        "and --interrupt_requests False so concurrent requests queue instead of aborting")
@@ -391,10 +399,13 @@ async def sc_overhead(ctx: Ctx) -> list[Table]:
         # interleaved rounds: background load drifts alike for both paths
         for rnd in range(rounds):
             log(f"overhead round {rnd + 1}/{rounds}")
+            await asyncio.sleep(TURN_GAP_S)
             lat["direct"] += await w.sequential_latency(n_lat)
+            await asyncio.sleep(TURN_GAP_S)
             lat["http"] += await sequential_latency_lean(srv.base_url, model="bench", n=n_lat)
             lat["httpx"] += await sequential_latency(srv.base_url, model="bench", n=n_lat)
             c0, w0 = time.process_time(), proc_cpu_s(w.proc.pid) or 0.0
+            await asyncio.sleep(TURN_GAP_S)
             r = await w.run_load(label="direct", concurrency=8, n_requests=n_load, first_index=rnd * 1000)
             cpu["client_direct"] += time.process_time() - c0
             cpu["worker_direct"] += (proc_cpu_s(w.proc.pid) or 0.0) - w0
@@ -402,6 +413,7 @@ async def sc_overhead(ctx: Ctx) -> list[Table]:
             wall["direct"] += r.wall_s
             hr: list = []
             c0, r0, t0 = time.process_time(), proc_cpu_s(srv.pid) or 0.0, tree_cpu_s(srv.pid)
+            await asyncio.sleep(TURN_GAP_S)
             r2 = await run_load(srv.base_url, label="http", model="bench", concurrency=8, n_requests=n_load,
                                 raw=hr, first_index=rnd * 1000)
             cpu["client_http"] += time.process_time() - c0
@@ -441,7 +453,8 @@ async def sc_overhead(ctx: Ctx) -> list[Table]:
                        f"direct: client {cpu['client_direct']:.1f}, worker {cpu['worker_direct']:.1f}; "
                        f"HTTP: client {cpu['client_http']:.1f}, router {cpu['router']:.1f}, "
                        f"worker {cpu['worker_http']:.1f} (the client shares the cores with the servers)")
-    t.notes.append(f"{rounds} interleaved rounds; both paths up at once, one measured at a time")
+    t.notes.append(f"{rounds} interleaved rounds; both paths up at once, one measured at a time, each turn after "
+                   f"a {TURN_GAP_S} s pause")
     t.data = {"cpu_s": cpu, "direct_latency_ms": lat["direct"], "http_latency_ms": lat["http"],
               "health_rtt_ms": health_rtt, "loads": {k: v.as_dict() for k, v in loads.items()}}
     return [t]

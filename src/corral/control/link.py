@@ -38,6 +38,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -51,7 +52,7 @@ from corral.errors import WorkerCrashed
 from corral.model_ids import file_stem
 
 __all__ = ["Placement", "LinkExit", "LinkOwner", "WorkerLink", "Spawner", "LinkClosed",
-           "LifecycleMessage", "LocalSpawner", "SocketLink"]
+           "LifecycleMessage", "LocalSpawner", "SocketLink", "FrameReader"]
 
 log = logging.getLogger("corral.link")
 
@@ -300,15 +301,19 @@ class LocalSpawner:
         return link
 
 
-class _Reader(asyncio.Protocol):
-    def __init__(self, link: "SocketLink") -> None:
-        self._link = link
+class FrameReader(asyncio.Protocol):
+    """The router's end of a worker's connection (a socketpair or TCP): bytes go to
+    ``receive``, the end of the connection to ``lost``."""
+
+    def __init__(self, receive: Callable[[bytes], None], lost: Callable[[], None]) -> None:
+        self._receive = receive
+        self._lost = lost
 
     def data_received(self, data: bytes) -> None:
-        self._link.receive(data)
+        self._receive(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._link.closed()
+        self._lost()
 
 
 class SocketLink(WorkerLink):
@@ -326,7 +331,7 @@ class SocketLink(WorkerLink):
         """Read the socket; when that fails, the worker is killed (its exit follows)."""
         try:
             transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: _Reader(self), sock)
+                lambda: FrameReader(self.receive, self.closed), sock)
             self._transport = transport
         except OSError as exc:
             sock.close()

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral import wire
 from corral.cluster import messages as m
-from corral.control.link import LinkExit, LinkOwner, Placement, WorkerLink
+from corral.control.link import FrameReader, LinkExit, LinkOwner, Placement, WorkerLink
 from corral.control.process import describe_exit
 
 if TYPE_CHECKING:
@@ -73,17 +73,6 @@ def file_estimate(settings: wire.WorkerSettings) -> int:
         return 0
 
 
-class _Reader(asyncio.Protocol):
-    def __init__(self, link: "RayLink") -> None:
-        self._link = link
-
-    def data_received(self, data: bytes) -> None:
-        self._link.receive(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._link.channel_lost()
-
-
 class RayLink(WorkerLink):
     """A worker on a Ray node: a TCP connection to it, and its actor (via the bridge)."""
 
@@ -107,7 +96,8 @@ class RayLink(WorkerLink):
             await asyncio.wait_for(loop.sock_connect(sock, (p.host, p.port)), 10.0)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             await loop.sock_sendall(sock, p.token)
-            transport, _ = await loop.connect_accepted_socket(lambda: _Reader(self), sock)
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: FrameReader(self.receive, self.channel_lost), sock)
         except (OSError, asyncio.TimeoutError) as exc:
             sock.close()
             self.kill()

@@ -128,6 +128,14 @@ class RequestStream:
 
     # ------------------------------------------------------------ consumer side
 
+    async def _change(self) -> None:
+        """Until the next text or the end (one consumer at a time)."""
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
     async def next_text(self) -> str | None:
         """Text generated since the last call (merged); None once finished.
         Raises the request's error (after any text that came before it)."""
@@ -141,11 +149,7 @@ class RequestStream:
                 if self.error is not None:
                     raise self.error
                 return None
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._change()
 
     async def next_piece(self) -> StreamPiece | None:
         """Like ``next_text``, with the logprobs and tool calls that came along."""
@@ -161,32 +165,20 @@ class RequestStream:
                 if self.error is not None:
                     raise self.error
                 return None
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._change()
 
     async def wait_started(self) -> None:
         """Until the first text or the end. Raises the request's error if it failed
         before producing anything (so an HTTP status can still say so)."""
         while not self._parts and self.ended is None:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._change()
         if not self._parts and self.error is not None:
             raise self.error
 
     async def wait_done(self) -> None:
         """Until the end (text stays pending for ``take_all``). Raises the request's error."""
         while self.ended is None:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._change()
         if self.error is not None:
             raise self.error
 
