@@ -10,7 +10,7 @@ import pytest
 
 from corral.settings import ModelSettings, SettingsError
 from corral.worker.cpu import ThreadGovernor
-from corral.worker.sample_pool import AUTO_CPU, AUTO_GPU_MAX, SamplePool, resolve_sampling_threads
+from corral.worker.sample_pool import AUTO_CPU_MAX, AUTO_GPU_MAX, SamplePool, resolve_sampling_threads
 
 
 def test_map_keeps_the_order_and_uses_the_pool_threads() -> None:
@@ -66,7 +66,9 @@ def test_an_exception_in_a_pool_thread_reaches_the_caller() -> None:
 
 
 def test_auto_and_explicit_sizes() -> None:
-    assert resolve_sampling_threads("auto", offloaded=False, n_parallel=32, n_cpus=16) == AUTO_CPU
+    assert resolve_sampling_threads("auto", offloaded=False, n_parallel=32, n_cpus=16) == AUTO_CPU_MAX
+    assert resolve_sampling_threads("auto", offloaded=False, n_parallel=8, n_cpus=2) == 2
+    assert resolve_sampling_threads("auto", offloaded=False, n_parallel=1, n_cpus=2) == 1
     assert resolve_sampling_threads("auto", offloaded=True, n_parallel=32, n_cpus=16) == AUTO_GPU_MAX
     assert resolve_sampling_threads("auto", offloaded=True, n_parallel=4, n_cpus=16) == 4
     assert resolve_sampling_threads("auto", offloaded=True, n_parallel=32, n_cpus=2) == 2
@@ -120,8 +122,9 @@ def test_auto_counts_layers_as_offloaded_only_with_a_gpu_present() -> None:
                               model_bytes=1, kv_bytes=1, rss_bytes=1, gpu_layers=gpu_layers, load_ms=1.0,
                               devices=devs)
 
-    assert pool_for("auto", info(999, ["cpu"])).n == AUTO_CPU  # -ngl 999 on a machine without a GPU
-    assert pool_for("auto", info(0, ["cpu", "gpu"])).n == AUTO_CPU
+    cpu_auto = min(AUTO_CPU_MAX, len(os.sched_getaffinity(0)))
+    assert pool_for("auto", info(999, ["cpu"])).n == cpu_auto  # -ngl 999 on a machine without a GPU
+    assert pool_for("auto", info(0, ["cpu", "gpu"])).n == cpu_auto
     with_gpu = pool_for("auto", info(999, ["cpu", "gpu"])).n
     assert with_gpu == max(1, min(32, len(os.sched_getaffinity(0)), AUTO_GPU_MAX))
     assert pool_for(2, info(0, ["cpu"])).n == 2
