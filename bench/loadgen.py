@@ -347,44 +347,6 @@ async def sequential_latency(
     return out
 
 
-async def sequential_latency_lean(
-    base_url: str,
-    *,
-    model: str | None,
-    n: int,
-    max_tokens: int = 1,
-    timeout_s: float = 60.0,
-) -> list[float]:
-    """Like ``sequential_latency`` with a minimal HTTP/1.1 client (asyncio streams, one
-    keep-alive connection, the request bytes built before the clock starts), so the
-    client costs about what ``wire_driver``'s direct client costs (httpx spends about
-    half a millisecond of its own per request here): the difference to the direct path
-    is then the router's."""
-    u = httpx.URL(base_url)
-    reader, writer = await asyncio.open_connection(u.host, u.port)
-    out: list[float] = []
-    try:
-        for i in range(n):
-            body = json.dumps(completion_body(model, 100_000 + i, max_tokens, stream=False)).encode()
-            req = (f"POST /v1/completions HTTP/1.1\r\nHost: {u.host}:{u.port}\r\n"
-                   f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
-            t0 = time.perf_counter()
-            writer.write(req)
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout_s)
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            payload = await reader.readexactly(length)
-            out.append((time.perf_counter() - t0) * 1000)
-            if not head.startswith(b"HTTP/1.1 200"):
-                raise RuntimeError(f"1-token request failed: {head.splitlines()[0]!r} {payload[:200]!r}")
-    finally:
-        writer.close()
-    return out
-
-
 def fmt(v: float | None, nd: int = 1) -> str:
     return "–" if v is None else f"{v:.{nd}f}"
 

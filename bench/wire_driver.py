@@ -157,6 +157,13 @@ class DirectWorker:
             out.append(r.latency_s * 1000)
         return out
 
+    async def one_latency(self, prompt: str, max_tokens: int = 1) -> float:
+        """One request with ``prompt``; its latency in ms."""
+        r = await self.generate(prompt, max_tokens)
+        if not r.ok:
+            raise WorkerDied(f"1-token request failed: {r.error}")
+        return r.latency_s * 1000
+
     async def stop(self) -> None:
         if self._writer is not None:
             try:
