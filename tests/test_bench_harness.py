@@ -1,4 +1,4 @@
-"""The benchmark harness's own logic (bench/): no servers, no timing assertions."""
+"""The benchmark harness's own logic (bench/): no real model, no timing assertions."""
 
 from __future__ import annotations
 
@@ -141,3 +141,29 @@ def test_repeat_summary_lists_each_runs_ratio() -> None:
     assert s is not None
     assert s.rows == [["Throughput", "corral / 8", "vs llama-server", "0.90x", "0.91x", "0.92x"]]
     assert run.repeat_summary([run.Table("T", ["a"], [["1"]])]) is None
+
+
+async def test_lean_client_streams_and_times_one_token_requests(tmp_path: Path) -> None:
+    """bench/lean_client.py against a real router (fake worker): tokens counted from the
+    usage chunk, TTFT set, keep-alive reused across requests; errors reported."""
+    from lean_client import LeanLatency, run_load_lean
+    from router.harness import Harness
+
+    h = Harness(tmp_path)
+    try:
+        await h.start(h.config({"m": {"path": str(h.script("m", tokens=["a", "b", "c"]))}}))
+        raw: list = []
+        r = await run_load_lean(h.base_url, label="lean", model="m", concurrency=2, n_requests=5, max_tokens=3,
+                                raw=raw)
+        assert (r.ok, r.errors, r.completion_tokens) == (5, 0, 15), raw
+        assert all(x.ttft_s is not None and x.ttft_s <= x.latency_s for x in raw)
+        bad = await run_load_lean(h.base_url, label="bad", model="nope", concurrency=1, n_requests=2)
+        assert bad.ok == 0 and bad.errors == 2
+        async with LeanLatency(h.base_url, "m") as lean:
+            assert 0 < await lean.one("x") < 10_000
+            assert 0 < await lean.one("y") < 10_000  # same connection
+        async with LeanLatency(h.base_url, "nope") as lean:
+            with pytest.raises(RuntimeError, match="404"):
+                await lean.one("x")
+    finally:
+        await h.stop()
