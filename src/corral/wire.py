@@ -72,9 +72,6 @@ class WorkerSettings(ModelSettings, frozen=True, kw_only=True):
     # set by the router when it placed the instance on a GPU (n_gpu_layers "auto" plans within):
     gpu_budget_bytes: int | None = None  # its share of the GPU's budget (None: the device's free memory)
     gpu_margin_bytes: int | None = None  # kept free on the GPU (None: corral.gpu_fit.DEFAULT_MARGIN_BYTES)
-    # set by the local spawner, different for each live local worker: the cores this worker
-    # keeps to while its governor runs it on fewer threads than cores (worker/cores.py)
-    cpu_slot: int | None = None
 
 
 # --------------------------------------------------------------------------- router -> worker

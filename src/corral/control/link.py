@@ -274,25 +274,11 @@ class LocalSpawner:
     def __init__(self, log_dir: Path, worker_command: list[str] | None = None) -> None:
         self.log_dir = log_dir
         self.worker_command = worker_command or [sys.executable, "-m", "corral.worker"]
-        self._cpu_slots: dict[int, asyncio.subprocess.Process] = {}  # live workers by cpu_slot
-
-    def _free_cpu_slot(self) -> int:
-        """The smallest slot no live worker holds (worker/cores.py: busy neighbours keep to
-        different cores)."""
-        for slot, proc in list(self._cpu_slots.items()):
-            if proc.returncode is not None:
-                del self._cpu_slots[slot]
-        slot = 0
-        while slot in self._cpu_slots:
-            slot += 1
-        return slot
 
     def log_path(self, model_id: str, index: int) -> Path:
         return self.log_dir / f"{file_stem(model_id)}.{index}.log"
 
     async def spawn(self, settings: wire.WorkerSettings, owner: LinkOwner) -> "SocketLink":
-        slot = self._free_cpu_slot()
-        settings = msgspec.structs.replace(settings, cpu_slot=slot)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         log_path = self.log_path(settings.model_id, settings.instance)
         try:
@@ -309,7 +295,6 @@ class LocalSpawner:
             raise
         finally:
             child.close()
-        self._cpu_slots[slot] = proc
         parent.setblocking(False)
         link = SocketLink(owner, proc, log_path)
         await link.connect(parent)

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from corral import wire
-from corral.worker.cores import CorePlacer
 from corral.worker.cpu import ThreadGovernor, parent_running
 
 if TYPE_CHECKING:
@@ -152,13 +151,7 @@ def serve(sock: socket.socket, settings: wire.WorkerSettings) -> int:
     inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
     threading.Thread(target=_reader, args=(sock, inbox, _preparer(engine)), name="corral-reader",
                      daemon=True).start()
-    placer = CorePlacer(settings.cpu_slot)
-
-    def set_threads(n: int) -> None:
-        engine.set_threads(n)
-        placer.apply(n)
-
-    governor = ThreadGovernor(engine.m.threads, set_threads, parent_running=parent_running)
+    governor = ThreadGovernor(engine.m.threads, engine.set_threads, parent_running=parent_running)
     governor.enabled = governor.enabled and os.environ.get("CORRAL_ADAPTIVE_THREADS", "1") != "0"
     try:
         return _loop(engine, inbox, out, governor)
