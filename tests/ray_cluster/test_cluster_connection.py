@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from .conftest import Events, Nodes, RayRouter, corral_workers
-from .test_cluster_router import _named_actors, completion, mid, model, ready_instances
+from .test_cluster_router import _named_actors, completion, mid, model, ready_instances, wait_no_orphans
 
 pytestmark = pytest.mark.integration
 
@@ -35,11 +35,7 @@ async def test_ray_client_address_places_serves_and_cleans_up(cluster: Nodes, tm
         assert len(corral_workers(m)) == 1 and len(_named_actors(cluster, m)) == 1
     finally:
         await r.stop()
-    # the bridge killed its actors and disconnected its client session
-    for _ in range(300):
-        if not corral_workers(m) and not _named_actors(cluster, m):
-            break
-        await asyncio.sleep(0.1)
+    await wait_no_orphans(cluster, m)  # the bridge killed its actors and disconnected its client session
     assert not corral_workers(m), "a worker survived the router's stop (ray://)"
     assert not _named_actors(cluster, m), "an actor survived the router's stop (ray://)"
 

@@ -132,11 +132,7 @@ async def test_router_sigkill_leaves_no_actor_and_no_worker(cluster: Nodes, tmp_
         assert len(_named_actors(cluster, m)) == 2
         os.kill(r.proc.pid, signal.SIGKILL)
         r.proc.wait()
-        # nothing to await across processes: poll until Ray and the kernel have cleaned up
-        for _ in range(300):
-            if not corral_workers(m) and not _named_actors(cluster, m):
-                break
-            await asyncio.sleep(0.1)
+        await wait_no_orphans(cluster, m)
         assert not corral_workers(m), "a worker survived its router"
         assert not _named_actors(cluster, m), "an actor survived its router"
     finally:
@@ -165,6 +161,15 @@ async def _stream_and_kill(r: RayRouter, m: str) -> tuple[dict[str, Any], dict[s
 
 def _ppid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+async def wait_no_orphans(cluster: Nodes, m: str) -> None:
+    """Until no worker and no actor of ``m`` is left, at most 30 s (nothing to await across
+    processes: poll until Ray and the kernel have cleaned up)."""
+    for _ in range(300):
+        if not corral_workers(m) and not _named_actors(cluster, m):
+            return
+        await asyncio.sleep(0.1)
 
 
 def _named_actors(cluster: Nodes, model_id: str) -> list[str]:
