@@ -20,8 +20,9 @@ A link
 - reports where it runs (``placement``: pid, node id, node address; node id and address
   are None for this machine), and the last lines of the worker's log (``log_tail``).
 
-A transport implements a ``Spawner`` and a ``WorkerLink`` subclass with ``_write``,
-``is_open``, ``terminate``, ``kill``, ``placement`` (and optionally ``log_tail``), and
+A transport implements a ``Spawner`` and a ``WorkerLink`` subclass that sets
+``_transport`` (the asyncio transport frames go out on; ``_write`` and ``is_open`` use
+it) and has ``terminate``, ``kill``, ``placement`` (and optionally ``log_tail``), and
 feeds what it receives to ``receive(bytes)`` (raw frames) or ``deliver(msg)``, then
 calls ``closed()`` and ``exited(LinkExit)``. ``LocalSpawner``/``SocketLink`` (below) are
 the local transport: a child process of the router on a ``socketpair``.
@@ -117,6 +118,7 @@ class WorkerLink(abc.ABC):
         self._stats_waiters: list[asyncio.Future[wire.Stats]] = []
         self._decoder = wire.FrameDecoder()
         self._exit: LinkExit | None = None
+        self._transport: asyncio.WriteTransport | None = None  # set by the subclass once connected
 
     # ------------------------------------------------------------ transport (subclasses)
 
@@ -125,13 +127,15 @@ class WorkerLink(abc.ABC):
     def placement(self) -> Placement: ...
 
     @property
-    @abc.abstractmethod
     def is_open(self) -> bool:
         """The channel can carry frames to the worker."""
+        t = self._transport
+        return t is not None and not t.is_closing()
 
-    @abc.abstractmethod
     def _write(self, frame: bytes) -> None:
         """Queue one encoded frame to the worker (never blocks)."""
+        if self._transport is not None:
+            self._transport.write(frame)
 
     @abc.abstractmethod
     def terminate(self) -> None:
@@ -323,7 +327,6 @@ class SocketLink(WorkerLink):
         super().__init__(owner, log_path)
         self._proc = proc
         self._placement = Placement(pid=proc.pid)
-        self._transport: asyncio.WriteTransport | None = None
         self._waiter = asyncio.get_running_loop().create_task(self._wait_exit(),
                                                               name=f"reap worker {proc.pid}")
 
@@ -348,15 +351,6 @@ class SocketLink(WorkerLink):
     @property
     def placement(self) -> Placement:
         return self._placement
-
-    @property
-    def is_open(self) -> bool:
-        t = self._transport
-        return t is not None and not t.is_closing()
-
-    def _write(self, frame: bytes) -> None:
-        if self._transport is not None:
-            self._transport.write(frame)
 
     def terminate(self) -> None:
         kill_group(self._proc.pid, signal.SIGTERM)

@@ -82,7 +82,6 @@ class RayLink(WorkerLink):
         self.placed = placed
         self._cluster = cluster
         self._pid: int | None = None
-        self._transport: asyncio.Transport | None = None
         self._close_timer: asyncio.TimerHandle | None = None
         self._tail = ""
         self.node_text = f"node {placed.node_address} (id {placed.node_id[:12]})"
@@ -111,15 +110,6 @@ class RayLink(WorkerLink):
     def placement(self) -> Placement:
         return Placement(pid=self._pid, node_id=self.placed.node_id,
                          node_address=self.placed.node_address)
-
-    @property
-    def is_open(self) -> bool:
-        t = self._transport
-        return t is not None and not t.is_closing()
-
-    def _write(self, frame: bytes) -> None:
-        if self._transport is not None:
-            self._transport.write(frame)
 
     def deliver(self, msg: wire.FromWorker) -> None:
         if isinstance(msg, (wire.Loading, wire.Ready)):
