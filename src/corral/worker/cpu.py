@@ -18,9 +18,12 @@ estimate, not capped by the configured number) caps the threads that sample a st
 The window is blind to what happened at its end: a worker that sat idle next to a busy
 one has settled on fewer threads, and when its neighbour goes quiet and a request comes,
 the next decision is up to ``interval_s`` away (a short request runs all of it on too few
-threads). So when work arrives at an idle engine, ``wake()`` decides again at once from the
-threads runnable right now (``procs_running`` in /proc/stat, less this process's own),
-and starts a fresh measuring window for the busy spell.
+threads). So when work arrives at an idle engine, ``wake()`` looks at the threads runnable
+right now (``procs_running`` in /proc/stat, less this process's own and the router's if it
+is running: it just handed over the work). If there is room it takes the threads back at
+once; it never lowers them (at that instant the router and the client are often running).
+It starts a fresh measuring window, a short one (0.1 s), so that a count the idle spell
+left wrong is put right quickly.
 
 Niced processes (``nice`` > 0: background builds, test suites) give their cores back to
 a worker at normal priority, so they do not count as others when the worker itself is
