@@ -1,7 +1,8 @@
 """Sampling a step's slots on several threads (``sampling_threads``): two measurements.
 
-    # per-step draw time, in-process, pools of 1/2/4 threads swapped step by step (interleaved)
-    python bench/sampling_threads.py step --slots 8,32 --variants 1,2,4 [--threads 2] [--gpu-layers N]
+    # per-step draw time, in-process, pools of 1/2/4 threads swapped step by step (interleaved);
+    # a variant "1full" is 1 thread drawing over the whole vocabulary (no short list)
+    python bench/sampling_threads.py step --slots 8,32 --variants 1,2,4,1full [--threads 2] [--gpu-layers N]
     # tok/s of worker processes reached over their sockets, one per variant, rounds interleaved
     python bench/sampling_threads.py ab --concurrency 8 --variants 1,2 --rounds 6 [--threads 2] [--gpu-layers N]
 
@@ -56,12 +57,12 @@ def cmd_step(a: argparse.Namespace) -> None:
     from loadgen import SAMPLING, make_prompt
 
     slots = [int(x) for x in a.slots.split(",")]
-    variants = [int(x) for x in a.variants.split(",")]
+    variants = [x.strip() for x in a.variants.split(",")]
     n_slots = max(slots)
     e = Engine(wire.WorkerSettings(model_id="bench", model_path=model_path(a.model), threads=a.threads,
                                    n_parallel=n_slots, ctx_len=n_slots * 512, n_gpu_layers=a.gpu_layers,
                                    sampling_threads=1))
-    pools = {v: SamplePool(v) for v in variants}
+    pools = {v: SamplePool(int(v.removesuffix("full"))) for v in variants}
     timing: dict[str, float] = {"map": 0.0, "take": 0.0}
 
     def timed(pool: SamplePool) -> Any:
@@ -96,14 +97,22 @@ def cmd_step(a: argparse.Namespace) -> None:
             e.submit(wire.GenerateRequest(id=f"s{c}-{i}", prompt=make_prompt(i), params=params))
         while any(s.job is not None and s.n_gen == 0 for s in e.slots) or e.waiting:
             e.step()
+        shorts = {s.index: s.sampler.short for s in e.slots if s.sampler is not None}
+
+        def use(v: str) -> None:
+            e.pool = pools[v]
+            for s in e.slots:  # "full": the whole vocabulary (worker/candidates.py off)
+                if s.sampler is not None:
+                    s.sampler.short = None if v.endswith("full") else shorts.get(s.index)
+
         for _ in range(3):  # warm the pool threads
             for v in variants:
-                e.pool = pools[v]
+                use(v)
                 e.step()
-        rows: dict[int, list[tuple[float, float, float]]] = {v: [] for v in variants}
+        rows: dict[str, list[tuple[float, float, float]]] = {v: [] for v in variants}
         for _ in range(a.steps):
             for v in variants:
-                e.pool = pools[v]
+                use(v)
                 timing["map"] = timing["take"] = 0.0
                 t0 = time.perf_counter()
                 e.step()
@@ -118,7 +127,7 @@ def cmd_step(a: argparse.Namespace) -> None:
                 e.abort(s.job.req.id)
         e.take_output()
     print(f"load after: {os.getloadavg()[0]:.2f}")
-    e.pool = pools[variants[0]]
+    use(variants[0])
     for p in pools.values():
         p.close()
     e.close()

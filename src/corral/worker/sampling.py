@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from corral import wire
+from corral.worker.candidates import ShortList
 
 __all__ = ["make_sampler", "free_sampler", "resolve_seed", "SlotSampler", "token_logprobs", "logits_at",
            "Logits", "BAN"]
@@ -167,10 +168,14 @@ class SlotSampler:
         self.min_p = p.min_p if not self.greedy else 0.0
         self.tops: list[ll.llama_sampler_p] = []
         self.chain: ll.llama_sampler_p | None = None
+        self.short: ShortList | None = None
         if grammar is None:
             self.chain = make_sampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=eog_tokens,
                                       prompt_tail=prompt_tail)
             self.pre = None
+            if not _has_penalties(p) and (self.greedy or p.top_k > 0):
+                touched = list(p.logit_bias) + (eog_tokens if p.ignore_eos else [])
+                self.short = ShortList(1 if self.greedy else p.top_k, touched, n_vocab)
             return
         self.pre = _new_chain()
         if not _add_pre(self.pre, p, n_vocab, eog_tokens):
@@ -202,6 +207,10 @@ class SlotSampler:
 
     def sample(self, ctx: ll.llama_context_p, idx: int, is_eog: Callable[[int], bool]) -> int:
         if self.grammar is None:
+            if self.short is not None and self.chain:
+                tok = self.short.sample(self.chain, logits_at(ctx, idx, self.n_vocab))
+                if tok is not None:
+                    return tok
             return int(ll.llama_sampler_sample(self.chain, ctx, idx))
         logits = logits_at(ctx, idx, self.n_vocab)
         tok = self._apply(logits, grammar_first=False)

@@ -1,0 +1,127 @@
+"""Sampling from the few tokens a chain can pick, not the whole vocabulary.
+
+``llama_sampler_sample`` copies every logit into a candidate array (262k entries, 3 MB
+with Gemma) before the chain's top-k keeps 40 of them: ~0.3 ms per slot and step in a
+running worker, nearly all of it memory traffic, so more threads do not make it faster.
+A chain that starts with top-k (or is greedy) can only pick among the k highest logits,
+and a superset of those is found in one vectorized pass: the tokens at or above a floor
+(``flatnonzero``). The chain then runs unchanged, in C, on that short array (~0.12 ms in
+all per slot and step).
+
+Why it is the same draw:
+
+- Any floor will do if at least ``k`` untouched tokens lie at or above it. Tokens the
+  logit bias touches (the request's ``logit_bias``; end-of-generation tokens with
+  ``ignore_eos``) are always in the array and do not count toward ``k``. Then the k-th
+  highest biased logit is at or above the floor, so every token the top-k keeps is in
+  the array (untouched ones by the floor, touched ones by inclusion).
+- The array is in token-id order, like the full one, so greedy picks the same token on
+  ties; the chain's top-k sorts it as it sorts the full array, and dist draws from the
+  same k entries with the same random number.
+- Penalties keep a history and change any token's logit, and without a top-k the later
+  samplers need the whole vocabulary: those chains (and grammars) take the full path.
+  So does a draw with infinite or NaN logits, or ties over more than ``MAX_SHORT`` tokens.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import llama_cpp as ll
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["ShortList", "MAX_SHORT"]
+
+MAX_SHORT = 32768  # more candidates than this: the full path is as cheap
+_START_WINDOW = 8.0  # logits below the maximum, when the first guess fails
+_MAX_TRIES = 12
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+
+
+class ShortList:
+    """One slot's short candidate list for a chain whose first pick is a top-``k`` (1 for
+    greedy). ``touched``: the token ids the chain's logit bias changes. Not thread-safe:
+    one slot's draws run on one thread at a time (sample_pool.py)."""
+
+    def __init__(self, k: int, touched: list[int], n_vocab: int) -> None:
+        self.k = k
+        self.n_vocab = n_vocab
+        self.touched = np.array(sorted(t for t in set(touched) if 0 <= t < n_vocab), dtype=np.int64)
+        # a stride with about 25 k tokens above its sample's maximum (at least 64, and a
+        # sample of at least 16 tokens)
+        self.stride = max(64, min(1 << max(0, (25 * k - 1).bit_length()), n_vocab // 16))
+        self._too_few = False
+        self.mask = np.zeros(n_vocab, dtype=np.bool_)
+        self.data = np.zeros(0, dtype=_TOKEN_DATA)
+        self.cur = ll.llama_token_data_array(None, 0, -1, False)
+        self.short_draws = 0  # draws served from the short list (for tests and stats)
+
+    def sample(self, chain: ll.llama_sampler_p, logits: npt.NDArray[np.float32]) -> int | None:
+        """The chain's token, drawn from the short list and accepted into the chain; None
+        when this draw must take the full path (nothing was applied or accepted)."""
+        ids = self._candidates(logits)
+        if ids is None:
+            return None
+        n = len(ids)
+        if len(self.data) < n:
+            self.data = np.zeros(max(n, 2 * len(self.data), 256), dtype=_TOKEN_DATA)
+            self.cur.data = self.data.ctypes.data_as(ll.llama_token_data_p)  # type: ignore[assignment]
+        d = self.data[:n]
+        d["id"] = ids
+        d["logit"] = logits[ids]
+        d["p"] = 0.0
+        cur = self.cur
+        cur.size = n
+        cur.selected = -1
+        cur.sorted = False
+        ll.llama_sampler_apply(chain, ctypes.byref(cur))
+        sel = cur.selected
+        if not 0 <= sel < cur.size:
+            raise RuntimeError(f"the sampler chain selected no token ({sel} of {cur.size})")
+        tok = int(self.data["id"][sel])
+        ll.llama_sampler_accept(chain, tok)
+        self.short_draws += 1
+        return tok
+
+    def _candidates(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.int64] | None:
+        """Token ids (ascending) that hold every token the chain could pick, or None.
+
+        Any floor works as long as at least ``k`` untouched tokens lie at or above it. The
+        first guess is the highest of every ``stride``-th logit (about ``stride`` tokens lie
+        above it; the stride is ~25 k): one pass over the vocabulary, usually the only one.
+        Otherwise a window below the true maximum is widened or narrowed until it holds
+        enough tokens and not too many."""
+        found = self._within(logits, float(logits[:: self.stride].max()))
+        if found is not None:
+            return found
+        top = float(logits.max())
+        if not math.isfinite(top):
+            return None
+        window, low, high = _START_WINDOW, 0.0, math.inf  # the right window lies in (low, high)
+        for _ in range(_MAX_TRIES):
+            found = self._within(logits, top - window)
+            if found is not None:
+                return found
+            if self._too_few:
+                low = window
+            else:
+                high = window
+            window = window * 2.0 if high == math.inf else (low + high) / 2.0
+        return None  # ties over a wide band: no short list holds them
+
+    def _within(self, logits: npt.NDArray[np.float32], floor: float) -> npt.NDArray[np.int64] | None:
+        """The tokens at or above ``floor`` and the touched ones, if that is enough tokens
+        (``k`` untouched ones) and not too many; else None, with ``_too_few`` set."""
+        np.greater_equal(logits, floor, out=self.mask)
+        ids = np.flatnonzero(self.mask)
+        touched = self.touched
+        outside = touched[~(logits[touched] >= floor)] if len(touched) else touched
+        # the touched tokens inside do not count toward k
+        self._too_few = len(ids) - (len(touched) - len(outside)) < self.k
+        if self._too_few or len(ids) > MAX_SHORT:
+            return None
+        if len(outside):
+            ids = np.sort(np.concatenate((ids, outside)))
+        return ids

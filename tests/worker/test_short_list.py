@@ -1,0 +1,136 @@
+"""The short candidate list (worker/candidates.py) draws exactly what the full chain draws.
+
+Each case runs two copies of one sampler chain with the same seed over the same logits:
+one through llama.cpp's full path (every token in the candidate array, as
+``llama_sampler_sample`` builds it), one through ``SlotSampler``'s short list. The tokens
+must be identical, draw for draw, and the short list must really have served them."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import llama_cpp as ll
+import numpy as np
+import pytest
+
+from corral import wire
+from corral.worker.candidates import MAX_SHORT, ShortList
+from corral.worker.sampling import SlotSampler, make_sampler
+
+N_VOCAB = 50_000
+EOG = [1, 106, 212]
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+
+
+def full_draw(chain: ll.llama_sampler_p, logits: np.ndarray) -> int:
+    """What llama_sampler_sample does: every token, in id order, then the chain, then accept."""
+    data = np.zeros(len(logits), dtype=TOKEN_DATA)
+    data["id"] = np.arange(len(logits), dtype=np.int32)
+    data["logit"] = logits
+    cur = ll.llama_token_data_array(data.ctypes.data_as(ll.llama_token_data_p), len(logits), -1, False)
+    ll.llama_sampler_apply(chain, ctypes.byref(cur))
+    tok = int(data["id"][cur.selected])
+    ll.llama_sampler_accept(chain, tok)
+    return tok
+
+
+def logits_stream(seed: int, n: int) -> list[np.ndarray]:
+    """Shapes like a language model's: a few strong tokens over a broad low floor; some flat,
+    some peaked."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        x = rng.normal(0.0, 3.0, N_VOCAB).astype(np.float32)
+        strong = rng.choice(N_VOCAB, 30, replace=False)
+        x[strong] += rng.uniform(5.0, 20.0 if i % 3 else 40.0, 30).astype(np.float32)
+        out.append(x)
+    return out
+
+
+CASES = {
+    "default": wire.SamplingParams(),
+    "ignore_eos": wire.SamplingParams(ignore_eos=True),
+    "top_k_1": wire.SamplingParams(top_k=1),
+    "top_k_5000": wire.SamplingParams(top_k=5000, top_p=1.0, min_p=0.0),  # the window must widen
+    "hot": wire.SamplingParams(temperature=1.7, top_p=0.5, min_p=0.0),
+    "greedy": wire.SamplingParams(temperature=0.0),
+    "boost_a_low_token": wire.SamplingParams(logit_bias={777: 24.0}),
+    "greedy_ban_the_best": wire.SamplingParams(temperature=0.0, logit_bias={5: -100.0}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_short_list_draws_what_the_full_chain_draws(name: str) -> None:
+    p = CASES[name]
+    stream = logits_stream(1, 60)
+    if name == "greedy_ban_the_best":
+        for x in stream:
+            x[5] = x.max() + 5.0  # the best token, banned: greedy must take the second
+    if name == "ignore_eos":
+        for x in stream:
+            x[EOG[1]] = x.max() + 1.0
+    draws: dict[str, list[int]] = {}
+    for seed in (3, 4):
+        full = make_sampler(p, n_vocab=N_VOCAB, seed=seed, eog_tokens=EOG, prompt_tail=[])
+        short = SlotSampler(p, n_vocab=N_VOCAB, seed=seed, eog_tokens=EOG, prompt_tail=[])
+        try:
+            assert short.short is not None and short.chain is not None
+            a = [full_draw(full, x) for x in stream]
+            b = [short.short.sample(short.chain, x) for x in stream]
+            assert a == b
+            assert short.short.short_draws == len(stream)
+            draws[str(seed)] = a
+        finally:
+            ll.llama_sampler_free(full)
+            short.free()
+    if name == "greedy_ban_the_best":
+        assert 5 not in draws["3"]
+    if name == "boost_a_low_token":
+        assert 777 in draws["3"]
+    if name == "ignore_eos":
+        assert not set(draws["3"]) & set(EOG)
+    if p.temperature > 0 and name != "top_k_1":
+        assert draws["3"] != draws["4"], "different seeds should draw differently"
+
+
+def test_greedy_ties_go_to_the_lowest_id_like_the_full_chain() -> None:
+    x = np.zeros(N_VOCAB, dtype=np.float32)
+    x[[900, 17, 4000]] = 9.0
+    p = wire.SamplingParams(temperature=0.0)
+    full = make_sampler(p, n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[])
+    short = SlotSampler(p, n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[])
+    try:
+        assert short.short is not None and short.chain is not None
+        assert short.short.sample(short.chain, x) == full_draw(full, x) == 17
+    finally:
+        ll.llama_sampler_free(full)
+        short.free()
+
+
+@pytest.mark.parametrize("p", [wire.SamplingParams(repeat_penalty=1.3),
+                               wire.SamplingParams(top_k=0),
+                               wire.SamplingParams(presence_penalty=0.5)])
+def test_chains_that_need_every_token_take_the_full_path(p: wire.SamplingParams) -> None:
+    s = SlotSampler(p, n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[5, 6])
+    try:
+        assert s.short is None
+    finally:
+        s.free()
+
+
+@pytest.mark.parametrize("what", ["nan", "inf", "flat"])
+def test_odd_logits_fall_back_without_touching_the_chain(what: str) -> None:
+    x = np.zeros(N_VOCAB, dtype=np.float32)  # flat: every token ties, more than MAX_SHORT
+    assert N_VOCAB > MAX_SHORT
+    if what == "nan":
+        x[10] = math.nan
+    elif what == "inf":
+        x[10] = math.inf
+    chain = make_sampler(wire.SamplingParams(), n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[])
+    try:
+        sl = ShortList(40, [], N_VOCAB)
+        assert sl.sample(chain, x) is None
+        assert sl.short_draws == 0
+    finally:
+        ll.llama_sampler_free(chain)
