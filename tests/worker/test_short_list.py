@@ -134,3 +134,51 @@ def test_odd_logits_fall_back_without_touching_the_chain(what: str) -> None:
         assert sl.short_draws == 0
     finally:
         ll.llama_sampler_free(chain)
+
+
+def test_a_real_model_generates_the_same_text_with_and_without_the_short_list(
+        model_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """End to end on the engine: seeded sampling, greedy, a logit bias, ignore_eos and a
+    JSON schema (whose first draw per token uses the short list) give the same text when
+    every draw takes the full path instead."""
+    from corral.worker import sampling
+    from corral.worker.engine import Engine
+
+    from .conftest import run_engine, settings_for
+
+    def reqs() -> list[wire.GenerateRequest]:
+        return [
+            wire.GenerateRequest(id="seeded", prompt="The old lighthouse keeper",
+                                 params=wire.SamplingParams(max_tokens=40, seed=11)),
+            wire.GenerateRequest(id="greedy", prompt="A recipe for bread:",
+                                 params=wire.SamplingParams(max_tokens=40, temperature=0.0)),
+            wire.GenerateRequest(id="biased", prompt="My favourite colour is",
+                                 params=wire.SamplingParams(max_tokens=30, seed=3, ignore_eos=True,
+                                                            logit_bias={236761: -100.0, 1437: 5.0})),
+            wire.GenerateRequest(id="schema", prompt="A person as JSON:", json_schema=SCHEMA,
+                                 params=wire.SamplingParams(max_tokens=40, seed=5)),
+        ]
+
+    made: list[ShortList] = []
+    real = sampling._short_list
+
+    def recorded(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        sl = real(*a, **kw)
+        made.extend([sl] if sl is not None else [])
+        return sl
+
+    e = Engine(settings_for(model_path, n_parallel=4, ctx_len=4 * 512))
+    try:
+        monkeypatch.setattr(sampling, "_short_list", recorded)
+        short_texts, _, _ = run_engine(e, reqs())
+        monkeypatch.setattr(sampling, "_short_list", lambda *a, **kw: None)
+        full_texts, _, _ = run_engine(e, reqs())
+    finally:
+        e.close()
+    assert len(made) == 4 and all(sl.short_draws > 0 for sl in made)  # every request used it
+    assert short_texts == full_texts
+    assert all(short_texts[k] for k in ("seeded", "greedy", "biased", "schema"))
+    assert short_texts["schema"].lstrip().startswith("{")
+
+
+SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}'

@@ -19,7 +19,9 @@ Why it is the same draw:
   ties; the chain's top-k sorts it as it sorts the full array, and dist draws from the
   same k entries with the same random number.
 - Penalties keep a history and change any token's logit, and without a top-k the later
-  samplers need the whole vocabulary: those chains (and grammars) take the full path.
+  samplers need the whole vocabulary: those chains take the full path. With a grammar,
+  the first draw (without the grammar, sampling.py) uses the short list; resamples with
+  the grammar take their own path.
   So does a draw with infinite or NaN logits, or ties over more than ``MAX_SHORT`` tokens.
 """
 
@@ -61,6 +63,14 @@ class ShortList:
     def sample(self, chain: ll.llama_sampler_p, logits: npt.NDArray[np.float32]) -> int | None:
         """The chain's token, drawn from the short list and accepted into the chain; None
         when this draw must take the full path (nothing was applied or accepted)."""
+        tok = self.pick((chain,), logits)
+        if tok is not None:
+            ll.llama_sampler_accept(chain, tok)
+        return tok
+
+    def pick(self, chains: tuple[ll.llama_sampler_p, ...], logits: npt.NDArray[np.float32]) -> int | None:
+        """The token the chains, applied in turn, select from the short list; nothing is
+        accepted. None when this draw must take the full path (nothing was applied)."""
         ids = self._candidates(logits)
         if ids is None:
             return None
@@ -76,14 +86,13 @@ class ShortList:
         cur.size = n
         cur.selected = -1
         cur.sorted = False
-        ll.llama_sampler_apply(chain, ctypes.byref(cur))
+        for chain in chains:
+            ll.llama_sampler_apply(chain, ctypes.byref(cur))
         sel = cur.selected
         if not 0 <= sel < cur.size:
             raise RuntimeError(f"the sampler chain selected no token ({sel} of {cur.size})")
-        tok = int(self.data["id"][sel])
-        ll.llama_sampler_accept(chain, tok)
         self.short_draws += 1
-        return tok
+        return int(self.data["id"][sel])
 
     def _candidates(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.int64] | None:
         """Token ids (ascending) that hold every token the chain could pick, or None.

@@ -7,10 +7,12 @@ greedy, else top_k, top_p, min_p, temperature, dist(seed).
 
 Two ways to sample a slot:
 
-- plain (no grammar): one ``llama_sampler_sample`` on the whole chain, all in C.
+- plain (no grammar): the whole chain, in C, over the short candidate list of
+  worker/candidates.py (top-k and greedy chains without penalties), else one
+  ``llama_sampler_sample`` over the whole vocabulary.
 - with a grammar (``SlotSampler.grammar``): the way llama.cpp's common sampler does it.
-  Sample WITHOUT the grammar first, then ask the grammar about the chosen token only
-  (one candidate: microseconds). Only if it is rejected, resample with the grammar over
+  Sample WITHOUT the grammar first (over the short list where the chain allows), then
+  ask the grammar about the chosen token only (one candidate: microseconds). Only if it is rejected, resample with the grammar over
   the model's 1024 most likely tokens (the bias/penalty stage, then top-1024, then the
   grammar, then the rest of the chain); if none of them is allowed, over the 16384 most
   likely; only then over the whole vocabulary. Applying a grammar to Gemma's 262k tokens
@@ -152,6 +154,14 @@ def token_logprobs(logits: Logits, token: int, k: int, piece: Callable[[int], by
     return wire.TokenLogprob(piece(token), float(logits[token]) - lse, top, token)
 
 
+def _short_list(p: wire.SamplingParams, n_vocab: int, eog_tokens: list[int]) -> ShortList | None:
+    """A short candidate list (worker/candidates.py) for chains that can use one."""
+    if _has_penalties(p) or not (p.temperature <= 0.0 or p.top_k > 0):
+        return None
+    touched = list(p.logit_bias) + (eog_tokens if p.ignore_eos else [])
+    return ShortList(1 if p.temperature <= 0.0 else p.top_k, touched, n_vocab)
+
+
 class SlotSampler:
     """One request's sampling state. ``sample`` returns the token, or -1 when a grammar
     allows nothing any more (the answer is complete: finish with "stop")."""
@@ -173,9 +183,7 @@ class SlotSampler:
             self.chain = make_sampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=eog_tokens,
                                       prompt_tail=prompt_tail)
             self.pre = None
-            if not _has_penalties(p) and (self.greedy or p.top_k > 0):
-                touched = list(p.logit_bias) + (eog_tokens if p.ignore_eos else [])
-                self.short = ShortList(1 if self.greedy else p.top_k, touched, n_vocab)
+            self.short = _short_list(p, n_vocab, eog_tokens)
             return
         self.pre = _new_chain()
         if not _add_pre(self.pre, p, n_vocab, eog_tokens):
@@ -185,6 +193,7 @@ class SlotSampler:
             _prime(self.pre, p, n_vocab, prompt_tail)
         self.chain = _new_chain()
         _add_post(self.chain, p, seed)
+        self.short = _short_list(p, n_vocab, eog_tokens)
         self.tops = [ll.llama_sampler_init_top_k(k) for k in _RESAMPLE_TOPS]
         self.data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
         self.ids = np.arange(n_vocab, dtype=np.int32)
@@ -213,7 +222,11 @@ class SlotSampler:
                     return tok
             return int(ll.llama_sampler_sample(self.chain, ctx, idx))
         logits = logits_at(ctx, idx, self.n_vocab)
-        tok = self._apply(logits, grammar_first=False)
+        tok = None
+        if self.short is not None and self.chain:  # without the grammar first: the short list will do
+            tok = self.short.pick((self.pre, self.chain) if self.pre else (self.chain,), logits)
+        if tok is None:
+            tok = self._apply(logits, grammar_first=False)
         t0 = time.perf_counter()
         if not self._allowed(tok):
             self.resamples += 1
