@@ -326,6 +326,16 @@ def combined(label: str, parts: list[LoadResult]) -> LoadResult:
     return r
 
 
+def in_turn(label: str, runs: list[LoadResult]) -> LoadResult:
+    """Aggregate of loads run one after another (rounds): tokens over the summed wall time."""
+    r = combined(label, runs)
+    r.concurrency = max((p.concurrency for p in runs), default=0)
+    r.wall_s = sum(p.wall_s for p in runs)
+    r.tok_s = r.completion_tokens / r.wall_s if r.wall_s else 0.0
+    r.req_s = r.ok / r.wall_s if r.wall_s else 0.0
+    return r
+
+
 async def sequential_latency(
     base_url: str,
     *,
