@@ -15,7 +15,8 @@
 # with full offload at c=1, 8, 32, and two instances of one model on one GPU; (5) sampling
 # threads (bench/sampling_threads.py): c=32 tok/s with sampling_threads 1 vs auto on that
 # model and on a Gemma-3-270M-sized one (262k vocabulary: sampling costs ~0.3 ms per slot
-# per step on the CPU), and the per-step draw time with 1, 2, 4, 8 threads. SAMPLING=0 skips it.
+# per step on the CPU), and the per-step draw time with 1, 2, 4, 8 threads, and with 1 and 8 over
+# the whole vocabulary instead of the short candidate list ("1full", "8full"). SAMPLING=0 skips it.
 #
 # CUDA=0 runs every step on a CPU (how this script is tested before GPU minutes are spent).
 set -euo pipefail
@@ -91,5 +92,5 @@ if [ "$SAMPLING" = 1 ]; then
   done
   echo "#### draw time per step: $(basename "$MODEL_262K")" | tee -a "$OUT/table.md"
   "$PY" bench/sampling_threads.py step --model "$MODEL_262K" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
-    --slots 8,32 --variants 1,2,4,8 --steps 20 2>>"$OUT/bench.log" | tee -a "$OUT/table.md"
+    --slots 8,32 --variants 1,2,4,8,1full,8full --steps 20 2>>"$OUT/bench.log" | tee -a "$OUT/table.md"
 fi
