@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from corral import wire
-from corral.worker.candidates import MAX_SHORT, ShortList
+from corral.worker.candidates import MAX_K, MAX_SHORT, ShortList
 from corral.worker.sampling import SlotSampler, make_sampler
 
 N_VOCAB = 50_000
@@ -110,6 +110,7 @@ def test_greedy_ties_go_to_the_lowest_id_like_the_full_chain() -> None:
 
 @pytest.mark.parametrize("p", [wire.SamplingParams(repeat_penalty=1.3),
                                wire.SamplingParams(top_k=0),
+                               wire.SamplingParams(top_k=MAX_K + 1),
                                wire.SamplingParams(presence_penalty=0.5)])
 def test_chains_that_need_every_token_take_the_full_path(p: wire.SamplingParams) -> None:
     s = SlotSampler(p, n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[5, 6])
@@ -132,6 +133,11 @@ def test_odd_logits_fall_back_without_touching_the_chain(what: str) -> None:
         sl = ShortList(40, [], N_VOCAB)
         assert sl.sample(chain, x) is None
         assert sl.short_draws == 0
+        for _ in range(5):  # after a few misses in a row it stops trying
+            assert sl.sample(chain, x) is None
+        assert sl.misses == 3
+        y = logits_stream(2, 1)[0]
+        assert sl.sample(chain, y) is None
     finally:
         ll.llama_sampler_free(chain)
 

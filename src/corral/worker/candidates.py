@@ -19,10 +19,11 @@ Why it is the same draw:
   ties; the chain's top-k sorts it as it sorts the full array, and dist draws from the
   same k entries with the same random number.
 - Penalties keep a history and change any token's logit, and without a top-k the later
-  samplers need the whole vocabulary: those chains take the full path. With a grammar,
-  the first draw (without the grammar, sampling.py) uses the short list; resamples with
-  the grammar take their own path.
-  So does a draw with infinite or NaN logits, or ties over more than ``MAX_SHORT`` tokens.
+  samplers need the whole vocabulary: those chains take the full path, as do top-k
+  above ``MAX_K``, a draw with infinite or NaN logits or ties over more than
+  ``MAX_SHORT`` tokens, and every draw of a slot after three such misses in a row.
+- With a grammar, the first draw (without the grammar, sampling.py) uses the short
+  list; resamples with the grammar take their own path.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ import llama_cpp as ll
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ShortList", "MAX_SHORT"]
+__all__ = ["ShortList", "MAX_SHORT", "MAX_K"]
 
 MAX_SHORT = 32768  # more candidates than this: the full path is as cheap
 _START_WINDOW = 8.0  # logits below the maximum, when the first guess fails
 _MAX_TRIES = 12
+_GIVE_UP_AFTER = 3
+MAX_K = MAX_SHORT // 4  # a larger top-k: no short list (most tries would fail)
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
 
@@ -59,6 +62,7 @@ class ShortList:
         self.data = np.zeros(0, dtype=_TOKEN_DATA)
         self.cur = ll.llama_token_data_array(None, 0, -1, False)
         self.short_draws = 0  # draws served from the short list (for tests and stats)
+        self.misses = 0  # draws in a row that needed the full path; at _GIVE_UP_AFTER, stop trying
 
     def sample(self, chain: ll.llama_sampler_p, logits: npt.NDArray[np.float32]) -> int | None:
         """The chain's token, drawn from the short list and accepted into the chain; None
@@ -71,9 +75,13 @@ class ShortList:
     def pick(self, chains: tuple[ll.llama_sampler_p, ...], logits: npt.NDArray[np.float32]) -> int | None:
         """The token the chains, applied in turn, select from the short list; nothing is
         accepted. None when this draw must take the full path (nothing was applied)."""
+        if self.misses >= _GIVE_UP_AFTER:
+            return None
         ids = self._candidates(logits)
         if ids is None:
+            self.misses += 1  # e.g. a model whose logits tie over a wide band: each try is a pass
             return None
+        self.misses = 0
         n = len(ids)
         if len(self.data) < n:
             self.data = np.zeros(max(n, 2 * len(self.data), 256), dtype=_TOKEN_DATA)

@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from corral import wire
-from corral.worker.candidates import ShortList
+from corral.worker.candidates import MAX_K, ShortList
 
 __all__ = ["make_sampler", "free_sampler", "resolve_seed", "SlotSampler", "token_logprobs", "logits_at",
            "Logits", "BAN"]
@@ -156,7 +156,7 @@ def token_logprobs(logits: Logits, token: int, k: int, piece: Callable[[int], by
 
 def _short_list(p: wire.SamplingParams, n_vocab: int, eog_tokens: list[int]) -> ShortList | None:
     """A short candidate list (worker/candidates.py) for chains that can use one."""
-    if _has_penalties(p) or not (p.temperature <= 0.0 or p.top_k > 0):
+    if _has_penalties(p) or not (p.temperature <= 0.0 or 0 < p.top_k <= MAX_K):
         return None
     touched = list(p.logit_bias) + (eog_tokens if p.ignore_eos else [])
     return ShortList(1 if p.temperature <= 0.0 else p.top_k, touched, n_vocab)
