@@ -52,7 +52,7 @@ CASES = {
     "default": wire.SamplingParams(),
     "ignore_eos": wire.SamplingParams(ignore_eos=True),
     "top_k_1": wire.SamplingParams(top_k=1),
-    "top_k_5000": wire.SamplingParams(top_k=5000, top_p=1.0, min_p=0.0),  # the window must widen
+    "top_k_5000": wire.SamplingParams(top_k=5000, top_p=1.0, min_p=0.0),  # a large k: a ranked first guess
     "hot": wire.SamplingParams(temperature=1.7, top_p=0.5, min_p=0.0),
     "greedy": wire.SamplingParams(temperature=0.0),
     "boost_a_low_token": wire.SamplingParams(logit_bias={777: 24.0}),
@@ -120,14 +120,9 @@ def test_chains_that_need_every_token_take_the_full_path(p: wire.SamplingParams)
         s.free()
 
 
-@pytest.mark.parametrize("what", ["nan", "inf", "flat"])
-def test_odd_logits_fall_back_without_touching_the_chain(what: str) -> None:
-    x = np.zeros(N_VOCAB, dtype=np.float32)  # flat: every token ties, more than MAX_SHORT
+def test_flat_logits_fall_back_and_a_slot_stops_trying() -> None:
+    x = np.zeros(N_VOCAB, dtype=np.float32)  # every token ties: more than MAX_SHORT
     assert N_VOCAB > MAX_SHORT
-    if what == "nan":
-        x[10] = math.nan
-    elif what == "inf":
-        x[10] = math.inf
     chain = make_sampler(wire.SamplingParams(), n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[])
     try:
         sl = ShortList(40, [], N_VOCAB)
@@ -136,8 +131,38 @@ def test_odd_logits_fall_back_without_touching_the_chain(what: str) -> None:
         for _ in range(5):  # after a few misses in a row it stops trying
             assert sl.sample(chain, x) is None
         assert sl.misses == 3
-        y = logits_stream(2, 1)[0]
-        assert sl.sample(chain, y) is None
+        assert sl.sample(chain, logits_stream(2, 1)[0]) is None
+    finally:
+        ll.llama_sampler_free(chain)
+
+
+def test_an_infinite_logit_takes_the_full_path_without_moving_the_chain() -> None:
+    x, y = logits_stream(5, 2)
+    x[10] = math.inf  # not one of the sampled logits (every stride-th)
+    sl = ShortList(40, [], N_VOCAB)
+    assert 10 % sl.stride != 0
+    a = make_sampler(wire.SamplingParams(), n_vocab=N_VOCAB, seed=9, eog_tokens=EOG, prompt_tail=[])
+    b = make_sampler(wire.SamplingParams(), n_vocab=N_VOCAB, seed=9, eog_tokens=EOG, prompt_tail=[])
+    try:
+        assert sl.sample(a, x) is None
+        assert sl.short_draws == 0
+        assert full_draw(a, y) == full_draw(b, y)  # the random state did not move
+        assert sl.sample(a, y) == full_draw(b, y)
+    finally:
+        ll.llama_sampler_free(a)
+        ll.llama_sampler_free(b)
+
+
+def test_a_nan_logit_is_never_drawn() -> None:
+    sl = ShortList(40, [], N_VOCAB)
+    chain = make_sampler(wire.SamplingParams(temperature=1.5, top_p=1.0, min_p=0.0), n_vocab=N_VOCAB, seed=2,
+                         eog_tokens=EOG, prompt_tail=[])
+    try:
+        drawn = []
+        for x in logits_stream(6, 40):
+            x[10] = math.nan
+            drawn.append(sl.sample(chain, x))
+        assert None not in drawn and 10 not in drawn
     finally:
         ll.llama_sampler_free(chain)
 
@@ -163,6 +188,10 @@ def test_a_real_model_generates_the_same_text_with_and_without_the_short_list(
                                                             logit_bias={236761: -100.0, 1437: 5.0})),
             wire.GenerateRequest(id="schema", prompt="A person as JSON:", json_schema=SCHEMA,
                                  params=wire.SamplingParams(max_tokens=40, seed=5)),
+            # a grammar with a logit bias: the short list runs the bias chain, then the rest
+            wire.GenerateRequest(id="schema_biased", prompt="Another person as JSON:", json_schema=SCHEMA,
+                                 params=wire.SamplingParams(max_tokens=40, seed=6, ignore_eos=True,
+                                                            logit_bias={1437: 3.0, 236761: -100.0})),
         ]
 
     made: list[ShortList] = []
@@ -181,10 +210,11 @@ def test_a_real_model_generates_the_same_text_with_and_without_the_short_list(
         full_texts, _, _ = run_engine(e, reqs())
     finally:
         e.close()
-    assert len(made) == 4 and all(sl.short_draws > 0 for sl in made)  # every request used it
+    assert len(made) == 5 and all(sl.short_draws > 0 for sl in made)  # every request used it
     assert short_texts == full_texts
-    assert all(short_texts[k] for k in ("seeded", "greedy", "biased", "schema"))
+    assert all(short_texts[k] for k in ("seeded", "greedy", "biased", "schema", "schema_biased"))
     assert short_texts["schema"].lstrip().startswith("{")
+    assert short_texts["schema_biased"].lstrip().startswith("{")
 
 
 SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}'

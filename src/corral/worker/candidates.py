@@ -20,8 +20,9 @@ Why it is the same draw:
   same k entries with the same random number.
 - Penalties keep a history and change any token's logit, and without a top-k the later
   samplers need the whole vocabulary: those chains take the full path, as do top-k
-  above ``MAX_K``, a draw with infinite or NaN logits or ties over more than
-  ``MAX_SHORT`` tokens, and every draw of a slot after three such misses in a row.
+  above ``MAX_K``, a draw with an infinite logit or ties over more than ``MAX_SHORT``
+  tokens, and every draw of a slot after three such misses in a row. A NaN logit (a
+  broken model; llama.cpp's sort of it is undefined) is never drawn here.
 - With a grammar, the first draw (without the grammar, sampling.py) uses the short
   list; resamples with the grammar take their own path.
 """
@@ -54,9 +55,13 @@ class ShortList:
         self.k = k
         self.n_vocab = n_vocab
         self.touched = np.array(sorted(t for t in set(touched) if 0 <= t < n_vocab), dtype=np.int64)
-        # a stride with about 25 k tokens above its sample's maximum (at least 64, and a
-        # sample of at least 16 tokens)
-        self.stride = max(64, min(1 << max(0, (25 * k - 1).bit_length()), n_vocab // 16))
+        # The first floor: the ``rank``-th highest of every ``stride``-th logit, which
+        # about ``rank * stride`` ~ 25 k tokens lie above (at most MAX_SHORT / 2); the
+        # sample has at least 256 logits, and the plain maximum of it (rank 1, cheapest)
+        # serves small k on a large vocabulary.
+        target = min(25 * k, MAX_SHORT // 2)
+        self.stride = max(1, min(1 << max(0, (target - 1).bit_length()), n_vocab // 256))
+        self.rank = max(1, round(target / self.stride))
         self._too_few = False
         self.mask = np.zeros(n_vocab, dtype=np.bool_)
         self.data = np.zeros(0, dtype=_TOKEN_DATA)
@@ -106,11 +111,14 @@ class ShortList:
         """Token ids (ascending) that hold every token the chain could pick, or None.
 
         Any floor works as long as at least ``k`` untouched tokens lie at or above it. The
-        first guess is the highest of every ``stride``-th logit (about ``stride`` tokens lie
-        above it; the stride is ~25 k): one pass over the vocabulary, usually the only one.
+        first guess comes from every ``stride``-th logit (about 25 k tokens lie above it):
+        one pass over the vocabulary, usually the only one.
         Otherwise a window below the true maximum is widened or narrowed until it holds
         enough tokens and not too many."""
-        found = self._within(logits, float(logits[:: self.stride].max()))
+        sample = logits[:: self.stride]
+        rank = min(self.rank, len(sample))
+        guess = sample.max() if rank == 1 else np.partition(sample, len(sample) - rank)[len(sample) - rank]
+        found = self._within(logits, float(guess))
         if found is not None:
             return found
         top = float(logits.max())
@@ -138,6 +146,8 @@ class ShortList:
         # the touched tokens inside do not count toward k
         self._too_few = len(ids) - (len(touched) - len(outside)) < self.k
         if self._too_few or len(ids) > MAX_SHORT:
+            return None
+        if logits[ids].max() == math.inf:  # then the maximum is infinite: the full path decides
             return None
         if len(outside):
             ids = np.sort(np.concatenate((ids, outside)))

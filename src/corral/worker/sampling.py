@@ -206,6 +206,7 @@ class SlotSampler:
             return
         self._freed = True
         free_sampler(self.chain)
+        self.chain = None
         free_sampler(self.pre)
         self.pre = None
         free_sampler(self.grammar)
@@ -215,15 +216,17 @@ class SlotSampler:
         self.tops = []
 
     def sample(self, ctx: ll.llama_context_p, idx: int, is_eog: Callable[[int], bool]) -> int:
+        if not self.chain:
+            raise RuntimeError("this request's sampler was freed")
         if self.grammar is None:
-            if self.short is not None and self.chain:
+            if self.short is not None:
                 tok = self.short.sample(self.chain, logits_at(ctx, idx, self.n_vocab))
                 if tok is not None:
                     return tok
             return int(ll.llama_sampler_sample(self.chain, ctx, idx))
         logits = logits_at(ctx, idx, self.n_vocab)
         tok = None
-        if self.short is not None and self.chain:  # without the grammar first: the short list will do
+        if self.short is not None:  # without the grammar first: the short list will do
             tok = self.short.pick((self.pre, self.chain) if self.pre else (self.chain,), logits)
         if tok is None:
             tok = self._apply(logits, grammar_first=False)
