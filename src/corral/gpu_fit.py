@@ -24,7 +24,10 @@ Pure functions: tested with made-up devices and layouts.
 
 from __future__ import annotations
 
+import bisect
 import re
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +35,8 @@ from corral import wire
 from corral.gguf_header import GGUFError, array_len, read_header
 from corral.settings import ModelSettings
 
-__all__ = ["ModelLayout", "read_layout", "FitError", "plan_fit", "device_need", "DEFAULT_MARGIN_BYTES",
-           "GGUFError"]
+__all__ = ["ModelLayout", "read_layout", "FitError", "plan_fit", "device_need", "device_needs", "layer_shares",
+           "split_by_free", "DEFAULT_MARGIN_BYTES", "GGUFError"]
 
 DEFAULT_MARGIN_BYTES = 512 * 1024 * 1024
 _CTX_STEP = 256
@@ -111,6 +114,7 @@ class _Sizes:
     layout: ModelLayout
     n_slots: int
     n_ubatch: int
+    shares: tuple[float, ...] = (1.0,)  # each device's cumulative share of the GPU layers (llama.cpp's splits)
 
     def kv_layer(self, layer: int, ctx: int) -> int:
         lo = self.layout
@@ -119,17 +123,42 @@ class _Sizes:
             cells = min(ctx, (lo.sliding_window + self.n_ubatch) * self.n_slots)
         return lo.kv_bytes_per_cell() * cells
 
+    def logits(self) -> int:
+        return 4 * self.n_ubatch * self.layout.n_vocab
+
     def compute(self, ctx: int) -> int:
         lo = self.layout
-        return 4 * self.n_ubatch * (lo.n_vocab + 16 * lo.n_embd) + 4 * self.n_ubatch * min(ctx, 4096)
+        return self.logits() + 4 * self.n_ubatch * 16 * lo.n_embd + 4 * self.n_ubatch * min(ctx, 4096)
+
+    def per_device(self, ngl: int, ctx: int) -> list[int]:
+        """Bytes on each device with ``ngl`` layers offloaded, split as llama.cpp's
+        ``load_tensors`` does (split mode "layer", no ``tensor_split``): GPU layer ``u`` of
+        ``act`` (the output head last) goes to the first device whose cumulative share of
+        free memory exceeds ``u / act`` (float32, as there); each layer's KV goes with it;
+        the device of the last GPU layer gets the whole compute estimate, the others its
+        activation part (no logits)."""
+        lo = self.layout
+        out = [0] * len(self.shares)
+        act = min(max(ngl, 0), lo.n_layer + 1)
+        if act == 0:
+            return out
+        # the offloaded units in llama.cpp's order: the last repeating layers, then the
+        # output head when all of them are offloaded (this module's per-layer rule)
+        first = lo.n_layer - min(act, lo.n_layer)
+        units = list(range(first, lo.n_layer)) + ([lo.n_layer] if act > lo.n_layer else [])
+        dev = 0
+        for u, il in enumerate(units):
+            dev = min(bisect.bisect_right(self.shares, _f32(_f32(u) / act)), len(out) - 1)
+            out[dev] += lo.output_bytes if il == lo.n_layer else lo.layer_bytes[il] + self.kv_layer(il, ctx)
+        for k in range(len(out)):
+            if k == dev:
+                out[k] += self.compute(ctx)
+            elif out[k] > 0:
+                out[k] += self.compute(ctx) - self.logits()
+        return out
 
     def on_device(self, ngl: int, ctx: int) -> int:
-        lo = self.layout
-        first = lo.n_layer - min(ngl, lo.n_layer)
-        total = sum(lo.layer_bytes[first:]) + sum(self.kv_layer(i, ctx) for i in range(first, lo.n_layer))
-        if ngl > lo.n_layer:
-            total += lo.output_bytes
-        return total + (self.compute(ctx) if ngl > 0 else 0)
+        return sum(self.per_device(ngl, ctx))
 
     def on_host(self, ngl: int, ctx: int) -> int:
         lo = self.layout
@@ -140,54 +169,111 @@ class _Sizes:
         return total
 
 
-def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo, ctx_len: int, n_slots: int,
-             ctx_floor_per_slot: int, n_ubatch: int = 512, margin_bytes: int = DEFAULT_MARGIN_BYTES,
+def _f32(x: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", x))[0])
+
+
+def layer_shares(free: Sequence[int]) -> tuple[float, ...]:
+    """llama.cpp's split points for devices with ``free`` bytes free: the cumulative
+    fractions, summed and divided in float32 as ``llama_model_base::load_tensors`` does."""
+    acc, cum = 0.0, []
+    for f in free:
+        acc = _f32(acc + _f32(float(max(0, f))))
+        cum.append(acc)
+    if acc <= 0:  # no device reports free memory: equal shares
+        return tuple(_f32((k + 1) / len(cum)) for k in range(len(cum)))
+    return tuple(_f32(c / acc) for c in cum)
+
+
+def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
+             devices: Sequence[wire.DeviceInfo] = (), limits: Sequence[int | None] = (), ctx_len: int,
+             n_slots: int, ctx_floor_per_slot: int, n_ubatch: int = 512, margin_bytes: int = DEFAULT_MARGIN_BYTES,
              host_available_bytes: int | None = None) -> wire.FitPlan:
-    """The largest placement on ``device`` (see the module docstring)."""
-    s = _Sizes(layout, max(1, n_slots), max(1, n_ubatch))
-    budget = device.free_bytes - margin_bytes
+    """The largest placement on ``device`` or on ``devices`` (see the module docstring).
+
+    With several devices the GPU layers are apportioned to them by their free memory, as
+    llama.cpp does, and every device must hold its share within its free memory less the
+    margin. ``limits[k]``: at most this much of device ``k`` (the router's share; None:
+    its free memory less the margin)."""
+    devs = list(devices) if devices else ([device] if device is not None else [])
+    if not devs:
+        raise ValueError("plan_fit needs a device")
+    lims = list(limits) + [None] * (len(devs) - len(limits))
+    free = [d.free_bytes if lim is None else min(d.free_bytes, lim + margin_bytes) for d, lim in zip(devs, lims)]
+    caps = [f - margin_bytes for f in free]
+    s = _Sizes(layout, max(1, n_slots), max(1, n_ubatch), layer_shares([d.free_bytes for d in devs]))
+    names = ",".join(d.name for d in devs)
+
+    def fits(ngl: int, ctx: int) -> bool:
+        return all(b <= c for b, c in zip(s.per_device(ngl, ctx), caps))
+
     full = layout.n_layer + 1
     step = _CTX_STEP * s.n_slots
     floor = min(ctx_len, max(step, ctx_floor_per_slot * s.n_slots))
     notes: list[str] = []
     ngl, ctx = full, ctx_len
-    if s.on_device(full, ctx_len) > budget:
+    if not fits(full, ctx_len):
         ctx = (ctx_len // step) * step
-        while ctx > floor and s.on_device(full, ctx) > budget:
+        while ctx > floor and not fits(full, ctx):
             ctx -= step
         ctx = max(ctx, floor)
         if ctx < ctx_len:
-            notes.append(f"context {ctx_len} -> {ctx} cells to fit {device.name}")
-        if s.on_device(full, ctx) > budget:
-            while ngl > 0 and s.on_device(ngl, ctx) > budget:
+            notes.append(f"context {ctx_len} -> {ctx} cells to fit {names}")
+        if not fits(full, ctx):
+            while ngl > 0 and not fits(ngl, ctx):
                 ngl -= 1
-            notes.append(f"{ngl} of {full} layers on {device.name}, the rest on the host")
+            notes.append(f"{ngl} of {full} layers on {names}, the rest on the host")
     host = s.on_host(ngl, ctx)
     if host_available_bytes is not None and host > host_available_bytes:
+        has = " and ".join(f"{d.name} has {_mib(f)} free" for d, f in zip(devs, free))
         raise FitError(
-            f"does not fit: {device.name} has {_mib(device.free_bytes)} free ({_mib(margin_bytes)} kept as margin) "
+            f"does not fit: {has} ({_mib(margin_bytes)} kept as margin) "
             f"and the host {_mib(host_available_bytes)} available; even with the context at its floor ({ctx} "
             f"cells) and {ngl} of {full} layers on the device, the host would need {_mib(host)}")
+    split = s.per_device(ngl, ctx)
     return wire.FitPlan(n_gpu_layers=ngl, n_layers=full, ctx_len=ctx, ctx_len_asked=ctx_len,
-                        device=device.name, device_bytes=s.on_device(ngl, ctx), host_bytes=host,
-                        free_bytes=device.free_bytes, margin_bytes=margin_bytes,
-                        notes="; ".join(notes) or "everything fits on the device")
+                        device=names, device_bytes=sum(split), host_bytes=host,
+                        free_bytes=sum(free), margin_bytes=margin_bytes,
+                        notes="; ".join(notes) or "everything fits on the device",
+                        devices=[wire.DevicePlan(index=k, name=d.name, bytes=b, free_bytes=f)
+                                 for k, (d, b, f) in enumerate(zip(devs, split, free))] if len(devs) > 1 else [])
+
+
+def device_needs(layout: ModelLayout, settings: ModelSettings, *, budgets: Sequence[int],
+                 free: Sequence[int] | None = None) -> list[int]:
+    """What one instance with ``settings`` would take on each of the devices whose whole
+    budgets are ``budgets`` (the router's estimate before a start; ``free``: the devices'
+    free memory, which apportions the layers as in llama.cpp; default: the budgets).
+    ``"auto"`` plans as the worker would on those devices when empty (no need exceeds its
+    budget; the context and layers come down first); a number of layers takes what it takes."""
+    n_ubatch = min(settings.n_batch, 512)
+    ngl = settings.n_gpu_layers
+    shares = list(budgets if free is None else free)
+    if ngl == "auto":
+        devs = [wire.DeviceInfo(index=k, name=f"GPU{k}", backend="GPU", kind="gpu", free_bytes=max(0, f),
+                                total_bytes=max(0, f)) for k, f in enumerate(shares)]
+        plan = plan_fit(layout, devices=devs, limits=[max(0, b) for b in budgets], ctx_len=settings.ctx_len,
+                        n_slots=settings.n_parallel, ctx_floor_per_slot=settings.fit_ctx_floor,
+                        n_ubatch=n_ubatch, margin_bytes=0)
+        return [d.bytes for d in plan.devices] or [plan.device_bytes]
+    s = _Sizes(layout, max(1, settings.n_parallel), max(1, n_ubatch), layer_shares(shares))
+    return s.per_device(layout.n_layer + 1 if ngl < 0 else ngl, settings.ctx_len)
 
 
 def device_need(layout: ModelLayout, settings: ModelSettings, *, budget_bytes: int) -> int:
-    """What one instance with ``settings`` would take on a device whose whole budget is
-    ``budget_bytes`` (the router's estimate before a start): ``"auto"`` plans as the
-    worker would on that device when empty (the need never exceeds the budget; the
-    context and layers come down first); a number of layers takes what it takes."""
-    n_ubatch = min(settings.n_batch, 512)
-    ngl = settings.n_gpu_layers
-    if ngl == "auto":
-        dev = wire.DeviceInfo(index=0, name="GPU", backend="GPU", kind="gpu", free_bytes=max(0, budget_bytes),
-                              total_bytes=max(0, budget_bytes))
-        return plan_fit(layout, device=dev, ctx_len=settings.ctx_len, n_slots=settings.n_parallel,
-                        ctx_floor_per_slot=settings.fit_ctx_floor, n_ubatch=n_ubatch, margin_bytes=0).device_bytes
-    s = _Sizes(layout, max(1, settings.n_parallel), max(1, n_ubatch))
-    return s.on_device(layout.n_layer + 1 if ngl < 0 else ngl, settings.ctx_len)
+    """``device_needs`` on one device whose whole budget is ``budget_bytes``."""
+    return device_needs(layout, settings, budgets=[budget_bytes])[0]
+
+
+def split_by_free(total: int, free: Sequence[int]) -> list[int]:
+    """``total`` bytes apportioned to devices in proportion to their free memory (an
+    estimate for a file whose layers are unknown)."""
+    if len(free) <= 1:
+        return [total] * len(free)
+    whole = sum(max(0, f) for f in free)
+    out = [total * max(0, f) // whole if whole else total // len(free) for f in free]
+    out[-1] += total - sum(out)
+    return out
 
 
 def _mib(n: int) -> str:

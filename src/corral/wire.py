@@ -46,7 +46,7 @@ from corral.settings import INT32_MAX, ModelSettings
 __all__ = [
     "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams",
     "invalid_field", "GenerateRequest", "EmbedRequest", "Abort", "StatsRequest", "Shutdown",
-    "Loading", "ModelInfo", "DeviceInfo", "FitPlan", "Ready", "LoadFailed", "Delta",
+    "Loading", "ModelInfo", "DeviceInfo", "DevicePlan", "FitPlan", "Ready", "LoadFailed", "Delta",
     "TokenLogprob", "TopLogprob", "Usage", "Timings", "Finished", "RequestFailed", "Embeddings",
     "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",
@@ -70,7 +70,9 @@ class WorkerSettings(ModelSettings, frozen=True, kw_only=True):
     model_path: str
     instance: int = 0
     # set by the router when it placed the instance on a GPU (n_gpu_layers "auto" plans within):
-    gpu_budget_bytes: int | None = None  # its share of the GPU's budget (None: the device's free memory)
+    # its share of each GPU's budget, in the order of ``devices`` (an int: the first GPU's;
+    # None: the devices' free memory)
+    gpu_budget_bytes: list[int] | int | None = None
     gpu_margin_bytes: int | None = None  # kept free on the GPU (None: corral.gpu_fit.DEFAULT_MARGIN_BYTES)
 
 
@@ -217,19 +219,32 @@ class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
     total_bytes: int
 
 
+class DevicePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU's share of a fit plan over several GPUs."""
+
+    index: int  # among the GPUs the worker sees (0 = the first of its CUDA_VISIBLE_DEVICES)
+    name: str
+    bytes: int  # planned there: weights + KV of its layers + compute estimate
+    free_bytes: int  # its free memory when planned (capped by the router's budget)
+
+
 class FitPlan(msgspec.Struct, frozen=True, kw_only=True):
-    """How ``n_gpu_layers = "auto"`` placed the model (worker/fit.py)."""
+    """How ``n_gpu_layers = "auto"`` placed the model (``corral.gpu_fit.plan_fit``).
+    With one GPU, ``device``/``device_bytes``/``free_bytes`` are that GPU's; with several,
+    ``device`` is their names joined by "," and the numbers are totals over them, while
+    ``devices`` gives each one's share (empty with one GPU)."""
 
     n_gpu_layers: int
     n_layers: int  # repeating layers + the output head
     ctx_len: int  # total KV cells planned
     ctx_len_asked: int
     device: str | None
-    device_bytes: int  # planned on the device: weights + KV + compute estimate
+    device_bytes: int  # planned on the GPU(s): weights + KV + compute estimate
     host_bytes: int  # planned on the host: weights + KV of host layers
-    free_bytes: int  # the device's free memory when planned
-    margin_bytes: int
+    free_bytes: int  # the GPU's (GPUs') free memory when planned
+    margin_bytes: int  # kept free on each GPU
     notes: str
+    devices: list[DevicePlan] = []  # several GPUs: each one's share (layers split as llama.cpp does)
 
 
 class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,6 +14,7 @@ Run as ``python tests/router/fake_worker.py --fd N --settings JSON``. The settin
     shutdown_delay_s seconds between Shutdown and exiting          (0)
     protocol         the wire protocol version it claims in Loading (wire.PROTOCOL_VERSION)
     device_bytes     report a GPU fit plan with this many bytes on its first GPU   (null: no plan)
+                     (a list: that many bytes on each GPU it sees, in order)
 
 ``--list-devices`` prints the devices of the test hook CORRAL_FAKE_DEVICES (else none),
 like ``python -m corral.worker --list-devices``; Ready reports them too.
@@ -186,10 +187,14 @@ async def main() -> int:
     gpus = [d for d in devices if d.kind == "gpu"]
     fit = None
     if script["device_bytes"] is not None and gpus:
+        split = script["device_bytes"]  # a list: bytes on each GPU it sees
+        shares = [wire.DevicePlan(index=k, name=g.name, bytes=b, free_bytes=g.free_bytes)
+                  for k, (g, b) in enumerate(zip(gpus, split))] if isinstance(split, list) else []
         fit = wire.FitPlan(n_gpu_layers=1, n_layers=1, ctx_len=settings.ctx_len, ctx_len_asked=settings.ctx_len,
-                           device=gpus[0].name, device_bytes=script["device_bytes"],
+                           device=",".join(d.name for d in shares) or gpus[0].name,
+                           device_bytes=sum(d.bytes for d in shares) if shares else split,
                            host_bytes=script["model_bytes"], free_bytes=gpus[0].free_bytes, margin_bytes=0,
-                           notes="fake")
+                           notes="fake", devices=shares)
     info = wire.ModelInfo(
         description="fake", n_params=1, n_vocab=10, n_ctx_train=settings.ctx_len,
         n_ctx=settings.ctx_len, n_ctx_slot=settings.ctx_len // settings.n_parallel,

@@ -88,7 +88,7 @@ class Admission:
             gpus.learn(self._pools.values())
             if not gpus.uses_gpu(pool):
                 gpus = None
-        gpu_need = await gpus.need(pool) if gpus is not None else 0
+        gpu_need = await gpus.need(pool) if gpus is not None else []
         while True:
             others = [p for p in self._pools.values() if p is not pool and p.occupies]
             over_count = len(others) + 1 > srv.max_loaded_models

@@ -50,7 +50,7 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
         fields = self.to_dict()
         fields.update(threads=threads, threads_batch=self.threads_batch or threads)
         if gpu is not None:
-            fields.update(devices=gpu.devices, gpu_budget_bytes=gpu.budget_bytes, gpu_margin_bytes=gpu.margin_bytes)
+            fields.update(devices=gpu.devices, gpu_budget_bytes=gpu.budgets, gpu_margin_bytes=gpu.margin_bytes)
         return wire.WorkerSettings(model_id=self.id, model_path=str(self.path), instance=index,
                                    **fields)
 

@@ -9,15 +9,18 @@ admission behaves as without this module.
 
 Budget of GPU ``k`` (its ordinal among the GPUs, as ``CUDA_VISIBLE_DEVICES`` counts):
 what the probe saw free, less ``[server] gpu_memory_margin``, capped by
-``gpu_memory_budget[k]`` when given. An instance's use of its device: the worker's fit
-plan (``FitPlan.device_bytes``) once reported, before that the estimate made with the
-worker's own math (``corral.gpu_fit.device_need``: weights of GPU layers + KV + compute
-on an empty device; a file that is not readable GGUF counts its file size).
+``gpu_memory_budget[k]`` when given. An instance's use of its GPUs: the worker's fit
+plan once reported (``FitPlan.devices``: each GPU's share; with one GPU
+``FitPlan.device_bytes``), before that the estimate made with the worker's own math
+(``corral.gpu_fit.device_needs``: weights of GPU layers + KV + compute on empty devices,
+the layers split over several GPUs as llama.cpp splits them; a file that is not readable
+GGUF counts its file size, split by the GPUs' free memory).
 
 Placement: instances of a model without ``devices`` go, one by one, to the GPU with the
 most free budget that holds their need (each then starts pinned to it: its
-``devices=[k]``); a model with ``devices`` uses ``devices[0]``'s budget. When none has
-room, ``place`` says which GPUs eviction could free enough on (``Shortage``).
+``devices=[k]``); a model with ``devices`` is charged its share on each of them, and
+every one must have room. When one lacks it, ``place`` says which GPUs eviction could
+free enough on (``Shortage``).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import msgspec
 from corral import wire
 from corral.config import ServerConfig
 from corral.errors import LoadFailed
-from corral.gpu_fit import GGUFError, ModelLayout, device_need, read_layout
+from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout, split_by_free
 
 if TYPE_CHECKING:
     from corral.control.pool import ModelPool
@@ -53,12 +56,16 @@ _probed: dict[tuple[str, ...], list[wire.DeviceInfo]] = {}
 
 @dataclass(frozen=True, slots=True)
 class GpuSlot:
-    """Where admission placed one instance: its GPUs and its estimated need on the first."""
+    """Where admission placed one instance: its GPUs and its estimated need on each."""
 
     devices: list[int]
-    need_bytes: int
-    budget_bytes: int | None = None  # what was free of the first GPU's budget when placed
+    needs: list[int]  # the estimated need on each of ``devices``
+    budgets: list[int] | None = None  # what was free of each GPU's budget when placed
     margin_bytes: int | None = None  # [server] gpu_memory_margin
+
+    @property
+    def need_bytes(self) -> int:
+        return sum(self.needs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,38 +99,55 @@ def _layout(path: str, size: int, mtime_ns: int) -> ModelLayout | None:
         return None
 
 
-def _need(pool: ModelPool, budget: int) -> int:
-    """One instance's estimated need on a GPU whose budget is ``budget`` (blocking: reads the file)."""
+def _need(pool: ModelPool, budgets: list[int], free: list[int]) -> list[int]:
+    """One instance's estimated need on each of the GPUs with these whole ``budgets`` and
+    ``free`` memory (blocking: reads the file). A file that is not GGUF: its size, split
+    by the GPUs' free memory."""
     path = Path(pool.spec.path)
     try:
         st = path.stat()
     except OSError:
-        return 0
+        return [0] * len(budgets)
     layout = _layout(str(path), st.st_size, st.st_mtime_ns)
-    return st.st_size if layout is None else device_need(layout, pool.spec, budget_bytes=budget)
+    if layout is None:
+        return split_by_free(st.st_size, free)
+    return device_needs(layout, pool.spec, budgets=budgets, free=free)
 
 
 def _gpus(devices: Iterable[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
     return [d for d in devices if d.kind == "gpu"]
 
 
+def _plan_shares(fit: wire.FitPlan, seen: list[str]) -> list[tuple[int, int]]:
+    """(index among the GPUs the worker saw, bytes) of a reported plan."""
+    if fit.devices:
+        return [(d.index, d.bytes) for d in fit.devices]
+    return [(seen.index(fit.device) if fit.device in seen else 0, fit.device_bytes)]
+
+
 def device_use(pool: ModelPool) -> dict[int, int]:
-    """Per GPU: what ``pool``'s live instances take there (the worker's fit plan, else the
-    estimate). An instance not placed by admission that saw every GPU counts its plan on
-    the GPU it planned for."""
+    """Per GPU: what ``pool``'s live instances take there (the worker's fit plan, each GPU
+    its share, else the estimate). An instance not placed by admission that saw every GPU
+    counts its plan on the GPUs it planned for."""
     out: dict[int, int] = {}
     for i in pool.live():
         fit = i.info.fit if i.info is not None else None
+        seen = [d.name for d in _gpus(i.info.devices)] if i.info is not None else []
+        shares: list[tuple[int, int]]
         if i.gpu is not None and i.gpu.devices:
-            k, b = i.gpu.devices[0], fit.device_bytes if fit is not None else i.gpu.need_bytes
-        elif fit is not None and i.info is not None and pool.spec.devices is None:
-            names = [d.name for d in _gpus(i.info.devices)]
-            if fit.device not in names:
+            pinned = i.gpu.devices  # the worker's GPU j is the router's GPU pinned[j]
+            if fit is not None:
+                shares = [(pinned[j], b) for j, b in _plan_shares(fit, seen) if j < len(pinned)]
+            else:
+                shares = list(zip(pinned, i.gpu.needs))
+        elif fit is not None and pool.spec.devices is None:
+            if not fit.devices and fit.device not in seen:
                 continue
-            k, b = names.index(fit.device), fit.device_bytes
+            shares = _plan_shares(fit, seen)
         else:
             continue
-        out[k] = out.get(k, 0) + b
+        for k, b in shares:
+            out[k] = out.get(k, 0) + b
     return out
 
 
@@ -180,23 +204,30 @@ class GpuBudget:
     def uses_gpu(self, pool: ModelPool) -> bool:
         return bool(self.known) and pool.spec.n_gpu_layers != 0 and pool.spec.devices != []
 
-    async def need(self, pool: ModelPool) -> int:
-        """One instance's estimated device need; ``LoadFailed`` when no GPU could ever hold it."""
+    async def need(self, pool: ModelPool) -> list[int]:
+        """One instance's estimated need on each of its pinned GPUs (unpinned: one GPU, as
+        on the largest budget); ``LoadFailed`` when a GPU could never hold its share."""
         budgets = self.budgets()
         pinned = pool.spec.devices
-        if pinned is not None:
-            budgets = [budgets[pinned[0]]] if pinned and pinned[0] < len(budgets) else []
         if not budgets:
-            return 0  # pinned to a GPU the inventory does not list: not budgeted
-        top = max(budgets)
-        need = await asyncio.to_thread(_need, pool, top)
-        if need > top:
-            where = f"GPU {pinned[0]} ({self.known[pinned[0]].name})" if pinned else "the largest GPU"
-            raise LoadFailed(
-                f"model {pool.spec.id!r} needs about {fmt_bytes(need)} of GPU memory (n_gpu_layers="
-                f"{pool.spec.n_gpu_layers}, ctx_len={pool.spec.ctx_len}) but {where} has a budget of {fmt_bytes(top)} "
-                "(free memory less gpu_memory_margin): lower n_gpu_layers or ctx_len, or use n_gpu_layers = \"auto\"")
-        return need
+            return []
+        if pinned is not None:
+            if not pinned or any(k >= len(budgets) for k in pinned):
+                return []  # pinned to a GPU the inventory does not list: not budgeted
+            ks = list(pinned)
+        else:
+            ks = [max(range(len(budgets)), key=lambda k: budgets[k])]
+        tops = [budgets[k] for k in ks]
+        needs = await asyncio.to_thread(_need, pool, tops, [self.known[k].free_bytes for k in ks])
+        for k, n, top in zip(ks, needs, tops):
+            if n > top:
+                where = f"GPU {k} ({self.known[k].name})" if pinned else "the largest GPU"
+                raise LoadFailed(
+                    f"model {pool.spec.id!r} needs about {fmt_bytes(n)} of GPU memory on {where} (n_gpu_layers="
+                    f"{pool.spec.n_gpu_layers}, ctx_len={pool.spec.ctx_len}) but {where} has a budget of "
+                    f"{fmt_bytes(top)} (free memory less gpu_memory_margin): lower n_gpu_layers or ctx_len, or "
+                    "use n_gpu_layers = \"auto\"")
+        return needs
 
     def used(self, pools: Iterable[ModelPool]) -> list[int]:
         used = [0] * len(self.known)
@@ -208,8 +239,9 @@ class GpuBudget:
 
     # ------------------------------------------------------------------ placement
 
-    def place(self, pool: ModelPool, need: int, others: list[ModelPool]) -> list[GpuSlot] | Shortage:
-        """A slot per instance of ``pool``, or why none fits (``others``: the occupying pools)."""
+    def place(self, pool: ModelPool, needs: list[int], others: list[ModelPool]) -> list[GpuSlot] | Shortage:
+        """A slot per instance of ``pool``, or why none fits (``others``: the occupying pools;
+        ``needs``: from ``need``, one per pinned GPU, else one)."""
         budgets = self.budgets()
         free = [b - u for b, u in zip(budgets, self.used(others))]
         spare = list(free)  # with every evictable model gone
@@ -222,19 +254,24 @@ class GpuBudget:
         pinned = pool.spec.devices
         margin = self._server().gpu_memory_margin
         if pinned is not None:
-            k = pinned[0]
-            if k >= len(free):
-                return [GpuSlot(list(pinned), 0) for _ in range(n)]  # a GPU the inventory does not list
-            if free[k] >= need * n:
-                return [GpuSlot(list(pinned), need, free[k] - need * j, margin) for j in range(n)]
-            return self._short(k, need * n, free, budgets, frozenset({k} if spare[k] >= need * n else ()))
+            if not needs or len(needs) != len(pinned):
+                return [GpuSlot(list(pinned), [0] * len(pinned)) for _ in range(n)]  # GPUs not in the inventory
+            short = [(k, b * n) for k, b in zip(pinned, needs) if free[k] < b * n]
+            if not short:
+                return [GpuSlot(list(pinned), list(needs), [free[k] - b * j for k, b in zip(pinned, needs)], margin)
+                        for j in range(n)]
+            # evicting helps only when it makes room on every GPU that lacks it
+            helpful = frozenset(k for k, _ in short) if all(spare[k] >= b for k, b in short) else frozenset()
+            k, b = short[0]
+            return self._short(k, b, free, budgets, helpful)
+        need = needs[0] if needs else 0
         slots: list[GpuSlot] = []
         for _ in range(n):
             best = max(range(len(free)), key=lambda j: free[j])
             if free[best] < need:
                 helpful = frozenset(j for j in range(len(spare)) if spare[j] >= need)
                 return self._short(best, need, free, budgets, helpful)
-            slots.append(GpuSlot([best], need, free[best], margin))
+            slots.append(GpuSlot([best], [need], [free[best]], margin))
             free[best] -= need
         return slots
 

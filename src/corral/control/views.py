@@ -56,8 +56,10 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "gpu_layers": i.info.gpu_layers if i.info else None,
             "devices": [msgspec.to_builtins(d) for d in i.info.devices] if i.info else [],
             "fit": msgspec.to_builtins(i.info.fit) if i.info and i.info.fit else None,
-            # where admission placed it (GPU indexes, CUDA_VISIBLE_DEVICES) and its estimated need there
-            "gpu": {"devices": i.gpu.devices, "need_bytes": i.gpu.need_bytes} if i.gpu else None,
+            # where admission placed it (GPU indexes, CUDA_VISIBLE_DEVICES) and its estimated need
+            # there (in all, and on each of its GPUs)
+            "gpu": {"devices": i.gpu.devices, "need_bytes": i.gpu.need_bytes,
+                    "need_bytes_per_device": i.gpu.needs} if i.gpu else None,
         })
     status = pool.status()
     return {

@@ -31,7 +31,7 @@ _KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 
 def _fake() -> list[wire.DeviceInfo] | None:
     """The test inventory; like CUDA, ``CUDA_VISIBLE_DEVICES`` hides the GPUs it does not
-    name (the fake's names are kept as given)."""
+    name and orders the rest as it lists them (the fake's names are kept as given)."""
     raw = os.environ.get(FAKE_DEVICES_ENV)
     if not raw:
         return None
@@ -42,10 +42,9 @@ def _fake() -> list[wire.DeviceInfo] | None:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return devs
-    keep = {int(x) for x in visible.split(",") if x.strip().isdigit()}
+    order = [int(x) for x in visible.split(",") if x.strip().isdigit()]
     gpus = [d for d in devs if d.kind == "gpu"]
-    shown = {id(d) for k, d in enumerate(gpus) if k in keep}
-    return [d for d in devs if d.kind != "gpu" or id(d) in shown]
+    return [gpus[k] for k in dict.fromkeys(order) if k < len(gpus)] + [d for d in devs if d.kind != "gpu"]
 
 
 def _lib(name: str) -> ctypes.CDLL | None:

@@ -206,7 +206,9 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
 
 
 def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo]) -> wire.FitPlan | None:
-    """``n_gpu_layers = "auto"``: the plan on the first GPU this worker sees (None: no GPU)."""
+    """``n_gpu_layers = "auto"``: the plan over every GPU this worker sees (the ones it was
+    pinned to; llama.cpp splits the layers over all of them), each within the router's
+    share of it when given (None: no GPU)."""
     gpus = gpu_devices(devices)
     if not gpus:
         return None
@@ -214,12 +216,11 @@ def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo]) -> wire.FitPlan
         layout = read_layout(s.model_path)
     except (GGUFError, OSError) as exc:
         raise ModelLoadError(f"cannot plan GPU layers for {s.model_path}: {exc}") from exc
-    device = gpus[0]
     margin = DEFAULT_MARGIN_BYTES if s.gpu_margin_bytes is None else s.gpu_margin_bytes
-    if s.gpu_budget_bytes is not None:  # the router's share for this instance (others may share the GPU)
-        device = msgspec.structs.replace(device, free_bytes=min(device.free_bytes, s.gpu_budget_bytes + margin))
+    budgets = s.gpu_budget_bytes  # the router's share for this instance (others may share the GPUs)
+    limits: list[int | None] = [budgets] if isinstance(budgets, int) else list(budgets or [])
     try:
-        return plan_fit(layout, device=device, ctx_len=s.ctx_len, n_slots=s.n_parallel,
+        return plan_fit(layout, devices=gpus, limits=limits, ctx_len=s.ctx_len, n_slots=s.n_parallel,
                         ctx_floor_per_slot=s.fit_ctx_floor, n_ubatch=min(s.n_batch, 512), margin_bytes=margin,
                         host_available_bytes=host_available_bytes())
     except FitError as exc:
