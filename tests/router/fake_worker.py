@@ -21,8 +21,8 @@ like ``python -m corral.worker --list-devices``; Ready reports them too.
 
 A prompt containing "TOOLONG" fails with context_length_exceeded; "SLOW" waits ``slow_delay_s`` (default 0.2) between pieces, one
 containing "FOREVER" streams until aborted; "BOOM" makes it exit with code 7.
-Every request it receives is appended to ``<script>.log`` (one JSON line), so tests
-can see what reached the worker.
+Every request it receives is appended to ``<script>.log`` (one JSON line), and the
+settings of its last spawn are in ``<script>.settings``, so tests can see what reached the worker.
 """
 
 from __future__ import annotations
@@ -166,6 +166,8 @@ async def main() -> int:
     ap.add_argument("--settings", required=True)
     args = ap.parse_args()
     settings = msgspec.json.decode(args.settings, type=wire.WorkerSettings)
+    with open(settings.model_path + ".settings", "w") as f:  # what the router sent, for tests
+        f.write(args.settings)
     script = dict(DEFAULTS)
     with open(settings.model_path) as f:
         script.update(json.load(f))

@@ -92,3 +92,76 @@ def test_real_inventory_lists_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     got = devices.list_devices()
     cpus = [d for d in got if d.kind == "cpu"]
     assert cpus and cpus[0].backend == "CPU"
+
+
+# ---------------------------------------------------------------- several GPUs
+
+
+def gpus(*free: int) -> list[wire.DeviceInfo]:
+    return [wire.DeviceInfo(index=k, name=f"CUDA{k}", backend="CUDA", kind="gpu", free_bytes=f, total_bytes=80 * GiB)
+            for k, f in enumerate(free)]
+
+
+def test_one_device_plans_are_unchanged() -> None:
+    """The numbers main's one-device math gave before plans went over several GPUs."""
+    want = {80 * GiB: (23, 65536, 2671247360, 131072000), 2 * GiB: (23, 18432, 1610088448, 131072000),
+            GiB: (8, 4096, 510132224, 908066816), 700 * MiB: (1, 4096, 187170816, 1231028224)}
+    for free, numbers in want.items():
+        for p in (plan_fit(LAYOUT, device=gpu(free), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024),
+                  plan_fit(LAYOUT, devices=gpus(free), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)):
+            assert (p.n_gpu_layers, p.ctx_len, p.device_bytes, p.host_bytes) == numbers
+            assert p.device == "CUDA0" and p.free_bytes == free and p.devices == []
+
+
+def test_two_devices_split_the_layers_by_free_memory_as_llama_cpp_does() -> None:
+    ctx, ub = 8192, 512
+    kv = LAYOUT.kv_bytes_per_cell() * ctx  # per layer (no sliding window)
+    logits = 4 * ub * LAYOUT.n_vocab
+    act = 4 * ub * 16 * LAYOUT.n_embd + 4 * ub * 4096
+    for free, first in (((40 * GiB, 40 * GiB), 12), ((60 * GiB, 20 * GiB), 18)):
+        p = plan_fit(LAYOUT, devices=gpus(*free), ctx_len=ctx, n_slots=2, ctx_floor_per_slot=1024)
+        assert (p.n_gpu_layers, p.ctx_len) == (23, ctx)
+        # 23 units (22 layers + the head); unit u goes to the first GPU whose share of the
+        # free memory exceeds u/23: 12 units on GPU 0 at 1:1, 18 at 3:1
+        assert [d.bytes for d in p.devices] == [first * (40 * MiB + kv) + act,
+                                                (22 - first) * (40 * MiB + kv) + 125 * MiB + act + logits]
+        assert [(d.index, d.name) for d in p.devices] == [(0, "CUDA0"), (1, "CUDA1")]
+        assert p.device == "CUDA0,CUDA1" and p.device_bytes == sum(d.bytes for d in p.devices)
+        assert p.host_bytes == LAYOUT.input_bytes
+
+
+def test_auto_on_two_small_devices_plans_more_than_on_one() -> None:
+    one = plan_fit(LAYOUT, devices=gpus(GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)
+    two = plan_fit(LAYOUT, devices=gpus(GiB, GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)
+    assert (one.n_gpu_layers, one.ctx_len) == (8, 4096)
+    assert (two.n_gpu_layers, two.ctx_len) == (17, 4096)  # GPU 1 holds the head and the logits: the tighter one
+    assert all(d.bytes <= GiB - two.margin_bytes for d in two.devices)
+    assert two.host_bytes < one.host_bytes
+    roomy = plan_fit(LAYOUT, devices=gpus(2 * GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)
+    roomier = plan_fit(LAYOUT, devices=gpus(2 * GiB, 2 * GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)
+    assert roomy.n_gpu_layers == roomier.n_gpu_layers == 23 and roomier.ctx_len > roomy.ctx_len  # more context
+
+
+def test_each_device_stays_within_its_limit() -> None:
+    free = plan_fit(LAYOUT, devices=gpus(2 * GiB, 2 * GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)
+    capped = plan_fit(LAYOUT, devices=gpus(2 * GiB, 2 * GiB), limits=[None, 300 * MiB], ctx_len=65536, n_slots=4,
+                      ctx_floor_per_slot=1024)
+    assert capped.devices[1].bytes <= 300 * MiB < free.devices[1].bytes
+    assert capped.devices[1].free_bytes == 300 * MiB + capped.margin_bytes
+    assert (capped.n_gpu_layers, capped.ctx_len) < (free.n_gpu_layers, free.ctx_len)
+    with pytest.raises(FitError, match="CUDA0 has 256 MiB free and CUDA1 has 256 MiB free"):
+        plan_fit(LAYOUT, devices=gpus(256 * MiB, 256 * MiB), ctx_len=8192, n_slots=2, ctx_floor_per_slot=1024,
+                 host_available_bytes=100 * MiB)
+
+
+def test_the_routers_estimate_splits_the_same_way() -> None:
+    from corral.gpu_fit import device_need, device_needs
+    from corral.settings import ModelSettings
+
+    fixed = ModelSettings(ctx_len=8192, n_parallel=2, n_gpu_layers=-1)
+    one = device_need(LAYOUT, fixed, budget_bytes=GiB)
+    a, b = device_needs(LAYOUT, fixed, budgets=[GiB, GiB])
+    assert a > 0 and b > 0 and a + b == one + 4 * 512 * (16 * LAYOUT.n_embd + 4096)  # GPU 0's activations
+    auto = ModelSettings(ctx_len=65536, n_parallel=4, fit_ctx_floor=1024)
+    plan = plan_fit(LAYOUT, devices=gpus(GiB, GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024, margin_bytes=0)
+    assert device_needs(LAYOUT, auto, budgets=[GiB, GiB]) == [d.bytes for d in plan.devices]
