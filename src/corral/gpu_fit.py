@@ -6,19 +6,28 @@ Neutral (imports only ``wire`` and ``gguf_header``): the worker plans its load w
 
 ``plan_fit`` works like llama.cpp's ``--fit``, in this order:
 
-1. Everything on the device with the context asked for, if it fits in the device's free
-   memory less a margin.
+1. Everything on the device(s) with the context asked for, if it fits in each device's
+   free memory less a margin. With several devices (a worker pinned to several GPUs) the
+   offloaded layers are split over them as llama.cpp's ``load_tensors`` does with split
+   mode "layer" and no ``tensor_split``: each device's share of the layers is its share of
+   the devices' free memory, in order, the last offloaded unit (the output head when
+   offloaded) on the last device that gets any; each layer's KV goes with the layer.
 2. Else the context comes down (in whole slots of 256 cells) to the largest that fits,
    but not below the floor (``fit_ctx_floor`` per slot).
-3. Else, at the floor, layers go to the host from the first one (llama.cpp offloads the
-   last ``n_gpu_layers`` layers; the output head counts as one more) until the rest fits.
+3. Else, at the floor, layers go to the host from the first one (the last ``n_gpu_layers``
+   layers are offloaded; the output head counts as one more) until the rest fits. (The
+   llama.cpp vendored now offloads the head from ``n_gpu_layers = 1`` on, with one
+   repeating layer fewer: this module keeps its older rule, which differs by one layer
+   against the head only when layers stay on the host.)
 4. The host must hold what is left on it (weights, KV of host layers): when even that
    does not fit in the host's available memory, the load is refused with the numbers.
 
 Memory per layer comes from the GGUF tensor table (``read_layout``); KV is f16, per cell
 and layer ``2 * n_head_kv * (head_dim_k + head_dim_v)`` bytes (a sliding-window layer
 holds at most ``n_swa + n_ubatch`` cells per slot); the compute buffer is an estimate
-(logits and activations of one micro-batch) that the margin absorbs where it is short.
+(logits and activations of one micro-batch) that the margin absorbs where it is short: with
+several devices, the one holding the last offloaded unit gets all of it, each other device
+holding layers the activations (llama.cpp gives every device its own compute buffer).
 Pure functions: tested with made-up devices and layouts.
 """
 
