@@ -165,3 +165,23 @@ def test_the_routers_estimate_splits_the_same_way() -> None:
     auto = ModelSettings(ctx_len=65536, n_parallel=4, fit_ctx_floor=1024)
     plan = plan_fit(LAYOUT, devices=gpus(GiB, GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024, margin_bytes=0)
     assert device_needs(LAYOUT, auto, budgets=[GiB, GiB]) == [d.bytes for d in plan.devices]
+
+
+def test_the_worker_plans_over_every_gpu_it_sees_within_the_routers_budgets() -> None:
+    import msgspec
+
+    from corral.store.embedded import embedded_model_path
+    from corral.worker.model import _fit
+
+    base = {"model_id": "m", "model_path": str(embedded_model_path()), "ctx_len": 32768, "n_parallel": 2,
+            "fit_ctx_floor": 512, "gpu_margin_bytes": 0}
+    s = msgspec.convert({**base, "gpu_budget_bytes": [600 * MiB, 600 * MiB]}, wire.WorkerSettings)
+    plan = _fit(s, [*gpus(80 * GiB, 80 * GiB), wire.DeviceInfo(index=2, name="CPU", backend="CPU", kind="cpu",
+                                                                   free_bytes=GiB, total_bytes=GiB)])
+    assert plan is not None and [d.name for d in plan.devices] == ["CUDA0", "CUDA1"]
+    assert (plan.n_gpu_layers, plan.ctx_len) == (19, 9216)  # as on two 600 MiB GPUs
+    # settings from before per-GPU budgets (one int): the first GPU's
+    old = msgspec.json.decode(msgspec.json.encode({**base, "gpu_budget_bytes": 600 * MiB}), type=wire.WorkerSettings)
+    plan = _fit(old, gpus(80 * GiB, 80 * GiB))
+    assert plan is not None and plan.devices[0].free_bytes == 600 * MiB and plan.devices[1].free_bytes == 80 * GiB
+    assert plan.devices[0].bytes <= 600 * MiB
