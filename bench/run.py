@@ -254,7 +254,8 @@ async def idle_cpu_check(servers: dict[str, Server], t: Table, secs: float = 2.0
 async def sc_throughput(ctx: Ctx) -> list[Table]:
     c_list = ctx.concurrency
     rounds = ctx.n(3, 2)
-    per_round = {c: max(ctx.n(4, 3), ctx.n(2, 1) * c) for c in c_list}
+    # about 8 s per turn at c=1 as at c=8 (4 requests at c=1 made a turn 4 s long: +-10% per round)
+    per_round = {c: max(ctx.n(8, 3), ctx.n(2, 1) * c) for c in c_list}
     n_slots = max(8, *c_list)
     max_tokens = 64
     gpu = f", {ctx.gpu_layers} layers on the GPU" if ctx.gpu_layers else ""

@@ -167,3 +167,13 @@ async def test_lean_client_streams_and_times_one_token_requests(tmp_path: Path) 
                 await lean.one("x")
     finally:
         await h.stop()
+
+
+def test_in_turn_sums_tokens_and_wall_time_of_rounds() -> None:
+    a = loadgen.LoadResult(label="a", concurrency=8, n_requests=2)
+    a.ok, a.completion_tokens, a.wall_s = 2, 100, 2.0
+    b = loadgen.LoadResult(label="b", concurrency=8, n_requests=2)
+    b.ok, b.completion_tokens, b.wall_s = 2, 100, 3.0
+    r = loadgen.in_turn("both rounds", [a, b])
+    assert (r.completion_tokens, r.wall_s, r.concurrency) == (200, 5.0, 8)
+    assert r.tok_s == pytest.approx(40.0)  # combined() would take the longest wall: 200 / 3

@@ -67,6 +67,7 @@ class ShortList:
         self.data = np.zeros(0, dtype=_TOKEN_DATA)
         self.cur = ll.llama_token_data_array(None, 0, -1, False)
         self.short_draws = 0  # draws served from the short list (for tests and stats)
+        self.loads = 0  # short lists made (draws, and grammar resamples)
         self.misses = 0  # draws in a row that needed the full path; at _GIVE_UP_AFTER, stop trying
 
     def sample(self, chain: ll.llama_sampler_p, logits: npt.NDArray[np.float32]) -> int | None:
@@ -80,13 +81,28 @@ class ShortList:
     def pick(self, chains: tuple[ll.llama_sampler_p, ...], logits: npt.NDArray[np.float32]) -> int | None:
         """The token the chains, applied in turn, select from the short list; nothing is
         accepted. None when this draw must take the full path (nothing was applied)."""
-        if self.misses >= _GIVE_UP_AFTER:
+        if not self.load(logits):
             return None
+        cur = self.cur
+        for chain in chains:
+            ll.llama_sampler_apply(chain, ctypes.byref(cur))
+        sel = cur.selected
+        if not 0 <= sel < cur.size:
+            raise RuntimeError(f"the sampler chain selected no token ({sel} of {cur.size})")
+        self.short_draws += 1
+        return int(self.data["id"][sel])
+
+    def load(self, logits: npt.NDArray[np.float32]) -> bool:
+        """Fill ``data``/``cur`` with the short list (token-id order, raw logits, unsorted);
+        False when this draw must take the full path."""
+        if self.misses >= _GIVE_UP_AFTER:
+            return False
         ids = self._candidates(logits)
         if ids is None:
             self.misses += 1  # e.g. a model whose logits tie over a wide band: each try is a pass
-            return None
+            return False
         self.misses = 0
+        self.loads += 1
         n = len(ids)
         if len(self.data) < n:
             self.data = np.zeros(max(n, 2 * len(self.data), 256), dtype=_TOKEN_DATA)
@@ -99,13 +115,7 @@ class ShortList:
         cur.size = n
         cur.selected = -1
         cur.sorted = False
-        for chain in chains:
-            ll.llama_sampler_apply(chain, ctypes.byref(cur))
-        sel = cur.selected
-        if not 0 <= sel < cur.size:
-            raise RuntimeError(f"the sampler chain selected no token ({sel} of {cur.size})")
-        self.short_draws += 1
-        return int(self.data["id"][sel])
+        return True
 
     def _candidates(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.int64] | None:
         """Token ids (ascending) that hold every token the chain could pick, or None.

@@ -12,13 +12,18 @@ Two ways to sample a slot:
   ``llama_sampler_sample`` over the whole vocabulary.
 - with a grammar (``SlotSampler.grammar``): the way llama.cpp's common sampler does it.
   Sample WITHOUT the grammar first (over the short list where the chain allows), then
-  ask the grammar about the chosen token only (one candidate: microseconds). Only if it is rejected, resample with the grammar over
-  the model's 1024 most likely tokens (the bias/penalty stage, then top-1024, then the
-  grammar, then the rest of the chain); if none of them is allowed, over the 16384 most
-  likely; only then over the whole vocabulary. Applying a grammar to Gemma's 262k tokens
-  costs 20-30 ms; to 1024 about 0.7 ms. Greedy decoding is exact (the best allowed token
-  is among the top N whenever any allowed one is); sampling draws from the allowed tokens
-  among the model's N most likely, like a top_k of N in front of the grammar (llama.cpp's
+  ask the grammar about the chosen token only (one candidate: microseconds). Only if it
+  is rejected, resample with the grammar over the model's 1024 most likely tokens (the
+  bias/penalty stage, then top-1024, then the grammar, then the rest of the chain); if
+  none of them is allowed, over the 16384 most likely; only then over the whole
+  vocabulary. Where the short list serves, the top 64 are tried first, and decide when
+  they hold the chain's k allowed tokens (1 for greedy): those are then the k best
+  allowed of the top 1024 as well, so the pick is the same (the chain, and its random
+  draw, runs only on the level that decides); the top-1024 level then comes from a short
+  list too. Applying a grammar to Gemma's 262k tokens costs 20-30 ms; to 16384 about
+  8 ms, to 1024 about 0.7 ms. Greedy decoding is exact (the best allowed token is among
+  the top N whenever any allowed one is); sampling draws from the allowed tokens among
+  the model's N most likely, like a top_k of N in front of the grammar (llama.cpp's
   common sampler resamples over the whole vocabulary instead).
 
 Logprobs (only for requests that ask) are the log-softmax of the model's raw logits,
@@ -48,6 +53,7 @@ __all__ = ["make_sampler", "free_sampler", "resolve_seed", "SlotSampler", "token
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 BAN = -100.0  # a logit_bias at or below this bans the token (-inf), as OpenAI documents
 _RESAMPLE_TOPS = (1024, 16384)  # candidates a grammar resample tries before the whole vocabulary
+_SHORT_RESAMPLE_TOPS = (64, 1024)  # the same from a short list (worker/candidates.py), 64 first
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
 
@@ -154,12 +160,13 @@ def token_logprobs(logits: Logits, token: int, k: int, piece: Callable[[int], by
     return wire.TokenLogprob(piece(token), float(logits[token]) - lse, top, token)
 
 
-def _short_list(p: wire.SamplingParams, n_vocab: int, eog_tokens: list[int]) -> ShortList | None:
-    """A short candidate list (worker/candidates.py) for chains that can use one."""
+def _short_list(p: wire.SamplingParams, n_vocab: int, eog_tokens: list[int], k: int | None = None) -> ShortList | None:
+    """A short candidate list (worker/candidates.py) for chains that can use one: for the
+    chain's own top-k, or for a top-``k`` in front of a grammar."""
     if _has_penalties(p) or not (p.temperature <= 0.0 or 0 < p.top_k <= MAX_K):
         return None
     touched = list(p.logit_bias) + (eog_tokens if p.ignore_eos else [])
-    return ShortList(1 if p.temperature <= 0.0 else p.top_k, touched, n_vocab)
+    return ShortList(k or (1 if p.temperature <= 0.0 else p.top_k), touched, n_vocab)
 
 
 class SlotSampler:
@@ -177,6 +184,9 @@ class SlotSampler:
         self.greedy = p.temperature <= 0.0
         self.min_p = p.min_p if not self.greedy else 0.0
         self.tops: list[ll.llama_sampler_p] = []
+        # grammar resamples from short lists: (N, its list, a top-N sampler)
+        self.short_tops: list[tuple[int, ShortList, ll.llama_sampler_p]] = []
+        self.k = 1 if self.greedy else p.top_k  # how many allowed tokens decide the chain's pick
         self.chain: ll.llama_sampler_p | None = None
         self.short: ShortList | None = None
         if grammar is None:
@@ -195,6 +205,11 @@ class SlotSampler:
         _add_post(self.chain, p, seed)
         self.short = _short_list(p, n_vocab, eog_tokens)
         self.tops = [ll.llama_sampler_init_top_k(k) for k in _RESAMPLE_TOPS]
+        if self.short is not None:
+            for n in _SHORT_RESAMPLE_TOPS:
+                sl = _short_list(p, n_vocab, eog_tokens, n)
+                assert sl is not None  # the same conditions as self.short
+                self.short_tops.append((n, sl, ll.llama_sampler_init_top_k(n)))
         self.data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
         self.ids = np.arange(n_vocab, dtype=np.int32)
         self.cur = ll.llama_token_data_array(self.data.ctypes.data_as(ll.llama_token_data_p), n_vocab, -1, False)
@@ -214,6 +229,9 @@ class SlotSampler:
         for t in self.tops:
             free_sampler(t)
         self.tops = []
+        for _, _, t in self.short_tops:
+            free_sampler(t)
+        self.short_tops = []
 
     def sample(self, ctx: ll.llama_context_p, idx: int, is_eog: Callable[[int], bool]) -> int:
         if not self.chain:
@@ -269,23 +287,22 @@ class SlotSampler:
             self._run(top)
         if grammar_first:
             self._run(grammar)
-            if not self._compact():
+            if not self._compact(self.data, self.cur):
                 return -2 if top is not None else -1
         self._run(self.chain)
         sel = self.cur.selected
         return int(self.data["id"][sel]) if 0 <= sel < self.cur.size else -1
 
-    def _compact(self) -> bool:
-        """Keep only the candidates the grammar allows; False when there are none."""
-        n = self.cur.size
-        view = self.data[:n]
+    @staticmethod
+    def _compact(data: npt.NDArray[np.void], cur: ll.llama_token_data_array) -> int:
+        """Keep only the candidates the grammar allows (in their order); how many."""
+        view = data[: cur.size]
         keep = view[view["logit"] > -np.inf]
-        if len(keep) == 0:
-            return False
-        self.data[: len(keep)] = keep
-        self.cur.size = len(keep)
-        self.cur.sorted = False
-        return True
+        if len(keep):
+            data[: len(keep)] = keep
+            cur.size = len(keep)
+            cur.sorted = False
+        return len(keep)
 
     def _allowed(self, tok: int) -> bool:
         if tok < 0:
@@ -300,11 +317,39 @@ class SlotSampler:
         return bool(one["logit"][0] > -np.inf)
 
     def _resample(self, logits: Logits) -> int:
-        for top in self.tops:
+        tried = 0  # the largest top-N already tried from a short list
+        for n, sl, top in self.short_tops:
+            # the top-64 decides only when it holds k allowed tokens: then they are the k
+            # best allowed among the top 1024 too, and the chain picks what it would there
+            need = 1 if n >= _RESAMPLE_TOPS[0] else self.k
+            if need > n:
+                continue
+            if not sl.load(logits):
+                break
+            tried = n
+            tok = self._apply_short(sl, top, need)
+            if tok != -2:
+                return tok
+        for n, top in zip(_RESAMPLE_TOPS, self.tops):
+            if n <= tried:
+                continue
             tok = self._apply(logits, grammar_first=True, top=top)
             if tok != -2:
                 return tok
         self.full_resamples += 1
         return self._apply(logits, grammar_first=True)
 
-
+    def _apply_short(self, sl: ShortList, top: ll.llama_sampler_p, need: int) -> int:
+        """Bias, top-N, grammar on a loaded short list; then, if the grammar allowed at
+        least ``need`` tokens, the chain (its random draw only then): the selected token,
+        or -2."""
+        cur = ctypes.byref(sl.cur)
+        if self.pre is not None:
+            ll.llama_sampler_apply(self.pre, cur)
+        ll.llama_sampler_apply(top, cur)
+        ll.llama_sampler_apply(self.grammar, cur)
+        if self._compact(sl.data, sl.cur) < need:
+            return -2
+        ll.llama_sampler_apply(self.chain, cur)
+        sel = sl.cur.selected
+        return int(sl.data["id"][sel]) if 0 <= sel < sl.cur.size else -1
