@@ -14,11 +14,11 @@ Neutral (imports only ``wire`` and ``gguf_header``): the worker plans its load w
    offloaded) on the last device that gets any; each layer's KV goes with the layer.
 2. Else the context comes down (in whole slots of 256 cells) to the largest that fits,
    but not below the floor (``fit_ctx_floor`` per slot).
-3. Else, at the floor, layers go to the host from the first one (the last ``n_gpu_layers``
-   layers are offloaded; the output head counts as one more) until the rest fits. (The
-   llama.cpp vendored now offloads the head from ``n_gpu_layers = 1`` on, with one
-   repeating layer fewer: this module keeps its older rule, which differs by one layer
-   against the head only when layers stay on the host.)
+3. Else, at the floor, layers go to the host from the first one until the rest fits. As in
+   the llama.cpp vendored (``i_gpu_start = n_layer + 1 - n_gpu_layers``), ``n_gpu_layers
+   = k`` offloads the output head and the last ``k - 1`` repeating layers; the head of a
+   model with tied embeddings (no ``output.weight``, e.g. Gemma) is a copy of the token
+   embeddings on that device, and is counted so.
 4. The host must hold what is left on it (weights, KV of host layers): when even that
    does not fit in the host's available memory, the load is refused with the numbers.
 
@@ -62,10 +62,18 @@ class ModelLayout:
     head_dim_v: int
     n_vocab: int
     layer_bytes: tuple[int, ...]  # weights of each repeating layer (blk.N.*)
-    output_bytes: int  # the output head and final norm (offloaded with n_gpu_layers = n_layer + 1)
+    output_bytes: int  # the output head and final norm (offloaded from n_gpu_layers = 1 on)
     input_bytes: int  # token embeddings and the rest (llama.cpp keeps the input layer on the host)
     sliding_window: int = 0  # 0: every layer attends over the whole context
     swa_pattern: int = 0  # every swa_pattern-th layer is a full-attention layer
+    # no output.weight (tied embeddings, e.g. Gemma): llama.cpp puts a copy of the token
+    # embeddings on the output's device as the head
+    tied_output_bytes: int = 0
+
+    @property
+    def head_bytes(self) -> int:
+        """What the output unit takes on its device."""
+        return self.output_bytes + self.tied_output_bytes
 
     @property
     def weight_bytes(self) -> int:
@@ -98,7 +106,8 @@ def read_layout(path: str | Path) -> ModelLayout:
     head_v = num("attention.value_length", head_k)
     layers = [0] * n_layer
     output = inputs = 0
-    for name, nbytes in header.tensor_bytes().items():
+    tensors = header.tensor_bytes()
+    for name, nbytes in tensors.items():
         m = _LAYER.match(name)
         if m and int(m.group(1)) < n_layer:
             layers[int(m.group(1))] += nbytes
@@ -111,7 +120,8 @@ def read_layout(path: str | Path) -> ModelLayout:
     return ModelLayout(architecture=arch, n_layer=n_layer, n_embd=n_embd, n_head_kv=n_head_kv,
                        head_dim_k=head_k, head_dim_v=head_v, n_vocab=n_vocab,
                        layer_bytes=tuple(layers), output_bytes=output, input_bytes=inputs,
-                       sliding_window=num("attention.sliding_window"), swa_pattern=pattern)
+                       sliding_window=num("attention.sliding_window"), swa_pattern=pattern,
+                       tied_output_bytes=0 if "output.weight" in tensors else tensors.get("token_embd.weight", 0))
 
 
 class FitError(Exception):
@@ -151,14 +161,13 @@ class _Sizes:
         act = min(max(ngl, 0), lo.n_layer + 1)
         if act == 0:
             return out
-        # the offloaded units in llama.cpp's order: the last repeating layers, then the
-        # output head when all of them are offloaded (this module's per-layer rule)
-        first = lo.n_layer - min(act, lo.n_layer)
-        units = list(range(first, lo.n_layer)) + ([lo.n_layer] if act > lo.n_layer else [])
+        # the offloaded units in llama.cpp's order (``i_gpu_start = n_layer + 1 - ngl``):
+        # the last ``act - 1`` repeating layers, then the output head
+        units = list(range(lo.n_layer + 1 - act, lo.n_layer)) + [lo.n_layer]
         dev = 0
         for u, il in enumerate(units):
             dev = min(bisect.bisect_right(self.shares, _f32(_f32(u) / act)), len(out) - 1)
-            out[dev] += lo.output_bytes if il == lo.n_layer else lo.layer_bytes[il] + self.kv_layer(il, ctx)
+            out[dev] += lo.head_bytes if il == lo.n_layer else lo.layer_bytes[il] + self.kv_layer(il, ctx)
         for k in range(len(out)):
             if k == dev:
                 out[k] += self.compute(ctx)
@@ -171,9 +180,10 @@ class _Sizes:
 
     def on_host(self, ngl: int, ctx: int) -> int:
         lo = self.layout
-        first = lo.n_layer - min(ngl, lo.n_layer)
+        act = min(max(ngl, 0), lo.n_layer + 1)
+        first = lo.n_layer - max(0, act - 1)  # the repeating layers before the offloaded ones
         total = lo.input_bytes + sum(lo.layer_bytes[:first]) + sum(self.kv_layer(i, ctx) for i in range(first))
-        if ngl <= lo.n_layer:
+        if act == 0:
             total += lo.output_bytes
         return total
 

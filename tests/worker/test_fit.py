@@ -102,10 +102,15 @@ def gpus(*free: int) -> list[wire.DeviceInfo]:
             for k, f in enumerate(free)]
 
 
-def test_one_device_plans_are_unchanged() -> None:
-    """The numbers main's one-device math gave before plans went over several GPUs."""
+def test_one_device_plans() -> None:
+    """One device, plans pinned. With 1 GiB at the floor (4096 cells, 4 MiB of KV per layer,
+    a compute estimate of 134.5 MiB, a budget of 512 MiB): n_gpu_layers = 6 is the head
+    (125 MiB) and the last 5 layers, as llama.cpp places them; 7 would need 523.5 MiB. With
+    700 MiB even the head alone (and the compute buffer) does not fit: 0."""
+    kv, compute = 4 * MiB, 4 * 512 * 32000 + 4 * 512 * 16 * 2048 + 4 * 512 * 4096
     want = {80 * GiB: (23, 65536, 2671247360, 131072000), 2 * GiB: (23, 18432, 1610088448, 131072000),
-            GiB: (8, 4096, 510132224, 908066816), 700 * MiB: (1, 4096, 187170816, 1231028224)}
+            GiB: (6, 4096, 125 * MiB + 5 * (40 * MiB + kv) + compute, 125 * MiB + 17 * (40 * MiB + kv)),
+            700 * MiB: (0, 4096, 0, 250 * MiB + 22 * (40 * MiB + kv))}
     for free, numbers in want.items():
         for p in (plan_fit(LAYOUT, device=gpu(free), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024),
                   plan_fit(LAYOUT, devices=gpus(free), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)):
@@ -133,8 +138,8 @@ def test_two_devices_split_the_layers_by_free_memory_as_llama_cpp_does() -> None
 def test_auto_on_two_small_devices_plans_more_than_on_one() -> None:
     one = plan_fit(LAYOUT, devices=gpus(GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)
     two = plan_fit(LAYOUT, devices=gpus(GiB, GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)
-    assert (one.n_gpu_layers, one.ctx_len) == (8, 4096)
-    assert (two.n_gpu_layers, two.ctx_len) == (17, 4096)  # GPU 1 holds the head and the logits: the tighter one
+    assert (one.n_gpu_layers, one.ctx_len) == (6, 4096)
+    assert (two.n_gpu_layers, two.ctx_len) == (13, 4096)  # GPU 1 holds the head and the logits: the tighter one
     assert all(d.bytes <= GiB - two.margin_bytes for d in two.devices)
     assert two.host_bytes < one.host_bytes
     roomy = plan_fit(LAYOUT, devices=gpus(2 * GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)
@@ -175,13 +180,35 @@ def test_the_worker_plans_over_every_gpu_it_sees_within_the_routers_budgets() ->
 
     base = {"model_id": "m", "model_path": str(embedded_model_path()), "ctx_len": 32768, "n_parallel": 2,
             "fit_ctx_floor": 512, "gpu_margin_bytes": 0}
-    s = msgspec.convert({**base, "gpu_budget_bytes": [600 * MiB, 600 * MiB]}, wire.WorkerSettings)
+    s = msgspec.convert({**base, "gpu_budget_bytes": [800 * MiB, 800 * MiB]}, wire.WorkerSettings)
     plan = _fit(s, [*gpus(80 * GiB, 80 * GiB), wire.DeviceInfo(index=2, name="CPU", backend="CPU", kind="cpu",
                                                                    free_bytes=GiB, total_bytes=GiB)])
     assert plan is not None and [d.name for d in plan.devices] == ["CUDA0", "CUDA1"]
-    assert (plan.n_gpu_layers, plan.ctx_len) == (19, 9216)  # as on two 600 MiB GPUs
+    assert (plan.n_gpu_layers, plan.ctx_len) == (19, 24576)  # as on two 800 MiB GPUs
     # settings from before per-GPU budgets (one int): the first GPU's
     old = msgspec.json.decode(msgspec.json.encode({**base, "gpu_budget_bytes": 600 * MiB}), type=wire.WorkerSettings)
     plan = _fit(old, gpus(80 * GiB, 80 * GiB))
     assert plan is not None and plan.devices[0].free_bytes == 600 * MiB and plan.devices[1].free_bytes == 80 * GiB
     assert plan.devices[0].bytes <= 600 * MiB
+
+
+def test_the_head_goes_first_and_a_tied_head_is_a_copy_of_the_embeddings() -> None:
+    """As llama.cpp places them: n_gpu_layers = 1 is the output head alone; a model without
+    output.weight (tied embeddings) gets a copy of the token embeddings there."""
+    from corral.gpu_fit import _Sizes
+
+    tied = ModelLayout(**{**LAYOUT.__dict__, "tied_output_bytes": 300 * MiB})
+    for lo, head in ((LAYOUT, 125 * MiB), (tied, 425 * MiB)):
+        s = _Sizes(lo, 1, 512)
+        compute = s.compute(1024)
+        assert s.on_device(1, 1024) == head + compute
+        assert s.on_device(2, 1024) == head + 40 * MiB + s.kv_layer(21, 1024) + compute  # and the last layer
+        assert s.on_host(1, 1024) == lo.input_bytes + 22 * 40 * MiB + sum(s.kv_layer(i, 1024) for i in range(22))
+        assert s.on_host(0, 1024) == s.on_host(1, 1024) + lo.output_bytes  # the host copy stays with the input
+
+
+def test_the_embedded_gemma_has_a_tied_head() -> None:
+    from corral.store.embedded import embedded_model_path
+
+    lo = read_layout(embedded_model_path())
+    assert lo.tied_output_bytes > 100 * MiB  # 262144 x 640 token embeddings
