@@ -79,7 +79,7 @@ def test_short_list_draws_what_the_full_chain_draws(name: str) -> None:
             a = [full_draw(full, x) for x in stream]
             b = [short.short.sample(short.chain, x) for x in stream]
             assert a == b
-            assert short.short.short_draws == len(stream)
+            assert short.short.loads == len(stream)
             draws[str(seed)] = a
         finally:
             ll.llama_sampler_free(full)
@@ -127,7 +127,7 @@ def test_flat_logits_fall_back_and_a_slot_stops_trying() -> None:
     try:
         sl = ShortList(40, [], N_VOCAB)
         assert sl.sample(chain, x) is None
-        assert sl.short_draws == 0
+        assert sl.loads == 0
         for _ in range(5):  # after a few misses in a row it stops trying
             assert sl.sample(chain, x) is None
         assert sl.misses == 3
@@ -145,7 +145,7 @@ def test_an_infinite_logit_takes_the_full_path_without_moving_the_chain() -> Non
     b = make_sampler(wire.SamplingParams(), n_vocab=N_VOCAB, seed=9, eog_tokens=EOG, prompt_tail=[])
     try:
         assert sl.sample(a, x) is None
-        assert sl.short_draws == 0
+        assert sl.loads == 0
         assert full_draw(a, y) == full_draw(b, y)  # the random state did not move
         assert sl.sample(a, y) == full_draw(b, y)
     finally:
@@ -188,6 +188,11 @@ def test_a_real_model_generates_the_same_text_with_and_without_the_short_list(
                                                             logit_bias={236761: -100.0, 1437: 5.0})),
             wire.GenerateRequest(id="schema", prompt="A person as JSON:", json_schema=SCHEMA,
                                  params=wire.SamplingParams(max_tokens=40, seed=5)),
+            # hot, with no top-p/min-p cut: every one of the k allowed tokens can be drawn, so
+            # a resample level that decided with fewer than k would show
+            wire.GenerateRequest(id="schema_hot", prompt="Someone as JSON:", json_schema=SCHEMA,
+                                 params=wire.SamplingParams(max_tokens=40, seed=8, temperature=1.5, top_p=1.0,
+                                                            min_p=0.0)),
             wire.GenerateRequest(id="schema_greedy", prompt="One more person as JSON:", json_schema=SCHEMA,
                                  params=wire.SamplingParams(max_tokens=40, temperature=0.0)),
             # a grammar with a logit bias: the short list runs the bias chain, then the rest
@@ -204,7 +209,7 @@ def test_a_real_model_generates_the_same_text_with_and_without_the_short_list(
         made.extend([sl] if sl is not None else [])
         return sl
 
-    e = Engine(settings_for(model_path, n_parallel=6, ctx_len=6 * 512))
+    e = Engine(settings_for(model_path, n_parallel=7, ctx_len=7 * 512))
     try:
         monkeypatch.setattr(sampling, "_short_list", recorded)
         short_texts, _, _ = run_engine(e, reqs())
@@ -213,7 +218,7 @@ def test_a_real_model_generates_the_same_text_with_and_without_the_short_list(
     finally:
         e.close()
     draws = [sl for sl in made if sl.k not in (64, 1024)]  # one per request; the others: grammar resamples
-    assert len(draws) == 6 and all(sl.short_draws > 0 for sl in draws)  # every request used its list
+    assert len(draws) == 7 and all(sl.loads > 0 for sl in draws)  # every request used its list
     assert any(sl.loads > 0 for sl in made if sl.k == 64)  # and the grammar requests resampled from one
     assert short_texts == full_texts
     assert all(short_texts[k] for k in ("seeded", "greedy", "biased", "schema", "schema_greedy", "schema_biased"))
@@ -222,3 +227,45 @@ def test_a_real_model_generates_the_same_text_with_and_without_the_short_list(
 
 
 SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}'
+
+
+def test_the_top_64_decides_a_resample_only_with_k_allowed_tokens(model_path) -> None:  # noqa: ANN001
+    """The 63 most likely tokens break the grammar, the 64th keeps it, and 60 more it
+    allows lie just below: the top-1024 level draws among the best 40 allowed (top_k 40),
+    so the top 64 (one allowed token) must not decide. Same draws as the full path."""
+    import re
+
+    mparams = ll.llama_model_default_params()
+    mparams.vocab_only = True
+    model = ll.llama_model_load_from_file(str(model_path).encode(), mparams)
+    assert model
+    try:
+        vocab = ll.llama_model_get_vocab(model)
+        n_vocab = ll.llama_vocab_n_tokens(vocab)
+        texts = {t: (ll.llama_vocab_get_text(vocab, t) or b"") for t in range(n_vocab)}
+        lower = [t for t, b in texts.items() if re.fullmatch(rb"[a-z]{3,8}", b)]
+        upper = [t for t, b in texts.items() if re.fullmatch(rb"[A-Z]{3,8}", b)]
+        logits = np.full(n_vocab, -20.0, dtype=np.float32)
+        logits[upper[:63]] = 10.0
+        logits[lower[0]] = 9.0
+        logits[lower[1:61]] = 8.0
+        p = wire.SamplingParams(temperature=1.0, top_p=1.0, min_p=0.0, top_k=40)
+        drawn: dict[str, list[int]] = {}
+        for path in ("short", "full"):
+            for seed in range(12):
+                s = SlotSampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=EOG, prompt_tail=[],
+                                grammar=ll.llama_sampler_init_grammar(vocab, b"root ::= [a-z]+", b"root"))
+                levels = s.short_tops
+                try:
+                    assert levels
+                    if path == "full":
+                        s.short_tops = []
+                    drawn.setdefault(path, []).append(s._resample(logits))
+                finally:
+                    s.short_tops = levels  # freed with the rest
+                    s.free()
+    finally:
+        ll.llama_model_free(model)
+    assert drawn["short"] == drawn["full"]
+    assert set(drawn["short"]) - {lower[0]}  # the 60 just below were drawn too
+    assert set(drawn["short"]) <= set(lower[:61])

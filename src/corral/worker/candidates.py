@@ -53,7 +53,6 @@ class ShortList:
 
     def __init__(self, k: int, touched: list[int], n_vocab: int) -> None:
         self.k = k
-        self.n_vocab = n_vocab
         self.touched = np.array(sorted(t for t in set(touched) if 0 <= t < n_vocab), dtype=np.int64)
         # The first floor: the ``rank``-th highest of every ``stride``-th logit, which
         # about ``rank * stride`` ~ 25 k tokens lie above (at most MAX_SHORT / 2); the
@@ -62,12 +61,10 @@ class ShortList:
         target = min(25 * k, MAX_SHORT // 2)
         self.stride = max(1, min(1 << max(0, (target - 1).bit_length()), n_vocab // 256))
         self.rank = max(1, round(target / self.stride))
-        self._too_few = False
         self.mask = np.zeros(n_vocab, dtype=np.bool_)
         self.data = np.zeros(0, dtype=_TOKEN_DATA)
         self.cur = ll.llama_token_data_array(None, 0, -1, False)
-        self.short_draws = 0  # draws served from the short list (for tests and stats)
-        self.loads = 0  # short lists made (draws, and grammar resamples)
+        self.loads = 0  # short lists made: draws and grammar resamples served (for tests and stats)
         self.misses = 0  # draws in a row that needed the full path; at _GIVE_UP_AFTER, stop trying
 
     def sample(self, chain: ll.llama_sampler_p, logits: npt.NDArray[np.float32]) -> int | None:
@@ -89,7 +86,6 @@ class ShortList:
         sel = cur.selected
         if not 0 <= sel < cur.size:
             raise RuntimeError(f"the sampler chain selected no token ({sel} of {cur.size})")
-        self.short_draws += 1
         return int(self.data["id"][sel])
 
     def load(self, logits: npt.NDArray[np.float32]) -> bool:
@@ -128,7 +124,7 @@ class ShortList:
         sample = logits[:: self.stride]
         rank = min(self.rank, len(sample))
         guess = sample.max() if rank == 1 else np.partition(sample, len(sample) - rank)[len(sample) - rank]
-        found = self._within(logits, float(guess))
+        found, _ = self._within(logits, float(guess))
         if found is not None:
             return found
         top = float(logits.max())
@@ -136,29 +132,30 @@ class ShortList:
             return None
         window, low, high = _START_WINDOW, 0.0, math.inf  # the right window lies in (low, high)
         for _ in range(_MAX_TRIES):
-            found = self._within(logits, top - window)
+            found, too_few = self._within(logits, top - window)
             if found is not None:
                 return found
-            if self._too_few:
+            if too_few:
                 low = window
             else:
                 high = window
             window = window * 2.0 if high == math.inf else (low + high) / 2.0
         return None  # ties over a wide band: no short list holds them
 
-    def _within(self, logits: npt.NDArray[np.float32], floor: float) -> npt.NDArray[np.int64] | None:
+    def _within(self, logits: npt.NDArray[np.float32],
+                floor: float) -> tuple[npt.NDArray[np.int64] | None, bool]:
         """The tokens at or above ``floor`` and the touched ones, if that is enough tokens
-        (``k`` untouched ones) and not too many; else None, with ``_too_few`` set."""
+        (``k`` untouched ones) and not too many, else None; and whether there were too few."""
         np.greater_equal(logits, floor, out=self.mask)
         ids = np.flatnonzero(self.mask)
         touched = self.touched
         outside = touched[~(logits[touched] >= floor)] if len(touched) else touched
         # the touched tokens inside do not count toward k
-        self._too_few = len(ids) - (len(touched) - len(outside)) < self.k
-        if self._too_few or len(ids) > MAX_SHORT:
-            return None
+        too_few = len(ids) - (len(touched) - len(outside)) < self.k
+        if too_few or len(ids) > MAX_SHORT:
+            return None, too_few
         if logits[ids].max() == math.inf:  # then the maximum is infinite: the full path decides
-            return None
+            return None, False
         if len(outside):
             ids = np.sort(np.concatenate((ids, outside)))
-        return ids
+        return ids, False

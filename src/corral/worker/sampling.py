@@ -271,27 +271,26 @@ class SlotSampler:
         c.selected = -1
         c.sorted = False
 
-    def _run(self, smpl: ll.llama_sampler_p | None) -> None:
-        if smpl:  # None only after free()
-            ll.llama_sampler_apply(smpl, ctypes.byref(self.cur))
-
     def _apply(self, logits: Logits, *, grammar_first: bool, top: ll.llama_sampler_p | None = None) -> int:
-        """Bias/penalties, [top-N], [grammar], chain; the selected token (-1: none allowed;
-        -2: none allowed among the top N)."""
+        """``_choose`` over the whole vocabulary."""
         self._fill(logits)
-        if self.pre is not None:
-            self._run(self.pre)
-        grammar = self.grammar
-        assert grammar is not None  # only requests with a grammar get here
-        if top is not None:
-            self._run(top)
-        if grammar_first:
-            self._run(grammar)
-            if not self._compact(self.data, self.cur):
-                return -2 if top is not None else -1
-        self._run(self.chain)
-        sel = self.cur.selected
-        return int(self.data["id"][sel]) if 0 <= sel < self.cur.size else -1
+        return self._choose(self.data, self.cur, grammar_first=grammar_first, top=top)
+
+    def _choose(self, data: npt.NDArray[np.void], cur: ll.llama_token_data_array, *, grammar_first: bool,
+                top: ll.llama_sampler_p | None = None, need: int = 1) -> int:
+        """Bias/penalties, [top-N], [grammar], then, if the grammar left at least ``need``
+        candidates, the chain (its random draw only then): the selected token (-1: none
+        allowed; -2: fewer than ``need`` allowed among the top N)."""
+        assert self.grammar is not None  # only requests with a grammar get here
+        ref = ctypes.byref(cur)
+        for smpl in (self.pre, top, self.grammar if grammar_first else None):
+            if smpl is not None:
+                ll.llama_sampler_apply(smpl, ref)
+        if grammar_first and self._compact(data, cur) < need:
+            return -2 if top is not None else -1
+        ll.llama_sampler_apply(self.chain, ref)
+        sel = cur.selected
+        return int(data["id"][sel]) if 0 <= sel < cur.size else -1
 
     @staticmethod
     def _compact(data: npt.NDArray[np.void], cur: ll.llama_token_data_array) -> int:
@@ -327,7 +326,7 @@ class SlotSampler:
             if not sl.load(logits):
                 break
             tried = n
-            tok = self._apply_short(sl, top, need)
+            tok = self._choose(sl.data, sl.cur, grammar_first=True, top=top, need=need)
             if tok != -2:
                 return tok
         for n, top in zip(_RESAMPLE_TOPS, self.tops):
@@ -338,18 +337,3 @@ class SlotSampler:
                 return tok
         self.full_resamples += 1
         return self._apply(logits, grammar_first=True)
-
-    def _apply_short(self, sl: ShortList, top: ll.llama_sampler_p, need: int) -> int:
-        """Bias, top-N, grammar on a loaded short list; then, if the grammar allowed at
-        least ``need`` tokens, the chain (its random draw only then): the selected token,
-        or -2."""
-        cur = ctypes.byref(sl.cur)
-        if self.pre is not None:
-            ll.llama_sampler_apply(self.pre, cur)
-        ll.llama_sampler_apply(top, cur)
-        ll.llama_sampler_apply(self.grammar, cur)
-        if self._compact(sl.data, sl.cur) < need:
-            return -2
-        ll.llama_sampler_apply(self.chain, cur)
-        sel = sl.cur.selected
-        return int(sl.data["id"][sel]) if 0 <= sel < sl.cur.size else -1
