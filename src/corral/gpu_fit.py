@@ -9,9 +9,14 @@ Neutral (imports only ``wire`` and ``gguf_header``): the worker plans its load w
 1. Everything on the device(s) with the context asked for, if it fits in each device's
    free memory less a margin. With several devices (a worker pinned to several GPUs) the
    offloaded layers are split over them as llama.cpp's ``load_tensors`` does with split
-   mode "layer" and no ``tensor_split``: each device's share of the layers is its share of
-   the devices' free memory, in order, the last offloaded unit (the output head when
-   offloaded) on the last device that gets any; each layer's KV goes with the layer.
+   mode "layer": each device's share of the layers is its share of the split weights, in
+   order, the last offloaded unit (the output head when offloaded) on the last device that
+   gets any; each layer's KV goes with the layer. The weights are the model's
+   ``tensor_split`` when set, else each device's room within the router's budget (its
+   ``limits``), else (no budget) llama.cpp's own: the devices' free memory. The worker
+   passes the weights it planned with to llama.cpp (``FitPlan.tensor_split``), so a GPU
+   whose budget is smaller than its free memory (other instances placed but still
+   loading, ``gpu_memory_budget``) gets fewer layers rather than limiting the whole plan.
 2. Else the context comes down (in whole slots of 256 cells) to the largest that fits,
    but not below the floor (``fit_ctx_floor`` per slot).
 3. Else, at the floor, layers go to the host from the first one until the rest fits. As in
@@ -45,7 +50,7 @@ from corral.gguf_header import GGUFError, array_len, read_header
 from corral.settings import ModelSettings
 
 __all__ = ["ModelLayout", "read_layout", "FitError", "plan_fit", "device_need", "device_needs", "layer_shares",
-           "split_by_free", "DEFAULT_MARGIN_BYTES", "GGUFError"]
+           "split_weights", "split_by_free", "DEFAULT_MARGIN_BYTES", "GGUFError"]
 
 DEFAULT_MARGIN_BYTES = 512 * 1024 * 1024
 _CTX_STEP = 256
@@ -151,9 +156,9 @@ class _Sizes:
 
     def per_device(self, ngl: int, ctx: int) -> list[int]:
         """Bytes on each device with ``ngl`` layers offloaded, split as llama.cpp's
-        ``load_tensors`` does (split mode "layer", no ``tensor_split``): GPU layer ``u`` of
-        ``act`` (the output head last) goes to the first device whose cumulative share of
-        free memory exceeds ``u / act`` (float32, as there); each layer's KV goes with it;
+        ``load_tensors`` does (split mode "layer"): GPU layer ``u`` of ``act`` (the output
+        head last) goes to the first device whose cumulative share of the split weights
+        exceeds ``u / act`` (float32, as there); each layer's KV goes with it;
         the device of the last GPU layer gets the whole compute estimate, the others its
         activation part (no logits)."""
         lo = self.layout
@@ -192,11 +197,12 @@ def _f32(x: float) -> float:
     return float(struct.unpack("f", struct.pack("f", x))[0])
 
 
-def layer_shares(free: Sequence[int]) -> tuple[float, ...]:
-    """llama.cpp's split points for devices with ``free`` bytes free: the cumulative
-    fractions, summed and divided in float32 as ``llama_model_base::load_tensors`` does."""
+def layer_shares(weights: Sequence[float]) -> tuple[float, ...]:
+    """llama.cpp's split points for devices with these split weights (its
+    ``tensor_split``, or without one their free bytes): the cumulative fractions, summed
+    and divided in float32 as ``llama_model_base::load_tensors`` does."""
     acc, cum = 0.0, []
-    for f in free:
+    for f in weights:
         acc = _f32(acc + _f32(float(max(0, f))))
         cum.append(acc)
     if acc <= 0:  # no device reports free memory: equal shares
@@ -204,23 +210,40 @@ def layer_shares(free: Sequence[int]) -> tuple[float, ...]:
     return tuple(_f32(c / acc) for c in cum)
 
 
+def split_weights(n: int, tensor_split: Sequence[float] | None,
+                  room: Sequence[int] | None = None) -> list[float] | None:
+    """The proportions to give llama.cpp for ``n`` devices: the model's ``tensor_split``
+    (padded with zeros, as llama-server does), else each device's ``room`` within the
+    router's budget; None (one device, or nothing given): llama.cpp splits by free memory."""
+    if n < 2:
+        return None
+    if tensor_split and any(x > 0 for x in tensor_split):
+        given = [float(x) for x in tensor_split[:n]]
+        return given + [0.0] * (n - len(given))
+    if room is not None and any(r > 0 for r in room):
+        return [float(max(0, r)) for r in room]
+    return None
+
+
 def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
              devices: Sequence[wire.DeviceInfo] = (), limits: Sequence[int | None] = (), ctx_len: int,
              n_slots: int, ctx_floor_per_slot: int, n_ubatch: int = 512, margin_bytes: int = DEFAULT_MARGIN_BYTES,
-             host_available_bytes: int | None = None) -> wire.FitPlan:
+             host_available_bytes: int | None = None, tensor_split: Sequence[float] | None = None) -> wire.FitPlan:
     """The largest placement on ``device`` or on ``devices`` (see the module docstring).
 
-    With several devices the GPU layers are apportioned to them by their free memory, as
-    llama.cpp does, and every device must hold its share within its free memory less the
-    margin. ``limits[k]``: at most this much of device ``k`` (the router's share; None:
-    its free memory less the margin)."""
+    With several devices the GPU layers are apportioned to them by ``split_weights``
+    (``tensor_split``; else, when ``limits`` are given, each device's room within them;
+    else their free memory, as llama.cpp does by itself), and every device must hold its
+    share within its free memory less the margin. ``limits[k]``: at most this much of
+    device ``k`` (the router's share; None: its free memory less the margin)."""
     devs = list(devices) if devices else ([device] if device is not None else [])
     if not devs:
         raise ValueError("plan_fit needs a device")
     lims = list(limits) + [None] * (len(devs) - len(limits))
     free = [d.free_bytes if lim is None else min(d.free_bytes, lim + margin_bytes) for d, lim in zip(devs, lims)]
     caps = [f - margin_bytes for f in free]
-    s = _Sizes(layout, max(1, n_slots), max(1, n_ubatch), layer_shares([d.free_bytes for d in devs]))
+    weights = split_weights(len(devs), tensor_split, caps if any(lim is not None for lim in lims) else None)
+    s = _Sizes(layout, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in devs]))
     names = ",".join(d.name for d in devs)
 
     def fits(ngl: int, ctx: int) -> bool:
@@ -255,14 +278,17 @@ def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
                         free_bytes=sum(free), margin_bytes=margin_bytes,
                         notes="; ".join(notes) or "everything fits on the device",
                         devices=[wire.DevicePlan(index=k, name=d.name, bytes=b, free_bytes=f)
-                                 for k, (d, b, f) in enumerate(zip(devs, split, free))] if len(devs) > 1 else [])
+                                 for k, (d, b, f) in enumerate(zip(devs, split, free))] if len(devs) > 1 else [],
+                        tensor_split=weights or [])
 
 
 def device_needs(layout: ModelLayout, settings: ModelSettings, *, budgets: Sequence[int],
                  free: Sequence[int] | None = None) -> list[int]:
     """What one instance with ``settings`` would take on each of the devices whose whole
     budgets are ``budgets`` (the router's estimate before a start; ``free``: the devices'
-    free memory, which apportions the layers as in llama.cpp; default: the budgets).
+    free memory, which apportions the layers of a fixed ``n_gpu_layers`` as in llama.cpp
+    unless the model sets ``tensor_split``; default: the budgets; ``"auto"`` splits by the
+    budgets, as the worker will).
     ``"auto"`` plans as the worker would on those devices when empty (no need exceeds its
     budget; the context and layers come down first); a number of layers takes what it takes."""
     n_ubatch = min(settings.n_batch, 512)
@@ -273,9 +299,10 @@ def device_needs(layout: ModelLayout, settings: ModelSettings, *, budgets: Seque
                                 total_bytes=max(0, f)) for k, f in enumerate(shares)]
         plan = plan_fit(layout, devices=devs, limits=[max(0, b) for b in budgets], ctx_len=settings.ctx_len,
                         n_slots=settings.n_parallel, ctx_floor_per_slot=settings.fit_ctx_floor,
-                        n_ubatch=n_ubatch, margin_bytes=0)
+                        n_ubatch=n_ubatch, margin_bytes=0, tensor_split=settings.tensor_split)
         return [d.bytes for d in plan.devices] or [plan.device_bytes]
-    s = _Sizes(layout, max(1, settings.n_parallel), max(1, n_ubatch), layer_shares(shares))
+    weights = split_weights(len(shares), settings.tensor_split)
+    s = _Sizes(layout, max(1, settings.n_parallel), max(1, n_ubatch), layer_shares(weights or shares))
     return s.per_device(layout.n_layer + 1 if ngl < 0 else ngl, settings.ctx_len)
 
 
@@ -284,13 +311,13 @@ def device_need(layout: ModelLayout, settings: ModelSettings, *, budget_bytes: i
     return device_needs(layout, settings, budgets=[budget_bytes])[0]
 
 
-def split_by_free(total: int, free: Sequence[int]) -> list[int]:
-    """``total`` bytes apportioned to devices in proportion to their free memory (an
-    estimate for a file whose layers are unknown)."""
+def split_by_free(total: int, free: Sequence[float]) -> list[int]:
+    """``total`` bytes apportioned to devices in proportion to their free memory, or other
+    weights (an estimate for a file whose layers are unknown)."""
     if len(free) <= 1:
         return [total] * len(free)
     whole = sum(max(0, f) for f in free)
-    out = [total * max(0, f) // whole if whole else total // len(free) for f in free]
+    out = [int(total * max(0, f) // whole) if whole else total // len(free) for f in free]
     out[-1] += total - sum(out)
     return out
 

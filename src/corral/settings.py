@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-__all__ = ["ModelSettings", "SettingsError", "LIVE_FIELDS", "INT32_MAX", "UINT32_MAX",
+__all__ = ["ModelSettings", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "INT32_MAX", "UINT32_MAX",
            "setting_names"]
 
 INT32_MAX = 2**31 - 1
@@ -46,6 +46,10 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     n_gpu_layers: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | Literal["auto"] = "auto"
     # GPUs of each instance (CUDA_VISIBLE_DEVICES and the HIP/Vulkan equivalents); None: all
     devices: list[Annotated[int, Meta(ge=0, le=1023)]] | None = None
+    # with several ``devices``: each one's proportion of the GPU layers, in their order (like
+    # llama-server's --tensor-split, e.g. [3, 1]); None: by what the router's budget leaves
+    # free on each (llama.cpp alone would split by the GPUs' free memory)
+    tensor_split: list[Annotated[float, Meta(ge=0, le=1e12)]] | None = None
     fit_ctx_floor: Annotated[int, Meta(ge=16, le=INT32_MAX)] = 1024  # auto: context per slot kept at least
     threads: _Positive32 | None = None  # None: see corral.control.catalog.default_threads
     threads_batch: _Positive32 | None = None  # None: same as threads
@@ -105,18 +109,33 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in ModelSettings.__struct_fields__}
 
-    def device_env(self) -> dict[str, str]:
+    def device_env(self, seen: Mapping[str, str] | None = None) -> dict[str, str]:
         """The variables that pin a worker to ``devices`` (CUDA, ROCm/HIP, Vulkan); none
-        when unset (the worker sees every device)."""
+        when unset (the worker sees every device).
+
+        GPU ``k`` is the ``k``-th GPU the spawning process sees: where ``seen`` (its
+        environment) already lists visible devices (``CUDA_VISIBLE_DEVICES=2,3 corral
+        serve``), ``k`` picks the ``k``-th entry of that list, so the worker stays on the
+        GPUs the user gave the server. An index past the list picks nothing."""
         if self.devices is None:
             return {}
-        v = ",".join(str(d) for d in self.devices)
-        return {"CUDA_VISIBLE_DEVICES": v, "HIP_VISIBLE_DEVICES": v, "GGML_VK_VISIBLE_DEVICES": v}
+        out = {}
+        for var in VISIBLE_DEVICES_VARS:
+            listed = None if seen is None else seen.get(var)
+            if listed is None:
+                out[var] = ",".join(str(d) for d in self.devices)
+            else:
+                entries = [x.strip() for x in listed.split(",") if x.strip()]
+                out[var] = ",".join(entries[d] for d in self.devices if d < len(entries))
+        return out
 
     def worker_key(self) -> tuple[Any, ...]:
         """The settings whose change needs the worker restarted."""
         return tuple(getattr(self, f) for f in ModelSettings.__struct_fields__ if f not in LIVE_FIELDS)
 
+
+# the variables that choose the GPUs a process sees (CUDA, ROCm/HIP, Vulkan)
+VISIBLE_DEVICES_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES")
 
 # changing these applies to a loaded model at once (no worker restart)
 LIVE_FIELDS = frozenset({"ttl_s", "pinned", "load_on_startup"})

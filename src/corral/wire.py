@@ -245,6 +245,9 @@ class FitPlan(msgspec.Struct, frozen=True, kw_only=True):
     margin_bytes: int  # kept free on each GPU
     notes: str
     devices: list[DevicePlan] = []  # several GPUs: each one's share (layers split as llama.cpp does)
+    # several GPUs: the proportions llama.cpp was given for them (``tensor_split``); empty: it
+    # split by their free memory
+    tensor_split: list[float] = []
 
 
 class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -166,8 +166,9 @@ class WorkerHost:
 
 
 def _device_env(settings_json: str) -> dict[str, str]:
-    """``devices`` pins the worker to those GPUs of its node, as locally; unset, it
-    keeps the ones Ray gave the actor (Ray sets CUDA_VISIBLE_DEVICES for it)."""
+    """``devices`` pins the worker to those GPUs of its node (numbered as on the node, not
+    within the actor's CUDA_VISIBLE_DEVICES: no environment is passed to map them); unset,
+    it keeps the ones Ray gave the actor (Ray sets CUDA_VISIBLE_DEVICES for it)."""
     import msgspec
 
     from corral import wire

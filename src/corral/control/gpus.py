@@ -40,7 +40,8 @@ import msgspec
 from corral import wire
 from corral.config import ServerConfig
 from corral.errors import LoadFailed
-from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout, split_by_free
+from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout, split_by_free, split_weights
+from corral.settings import VISIBLE_DEVICES_VARS
 
 if TYPE_CHECKING:
     from corral.control.pool import ModelPool
@@ -50,7 +51,7 @@ __all__ = ["GpuSlot", "Shortage", "GpuBudget", "probe_devices", "device_use", "f
 log = logging.getLogger("corral.gpus")
 
 _PROBE_TIMEOUT_S = 60.0
-_ENV_KEYS = ("CORRAL_FAKE_DEVICES", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES")
+_ENV_KEYS = ("CORRAL_FAKE_DEVICES", *VISIBLE_DEVICES_VARS)
 _probed: dict[tuple[str, ...], list[wire.DeviceInfo]] = {}
 
 
@@ -102,7 +103,7 @@ def _layout(path: str, size: int, mtime_ns: int) -> ModelLayout | None:
 def _need(pool: ModelPool, budgets: list[int], free: list[int]) -> list[int]:
     """One instance's estimated need on each of the GPUs with these whole ``budgets`` and
     ``free`` memory (blocking: reads the file). A file that is not GGUF: its size, split
-    by the GPUs' free memory."""
+    by the model's ``tensor_split``, else by the GPUs' free memory."""
     path = Path(pool.spec.path)
     try:
         st = path.stat()
@@ -110,7 +111,7 @@ def _need(pool: ModelPool, budgets: list[int], free: list[int]) -> list[int]:
         return [0] * len(budgets)
     layout = _layout(str(path), st.st_size, st.st_mtime_ns)
     if layout is None:
-        return split_by_free(st.st_size, free)
+        return split_by_free(st.st_size, split_weights(len(free), pool.spec.tensor_split) or free)
     return device_needs(layout, pool.spec, budgets=budgets, free=free)
 
 
@@ -206,14 +207,17 @@ class GpuBudget:
 
     async def need(self, pool: ModelPool) -> list[int]:
         """One instance's estimated need on each of its pinned GPUs (unpinned: one GPU, as
-        on the largest budget); ``LoadFailed`` when a GPU could never hold its share."""
+        on the largest budget); ``LoadFailed`` when a GPU could never hold its share, when
+        ``devices`` names a GPU this server does not see, or when ``tensor_split`` does not
+        give one proportion per GPU of ``devices``."""
         budgets = self.budgets()
         pinned = pool.spec.devices
         if not budgets:
             return []
+        self._check_pins(pool)
         if pinned is not None:
-            if not pinned or any(k >= len(budgets) for k in pinned):
-                return []  # pinned to a GPU the inventory does not list: not budgeted
+            if not pinned:
+                return []
             ks = list(pinned)
         else:
             ks = [max(range(len(budgets)), key=lambda k: budgets[k])]
@@ -228,6 +232,22 @@ class GpuBudget:
                     f"{fmt_bytes(top)} (free memory less gpu_memory_margin): lower n_gpu_layers or ctx_len, or "
                     "use n_gpu_layers = \"auto\"")
         return needs
+
+    def _check_pins(self, pool: ModelPool) -> None:
+        spec = pool.spec
+        seen = ", ".join(f"{k} ({d.name})" for k, d in enumerate(self.known))
+        missing = [k for k in spec.devices or [] if k >= len(self.known)]
+        if missing:
+            raise LoadFailed(
+                f"model {spec.id!r} is pinned to GPU {', '.join(map(str, missing))} (devices = {spec.devices}) but "
+                f"this server sees {len(self.known)} GPU(s): {seen}. GPU numbers count the GPUs the server sees "
+                "(after its own CUDA_VISIBLE_DEVICES)")
+        split = spec.tensor_split
+        if split is not None and (spec.devices is None or len(split) != len(spec.devices) or not any(split)):
+            raise LoadFailed(
+                f"model {spec.id!r} has tensor_split = {split}: it needs devices = [...] with one GPU per "
+                f"proportion{f' (devices = {spec.devices})' if spec.devices is not None else ''} and a proportion "
+                f"above 0; this server sees {seen}")
 
     def used(self, pools: Iterable[ModelPool]) -> list[int]:
         used = [0] * len(self.known)

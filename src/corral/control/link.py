@@ -292,7 +292,7 @@ class LocalSpawner:
                 proc = await asyncio.create_subprocess_exec(
                     *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                     pass_fds=(child.fileno(),), start_new_session=True,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1", **settings.device_env()},
+                    env={**os.environ, "PYTHONUNBUFFERED": "1", **settings.device_env(os.environ)},
                 )
         except BaseException:
             parent.close()

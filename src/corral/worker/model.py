@@ -20,7 +20,7 @@ import llama_cpp as ll
 import msgspec
 
 from corral import wire
-from corral.gpu_fit import DEFAULT_MARGIN_BYTES, FitError, GGUFError, plan_fit, read_layout
+from corral.gpu_fit import DEFAULT_MARGIN_BYTES, FitError, GGUFError, plan_fit, read_layout, split_weights
 from corral.worker.devices import gpu_devices, host_available_bytes, list_devices
 
 __all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes"]
@@ -184,6 +184,10 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     _log_lines.clear()
 
     devices = list_devices()
+    gpus = gpu_devices(devices)
+    if s.tensor_split and gpus and len(s.tensor_split) > len(gpus):
+        raise ModelLoadError(f"tensor_split has {len(s.tensor_split)} entries but this instance sees "
+                             f"{len(gpus)} GPU(s) ({', '.join(d.name for d in gpus)}): give one per GPU of devices")
     plan: wire.FitPlan | None = None
     if s.n_gpu_layers == "auto":
         plan = _fit(s, devices)
@@ -192,6 +196,11 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     n_gpu_layers = s.n_gpu_layers if isinstance(s.n_gpu_layers, int) else (plan.n_gpu_layers if plan else 0)
     mparams = ll.llama_model_default_params()
     mparams.n_gpu_layers = n_gpu_layers
+    # the split the plan was made with (else the model's own): kept alive until the load returns
+    weights = plan.tensor_split if plan is not None else split_weights(len(gpus), s.tensor_split)
+    split = (ctypes.c_float * max(len(weights), ll.llama_max_devices()))(*weights) if weights else None
+    if split is not None:
+        mparams.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
     model = ll.llama_model_load_from_file(s.model_path.encode(), mparams)
     if not model:
         detail = "; ".join(line for line in _log_lines if line)[-500:]
@@ -222,7 +231,7 @@ def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo]) -> wire.FitPlan
     try:
         return plan_fit(layout, devices=gpus, limits=limits, ctx_len=s.ctx_len, n_slots=s.n_parallel,
                         ctx_floor_per_slot=s.fit_ctx_floor, n_ubatch=min(s.n_batch, 512), margin_bytes=margin,
-                        host_available_bytes=host_available_bytes())
+                        host_available_bytes=host_available_bytes(), tensor_split=s.tensor_split)
     except FitError as exc:
         raise ModelLoadError(str(exc)) from exc
 
