@@ -268,6 +268,7 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
     for mid, m in cfg.models.items():
         m.settings.update(per_model.get(mid, {}))
     _check_names(cfg, name)
+    _check_across(cfg, name)
     base = base_dir or Path.cwd()
     for m in cfg.models.values():
         p = m.path.expanduser()
@@ -282,6 +283,19 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
                                      for d in cfg.server.allowed_model_dirs]
     _check_model_files(cfg, name)
     return cfg
+
+
+def _check_across(cfg: CorralConfig, name: str) -> None:
+    """The rules between settings, for each model as its tables combine and for models
+    not in the file (they inherit [defaults])."""
+    errors: list[str] = []
+    for mid, table in [*((m, ("models", m)) for m in cfg.models), (None, ("defaults",))]:
+        try:
+            cfg.model_settings(mid) if mid is not None else cfg.inherited_settings()
+        except SettingsError as exc:
+            errors += _settings_errors(name, table, exc)
+    if errors:
+        raise ConfigError("; ".join(errors))
 
 
 def _check_model_files(cfg: CorralConfig, name: str) -> None:
@@ -346,6 +360,7 @@ def load_config(path: Path | None, *, server_overrides: dict[str, Any] | None = 
                 {k: v for k, v in model_overrides.items() if v is not None})
         except SettingsError as exc:
             raise ConfigError("; ".join(_settings_errors("<command line>", (), exc))) from None
+        _check_across(cfg, "<command line>")
     cfg.source = path.resolve() if path is not None else None
     return cfg
 

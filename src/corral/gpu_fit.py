@@ -11,12 +11,11 @@ Neutral (imports only ``wire`` and ``gguf_header``): the worker plans its load w
    offloaded layers are split over them as llama.cpp's ``load_tensors`` does with split
    mode "layer": each device's share of the layers is its share of the split weights, in
    order, the last offloaded unit (the output head when offloaded) on the last device that
-   gets any; each layer's KV goes with the layer. The weights are the model's
-   ``tensor_split`` when set, else each device's room within the router's budget (its
-   ``limits``), else (no budget) llama.cpp's own: the devices' free memory. The worker
-   passes the weights it planned with to llama.cpp (``FitPlan.tensor_split``), so a GPU
-   whose budget is smaller than its free memory (other instances placed but still
-   loading, ``gpu_memory_budget``) gets fewer layers rather than limiting the whole plan.
+   gets any; each layer's KV goes with the layer. The weights are the worker's
+   ``tensor_split`` when set (the model's own, or the one the router estimated with:
+   ``router_split``), else llama.cpp's own: the devices' free memory. The worker passes
+   the weights it planned with to llama.cpp (``FitPlan.tensor_split``), so what the
+   router charged each GPU is where the layers go.
 2. Else the context comes down (in whole slots of 256 cells) to the largest that fits,
    but not below the floor (``fit_ctx_floor`` per slot).
 3. Else, at the floor, layers go to the host from the first one until the rest fits. As in
@@ -50,7 +49,7 @@ from corral.gguf_header import GGUFError, array_len, read_header
 from corral.settings import ModelSettings
 
 __all__ = ["ModelLayout", "read_layout", "FitError", "plan_fit", "device_need", "device_needs", "layer_shares",
-           "split_weights", "split_by_free", "DEFAULT_MARGIN_BYTES", "GGUFError"]
+           "split_weights", "router_split", "split_by_free", "DEFAULT_MARGIN_BYTES", "GGUFError"]
 
 DEFAULT_MARGIN_BYTES = 512 * 1024 * 1024
 _CTX_STEP = 256
@@ -211,18 +210,24 @@ def layer_shares(weights: Sequence[float]) -> tuple[float, ...]:
 
 
 def split_weights(n: int, tensor_split: Sequence[float] | None,
-                  room: Sequence[int] | None = None) -> list[float] | None:
-    """The proportions to give llama.cpp for ``n`` devices: the model's ``tensor_split``
-    (padded with zeros, as llama-server does), else each device's ``room`` within the
-    router's budget; None (one device, or nothing given): llama.cpp splits by free memory."""
-    if n < 2:
-        return None
-    if tensor_split and any(x > 0 for x in tensor_split):
-        given = [float(x) for x in tensor_split[:n]]
-        return given + [0.0] * (n - len(given))
-    if room is not None and any(r > 0 for r in room):
-        return [float(max(0, r)) for r in room]
+                  otherwise: Sequence[float] | None = None) -> list[float] | None:
+    """The proportions to give llama.cpp for ``n`` devices, as float32 values: the
+    ``tensor_split`` (padded with zeros, as llama-server pads ``-ts``), else ``otherwise``;
+    None (one device, or nothing given): llama.cpp splits by free memory."""
+    for given in (tensor_split, otherwise):
+        if n >= 2 and given and any(x > 0 for x in given):
+            head = [_f32(max(0.0, float(x))) for x in given[:n]]
+            return head + [0.0] * (n - len(head))
     return None
+
+
+def router_split(settings: ModelSettings, budgets: Sequence[int], free: Sequence[int] | None = None
+                 ) -> list[float] | None:
+    """The split the router estimates an instance pinned to several GPUs with, and gives
+    its worker as ``tensor_split``: the model's own, else for ``"auto"`` the GPUs' whole
+    budgets, else (a fixed ``n_gpu_layers``) their free memory, as llama.cpp would."""
+    fallback = budgets if settings.n_gpu_layers == "auto" or free is None else free
+    return split_weights(len(budgets), settings.tensor_split, fallback)
 
 
 def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
@@ -231,10 +236,10 @@ def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
              host_available_bytes: int | None = None, tensor_split: Sequence[float] | None = None) -> wire.FitPlan:
     """The largest placement on ``device`` or on ``devices`` (see the module docstring).
 
-    With several devices the GPU layers are apportioned to them by ``split_weights``
-    (``tensor_split``; else, when ``limits`` are given, each device's room within them;
-    else their free memory, as llama.cpp does by itself), and every device must hold its
-    share within its free memory less the margin. ``limits[k]``: at most this much of
+    With several devices the GPU layers are apportioned to them by ``tensor_split`` (else
+    by their free memory, as llama.cpp does by itself), and every device must hold its
+    share within its free memory less the margin (a device that gets nothing is not
+    asked to). ``limits[k]``: at most this much of
     device ``k`` (the router's share; None: its free memory less the margin)."""
     devs = list(devices) if devices else ([device] if device is not None else [])
     if not devs:
@@ -242,12 +247,12 @@ def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
     lims = list(limits) + [None] * (len(devs) - len(limits))
     free = [d.free_bytes if lim is None else min(d.free_bytes, lim + margin_bytes) for d, lim in zip(devs, lims)]
     caps = [f - margin_bytes for f in free]
-    weights = split_weights(len(devs), tensor_split, caps if any(lim is not None for lim in lims) else None)
+    weights = split_weights(len(devs), tensor_split)
     s = _Sizes(layout, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in devs]))
     names = ",".join(d.name for d in devs)
 
     def fits(ngl: int, ctx: int) -> bool:
-        return all(b <= c for b, c in zip(s.per_device(ngl, ctx), caps))
+        return all(b == 0 or b <= c for b, c in zip(s.per_device(ngl, ctx), caps))
 
     full = layout.n_layer + 1
     step = _CTX_STEP * s.n_slots
@@ -286,22 +291,21 @@ def device_needs(layout: ModelLayout, settings: ModelSettings, *, budgets: Seque
                  free: Sequence[int] | None = None) -> list[int]:
     """What one instance with ``settings`` would take on each of the devices whose whole
     budgets are ``budgets`` (the router's estimate before a start; ``free``: the devices'
-    free memory, which apportions the layers of a fixed ``n_gpu_layers`` as in llama.cpp
-    unless the model sets ``tensor_split``; default: the budgets; ``"auto"`` splits by the
-    budgets, as the worker will).
+    free memory; default: the budgets). The layers are split by ``router_split``, which
+    the worker is given as its ``tensor_split``.
     ``"auto"`` plans as the worker would on those devices when empty (no need exceeds its
     budget; the context and layers come down first); a number of layers takes what it takes."""
     n_ubatch = min(settings.n_batch, 512)
     ngl = settings.n_gpu_layers
     shares = list(budgets if free is None else free)
+    weights = router_split(settings, budgets, free)
     if ngl == "auto":
         devs = [wire.DeviceInfo(index=k, name=f"GPU{k}", backend="GPU", kind="gpu", free_bytes=max(0, f),
                                 total_bytes=max(0, f)) for k, f in enumerate(shares)]
         plan = plan_fit(layout, devices=devs, limits=[max(0, b) for b in budgets], ctx_len=settings.ctx_len,
                         n_slots=settings.n_parallel, ctx_floor_per_slot=settings.fit_ctx_floor,
-                        n_ubatch=n_ubatch, margin_bytes=0, tensor_split=settings.tensor_split)
+                        n_ubatch=n_ubatch, margin_bytes=0, tensor_split=weights)
         return [d.bytes for d in plan.devices] or [plan.device_bytes]
-    weights = split_weights(len(shares), settings.tensor_split)
     s = _Sizes(layout, max(1, settings.n_parallel), max(1, n_ubatch), layer_shares(weights or shares))
     return s.per_device(layout.n_layer + 1 if ngl < 0 else ngl, settings.ctx_len)
 

@@ -46,9 +46,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     n_gpu_layers: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | Literal["auto"] = "auto"
     # GPUs of each instance (CUDA_VISIBLE_DEVICES and the HIP/Vulkan equivalents); None: all
     devices: list[Annotated[int, Meta(ge=0, le=1023)]] | None = None
-    # with several ``devices``: each one's proportion of the GPU layers, in their order (like
-    # llama-server's --tensor-split, e.g. [3, 1]); None: by what the router's budget leaves
-    # free on each (llama.cpp alone would split by the GPUs' free memory)
+    # with several ``devices``: each one's proportion of the GPU layers, one per GPU in their
+    # order (like llama-server's --tensor-split, e.g. [3, 1]); None: the router splits an
+    # "auto" model by the GPUs' budgets and a fixed n_gpu_layers by their free memory
     tensor_split: list[Annotated[float, Meta(ge=0, le=1e12)]] | None = None
     fit_ctx_floor: Annotated[int, Meta(ge=16, le=INT32_MAX)] = 1024  # auto: context per slot kept at least
     threads: _Positive32 | None = None  # None: see corral.control.catalog.default_threads
@@ -100,7 +100,18 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         merged: dict[str, Any] = {}
         for layer in layers:
             merged.update(cls.check_partial(layer))
-        return msgspec.convert(merged, cls)
+        out = msgspec.convert(merged, cls)
+        out.check_across()
+        return out
+
+    def check_across(self) -> None:
+        """The rules between settings (``SettingsError``): ``tensor_split`` gives one
+        proportion, not all zero, per GPU of ``devices``."""
+        split, devices = self.tensor_split, self.devices
+        if split is not None and (devices is None or len(split) != len(devices) or not any(split)):
+            has = "no devices" if devices is None else f"devices = {devices}"
+            raise SettingsError([("tensor_split", f"{split} needs one proportion per GPU of devices, not all 0 "
+                                                   f"(the model has {has})")])
 
     def settings(self) -> "ModelSettings":
         """Just the model settings (a subclass instance loses its extra fields)."""
@@ -114,19 +125,22 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         when unset (the worker sees every device).
 
         GPU ``k`` is the ``k``-th GPU the spawning process sees: where ``seen`` (its
-        environment) already lists visible devices (``CUDA_VISIBLE_DEVICES=2,3 corral
-        serve``), ``k`` picks the ``k``-th entry of that list, so the worker stays on the
-        GPUs the user gave the server. An index past the list picks nothing."""
+        environment) already sets some of these variables (``CUDA_VISIBLE_DEVICES=2,3
+        corral serve``), ``k`` picks the ``k``-th entry of each list it sets, so the
+        worker stays on the GPUs the user gave the server, and the variables it does not
+        set stay unset (ROCm honours both HIP's and CUDA's: a raw ``k`` in the other one
+        would pick the machine's GPU ``k`` again). An index past the list picks nothing
+        (the router refuses such a pin before a spawn: ``control/gpus.py``)."""
         if self.devices is None:
             return {}
+        given = {var: seen[var] for var in VISIBLE_DEVICES_VARS if seen is not None and var in seen}
+        if not given:
+            v = ",".join(str(d) for d in self.devices)
+            return {var: v for var in VISIBLE_DEVICES_VARS}
         out = {}
-        for var in VISIBLE_DEVICES_VARS:
-            listed = None if seen is None else seen.get(var)
-            if listed is None:
-                out[var] = ",".join(str(d) for d in self.devices)
-            else:
-                entries = [x.strip() for x in listed.split(",") if x.strip()]
-                out[var] = ",".join(entries[d] for d in self.devices if d < len(entries))
+        for var, listed in given.items():
+            entries = [x.strip() for x in listed.split(",") if x.strip()]
+            out[var] = ",".join(entries[d] for d in self.devices if d < len(entries))
         return out
 
     def worker_key(self) -> tuple[Any, ...]:

@@ -74,6 +74,8 @@ async def test_the_worker_gets_its_budget_on_each_gpu(harness: Harness, monkeypa
     await load(harness, "a", "two")
     sent = json.loads((harness.tmp / "two.json.settings").read_text())
     assert sent["devices"] == [0, 1] and sent["gpu_budget_bytes"] == [10000, 17000]  # "a" took 3000 of GPU 1
+    # and the split its need was estimated with (an "auto" model: by the GPUs' whole budgets)
+    assert sent["tensor_split"] == [10000.0, 20000.0]
 
 
 async def test_a_pinned_gpu_that_can_never_hold_its_share_is_named(

@@ -1,6 +1,7 @@
 """What GPU numbers mean, and the settings that name GPUs: the server's own
 ``CUDA_VISIBLE_DEVICES`` (GPU k is the k-th GPU the server sees), ``devices`` naming a
-GPU the server does not see, and ``tensor_split``. Fake workers and the fake device
+GPU the server does not see, and ``tensor_split`` (checked with ``devices`` when the
+config is read, and the split the worker is given). Fake workers and the fake device
 inventory of test_gpu_placement.py (the fake hook honours ``CUDA_VISIBLE_DEVICES`` as
 CUDA does: it hides the GPUs it does not list and orders the rest as listed)."""
 
@@ -10,6 +11,8 @@ import json
 
 import pytest
 
+from corral.config import config_from_dict
+from corral.errors import ConfigError
 from corral.settings import ModelSettings
 from router.harness import Harness
 from router.test_gpu_placement import config, fake_gpus, gpus_of, load, model
@@ -19,10 +22,13 @@ def test_gpu_numbers_pick_from_the_servers_own_visible_devices() -> None:
     s = ModelSettings(devices=[1, 0])
     assert s.device_env({}) == {"CUDA_VISIBLE_DEVICES": "1,0", "HIP_VISIBLE_DEVICES": "1,0",
                                 "GGML_VK_VISIBLE_DEVICES": "1,0"}
+    # the variables the server sets are mapped; the others stay unset (ROCm honours both
+    # HIP's and CUDA's: a raw number there would pick the machine's GPU again)
     assert s.device_env({"CUDA_VISIBLE_DEVICES": "GPU-aa, GPU-bb", "GGML_VK_VISIBLE_DEVICES": "3,5,7"}) == {
-        "CUDA_VISIBLE_DEVICES": "GPU-bb,GPU-aa", "HIP_VISIBLE_DEVICES": "1,0", "GGML_VK_VISIBLE_DEVICES": "5,3"}
+        "CUDA_VISIBLE_DEVICES": "GPU-bb,GPU-aa", "GGML_VK_VISIBLE_DEVICES": "5,3"}
     assert ModelSettings(devices=[0, 2]).device_env({"CUDA_VISIBLE_DEVICES": "4,6"})["CUDA_VISIBLE_DEVICES"] == "4"
-    assert s.device_env({"CUDA_VISIBLE_DEVICES": ""})["CUDA_VISIBLE_DEVICES"] == ""  # the server sees no GPU
+    assert s.device_env({"CUDA_VISIBLE_DEVICES": ""}) == {"CUDA_VISIBLE_DEVICES": ""}  # the server sees no GPU
+    assert s.device_env({"PATH": "/bin"}) == s.device_env({})
     assert ModelSettings().device_env({"CUDA_VISIBLE_DEVICES": "4,6"}) == {}  # unpinned: inherits the server's
 
 
@@ -63,19 +69,19 @@ async def test_a_pin_to_a_gpu_the_server_does_not_see_is_refused(
 
 
 @pytest.mark.parametrize(("settings", "why"), [
-    ({"devices": [0, 1], "tensor_split": [1.0]}, "tensor_split = [1.0]: it needs devices = [...] with one GPU per "
-                                                 "proportion (devices = [0, 1])"),
-    ({"tensor_split": [1.0, 1.0]}, "tensor_split = [1.0, 1.0]: it needs devices = [...] with one GPU per proportion "
-                                   "and"),
-    ({"devices": [0, 1], "tensor_split": [0, 0]}, "and a proportion above 0"),
+    ({"devices": [0, 1], "tensor_split": [1.0]}, "[models.m] key 'tensor_split': [1.0] needs one proportion per "
+                                                 "GPU of devices, not all 0 (the model has devices = [0, 1])"),
+    ({"tensor_split": [1.0, 1.0]}, "(the model has no devices)"),
+    ({"devices": [0, 1], "tensor_split": [0, 0]}, "[0.0, 0.0] needs one proportion per GPU of devices, not all 0"),
 ])
-async def test_a_tensor_split_that_does_not_match_devices_is_refused(
-        harness: Harness, monkeypatch: pytest.MonkeyPatch, settings: dict[str, object], why: str) -> None:
-    fake_gpus(monkeypatch, 10000, 10000)
-    await harness.start(config(harness, {"m": model(harness, "m", 3000, **settings)}))
-    r = await harness.client.post("/models/load", json={"model": "m"})  # type: ignore[union-attr]
-    assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
-    assert why in r.json()["error"]["message"]
+def test_a_tensor_split_that_does_not_match_devices_is_a_config_error(
+        harness: Harness, settings: dict[str, object], why: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        harness.config({"m": model(harness, "m", 3000, **settings)})
+    assert why in str(ei.value)
+    with pytest.raises(ConfigError, match=r"\[defaults\] key 'tensor_split': \[2.0, 1.0\] needs one proportion"):
+        config_from_dict({"defaults": {"tensor_split": [2, 1]}})  # the models not in the file inherit it
+    assert config_from_dict({"defaults": {"tensor_split": [2, 1], "devices": [0, 1]}})
 
 
 async def test_tensor_split_apportions_the_estimate_and_reaches_the_worker(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 
 import pytest
 
@@ -185,7 +186,7 @@ def test_the_worker_plans_over_every_gpu_it_sees_within_the_routers_budgets() ->
                                                                    free_bytes=GiB, total_bytes=GiB)])
     assert plan is not None and [d.name for d in plan.devices] == ["CUDA0", "CUDA1"]
     assert (plan.n_gpu_layers, plan.ctx_len) == (19, 24576)  # as on two 800 MiB GPUs
-    assert plan.tensor_split == [800.0 * MiB, 800.0 * MiB]  # what llama.cpp is given: the router's budgets
+    assert plan.tensor_split == []  # none given: llama.cpp splits by free memory (as the plan did)
     # settings from before per-GPU budgets (one int): the first GPU's
     old = msgspec.json.decode(msgspec.json.encode({**base, "gpu_budget_bytes": 600 * MiB}), type=wire.WorkerSettings)
     plan = _fit(old, gpus(80 * GiB, 80 * GiB))
@@ -215,44 +216,46 @@ def test_the_embedded_gemma_has_a_tied_head() -> None:
     assert lo.tied_output_bytes > 100 * MiB  # 262144 x 640 token embeddings
 
 
-def test_tensor_split_sets_the_proportions_and_budgets_do_without_one() -> None:
-    """The model's tensor_split splits the layers as llama.cpp splits them when given it
-    (3:1 on two equal GPUs places as 3:1 free memory does); without one, a budget smaller
-    than a GPU's free memory gives that GPU fewer layers instead of limiting the plan."""
+def test_tensor_split_sets_the_proportions() -> None:
+    """The tensor_split splits the layers as llama.cpp splits them when given it (3:1 on
+    two equal GPUs places as 3:1 free memory does); the plan reports the float32 values
+    llama.cpp is given; a GPU that gets nothing need not have room."""
     by_free = plan_fit(LAYOUT, devices=gpus(60 * GiB, 20 * GiB), ctx_len=8192, n_slots=2, ctx_floor_per_slot=1024)
     given = plan_fit(LAYOUT, devices=gpus(40 * GiB, 40 * GiB), ctx_len=8192, n_slots=2, ctx_floor_per_slot=1024,
                      tensor_split=[3, 1])
     assert [d.bytes for d in given.devices] == [d.bytes for d in by_free.devices]
     assert given.tensor_split == [3.0, 1.0] and by_free.tensor_split == []  # none: llama.cpp splits by free memory
-    padded = plan_fit(LAYOUT, devices=gpus(40 * GiB, 40 * GiB), ctx_len=8192, n_slots=2, ctx_floor_per_slot=1024,
-                      tensor_split=[1])
-    assert padded.tensor_split == [1.0, 0.0] and padded.devices[1].bytes == 0 and padded.n_gpu_layers == 23
-
-    # 2 GiB free on each, the router's budget on GPU 1 only 300 MiB: split by room, GPU 0
-    # takes the layers GPU 1 cannot, and everything fits at a longer context than when
-    # llama.cpp splits by free memory (half the layers on GPU 1)
-    room = plan_fit(LAYOUT, devices=gpus(2 * GiB, 2 * GiB), limits=[None, 300 * MiB], ctx_len=65536, n_slots=4,
-                    ctx_floor_per_slot=1024)
-    assert room.tensor_split == [float(2 * GiB - room.margin_bytes), float(300 * MiB)]
-    assert all(d.bytes <= cap for d, cap in zip(room.devices, (2 * GiB - room.margin_bytes, 300 * MiB)))
-    halves = plan_fit(LAYOUT, devices=gpus(2 * GiB, 2 * GiB), limits=[None, 300 * MiB], ctx_len=65536, n_slots=4,
-                      ctx_floor_per_slot=1024, tensor_split=[1, 1])
-    assert (room.n_gpu_layers, room.ctx_len) > (halves.n_gpu_layers, halves.ctx_len)
+    tenth = plan_fit(LAYOUT, devices=gpus(40 * GiB, 40 * GiB), ctx_len=8192, n_slots=2, ctx_floor_per_slot=1024,
+                     tensor_split=[0.1, 0.9])
+    assert tenth.tensor_split == [struct.unpack("f", struct.pack("f", 0.1))[0], struct.unpack("f", struct.pack("f", 0.9))[0]]
+    full = plan_fit(LAYOUT, devices=gpus(40 * GiB, 100 * MiB), ctx_len=8192, n_slots=2, ctx_floor_per_slot=1024,
+                    tensor_split=[1])  # padded to [1, 0]; GPU 1 has less than the margin free
+    assert full.tensor_split == [1.0, 0.0] and full.devices[1].bytes == 0 and full.n_gpu_layers == 23
 
 
-def test_the_routers_auto_estimate_splits_by_the_budgets_as_the_worker_will() -> None:
-    from corral.gpu_fit import device_needs
+def test_the_worker_plans_what_the_router_charged() -> None:
+    """An "auto" model pinned to two GPUs, one of them half taken by another model: the
+    router estimates its need on the whole budgets and sends that split as tensor_split;
+    the worker, planning within what is left of each budget, places the same bytes."""
+    from corral.gpu_fit import device_needs, router_split
     from corral.settings import ModelSettings
 
-    auto = ModelSettings(ctx_len=65536, n_parallel=4, fit_ctx_floor=1024)
-    plan = plan_fit(LAYOUT, devices=gpus(2 * GiB, 2 * GiB), limits=[2 * GiB, 300 * MiB], ctx_len=65536, n_slots=4,
-                    ctx_floor_per_slot=1024, margin_bytes=0)
-    assert device_needs(LAYOUT, auto, budgets=[2 * GiB, 300 * MiB], free=[2 * GiB, 2 * GiB]) == [
-        d.bytes for d in plan.devices]
-    fixed = ModelSettings(ctx_len=8192, n_parallel=2, n_gpu_layers=-1, tensor_split=[3, 1])
-    assert device_needs(LAYOUT, fixed, budgets=[40 * GiB, 40 * GiB]) == [
-        d.bytes for d in plan_fit(LAYOUT, devices=gpus(60 * GiB, 20 * GiB), ctx_len=8192, n_slots=2,
-                                  ctx_floor_per_slot=1024, margin_bytes=0).devices]
+    auto = ModelSettings(ctx_len=65536, n_parallel=4, fit_ctx_floor=1024, devices=[0, 1])
+    budgets, free = [4 * GiB, 2 * GiB], [4 * GiB + 512 * MiB, 2 * GiB + 512 * MiB]
+    need = device_needs(LAYOUT, auto, budgets=budgets, free=free)
+    split = router_split(auto, budgets, free)
+    assert split == [4.0 * GiB, 2.0 * GiB]
+    room = [3 * GiB, need[1]]  # GPU 0 has another model on it, GPU 1 just enough
+    real = gpus(room[0] + 512 * MiB, 2 * GiB + 512 * MiB)  # the worker sees the other model's memory as used
+    plan = plan_fit(LAYOUT, devices=real, limits=room, ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024,
+                    tensor_split=split)
+    assert [d.bytes for d in plan.devices] == need and plan.ctx_len == 65536
+    unsplit = plan_fit(LAYOUT, devices=real, limits=room, ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)
+    assert [d.bytes for d in unsplit.devices] != need  # by free memory it would not be what was charged
+    fixed = ModelSettings(ctx_len=8192, n_parallel=2, n_gpu_layers=-1, devices=[0, 1])
+    assert router_split(fixed, budgets, [60, 20]) == [60.0, 20.0]  # a fixed count: by free memory, as llama.cpp
+    assert router_split(fixed.__class__(**{**fixed.to_dict(), "tensor_split": [1, 3]}), budgets, free) == [1.0, 3.0]
+    assert router_split(auto, [GiB], [GiB]) is None  # one GPU: no split
 
 
 def test_the_worker_refuses_more_proportions_than_gpus(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -265,7 +265,7 @@ def nitro_settings(body: NitroLoadModel, inherited: ModelSettings) -> ModelSetti
         return ModelSettings.layered([inherited.to_dict(), given])
     except SettingsError as exc:
         key, msg = exc.errors[0]
-        param = next(t for t, o in _NITRO_SETTINGS.items() if o == key)
+        param = next((t for t, o in _NITRO_SETTINGS.items() if o == key), key)
         raise InvalidRequest(f"{param}: {msg}", param=param) from None
 
 

@@ -51,6 +51,8 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
         fields.update(threads=threads, threads_batch=self.threads_batch or threads)
         if gpu is not None:
             fields.update(devices=gpu.devices, gpu_budget_bytes=gpu.budgets, gpu_margin_bytes=gpu.margin_bytes)
+            if gpu.split is not None:  # where its need was estimated: the worker splits the same way
+                fields.update(tensor_split=gpu.split)
         return wire.WorkerSettings(model_id=self.id, model_path=str(self.path), instance=index,
                                    **fields)
 

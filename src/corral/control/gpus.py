@@ -40,7 +40,7 @@ import msgspec
 from corral import wire
 from corral.config import ServerConfig
 from corral.errors import LoadFailed
-from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout, split_by_free, split_weights
+from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout, router_split, split_by_free
 from corral.settings import VISIBLE_DEVICES_VARS
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ class GpuSlot:
     needs: list[int]  # the estimated need on each of ``devices``
     budgets: list[int] | None = None  # what was free of each GPU's budget when placed
     margin_bytes: int | None = None  # [server] gpu_memory_margin
+    split: list[float] | None = None  # several GPUs: the split ``needs`` were estimated with (its tensor_split)
 
     @property
     def need_bytes(self) -> int:
@@ -103,7 +104,7 @@ def _layout(path: str, size: int, mtime_ns: int) -> ModelLayout | None:
 def _need(pool: ModelPool, budgets: list[int], free: list[int]) -> list[int]:
     """One instance's estimated need on each of the GPUs with these whole ``budgets`` and
     ``free`` memory (blocking: reads the file). A file that is not GGUF: its size, split
-    by the model's ``tensor_split``, else by the GPUs' free memory."""
+    as the layers would be (``router_split``)."""
     path = Path(pool.spec.path)
     try:
         st = path.stat()
@@ -111,7 +112,7 @@ def _need(pool: ModelPool, budgets: list[int], free: list[int]) -> list[int]:
         return [0] * len(budgets)
     layout = _layout(str(path), st.st_size, st.st_mtime_ns)
     if layout is None:
-        return split_by_free(st.st_size, split_weights(len(free), pool.spec.tensor_split) or free)
+        return split_by_free(st.st_size, router_split(pool.spec, budgets, free) or free)
     return device_needs(layout, pool.spec, budgets=budgets, free=free)
 
 
@@ -207,9 +208,8 @@ class GpuBudget:
 
     async def need(self, pool: ModelPool) -> list[int]:
         """One instance's estimated need on each of its pinned GPUs (unpinned: one GPU, as
-        on the largest budget); ``LoadFailed`` when a GPU could never hold its share, when
-        ``devices`` names a GPU this server does not see, or when ``tensor_split`` does not
-        give one proportion per GPU of ``devices``."""
+        on the largest budget); ``LoadFailed`` when a GPU could never hold its share, or
+        when ``devices`` names a GPU this server does not see."""
         budgets = self.budgets()
         pinned = pool.spec.devices
         if not budgets:
@@ -242,12 +242,6 @@ class GpuBudget:
                 f"model {spec.id!r} is pinned to GPU {', '.join(map(str, missing))} (devices = {spec.devices}) but "
                 f"this server sees {len(self.known)} GPU(s): {seen}. GPU numbers count the GPUs the server sees "
                 "(after its own CUDA_VISIBLE_DEVICES)")
-        split = spec.tensor_split
-        if split is not None and (spec.devices is None or len(split) != len(spec.devices) or not any(split)):
-            raise LoadFailed(
-                f"model {spec.id!r} has tensor_split = {split}: it needs devices = [...] with one GPU per "
-                f"proportion{f' (devices = {spec.devices})' if spec.devices is not None else ''} and a proportion "
-                f"above 0; this server sees {seen}")
 
     def used(self, pools: Iterable[ModelPool]) -> list[int]:
         used = [0] * len(self.known)
@@ -278,8 +272,9 @@ class GpuBudget:
                 return [GpuSlot(list(pinned), [0] * len(pinned)) for _ in range(n)]  # GPUs not in the inventory
             short = [(k, b * n) for k, b in zip(pinned, needs) if free[k] < b * n]
             if not short:
-                return [GpuSlot(list(pinned), list(needs), [free[k] - b * j for k, b in zip(pinned, needs)], margin)
-                        for j in range(n)]
+                split = router_split(pool.spec, [budgets[k] for k in pinned], [self.known[k].free_bytes for k in pinned])
+                return [GpuSlot(list(pinned), list(needs), [free[k] - b * j for k, b in zip(pinned, needs)], margin,
+                                split) for j in range(n)]
             # evicting helps only when it makes room on every GPU that lacks it
             helpful = frozenset(k for k, _ in short) if all(spare[k] >= b for k, b in short) else frozenset()
             k, b = short[0]
