@@ -28,42 +28,29 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from corral import wire  # noqa: E402
+from inproc import embedded_model  # noqa: E402
 
 
 def measure(model: str, threads: int, reps: int, steps: int = 40) -> dict[str, float]:
-    from corral.worker.process import _cpu_wait_policy
+    from inproc import bench_params, open_engine, start_streams, stop_streams
 
-    _cpu_wait_policy()  # as in a worker
-    from corral.worker.engine import Engine
-    from loadgen import SAMPLING, make_prompt
-
-    e = Engine(wire.WorkerSettings(model_id="bench", model_path=model, threads=threads, threads_batch=threads,
-                                   n_parallel=8, ctx_len=8 * 512))
+    e = open_engine(model, threads=threads, threads_batch=threads, n_parallel=8, ctx_len=8 * 512)
     half = max(1, threads // 2)
     cases = {"b8": (8, threads), "b4_half": (4, half), "b4_all": (4, threads)}
-    params = wire.SamplingParams(max_tokens=steps + 8, ignore_eos=True, temperature=SAMPLING["temperature"],
-                                 top_p=SAMPLING["top_p"], top_k=SAMPLING["top_k"], min_p=SAMPLING["min_p"])
+    params = bench_params(steps + 8)
     found: dict[str, list[float]] = {k: [] for k in cases}
     try:
         for rep in range(reps):  # interleaved, so drift hits every case alike
             for name, (batch, t) in cases.items():
                 e.set_threads(t)
-                for i in range(batch):
-                    e.submit(wire.GenerateRequest(id=f"{rep}-{name}-{i}", prompt=make_prompt(rep * 10 + i),
-                                                  params=params))
-                while any(s.job is not None and s.n_gen == 0 for s in e.slots) or e.waiting:
-                    e.step()
+                start_streams(e, batch, params, f"{rep}-{name}", first_prompt=rep * 10)
                 times = []
                 for _ in range(steps):
                     t0 = time.perf_counter()
                     e.step()
                     times.append(time.perf_counter() - t0)
                 found[name].append(statistics.median(times) * 1000)
-                for s in e.slots:
-                    if s.job is not None:
-                        e.abort(s.job.req.id)
-                e.take_output()
+                stop_streams(e)
     finally:
         e.close()
     ms = {k: statistics.median(v) for k, v in found.items()}
@@ -78,11 +65,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", action="store_true", help="print one JSON object (for bench/run.py)")
     a = ap.parse_args()
-    if a.model is None:
-        from corral.store.embedded import embedded_model_path
-
-        a.model = str(embedded_model_path())
-    r = measure(a.model, a.threads, a.reps)
+    r = measure(a.model or embedded_model(), a.threads, a.reps)
     if a.json:
         print(json.dumps(r))
         return

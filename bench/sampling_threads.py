@@ -49,19 +49,14 @@ def model_path(arg: str | None) -> str:
 
 
 def cmd_step(a: argparse.Namespace) -> None:
-    from corral.worker.process import _cpu_wait_policy
-
-    _cpu_wait_policy()  # as in a worker: ggml's threads spin 0.2 ms, not 3 ms, after a decode
-    from corral.worker.engine import Engine
     from corral.worker.sample_pool import SamplePool
-    from loadgen import SAMPLING, make_prompt
+    from inproc import bench_params, open_engine, start_streams, stop_streams
 
     slots = [int(x) for x in a.slots.split(",")]
     variants = [x.strip() for x in a.variants.split(",")]
     n_slots = max(slots)
-    e = Engine(wire.WorkerSettings(model_id="bench", model_path=model_path(a.model), threads=a.threads,
-                                   n_parallel=n_slots, ctx_len=n_slots * 512, n_gpu_layers=a.gpu_layers,
-                                   sampling_threads=1))
+    e = open_engine(model_path(a.model), threads=a.threads, n_parallel=n_slots, ctx_len=n_slots * 512,
+                    n_gpu_layers=a.gpu_layers, sampling_threads=1)
     pools = {v: SamplePool(int(v.removesuffix("full"))) for v in variants}
     timing: dict[str, float] = {"map": 0.0, "take": 0.0}
 
@@ -86,17 +81,13 @@ def cmd_step(a: argparse.Namespace) -> None:
         take(slot, drawn)
         timing["take"] += time.perf_counter() - t0
     setattr(e, "_take", take_)
-    params = wire.SamplingParams(max_tokens=400, ignore_eos=True, temperature=SAMPLING["temperature"],
-                                 top_p=SAMPLING["top_p"], top_k=SAMPLING["top_k"], min_p=SAMPLING["min_p"], seed=1)
+    params = bench_params(400, seed=1)
     print(f"model {Path(model_path(a.model)).name}, n_vocab {e.m.n_vocab}, decode threads {a.threads}, "
           f"gpu layers {e.info.gpu_layers}, cpus {len(os.sched_getaffinity(0))}, load {os.getloadavg()[0]:.2f}")
     print("| slots | sampling threads | draws ms/step (median) | per slot ms | rest of sampling ms | step ms |")
     print("|---|---|---|---|---|---|")
     for c in slots:
-        for i in range(c):
-            e.submit(wire.GenerateRequest(id=f"s{c}-{i}", prompt=make_prompt(i), params=params))
-        while any(s.job is not None and s.n_gen == 0 for s in e.slots) or e.waiting:
-            e.step()
+        start_streams(e, c, params, f"s{c}")
         shorts = {s.index: s.sampler.short for s in e.slots if s.sampler is not None}
 
         def use(v: str) -> None:
@@ -122,10 +113,7 @@ def cmd_step(a: argparse.Namespace) -> None:
             t = statistics.median(r[1] for r in rows[v]) * 1000
             s = statistics.median(r[2] for r in rows[v]) * 1000
             print(f"| {c} | {v} | {m:.2f} | {m / c:.3f} | {t:.2f} | {s:.1f} |")
-        for s in e.slots:
-            if s.job is not None:
-                e.abort(s.job.req.id)
-        e.take_output()
+        stop_streams(e)
     print(f"load after: {os.getloadavg()[0]:.2f}")
     use(variants[0])
     for p in pools.values():
