@@ -49,7 +49,7 @@ from corral.gguf_header import GGUFError, array_len, read_header
 from corral.settings import ModelSettings
 
 __all__ = ["ModelLayout", "read_layout", "FitError", "plan_fit", "device_need", "device_needs", "layer_shares",
-           "split_weights", "router_split", "split_by_free", "DEFAULT_MARGIN_BYTES", "GGUFError"]
+           "split_weights", "router_split", "placement", "split_by_free", "DEFAULT_MARGIN_BYTES", "GGUFError"]
 
 DEFAULT_MARGIN_BYTES = 512 * 1024 * 1024
 _CTX_STEP = 256
@@ -132,6 +132,18 @@ class FitError(Exception):
     """Even the floor does not fit: ``str(exc)`` says what was needed and what was free."""
 
 
+@dataclass
+class _Share:
+    """One device's part: its repeating layers (``first`` and on), the output head or not."""
+
+    first: int = -1
+    layers: int = 0
+    output: bool = False
+    weights: int = 0
+    kv: int = 0
+    compute: int = 0
+
+
 @dataclass(frozen=True)
 class _Sizes:
     layout: ModelLayout
@@ -153,15 +165,15 @@ class _Sizes:
         lo = self.layout
         return self.logits() + 4 * self.n_ubatch * 16 * lo.n_embd + 4 * self.n_ubatch * min(ctx, 4096)
 
-    def per_device(self, ngl: int, ctx: int) -> list[int]:
-        """Bytes on each device with ``ngl`` layers offloaded, split as llama.cpp's
+    def detail(self, ngl: int, ctx: int) -> list[_Share]:
+        """What each device holds with ``ngl`` layers offloaded, split as llama.cpp's
         ``load_tensors`` does (split mode "layer"): GPU layer ``u`` of ``act`` (the output
         head last) goes to the first device whose cumulative share of the split weights
         exceeds ``u / act`` (float32, as there); each layer's KV goes with it;
         the device of the last GPU layer gets the whole compute estimate, the others its
         activation part (no logits)."""
         lo = self.layout
-        out = [0] * len(self.shares)
+        out = [_Share() for _ in self.shares]
         act = min(max(ngl, 0), lo.n_layer + 1)
         if act == 0:
             return out
@@ -171,13 +183,22 @@ class _Sizes:
         dev = 0
         for u, il in enumerate(units):
             dev = min(bisect.bisect_right(self.shares, _f32(_f32(u) / act)), len(out) - 1)
-            out[dev] += lo.head_bytes if il == lo.n_layer else lo.layer_bytes[il] + self.kv_layer(il, ctx)
-        for k in range(len(out)):
+            d = out[dev]
+            if il == lo.n_layer:
+                d.output, d.weights = True, d.weights + lo.head_bytes
+            else:
+                d.first = il if d.layers == 0 else d.first
+                d.layers, d.weights, d.kv = d.layers + 1, d.weights + lo.layer_bytes[il], d.kv + self.kv_layer(il, ctx)
+        for k, d in enumerate(out):
             if k == dev:
-                out[k] += self.compute(ctx)
-            elif out[k] > 0:
-                out[k] += self.compute(ctx) - self.logits()
+                d.compute = self.compute(ctx)
+            elif d.weights > 0:
+                d.compute = self.compute(ctx) - self.logits()
         return out
+
+    def per_device(self, ngl: int, ctx: int) -> list[int]:
+        """Bytes on each device with ``ngl`` layers offloaded (``detail``)."""
+        return [d.weights + d.kv + d.compute for d in self.detail(ngl, ctx)]
 
     def on_device(self, ngl: int, ctx: int) -> int:
         return sum(self.per_device(ngl, ctx))
@@ -313,6 +334,26 @@ def device_needs(layout: ModelLayout, settings: ModelSettings, *, budgets: Seque
 def device_need(layout: ModelLayout, settings: ModelSettings, *, budget_bytes: int) -> int:
     """``device_needs`` on one device whose whole budget is ``budget_bytes``."""
     return device_needs(layout, settings, budgets=[budget_bytes])[0]
+
+
+def placement(layout: ModelLayout, *, gpus: Sequence[wire.DeviceInfo], weights: Sequence[float] | None,
+              ngl: int, ctx: int, n_slots: int, n_ubatch: int) -> list[wire.DevicePlacement]:
+    """Where a loaded model's parts are, by llama.cpp's rules: each GPU that holds any
+    (split by ``weights``, else by the GPUs' free memory), then the host ("CPU"). ``ngl``
+    as given to llama.cpp (negative: all)."""
+    lo = layout
+    act = 0 if not gpus else lo.n_layer + 1 if ngl < 0 else min(ngl, lo.n_layer + 1)
+    s = _Sizes(lo, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in gpus]))
+    out = [wire.DevicePlacement(device=g.name, first_layer=d.first, layers=d.layers, output=d.output,
+                                weight_bytes=d.weights, kv_bytes=d.kv, compute_bytes=d.compute)
+           for g, d in zip(gpus, s.detail(act, ctx)) if d.weights > 0]
+    first = lo.n_layer - max(0, act - 1)  # the repeating layers kept on the host
+    out.append(wire.DevicePlacement(
+        device="CPU", first_layer=0 if first else -1, layers=first, output=act == 0,
+        weight_bytes=lo.input_bytes + sum(lo.layer_bytes[:first]) + (lo.output_bytes if act == 0 else 0),
+        input_bytes=lo.input_bytes,
+        kv_bytes=sum(s.kv_layer(i, ctx) for i in range(first)), compute_bytes=0))
+    return out
 
 
 def split_by_free(total: int, free: Sequence[float]) -> list[int]:

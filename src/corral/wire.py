@@ -1,7 +1,8 @@
 """Typed messages between the router and a worker process, and their framing.
 
-This module is the whole contract across the process boundary. It imports nothing
-else of corral but ``corral.settings`` (a leaf module), so both sides (``corral.control`` in the router and ``corral.worker``)
+This module is the whole contract across the process boundary (with ``corral.wire_gpu``,
+whose GPU report types it re-exports). It imports nothing else of corral but
+``corral.settings`` and ``corral.frames`` (leaf modules), so both sides (``corral.control`` in the router and ``corral.worker``)
 depend on it and never on each other.
 
 Transport: one ``socket.socketpair()`` per worker, created by the router; the child
@@ -42,11 +43,12 @@ from msgspec import Meta
 from corral import frames
 from corral.frames import HEADER, FrameTooLarge, frame
 from corral.settings import INT32_MAX, ModelSettings
+from corral.wire_gpu import DeviceInfo, DevicePlacement, DevicePlan, FitPlan
 
 __all__ = [
     "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams",
     "invalid_field", "GenerateRequest", "EmbedRequest", "Abort", "StatsRequest", "Shutdown",
-    "Loading", "ModelInfo", "DeviceInfo", "DevicePlan", "FitPlan", "Ready", "LoadFailed", "Delta",
+    "Loading", "ModelInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "FitPlan", "Ready", "LoadFailed", "Delta",
     "TokenLogprob", "TopLogprob", "Usage", "Timings", "Finished", "RequestFailed", "Embeddings",
     "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",
@@ -208,48 +210,6 @@ class Loading(msgspec.Struct, frozen=True, tag="loading"):
     protocol: int = PROTOCOL_VERSION
 
 
-class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """A compute device the worker sees (llama.cpp's device registry)."""
-
-    index: int
-    name: str  # "CUDA0", "Vulkan1", "CPU"
-    backend: str  # "CUDA", "Vulkan", "CPU"
-    kind: str  # cpu | gpu | igpu | accel
-    free_bytes: int
-    total_bytes: int
-
-
-class DevicePlan(msgspec.Struct, frozen=True, kw_only=True):
-    """One GPU's share of a fit plan over several GPUs."""
-
-    index: int  # among the GPUs the worker sees (0 = the first of its CUDA_VISIBLE_DEVICES)
-    name: str
-    bytes: int  # planned there: weights + KV of its layers + compute estimate
-    free_bytes: int  # its free memory when planned (capped by the router's budget)
-
-
-class FitPlan(msgspec.Struct, frozen=True, kw_only=True):
-    """How ``n_gpu_layers = "auto"`` placed the model (``corral.gpu_fit.plan_fit``).
-    With one GPU, ``device``/``device_bytes``/``free_bytes`` are that GPU's; with several,
-    ``device`` is their names joined by "," and the numbers are totals over them, while
-    ``devices`` gives each one's share (empty with one GPU)."""
-
-    n_gpu_layers: int
-    n_layers: int  # repeating layers + the output head
-    ctx_len: int  # total KV cells planned
-    ctx_len_asked: int
-    device: str | None
-    device_bytes: int  # planned on the GPU(s): weights + KV + compute estimate
-    host_bytes: int  # planned on the host: weights + KV of host layers
-    free_bytes: int  # the GPU's (GPUs') free memory when planned
-    margin_bytes: int  # kept free on each GPU
-    notes: str
-    devices: list[DevicePlan] = []  # several GPUs: each one's share (layers split as llama.cpp does)
-    # several GPUs: the proportions llama.cpp was given for them (``tensor_split``); empty: it
-    # split by their free memory
-    tensor_split: list[float] = []
-
-
 class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     description: str  # llama_model_desc, e.g. "gemma3 270M Q4_K - Medium"
     n_params: int
@@ -268,6 +228,7 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     load_ms: float
     devices: list[DeviceInfo] = []  # what the worker sees (free memory as at the load)
     fit: FitPlan | None = None  # n_gpu_layers = "auto": the plan it loaded with
+    placement: list[DevicePlacement] = []  # where its layers and KV are: each GPU holding any, then the host
 
 
 class Ready(msgspec.Struct, frozen=True, tag="ready"):

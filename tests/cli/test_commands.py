@@ -44,6 +44,19 @@ def test_server_address_from_options_and_env(monkeypatch: pytest.MonkeyPatch) ->
     assert server_url(server="http://h:1/") == "http://h:1"
 
 
+def test_processor_says_where_an_instance_runs_as_ollama_ps_does() -> None:
+    from corral.cli.model_cmds import processor
+
+    def part(device: str, weights: int, kv: int = 0, compute: int = 0, inputs: int = 0) -> dict[str, object]:
+        return {"device": device, "weight_bytes": weights, "kv_bytes": kv, "compute_bytes": compute,
+                "input_bytes": inputs}
+
+    assert processor([]) == "-"
+    assert processor([part("CPU", 300, 20)]) == "100% CPU"
+    assert processor([part("CUDA0", 250, 40, 10), part("CPU", 170, inputs=170)]) == "100% GPU"  # embeddings only
+    assert processor([part("CUDA0", 150, 10, 40), part("CUDA1", 100), part("CPU", 150, inputs=50)]) == "25%/75% CPU/GPU"
+
+
 def test_load_ps_show_ls_unload(server: CorralServer) -> None:
     p = ("--port", str(server.port))
     r = corral("ps", *p)
@@ -54,7 +67,8 @@ def test_load_ps_show_ls_unload(server: CorralServer) -> None:
     assert r.returncode == 0, r.stderr
     row = next(ln for ln in r.stdout.splitlines() if DEFAULT in ln)
     assert "#0" in row and "ready" in row and "0/2" in row and "MiB" in row and "never" in row
-    for word in ("MODEL", "SLOTS", "MEMORY", "UNTIL"):
+    assert "100% CPU" in row  # no GPU here: everything on the host
+    for word in ("MODEL", "SLOTS", "MEMORY", "PROCESSOR", "UNTIL"):
         assert word in r.stdout
     r = corral("ps", "--json", *p)
     (m,) = json.loads(r.stdout)

@@ -53,6 +53,23 @@ async def test_auto_fits_the_context_to_a_small_device_and_pins_devices(
     assert fit["ctx_len"] < 32768 or fit["n_gpu_layers"] < fit["n_layers"]
     assert fit["device_bytes"] <= 520 * MiB - fit["margin_bytes"]
     assert tight["gpu_layers"] == fit["n_gpu_layers"]
+    # where the parts went, by device: the plan's numbers, split into layers, KV and compute
+    *gpu, host = tight["placement"]
+    assert [p["device"] for p in gpu] == (["CUDA1"] if fit["n_gpu_layers"] else []) and host["device"] == "CPU"
+    assert sum(p["weight_bytes"] + p["kv_bytes"] + p["compute_bytes"] for p in gpu) == fit["device_bytes"]
+    assert host["weight_bytes"] + host["kv_bytes"] == fit["host_bytes"] and host["compute_bytes"] == 0
+    assert sum(p["layers"] for p in tight["placement"]) == 18 and sum(p["output"] for p in tight["placement"]) == 1
+    *gpu, roomy_host = roomy["placement"]
+    assert [(p["device"], p["first_layer"], p["layers"], p["output"]) for p in gpu] == [("CUDA0", 0, 18, True)]
+    assert (roomy_host["layers"], roomy_host["first_layer"], roomy_host["output"], roomy_host["kv_bytes"]) == (
+        0, -1, False, 0)
+    assert roomy_host["weight_bytes"] == roomy_host["input_bytes"] > 100 * MiB  # the token embeddings
+    # Ollama clients see the split (`ollama ps` prints its CPU/GPU percentages from these)
+    r = await harness.client.get("/api/ps")  # type: ignore[union-attr]
+    ps = {m["name"]: m for m in r.json()["models"]}
+    assert ps["tight"]["size_vram"] == fit["device_bytes"]
+    assert ps["tight"]["size"] == fit["device_bytes"] + fit["host_bytes"] - host["input_bytes"]
+    assert ps["roomy"]["size_vram"] == ps["roomy"]["size"] == roomy["fit"]["device_bytes"]  # 100% GPU
 
     r = await harness.client.post("/v1/completions", json={  # type: ignore[union-attr]
         "model": "tight", "prompt": "One, two,", "max_tokens": 4, "temperature": 0})
@@ -68,6 +85,11 @@ async def test_no_gpu_means_no_plan_and_no_layers(harness: Harness, model_path: 
     inst = await instance(harness, "m")
     assert inst["fit"] is None and inst["gpu_layers"] == 0 and inst["gpu"] is None
     assert [d["kind"] for d in inst["devices"]] == ["cpu"]
+    [host] = inst["placement"]
+    assert (host["device"], host["first_layer"], host["layers"], host["output"]) == ("CPU", 0, 18, True)
+    r = await harness.client.get("/api/ps")  # type: ignore[union-attr]
+    [ps] = r.json()["models"]
+    assert ps["size_vram"] == 0 and ps["size"] == host["weight_bytes"] - host["input_bytes"] + host["kv_bytes"]
 
 
 async def test_two_models_spread_over_two_gpus_and_a_third_evicts_the_lru_one(

@@ -273,3 +273,27 @@ def test_the_worker_refuses_more_proportions_than_gpus(monkeypatch: pytest.Monke
     with pytest.raises(ModelLoadError, match=r"tensor_split has 3 entries but this instance sees 2 GPU\(s\) "
                                              r"\(CUDA0, CUDA1\)"):
         load_model(s)
+
+
+def test_placement_says_where_the_layers_and_kv_are() -> None:
+    """As llama.cpp places them: n_gpu_layers = 10 is the head and the last 9 layers on the
+    GPUs (here split 1:1 by the weights given), the rest on the host; every byte of the
+    plan is in exactly one place."""
+    from corral.gpu_fit import _Sizes, placement
+
+    ctx = 8192
+    kv = LAYOUT.kv_bytes_per_cell() * ctx
+    parts = placement(LAYOUT, gpus=gpus(GiB, GiB), weights=[1.0, 1.0], ngl=10, ctx=ctx, n_slots=2, n_ubatch=512)
+    assert [(p.device, p.first_layer, p.layers, p.output) for p in parts] == [
+        ("CUDA0", 13, 5, False), ("CUDA1", 18, 4, True), ("CPU", 0, 13, False)]
+    s = _Sizes(LAYOUT, 2, 512, (0.5, 1.0))
+    assert [p.weight_bytes + p.kv_bytes + p.compute_bytes for p in parts[:2]] == s.per_device(10, ctx)
+    assert parts[2].weight_bytes + parts[2].kv_bytes == s.on_host(10, ctx)
+    assert [p.kv_bytes for p in parts] == [5 * kv, 4 * kv, 13 * kv]
+    assert sum(p.weight_bytes for p in parts) == LAYOUT.weight_bytes
+
+    [host] = placement(LAYOUT, gpus=[], weights=None, ngl=-1, ctx=ctx, n_slots=2, n_ubatch=512)  # no GPU
+    assert (host.layers, host.output, host.weight_bytes, host.kv_bytes) == (22, True, LAYOUT.weight_bytes, 22 * kv)
+    *on_gpu, host = placement(LAYOUT, gpus=gpus(GiB), weights=None, ngl=-1, ctx=ctx, n_slots=2, n_ubatch=512)
+    assert [(p.first_layer, p.layers, p.output) for p in on_gpu] == [(0, 22, True)]
+    assert (host.first_layer, host.layers, host.weight_bytes, host.kv_bytes) == (-1, 0, LAYOUT.input_bytes, 0)

@@ -101,15 +101,30 @@ async def ps(request: Request) -> Response:
     out = []
     for pool, meta in zip(pools, await _metas(pools)):
         ttl = pool.ttl_s
-        size = pool.memory_bytes()
+        size, size_vram = _sizes(pool)
         slot = next((i.info.n_ctx_slot for i in pool.instances if i.info is not None),
                     pool.spec.ctx_len // pool.spec.n_parallel)
-        out.append({**_entry(pool, meta, shas), "size": size,
-                    "size_vram": size if any(i.info is not None and i.info.gpu_layers > 0
-                                             for i in pool.instances) else 0,
+        out.append({**_entry(pool, meta, shas), "size": size, "size_vram": size_vram,
                     "expires_at": _iso(pool.last_used + ttl) if ttl is not None else _FOREVER,
                     "context_length": slot})
     return ndjson_response({"models": out})
+
+
+def _sizes(pool: ModelPool) -> tuple[int, int]:
+    """(size, size_vram): the memory of the model's instances and what of it is on GPUs
+    (``ollama ps`` shows "48%/52% CPU/GPU" from them), from the workers' placement
+    (layers, KV, compute estimate on each device; the token embeddings, a lookup llama.cpp
+    keeps on the host in every case, left out: a model with every layer on a GPU is 100%
+    GPU, as in Ollama); without one, the reported host bytes, all of it counted on the GPU
+    when any layer is offloaded."""
+    infos = [i.info for i in pool.instances if i.info is not None]
+    parts = [p for info in infos for p in info.placement]
+    if parts:
+        on_gpu = sum(p.weight_bytes + p.kv_bytes + p.compute_bytes for p in parts if p.device != "CPU")
+        on_host = sum(p.weight_bytes - p.input_bytes + p.kv_bytes for p in parts if p.device == "CPU")
+        return on_gpu + on_host, on_gpu
+    size = pool.memory_bytes()
+    return size, size if any(info.gpu_layers > 0 for info in infos) else 0
 
 
 def _template(pool: ModelPool, meta: GGUFMetadata | None) -> str:

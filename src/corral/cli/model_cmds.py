@@ -49,6 +49,20 @@ def until_unload(m: dict[str, Any], now: float | None = None) -> str:
     return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
 
 
+def processor(placement: list[dict[str, Any]]) -> str:
+    """Where an instance runs, as ``ollama ps`` says it: "100% GPU", "100% CPU" or
+    "48%/52% CPU/GPU", by the bytes of its placement (weights, KV, compute), leaving out
+    the token embeddings (a lookup that llama.cpp keeps on the host in every case)."""
+    gpu = sum(p["weight_bytes"] + p["kv_bytes"] + p["compute_bytes"] for p in placement if p["device"] != "CPU")
+    cpu = sum(p["weight_bytes"] - p.get("input_bytes", 0) + p["kv_bytes"] for p in placement if p["device"] == "CPU")
+    if not gpu + cpu:
+        return "-"
+    if not gpu or not cpu:
+        return "100% GPU" if gpu else "100% CPU"
+    share = round(100 * cpu / (cpu + gpu))
+    return f"{share}%/{100 - share}% CPU/GPU"
+
+
 def _print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2))
 
@@ -64,7 +78,7 @@ def ps(host: str | None = HostOpt, port: int | None = PortOpt, server: str | Non
     if not models:
         out.print("no model is loaded")
         return
-    table = Table("MODEL", "INSTANCE", "PID", "STATE", "SLOTS", "MEMORY", "THREADS", "UNTIL",
+    table = Table("MODEL", "INSTANCE", "PID", "STATE", "SLOTS", "MEMORY", "PROCESSOR", "THREADS", "UNTIL",
                   box=None, pad_edge=False)
     now = time.time()
     for m in models:
@@ -75,7 +89,8 @@ def ps(host: str | None = HostOpt, port: int | None = PortOpt, server: str | Non
             table.add_row(Text(m["id"]) if n == 0 else "", f"#{inst['index']}", str(inst.get("pid") or "-"),
                           inst["state"], f"{slots.get('busy', 0)}/{slots.get('total', 0)}",
                           human_bytes((mem.get("model_bytes") or 0) + (mem.get("kv_bytes") or 0)),
-                          str(inst.get("threads") or "-"), until if n == 0 else "")
+                          processor(inst.get("placement") or []), str(inst.get("threads") or "-"),
+                          until if n == 0 else "")
     out.print(table)
 
 

@@ -56,6 +56,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "gpu_layers": i.info.gpu_layers if i.info else None,
             "devices": [msgspec.to_builtins(d) for d in i.info.devices] if i.info else [],
             "fit": msgspec.to_builtins(i.info.fit) if i.info and i.info.fit else None,
+            "placement": msgspec.to_builtins(i.info.placement) if i.info else [],
             # where admission placed it (GPU indexes, CUDA_VISIBLE_DEVICES) and its estimated need
             # there (in all, and on each of its GPUs)
             "gpu": {"devices": i.gpu.devices, "need_bytes": i.gpu.need_bytes,

@@ -20,7 +20,8 @@ import llama_cpp as ll
 import msgspec
 
 from corral import wire
-from corral.gpu_fit import DEFAULT_MARGIN_BYTES, FitError, GGUFError, plan_fit, read_layout, split_weights
+from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, placement, plan_fit, read_layout,
+                             split_weights)
 from corral.worker.devices import gpu_devices, host_available_bytes, list_devices
 
 __all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes"]
@@ -208,10 +209,24 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
             f"llama.cpp could not load {s.model_path}" + (f": {detail}" if detail else "")
         )
     try:
-        return _make_context(s, model, t0, gpu_layers=n_gpu_layers, devices=devices, plan=plan)
+        loaded = _make_context(s, model, t0, gpu_layers=n_gpu_layers, devices=devices, plan=plan)
     except BaseException:
         ll.llama_model_free(model)
         raise
+    loaded.info = msgspec.structs.replace(loaded.info, placement=_placement(s, loaded, gpus, weights, n_gpu_layers))
+    return loaded
+
+
+def _placement(s: wire.WorkerSettings, m: LoadedModel, gpus: list[wire.DeviceInfo], weights: list[float] | None,
+               n_gpu_layers: int) -> list[wire.DevicePlacement]:
+    """Where the layers and KV went (``ModelInfo.placement``); [] when the file's layout
+    cannot be read."""
+    try:
+        layout = read_layout(s.model_path)
+    except (GGUFError, OSError, ValueError):
+        return []
+    return placement(layout, gpus=gpus, weights=weights, ngl=n_gpu_layers, ctx=m.n_ctx, n_slots=m.n_slots,
+                     n_ubatch=m.n_batch if s.embedding else min(m.n_batch, 512))
 
 
 def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo]) -> wire.FitPlan | None:

@@ -1,0 +1,65 @@
+"""The wire types a worker reports about GPUs: the devices it sees, its fit plan and
+where it placed the model. Part of ``corral.wire`` (which re-exports them; import them
+from there), kept apart to keep that module short. Imports nothing of corral."""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["DeviceInfo", "DevicePlan", "DevicePlacement", "FitPlan"]
+
+
+class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A compute device the worker sees (llama.cpp's device registry)."""
+
+    index: int
+    name: str  # "CUDA0", "Vulkan1", "CPU"
+    backend: str  # "CUDA", "Vulkan", "CPU"
+    kind: str  # cpu | gpu | igpu | accel
+    free_bytes: int
+    total_bytes: int
+
+
+class DevicePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU's share of a fit plan over several GPUs."""
+
+    index: int  # among the GPUs the worker sees (0 = the first of its CUDA_VISIBLE_DEVICES)
+    name: str
+    bytes: int  # planned there: weights + KV of its layers + compute estimate
+    free_bytes: int  # its free memory when planned (capped by the router's budget)
+
+
+class DevicePlacement(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a loaded instance's parts are on one device (a GPU, or "CPU": the host),
+    from the file's tensor table and llama.cpp's placement rules (``corral.gpu_fit``)."""
+
+    device: str  # "CUDA0", ..., "CPU"
+    first_layer: int  # the first of its repeating layers (-1: none)
+    layers: int  # repeating layers there (contiguous from first_layer)
+    output: bool  # the output head is there
+    weight_bytes: int
+    input_bytes: int = 0  # of which the input layer: token embeddings, a lookup llama.cpp keeps on the host
+    kv_bytes: int  # KV cache of its layers
+    compute_bytes: int  # compute buffer estimate (0 on the host)
+
+
+class FitPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """How ``n_gpu_layers = "auto"`` placed the model (``corral.gpu_fit.plan_fit``).
+    With one GPU, ``device``/``device_bytes``/``free_bytes`` are that GPU's; with several,
+    ``device`` is their names joined by "," and the numbers are totals over them, while
+    ``devices`` gives each one's share (empty with one GPU)."""
+
+    n_gpu_layers: int
+    n_layers: int  # repeating layers + the output head
+    ctx_len: int  # total KV cells planned
+    ctx_len_asked: int
+    device: str | None
+    device_bytes: int  # planned on the GPU(s): weights + KV + compute estimate
+    host_bytes: int  # planned on the host: weights + KV of host layers
+    free_bytes: int  # the GPU's (GPUs') free memory when planned
+    margin_bytes: int  # kept free on each GPU
+    notes: str
+    devices: list[DevicePlan] = []  # several GPUs: each one's share (layers split as llama.cpp does)
+    # several GPUs: the proportions llama.cpp was given for them (``tensor_split``); empty: it
+    # split by their free memory
+    tensor_split: list[float] = []
