@@ -26,8 +26,8 @@ Neutral (imports only ``wire`` and ``gguf_header``): the worker plans its load w
 4. The host must hold what is left on it (weights, KV of host layers): when even that
    does not fit in the host's available memory, the load is refused with the numbers.
 
-Memory per layer comes from the GGUF tensor table (``read_layout``); KV is f16, per cell
-and layer ``2 * n_head_kv * (head_dim_k + head_dim_v)`` bytes (a sliding-window layer
+Memory per layer comes from the GGUF tensor table (``read_layout``); KV per cell and layer
+is ``n_head_kv * (head_dim_k + head_dim_v)`` elements of the cache types (f16: 2 bytes) (a sliding-window layer
 holds at most ``n_swa + n_ubatch`` cells per slot); the compute buffer is an estimate
 (logits and activations of one micro-batch) that the margin absorbs where it is short: with
 several devices, the one holding the last offloaded unit gets all of it, each other device
@@ -46,10 +46,10 @@ from pathlib import Path
 
 from corral import wire
 from corral.gguf_header import GGUFError, array_len, read_header
-from corral.settings import ModelSettings
+from corral.settings import KV_CACHE_TYPES, ModelSettings
 
 __all__ = ["ModelLayout", "read_layout", "FitError", "plan_fit", "device_need", "device_needs", "layer_shares",
-           "split_weights", "router_split", "placement", "split_by_free", "DEFAULT_MARGIN_BYTES", "GGUFError"]
+           "split_weights", "router_split", "placement", "kv_row_bytes", "split_by_free", "DEFAULT_MARGIN_BYTES", "GGUFError"]
 
 DEFAULT_MARGIN_BYTES = 512 * 1024 * 1024
 _CTX_STEP = 256
@@ -83,9 +83,15 @@ class ModelLayout:
     def weight_bytes(self) -> int:
         return sum(self.layer_bytes) + self.output_bytes + self.input_bytes
 
-    def kv_bytes_per_cell(self) -> int:
-        """K and V of one cell in one layer, f16."""
-        return 2 * self.n_head_kv * (self.head_dim_k + self.head_dim_v)
+    def kv_bytes_per_cell(self, type_k: str = "f16", type_v: str = "f16") -> int:
+        """K and V of one cell in one layer, for these cache types (``KV_CACHE_TYPES``)."""
+        return self.n_head_kv * (kv_row_bytes(self.head_dim_k, type_k) + kv_row_bytes(self.head_dim_v, type_v))
+
+
+def kv_row_bytes(n: int, cache_type: str) -> int:
+    """Bytes of ``n`` elements of a cache type (rounded up to whole blocks, as ggml stores them)."""
+    per_block, block = KV_CACHE_TYPES[cache_type]
+    return -(-n // block) * per_block
 
 
 def read_layout(path: str | Path) -> ModelLayout:
@@ -150,13 +156,14 @@ class _Sizes:
     n_slots: int
     n_ubatch: int
     shares: tuple[float, ...] = (1.0,)  # each device's cumulative share of the GPU layers (llama.cpp's splits)
+    cache_types: tuple[str, str] = ("f16", "f16")  # K and V
 
     def kv_layer(self, layer: int, ctx: int) -> int:
         lo = self.layout
         cells = ctx
         if lo.sliding_window > 0 and lo.swa_pattern > 1 and (layer + 1) % lo.swa_pattern != 0:
             cells = min(ctx, (lo.sliding_window + self.n_ubatch) * self.n_slots)
-        return lo.kv_bytes_per_cell() * cells
+        return lo.kv_bytes_per_cell(*self.cache_types) * cells
 
     def logits(self) -> int:
         return 4 * self.n_ubatch * self.layout.n_vocab
@@ -254,7 +261,8 @@ def router_split(settings: ModelSettings, budgets: Sequence[int], free: Sequence
 def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
              devices: Sequence[wire.DeviceInfo] = (), limits: Sequence[int | None] = (), ctx_len: int,
              n_slots: int, ctx_floor_per_slot: int, n_ubatch: int = 512, margin_bytes: int = DEFAULT_MARGIN_BYTES,
-             host_available_bytes: int | None = None, tensor_split: Sequence[float] | None = None) -> wire.FitPlan:
+             host_available_bytes: int | None = None, tensor_split: Sequence[float] | None = None,
+             cache_types: tuple[str, str] = ("f16", "f16")) -> wire.FitPlan:
     """The largest placement on ``device`` or on ``devices`` (see the module docstring).
 
     With several devices the GPU layers are apportioned to them by ``tensor_split`` (else
@@ -269,7 +277,8 @@ def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
     free = [d.free_bytes if lim is None else min(d.free_bytes, lim + margin_bytes) for d, lim in zip(devs, lims)]
     caps = [f - margin_bytes for f in free]
     weights = split_weights(len(devs), tensor_split)
-    s = _Sizes(layout, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in devs]))
+    s = _Sizes(layout, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in devs]),
+               cache_types)
     names = ",".join(d.name for d in devs)
 
     def fits(ngl: int, ctx: int) -> bool:
@@ -320,14 +329,15 @@ def device_needs(layout: ModelLayout, settings: ModelSettings, *, budgets: Seque
     ngl = settings.n_gpu_layers
     shares = list(budgets if free is None else free)
     weights = router_split(settings, budgets, free)
+    kv_types = (settings.cache_type_k, settings.cache_type_v)
     if ngl == "auto":
         devs = [wire.DeviceInfo(index=k, name=f"GPU{k}", backend="GPU", kind="gpu", free_bytes=max(0, f),
                                 total_bytes=max(0, f)) for k, f in enumerate(shares)]
         plan = plan_fit(layout, devices=devs, limits=[max(0, b) for b in budgets], ctx_len=settings.ctx_len,
                         n_slots=settings.n_parallel, ctx_floor_per_slot=settings.fit_ctx_floor,
-                        n_ubatch=n_ubatch, margin_bytes=0, tensor_split=weights)
+                        n_ubatch=n_ubatch, margin_bytes=0, tensor_split=weights, cache_types=kv_types)
         return [d.bytes for d in plan.devices] or [plan.device_bytes]
-    s = _Sizes(layout, max(1, settings.n_parallel), max(1, n_ubatch), layer_shares(weights or shares))
+    s = _Sizes(layout, max(1, settings.n_parallel), max(1, n_ubatch), layer_shares(weights or shares), kv_types)
     return s.per_device(layout.n_layer + 1 if ngl < 0 else ngl, settings.ctx_len)
 
 
@@ -337,13 +347,15 @@ def device_need(layout: ModelLayout, settings: ModelSettings, *, budget_bytes: i
 
 
 def placement(layout: ModelLayout, *, gpus: Sequence[wire.DeviceInfo], weights: Sequence[float] | None,
-              ngl: int, ctx: int, n_slots: int, n_ubatch: int) -> list[wire.DevicePlacement]:
+              ngl: int, ctx: int, n_slots: int, n_ubatch: int,
+              cache_types: tuple[str, str] = ("f16", "f16")) -> list[wire.DevicePlacement]:
     """Where a loaded model's parts are, by llama.cpp's rules: each GPU that holds any
     (split by ``weights``, else by the GPUs' free memory), then the host ("CPU"). ``ngl``
     as given to llama.cpp (negative: all)."""
     lo = layout
     act = 0 if not gpus else lo.n_layer + 1 if ngl < 0 else min(ngl, lo.n_layer + 1)
-    s = _Sizes(lo, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in gpus]))
+    s = _Sizes(lo, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in gpus]),
+               cache_types)
     out = [wire.DevicePlacement(device=g.name, first_layer=d.first, layers=d.layers, output=d.output,
                                 weight_bytes=d.weights, kv_bytes=d.kv, compute_bytes=d.compute)
            for g, d in zip(gpus, s.detail(act, ctx)) if d.weights > 0]

@@ -20,18 +20,25 @@ depends on it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
 from msgspec import Meta
 
-__all__ = ["ModelSettings", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "INT32_MAX", "UINT32_MAX",
+__all__ = ["ModelSettings", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX",
            "setting_names"]
 
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
 
 _Positive32 = Annotated[int, Meta(ge=1, le=INT32_MAX)]
+
+# KV cache element types llama-server accepts (--cache-type-k/-v), and each one's bytes
+# per block and elements per block
+KV_CACHE_TYPES: dict[str, tuple[int, int]] = {
+    "f16": (2, 1), "f32": (4, 1), "bf16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32), "q4_1": (20, 32),
+    "iq4_nl": (18, 32), "q5_0": (22, 32), "q5_1": (24, 32)}
+CacheType = Literal["f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
 class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -58,6 +65,11 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # more than the cores the thread governor finds free at that moment.
     sampling_threads: Annotated[int, Meta(ge=1, le=256)] | Literal["auto"] = "auto"
     flash_attn: bool | None = None  # None: llama.cpp decides
+    # KV cache element types (llama-server's --cache-type-k/-v, Ollama's OLLAMA_KV_CACHE_TYPE):
+    # q8_0 takes 53% of f16's memory, q4_0 28%; a quantized V cache needs flash attention
+    # (with flash_attn unset llama.cpp turns it on; flash_attn = false is refused at load)
+    cache_type_k: CacheType = "f16"
+    cache_type_v: CacheType = "f16"
     embedding: bool = False
     # prompt template: chat_template overrides the model's own tokenizer.chat_template;
     # the others shape the plain Nitro-style prompt of models without one
@@ -89,7 +101,10 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             try:
                 out[key] = getattr(msgspec.convert({key: value}, cls), key)
             except msgspec.ValidationError as exc:
-                errors.append((key, _strip_path(str(exc))))
+                msg = _strip_path(str(exc))
+                if msg.startswith("Invalid enum value"):
+                    msg += f" (allowed: {_choices(key)})"
+                errors.append((key, msg))
         if errors:
             raise SettingsError(errors)
         return out
@@ -106,12 +121,19 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     def check_across(self) -> None:
         """The rules between settings (``SettingsError``): ``tensor_split`` gives one
-        proportion, not all zero, per GPU of ``devices``."""
+        proportion, not all zero, per GPU of ``devices``; a quantized V cache needs flash
+        attention (llama.cpp refuses it without)."""
+        errors: list[tuple[str, str]] = []
         split, devices = self.tensor_split, self.devices
         if split is not None and (devices is None or len(split) != len(devices) or not any(split)):
             has = "no devices" if devices is None else f"devices = {devices}"
-            raise SettingsError([("tensor_split", f"{split} needs one proportion per GPU of devices, not all 0 "
-                                                   f"(the model has {has})")])
+            errors.append(("tensor_split", f"{split} needs one proportion per GPU of devices, not all 0 "
+                                           f"(the model has {has})"))
+        if self.flash_attn is False and KV_CACHE_TYPES[self.cache_type_v][1] > 1:
+            errors.append(("cache_type_v", f"{self.cache_type_v} (a quantized V cache) needs flash attention: "
+                                           "leave flash_attn unset or set it to true"))
+        if errors:
+            raise SettingsError(errors)
 
     def settings(self) -> "ModelSettings":
         """Just the model settings (a subclass instance loses its extra fields)."""
@@ -165,6 +187,25 @@ class SettingsError(ValueError):
     def __init__(self, errors: list[tuple[str, str]]) -> None:
         self.errors = errors
         super().__init__("; ".join(f"{k}: {m}" for k, m in errors))
+
+
+def _choices(key: str) -> str:
+    """The values a setting with ``Literal`` choices takes, for an error message."""
+    found: list[str] = []
+    numbers = False
+
+    def walk(t: Any) -> None:
+        nonlocal numbers
+        if get_origin(t) is Literal:
+            found.extend(str(a) for a in get_args(t))
+        elif t in (int, float):
+            numbers = True
+        else:
+            for a in get_args(t):
+                walk(a)
+
+    walk(get_type_hints(ModelSettings, include_extras=True).get(key))
+    return ", ".join(found) + (", or a number" if numbers else "")
 
 
 def _strip_path(text: str) -> str:

@@ -297,3 +297,22 @@ def test_placement_says_where_the_layers_and_kv_are() -> None:
     *on_gpu, host = placement(LAYOUT, gpus=gpus(GiB), weights=None, ngl=-1, ctx=ctx, n_slots=2, n_ubatch=512)
     assert [(p.first_layer, p.layers, p.output) for p in on_gpu] == [(0, 22, True)]
     assert (host.first_layer, host.layers, host.weight_bytes, host.kv_bytes) == (-1, 0, LAYOUT.input_bytes, 0)
+
+
+def test_a_quantized_kv_cache_is_counted_so_and_fits_more_context() -> None:
+    from corral.gpu_fit import device_need
+    from corral.settings import ModelSettings
+
+    # 4 KV heads of 64: a row is 128 bytes in f16, 2 blocks of 34 in q8_0, 2 of 18 in q4_0
+    assert LAYOUT.kv_bytes_per_cell() == 4 * (128 + 128)
+    assert LAYOUT.kv_bytes_per_cell("q8_0", "q8_0") == 4 * (68 + 68)
+    assert LAYOUT.kv_bytes_per_cell("q4_0", "f32") == 4 * (36 + 256)
+    f16 = plan_fit(LAYOUT, device=gpu(2 * GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)
+    q8 = plan_fit(LAYOUT, device=gpu(2 * GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024,
+                  cache_types=("q8_0", "q8_0"))
+    assert f16.n_gpu_layers == q8.n_gpu_layers == 23 and q8.ctx_len > f16.ctx_len
+    both = {"ctx_len": 8192, "n_parallel": 2, "n_gpu_layers": -1}
+    plain = device_need(LAYOUT, ModelSettings(**both), budget_bytes=GiB)  # type: ignore[arg-type]
+    small = device_need(LAYOUT, ModelSettings(**both, cache_type_k="q8_0", cache_type_v="q8_0"),  # type: ignore[arg-type]
+                        budget_bytes=GiB)
+    assert plain - small == 22 * 8192 * 4 * (256 - 136)  # the router's estimate counts it too

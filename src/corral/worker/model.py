@@ -20,8 +20,8 @@ import llama_cpp as ll
 import msgspec
 
 from corral import wire
-from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, placement, plan_fit, read_layout,
-                             split_weights)
+from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, kv_row_bytes, placement, plan_fit,
+                             read_layout, split_weights)
 from corral.worker.devices import gpu_devices, host_available_bytes, list_devices
 
 __all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes"]
@@ -139,10 +139,14 @@ def model_meta(model: ll.llama_model_p, key: str) -> str | None:
         size = n + 1
 
 
-def _kv_bytes(model: ll.llama_model_p, n_ctx: int, n_slots: int, n_swa_cells: int) -> int:
-    """KV cache size computed from the model's shape (f16 K and V, the default cache type).
+# ggml's enum ggml_type for the KV cache types (corral.settings.KV_CACHE_TYPES)
+_GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 
-    Per layer and cell: n_head_kv * (head_dim_k + head_dim_v) * 2 bytes. Sliding-window
+
+def _kv_bytes(model: ll.llama_model_p, n_ctx: int, n_slots: int, n_swa_cells: int, types: tuple[str, str]) -> int:
+    """KV cache size computed from the model's shape and the cache types (K, V).
+
+    Per layer and cell: n_head_kv * (head_dim_k + head_dim_v) elements (f16: 2 bytes). Sliding-window
     layers (Gemma 3: 5 of every 6) only keep ``n_swa_cells`` per slot. Head dims come from
     GGUF metadata (``<arch>.attention.key_length``), else n_embd / n_head.
     """
@@ -161,7 +165,7 @@ def _kv_bytes(model: ll.llama_model_p, n_ctx: int, n_slots: int, n_swa_cells: in
 
     dk = meta_int("attention.key_length", n_embd // n_head)
     dv = meta_int("attention.value_length", n_embd // n_head)
-    per_cell_layer = n_head_kv * (dk + dv) * 2
+    per_cell_layer = n_head_kv * (kv_row_bytes(dk, types[0]) + kv_row_bytes(dv, types[1]))
     n_swa = ll.llama_model_n_swa(model)
     pattern = meta_int("attention.sliding_window_pattern", 6 if arch.startswith("gemma3") else 0)
     if n_swa > 0 and pattern > 1 and n_swa_cells < n_ctx:
@@ -226,7 +230,8 @@ def _placement(s: wire.WorkerSettings, m: LoadedModel, gpus: list[wire.DeviceInf
     except (GGUFError, OSError, ValueError):
         return []
     return placement(layout, gpus=gpus, weights=weights, ngl=n_gpu_layers, ctx=m.n_ctx, n_slots=m.n_slots,
-                     n_ubatch=m.n_batch if s.embedding else min(m.n_batch, 512))
+                     n_ubatch=m.n_batch if s.embedding else min(m.n_batch, 512),
+                     cache_types=(s.cache_type_k, s.cache_type_v))
 
 
 def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo]) -> wire.FitPlan | None:
@@ -246,7 +251,8 @@ def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo]) -> wire.FitPlan
     try:
         return plan_fit(layout, devices=gpus, limits=limits, ctx_len=s.ctx_len, n_slots=s.n_parallel,
                         ctx_floor_per_slot=s.fit_ctx_floor, n_ubatch=min(s.n_batch, 512), margin_bytes=margin,
-                        host_available_bytes=host_available_bytes(), tensor_split=s.tensor_split)
+                        host_available_bytes=host_available_bytes(), tensor_split=s.tensor_split,
+                        cache_types=(s.cache_type_k, s.cache_type_v))
     except FitError as exc:
         raise ModelLoadError(str(exc)) from exc
 
@@ -281,6 +287,7 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
         # slot (the C default keeps all). Prefix reuse checks what is still there.
         p.swa_full = False
         p.no_perf = True
+        p.type_k, p.type_v = _GGML_TYPES[s.cache_type_k], _GGML_TYPES[s.cache_type_v]
         if s.flash_attn is not None:
             p.flash_attn_type = (
                 ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -305,7 +312,7 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
     ll.llama_model_desc(model, desc, 256)
     model_bytes = int(ll.llama_model_size(model))
     swa_cells = n_swa + min(n_batch, 512) if n_swa > 0 else n_ctx_slot
-    kv_bytes = _kv_bytes(model, n_ctx_slot, n_slots, swa_cells) * n_slots
+    kv_bytes = _kv_bytes(model, n_ctx_slot, n_slots, swa_cells, (s.cache_type_k, s.cache_type_v)) * n_slots
     has_template = bool(s.chat_template) or model_meta(model, "tokenizer.chat_template") is not None
     info = wire.ModelInfo(
         description=desc.value.decode("utf-8", "replace"),
