@@ -211,13 +211,17 @@ class _Sizes:
         return sum(self.per_device(ngl, ctx))
 
     def on_host(self, ngl: int, ctx: int) -> int:
+        _, weights, kv = self.host_parts(ngl, ctx)
+        return weights + kv
+
+    def host_parts(self, ngl: int, ctx: int) -> tuple[int, int, int]:
+        """(repeating layers kept on the host, their weights with the input layer and, with
+        nothing offloaded, the output head, their KV)."""
         lo = self.layout
         act = min(max(ngl, 0), lo.n_layer + 1)
         first = lo.n_layer - max(0, act - 1)  # the repeating layers before the offloaded ones
-        total = lo.input_bytes + sum(lo.layer_bytes[:first]) + sum(self.kv_layer(i, ctx) for i in range(first))
-        if act == 0:
-            total += lo.output_bytes
-        return total
+        weights = lo.input_bytes + sum(lo.layer_bytes[:first]) + (lo.output_bytes if act == 0 else 0)
+        return first, weights, sum(self.kv_layer(i, ctx) for i in range(first))
 
 
 def _f32(x: float) -> float:
@@ -359,12 +363,10 @@ def placement(layout: ModelLayout, *, gpus: Sequence[wire.DeviceInfo], weights: 
     out = [wire.DevicePlacement(device=g.name, first_layer=d.first, layers=d.layers, output=d.output,
                                 weight_bytes=d.weights, kv_bytes=d.kv, compute_bytes=d.compute)
            for g, d in zip(gpus, s.detail(act, ctx)) if d.weights > 0]
-    first = lo.n_layer - max(0, act - 1)  # the repeating layers kept on the host
-    out.append(wire.DevicePlacement(
-        device="CPU", first_layer=0 if first else -1, layers=first, output=act == 0,
-        weight_bytes=lo.input_bytes + sum(lo.layer_bytes[:first]) + (lo.output_bytes if act == 0 else 0),
-        input_bytes=lo.input_bytes,
-        kv_bytes=sum(s.kv_layer(i, ctx) for i in range(first)), compute_bytes=0))
+    first, host_weights, kv = s.host_parts(act, ctx)
+    out.append(wire.DevicePlacement(device="CPU", first_layer=0 if first else -1, layers=first, output=act == 0,
+                                    weight_bytes=host_weights, input_bytes=lo.input_bytes, kv_bytes=kv,
+                                    compute_bytes=0))
     return out
 
 

@@ -43,12 +43,12 @@ from msgspec import Meta
 from corral import frames
 from corral.frames import HEADER, FrameTooLarge, frame
 from corral.settings import INT32_MAX, ModelSettings
-from corral.wire_gpu import DeviceInfo, DevicePlacement, DevicePlan, FitPlan
+from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan
 
 __all__ = [
     "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams",
     "invalid_field", "GenerateRequest", "EmbedRequest", "Abort", "StatsRequest", "Shutdown",
-    "Loading", "ModelInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "FitPlan", "Ready", "LoadFailed", "Delta",
+    "Loading", "ModelInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize", "FitPlan", "Ready", "LoadFailed", "Delta",
     "TokenLogprob", "TopLogprob", "Usage", "Timings", "Finished", "RequestFailed", "Embeddings",
     "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",
@@ -229,6 +229,7 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     devices: list[DeviceInfo] = []  # what the worker sees (free memory as at the load)
     fit: FitPlan | None = None  # n_gpu_layers = "auto": the plan it loaded with
     placement: list[DevicePlacement] = []  # where its layers and KV are: each GPU holding any, then the host
+    buffers: list[BufferSize] = []  # what llama.cpp allocated where, as it logged it
 
 
 class Ready(msgspec.Struct, frozen=True, tag="ready"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["DeviceInfo", "DevicePlan", "DevicePlacement", "FitPlan"]
+__all__ = ["DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize", "FitPlan"]
 
 
 class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,3 +63,12 @@ class FitPlan(msgspec.Struct, frozen=True, kw_only=True):
     # several GPUs: the proportions llama.cpp was given for them (``tensor_split``); empty: it
     # split by their free memory
     tensor_split: list[float] = []
+
+
+class BufferSize(msgspec.Struct, frozen=True, kw_only=True):
+    """A buffer llama.cpp allocated at the load, as it logged it ("CUDA0 KV buffer size =
+    ... MiB"): measured, where ``DevicePlacement`` is computed."""
+
+    buffer: str  # "CUDA0", "CPU", "CPU_Mapped", "CUDA_Host", ...
+    kind: str  # model | kv | compute | output
+    bytes: int  # to about 5 KiB (the log prints MiB with two decimals)

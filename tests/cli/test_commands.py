@@ -55,6 +55,7 @@ def test_processor_says_where_an_instance_runs_as_ollama_ps_does() -> None:
     assert processor([part("CPU", 300, 20)]) == "100% CPU"
     assert processor([part("CUDA0", 250, 40, 10), part("CPU", 170, inputs=170)]) == "100% GPU"  # embeddings only
     assert processor([part("CUDA0", 150, 10, 40), part("CUDA1", 100), part("CPU", 150, inputs=50)]) == "25%/75% CPU/GPU"
+    assert processor([part("CUDA0", 700), part("CPU", 100)]) == "13%/87% CPU/GPU"  # halves up, as Go's math.Round
 
 
 def test_load_ps_show_ls_unload(server: CorralServer) -> None:

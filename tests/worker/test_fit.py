@@ -287,8 +287,8 @@ def test_placement_says_where_the_layers_and_kv_are() -> None:
     assert [(p.device, p.first_layer, p.layers, p.output) for p in parts] == [
         ("CUDA0", 13, 5, False), ("CUDA1", 18, 4, True), ("CPU", 0, 13, False)]
     s = _Sizes(LAYOUT, 2, 512, (0.5, 1.0))
-    assert [p.weight_bytes + p.kv_bytes + p.compute_bytes for p in parts[:2]] == s.per_device(10, ctx)
     assert parts[2].weight_bytes + parts[2].kv_bytes == s.on_host(10, ctx)
+    assert [p.compute_bytes for p in parts] == [s.compute(ctx) - s.logits(), s.compute(ctx), 0]  # logits: the head's
     assert [p.kv_bytes for p in parts] == [5 * kv, 4 * kv, 13 * kv]
     assert sum(p.weight_bytes for p in parts) == LAYOUT.weight_bytes
 
@@ -316,3 +316,18 @@ def test_a_quantized_kv_cache_is_counted_so_and_fits_more_context() -> None:
     small = device_need(LAYOUT, ModelSettings(**both, cache_type_k="q8_0", cache_type_v="q8_0"),  # type: ignore[arg-type]
                         budget_bytes=GiB)
     assert plain - small == 22 * 8192 * 4 * (256 - 136)  # the router's estimate counts it too
+
+
+def test_layers_are_offloaded_to_the_devices_llama_cpp_uses_in_its_order() -> None:
+    from corral.worker.devices import offload_devices
+
+    def dev(k: int, name: str, kind: str = "gpu") -> wire.DeviceInfo:
+        return wire.DeviceInfo(index=k, name=name, backend=name.rstrip("0123456789"), kind=kind, free_bytes=GiB,
+                               total_bytes=GiB)
+
+    cpu, cuda, igpu = dev(9, "CPU", "cpu"), dev(0, "CUDA0"), dev(2, "Vulkan0", "igpu")
+    assert offload_devices([cpu, cuda, igpu]) == [cuda]  # an integrated GPU only when there is no other
+    assert offload_devices([cpu, igpu, dev(3, "Vulkan1", "igpu"), dev(4, "SYCL0", "igpu")]) == [
+        igpu, dev(3, "Vulkan1", "igpu")]  # those of the first one's backend
+    assert offload_devices([cuda, dev(5, "RPC0")]) == [dev(5, "RPC0"), cuda]  # RPC servers first
+    assert offload_devices([cpu]) == []

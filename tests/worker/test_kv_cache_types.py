@@ -30,6 +30,11 @@ def test_a_q8_0_cache_holds_the_same_tokens_in_about_half_the_memory(model_path:
             assert isinstance(fin, wire.Finished) and fin.usage.completion_tokens == 16 and texts[t].strip()
             held[t] = ll.llama_state_seq_get_size(e.m.ctx, 0)  # the slot keeps its tokens for reuse
             reported[t] = e.info.kv_bytes
+            # what corral computes is what llama.cpp allocated (its log prints MiB to 2 decimals)
+            logged = sum(b.bytes for b in e.info.buffers if b.kind == "kv")
+            [host] = e.info.placement
+            assert logged > 0 and abs(host.kv_bytes - logged) < 16 * 1024 and abs(e.info.kv_bytes - logged) < 16 * 1024
+            assert any(b.kind == "model" for b in e.info.buffers) and any(b.kind == "compute" for b in e.info.buffers)
         finally:
             e.close()
     # Gemma's heads are 256 wide: a row is 512 bytes in f16, 8 blocks of 34 bytes in q8_0

@@ -117,14 +117,15 @@ def _sizes(pool: ModelPool) -> tuple[int, int]:
     keeps on the host in every case, left out: a model with every layer on a GPU is 100%
     GPU, as in Ollama); without one, the reported host bytes, all of it counted on the GPU
     when any layer is offloaded."""
-    infos = [i.info for i in pool.instances if i.info is not None]
+    infos = [i.info for i in pool.live() if i.info is not None]
     parts = [p for info in infos for p in info.placement]
     if parts:
         on_gpu = sum(p.weight_bytes + p.kv_bytes + p.compute_bytes for p in parts if p.device != "CPU")
         on_host = sum(p.weight_bytes - p.input_bytes + p.kv_bytes for p in parts if p.device == "CPU")
         return on_gpu + on_host, on_gpu
     size = pool.memory_bytes()
-    return size, size if any(info.gpu_layers > 0 for info in infos) else 0
+    on_gpu = any(info.gpu_layers != 0 and any(d.kind in ("gpu", "igpu") for d in info.devices) for info in infos)
+    return size, size if on_gpu else 0
 
 
 def _template(pool: ModelPool, meta: GGUFMetadata | None) -> str:

@@ -6,6 +6,7 @@ Routes used: GET /models, POST /models/load, POST /models/unload, GET /models/sh
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -59,7 +60,7 @@ def processor(placement: list[dict[str, Any]]) -> str:
         return "-"
     if not gpu or not cpu:
         return "100% GPU" if gpu else "100% CPU"
-    share = round(100 * cpu / (cpu + gpu))
+    share = math.floor(100 * cpu / (cpu + gpu) + 0.5)  # as Go's math.Round in ollama ps
     return f"{share}%/{100 - share}% CPU/GPU"
 
 

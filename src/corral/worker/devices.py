@@ -17,11 +17,14 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from corral import wire
 
-__all__ = ["list_devices", "FAKE_DEVICES_ENV", "gpu_devices", "host_available_bytes"]
+__all__ = ["list_devices", "FAKE_DEVICES_ENV", "gpu_devices", "offload_devices", "logged_buffers",
+           "host_available_bytes"]
 
 FAKE_DEVICES_ENV = "CORRAL_FAKE_DEVICES"
 
@@ -111,6 +114,21 @@ def gpu_devices(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
     return [d for d in devices if d.kind == "gpu"]
 
 
+def offload_devices(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
+    """The devices llama.cpp offloads layers to, in its order (``llama_model_load`` in
+    the vendored ``src/llama.cpp``): RPC servers first, then the GPUs; integrated GPUs
+    (those of the first one's backend) only when there is no other GPU. Its ``tensor_split``
+    and layer split are over this list. Not mirrored: a GPU that two backends both list
+    (the same ``device_id``) is used once by llama.cpp and counted twice here."""
+    gpus = gpu_devices(devices)
+    rpc = [d for d in gpus if d.backend.startswith("RPC")]
+    found = rpc + [d for d in gpus if not d.backend.startswith("RPC")]
+    igpus = [d for d in devices if d.kind == "igpu"]
+    if len(found) == len(rpc) and igpus:
+        found += [d for d in igpus if d.backend == igpus[0].backend]
+    return found
+
+
 def host_available_bytes() -> int | None:
     """MemAvailable from /proc/meminfo (None where there is none)."""
     try:
@@ -121,3 +139,18 @@ def host_available_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+_BUFFER = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s*([0-9.]+) MiB")
+
+
+def logged_buffers(lines: Iterable[str]) -> list[wire.BufferSize]:
+    """The buffers in llama.cpp's load log ("load_tensors: CUDA0 model buffer size =
+    1234.56 MiB", "llama_kv_cache: CPU KV buffer size = ..."), summed per buffer and kind."""
+    sums: dict[tuple[str, str], float] = {}
+    for line in lines:
+        m = _BUFFER.search(line)
+        if m:
+            key = (m.group(1), m.group(2).lower())
+            sums[key] = sums.get(key, 0.0) + float(m.group(3))
+    return [wire.BufferSize(buffer=b, kind=k, bytes=round(mib * 1024 * 1024)) for (b, k), mib in sums.items()]

@@ -22,7 +22,7 @@ import msgspec
 from corral import wire
 from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, kv_row_bytes, placement, plan_fit,
                              read_layout, split_weights)
-from corral.worker.devices import gpu_devices, host_available_bytes, list_devices
+from corral.worker.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
 
 __all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes"]
 
@@ -31,6 +31,7 @@ GGUF_MAGIC = b"GGUF"
 _backend_lock = threading.Lock()
 _backend_ready = False
 _log_lines: collections.deque[str] = collections.deque(maxlen=20)
+_buffer_lines: collections.deque[str] = collections.deque(maxlen=64)  # llama.cpp's "... buffer size = X MiB"
 _log_verbose = False
 
 
@@ -45,6 +46,8 @@ def _log_message(level: int, text: bytes | None, _user: ctypes.c_void_p) -> None
     # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 cont
     if level in (3, 4):
         _log_lines.append(line.rstrip())
+    elif "buffer size =" in line:
+        _buffer_lines.append(line.rstrip())
     if _log_verbose or level == 4:
         sys.stderr.write(line)
 
@@ -187,9 +190,10 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     check_gguf_file(s.model_path)
     _init_backend(s.verbose)
     _log_lines.clear()
+    _buffer_lines.clear()
 
     devices = list_devices()
-    gpus = gpu_devices(devices)
+    gpus = _split_gpus(devices)
     if s.tensor_split and gpus and len(s.tensor_split) > len(gpus):
         raise ModelLoadError(f"tensor_split has {len(s.tensor_split)} entries but this instance sees "
                              f"{len(gpus)} GPU(s) ({', '.join(d.name for d in gpus)}): give one per GPU of devices")
@@ -217,28 +221,34 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     except BaseException:
         ll.llama_model_free(model)
         raise
-    loaded.info = msgspec.structs.replace(loaded.info, placement=_placement(s, loaded, gpus, weights, n_gpu_layers))
+    loaded.info = msgspec.structs.replace(
+        loaded.info, placement=_placement(s, loaded, offload_devices(devices), weights, n_gpu_layers),
+        buffers=logged_buffers(_buffer_lines))
     return loaded
 
 
-def _placement(s: wire.WorkerSettings, m: LoadedModel, gpus: list[wire.DeviceInfo], weights: list[float] | None,
+def _split_gpus(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
+    """The GPUs a fit plan and a ``tensor_split`` are over, in llama.cpp's order."""
+    return [d for d in offload_devices(devices) if d.kind == "gpu"]
+
+
+def _placement(s: wire.WorkerSettings, m: LoadedModel, offload: list[wire.DeviceInfo], weights: list[float] | None,
                n_gpu_layers: int) -> list[wire.DevicePlacement]:
-    """Where the layers and KV went (``ModelInfo.placement``); [] when the file's layout
-    cannot be read."""
+    """Where the layers and KV went (``ModelInfo.placement``), with the context's real
+    size and micro-batch; [] when the file's layout cannot be read."""
     try:
         layout = read_layout(s.model_path)
     except (GGUFError, OSError, ValueError):
         return []
-    return placement(layout, gpus=gpus, weights=weights, ngl=n_gpu_layers, ctx=m.n_ctx, n_slots=m.n_slots,
-                     n_ubatch=m.n_batch if s.embedding else min(m.n_batch, 512),
-                     cache_types=(s.cache_type_k, s.cache_type_v))
+    return placement(layout, gpus=offload, weights=weights, ngl=n_gpu_layers, ctx=ll.llama_n_ctx(m.ctx),
+                     n_slots=m.n_slots, n_ubatch=ll.llama_n_ubatch(m.ctx), cache_types=(s.cache_type_k, s.cache_type_v))
 
 
 def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo]) -> wire.FitPlan | None:
     """``n_gpu_layers = "auto"``: the plan over every GPU this worker sees (the ones it was
     pinned to; llama.cpp splits the layers over all of them), each within the router's
     share of it when given (None: no GPU)."""
-    gpus = gpu_devices(devices)
+    gpus = _split_gpus(devices)
     if not gpus:
         return None
     try:
@@ -292,6 +302,9 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
             p.flash_attn_type = (
                 ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
+        kept = [line for line in _buffer_lines if " model buffer size" in line]  # a second context: its own
+        _buffer_lines.clear()
+        _buffer_lines.extend(kept)
         ctx: ll.llama_context_p = ll.llama_init_from_model(model, p)
         if not ctx:
             detail = "; ".join(_log_lines)[-500:]
