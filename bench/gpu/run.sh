@@ -12,7 +12,9 @@
 # + llama-server from the same sources); (3) write a random-weight TinyLlama-1.1B-shaped
 # GGUF (speed does not depend on the weights' values); (4) run bench/run.py: the seed's
 # case (two model ids on one GPU, concurrent streaming: no crash), corral vs llama-server
-# with full offload at c=1, 8, 32, and two instances of one model on one GPU; (5) sampling
+# with full offload at c=1, 8, 32, and two instances of one model on one GPU, and where corral
+# says the layers and KV went next to what llama.cpp logged allocating (bench/placement_check.py,
+# 0, 12 and all layers, q8_0 KV cache); (5) sampling
 # threads (bench/sampling_threads.py): c=32 tok/s with sampling_threads 1 vs auto on that
 # model and on a Gemma-3-270M-sized one (262k vocabulary: sampling costs ~0.3 ms per slot
 # per step on the CPU), and the per-step draw time with 1, 2, 4, 8 threads, and with 1 and 8 over
@@ -81,6 +83,9 @@ set -o pipefail
   2>"$OUT/bench.log" | tee "$OUT/table.md"
 cp bench/results/latest.md "$OUT/results.md" 2>/dev/null || true
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null | tee -a "$OUT/table.md" || true
+echo "#### where corral says the parts went, next to llama.cpp's buffers: $(basename "$MODEL")" | tee -a "$OUT/table.md"
+"$PY" bench/placement_check.py --model "$MODEL" --gpu-layers 0,12,-1 --cache-type q8_0 2>>"$OUT/bench.log" \
+  | tee -a "$OUT/table.md" || true
 
 if [ "$SAMPLING" = 1 ]; then
   log "5/5 sampling threads: c=32, 1 vs auto; draw time per step"
