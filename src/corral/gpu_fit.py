@@ -114,6 +114,8 @@ def read_layout(path: str | Path) -> ModelLayout:
     n_head_kv = num("attention.head_count_kv", n_head)
     head_k = num("attention.key_length", n_embd // max(1, n_head))
     head_v = num("attention.value_length", head_k)
+    if num("attention.key_length_mla") > 0:  # MLA (DeepSeek 2 and kin): llama.cpp keeps no V cache
+        head_v = 0
     layers = [0] * n_layer
     output = inputs = 0
     tensors = header.tensor_bytes()
@@ -159,11 +161,15 @@ class _Sizes:
     cache_types: tuple[str, str] = ("f16", "f16")  # K and V
 
     def kv_layer(self, layer: int, ctx: int) -> int:
+        """KV bytes of one layer with ``ctx`` cells asked for in all, sized as llama.cpp
+        sizes a cache of one stream per slot (``llama_context``, ``llama_kv_cache_iswa``):
+        each slot's share padded to 256 cells; a sliding-window layer's to at most
+        ``n_swa + n_ubatch``, padded to 256 too."""
         lo = self.layout
-        cells = ctx
+        seq = _pad256(_pad256(ctx // self.n_slots * self.n_slots) // self.n_slots)
         if lo.sliding_window > 0 and lo.swa_pattern > 1 and (layer + 1) % lo.swa_pattern != 0:
-            cells = min(ctx, (lo.sliding_window + self.n_ubatch) * self.n_slots)
-        return lo.kv_bytes_per_cell(*self.cache_types) * cells
+            seq = _pad256(min(seq, lo.sliding_window + self.n_ubatch))
+        return lo.kv_bytes_per_cell(*self.cache_types) * seq * self.n_slots
 
     def logits(self) -> int:
         return 4 * self.n_ubatch * self.layout.n_vocab
@@ -222,6 +228,10 @@ class _Sizes:
         first = lo.n_layer - max(0, act - 1)  # the repeating layers before the offloaded ones
         weights = lo.input_bytes + sum(lo.layer_bytes[:first]) + (lo.output_bytes if act == 0 else 0)
         return first, weights, sum(self.kv_layer(i, ctx) for i in range(first))
+
+
+def _pad256(n: int) -> int:
+    return -(-n // 256) * 256
 
 
 def _f32(x: float) -> float:

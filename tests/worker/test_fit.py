@@ -287,6 +287,7 @@ def test_placement_says_where_the_layers_and_kv_are() -> None:
     assert [(p.device, p.first_layer, p.layers, p.output) for p in parts] == [
         ("CUDA0", 13, 5, False), ("CUDA1", 18, 4, True), ("CPU", 0, 13, False)]
     s = _Sizes(LAYOUT, 2, 512, (0.5, 1.0))
+    assert [p.weight_bytes + p.kv_bytes + p.compute_bytes for p in parts[:2]] == s.per_device(10, ctx)  # the plan's
     assert parts[2].weight_bytes + parts[2].kv_bytes == s.on_host(10, ctx)
     assert [p.compute_bytes for p in parts] == [s.compute(ctx) - s.logits(), s.compute(ctx), 0]  # logits: the head's
     assert [p.kv_bytes for p in parts] == [5 * kv, 4 * kv, 13 * kv]
@@ -331,3 +332,28 @@ def test_layers_are_offloaded_to_the_devices_llama_cpp_uses_in_its_order() -> No
         igpu, dev(3, "Vulkan1", "igpu")]  # those of the first one's backend
     assert offload_devices([cuda, dev(5, "RPC0")]) == [dev(5, "RPC0"), cuda]  # RPC servers first
     assert offload_devices([cpu]) == []
+
+
+def test_the_kv_cache_types_are_the_ones_llama_cpp_knows() -> None:
+    import typing
+
+    import llama_cpp as ll
+
+    from corral.settings import KV_CACHE_TYPES, CacheType
+    from corral.worker.model import _GGML_TYPES
+
+    assert set(typing.get_args(CacheType)) == set(KV_CACHE_TYPES) == set(_GGML_TYPES)
+    for name, ggml_id in _GGML_TYPES.items():
+        if name != "bf16":  # not exported by the bindings: 30 in ggml.h
+            assert getattr(ll, f"GGML_TYPE_{name.upper()}") == ggml_id, name
+
+
+def test_kv_cells_are_padded_as_llama_cpp_pads_them() -> None:
+    from corral.gpu_fit import _Sizes
+
+    swa = ModelLayout(**{**LAYOUT.__dict__, "sliding_window": 512, "swa_pattern": 6})
+    s = _Sizes(swa, 3, 512)
+    cell = LAYOUT.kv_bytes_per_cell()
+    assert s.kv_layer(5, 4096) == cell * 1536 * 3  # 4096 // 3 = 1365 per slot, padded to 1536
+    assert s.kv_layer(0, 4096) == cell * 1024 * 3  # a window layer: min(1536, 512 + 512)
+    assert _Sizes(swa, 3, 300).kv_layer(0, 4096) == cell * 1024 * 3  # 812 cells, padded to 1024

@@ -168,6 +168,8 @@ def _kv_bytes(model: ll.llama_model_p, n_ctx: int, n_slots: int, n_swa_cells: in
 
     dk = meta_int("attention.key_length", n_embd // n_head)
     dv = meta_int("attention.value_length", n_embd // n_head)
+    if meta_int("attention.key_length_mla", 0) > 0:  # MLA: llama.cpp keeps no V cache
+        dv = 0
     per_cell_layer = n_head_kv * (kv_row_bytes(dk, types[0]) + kv_row_bytes(dv, types[1]))
     n_swa = ll.llama_model_n_swa(model)
     pattern = meta_int("attention.sliding_window_pattern", 6 if arch.startswith("gemma3") else 0)
@@ -221,9 +223,11 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     except BaseException:
         ll.llama_model_free(model)
         raise
+    buffers = logged_buffers(_buffer_lines)
+    logged_kv = sum(b.bytes for b in buffers if b.kind == "kv")
     loaded.info = msgspec.structs.replace(
         loaded.info, placement=_placement(s, loaded, offload_devices(devices), weights, n_gpu_layers),
-        buffers=logged_buffers(_buffer_lines))
+        buffers=buffers, kv_bytes=logged_kv or loaded.info.kv_bytes)
     return loaded
 
 
@@ -240,7 +244,7 @@ def _placement(s: wire.WorkerSettings, m: LoadedModel, offload: list[wire.Device
         layout = read_layout(s.model_path)
     except (GGUFError, OSError, ValueError):
         return []
-    return placement(layout, gpus=offload, weights=weights, ngl=n_gpu_layers, ctx=ll.llama_n_ctx(m.ctx),
+    return placement(layout, gpus=offload, weights=weights, ngl=n_gpu_layers, ctx=ll.llama_n_ctx_seq(m.ctx) * m.n_slots,
                      n_slots=m.n_slots, n_ubatch=ll.llama_n_ubatch(m.ctx), cache_types=(s.cache_type_k, s.cache_type_v))
 
 
@@ -281,6 +285,11 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
         n_batch = max(n_batch, n_ctx_slot)
     threads = s.threads or len(os.sched_getaffinity(0)) or 1
     threads_batch = s.threads_batch or threads
+
+    if s.cache_type_k != s.cache_type_v and model_meta(model, f"{model_meta(model, 'general.architecture')}"
+                                                              ".attention.key_length_mla") is not None:
+        raise ModelLoadError(f"this model uses MLA attention (one cache for K and V): cache_type_k "
+                             f"({s.cache_type_k}) and cache_type_v ({s.cache_type_v}) must be the same")
 
     def make(pooling: int) -> ll.llama_context_p:
         p = ll.llama_context_default_params()
@@ -324,8 +333,10 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
     desc = ctypes.create_string_buffer(256)
     ll.llama_model_desc(model, desc, 256)
     model_bytes = int(ll.llama_model_size(model))
-    swa_cells = n_swa + min(n_batch, 512) if n_swa > 0 else n_ctx_slot
-    kv_bytes = _kv_bytes(model, n_ctx_slot, n_slots, swa_cells, (s.cache_type_k, s.cache_type_v)) * n_slots
+    # the cells llama.cpp made: each slot's share and a sliding window padded to 256
+    seq = ll.llama_n_ctx_seq(ctx)
+    swa_cells = -(-min(seq, n_swa + ll.llama_n_ubatch(ctx)) // 256) * 256 if n_swa > 0 else seq
+    kv_bytes = _kv_bytes(model, seq, n_slots, swa_cells, (s.cache_type_k, s.cache_type_v)) * n_slots
     has_template = bool(s.chat_template) or model_meta(model, "tokenizer.chat_template") is not None
     info = wire.ModelInfo(
         description=desc.value.decode("utf-8", "replace"),
