@@ -285,15 +285,19 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
     return cfg
 
 
-def _check_across(cfg: CorralConfig, name: str) -> None:
+def _check_across(cfg: CorralConfig, name: str, *, options: bool = False) -> None:
     """The rules between settings, for each model as its tables combine and for models
-    not in the file (they inherit [defaults])."""
+    not in the file (they inherit [defaults]; ``options``: the command line's options
+    are what is checked, and named so)."""
     errors: list[str] = []
     for mid, table in [*((m, ("models", m)) for m in cfg.models), (None, ("defaults",))]:
         try:
             cfg.model_settings(mid) if mid is not None else cfg.inherited_settings()
         except SettingsError as exc:
-            errors += _settings_errors(name, table, exc)
+            if mid is None and options:
+                errors += [f"{name}: {key}: {msg}" for key, msg in exc.errors]
+            else:
+                errors += _settings_errors(name, table, exc)
     if errors:
         raise ConfigError("; ".join(errors))
 
@@ -360,7 +364,7 @@ def load_config(path: Path | None, *, server_overrides: dict[str, Any] | None = 
                 {k: v for k, v in model_overrides.items() if v is not None})
         except SettingsError as exc:
             raise ConfigError("; ".join(_settings_errors("<command line>", (), exc))) from None
-        _check_across(cfg, "<command line>")
+        _check_across(cfg, "<command line>", options=True)
     cfg.source = path.resolve() if path is not None else None
     return cfg
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,33 @@ def test_no_server_is_one_line_and_exit_1(args: list[str]) -> None:
     assert len(lines) == 1, r.stderr
     assert f"no server answers at http://127.0.0.1:{port}" in lines[0]
     assert "corral serve" in lines[0]
+
+
+@pytest.mark.parametrize(("args", "want"), [
+    (["--cache-type-v", "q8_0", "--flash-attn", "off"], "corral serve: <command line>: cache_type_v: q8_0 (a "
+     "quantized V cache) needs flash attention: leave flash_attn unset or set it to true"),
+    (["-ctk", "q3"], "key 'cache_type_k' at top level: Invalid enum value 'q3' (allowed: f16, f32, bf16, q8_0"),
+    (["-fa", "maybe"], "corral serve: --flash-attn takes on, off or auto, not 'maybe'"),
+])
+def test_serve_refuses_bad_cache_and_attention_options(args: list[str], want: str) -> None:
+    r = corral("serve", "--port", str(free_port()), *args, timeout=60)
+    assert r.returncode == 2 and want in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_serve_with_a_q8_0_kv_cache_as_llama_server_flags_say(tmp_path: Path) -> None:
+    srv = CorralServer(tmp_path, args=("-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"))
+    try:
+        p = ("--port", str(srv.port))
+        r = corral("run", "default", "One, two, three,", "--max-tokens", "4", *p)
+        assert r.returncode == 0 and r.stdout.strip(), r.stderr
+        (m,) = json.loads(corral("ps", "--json", *p).stdout)
+        [host] = m["instances"][0]["placement"]
+        # 2048 cells over 2 slots; 18 layers (3 full, 15 with a 512 + 512 cell window, all 1024 here),
+        # each cell one 256-wide K and V head: 8 q8_0 blocks of 34 bytes each
+        assert host["kv_bytes"] == 18 * 2048 * 2 * 8 * 34
+        assert abs(m["instances"][0]["memory"]["kv_bytes"] - host["kv_bytes"]) < 16 * 1024  # llama.cpp's own
+    finally:
+        srv.stop()
 
 
 def test_server_address_from_options_and_env(monkeypatch: pytest.MonkeyPatch) -> None:

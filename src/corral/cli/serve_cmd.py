@@ -32,6 +32,12 @@ def serve(
     n_gpu_layers: Optional[str] = typer.Option(
         None, "--n-gpu-layers", "-ngl",
         help="Every model: layers on the GPU (a number, -1 for all, or auto: fit to the GPU's free memory)."),
+    cache_type_k: Optional[str] = typer.Option(
+        None, "--cache-type-k", "-ctk", help="Every model: KV cache type for K (f16, q8_0, q4_0, ...) [f16]."),
+    cache_type_v: Optional[str] = typer.Option(
+        None, "--cache-type-v", "-ctv", help="Every model: KV cache type for V; a quantized one needs flash attention."),
+    flash_attn: Optional[str] = typer.Option(
+        None, "--flash-attn", "-fa", help="Every model: flash attention on, off or auto [auto: llama.cpp decides]."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Place model instances on this Ray cluster: auto, HOST:PORT or ray://HOST:10001 (pip install 'corral[ray]')."),
     ray_namespace: Optional[str] = typer.Option(None, "--ray-namespace", help="Ray namespace of the instances' actors [corral]."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
@@ -49,7 +55,13 @@ def serve(
         "ctx_len": ctx_len, "n_parallel": n_parallel, "instances": instances,
         "threads": threads,
         "n_gpu_layers": n_gpu_layers if n_gpu_layers in (None, "auto") else _int_or_text(n_gpu_layers),
+        "cache_type_k": cache_type_k, "cache_type_v": cache_type_v,
     }
+    if flash_attn not in (None, "on", "off", "auto"):
+        typer.echo(f"corral serve: --flash-attn takes on, off or auto, not {flash_attn!r}", err=True)
+        raise typer.Exit(2)
+    if flash_attn in ("on", "off"):  # auto: the setting stays unset (llama.cpp decides)
+        model_overrides["flash_attn"] = flash_attn == "on"
 
     def loader() -> CorralConfig:
         return load_config(config, server_overrides=server_overrides, model_overrides=model_overrides)
