@@ -49,7 +49,7 @@ from corral.gguf_header import GGUFError, array_len, read_header
 from corral.settings import KV_CACHE_TYPES, ModelSettings
 
 __all__ = ["ModelLayout", "read_layout", "FitError", "plan_fit", "device_need", "device_needs", "layer_shares",
-           "split_weights", "router_split", "placement", "kv_row_bytes", "split_by_free", "DEFAULT_MARGIN_BYTES", "GGUFError"]
+           "split_weights", "router_split", "placement", "kv_row_bytes", "split_by_weights", "DEFAULT_MARGIN_BYTES", "GGUFError"]
 
 DEFAULT_MARGIN_BYTES = 512 * 1024 * 1024
 _CTX_STEP = 256
@@ -380,13 +380,13 @@ def placement(layout: ModelLayout, *, gpus: Sequence[wire.DeviceInfo], weights: 
     return out
 
 
-def split_by_free(total: int, free: Sequence[float]) -> list[int]:
-    """``total`` bytes apportioned to devices in proportion to their free memory, or other
-    weights (an estimate for a file whose layers are unknown)."""
-    if len(free) <= 1:
-        return [total] * len(free)
-    whole = sum(max(0, f) for f in free)
-    out = [int(total * max(0, f) // whole) if whole else total // len(free) for f in free]
+def split_by_weights(total: int, weights: Sequence[float]) -> list[int]:
+    """``total`` bytes apportioned to devices in proportion to ``weights`` (their free
+    memory, or a split; an estimate for a file whose layers are unknown)."""
+    if len(weights) <= 1:
+        return [total] * len(weights)
+    whole = sum(max(0, w) for w in weights)
+    out = [int(total * max(0, w) // whole) if whole else total // len(weights) for w in weights]
     out[-1] += total - sum(out)
     return out
 

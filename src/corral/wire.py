@@ -43,12 +43,12 @@ from msgspec import Meta
 from corral import frames
 from corral.frames import HEADER, FrameTooLarge, frame
 from corral.settings import INT32_MAX, ModelSettings
-from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan
+from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
 
 __all__ = [
     "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams",
     "invalid_field", "GenerateRequest", "EmbedRequest", "Abort", "StatsRequest", "Shutdown",
-    "Loading", "ModelInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize", "FitPlan", "Ready", "LoadFailed", "Delta",
+    "Loading", "ModelInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize", "FitPlan", "host_and_gpu_bytes", "Ready", "LoadFailed", "Delta",
     "TokenLogprob", "TopLogprob", "Usage", "Timings", "Finished", "RequestFailed", "Embeddings",
     "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",

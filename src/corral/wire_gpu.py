@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize", "FitPlan"]
+__all__ = ["DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize", "FitPlan", "host_and_gpu_bytes"]
 
 
 class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,3 +72,13 @@ class BufferSize(msgspec.Struct, frozen=True, kw_only=True):
     buffer: str  # "CUDA0", "CPU", "CPU_Mapped", "CUDA_Host", ...
     kind: str  # model | kv | compute | output
     bytes: int  # to about 5 KiB (the log prints MiB with two decimals)
+
+
+def host_and_gpu_bytes(placement: list[DevicePlacement]) -> tuple[int, int]:
+    """What of a placement runs on the host and on GPUs, as ``ollama ps`` counts it: the
+    devices' weights, KV and compute; the host's weights and KV less the token embeddings
+    (a lookup llama.cpp keeps on the host in every case: a model with every layer on a GPU
+    is 100% GPU)."""
+    gpu = sum(p.weight_bytes + p.kv_bytes + p.compute_bytes for p in placement if p.device != "CPU")
+    host = sum(p.weight_bytes - p.input_bytes + p.kv_bytes for p in placement if p.device == "CPU")
+    return host, gpu

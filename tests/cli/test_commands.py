@@ -76,8 +76,8 @@ def test_processor_says_where_an_instance_runs_as_ollama_ps_does() -> None:
     from corral.cli.model_cmds import processor
 
     def part(device: str, weights: int, kv: int = 0, compute: int = 0, inputs: int = 0) -> dict[str, object]:
-        return {"device": device, "weight_bytes": weights, "kv_bytes": kv, "compute_bytes": compute,
-                "input_bytes": inputs}
+        return {"device": device, "first_layer": 0, "layers": 1, "output": False, "weight_bytes": weights,
+                "kv_bytes": kv, "compute_bytes": compute, "input_bytes": inputs}
 
     assert processor([]) == "-"
     assert processor([part("CPU", 300, 20)]) == "100% CPU"

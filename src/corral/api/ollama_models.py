@@ -26,6 +26,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
+from corral import wire
 from corral.api.dialect_core import plane_of
 from corral.api.ollama_routes import ndjson_response
 from corral.api.ollama_schemas import OllamaCopyRequest, OllamaModelRequest, OllamaPullRequest
@@ -120,8 +121,7 @@ def _sizes(pool: ModelPool) -> tuple[int, int]:
     infos = [i.info for i in pool.live() if i.info is not None]
     parts = [p for info in infos for p in info.placement]
     if parts:
-        on_gpu = sum(p.weight_bytes + p.kv_bytes + p.compute_bytes for p in parts if p.device != "CPU")
-        on_host = sum(p.weight_bytes - p.input_bytes + p.kv_bytes for p in parts if p.device == "CPU")
+        on_host, on_gpu = wire.host_and_gpu_bytes(parts)
         return on_gpu + on_host, on_gpu
     size = pool.memory_bytes()
     on_gpu = any(info.gpu_layers != 0 and any(d.kind in ("gpu", "igpu") for d in info.devices) for info in infos)

@@ -10,11 +10,13 @@ import math
 import time
 from typing import Any
 
+import msgspec
 import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from corral import wire
 from corral.cli.client import Api, ApiError, HostOpt, PortOpt, ServerOpt, fail, server_url
 
 __all__ = ["register", "until_unload", "human_bytes"]
@@ -54,8 +56,7 @@ def processor(placement: list[dict[str, Any]]) -> str:
     """Where an instance runs, as ``ollama ps`` says it: "100% GPU", "100% CPU" or
     "48%/52% CPU/GPU", by the bytes of its placement (weights, KV, compute), leaving out
     the token embeddings (a lookup that llama.cpp keeps on the host in every case)."""
-    gpu = sum(p["weight_bytes"] + p["kv_bytes"] + p["compute_bytes"] for p in placement if p["device"] != "CPU")
-    cpu = sum(p["weight_bytes"] - p.get("input_bytes", 0) + p["kv_bytes"] for p in placement if p["device"] == "CPU")
+    cpu, gpu = wire.host_and_gpu_bytes(msgspec.convert(placement, list[wire.DevicePlacement]))
     if not gpu + cpu:
         return "-"
     if not gpu or not cpu:

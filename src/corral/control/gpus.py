@@ -40,7 +40,7 @@ import msgspec
 from corral import wire
 from corral.config import ServerConfig
 from corral.errors import LoadFailed
-from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout, router_split, split_by_free
+from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout, router_split, split_by_weights
 from corral.settings import VISIBLE_DEVICES_VARS
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def _need(pool: ModelPool, budgets: list[int], free: list[int]) -> list[int]:
         return [0] * len(budgets)
     layout = _layout(str(path), st.st_size, st.st_mtime_ns)
     if layout is None:
-        return split_by_free(st.st_size, router_split(pool.spec, budgets, free) or free)
+        return split_by_weights(st.st_size, router_split(pool.spec, budgets, free) or free)
     return device_needs(layout, pool.spec, budgets=budgets, free=free)
 
 

@@ -20,7 +20,7 @@ import llama_cpp as ll
 import msgspec
 
 from corral import wire
-from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, kv_row_bytes, placement, plan_fit,
+from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, placement, plan_fit,
                              read_layout, split_weights)
 from corral.worker.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
 
@@ -146,40 +146,6 @@ def model_meta(model: ll.llama_model_p, key: str) -> str | None:
 _GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 
 
-def _kv_bytes(model: ll.llama_model_p, n_ctx: int, n_slots: int, n_swa_cells: int, types: tuple[str, str]) -> int:
-    """KV cache size computed from the model's shape and the cache types (K, V).
-
-    Per layer and cell: n_head_kv * (head_dim_k + head_dim_v) elements (f16: 2 bytes). Sliding-window
-    layers (Gemma 3: 5 of every 6) only keep ``n_swa_cells`` per slot. Head dims come from
-    GGUF metadata (``<arch>.attention.key_length``), else n_embd / n_head.
-    """
-    arch = model_meta(model, "general.architecture") or ""
-    n_layer = ll.llama_model_n_layer(model)
-    n_head = max(1, ll.llama_model_n_head(model))
-    n_head_kv = ll.llama_model_n_head_kv(model)
-    n_embd = ll.llama_model_n_embd(model)
-
-    def meta_int(key: str, default: int) -> int:
-        v = model_meta(model, f"{arch}.{key}")
-        try:
-            return int(v) if v is not None else default
-        except ValueError:
-            return default
-
-    dk = meta_int("attention.key_length", n_embd // n_head)
-    dv = meta_int("attention.value_length", n_embd // n_head)
-    if meta_int("attention.key_length_mla", 0) > 0:  # MLA: llama.cpp keeps no V cache
-        dv = 0
-    per_cell_layer = n_head_kv * (kv_row_bytes(dk, types[0]) + kv_row_bytes(dv, types[1]))
-    n_swa = ll.llama_model_n_swa(model)
-    pattern = meta_int("attention.sliding_window_pattern", 6 if arch.startswith("gemma3") else 0)
-    if n_swa > 0 and pattern > 1 and n_swa_cells < n_ctx:
-        n_full = n_layer // pattern
-        n_sliding = n_layer - n_full
-        return int(per_cell_layer * (n_full * n_ctx + n_sliding * min(n_ctx, n_swa_cells)))
-    return int(per_cell_layer * n_layer * n_ctx)
-
-
 def load_model(s: wire.WorkerSettings) -> LoadedModel:
     """Load ``s.model_path`` and create one context with ``s.n_parallel`` sequences."""
     t0 = time.perf_counter()
@@ -199,9 +165,13 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     if s.tensor_split and gpus and len(s.tensor_split) > len(gpus):
         raise ModelLoadError(f"tensor_split has {len(s.tensor_split)} entries but this instance sees "
                              f"{len(gpus)} GPU(s) ({', '.join(d.name for d in gpus)}): give one per GPU of devices")
+    try:
+        layout: ModelLayout | None = read_layout(s.model_path)
+    except (GGUFError, OSError, ValueError):
+        layout = None  # llama.cpp may still load it; no plan or placement then
     plan: wire.FitPlan | None = None
     if s.n_gpu_layers == "auto":
-        plan = _fit(s, devices)
+        plan = _fit(s, devices, layout)
         if plan is not None and plan.ctx_len != s.ctx_len:
             s = msgspec.structs.replace(s, ctx_len=plan.ctx_len)
     n_gpu_layers = s.n_gpu_layers if isinstance(s.n_gpu_layers, int) else (plan.n_gpu_layers if plan else 0)
@@ -224,10 +194,10 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
         ll.llama_model_free(model)
         raise
     buffers = logged_buffers(_buffer_lines)
-    logged_kv = sum(b.bytes for b in buffers if b.kind == "kv")
-    loaded.info = msgspec.structs.replace(
-        loaded.info, placement=_placement(s, loaded, offload_devices(devices), weights, n_gpu_layers),
-        buffers=buffers, kv_bytes=logged_kv or loaded.info.kv_bytes)
+    parts = [] if layout is None else _placement(s, layout, loaded, offload_devices(devices), weights, n_gpu_layers)
+    # the KV cache llama.cpp logged allocating; else the one computed for the placement
+    kv_bytes = sum(b.bytes for b in buffers if b.kind == "kv") or sum(p.kv_bytes for p in parts)
+    loaded.info = msgspec.structs.replace(loaded.info, placement=parts, buffers=buffers, kv_bytes=kv_bytes)
     return loaded
 
 
@@ -236,28 +206,25 @@ def _split_gpus(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
     return [d for d in offload_devices(devices) if d.kind == "gpu"]
 
 
-def _placement(s: wire.WorkerSettings, m: LoadedModel, offload: list[wire.DeviceInfo], weights: list[float] | None,
-               n_gpu_layers: int) -> list[wire.DevicePlacement]:
+def _placement(s: wire.WorkerSettings, layout: ModelLayout, m: LoadedModel, offload: list[wire.DeviceInfo],
+               weights: list[float] | None, n_gpu_layers: int) -> list[wire.DevicePlacement]:
     """Where the layers and KV went (``ModelInfo.placement``), with the context's real
-    size and micro-batch; [] when the file's layout cannot be read."""
-    try:
-        layout = read_layout(s.model_path)
-    except (GGUFError, OSError, ValueError):
-        return []
+    size and micro-batch."""
     return placement(layout, gpus=offload, weights=weights, ngl=n_gpu_layers, ctx=ll.llama_n_ctx_seq(m.ctx) * m.n_slots,
                      n_slots=m.n_slots, n_ubatch=ll.llama_n_ubatch(m.ctx), cache_types=(s.cache_type_k, s.cache_type_v))
 
 
-def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo]) -> wire.FitPlan | None:
+def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo],
+         layout: ModelLayout | None = None) -> wire.FitPlan | None:
     """``n_gpu_layers = "auto"``: the plan over every GPU this worker sees (the ones it was
     pinned to; llama.cpp splits the layers over all of them), each within the router's
-    share of it when given (None: no GPU)."""
+    share of it when given (None: no GPU). ``layout``: the file's, when already read."""
     gpus = _split_gpus(devices)
     if not gpus:
         return None
     try:
-        layout = read_layout(s.model_path)
-    except (GGUFError, OSError) as exc:
+        layout = layout or read_layout(s.model_path)
+    except (GGUFError, OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot plan GPU layers for {s.model_path}: {exc}") from exc
     margin = DEFAULT_MARGIN_BYTES if s.gpu_margin_bytes is None else s.gpu_margin_bytes
     budgets = s.gpu_budget_bytes  # the router's share for this instance (others may share the GPUs)
@@ -333,10 +300,6 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
     desc = ctypes.create_string_buffer(256)
     ll.llama_model_desc(model, desc, 256)
     model_bytes = int(ll.llama_model_size(model))
-    # the cells llama.cpp made: each slot's share and a sliding window padded to 256
-    seq = ll.llama_n_ctx_seq(ctx)
-    swa_cells = -(-min(seq, n_swa + ll.llama_n_ubatch(ctx)) // 256) * 256 if n_swa > 0 else seq
-    kv_bytes = _kv_bytes(model, seq, n_slots, swa_cells, (s.cache_type_k, s.cache_type_v)) * n_slots
     has_template = bool(s.chat_template) or model_meta(model, "tokenizer.chat_template") is not None
     info = wire.ModelInfo(
         description=desc.value.decode("utf-8", "replace"),
@@ -350,7 +313,7 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
         embedding=s.embedding,
         has_chat_template=has_template,
         model_bytes=model_bytes,
-        kv_bytes=kv_bytes,
+        kv_bytes=0,  # set by load_model: llama.cpp's logged size, else the placement's
         rss_bytes=rss_bytes(),
         gpu_layers=gpu_layers,
         load_ms=(time.perf_counter() - t0) * 1000.0,
