@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from corral.cluster.local import LocalCluster, loopback_only  # noqa: E402
+from bench.ray.local_cluster import LocalCluster, loopback_only  # noqa: E402
 from ray_serve_scenarios import sc_compare  # noqa: E402
 from ray_wire_scenarios import log, sc_relay  # noqa: E402
 from servers import LOGS  # noqa: E402

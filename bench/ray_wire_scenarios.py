@@ -86,7 +86,7 @@ class RayTcpWorker(PinnedWorker):
     async def start(self, timeout_s: float = 120.0) -> float:
         import ray
 
-        from corral.cluster.host import WorkerHost
+        from corral.control.transport.ray.host import WorkerHost
 
         self._log = open(self.log_path, "w")
         t0 = time.perf_counter()

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from corral import wire
-from corral.control.link import LinkExit, WorkerLink
-from corral.control.ray_cluster import RayCluster
-from corral.control.ray_link import RayUnavailable
+from corral.control.transport.link import LinkExit, WorkerLink
+from corral.control.transport.ray.cluster import RayCluster
+from corral.control.transport.ray.link import RayUnavailable
 
 from .conftest import TAG, Nodes, corral_workers
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from corral.api import guard
-from corral.api.page_routes import is_public_path
+from corral.api.page.routes import is_public_path
 from router.harness import Harness, chat
 
 JSON = {"content-type": "application/json"}

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from corral.config import load_config
-from corral.control.instance import InstanceState
+from corral.control.instance.instance import InstanceState
 from corral.errors import Unavailable
 from router.harness import Harness, chat, wait_event
 from router.test_lifecycle import _until

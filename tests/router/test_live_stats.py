@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from corral.api.live_stats import StatsRecorder
+from corral.api.page.live_stats import StatsRecorder
 from router.harness import Harness, chat
 
 

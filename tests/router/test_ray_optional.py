@@ -23,7 +23,7 @@ def test_the_router_never_imports_ray_without_ray_address() -> None:
             "    p = ControlPlane(config_from_dict({'server': {'include_default_model': False}}))\n"
             "    await p.start(); await p.close()\n"
             "asyncio.run(main())\n"
-            "print('ray' in sys.modules, 'corral.control.ray_cluster' in sys.modules)\n")
+            "print('ray' in sys.modules, 'corral.control.transport.ray.cluster' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.control.ray_cluster import RayCluster
+from corral.control.transport.ray.cluster import RayCluster
 from corral.errors import ClusterUnreachable
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from corral.control.restart import RestartPolicy
+from corral.control.instance.restart import RestartPolicy
 
 
 class Clock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.api.structured import check_schema, forced_call_schema
+from corral.api.core.structured import check_schema, forced_call_schema
 from corral.errors import InvalidRequest
 
 
@@ -58,9 +58,9 @@ def test_forced_call_schema() -> None:
 
 
 def test_n_choices_get_derived_seeds_and_their_own_requests() -> None:
-    from corral.api.chat_request import ChatCompletionRequest
-    from corral.api.generation import chat_spec, completion_spec
-    from corral.api.schemas import CompletionRequest
+    from corral.api.core.chat_request import ChatCompletionRequest
+    from corral.api.core.generation import chat_spec, completion_spec
+    from corral.api.core.schemas import CompletionRequest
 
     body = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}],
                                                  "n": 3, "seed": 11})

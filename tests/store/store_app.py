@@ -13,7 +13,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from corral.api.store_routes import router as store_router
+from corral.api.manage.store import router as store_router
 from corral.store.downloads import DownloadManager
 from corral.events import EventBus
 from corral.errors import CorralError

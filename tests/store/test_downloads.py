@@ -368,7 +368,7 @@ def test_router_side_imports_no_hub_client_and_no_engine() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, corral.store.downloads, corral.api.store_routes, corral.cli.store_cmds;"
+    code = ("import sys, corral.store.downloads, corral.api.manage.store, corral.cli.store_cmds;"
             "bad = [m for m in ('huggingface_hub', 'llama_cpp') if m in sys.modules];"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -26,10 +26,18 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from corral.api import (anthropic_routes, live_stats, management_routes, ollama_models,
-                        ollama_routes, openai_routes, page_routes, responses_routes,
-                        tokenize_routes)
-from corral.api.guard import GuardMiddleware, error_response
+from corral.api.anthropic import routes as anthropic_routes
+from corral.api.manage import models as management_routes
+from corral.api.manage import store as store_routes
+from corral.api.ollama import models as ollama_models
+from corral.api.ollama import routes as ollama_routes
+from corral.api.openai import responses as responses_routes
+from corral.api.openai import routes as openai_routes
+from corral.api.openai import tokenize as tokenize_routes
+from corral.api.page import live_stats
+from corral.api.page import routes as page_routes
+from corral.api.guard import GuardMiddleware
+from corral.api.http import error_response, invalid_request, path_policy
 from corral.api.hot_routes import HotRoutes
 from corral.api.openapi_doc import document_request_bodies
 from corral.config import CorralConfig
@@ -37,16 +45,12 @@ from corral.events import EventBus
 from corral.control.metrics import Metrics
 from corral.control.plane import ControlPlane
 from corral.errors import CorralError, InternalError, error_for_status
-from corral.store.confine import PathPolicy
+from corral.store.downloads import DownloadManager
+from corral.store.local import ModelStore, default_models_dir
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("corral.api")
-
-
-def _error_response(exc: CorralError, path: str) -> Response:
-    """``exc`` in the error shape of the API ``path`` belongs to (OpenAI, Ollama, Anthropic)."""
-    return error_response(exc, path)
 
 
 def _install_handlers(app: FastAPI) -> None:
@@ -54,30 +58,23 @@ def _install_handlers(app: FastAPI) -> None:
     async def corral_error(request: Request, exc: CorralError) -> Response:
         if exc.status >= 500:
             log.warning("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
-        return _error_response(exc, request.url.path)
+        return error_response(request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
-        errs = exc.errors()
-        err = errs[0] if errs else {"loc": (), "msg": "invalid request"}
-        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
-        param = ".".join(loc) or None
-        from corral.errors import InvalidRequest
-        return _error_response(InvalidRequest(f"{param}: {err.get('msg')}" if param else str(err.get("msg")),
-                                              param=param), request.url.path)
+        return error_response(request.url.path, invalid_request(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         err = error_for_status(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
-        resp = _error_response(err, request.url.path)
+        resp = error_response(request.url.path, err)
         resp.headers.update(getattr(exc, "headers", None) or {})
         return resp
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return _error_response(InternalError("internal server error (see the server log)"),
-                               request.url.path)
+        return error_response(request.url.path, InternalError("internal server error (see the server log)"))
 
 
 def _embedded() -> tuple[str, Path, tuple[str, ...]] | None:
@@ -90,26 +87,8 @@ def _embedded() -> tuple[str, Path, tuple[str, ...]] | None:
         return None
 
 
-def _store(config: CorralConfig) -> Any:
-    try:
-        from corral.store.local import ModelStore, default_models_dir
-    except ImportError:
-        return None
+def _store(config: CorralConfig) -> ModelStore:
     return ModelStore(config.server.models_dir or default_models_dir())
-
-
-def path_policy(app: FastAPI) -> PathPolicy:
-    """Which files requests may name now (see corral.store.confine): models_dir,
-    [server] allowed_model_dirs, the HF cache, the config's model files, the embedded model."""
-    plane: ControlPlane | None = getattr(app.state, "router", None)
-    store = getattr(app.state, "store", None)
-    if plane is None:
-        return PathPolicy(store.root if store is not None else None)
-    srv = plane.config.server
-    files = [p.spec.path for p in plane.pools.values() if p.spec.source in ("config", "embedded")]
-    files += [m.path for m in plane.config.models.values()]
-    root = store.root if store is not None else srv.models_dir
-    return PathPolicy(root, srv.allowed_model_dirs, files)
 
 
 def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig] | None = None,
@@ -130,11 +109,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
                              config_loader=config_loader, embedded=emb)
         downloads = None
         if store is not None:
-            try:
-                from corral.store.downloads import DownloadManager
-                downloads = DownloadManager(store, bus, on_finished=plane.on_download_finished)
-            except ImportError:
-                downloads = None
+            downloads = DownloadManager(store, bus, on_finished=plane.on_download_finished)
         app.state.router = plane
         app.state.bus = bus
         app.state.store = store
@@ -169,14 +144,9 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     app.include_router(page_routes.router)
     app.include_router(live_stats.router)
     app.include_router(tokenize_routes.router)
-    bodies: dict[tuple[str, str], Any] = {}
-    try:
-        from corral.api.store_routes import PullBody
-        from corral.api.store_routes import router as store_router
-        app.include_router(store_router)
-        bodies = {("post", "/models/pull"): PullBody, ("post", "/models"): PullBody}
-    except ImportError as exc:
-        log.warning("store routes unavailable: %s", exc)
+    app.include_router(store_routes.router)
+    bodies: dict[tuple[str, str], Any] = {("post", "/models/pull"): store_routes.PullBody,
+                                          ("post", "/models"): store_routes.PullBody}
     document_request_bodies(app, {**bodies, **tokenize_routes.BODIES})
 
     def server() -> Any:

@@ -15,7 +15,7 @@ A pure ASGI middleware (not BaseHTTPMiddleware: it must not buffer streams). In 
    the web page's static files (``GET /``, ``GET /ui/{asset}``: they hold no data; the
    page asks for the key itself), docs, schema, metrics and the event stream included.
    ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's clients). Refusals use
-   the error shape of the API the path belongs to (``dialect_errors``).
+   the error shape of the API the path belongs to (``corral.api.http``).
    Compared in constant time (SHA-256 digests, so not even the length leaks).
 4. **Content-Type**: a request with a body must say ``application/json`` (415
    otherwise): a browser can send ``text/plain`` or form bodies cross-site without a
@@ -41,8 +41,8 @@ from urllib.parse import urlsplit
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from corral.api.dialect_errors import error_response as dialect_error_response
-from corral.api.page_routes import is_public_path
+from corral.api.http import error_response
+from corral.api.page.routes import is_public_path
 from corral.errors import (AuthenticationError, CorralError, HostNotAllowed, OriginNotAllowed,
                            PayloadTooLarge, RequestError)
 
@@ -57,11 +57,6 @@ _THIS_HOST = socket.gethostname().lower()
 class UnsupportedMediaType(RequestError):
     status = 415
     code = "unsupported_media_type"
-
-
-def error_response(exc: CorralError, path: str = "/") -> Response:
-    """``exc`` in the error shape of the API ``path`` belongs to (``dialect_errors``)."""
-    return dialect_error_response(path, exc)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -151,7 +146,7 @@ class GuardMiddleware:
         srv = self.get_server()
         refusal, cors_origin = self._check(scope, srv)
         if refusal is not None:
-            resp = error_response(refusal, scope["path"])
+            resp = error_response(scope["path"], refusal)
             if isinstance(refusal, AuthenticationError):
                 resp.headers["WWW-Authenticate"] = "Bearer"
             await resp(scope, receive, send)
@@ -216,9 +211,8 @@ class GuardMiddleware:
             except ValueError:
                 declared = 0
             if declared > limit:
-                await error_response(PayloadTooLarge(
-                    f"request body of {declared} bytes exceeds max_body_bytes={limit}"),
-                    scope["path"])(scope, receive, send)
+                await error_response(scope["path"], PayloadTooLarge(
+                    f"request body of {declared} bytes exceeds max_body_bytes={limit}"))(scope, receive, send)
                 return
         seen = 0
         started = False
@@ -247,8 +241,8 @@ class GuardMiddleware:
                 if seen > limit:
                     if not started:
                         started = True
-                        await error_response(PayloadTooLarge(
-                            f"request body exceeds max_body_bytes={limit}"), scope["path"])(scope, receive, send)
+                        await error_response(scope["path"], PayloadTooLarge(
+                            f"request body exceeds max_body_bytes={limit}"))(scope, receive, send)
                     refused = True
                     return {"type": "http.disconnect"}
             return msg

@@ -14,8 +14,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from corral.api.chat_request import ChatCompletionRequest
-from corral.api.schemas import (CompletionRequest, EmbeddingRequest, ModelRef, NitroLoadModel,
+from corral.api.core.chat_request import ChatCompletionRequest
+from corral.api.core.schemas import (CompletionRequest, EmbeddingRequest, ModelRef, NitroLoadModel,
                                 NitroUnloadModel)
 
 __all__ = ["BODIES", "document_request_bodies"]

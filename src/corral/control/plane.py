@@ -9,7 +9,7 @@ A small facade over three parts that share the catalog and the pools (one
 - ``Housekeeper`` (housekeeping.py): idle TTL, worker stats.
 
 It never imports llama_cpp and never touches a GPU: every model instance is a worker
-that a ``Spawner`` (``corral.control.link``; local processes by default) starts.
+that a ``Spawner`` (``corral.control.transport.link``; local processes by default) starts.
 
 Life of a request (``generate``/``embed``): resolve the name (id or alias) -> make
 sure the model is loaded (autoload through admission) -> take a free slot or queue
@@ -37,17 +37,17 @@ from corral.control.catalog import Catalog, ModelSpec, default_threads
 from corral.control.catalog_sync import CatalogSync, Embedded
 from corral.events import EventBus
 from corral.control.housekeeping import Housekeeper
-from corral.control.instance import Instance, InstanceState, Timeouts, Transition
-from corral.control.link import LocalSpawner, Spawner
+from corral.control.instance.instance import Instance, InstanceState, Timeouts, Transition
+from corral.control.transport.link import LocalSpawner, Spawner
 from corral.control.metrics import Metrics
 from corral.control.pool import ModelPool
-from corral.control.restart import RestartPolicy
+from corral.control.instance.restart import RestartPolicy
 from corral.control.stream import RequestStream
 from corral.errors import (CapacityTimeout, ConfigError, Conflict, CorralError, InvalidRequest, LoadFailed,
                            ModelNotFound, ModelNotLoaded, ModelUnloaded, Unavailable)
 
 if TYPE_CHECKING:
-    from corral.control.ray_cluster import RayCluster
+    from corral.control.transport.ray.cluster import RayCluster
 
 __all__ = ["ControlPlane"]
 
@@ -347,7 +347,7 @@ class ControlPlane:
 def _ray_cluster(config: CorralConfig, bus: EventBus, log_dir: Path) -> RayCluster:
     import importlib.util
 
-    from corral.control.ray_cluster import RayCluster
+    from corral.control.transport.ray.cluster import RayCluster
 
     srv = config.server
     assert srv.ray_address is not None

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from corral.control.catalog import ModelSpec
 from corral.control.gpus import GpuSlot
-from corral.control.instance import Instance, InstanceState, Transition
+from corral.control.instance.instance import Instance, InstanceState, Transition
 from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, ModelUnloaded, QueueFull, Unavailable
 
 __all__ = ["ModelPool", "MIN_PREFIX", "common_prefix_len"]

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from corral.control.instance import InstanceState
+from corral.control.instance.instance import InstanceState
 from corral.control.pool import ModelPool
 
 __all__ = ["describe", "snapshot"]

@@ -2,7 +2,7 @@
 
 The JSON schema converter is llama.cpp's own, as llama-cpp-python ships it
 (``llama_cpp.llama_grammar.json_schema_to_gbnf``); the router has already refused the
-keywords it cannot honour (``corral.api.structured``). Two adjustments here:
+keywords it cannot honour (``corral.api.core.structured``). Two adjustments here:
 
 - ``pattern``: the converter needs ``^...$``; JSON schema patterns are unanchored
   searches, so an unanchored pattern is anchored (a full match also matches the

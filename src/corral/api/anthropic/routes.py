@@ -1,0 +1,141 @@
+"""Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
+
+A translation onto corral's one request path (``dialect_core``). Streaming follows
+Anthropic's event sequence: ``message_start``, a ``ping``, then per content block
+``content_block_start``, ``content_block_delta`` (``text_delta`` per piece of text, one
+``input_json_delta`` with a tool_use block's arguments), ``content_block_stop``; then
+``message_delta`` (stop_reason, stop_sequence, usage) and ``message_stop``; an error
+after the stream began is an ``error`` event. Input tokens are known when the worker
+finishes, so ``message_start`` reports 0 and ``message_delta`` the real count (the SDKs
+take input_tokens from message_delta when present).
+
+count_tokens runs the request with max_tokens 0 on the same path: the worker renders
+and tokenizes it exactly as it would for generation and answers without decoding.
+
+Errors (``corral.api.http``): ``{"type": "error", "error": {"type", "message"}}``; a
+full queue or no capacity is 529 ``overloaded_error`` (with Retry-After).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from corral import wire
+from corral.api.anthropic.schemas import (AnthropicCountTokensRequest, AnthropicMessagesRequest,
+                                          stop_reason)
+from corral.api.core.dialect import (Generation, TextEvent, ToolCallEvent, build_spec, parse_arguments,
+                                    run_generation)
+from corral.api.core.generation import GenerationSpec
+from corral.api.http import error_body
+from corral.api.core.schemas import parse_body
+from corral.errors import CorralError
+
+__all__ = ["router"]
+
+router = APIRouter()
+_json = msgspec.json.Encoder()
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + _json.encode(data) + b"\n\n"
+
+
+def _usage(gen: Generation) -> dict[str, Any]:
+    o = gen.outcome()
+    return {"input_tokens": o.prompt_tokens, "output_tokens": o.completion_tokens,
+            "cache_read_input_tokens": o.cached_tokens, "cache_creation_input_tokens": 0}
+
+
+def _tool_use(call: wire.ToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": parse_arguments(call)}
+
+
+def _spec(body: AnthropicCountTokensRequest, endpoint: str, params: wire.SamplingParams) -> GenerationSpec:
+    return build_spec(body.model, endpoint, body.openai_messages(), params, **body.openai_tools())
+
+
+@router.post("/v1/messages")
+async def messages(request: Request) -> Response:
+    body = await parse_body(request, AnthropicMessagesRequest)
+    body.check()
+    spec = _spec(body, "anthropic_messages", body.sampling())
+    mid = "msg_" + secrets.token_hex(12)
+    gen = await run_generation(request, spec, stream=body.stream)
+    if not body.stream:
+        o = gen.outcome()
+        reason, seq = stop_reason(o.finish_reason, o.stop_string, body.stop_sequences)
+        content: list[dict[str, Any]] = [{"type": "text", "text": gen.text}] if gen.text else []
+        content += [_tool_use(c) for c in gen.tool_calls]
+        return Response(_json.encode({
+            "id": mid, "type": "message", "role": "assistant", "model": gen.model, "content": content,
+            "stop_reason": reason, "stop_sequence": seq, "usage": _usage(gen)}),
+            media_type="application/json")
+    return StreamingResponse(_stream(gen, mid, body.stop_sequences), media_type="text/event-stream",
+                             headers=_SSE_HEADERS)
+
+
+async def _stream(gen: Generation, mid: str, stops: list[str] | None) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in _chunks(gen, mid, stops):
+            yield chunk
+    finally:
+        gen.close()
+
+
+async def _chunks(gen: Generation, mid: str, stops: list[str] | None) -> AsyncIterator[bytes]:
+    yield _event("message_start", {"type": "message_start", "message": {
+        "id": mid, "type": "message", "role": "assistant", "model": gen.model, "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})
+    yield _event("ping", {"type": "ping"})
+    index = -1
+    text_open = False
+    enc = _json.encode
+    pre = b""
+    try:
+        async for ev in gen.events():
+            if isinstance(ev, TextEvent) and ev.text:
+                if not text_open:
+                    index += 1
+                    text_open = True
+                    yield _event("content_block_start", {"type": "content_block_start", "index": index,
+                                                         "content_block": {"type": "text", "text": ""}})
+                    pre = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+                           + str(index).encode() + b',"delta":{"type":"text_delta","text":')
+                yield pre + enc(ev.text) + b"}}\n\n"
+            elif isinstance(ev, ToolCallEvent):
+                if text_open:
+                    text_open = False
+                    yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
+                index += 1
+                yield _event("content_block_start", {"type": "content_block_start", "index": index,
+                                                     "content_block": {**_tool_use(ev.call), "input": {}}})
+                yield _event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {
+                    "type": "input_json_delta", "partial_json": ev.call.arguments or "{}"}})
+                yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
+    except CorralError as exc:
+        yield _event("error", error_body("anthropic", exc)[1])
+        return
+    if text_open:
+        yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
+    o = gen.outcome()
+    reason, seq = stop_reason(o.finish_reason, o.stop_string, stops)
+    yield _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
+                                   "usage": _usage(gen)})
+    yield _event("message_stop", {"type": "message_stop"})
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request) -> Response:
+    body = await parse_body(request, AnthropicCountTokensRequest)
+    body.check()
+    spec = _spec(body, "anthropic_count_tokens", wire.SamplingParams(max_tokens=0))
+    gen = await run_generation(request, spec, stream=False)
+    return Response(_json.encode({"input_tokens": gen.outcome().prompt_tokens}),
+                    media_type="application/json")

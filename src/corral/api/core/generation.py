@@ -1,0 +1,378 @@
+"""The request core every text-generation API goes through (OpenAI chat and completions
+here; Ollama, Anthropic and Responses translate onto it).
+
+    spec = chat_spec(body)                       # a validated ChatCompletionRequest -> GenerationSpec
+    result = await generate(request, spec)       # whole answer: GenerationResult
+    stream = await open_stream(request, spec)    # first output arrived (or a CorralError raised)
+    async for event in stream.events(): ...      # TextEvent | ToolCallEvent | FinishEvent
+
+A spec holds one ``wire.GenerateRequest`` per choice (``n`` > 1: each choice runs in its
+own slot, seeds derived from the request's). Errors are ``CorralError`` (400 naming the
+field, 404, 503...); every API maps them to its own error shape. A client that goes
+away aborts every choice's worker request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from starlette.requests import Request
+
+from corral import wire
+from corral.api.core.chat_request import ChatCompletionRequest
+from corral.api.core.schemas import CompletionRequest
+from corral.api.http import app_part, plane_of
+from corral.control.plane import ControlPlane
+from corral.control.stream import RequestStream
+from corral.errors import CorralError, ModelDownloading, ModelNotFound
+
+__all__ = ["GenerationSpec", "Choice", "GenerationResult", "TextEvent", "ToolCallEvent",
+           "FinishEvent", "Event", "GenerationStream", "chat_spec", "completion_spec", "generate",
+           "open_stream", "submit", "observe", "ClientWatch", "finish_reason"]
+
+
+@dataclass
+class GenerationSpec:
+    """What to run: ``requests[i]`` is choice ``i``."""
+    model: str  # id or alias, as the client named it
+    endpoint: str  # metrics label: "chat", "completions", or a dialect's name
+    id: str  # the response id
+    requests: list[wire.GenerateRequest]
+    prefix: str | None = None  # for the balancer: text that starts the prompt
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str
+    tool_calls: list[wire.ToolCall]
+    finish_reason: str  # stop | length | tool_calls | abort
+    logprobs: list[wire.TokenLogprob] | None  # None unless asked
+    usage: wire.Usage | None = None
+    timings: wire.Timings | None = None
+
+
+@dataclass
+class GenerationResult:
+    id: str
+    model: str  # the model id that answered
+    created: int
+    choices: list[Choice]
+    usage: wire.Usage  # summed over the choices
+    timings: wire.Timings | None  # the first choice's
+
+
+@dataclass(slots=True)
+class TextEvent:
+    index: int  # the choice
+    text: str
+    logprobs: list[wire.TokenLogprob] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ToolCallEvent:
+    index: int  # the choice
+    call_index: int  # the call's position in the choice's tool_calls
+    call: wire.ToolCall  # complete: id, name, arguments (JSON text)
+
+
+@dataclass(slots=True)
+class FinishEvent:
+    index: int
+    finish_reason: str
+    usage: wire.Usage | None
+    timings: wire.Timings | None
+
+
+Event = Union[TextEvent, ToolCallEvent, FinishEvent]
+
+
+def finish_reason(fin: wire.Finished | None, n_calls: int) -> str:
+    reason = fin.finish_reason if fin else "stop"
+    return "tool_calls" if n_calls and reason == "stop" else reason
+
+
+def _seed(base: int | None, i: int) -> int | None:
+    return None if base is None else (base + i) & 0x7FFFFFFF
+
+
+def chat_spec(body: ChatCompletionRequest, endpoint: str = "chat") -> GenerationSpec:
+    """Validate a chat request and turn it into worker requests (raises 400s)."""
+    body.check()
+    grammar, schema = body.constraint()
+    messages = body.wire_messages()
+    params = body.sampling()
+    rid = "chatcmpl-" + secrets.token_hex(12)
+    tools = body.wire_tools()
+    reqs = []
+    for i in range(body.n):
+        p = params if i == 0 else wire.SamplingParams(**{**_fields(params), "seed": _seed(params.seed, i)})
+        reqs.append(wire.GenerateRequest(
+            id=rid if body.n == 1 else f"{rid}-{i}", messages=messages, params=p, grammar=grammar,
+            json_schema=schema, tools=tools, parse_tool_calls=body.uses_tools(),
+            parallel_tool_calls=body.parallel_tool_calls is not False, logprobs=body.wire_logprobs()))
+    prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
+    return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix)
+
+
+def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> GenerationSpec:
+    body.check()
+    params = body.sampling()
+    rid = "cmpl-" + secrets.token_hex(12)
+    grammar = body.grammar
+    schema = None
+    if body.json_schema is not None:
+        from corral.api.core.structured import check_schema, schema_text
+        check_schema(body.json_schema, "json_schema")
+        schema = schema_text(body.json_schema)
+    reqs = []
+    prompts = body.prompts()
+    for pi, prompt in enumerate(prompts):
+        for j in range(body.n):
+            i = pi * body.n + j
+            p = params if i == 0 else wire.SamplingParams(**{**_fields(params), "seed": _seed(params.seed, i)})
+            text, toks = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+            reqs.append(wire.GenerateRequest(
+                id=rid if len(prompts) * body.n == 1 else f"{rid}-{i}", prompt=text, prompt_tokens=toks,
+                params=p, grammar=grammar, json_schema=schema, logprobs=body.logprobs, echo=body.echo))
+    first = prompts[0]
+    return GenerationSpec(body.model_name(), endpoint, rid, reqs, first if isinstance(first, str) else None)
+
+
+def _fields(p: wire.SamplingParams) -> dict[str, Any]:
+    return {f: getattr(p, f) for f in p.__struct_fields__}
+
+
+# ------------------------------------------------------------------ submitting
+
+
+class ClientWatch:
+    """Ends the parts of a request Starlette does not cancel on disconnect (queueing,
+    loading, non-streamed results) when the client goes away: a watcher reads the
+    connection, and its end cancels the task that awaits in ``run``. Awaiting in ``run``
+    costs nothing more than a plain await (no task, no ``asyncio.wait`` per await); call
+    ``close()`` before the task moves on to other work."""
+
+    __slots__ = ("_request", "_watcher", "_task", "gone")
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+        self._watcher: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self.gone = False
+
+    async def run(self, aw: Awaitable[Any]) -> Any:
+        if self._watcher is None:
+            self._task = asyncio.current_task()
+            self._watcher = asyncio.ensure_future(_disconnected(self._request))
+            self._watcher.add_done_callback(self._on_watcher_done)
+        if self.gone:
+            if asyncio.isfuture(aw):
+                aw.cancel()
+            elif asyncio.iscoroutine(aw):
+                aw.close()
+            raise asyncio.CancelledError("client disconnected")
+        return await aw
+
+    def _on_watcher_done(self, watcher: asyncio.Future[None]) -> None:
+        if watcher.cancelled() or watcher.exception() is not None or self._task is None:
+            return
+        self.gone = True
+        self._task.cancel("client disconnected")
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.remove_done_callback(self._on_watcher_done)
+            self._watcher.cancel()
+        self._task = None
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+def _label(plane: ControlPlane, name: str) -> str:
+    """A metrics label: the model id, never a raw client string (bounded cardinality)."""
+    try:
+        return plane.resolve(name)
+    except CorralError:
+        return "unknown"
+
+
+def _raise_if_downloading(request: Request, name: str, exc: CorralError) -> None:
+    """A model that is still being pulled is not "not found": 503 with its progress."""
+    dm = app_part(request, "downloads")
+    if not isinstance(exc, ModelNotFound) or dm is None:
+        return
+    pull = dm.find_by_model(name)
+    if pull is not None:
+        p = pull.progress()
+        done = f"{p['done']} of {p['total']} bytes" if p.get("total") else f"{p['done']} bytes"
+        raise ModelDownloading(f"model {name!r} is still downloading ({done}); try again later",
+                               retry_after_s=5) from None
+
+
+def observe(plane: ControlPlane, stream: RequestStream, endpoint: str, status: int) -> None:
+    fin = stream.finished
+    inst = stream.instance_index
+    end = stream.ended or time.perf_counter()
+    plane.metrics.observe_request(
+        stream.model, inst, endpoint, status,
+        prompt_tokens=fin.usage.prompt_tokens if fin else 0,
+        completion_tokens=fin.usage.completion_tokens if fin else 0,
+        ttft_s=(stream.first_token - stream.created) if stream.first_token else None,
+        latency_s=end - stream.created)
+
+
+async def submit(request: Request, name: str, endpoint: str, coros: list[Awaitable[RequestStream]],
+                 *, wait_all: bool) -> list[RequestStream]:
+    """Submit requests (one per choice) and wait for each one's first output
+    (``wait_all=False``: so an error before any output still gets its HTTP status) or for
+    its end. A failure, or the client leaving, aborts the others. Failures before the
+    request runs are counted in the metrics; a model still being pulled says so."""
+    plane = plane_of(request)
+    watch = ClientWatch(request)
+    streams: list[RequestStream] = []
+    try:
+        # one choice: awaited in place; several: submitted side by side
+        tasks = [asyncio.ensure_future(c) for c in coros] if len(coros) > 1 else []
+        try:
+            if not tasks and coros:
+                streams.append(await watch.run(coros[0]))
+            for t in tasks:
+                streams.append(await watch.run(t))
+            for s in streams:
+                await watch.run(s.wait_done() if wait_all else s.wait_started())
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+                if t.done() and not t.cancelled() and t.exception() is None and t.result() not in streams:
+                    streams.append(t.result())
+            for s in streams:
+                s.abort()
+            raise
+    except CorralError as exc:
+        plane.metrics.observe_request(_label(plane, name), None, endpoint, exc.status)
+        _raise_if_downloading(request, name, exc)
+        raise
+    finally:
+        watch.close()
+    return streams
+
+
+def _coros(request: Request, spec: GenerationSpec) -> list[Awaitable[RequestStream]]:
+    plane = plane_of(request)
+    return [plane.generate(spec.model, r, spec.prefix) for r in spec.requests]
+
+
+def _sum_usage(items: list[wire.Usage | None]) -> wire.Usage:
+    u = [x for x in items if x is not None]
+    return wire.Usage(sum(x.prompt_tokens for x in u), sum(x.completion_tokens for x in u),
+                      sum(x.cached_tokens for x in u))
+
+
+async def generate(request: Request, spec: GenerationSpec) -> GenerationResult:
+    """Run to the end; the whole answer."""
+    streams = await submit(request, spec.model, spec.endpoint, _coros(request, spec), wait_all=True)
+    plane = plane_of(request)
+    choices = []
+    for i, (s, req) in enumerate(zip(streams, spec.requests)):
+        observe(plane, s, spec.endpoint, 200)
+        out = s.take_all()
+        fin = s.finished
+        choices.append(Choice(i, out.text, out.tool_calls, finish_reason(fin, len(out.tool_calls)),
+                              out.logprobs if req.logprobs is not None else None,
+                              fin.usage if fin else None, fin.timings if fin else None))
+    return GenerationResult(spec.id, streams[0].model, int(time.time()), choices,
+                            _sum_usage([c.usage for c in choices]), choices[0].timings)
+
+
+class GenerationStream:
+    """A started streamed generation; ``events()`` yields until every choice finished.
+    Leaving the iteration early (client gone) aborts the worker requests."""
+
+    def __init__(self, plane: ControlPlane, spec: GenerationSpec, streams: list[RequestStream]) -> None:
+        self.plane = plane
+        self.spec = spec
+        self.streams = streams
+        self.id = spec.id
+        self.model = streams[0].model
+        self.created = int(time.time())
+        self.usage: wire.Usage | None = None  # summed, once every choice finished
+        self.timings: wire.Timings | None = None  # the first choice's
+
+    async def events(self) -> AsyncIterator[Event]:
+        status = 200
+        try:
+            if len(self.streams) == 1:
+                async for ev in self._choice_events(0, self.streams[0]):
+                    yield ev
+            else:
+                async for ev in self._merged():
+                    yield ev
+            fins = [s.finished for s in self.streams]
+            self.usage = _sum_usage([f.usage if f else None for f in fins])
+            self.timings = fins[0].timings if fins[0] else None
+        except CorralError as exc:
+            status = exc.status
+            raise
+        finally:
+            for s in self.streams:
+                if not s.done:
+                    s.abort()
+                    status = 499
+            for s in self.streams:
+                observe(self.plane, s, self.spec.endpoint, status)
+
+    async def _choice_events(self, index: int, s: RequestStream) -> AsyncIterator[Event]:
+        n_calls = 0
+        while (piece := await s.next_piece()) is not None:
+            if piece.text or piece.logprobs:
+                yield TextEvent(index, piece.text, piece.logprobs)
+            for call in piece.tool_calls:
+                yield ToolCallEvent(index, n_calls, call)
+                n_calls += 1
+        fin = s.finished
+        yield FinishEvent(index, finish_reason(fin, n_calls), fin.usage if fin else None,
+                          fin.timings if fin else None)
+
+    async def _merged(self) -> AsyncIterator[Event]:
+        queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
+
+        async def pump(i: int, s: RequestStream) -> None:
+            try:
+                async for ev in self._choice_events(i, s):
+                    queue.put_nowait(ev)
+                queue.put_nowait(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                queue.put_nowait(exc)
+
+        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(self.streams)]
+        try:
+            left = len(tasks)
+            while left:
+                item = await queue.get()
+                if item is None:
+                    left -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+
+async def open_stream(request: Request, spec: GenerationSpec) -> GenerationStream:
+    """Submit and wait for every choice's first output (errors before any output raise
+    here, so the HTTP status can still say so)."""
+    streams = await submit(request, spec.model, spec.endpoint, _coros(request, spec), wait_all=False)
+    return GenerationStream(plane_of(request), spec, streams)

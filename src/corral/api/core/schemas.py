@@ -1,0 +1,262 @@
+"""Request bodies of the OpenAI, llama.cpp-router and Nitro routes, and their parsing.
+
+Bodies are read and validated here, once per request (never per token): malformed
+JSON is a 400, a wrong type is a 400 that names the field (``param``: e.g.
+``messages.0.content``), an option corral does not implement is a 400 that says so.
+Unknown fields are ignored (OpenAI clients send fields corral has no use for).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+
+from corral import wire
+from corral.api.http import invalid_request
+from corral.errors import InvalidRequest, UnsupportedOption
+from corral.settings import ModelSettings, SettingsError
+
+__all__ = [
+    "parse_body",
+    "SamplingFields",
+    "StreamOptions",
+    "CompletionRequest",
+    "MAX_CHOICES",
+    "EmbeddingRequest",
+    "ModelRef",
+    "NitroLoadModel",
+    "NitroUnloadModel",
+    "nitro_settings",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+_LENIENT = ConfigDict(extra="ignore")
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    body = await request.body()
+    if not body:
+        raise InvalidRequest("the request body is empty; send a JSON object")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise invalid_request(exc.errors(include_url=False)) from None
+
+
+class StreamOptions(BaseModel):
+    model_config = _LENIENT
+    include_usage: bool = False
+
+
+MAX_CHOICES = 16  # n (times the prompts of a completions request)
+
+
+class SamplingFields(BaseModel):
+    """The sampling fields chat and completions share (and their checks)."""
+    model_config = _LENIENT
+    model: str | None = Field(None, min_length=1)
+    model_id: str | None = Field(None, min_length=1)  # Nitro
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # numeric bounds: wire.SamplingParams's, checked in sampling() (one set with the worker)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    def model_name(self) -> str:
+        name = self.model or self.model_id
+        if not name:
+            raise InvalidRequest("model: required field is missing (a model id or alias; "
+                                 "GET /v1/models lists them)", param="model")
+        return name
+
+    def check_common(self) -> None:
+        stops = self.stop_list()
+        if len(stops) > 4 or any(not s for s in stops):
+            raise InvalidRequest("stop: at most 4 non-empty strings", param="stop")
+        self.token_bias()
+
+    def token_bias(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                token = int(key)
+            except ValueError:
+                token = -1
+            if token < 0:
+                raise InvalidRequest(f"logit_bias: keys are token ids (non-negative integers), got {key!r}",
+                                     param="logit_bias")
+            if not -100.0 <= value <= 100.0:
+                raise InvalidRequest(f"logit_bias: values must be between -100 and 100, got {value}",
+                                     param=f"logit_bias.{key}")
+            out[token] = value
+        return out
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def sampling(self) -> wire.SamplingParams:
+        kw: dict[str, Any] = {}
+        for name in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty",
+                     "presence_penalty", "frequency_penalty", "seed"):
+            v = getattr(self, name)
+            if v is not None:
+                kw[name] = v
+        params = wire.SamplingParams(max_tokens=self.max_new_tokens(), stop=self.stop_list(),
+                                     ignore_eos=self.ignore_eos, logit_bias=self.token_bias(), **kw)
+        bad = wire.invalid_field(params)
+        if bad is not None:
+            name, msg = bad
+            if name == "max_tokens" and self.max_completion_tokens is not None:
+                name = "max_completion_tokens"
+            raise InvalidRequest(f"{name}: {msg}", param=name)
+        return params
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+TokenArray = list[Annotated[int, Field(ge=0)]]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | TokenArray | list[TokenArray]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        if self.suffix:
+            raise UnsupportedOption("suffix (fill-in-the-middle) is not supported", param="suffix")
+        if self.best_of not in (None, 1) and self.best_of != self.n:
+            raise UnsupportedOption("best_of is not supported (corral returns every choice it "
+                                    "generates; use n)", param="best_of")
+        if not self.prompts():
+            raise InvalidRequest("prompt: must not be empty", param="prompt")
+        if len(self.prompts()) * self.n > MAX_CHOICES:
+            raise InvalidRequest(f"prompt: at most {MAX_CHOICES} choices per request "
+                                 "(prompts times n)", param="prompt")
+        if self.max_new_tokens() == 0 and not self.echo:
+            raise InvalidRequest("max_tokens: must be at least 1 (0 only with echo)", param="max_tokens")
+        if self.grammar is not None and self.json_schema is not None:
+            raise InvalidRequest("grammar and json_schema: give at most one", param="grammar")
+
+    def prompts(self) -> list[str | list[int]]:
+        """One prompt per entry: text, or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            return []
+        out: list[str | list[int]] = []
+        ints: list[int] = []
+        for x in p:
+            if isinstance(x, int):
+                ints.append(x)
+            else:
+                out.append(x)
+        return [ints] if ints else out
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = _LENIENT
+    model: str | None = Field(None, min_length=1)
+    model_id: str | None = Field(None, min_length=1)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+    def model_name(self) -> str:
+        name = self.model or self.model_id
+        if not name:
+            raise InvalidRequest("model: required field is missing", param="model")
+        return name
+
+    def inputs(self) -> list[str]:
+        if self.dimensions is not None:
+            raise UnsupportedOption("dimensions is not supported", param="dimensions")
+        inp = self.input
+        if isinstance(inp, str):
+            inp = [inp]
+        if not inp:
+            raise InvalidRequest("input: must not be empty", param="input")
+        texts = [x for x in inp if isinstance(x, str)]
+        if len(texts) != len(inp):
+            raise UnsupportedOption("token arrays as input are not supported; send text", param="input")
+        if len(texts) > 2048:
+            raise InvalidRequest("input: at most 2048 items", param="input")
+        return texts
+
+
+class ModelRef(BaseModel):
+    """llama.cpp router: POST /models/load, /models/unload."""
+    model_config = _LENIENT
+    model: str = Field(min_length=1)
+
+
+class NitroLoadModel(BaseModel):
+    """Nitro's /inferences/llamacpp/loadmodel body. Bounds and defaults of the model
+    settings are ``ModelSettings``'s (``nitro_settings``)."""
+    model_config = ConfigDict(extra="forbid")
+    model_id: str = Field(min_length=1, max_length=128)
+    llama_model_path: str = Field(min_length=1)
+    ctx_len: int | None = None
+    ngl: int | None = None
+    embedding: bool | None = None
+    pre_prompt: str | None = None
+    user_prompt: str | None = None
+    ai_prompt: str | None = None
+    system_prompt: str | None = None
+    n_parallel: int | None = None
+    cont_batching: bool | None = None  # always on in corral
+    cpu_threads: int | None = None
+
+
+# Nitro's name -> ModelSettings field
+_NITRO_SETTINGS = {"ctx_len": "ctx_len", "ngl": "n_gpu_layers", "embedding": "embedding",
+                   "pre_prompt": "pre_prompt", "user_prompt": "user_prompt",
+                   "ai_prompt": "ai_prompt", "system_prompt": "system_prompt",
+                   "n_parallel": "n_parallel", "cpu_threads": "threads"}
+
+
+def nitro_settings(body: NitroLoadModel, inherited: ModelSettings) -> ModelSettings:
+    """The body's settings over ``inherited``; a bad value is a 400 naming Nitro's key."""
+    given = {ours: getattr(body, theirs) for theirs, ours in _NITRO_SETTINGS.items()
+             if getattr(body, theirs) is not None}
+    try:
+        return ModelSettings.layered([inherited.to_dict(), given])
+    except SettingsError as exc:
+        key, msg = exc.errors[0]
+        param = next((t for t, o in _NITRO_SETTINGS.items() if o == key), key)
+        raise InvalidRequest(f"{param}: {msg}", param=param) from None
+
+
+class NitroUnloadModel(BaseModel):
+    model_config = _LENIENT
+    model_id: str = Field(min_length=1)

@@ -1,0 +1,215 @@
+"""Management routes: llama.cpp-router compatible /models*, Nitro's loadmodel, health, metrics.
+
+    GET  /models                 every model: id, aliases, status.value (unloaded, loading,
+                                 loaded, failed, downloading) and per instance: state, pid,
+                                 slots busy/total, memory, last used, failure reason, exit code
+    GET  /models/events          SSE: every EventBus event as data: {"event", "model", ...}
+    POST /models/load            {"model": ID} -> {"success": true} once loaded
+    POST /models/unload          {"model": ID} -> {"success": true}; cancels a download
+    POST /models/reload          re-read the config file and models_dir
+    POST /inferences/llamacpp/loadmodel    Nitro: load a model that is not in the config
+    POST /inferences/llamacpp/unloadmodel  Nitro: {"model_id": ID} (GET: 405, no state change on GET)
+    GET  /health, GET /metrics (Prometheus); /health has a "ray" section with ray_address
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from corral.api.http import app_part, json_response, path_policy, plane_of, sse_data
+from corral.api.core.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitro_settings,
+                                parse_body)
+from corral.control.catalog import ModelSpec
+from corral.control.plane import ControlPlane
+from corral.errors import (ConfigError, Conflict, InvalidConfig, InvalidRequest, LoadFailed, ModelNotFound,
+                           MethodNotAllowed, NitroLoadFailed)
+from corral.store.local import validate_model_id
+
+__all__ = ["router"]
+
+router = APIRouter()
+_json = msgspec.json.Encoder()
+_KEEPALIVE_S = 15.0
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    plane = plane_of(request)
+    loaded = sum(1 for p in plane.pools.values() if p.status() == "loaded")
+    body: dict[str, Any] = {"status": "ok", "models": len(plane.pools), "loaded": loaded}
+    if plane.ray is not None:  # the Ray cluster: status (reason when not connected) and nodes
+        body["ray"] = plane.ray.view()
+    return json_response(body)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(plane_of(request).metrics.render(),
+                    media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/models")
+async def list_models(request: Request) -> Response:
+    plane = plane_of(request)
+    dm = app_part(request, "downloads")
+    data = []
+    for pool in plane.pools.values():
+        entry = plane.describe(pool)
+        progress = dm.progress(pool.spec.id) if dm is not None else None
+        if progress is not None and entry["status"]["value"] == "unloaded":
+            entry["status"]["value"] = "downloading"
+            entry["status"]["progress"] = progress
+        data.append(entry)
+    known = {d["id"] for d in data}
+    if dm is not None:
+        for h in dm.active():
+            if h.model_id not in known:
+                data.append({"id": h.model_id, "object": "model", "owned_by": "corral",
+                             "aliases": [], "source": h.source, "in_cache": False,
+                             "status": {"value": "downloading", "failed": False,
+                                        "progress": h.progress()},
+                             "instances": []})
+                known.add(h.model_id)
+    gpus = plane.admission.gpus
+    return json_response({"object": "list", "data": data,
+                          "gpus": gpus.describe(plane.pools.values()) if gpus is not None else []})
+
+
+@router.get("/models/events")
+@router.get("/models/sse", include_in_schema=False)
+async def model_events(request: Request) -> StreamingResponse:
+    bus = plane_of(request).bus
+
+    async def events() -> AsyncIterator[bytes]:
+        async with bus.subscribe() as q:
+            yield b": connected\n\n"
+            while True:
+                try:
+                    ev = await asyncio.wait_for(q.get(), _KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    yield b": keepalive\n\n"
+                    continue
+                yield sse_data(dict(ev))
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.post("/models/load")
+async def load_model(request: Request) -> Response:
+    body = await parse_body(request, ModelRef)
+    dm = app_part(request, "downloads")
+    pull = dm.find_by_model(body.model) if dm is not None else None
+    if pull is not None and body.model not in plane_of(request).pools:
+        raise Conflict(f"model {body.model!r} is still downloading ({pull.pull_id}); load it when "
+                       "the download has finished", param="model")
+    await plane_of(request).load(body.model)
+    return json_response({"success": True})
+
+
+@router.post("/models/unload")
+async def unload_model(request: Request) -> Response:
+    body = await parse_body(request, ModelRef)
+    dm = app_part(request, "downloads")
+    h = dm.find_by_model(body.model) if dm is not None else None
+    if h is not None:
+        await dm.cancel(h.pull_id)
+        return json_response({"success": True, "cancelled": h.pull_id})
+    await plane_of(request).unload(body.model)
+    return json_response({"success": True})
+
+
+@router.post("/models/reload")
+async def reload_models(request: Request) -> Response:
+    try:
+        result = await plane_of(request).reload()
+    except ConfigError as exc:  # the old config stays in force
+        raise InvalidConfig(f"config not reloaded: {exc.message}") from None
+    return json_response({"success": True, **result})
+
+
+# ------------------------------------------------------------------------ Nitro
+
+
+def _confined_model_file(request: Request, raw: str) -> Path:
+    """Nitro's llama_model_path, resolved and allowed (403 naming the setting otherwise);
+    only then is the file looked at, so nothing about files outside leaks."""
+
+    path = path_policy(request.app).check(raw, param="llama_model_path")
+    if path.is_dir():
+        raise InvalidRequest(f"llama_model_path: {raw!r} is a directory, not a model file",
+                             param="llama_model_path")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except FileNotFoundError:
+        raise InvalidRequest(f"llama_model_path: no file at {raw!r}", param="llama_model_path") from None
+    except OSError:
+        raise InvalidRequest(f"llama_model_path: cannot read {raw!r}", param="llama_model_path") from None
+    if magic != b"GGUF" and plane_of(request).config.server.worker_command is None:
+        raise InvalidRequest(f"llama_model_path: {raw!r} is not a GGUF model file",
+                             param="llama_model_path")
+    return path
+
+
+@router.post("/inferences/llamacpp/loadmodel")
+async def nitro_load(request: Request) -> Response:
+    body = await parse_body(request, NitroLoadModel)
+    plane = plane_of(request)
+    validate_model_id(body.model_id, param="model_id")
+    path = _confined_model_file(request, body.llama_model_path)
+    try:
+        owner = plane.catalog.resolve_id(body.model_id)
+    except ModelNotFound:
+        owner = None
+    if owner is not None and owner != body.model_id:
+        raise Conflict(f"model_id {body.model_id!r} is an alias of model {owner!r}; choose another "
+                       "model_id", param="model_id")
+    settings = nitro_settings(body, plane.config.inherited_settings())
+    spec = ModelSpec.make(body.model_id, path, settings, source="nitro")
+    existing = plane.pools.get(body.model_id)
+    if existing is not None and existing.spec.source != "nitro" and existing.spec.path != spec.path:
+        raise Conflict(f"model_id {body.model_id!r} is already a {existing.spec.source} model "
+                       "at another path", param="model_id")
+    added = existing is None
+    if existing is not None and existing.spec.source == "nitro":
+        await plane.add_model(spec, replace=True)
+    elif existing is None:
+        await plane.add_model(spec)
+    already = plane.pools[body.model_id].has_ready
+    try:
+        await plane.load(body.model_id)
+    except LoadFailed as exc:
+        if added or (existing is not None and existing.spec.source == "nitro"):
+            await plane.remove_model(body.model_id)  # a failed Nitro entry is not kept listed
+        reason = exc.message.split("\n", 1)[0]
+        raise NitroLoadFailed(f"llama_model_path: the model could not be loaded: {reason}",
+                              param="llama_model_path") from None
+    return json_response({"message": "Model already loaded" if already else "Model loaded successfully",
+                          "code": "ModelAlreadyLoaded" if already else "ModelloadedSuccessfully",
+                          "model_id": body.model_id, "success": True})
+
+
+@router.post("/inferences/llamacpp/unloadmodel")
+async def nitro_unload(request: Request) -> Response:
+    """POST only: a GET must never change state (an <img> on any web page can send one)."""
+    mid = (await parse_body(request, NitroUnloadModel)).model_id
+    plane = plane_of(request)
+    if mid not in plane.pools:
+        raise ModelNotFound(f"model {mid!r} not found", param="model_id")
+    await plane.unload(mid)
+    return json_response({"message": "Model unloaded successfully", "code": "ModelUnloaded",
+                          "model_id": mid, "success": True})
+
+
+@router.get("/inferences/llamacpp/unloadmodel", include_in_schema=False)
+async def nitro_unload_get(request: Request) -> Response:
+    raise MethodNotAllowed("GET /inferences/llamacpp/unloadmodel: unloading changes state, so it "
+                           'takes POST with {"model_id": ID}')

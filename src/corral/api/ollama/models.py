@@ -1,0 +1,270 @@
+"""Ollama's model routes: /api/version, /api/tags, /api/ps, /api/show, /api/pull,
+/api/delete, /api/copy.
+
+Models are corral's catalog (config, models_dir, pulls, the embedded default), listed by
+id. ``details`` and ``model_info`` come from the GGUF header (``store.gguf_meta``: read
+in a thread, cached per file). ``digest`` is the sha256 of a pulled file when the store
+knows it, else a stable hash of path, size and mtime (corral never hashes a model just to
+list it). /api/pull starts corral's download (same sources as POST /models/pull:
+``owner/repo:Q4_K_M``, ``owner/repo/file.gguf``, an https URL; Ollama registry names are
+refused with a 400 that says so) and streams Ollama progress objects made from the
+download events. A client that goes away does not cancel the download (DELETE
+/models/pull/{id} does). /api/copy adds an alias; /api/delete removes a pulled model
+(unloading it first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from corral import wire
+from corral.api.http import app_part, json_response, ndjson_line, plane_of
+from corral.api.ollama.schemas import OllamaCopyRequest, OllamaModelRequest, OllamaPullRequest
+from corral.api.core.schemas import parse_body
+from corral.api.manage.store import remove_from_store
+from corral.events import Event
+from corral.control.pool import ModelPool
+from corral.errors import Conflict, DownloadError, InvalidRequest, ModelNotFound
+from corral.store.gguf_meta import GGUFMetadata, parameter_size, read_metadata
+
+__all__ = ["router", "OLLAMA_API_VERSION"]
+
+router = APIRouter()
+OLLAMA_API_VERSION = "0.6.0"  # the Ollama API version whose routes and fields corral answers
+_FOREVER = "2318-01-01T00:00:00Z"  # expires_at of a model with no idle unload (Ollama does the same)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _store_sha(request: Request) -> dict[str, str]:
+    store = app_part(request, "store")
+    if store is None:
+        return {}
+    try:
+        return {m.id: m.sha256 for m in store.list() if m.sha256}
+    except OSError:
+        return {}
+
+
+def _details(meta: GGUFMetadata | None) -> dict[str, Any]:
+    arch = meta.architecture if meta else None
+    return {"parent_model": "", "format": "gguf", "family": arch or "",
+            "families": [arch] if arch else None,
+            "parameter_size": parameter_size(meta.n_params) if meta else "",
+            "quantization_level": (meta.quantization if meta else None) or ""}
+
+
+def _entry(pool: ModelPool, meta: GGUFMetadata | None, shas: dict[str, str]) -> dict[str, Any]:
+    spec = pool.spec
+    try:
+        st = spec.path.stat()
+        size, mtime = st.st_size, st.st_mtime
+    except OSError:
+        size, mtime = 0, 0.0
+    digest = shas.get(spec.id) or hashlib.sha256(f"{spec.path}:{size}:{mtime}".encode()).hexdigest()
+    return {"name": spec.id, "model": spec.id, "modified_at": _iso(mtime), "size": size,
+            "digest": digest, "details": _details(meta)}
+
+
+async def _metas(pools: list[ModelPool]) -> list[GGUFMetadata | None]:
+    return await asyncio.to_thread(lambda: [read_metadata(p.spec.path) for p in pools])
+
+
+@router.get("/api/version")
+async def version() -> Response:
+    return json_response({"version": OLLAMA_API_VERSION})
+
+
+@router.get("/api/tags")
+async def tags(request: Request) -> Response:
+    pools = list(plane_of(request).pools.values())
+    shas = _store_sha(request)
+    metas = await _metas(pools)
+    return json_response({"models": [_entry(p, m, shas) for p, m in zip(pools, metas)]})
+
+
+@router.get("/api/ps")
+async def ps(request: Request) -> Response:
+    pools = [p for p in plane_of(request).pools.values() if p.status() == "loaded"]
+    shas = _store_sha(request)
+    out = []
+    for pool, meta in zip(pools, await _metas(pools)):
+        ttl = pool.ttl_s
+        size, size_vram = _sizes(pool)
+        slot = next((i.info.n_ctx_slot for i in pool.instances if i.info is not None),
+                    pool.spec.ctx_len // pool.spec.n_parallel)
+        out.append({**_entry(pool, meta, shas), "size": size, "size_vram": size_vram,
+                    "expires_at": _iso(pool.last_used + ttl) if ttl is not None else _FOREVER,
+                    "context_length": slot})
+    return json_response({"models": out})
+
+
+def _sizes(pool: ModelPool) -> tuple[int, int]:
+    """(size, size_vram): the memory of the model's instances and what of it is on GPUs
+    (``ollama ps`` shows "48%/52% CPU/GPU" from them), from the workers' placement
+    (layers, KV, compute estimate on each device; the token embeddings, a lookup llama.cpp
+    keeps on the host in every case, left out: a model with every layer on a GPU is 100%
+    GPU, as in Ollama); without one, the reported host bytes, all of it counted on the GPU
+    when any layer is offloaded."""
+    infos = [i.info for i in pool.live() if i.info is not None]
+    parts = [p for info in infos for p in info.placement]
+    if parts:
+        on_host, on_gpu = wire.host_and_gpu_bytes(parts)
+        return on_gpu + on_host, on_gpu
+    size = pool.memory_bytes()
+    on_gpu = any(info.gpu_layers != 0 and any(d.kind in ("gpu", "igpu") for d in info.devices) for info in infos)
+    return size, size if on_gpu else 0
+
+
+def _template(pool: ModelPool, meta: GGUFMetadata | None) -> str:
+    spec = pool.spec
+    if spec.chat_template:
+        return spec.chat_template
+    if meta is not None and meta.chat_template:
+        return meta.chat_template
+    user, ai = spec.user_prompt or "User: ", spec.ai_prompt or "Assistant: "
+    return f"{spec.pre_prompt or ''}\n{user}{{{{ .Prompt }}}}\n{ai}".lstrip("\n")
+
+
+@router.post("/api/show")
+async def show(request: Request) -> Response:
+    body = await parse_body(request, OllamaModelRequest)
+    pool = plane_of(request).pool(body.model_name())
+    (meta,) = await _metas([pool])
+    spec = pool.spec
+    info: dict[str, Any] = {}
+    if meta is not None:
+        # long arrays (the tokenizer's) are [], as Ollama shows them without verbose
+        info = {k: ([] if isinstance(v, dict) else v) for k, v in meta.values.items()
+                if k != "tokenizer.chat_template"}
+        info["general.parameter_count"] = meta.n_params
+    params = [f"num_ctx {spec.ctx_len // spec.n_parallel}"]
+    params += [f'stop "{s}"' for s in ("\nUser:", "\nAssistant:")] if not (
+        spec.chat_template or (meta and meta.chat_template)) else []
+    template = _template(pool, meta)
+    entry = _entry(pool, meta, _store_sha(request))
+    return json_response({
+        "modelfile": f"# Modelfile generated by corral\nFROM {spec.path}\nTEMPLATE \"\"\"{template}\"\"\"\n"
+                     + "".join(f"PARAMETER {p}\n" for p in params),
+        "parameters": "\n".join(params), "template": template, "details": entry["details"],
+        "model_info": info, "modified_at": entry["modified_at"],
+        "capabilities": ["embedding"] if spec.embedding else ["completion"]})
+
+
+# ------------------------------------------------------------------------ pull
+
+
+def _progress(h: Any, digest: str) -> bytes:
+    return ndjson_line({"status": f"pulling {digest[7:19]}", "digest": digest, "total": h.total or 0,
+                        "completed": h.done})
+
+
+async def _pull_lines(q: "asyncio.Queue[Event]", h: Any, first: list[bytes]) -> AsyncIterator[bytes]:
+    for line in first:
+        yield line
+    digest = "sha256:" + (h.sha256 or hashlib.sha256(h.source.encode()).hexdigest())
+    yield _progress(h, digest)
+    ended = asyncio.ensure_future(h.wait())
+    try:
+        while not ended.done():
+            get = asyncio.ensure_future(q.get())
+            done, _ = await asyncio.wait({get, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if get not in done:
+                get.cancel()
+                break
+            ev = get.result()
+            if ev.get("pull_id") == h.pull_id and ev.name == "download_progress":
+                yield _progress(h, digest)
+        if h.state == "finished":
+            yield _progress(h, digest)
+            for status in ("verifying sha256 digest", "writing manifest", "success"):
+                yield ndjson_line({"status": status})
+        else:
+            yield ndjson_line({"error": h.reason or f"pull {h.state}"})
+    finally:
+        ended.cancel()
+
+
+@router.post("/api/pull")
+async def pull(request: Request) -> Response:
+    body = await parse_body(request, OllamaPullRequest)
+    name = body.model_name()
+    dm = app_part(request, "downloads")
+    bus = request.app.state.bus
+    if dm is None:
+        raise InvalidRequest("pulling is not available: this server has no models_dir store")
+    stack = contextlib.AsyncExitStack()
+    q = await stack.enter_async_context(bus.subscribe())
+    try:
+        h = await dm.start(name)
+    except InvalidRequest as exc:
+        await stack.aclose()
+        if exc.param != "model":
+            raise
+        raise InvalidRequest(f"{exc.message} (corral pulls GGUF files from Hugging Face or a URL, not "
+                             "from the Ollama registry)", param="model") from None
+    except Conflict as exc:  # already pulled: Ollama answers a pull of a model it has with success
+        await stack.aclose()
+        if "already exists" not in exc.message:
+            raise
+        done = [{"status": "pulling manifest"}, {"status": "success"}]
+        if not body.stream:
+            return json_response(done[-1])
+        return StreamingResponse(iter([ndjson_line(x) for x in done]), media_type="application/x-ndjson")
+    except BaseException:
+        await stack.aclose()
+        raise
+    if not body.stream:
+        await stack.aclose()
+        state = await h.wait()
+        if state != "finished":
+            raise h._error if h._error is not None else DownloadError(h.reason or f"pull {state}")
+        return json_response({"status": "success"})
+
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            async for line in _pull_lines(q, h, [ndjson_line({"status": "pulling manifest"})]):
+                yield line
+        finally:
+            await stack.aclose()
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+# ------------------------------------------------------------------------ delete, copy
+
+
+@router.delete("/api/delete")
+async def delete(request: Request) -> Response:
+    body = await parse_body(request, OllamaModelRequest)
+    name = body.model_name()
+    plane = plane_of(request)
+    try:
+        mid = plane.resolve(name)
+    except ModelNotFound:
+        mid = name
+    store = app_part(request, "store")
+    if store is None or store.get(mid) is None:
+        if mid in plane.pools:
+            raise InvalidRequest(f"model {mid!r} is not a pulled model ({plane.pools[mid].spec.source}); "
+                                 "only models in models_dir can be deleted", param="model")
+        raise ModelNotFound(f"model {name!r} not found", param="model")
+    await remove_from_store(request, mid, force=True)
+    return Response(status_code=200)
+
+
+@router.post("/api/copy")
+async def copy(request: Request) -> Response:
+    body = await parse_body(request, OllamaCopyRequest)
+    plane_of(request).add_alias(body.source, body.destination)
+    return Response(status_code=200)

@@ -1,0 +1,209 @@
+"""Ollama's generation API: /api/chat, /api/generate, /api/embed, /api/embeddings.
+
+JSON in, NDJSON out (streaming is the default, ``stream: false`` gives one object), as
+Ollama does. Each route is a translation onto corral's one request path
+(``dialect_core``): the same scheduling, queues, prefix reuse, metrics, disconnect-abort
+and errors as /v1/chat/completions. Errors are ``{"error": "..."}`` with corral's
+status (404 for an unknown model); an error after streaming began is a last
+``{"error": ...}`` line, which the ollama client raises as ``ResponseError``.
+
+The final object carries Ollama's statistics in nanoseconds: total_duration (arrival
+to end), load_duration (arrival until a worker took it: autoload and queueing),
+prompt_eval_count/duration and eval_count/duration (from the worker's timings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from corral import wire
+from corral.api.core.dialect import (Generation, Outcome, TextEvent, ToolCallEvent, build_spec,
+                                    parse_arguments, run_embedding, run_generation)
+from corral.api.http import json_response, ndjson_line, plane_of
+from corral.api.ollama.schemas import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
+                                       OllamaGenerateRequest, parse_keep_alive, sampling_from_options)
+from corral.api.core.schemas import parse_body
+from corral.control.plane import ControlPlane
+from corral.errors import CorralError
+
+__all__ = ["router", "created_at"]
+
+router = APIRouter()
+_json = msgspec.json.Encoder()
+_NDJSON = "application/x-ndjson"
+
+
+def created_at() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _ns(seconds: float) -> int:
+    return max(0, int(seconds * 1e9))
+
+
+def _slot_context(plane: ControlPlane, name: str) -> int:
+    pool = plane.pool(name)
+    for inst in pool.instances:
+        if inst.info is not None:
+            return int(inst.info.n_ctx_slot)
+    return max(1, pool.spec.ctx_len // pool.spec.n_parallel)
+
+
+async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
+                          body: dict[str, Any]) -> Response:
+    """An empty prompt / no messages: load the model (or unload it with keep_alive 0)."""
+    plane = plane_of(request)
+    model = plane.resolve(name)
+    if keep_alive == 0:
+        await plane.unload(name, "unloaded by request (keep_alive 0)")
+        reason = "unload"
+    else:
+        await plane.load(name)
+        plane.keep_alive(name, keep_alive)
+        reason = "load"
+    return json_response({"model": model, "created_at": created_at(), **body, "done": True,
+                            "done_reason": reason})
+
+
+def _keep_alive_hook(request: Request, name: str, keep_alive: float | None) -> Callable[[], None]:
+    plane = plane_of(request)
+    return lambda: plane.keep_alive(name, keep_alive)
+
+
+def _calls(calls: list[wire.ToolCall]) -> list[dict[str, Any]]:
+    return [{"function": {"name": c.name, "arguments": parse_arguments(c)}} for c in calls]
+
+
+def _done_reason(o: Outcome) -> str:
+    return "stop" if o.finish_reason == "tool_calls" else o.finish_reason
+
+
+def _stats(o: Outcome) -> dict[str, Any]:
+    return {"done_reason": _done_reason(o), "total_duration": _ns(o.total_s),
+            "load_duration": _ns(o.load_s), "prompt_eval_count": o.prompt_tokens,
+            "prompt_eval_duration": _ns(o.prompt_s), "eval_count": o.completion_tokens,
+            "eval_duration": _ns(o.generate_s)}
+
+
+def _ndjson(gen: Generation, text_line: Callable[[str], bytes], calls_line: Callable[[list[wire.ToolCall]], bytes],
+            final: Callable[[Outcome], dict[str, Any]]) -> StreamingResponse:
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            async for ev in gen.events():
+                if isinstance(ev, TextEvent):
+                    if ev.text:
+                        yield text_line(ev.text)
+                elif isinstance(ev, ToolCallEvent):
+                    yield calls_line([ev.call])
+            yield ndjson_line(final(gen.outcome()))
+        except CorralError as exc:
+            yield ndjson_line({"error": exc.message})
+        finally:
+            gen.close()
+    return StreamingResponse(lines(), media_type=_NDJSON)
+
+
+async def _run(request: Request, body: OllamaChatRequest | OllamaGenerateRequest, endpoint: str,
+               messages: list[dict[str, Any]], prompt: str | None, ka: float | None) -> Generation:
+    params = sampling_from_options(body.options, _slot_context(plane_of(request), body.model))
+    tools = body.tools if isinstance(body, OllamaChatRequest) else None
+    spec = build_spec(body.model, endpoint, messages, params, prompt=prompt, tools=tools,
+                      response_format=body.response_format())
+    return await run_generation(request, spec, stream=body.stream,
+                                on_close=_keep_alive_hook(request, body.model, ka))
+
+
+# ------------------------------------------------------------------------ chat
+
+
+@router.post("/api/chat")
+async def chat(request: Request) -> Response:
+    body = await parse_body(request, OllamaChatRequest)
+    body.check()
+    ka = body.keep_alive_s()
+    if not body.messages:
+        return await _load_or_unload(request, body.model, ka, {"message": {"role": "assistant", "content": ""}})
+    gen = await _run(request, body, "ollama_chat", body.openai_messages(), None, ka)
+    if not body.stream:
+        message: dict[str, Any] = {"role": "assistant", "content": gen.text}
+        if gen.tool_calls:
+            message["tool_calls"] = _calls(gen.tool_calls)
+        return json_response({"model": gen.model, "created_at": created_at(), "message": message,
+                                "done": True, **_stats(gen.outcome())})
+    enc = _json.encode
+    model = enc(gen.model)
+
+    def text_line(text: str) -> bytes:
+        return (b'{"model":' + model + b',"created_at":"' + created_at().encode()
+                + b'","message":{"role":"assistant","content":' + enc(text) + b'},"done":false}\n')
+
+    def calls_line(calls: list[wire.ToolCall]) -> bytes:
+        return enc({"model": gen.model, "created_at": created_at(), "message": {
+            "role": "assistant", "content": "", "tool_calls": _calls(calls)}, "done": False}) + b"\n"
+
+    def final(o: Outcome) -> dict[str, Any]:
+        return {"model": gen.model, "created_at": created_at(),
+                "message": {"role": "assistant", "content": ""}, "done": True, **_stats(o)}
+
+    return _ndjson(gen, text_line, calls_line, final)
+
+
+# ------------------------------------------------------------------------ generate
+
+
+@router.post("/api/generate")
+async def generate(request: Request) -> Response:
+    body = await parse_body(request, OllamaGenerateRequest)
+    body.check()
+    ka = body.keep_alive_s()
+    if not body.prompt and not body.system:
+        return await _load_or_unload(request, body.model, ka, {"response": ""})
+    prompt, messages = body.openai_input()
+    gen = await _run(request, body, "ollama_generate", messages, prompt, ka)
+    if not body.stream:
+        return json_response({"model": gen.model, "created_at": created_at(),
+                                "response": gen.text, "done": True, **_stats(gen.outcome())})
+    enc = _json.encode
+    model = enc(gen.model)
+
+    def text_line(text: str) -> bytes:
+        return (b'{"model":' + model + b',"created_at":"' + created_at().encode()
+                + b'","response":' + enc(text) + b',"done":false}\n')
+
+    def final(o: Outcome) -> dict[str, Any]:
+        return {"model": gen.model, "created_at": created_at(), "response": "", "done": True, **_stats(o)}
+
+    return _ndjson(gen, text_line, lambda calls: b"", final)
+
+
+# ------------------------------------------------------------------------ embeddings
+
+
+@router.post("/api/embed")
+async def embed(request: Request) -> Response:
+    body = await parse_body(request, OllamaEmbedRequest)
+    inputs = body.inputs()
+    ka = parse_keep_alive(body.keep_alive)
+    rs, emb = await run_embedding(request, body.model, "ollama_embed", inputs,
+                                  on_close=_keep_alive_hook(request, body.model, ka))
+    o = Outcome.of(rs)
+    return json_response({"model": rs.model, "embeddings": emb.data, "total_duration": _ns(o.total_s),
+                            "load_duration": _ns(o.load_s), "prompt_eval_count": emb.prompt_tokens})
+
+
+@router.post("/api/embeddings")
+async def embeddings(request: Request) -> Response:
+    """The legacy single-prompt route: one vector, not normalized (as Ollama's)."""
+    body = await parse_body(request, OllamaEmbeddingsRequest)
+    ka = parse_keep_alive(body.keep_alive)
+    if not body.prompt:
+        return json_response({"embedding": []})
+    _, emb = await run_embedding(request, body.model, "ollama_embed", [body.prompt],
+                                 on_close=_keep_alive_hook(request, body.model, ka), normalize=False)
+    return json_response({"embedding": emb.data[0]})

@@ -1,0 +1,95 @@
+"""The web page and the read-only routes made for it and for the command line.
+
+    GET /                  the page (static HTML; no API key needed: it holds no data)
+    GET /ui/{asset}        its script and style sheet (a fixed list of files in the package)
+    GET /models/show?model=ID
+                           a model's GGUF metadata: architecture, parameters, quantization,
+                           context length, chat template (`corral show`)
+
+The page asks for the API key itself and sends it as ``Authorization: Bearer`` on every
+data route; the events stream is read with fetch(), not EventSource, so it carries the
+header too. Assets ship inside the package (``corral/api/static``): no CDN, no build.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from corral.api.http import json_response, plane_of
+from corral.control.plane import ControlPlane
+from corral.errors import InvalidRequest, ModelFileMissing, NotFound, UnreadableModel
+
+__all__ = ["router", "PUBLIC_PATHS", "is_public_path"]
+
+router = APIRouter()
+
+_ASSETS = {
+    "app.js": "text/javascript; charset=utf-8",
+    "app.css": "text/css; charset=utf-8",
+    "charts.js": "text/javascript; charset=utf-8",
+    "models.js": "text/javascript; charset=utf-8",
+    "downloads.js": "text/javascript; charset=utf-8",
+    "chat.js": "text/javascript; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
+PUBLIC_PATHS = frozenset({"/", "/health", *(f"/ui/{name}" for name in _ASSETS)})
+_SECURITY_HEADERS = {
+    "Cache-Control": "no-cache",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": ("default-src 'self'; script-src 'self'; style-src 'self'; "
+                                "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; "
+                                "base-uri 'none'; form-action 'none'"),
+}
+
+
+def is_public_path(path: str) -> bool:
+    """The paths served without the API key: the page, its assets and /health."""
+    return path in PUBLIC_PATHS
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("corral.api.page").joinpath("static", name).read_bytes()
+
+
+@router.get("/", include_in_schema=False)
+async def page() -> Response:
+    return Response(_asset("index.html"), media_type="text/html; charset=utf-8",
+                    headers=_SECURITY_HEADERS)
+
+
+@router.get("/ui/{name}", include_in_schema=False)
+async def asset(name: str) -> Response:
+    media = _ASSETS.get(name)
+    if media is None:
+        raise NotFound(f"GET /ui/{name}: no such asset")
+    return Response(_asset(name), media_type=media, headers=_SECURITY_HEADERS)
+
+
+@router.get("/models/show")
+async def show_model(request: Request, model: str = "") -> Response:
+    if not model:
+        raise InvalidRequest("model: required (GET /models/show?model=ID)", param="model")
+    plane = plane_of(request)
+    pool = plane.pool(model)
+    path = Path(pool.spec.path)
+    body: dict[str, Any] = {"id": pool.spec.id, "aliases": list(pool.spec.aliases),
+                            "path": str(path), "source": pool.spec.source,
+                            "status": pool.status()}
+    from corral.store.gguf import GGUFError
+    from corral.store.gguf_meta import read_gguf_info
+    try:
+        body.update(read_gguf_info(path))
+    except FileNotFoundError:
+        raise ModelFileMissing(f"model {pool.spec.id!r}: its file {str(path)!r} is missing",
+                               param="model") from None
+    except (OSError, GGUFError) as exc:
+        raise UnreadableModel(f"model {pool.spec.id!r}: cannot read its GGUF header: {exc}",
+                              param="model") from None
+    return json_response(body)

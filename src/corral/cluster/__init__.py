@@ -1,1 +1,0 @@
-"""Model instances on a Ray cluster: the bridge (Ray driver), the worker-host actor, a local test cluster."""

@@ -1,0 +1,363 @@
+"""The link to one spawned worker: how the router reaches a worker, wherever it runs.
+
+A ``Spawner`` starts a worker (``python -m corral.worker`` with some ``WorkerSettings``)
+and returns a ``WorkerLink``, one per spawn. Above the link nothing is transport
+specific: the instance (``corral.control.instance.instance``) drives its state machine from
+what the link reports, and requests go through ``submit``/``abort``.
+
+A link
+
+- carries frames both ways: ``send`` writes a ``wire.ToWorker`` message; every
+  decoded ``wire.FromWorker`` message is handled here (``deliver``): request traffic
+  (Delta, Finished, RequestFailed, Embeddings) goes straight to the request's
+  ``RequestStream`` and Stats to whoever asked (the hot path: synchronous, no task or
+  queue per token); lifecycle messages (Loading, Ready, LoadFailed) go to the owner;
+- can be stopped (``send(wire.Shutdown())``), terminated (SIGTERM-like) and killed
+  (SIGKILL-like; the whole process group for a local worker);
+- reports that its channel closed (``LinkOwner.link_closed``; no message follows) and
+  then that the worker exited (``LinkOwner.link_exited`` with a ``LinkExit``: the exit
+  code and the reason in words); after ``link_exited`` the link is finished;
+- reports where it runs (``placement``: pid, node id, node address; node id and address
+  are None for this machine), and the last lines of the worker's log (``log_tail``).
+
+A transport implements a ``Spawner`` and a ``WorkerLink`` subclass that sets
+``_transport`` (the asyncio transport frames go out on; ``_write`` and ``is_open`` use
+it) and has ``terminate``, ``kill``, ``placement`` (and optionally ``log_tail``), and
+feeds what it receives to ``receive(bytes)`` (raw frames) or ``deliver(msg)``, then
+calls ``closed()`` and ``exited(LinkExit)``. ``LocalSpawner``/``SocketLink`` (below) are
+the local transport: a child process of the router on a ``socketpair``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import msgspec
+
+from corral import wire
+from corral.control.transport.process import describe_exit, kill_group, log_tail, open_private_log
+from corral.control.stream import RequestStream
+from corral.errors import WorkerCrashed
+from corral.model_ids import file_stem
+
+__all__ = ["Placement", "LinkExit", "LinkOwner", "WorkerLink", "Spawner", "LinkClosed",
+           "LifecycleMessage", "LocalSpawner", "SocketLink", "FrameReader"]
+
+log = logging.getLogger("corral.link")
+
+LifecycleMessage = wire.Loading | wire.Ready | wire.LoadFailed
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a worker runs. ``node_id``/``node_address`` None: on this machine."""
+
+    pid: int | None = None
+    node_id: str | None = None
+    node_address: str | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.node_id is None
+
+
+@dataclass(frozen=True, slots=True)
+class LinkExit:
+    """How a worker ended: ``code`` as a subprocess reports it (negative: killed by
+    that signal; None: unknown) and ``reason``, the same in words for a person."""
+
+    code: int | None
+    reason: str
+
+
+class LinkClosed(Exception):
+    """``send`` on a link whose channel is closed."""
+
+
+class LinkOwner(Protocol):
+    """What a link reports to (the instance). All calls come from the event loop."""
+
+    def link_message(self, link: "WorkerLink", msg: LifecycleMessage) -> None: ...
+
+    def link_request_ended(self, link: "WorkerLink") -> None: ...
+
+    def link_closed(self, link: "WorkerLink") -> None: ...
+
+    def link_exited(self, link: "WorkerLink", exit: LinkExit) -> None: ...
+
+
+class Spawner(Protocol):
+    """Starts workers. ``spawn`` returns once the worker process exists (not when it is
+    loaded: Loading/Ready/LoadFailed arrive through the owner). Raises ``OSError``
+    (or a subclass) when it cannot start one."""
+
+    async def spawn(self, settings: wire.WorkerSettings, owner: LinkOwner) -> "WorkerLink": ...
+
+
+class WorkerLink(abc.ABC):
+    """One spawned worker. The transport-independent part: request routing, stats,
+    frame decoding. Subclasses provide the channel and the process."""
+
+    def __init__(self, owner: LinkOwner, log_path: Path | None = None) -> None:
+        self._owner = owner
+        self.log_path = log_path
+        self.stats: wire.Stats | None = None
+        self._requests: dict[str, RequestStream] = {}
+        self._stats_waiters: list[asyncio.Future[wire.Stats]] = []
+        self._decoder = wire.FrameDecoder()
+        self._exit: LinkExit | None = None
+        self._transport: asyncio.WriteTransport | None = None  # set by the subclass once connected
+
+    # ------------------------------------------------------------ transport (subclasses)
+
+    @property
+    @abc.abstractmethod
+    def placement(self) -> Placement: ...
+
+    @property
+    def is_open(self) -> bool:
+        """The channel can carry frames to the worker."""
+        t = self._transport
+        return t is not None and not t.is_closing()
+
+    def _write(self, frame: bytes) -> None:
+        """Queue one encoded frame to the worker (never blocks)."""
+        if self._transport is not None:
+            self._transport.write(frame)
+
+    @abc.abstractmethod
+    def terminate(self) -> None:
+        """Ask the system to end the worker (SIGTERM to a local process group)."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """End the worker now (SIGKILL to a local process group). Harmless when gone."""
+
+    def log_tail(self) -> str:
+        """The last lines of the worker's log, for failure reasons ("" if unknown)."""
+        return ""
+
+    # ------------------------------------------------------------ what the transport calls
+
+    def receive(self, data: bytes) -> None:
+        """Raw bytes from the worker's channel: frames are split, decoded, delivered.
+        A malformed frame means a broken worker: it is killed."""
+        try:
+            for body in self._decoder.feed(data):
+                self.deliver(wire.decode_from_worker(body))
+        except Exception:
+            log.exception("bad frame from worker %s; killing it", self.placement)
+            self.kill()
+
+    def deliver(self, msg: wire.FromWorker) -> None:
+        """One message from the worker. Request traffic is handled inline."""
+        if type(msg) is wire.Delta:
+            r = self._requests.get(msg.id)
+            if r is not None:
+                r.on_delta(msg)
+        elif (type(msg) is wire.Finished or type(msg) is wire.RequestFailed
+              or type(msg) is wire.Embeddings or type(msg) is wire.Tokenized):
+            r = self._requests.pop(msg.id, None)
+            if r is not None:
+                r.on_end(msg)
+                self._owner.link_request_ended(self)
+        elif isinstance(msg, wire.Stats):
+            self.stats = msg
+            waiters, self._stats_waiters = self._stats_waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(msg)
+        elif isinstance(msg, (wire.Loading, wire.Ready, wire.LoadFailed)):
+            self._owner.link_message(self, msg)
+
+    def closed(self) -> None:
+        """The channel closed: nothing more will be received."""
+        self._owner.link_closed(self)
+
+    def exited(self, exit: LinkExit) -> None:
+        """The worker is gone. Reported once; the link is finished afterwards."""
+        if self._exit is None:
+            self._exit = exit
+            self._owner.link_exited(self, exit)
+
+    # ------------------------------------------------------------ what the router calls
+
+    @property
+    def exit(self) -> LinkExit | None:
+        return self._exit
+
+    def send(self, msg: wire.ToWorker) -> None:
+        """Encode and write one message. Raises ``LinkClosed`` when the channel is closed
+        (and ``wire.FrameTooLarge`` / ``OverflowError`` for what cannot be encoded)."""
+        frame = wire.encode(msg)
+        if not self.is_open:
+            raise LinkClosed("the worker's channel is closed")
+        self._write(frame)
+
+    async def shutdown(self, grace_s: float, kill_after_s: float = 2.0) -> None:
+        """Ask the worker to exit (``Shutdown``); still there after ``grace_s``:
+        terminate it; ``kill_after_s`` later: kill it."""
+        with contextlib.suppress(LinkClosed, OSError):
+            self.send(wire.Shutdown())
+        await asyncio.sleep(grace_s)
+        if self._exit is not None:
+            return
+        log.warning("worker %s: no exit %.1fs after Shutdown; terminating it", self.placement, grace_s)
+        self.terminate()
+        await asyncio.sleep(kill_after_s)
+        if self._exit is None:
+            log.warning("worker %s: still running; killing it", self.placement)
+            self.kill()
+
+    def submit(self, request_id: str, frame: bytes, stream: RequestStream, instance_index: int) -> bool:
+        """Send an encoded request (sync). False when the channel is closed."""
+        if not self.is_open:
+            return False
+        self._requests[request_id] = stream
+        stream.bind(instance_index, self.abort)
+        stream.started = time.perf_counter()
+        self._write(frame)
+        return True
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._requests and self.is_open:
+            self._write(wire.encode(wire.Abort(request_id)))
+
+    async def fetch_stats(self, timeout_s: float = 2.0) -> wire.Stats | None:
+        if not self.is_open:
+            return None
+        fut: asyncio.Future[wire.Stats] = asyncio.get_running_loop().create_future()
+        self._stats_waiters.append(fut)
+        self._write(wire.encode(wire.StatsRequest()))
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        except (asyncio.TimeoutError, WorkerCrashed):
+            return None
+        finally:
+            if fut in self._stats_waiters:
+                self._stats_waiters.remove(fut)
+
+    @property
+    def inflight(self) -> int:
+        return len(self._requests)
+
+    def fail_requests(self, exc: WorkerCrashed) -> None:
+        """End every request still running on this worker with ``exc``."""
+        reqs, self._requests = self._requests, {}
+        for r in reqs.values():
+            r.fail(exc)
+        waiters, self._stats_waiters = self._stats_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_exception(WorkerCrashed("worker gone"))
+                w.exception()
+
+
+# ================================================================ the local transport
+
+
+class LocalSpawner:
+    """Starts a worker as a child process of the router on a ``socketpair``.
+
+    ``python -m corral.worker --fd N --settings JSON`` in its own session
+    (``start_new_session=True``: its process group is ours to signal as a whole); its
+    stdout and stderr go to ``<log_dir>/<model>.<instance>.log``."""
+
+    def __init__(self, log_dir: Path, worker_command: list[str] | None = None) -> None:
+        self.log_dir = log_dir
+        self.worker_command = worker_command or [sys.executable, "-m", "corral.worker"]
+
+    def log_path(self, model_id: str, index: int) -> Path:
+        return self.log_dir / f"{file_stem(model_id)}.{index}.log"
+
+    async def spawn(self, settings: wire.WorkerSettings, owner: LinkOwner) -> "SocketLink":
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        log_path = self.log_path(settings.model_id, settings.instance)
+        try:
+            with open_private_log(self.log_dir, log_path) as log_file:
+                argv = [*self.worker_command, "--fd", str(child.fileno()),
+                        "--settings", msgspec.json.encode(settings).decode()]
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                    pass_fds=(child.fileno(),), start_new_session=True,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1", **settings.device_env(os.environ)},
+                )
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        parent.setblocking(False)
+        link = SocketLink(owner, proc, log_path)
+        await link.connect(parent)
+        return link
+
+
+class FrameReader(asyncio.Protocol):
+    """The router's end of a worker's connection (a socketpair or TCP): bytes go to
+    ``receive``, the end of the connection to ``lost``."""
+
+    def __init__(self, receive: Callable[[bytes], None], lost: Callable[[], None]) -> None:
+        self._receive = receive
+        self._lost = lost
+
+    def data_received(self, data: bytes) -> None:
+        self._receive(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost()
+
+
+class SocketLink(WorkerLink):
+    """A local worker process and the router's end of its socketpair."""
+
+    def __init__(self, owner: LinkOwner, proc: asyncio.subprocess.Process, log_path: Path) -> None:
+        super().__init__(owner, log_path)
+        self._proc = proc
+        self._placement = Placement(pid=proc.pid)
+        self._waiter = asyncio.get_running_loop().create_task(self._wait_exit(),
+                                                              name=f"reap worker {proc.pid}")
+
+    async def connect(self, sock: socket.socket) -> None:
+        """Read the socket; when that fails, the worker is killed (its exit follows)."""
+        try:
+            transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: FrameReader(self.receive, self.closed), sock)
+            self._transport = transport
+        except OSError as exc:
+            sock.close()
+            log.warning("cannot talk to worker %d: %s; killing it", self._proc.pid, exc)
+            self.kill()
+
+    async def _wait_exit(self) -> None:
+        rc = await self._proc.wait()
+        if self._transport is not None:
+            self._transport.close()
+        kill_group(self._proc.pid, signal.SIGKILL)  # whatever else its group left behind
+        self.exited(LinkExit(rc, describe_exit(rc)))
+
+    @property
+    def placement(self) -> Placement:
+        return self._placement
+
+    def terminate(self) -> None:
+        kill_group(self._proc.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self._exit is None:
+            kill_group(self._proc.pid, signal.SIGKILL)
+
+    def log_tail(self) -> str:
+        return log_tail(self.log_path)
