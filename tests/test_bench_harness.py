@@ -147,7 +147,7 @@ async def test_lean_client_streams_and_times_one_token_requests(tmp_path: Path) 
     """bench/lean_client.py against a real router (fake worker): tokens counted from the
     usage chunk, TTFT set, keep-alive reused across requests; errors reported."""
     from lean_client import LeanLatency, run_load_lean
-    from router.harness import Harness
+    from support.harness import Harness
 
     h = Harness(tmp_path)
     try:

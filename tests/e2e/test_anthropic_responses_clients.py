@@ -9,7 +9,7 @@ import anthropic
 import openai
 import pytest
 
-from router.harness import Harness
+from support.harness import Harness
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import ollama
 import openai
 import pytest
 
-from router.harness import Harness
+from support.harness import Harness
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from router.harness import Harness
+from support.harness import Harness
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from router.harness import Harness
+from support.harness import Harness
 
 pytestmark = pytest.mark.integration
 

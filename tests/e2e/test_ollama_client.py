@@ -9,7 +9,7 @@ from typing import Any
 import ollama
 import pytest
 
-from router.harness import Harness
+from support.harness import Harness
 from store.conftest import small_gguf
 from store.fake_hub import FakeHub
 

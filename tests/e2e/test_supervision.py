@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from router.harness import Harness, chat, wait_event
-from router.test_lifecycle import _until
+from support.harness import Harness, chat, wait_event
+from support.harness import _until
 
 pytestmark = pytest.mark.integration
 

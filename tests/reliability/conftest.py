@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pytest
 
 from reliability.server import RouterProcess, alive, wait_until
-from router.conftest import harness  # noqa: F401 - the fixture, shared
+from support.fixtures import harness  # noqa: F401 - the fixture, shared
 from store.conftest import bus, hub, store  # noqa: F401 - the fixtures, shared
 
 

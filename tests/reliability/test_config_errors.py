@@ -15,7 +15,7 @@ import pytest
 
 from corral.config import load_config
 from corral.errors import ConfigError
-from router.harness import FAKE, Harness
+from support.harness import FAKE, Harness
 
 
 def write(tmp_path: Path, text: bytes | str) -> Path:

@@ -1,6 +1,6 @@
 """Security: the API key, cross-site requests, DNS rebinding, and files outside the models dir.
 
-Router side with fake workers (tests/router/fake_worker.py): what is checked here is
+Router side with fake workers (tests/support/fake_worker.py): what is checked here is
 what the router lets through, not what a model does with it.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 from corral.api import guard
 from corral.api.page.routes import is_public_path
-from router.harness import Harness, chat
+from support.harness import Harness, chat
 
 JSON = {"content-type": "application/json"}
 

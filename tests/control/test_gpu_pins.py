@@ -14,8 +14,8 @@ import pytest
 from corral.config import config_from_dict
 from corral.errors import ConfigError
 from corral.settings import ModelSettings
-from router.harness import Harness
-from router.test_gpu_placement import config, fake_gpus, gpus_of, load, model
+from support.harness import Harness
+from control.test_gpu_placement import config, fake_gpus, gpus_of, load, model
 
 
 def test_gpu_numbers_pick_from_the_servers_own_visible_devices() -> None:

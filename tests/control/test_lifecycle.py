@@ -9,7 +9,7 @@ import signal
 
 import httpx
 
-from router.harness import Harness, chat, wait_event
+from support.harness import Harness, _until, chat, wait_event
 
 
 def transitions(events: list[dict]) -> list[tuple[str, str]]:
@@ -180,15 +180,6 @@ async def _take_data(it, n: int):  # noqa: ANN001, ANN202
             got += 1
             if got >= n:
                 return
-
-
-async def _until(pred, timeout: float = 10.0) -> None:  # noqa: ANN001
-    """For router-internal state with no event to await: poll with a deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
 
 
 __all__ = ["httpx"]

@@ -1,6 +1,6 @@
 """A fake worker: speaks corral.wire like ``python -m corral.worker`` but plays a script.
 
-Run as ``python tests/router/fake_worker.py --fd N --settings JSON``. The settings'
+Run as ``python tests/support/fake_worker.py --fd N --settings JSON``. The settings'
 ``model_path`` names a JSON script (missing keys take the defaults below):
 
     load_delay_s     seconds before Ready                      (0)

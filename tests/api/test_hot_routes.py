@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.api.hot_routes import HOT_PATHS, HotRoutes
-from router.harness import Harness
+from support.harness import Harness
 
 JSON = {"Content-Type": "application/json"}
 

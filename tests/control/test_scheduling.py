@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from router.harness import Harness, chat, wait_event
-from router.test_lifecycle import _until
+from support.harness import Harness, chat, wait_event
+from support.harness import _until
 
 
 async def test_queue_fifo_then_full_503(harness: Harness) -> None:

@@ -12,7 +12,7 @@ from corral.config import config_from_dict
 from corral.control.catalog import ModelSpec
 from corral.errors import ConfigError
 from corral.settings import ModelSettings, SettingsError
-from router.harness import Harness
+from support.harness import Harness
 
 
 def test_defaults_live_in_one_place() -> None:

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from router.harness import Harness, chat
+from support.harness import Harness, chat
 
 
 def sse_payloads(text: str) -> list[str]:

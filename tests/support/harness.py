@@ -103,3 +103,12 @@ async def wait_event(q: "asyncio.Queue[Event]", pred: Callable[[Event], bool],
 
 def chat(model: str, content: str = "hi", **kw: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": content}], **kw}
+
+
+async def _until(pred, timeout: float = 10.0) -> None:  # noqa: ANN001
+    """For router-internal state with no event to await: poll with a deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not pred():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)

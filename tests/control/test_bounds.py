@@ -8,7 +8,7 @@ import pytest
 
 from corral import wire
 from corral.errors import InvalidRequest
-from router.harness import Harness, chat
+from support.harness import Harness, chat
 
 BIG = 2**64
 

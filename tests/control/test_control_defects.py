@@ -12,9 +12,9 @@ import pytest
 from corral.config import load_config
 from corral.control.instance.instance import InstanceState
 from corral.errors import Unavailable
-from router.harness import Harness, chat, wait_event
-from router.test_lifecycle import _until
-from router.test_reload import write_config
+from support.harness import Harness, chat, wait_event
+from support.harness import _until
+from control.test_reload import write_config
 
 
 async def test_second_stop_fails_the_start_that_was_to_follow(harness: Harness) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from corral.config import load_config
-from router.harness import Harness, chat, wait_event
-from router.test_lifecycle import _until
+from support.harness import Harness, chat, wait_event
+from support.harness import _until
 
 
 def write_config(path: Path, server: dict[str, Any], models: dict[str, dict[str, Any]]) -> None:

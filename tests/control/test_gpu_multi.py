@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from router.harness import Harness
-from router.test_gpu_placement import config, fake_gpus, gpus_of, load, model
-from router.test_lifecycle import _until
+from support.harness import Harness
+from control.test_gpu_placement import config, fake_gpus, gpus_of, load, model
+from support.harness import _until
 
 
 async def test_a_model_pinned_to_two_gpus_is_charged_on_both(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from corral.api.page.live_stats import StatsRecorder
-from router.harness import Harness, chat
+from support.harness import Harness, chat
 
 
 async def test_samples_tokens_per_second_busy_slots_and_queue(harness: Harness) -> None:

@@ -1,4 +1,4 @@
-"""Fixtures of the router tests (the harness itself is in harness.py)."""
+"""Fixtures shared by the control and API tests (the harness itself is in harness.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from router.harness import Harness
+from support.harness import Harness
 
 
 @pytest.fixture
@@ -17,5 +17,3 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
         yield h
     finally:
         await h.stop()
-
-

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from corral.control.gpus import device_use
-from router.harness import Harness, wait_event
-from router.test_lifecycle import _until
+from support.harness import Harness, wait_event
+from support.harness import _until
 
 
 def fake_gpus(monkeypatch: pytest.MonkeyPatch, *free: int) -> None:

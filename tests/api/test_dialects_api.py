@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from router.harness import Harness
-from router.test_lifecycle import _until
+from support.harness import Harness
+from support.harness import _until
 
 POSTS = ["/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show", "/api/pull",
          "/api/copy", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"]
