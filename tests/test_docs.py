@@ -116,9 +116,14 @@ def test_docs_name_only_what_exists(doc: Path) -> None:
     assert stale_names(doc.read_text(encoding="utf-8")) == []
 
 
-def test_architecture_names_a_module_or_test_for_every_part() -> None:
+def test_architecture_names_the_modules_and_tests_of_every_part() -> None:
     text = ARCHITECTURE.read_text(encoding="utf-8")
-    assert len(set(_PATH.findall(text))) >= 40  # it names what holds each part up
+    parts = re.split(r"^### ", text.split("\n## The parts\n", 1)[1], flags=re.M)[1:]
+    assert len(parts) >= 10
+    for part in parts:
+        title = part.splitlines()[0]
+        assert re.search(r"(?<![\w./-])tests/\S+\.py", part), f"{title}: names no test"
+        assert _MODULE.search(part) or "src/corral/" in part, f"{title}: names no module"
 
 
 def test_the_name_check_can_fail() -> None:
