@@ -126,6 +126,13 @@ def test_architecture_names_the_modules_and_tests_of_every_part() -> None:
         assert _MODULE.search(part) or "src/corral/" in part, f"{title}: names no module"
 
 
+def test_code_points_only_at_docs_that_exist() -> None:
+    named = {(str(f.relative_to(ROOT)), m[0]) for f in [*SRC.rglob("*.py"), ROOT / "Makefile"]
+             for m in re.finditer(r"(?<![\w./-])docs/[\w./-]*\w", f.read_text(encoding="utf-8"))}
+    assert named  # the code does point at its docs
+    assert sorted((f, d) for f, d in named if not (ROOT / d).exists()) == []
+
+
 def test_the_name_check_can_fail() -> None:
     text = ("`src/corral/control/link.py`, tests/router/test_api.py, corral.cluster.local, "
             "corral.wire.NoSuchMessage, `control/ray_link.py`, "
