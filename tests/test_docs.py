@@ -118,7 +118,7 @@ def test_docs_name_only_what_exists(doc: Path) -> None:
 
 def test_architecture_names_the_modules_and_tests_of_every_part() -> None:
     text = ARCHITECTURE.read_text(encoding="utf-8")
-    parts = re.split(r"^### ", text.split("\n## The parts\n", 1)[1], flags=re.M)[1:]
+    parts = re.split(r"^### ", text.split("\n## The parts\n", 1)[1], flags=re.MULTILINE)[1:]
     assert len(parts) >= 10
     for part in parts:
         title = part.splitlines()[0]
@@ -155,7 +155,7 @@ _LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)|<img src=\"([^\"]+)\"")
 
 def _anchors(doc: Path) -> set[str]:
     """The anchors GitHub makes of a markdown file's headings."""
-    heads = re.findall(r"^#+ (.+)$", doc.read_text(encoding="utf-8"), re.M)
+    heads = re.findall(r"^#+ (.+)$", doc.read_text(encoding="utf-8"), re.MULTILINE)
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
 
 
@@ -382,8 +382,8 @@ def test_the_event_list_is_drawn_as_it_is() -> None:
 def test_an_undrawn_event_or_field_is_caught() -> None:
     assert events.__doc__ is not None
     published = published_fields(SRC / "corral")
-    more = enum.StrEnum("EventName", {**{e.name: e.value for e in events.EventName},
-                                      "MODEL_PINNED": "model_pinned"})
+    members = [(e.name, str(e.value)) for e in events.EventName] + [("MODEL_PINNED", "model_pinned")]
+    more: type[enum.StrEnum] = enum.StrEnum("EventName", members)  # type: ignore[misc]
     assert event_problems(events.__doc__, more, published) == ["model_pinned is not in the drawing"]
     with_field = {**published, "model_removed": {"reason"}}
     assert event_problems(events.__doc__, events.EventName, with_field) == [
