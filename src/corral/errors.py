@@ -25,9 +25,11 @@
     │   ├── Conflict                 409 (e.g. rm of a loaded model without --force)
     │   └── PayloadTooLarge          413
     ├── Unavailable                  503 + Retry-After      try again later
+    │   ├── ModelUnloaded            503 code=model_unloaded   (unloaded while this one waited)
     │   ├── QueueFull                503 code=queue_full
     │   ├── CapacityTimeout          503 code=capacity_timeout (no room within the wait)
     │   ├── ModelLoading             503 code=model_loading    (still loading after the wait)
+    │   ├── ClusterUnreachable       503 code=cluster_unreachable (the Ray cluster is lost)
     │   └── ModelDownloading         503 code=model_downloading
     ├── ModelError                   5xx                    an instance failed
     │   ├── LoadFailed               503 code=model_load_failed

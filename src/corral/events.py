@@ -5,9 +5,10 @@ An event is ``{"event": NAME, "model": ID, ...fields}`` on the wire, as in llama
 /models/sse.
 
 Names (``EventName``; fields beyond event/model):
-    status_change      instance, old, new, [reason, exit_code, pid]
+    status_change      instance, old, new, pid, [reason, exit_code, node]
                        old/new are instance states: stopped, starting, ready,
-                       stopping, failed
+                       stopping, failed; node = {id, address} of the Ray node
+                       the instance runs on (only for instances on Ray)
     model_added        source            (catalog learned a model)
     model_removed
     download_started   pull_id, total, source
@@ -15,8 +16,12 @@ Names (``EventName``; fields beyond event/model):
     download_finished  pull_id, path, sha256, size
     download_failed    pull_id, reason
     download_cancelled pull_id, done
-    config_reloaded    added, removed, restarted, updated (model ids)
+    config_reloaded    added, removed, restarted, updated, [failed] (model ids)
     events_dropped     (this subscriber fell behind; older events were dropped)
+    ray_status         status, address, reason
+                       the Ray connection: connecting, connected, disconnected
+    ray_placed         instance, node_id, node_address, hostname
+                       (an instance's actor was placed on a Ray node)
 
 Subscribers each get a bounded queue. A subscriber that falls behind loses the
 oldest events and gets an ``events_dropped`` marker, so a stuck client can never

@@ -2,7 +2,7 @@
 
 ggml's threads meet at a barrier after every graph node. If they do not each have a
 core, a step gets many times slower (a waiting thread spins on the core the late thread
-needs; see docs/architecture.md, "Threads and CPU contention", for numbers). Fewer threads than cores never hit this.
+needs; see docs/internals/thread-governor.md for numbers). Fewer threads than cores never hit this.
 
 ``ThreadGovernor`` reads /proc/stat (all CPUs) and /proc/self/stat (this process) about
 four times a second, estimates how many cores the OTHER processes kept busy, and sets the

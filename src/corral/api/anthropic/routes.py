@@ -1,6 +1,6 @@
 """Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens.
 
-A translation onto corral's one request path (``dialect_core``). Streaming follows
+A translation onto corral's one request path (``corral.api.core.dialect``). Streaming follows
 Anthropic's event sequence: ``message_start``, a ``ping``, then per content block
 ``content_block_start``, ``content_block_delta`` (``text_delta`` per piece of text, one
 ``input_json_delta`` with a tool_use block's arguments), ``content_block_stop``; then

@@ -2,7 +2,7 @@
 
 JSON in, NDJSON out (streaming is the default, ``stream: false`` gives one object), as
 Ollama does. Each route is a translation onto corral's one request path
-(``dialect_core``): the same scheduling, queues, prefix reuse, metrics, disconnect-abort
+(``corral.api.core.dialect``): the same scheduling, queues, prefix reuse, metrics, disconnect-abort
 and errors as /v1/chat/completions. Errors are ``{"error": "..."}`` with corral's
 status (404 for an unknown model); an error after streaming began is a last
 ``{"error": ...}`` line, which the ollama client raises as ``ResponseError``.

@@ -1,6 +1,6 @@
 """OpenAI's Responses API: POST /v1/responses (create, and stream with typed events).
 
-A translation onto corral's one request path (``dialect_core``). A streamed response
+A translation onto corral's one request path (``corral.api.core.dialect``). A streamed response
 sends ``response.created``, ``response.in_progress``, ``response.output_item.added``
 and ``response.content_part.added`` for the assistant message, one
 ``response.output_text.delta`` per piece of text, ``response.output_text.done``,

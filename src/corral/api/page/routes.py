@@ -8,7 +8,7 @@
 
 The page asks for the API key itself and sends it as ``Authorization: Bearer`` on every
 data route; the events stream is read with fetch(), not EventSource, so it carries the
-header too. Assets ship inside the package (``corral/api/static``): no CDN, no build.
+header too. Assets ship inside the package (``corral/api/page/static``): no CDN, no build.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Every transition is checked against ``ALLOWED``, published as ``status_change`` 
 passed to ``on_change``. Requests bypass the owner: the link hands their messages to the
 ``RequestStream`` and reports a freed slot to ``on_slot_free`` (the pool counts slots).
 A crash fails in-flight requests with ``WorkerCrashed``; the ``RestartPolicy`` decides
-whether and when it restarts. See docs/architecture.md, "Instance state machine".
+whether and when it restarts. See docs/internals/control-plane.md, "Instance state machine".
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ by name: corral must be installed on every node). The actor:
 
 So the wire frames go router <-> worker over one TCP connection with no process copying
 them on the way (measured against relaying them through actor calls and a streaming
-generator: see docs/architecture.md, "Ray"). The worker is unchanged: a TCP socket is a
+generator: see docs/decisions/0005-ray-direct-tcp.md). The worker is unchanged: a TCP socket is a
 stream socket like the socketpair. It sets ``PR_SET_PDEATHSIG`` itself, and its parent
 is the thread here that waits for it, so a killed actor takes its worker along; the
 router (through its bridge) owns the actor, so Ray kills the actor when the router goes.
