@@ -4,20 +4,20 @@ Everything runs in ONE invocation on the same machine, same model, same thread
 count, same client code, and prints markdown tables with absolute numbers and
 ratios. Results also go to ``bench/results/`` (gitignored).
 
-    .venv/bin/python bench/run.py                     # all scenarios (< 15 min)
-    .venv/bin/python bench/run.py --quick             # smaller counts (< 5 min)
-    .venv/bin/python bench/run.py --only throughput   # or overhead, multimodel, coldstart, queue
-    .venv/bin/python bench/run.py --only throughput --repeat 5   # the ratios of 5 runs side by side
+    .venv/bin/python -m bench.run                     # all scenarios (< 15 min)
+    .venv/bin/python -m bench.run --quick             # smaller counts (< 5 min)
+    .venv/bin/python -m bench.run --only throughput   # or overhead, multimodel, coldstart, queue
+    .venv/bin/python -m bench.run --only throughput --repeat 5   # the ratios of 5 runs side by side
 
-Scenarios (see docs/_parts/bench.md):
+Scenarios (see bench/README.md):
   throughput  c=1 and c=8 streaming, 64 tokens: llama-server -np 8, llama-cpp-python, corral
   overhead    one corral worker reached directly over its socket vs through the HTTP router
   multimodel  two model ids (4 slots each) at c=4 each at once vs one model (8 slots) at c=8; llama.cpp router too
   coldstart   POST /models/load -> first token; corral vs llama.cpp router mode
   queue       1000 concurrent requests, n_parallel 4, max_queue 2000: errors, router peak RSS
   instances   one model as 1 vs 2 instances (8 slots each), c=16 (corral only)
-  dialects    c=8 streaming through /v1/chat/completions, Ollama, Anthropic, Responses (bench/dialects.py)
-  sampling    c=8 with a JSON schema and with top_logprobs 5 vs without, corral and llama-server (bench/constrained.py)
+  dialects    c=8 streaming through /v1/chat/completions, Ollama, Anthropic, Responses (bench/scenarios/dialects.py)
+  sampling    c=8 with a JSON schema and with top_logprobs 5 vs without, corral and llama-server (bench/scenarios/sampling.py)
 """
 
 from __future__ import annotations
@@ -40,16 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import httpx
 
-import httpx  # noqa: E402
-
-import constrained  # noqa: E402
-import dialects  # noqa: E402
-import llama_server  # noqa: E402
-from lean_client import LeanLatency, run_load_lean  # noqa: E402
-from loadgen import LoadResult, combined, fmt, in_turn, run_load  # noqa: E402
-from servers import (  # noqa: E402
+from bench import llama_server
+from bench.clients.lean_client import LeanLatency, run_load_lean
+from bench.clients.loadgen import LoadResult, combined, fmt, in_turn, run_load
+from bench.scenarios import dialects
+from bench.scenarios import sampling as constrained
+from bench.servers import (
     PY, RESULTS, ROOT, Server, ServerFailed, corral_cmd, free_port, llama_cpp_python_cmd,
     llama_router_cmd, llama_server_cmd, stop_all, tree_cpu_s, proc_cpu_s,
 )
@@ -318,7 +316,7 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
         for s in servers.values():
             s.stop()
 
-    from loadgen import summarize
+    from bench.clients.loadgen import summarize
 
     results: dict[str, dict[int, LoadResult]] = {}
     for (name, c), rr in raw.items():
@@ -367,8 +365,8 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
 
 async def sc_overhead(ctx: Ctx) -> list[Table]:
     from corral import wire
-    from loadgen import summarize
-    from wire_driver import DirectWorker
+    from bench.clients.loadgen import summarize
+    from bench.clients.wire_driver import DirectWorker
 
     rounds = ctx.n(3, 2)
     n_lat = ctx.n(60, 20)  # pairs per round
@@ -465,12 +463,12 @@ async def sc_overhead(ctx: Ctx) -> list[Table]:
         t.notes.append(f"added latency (1-token request, {len(pairs)} pairs of neighbouring requests, direct and "
                        f"through the router, order alternating): median of the pairs' differences "
                        f"{statistics.median(pairs):.2f} ms (goal <= 1 ms); difference of the medians {added:.2f} ms; "
-                       "measured with a minimal HTTP/1.1 client (bench/lean_client.py) so that both paths "
+                       "measured with a minimal HTTP/1.1 client (bench/clients/lean_client.py) so that both paths "
                        "have clients of about the same cost (httpx spends about half a millisecond of its own "
                        f"per request: GET /health round trip with httpx p50 {statistics.median(health_rtt):.2f} ms)")
     if "direct" in loads and "http" in loads:
         t.notes.append(f"streaming tok/s at c=8, router/direct: {ratio(loads['http'].tok_s, loads['direct'].tok_s)}"
-                       " (goal >= 0.97x), both with clients of about the same cost (bench/lean_client.py; the "
+                       " (goal >= 0.97x), both with clients of about the same cost (bench/clients/lean_client.py; the "
                        "direct client decodes msgspec frames, the lean HTTP client one msgspec JSON per SSE event)"
                        + (f"; with httpx as the client: {ratio(loads['httpx'].tok_s, loads['direct'].tok_s)}"
                           if "httpx" in loads else ""))
@@ -492,7 +490,7 @@ def r_raw(r: LoadResult, w: Any) -> list:
 
 
 def _p95(v: list[float]) -> float | None:
-    from loadgen import pct
+    from bench.clients.loadgen import pct
 
     return pct(v, 95)
 
@@ -620,7 +618,7 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
                   "loads as above", ["workers", "tok/s", "vs one worker c=8", "rounds"])
     if "corral" in ctx.args.servers:
         try:
-            from multimodel_limit import measure
+            from bench.scenarios.multimodel_limit import measure
 
             lim = await measure(str(ctx.model), ctx.threads, SLOT_CTX, n_one, n_each, ctx.n(2, 1), log)
             ref = sum(r.completion_tokens for r in lim["one"]) / max(1e-9, sum(r.wall_s for r in lim["one"]))
@@ -636,12 +634,12 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
             data["limit"] = {k: [r.as_dict() for r in rs] for k, rs in lim.items()}
         except Exception as e:  # noqa: BLE001
             limit.rows.append(["FAILED", "–", "–", str(e).splitlines()[0][:90]])
-        limit.notes.append("the same client as the overhead scenario's direct path (bench/wire_driver.py); "
+        limit.notes.append("the same client as the overhead scenario's direct path (bench/clients/wire_driver.py); "
                            "rounds interleaved, tok/s per round in the last column")
-        try:  # the ceiling from one step's cost (bench/batch_cost.py), in its own process
-            out = subprocess.run([sys.executable, str(Path(__file__).parent / "batch_cost.py"), "--json",
+        try:  # the ceiling from one step's cost (bench/probes/batch_cost.py), in its own process
+            out = subprocess.run([sys.executable, "-m", "bench.probes.batch_cost", "--json",
                                   "--model", str(ctx.model), "--threads", str(ctx.threads)],
-                                 capture_output=True, text=True, timeout=600, check=True)
+                                 capture_output=True, text=True, timeout=600, check=True, cwd=ROOT)
             bc = json.loads(out.stdout.strip().splitlines()[-1])
             limit.rows.append([f"ceiling, side by side: step(batch 8, {bc['threads']} threads) / step(batch 4, "
                                f"{bc['half']} thread(s)) = {bc['b8_ms']:.1f} / {bc['b4_half_ms']:.1f} ms",
@@ -651,7 +649,7 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
                                "–", f"{bc['turns_ceiling']:.2f}x", "one process, nothing else running"])
             data["ceiling"] = bc
         except Exception as e:  # noqa: BLE001
-            limit.rows.append(["ceiling (bench/batch_cost.py) FAILED", "–", "–", str(e).splitlines()[0][:90]])
+            limit.rows.append(["ceiling (bench/probes/batch_cost.py) FAILED", "–", "–", str(e).splitlines()[0][:90]])
     t.notes.append(f"{ctx.threads} threads per model (unless said otherwise), each model its own process; "
                    f"64 tokens, stream; all three models loaded (idle ones use no CPU), the one-model and the "
                    f"two-model phase alternate for {rounds} rounds, each after a {TURN_GAP_S} s pause; 'both "
@@ -691,7 +689,7 @@ def llama_router_env(ctx: Ctx) -> dict[str, str]:
 async def first_token_after_load(base_url: str, mid: str) -> tuple[float, float, float]:
     """POST /models/load, then a streamed request; returns (load call s, first token s, total s)
     all measured from just before the load call."""
-    from loadgen import completion_body
+    from bench.clients.loadgen import completion_body
 
     async with httpx.AsyncClient(timeout=300) as c:
         r = await c.get(base_url + "/models")  # both servers list {id, status: {value}} here
@@ -904,7 +902,7 @@ def environment(ctx: Ctx) -> list[str]:
         f"- llama-server: {ctx.llama_bin or 'unavailable (' + str(ctx.llama_bin_error) + ')'} "
         f"(llama.cpp vendored by llama-cpp-python {llama_server.LLAMA_CPP_PYTHON_VERSION})",
         f"- threads {ctx.threads} everywhere, {SLOT_CTX} KV cells per parallel slot, "
-        "same client (bench/loadgen.py), sampling temperature 0.8 top_p 0.95 top_k 40 min_p 0.05",
+        "same client (bench/clients/loadgen.py), sampling temperature 0.8 top_p 0.95 top_k 40 min_p 0.05",
     ]
 
 
@@ -918,7 +916,7 @@ async def amain(args: argparse.Namespace) -> int:
                 found = await asyncio.to_thread(llama_server.build, args.jobs)
             ctx.llama_bin = found
             if found is None:
-                ctx.llama_bin_error = "not built (run: .venv/bin/python bench/llama_server.py)"
+                ctx.llama_bin_error = "not built (run: .venv/bin/python -m bench.llama_server)"
         except Exception as e:  # noqa: BLE001
             ctx.llama_bin_error = f"build failed: {e}"
             log(ctx.llama_bin_error)

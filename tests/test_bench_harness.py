@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-sys.path.insert(0, str(BENCH))
-
-import loadgen  # noqa: E402
-import run  # noqa: E402
+from bench import run
+from bench.clients import loadgen
 
 
 def test_percentiles() -> None:
@@ -144,9 +140,9 @@ def test_repeat_summary_lists_each_runs_ratio() -> None:
 
 
 async def test_lean_client_streams_and_times_one_token_requests(tmp_path: Path) -> None:
-    """bench/lean_client.py against a real router (fake worker): tokens counted from the
+    """bench/clients/lean_client.py against a real router (fake worker): tokens counted from the
     usage chunk, TTFT set, keep-alive reused across requests; errors reported."""
-    from lean_client import LeanLatency, run_load_lean
+    from bench.clients.lean_client import LeanLatency, run_load_lean
     from support.harness import Harness
 
     h = Harness(tmp_path)

@@ -18,7 +18,7 @@ top_logprobs >= 0.9x. After the load, 8 concurrent unstreamed constrained reques
 corral's ``timings.grammar_ms`` (grammar checks, resamples and accepts of a request) to
 report the grammar's ms per generated token (= per step of that sequence).
 
-    .venv/bin/python bench/run.py --only sampling
+    .venv/bin/python -m bench.run --only sampling
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from loadgen import SAMPLING, LoadResult, fmt, make_prompt, run_load
+from bench.clients.loadgen import SAMPLING, LoadResult, fmt, make_prompt, run_load
 
 __all__ = ["sc_sampling", "SCHEMA"]
 

@@ -20,8 +20,8 @@ import msgspec
 
 from corral import wire
 
-from loadgen import SAMPLING, RequestResult, LoadResult, make_prompt, summarize
-from servers import LOGS, PY
+from bench.clients.loadgen import SAMPLING, RequestResult, LoadResult, make_prompt, summarize
+from bench.servers import LOGS, PY
 
 
 class WorkerDied(RuntimeError):

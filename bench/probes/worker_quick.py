@@ -1,6 +1,6 @@
 """Quick throughput check of ONE worker process, driven directly over its socket.
 
-    .venv/bin/python bench/worker_quick.py [--threads 2] [--levels 1,8] [--requests-per-client 4]
+    .venv/bin/python -m bench.probes.worker_quick [--threads 2] [--levels 1,8] [--requests-per-client 4]
 
 c closed-loop clients: each keeps one request in flight (64 tokens, ignore_eos,
 temperature 0) and sends the next as soon as its Finished arrives. Prints aggregate
@@ -20,10 +20,9 @@ from pathlib import Path
 
 import msgspec
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from corral import wire
 
-from corral import wire  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ The router's CPU time per 1000 tokens per route is the translation's own cost. E
 dialect is a translation onto the same request path, so the ratios should be 1.00x
 within noise.
 
-    .venv/bin/python bench/run.py --only dialects
+    .venv/bin/python -m bench.run --only dialects
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from loadgen import SAMPLING, LoadResult, RequestResult, fmt, make_prompt, summarize
+from bench.clients.loadgen import SAMPLING, LoadResult, RequestResult, fmt, make_prompt, summarize
 
 __all__ = ["ROUTES", "sc_dialects"]
 

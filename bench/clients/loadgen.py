@@ -361,7 +361,7 @@ def fmt(v: float | None, nd: int = 1) -> str:
     return "–" if v is None else f"{v:.{nd}f}"
 
 
-if __name__ == "__main__":  # tiny manual check: python bench/loadgen.py URL [c] [n]
+if __name__ == "__main__":  # tiny manual check: python -m bench.clients.loadgen URL [c] [n]
     import sys
 
     url = sys.argv[1]

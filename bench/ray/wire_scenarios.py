@@ -1,6 +1,6 @@
 """Ray benchmark pieces below the router: workers reached over a socketpair (optionally
 pinned), over corral's Ray transport, or relayed through an actor; the ``relay``
-scenario (how the frames travel). Run by ``bench/ray_bench.py``."""
+scenario (how the frames travel). Run by ``python -m bench.ray.run``."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import msgspec
 
 from corral import wire
 from corral.store.embedded import embedded_model_path
-from loadgen import LoadResult
-from servers import PY
-from wire_driver import DirectWorker, WorkerDied
+from bench.clients.loadgen import LoadResult
+from bench.servers import PY
+from bench.clients.wire_driver import DirectWorker, WorkerDied
 
-import ray_relay
+from bench.ray import relay as ray_relay
 
 if TYPE_CHECKING:
-    from ray_bench import Ctx
+    from bench.ray.run import Ctx
 
 
 def log(msg: str) -> None:
