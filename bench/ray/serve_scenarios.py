@@ -186,7 +186,7 @@ async def sc_compare(ctx: "Ctx") -> str:
 
 
 async def _coldstart(ctx: "Ctx", local: Router, ray1: Router) -> dict[str, list[float]]:
-    from bench.run import first_token_after_load
+    from bench.scenarios.coldstart import first_token_after_load
 
     out: dict[str, list[float]] = {"local": [], "ray 1": []}
     for rnd in range(ctx.cold_rounds):
