@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from corral.store.embedded import embedded_model_path
+
 from bench.clients.loadgen import LoadResult, run_load
 from bench.ray.wire_scenarios import PinnedWorker, combined_two, load, log, settings, table
 from bench.servers import PY, free_port
