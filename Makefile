@@ -40,7 +40,7 @@ typecheck: install
 	$(PY) -m mypy
 
 bench: install
-	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

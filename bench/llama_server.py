@@ -7,8 +7,8 @@ outside the repository, under ``~/.cache/corral-bench/`` (override with
 
 Usage::
 
-    .venv/bin/python bench/llama_server.py            # build if missing, print the path
-    .venv/bin/python bench/llama_server.py --rebuild  # force a fresh build
+    .venv/bin/python -m bench.llama_server            # build if missing, print the path
+    .venv/bin/python -m bench.llama_server --rebuild  # force a fresh build
 
 The build never reaches the network: the web UI is not downloaded
 (LLAMA_USE_PREBUILT_UI=OFF), OpenSSL/FetchContent are disabled.

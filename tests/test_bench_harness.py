@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-sys.path.insert(0, str(BENCH))
-
-import loadgen  # noqa: E402
-import run  # noqa: E402
+from bench import context, report
+from bench.clients import loadgen
 
 
 def test_percentiles() -> None:
@@ -78,10 +74,10 @@ async def test_one_request_reports_http_errors() -> None:
     assert not r.ok and r.status == 503 and "queue full" in (r.error or "")
 
 
-def _ctx(tmp_path: Path) -> run.Ctx:
+def _ctx(tmp_path: Path) -> context.Ctx:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    return run.Ctx(argparse.Namespace(quick=True, model=str(model), threads=2))
+    return context.Ctx(argparse.Namespace(quick=True, model=str(model), threads=2))
 
 
 def test_generated_corral_config_is_valid(tmp_path: Path) -> None:
@@ -93,24 +89,24 @@ def test_generated_corral_config_is_valid(tmp_path: Path) -> None:
     cfg = load_config(path)
     assert cfg.server.max_queue == 2000 and cfg.server.include_default_model is False
     a, b = cfg.model_settings("gemma-a"), cfg.model_settings("gemma-b")
-    assert (a.n_parallel, a.ctx_len, a.threads) == (8, 8 * run.SLOT_CTX, 2)
+    assert (a.n_parallel, a.ctx_len, a.threads) == (8, 8 * context.SLOT_CTX, 2)
     assert b.threads is None  # left to corral
 
 
 def test_llama_preset(tmp_path: Path) -> None:
     ctx = _ctx(tmp_path)
-    text = run.llama_preset(ctx, {"a": 8, "b": 4}, load_on_startup=False)
+    text = context.llama_preset(ctx, {"a": 8, "b": 4}, load_on_startup=False)
     a, b = text.split("[a]")[1].split("[b]")
-    assert "np = 8" in a and f"c = {8 * run.SLOT_CTX}" in a
-    assert "np = 4" in b and f"c = {4 * run.SLOT_CTX}" in b and "t = 2" in text
+    assert "np = 8" in a and f"c = {8 * context.SLOT_CTX}" in a
+    assert "np = 4" in b and f"c = {4 * context.SLOT_CTX}" in b and "t = 2" in text
     assert text.count(f"model = {ctx.model}") == 2
 
 
 def test_table_markdown() -> None:
-    t = run.Table("T", ["a", "b"], [["1", "2"]], ["note"])
+    t = report.Table("T", ["a", "b"], [["1", "2"]], ["note"])
     md = t.markdown()
     assert "| a | b |" in md and "| 1 | 2 |" in md and "- note" in md
-    assert run.ratio(150.0, 100.0) == "1.50x" and run.ratio(1.0, None) == "–"
+    assert report.ratio(150.0, 100.0) == "1.50x" and report.ratio(1.0, None) == "–"
 
 
 async def test_hard_deadline_cuts_running_requests_and_counts_their_tokens(monkeypatch) -> None:
@@ -136,17 +132,17 @@ async def test_hard_deadline_cuts_running_requests_and_counts_their_tokens(monke
 
 def test_repeat_summary_lists_each_runs_ratio() -> None:
     cols = ["server", "c", "tok/s", "vs llama-server"]
-    runs = [run.Table("Throughput: x", cols, [["corral", "8", "180", f"0.9{i}x"]]) for i in range(3)]
-    s = run.repeat_summary(runs)
+    runs = [report.Table("Throughput: x", cols, [["corral", "8", "180", f"0.9{i}x"]]) for i in range(3)]
+    s = report.repeat_summary(runs)
     assert s is not None
     assert s.rows == [["Throughput", "corral / 8", "vs llama-server", "0.90x", "0.91x", "0.92x"]]
-    assert run.repeat_summary([run.Table("T", ["a"], [["1"]])]) is None
+    assert report.repeat_summary([report.Table("T", ["a"], [["1"]])]) is None
 
 
 async def test_lean_client_streams_and_times_one_token_requests(tmp_path: Path) -> None:
-    """bench/lean_client.py against a real router (fake worker): tokens counted from the
+    """bench/clients/lean_client.py against a real router (fake worker): tokens counted from the
     usage chunk, TTFT set, keep-alive reused across requests; errors reported."""
-    from lean_client import LeanLatency, run_load_lean
+    from bench.clients.lean_client import LeanLatency, run_load_lean
     from support.harness import Harness
 
     h = Harness(tmp_path)

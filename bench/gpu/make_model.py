@@ -3,24 +3,24 @@
 The GPU machine reaches no hub and the embedded Gemma (253 MB) need not travel: a
 model's speed does not depend on its weights' values, only on its shape and types.
 Uses llama.cpp's own GGUF writer (gguf-py, from the sources bench/gpu/prepare.sh
-stripped), F16 weights, a SentencePiece-style vocabulary of made-up pieces.
+stripped: bench/gpu/run.sh puts .gpu/gguf-py first on PYTHONPATH; elsewhere the PyPI
+``gguf`` package), F16 weights, a SentencePiece-style vocabulary of made-up pieces.
 
-    python3 bench/gpu/make_model.py OUT.gguf [--layers 22 --embd 2048 --ff 5632 --heads 32 --kv-heads 4]
+    python3 -m bench.gpu.make_model OUT.gguf [--layers 22 --embd 2048 --ff 5632 --heads 32 --kv-heads 4]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+import gguf
 import numpy as np
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--gguf-py", default=str(Path(__file__).resolve().parents[2] / ".gpu" / "gguf-py"))
     ap.add_argument("--layers", type=int, default=22)
     ap.add_argument("--embd", type=int, default=2048)
     ap.add_argument("--ff", type=int, default=5632)
@@ -30,9 +30,6 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    sys.path.insert(0, a.gguf_py)
-    import gguf  # noqa: PLC0415 - from the carried sources
-
     rng = np.random.default_rng(a.seed)
     head_dim = a.embd // a.heads
     w = gguf.GGUFWriter(a.out, "llama")

@@ -10,12 +10,12 @@
 # Steps: (1) install the wheels and the bindings into a private site dir; (2) build
 # llama.cpp ONCE for this card's architecture only (shared libraries for corral's workers
 # + llama-server from the same sources); (3) write a random-weight TinyLlama-1.1B-shaped
-# GGUF (speed does not depend on the weights' values); (4) run bench/run.py: the seed's
+# GGUF (speed does not depend on the weights' values); (4) run python -m bench.run: the seed's
 # case (two model ids on one GPU, concurrent streaming: no crash), corral vs llama-server
 # with full offload at c=1, 8, 32, and two instances of one model on one GPU, and where corral
-# says the layers and KV went next to what llama.cpp logged allocating (bench/placement_check.py,
+# says the layers and KV went next to what llama.cpp logged allocating (bench/probes/placement_check.py,
 # 0, 12 and all layers, q8_0 KV cache); (5) sampling
-# threads (bench/sampling_threads.py): c=32 tok/s with sampling_threads 1 vs auto on that
+# threads (bench/probes/sampling_threads.py): c=32 tok/s with sampling_threads 1 vs auto on that
 # model and on a Gemma-3-270M-sized one (262k vocabulary: sampling costs ~0.3 ms per slot
 # per step on the CPU), and the per-step draw time with 1, 2, 4, 8 threads, and with 1 and 8 over
 # the whole vocabulary instead of the short candidate list ("1full", "8full"). SAMPLING=0 skips it.
@@ -74,28 +74,28 @@ print("[gpu] llama_supports_gpu_offload:", llama_cpp.llama_supports_gpu_offload(
 EOF
 
 log "3/5 model -> $MODEL"
-[ -s "$MODEL" ] || "$PY" bench/gpu/make_model.py "$MODEL" $MODEL_ARGS
+[ -s "$MODEL" ] || PYTHONPATH="$PWD/$G/gguf-py:$PYTHONPATH" "$PY" -m bench.gpu.make_model "$MODEL" $MODEL_ARGS
 
 log "4/5 bench ($ONLY)"
 set -o pipefail
-"$PY" bench/run.py --no-build --model "$MODEL" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
+"$PY" -m bench.run --no-build --model "$MODEL" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
   --concurrency "$CONCURRENCY" --servers llama-server,corral $(printf -- '--only %s ' ${ONLY//,/ }) \
   2>"$OUT/bench.log" | tee "$OUT/table.md"
 cp bench/results/latest.md "$OUT/results.md" 2>/dev/null || true
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null | tee -a "$OUT/table.md" || true
 echo "#### where corral says the parts went, next to llama.cpp's buffers: $(basename "$MODEL")" | tee -a "$OUT/table.md"
-"$PY" bench/placement_check.py --model "$MODEL" --gpu-layers 0,12,-1 --cache-type q8_0 2>>"$OUT/bench.log" \
+"$PY" -m bench.probes.placement_check --model "$MODEL" --gpu-layers 0,12,-1 --cache-type q8_0 2>>"$OUT/bench.log" \
   | tee -a "$OUT/table.md" || true
 
 if [ "$SAMPLING" = 1 ]; then
   log "5/5 sampling threads: c=32, 1 vs auto; draw time per step"
-  [ -s "$MODEL_262K" ] || "$PY" bench/gpu/make_model.py "$MODEL_262K" $MODEL_262K_ARGS --vocab 262144
+  [ -s "$MODEL_262K" ] || PYTHONPATH="$PWD/$G/gguf-py:$PYTHONPATH" "$PY" -m bench.gpu.make_model "$MODEL_262K" $MODEL_262K_ARGS --vocab 262144
   for m in "$MODEL" "$MODEL_262K"; do
     echo "#### sampling_threads 1 vs auto, c=32: $(basename "$m")" | tee -a "$OUT/table.md"
-    "$PY" bench/sampling_threads.py ab --model "$m" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
+    "$PY" -m bench.probes.sampling_threads ab --model "$m" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
       --concurrency 32 --variants 1,auto --rounds 3 --requests 64 2>>"$OUT/bench.log" | tee -a "$OUT/table.md"
   done
   echo "#### draw time per step: $(basename "$MODEL_262K")" | tee -a "$OUT/table.md"
-  "$PY" bench/sampling_threads.py step --model "$MODEL_262K" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
+  "$PY" -m bench.probes.sampling_threads step --model "$MODEL_262K" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
     --slots 8,32 --variants 1,2,4,8,1full,8full --steps 20 2>>"$OUT/bench.log" | tee -a "$OUT/table.md"
 fi

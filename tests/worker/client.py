@@ -1,7 +1,8 @@
 """A small synchronous client for one worker process (tests and bench only).
 
 The router's real client is async (corral.control); this one is just enough to drive
-a worker over its socketpair: spawn, send, receive with a deadline.
+a worker over its socketpair: spawn (the router's ``LocalSpawner``: the same command line,
+environment and session), send, receive with a deadline.
 """
 
 from __future__ import annotations
@@ -9,36 +10,23 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
+import tempfile
 import time
 from pathlib import Path
 
-import msgspec
-
 from corral import wire
+from corral.control.transport.link import LocalSpawner
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 class WorkerClient:
-    def __init__(self, settings: wire.WorkerSettings, *, extra_args: list[str] | None = None) -> None:
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
-        args = [
-            sys.executable, "-m", "corral.worker",
-            "--fd", str(child.fileno()),
-            "--settings", msgspec.json.encode(settings).decode(),
-        ]
-        self.proc = subprocess.Popen(
-            args + (extra_args or []),
-            pass_fds=(child.fileno(),),
-            stdin=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
-        child.close()
-        self.sock = parent
+    def __init__(self, settings: wire.WorkerSettings) -> None:
+        # the log directory is spawn()'s (the router's); this client takes stderr itself
+        spawner = LocalSpawner(Path(tempfile.gettempdir()))
+        self.proc, self.sock = spawner.spawn_process(
+            settings, stdout=None, stderr=subprocess.PIPE,
+            env={"PYTHONPATH": str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", "")})
         self._dec = wire.FrameDecoder()
         self._queue: list[wire.FromWorker] = []
 

@@ -37,12 +37,13 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Any, Protocol
 
 import msgspec
 
@@ -273,7 +274,8 @@ class LocalSpawner:
 
     ``python -m corral.worker --fd N --settings JSON`` in its own session
     (``start_new_session=True``: its process group is ours to signal as a whole); its
-    stdout and stderr go to ``<log_dir>/<model>.<instance>.log``."""
+    stdout and stderr go to ``<log_dir>/<model>.<instance>.log``. ``spawn_process`` starts
+    the same worker for a client that is not the router (tests, bench/)."""
 
     def __init__(self, log_dir: Path, worker_command: list[str] | None = None) -> None:
         self.log_dir = log_dir
@@ -282,17 +284,23 @@ class LocalSpawner:
     def log_path(self, model_id: str, index: int) -> Path:
         return self.log_dir / f"{file_stem(model_id)}.{index}.log"
 
+    def command(self, settings: wire.WorkerSettings, fd: int) -> list[str]:
+        """The worker's command line: it talks over the inherited socket ``fd``."""
+        return [*self.worker_command, "--fd", str(fd), "--settings", msgspec.json.encode(settings).decode()]
+
+    def environment(self, settings: wire.WorkerSettings) -> dict[str, str]:
+        """Ours, unbuffered, pinned to the settings' GPUs (``devices``) where they name some."""
+        return {**os.environ, "PYTHONUNBUFFERED": "1", **settings.device_env(os.environ)}
+
     async def spawn(self, settings: wire.WorkerSettings, owner: LinkOwner) -> "SocketLink":
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         log_path = self.log_path(settings.model_id, settings.instance)
         try:
             with open_private_log(self.log_dir, log_path) as log_file:
-                argv = [*self.worker_command, "--fd", str(child.fileno()),
-                        "--settings", msgspec.json.encode(settings).decode()]
                 proc = await asyncio.create_subprocess_exec(
-                    *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                    pass_fds=(child.fileno(),), start_new_session=True,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1", **settings.device_env(os.environ)},
+                    *self.command(settings, child.fileno()), stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log_file, stderr=log_file, pass_fds=(child.fileno(),), start_new_session=True,
+                    env=self.environment(settings),
                 )
         except BaseException:
             parent.close()
@@ -303,6 +311,26 @@ class LocalSpawner:
         link = SocketLink(owner, proc, log_path)
         await link.connect(parent)
         return link
+
+    def spawn_process(self, settings: wire.WorkerSettings, *, stdout: int | IO[Any] | None,
+                      stderr: int | IO[Any] | None, env: Mapping[str, str] | None = None,
+                      ) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        """The worker ``spawn`` starts (same command line, environment and session) as a
+        plain ``subprocess.Popen``, output where the caller says, ``env`` added to its
+        environment; returns it and our end of its socketpair (blocking, the caller's to
+        close). For clients that drive one worker themselves, not for the router."""
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = subprocess.Popen(
+                self.command(settings, child.fileno()), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                pass_fds=(child.fileno(),), start_new_session=True, env={**self.environment(settings), **(env or {})},
+            )
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        return proc, parent
 
 
 class FrameReader(asyncio.Protocol):

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -361,7 +360,7 @@ def fmt(v: float | None, nd: int = 1) -> str:
     return "–" if v is None else f"{v:.{nd}f}"
 
 
-if __name__ == "__main__":  # tiny manual check: python bench/loadgen.py URL [c] [n]
+if __name__ == "__main__":  # tiny manual check: python -m bench.clients.loadgen URL [c] [n]
     import sys
 
     url = sys.argv[1]

@@ -6,23 +6,26 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
+
+import msgspec
+
+from corral import wire
+from corral.control.transport.link import LocalSpawner
 
 
 class RelayHost:
     def __init__(self, settings_json: str) -> None:
-        parent, child = socket.socketpair()
-        self.proc = subprocess.Popen([sys.executable, "-m", "corral.worker", "--fd", str(child.fileno()),
-                                      "--settings", settings_json], pass_fds=(child.fileno(),),
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
-        child.close()
-        parent.setblocking(False)
-        self.sock = parent
+        settings = msgspec.json.decode(settings_json, type=wire.WorkerSettings)
+        # started as the router starts one (the log directory is spawn()'s; output is dropped)
+        self.proc, self.sock = LocalSpawner(Path(tempfile.gettempdir())).spawn_process(
+            settings, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.sock.setblocking(False)
 
     async def send(self, data: bytes) -> None:
         await asyncio.get_running_loop().sock_sendall(self.sock, data)

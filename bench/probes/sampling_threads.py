@@ -2,9 +2,9 @@
 
     # per-step draw time, in-process, pools of 1/2/4 threads swapped step by step (interleaved);
     # a variant "1full" is 1 thread drawing over the whole vocabulary (no short list)
-    python bench/sampling_threads.py step --slots 8,32 --variants 1,2,4,1full [--threads 2] [--gpu-layers N]
+    python -m bench.probes.sampling_threads step --slots 8,32 --variants 1,2,4,1full [--threads 2] [--gpu-layers N]
     # tok/s of worker processes reached over their sockets, one per variant, rounds interleaved
-    python bench/sampling_threads.py ab --concurrency 8 --variants 1,2 --rounds 6 [--threads 2] [--gpu-layers N]
+    python -m bench.probes.sampling_threads ab --concurrency 8 --variants 1,2 --rounds 6 [--threads 2] [--gpu-layers N]
 
 ``step``: one engine with ``max(slots)`` slots; for each slot count, that many streams
 (64+ tokens, ignore_eos, the bench's sampling: temperature 0.8, top_k 40, top_p 0.95,
@@ -25,16 +25,11 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "src"))
-
-from corral import wire  # noqa: E402
+from corral import wire
 
 
 def model_path(arg: str | None) -> str:
@@ -50,7 +45,7 @@ def model_path(arg: str | None) -> str:
 
 def cmd_step(a: argparse.Namespace) -> None:
     from corral.worker.sample_pool import SamplePool
-    from inproc import bench_params, open_engine, start_streams, stop_streams
+    from bench.probes.inproc import bench_params, open_engine, start_streams, stop_streams
 
     slots = [int(x) for x in a.slots.split(",")]
     variants = [x.strip() for x in a.variants.split(",")]
@@ -125,7 +120,7 @@ def cmd_step(a: argparse.Namespace) -> None:
 
 
 async def cmd_ab(a: argparse.Namespace) -> None:
-    from wire_driver import DirectWorker
+    from bench.clients.wire_driver import DirectWorker
 
     variants = a.variants.split(",")
     c = a.concurrency

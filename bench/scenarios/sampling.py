@@ -18,7 +18,7 @@ top_logprobs >= 0.9x. After the load, 8 concurrent unstreamed constrained reques
 corral's ``timings.grammar_ms`` (grammar checks, resamples and accepts of a request) to
 report the grammar's ms per generated token (= per step of that sequence).
 
-    .venv/bin/python bench/run.py --only sampling
+    .venv/bin/python -m bench.run --only sampling
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ from typing import Any
 
 import httpx
 
-from loadgen import SAMPLING, LoadResult, fmt, make_prompt, run_load
+from bench.clients.loadgen import SAMPLING, LoadResult, fmt, make_prompt, run_load
+from bench.context import SLOT_CTX, Ctx, log, start
+from bench.report import Table
+from bench.servers import Server, corral_cmd, free_port, llama_server_cmd
 
 __all__ = ["sc_sampling", "SCHEMA"]
 
@@ -69,25 +72,23 @@ async def _grammar_ms_per_token(base: str, model: str) -> tuple[float | None, fl
     return (statistics.mean(per_tok) if per_tok else None, statistics.mean(share) if share else None)
 
 
-async def sc_sampling(ctx: Any, run: Any) -> list[Any]:
-    """``run``: the bench/run.py module (its Table, helpers and server starters)."""
-    Table, log, start, free_port = run.Table, run.log, run.start, run.free_port
+async def sc_sampling(ctx: Ctx) -> list[Table]:
     rounds, per_round = ctx.n(3, 2), ctx.n(16, 8)
     t = Table(f"Constrained sampling and logprobs: /v1/completions, stream, c={C}, {MAX_TOKENS} tokens, "
               "ignore_eos; ratio = tok/s vs the same server without them, same round (median round)",
               ["server", "mode", "tok/s", "ratio", "TTFT p50 ms", "errors"])
-    servers: dict[str, Any] = {}
+    servers: dict[str, Server] = {}
     models: dict[str, str | None] = {"corral": "bench", "llama-server": None}
     failed: dict[str, str] = {}
     try:
         port = free_port()
         cfg = ctx.corral_config("sampling", {"bench": ctx.corral_model(C)})
-        servers["corral"] = start("corral", run.corral_cmd(cfg, port), port)
+        servers["corral"] = start("corral", corral_cmd(cfg, port), port)
         if "llama-server" in ctx.args.servers:
             try:
                 lport = free_port()
-                servers["llama-server"] = start("llama-server", run.llama_server_cmd(
-                    ctx.need_llama(), ctx.model, lport, n_parallel=C, slot_ctx=run.SLOT_CTX,
+                servers["llama-server"] = start("llama-server", llama_server_cmd(
+                    ctx.need_llama(), ctx.model, lport, n_parallel=C, slot_ctx=SLOT_CTX,
                     threads=ctx.threads), lport)
             except Exception as e:  # noqa: BLE001
                 failed["llama-server"] = str(e)

@@ -1,4 +1,4 @@
-"""The Ray benchmark's main scenario (``compare``), run by ``bench/ray_bench.py``: every
+"""The Ray benchmark's main scenario (``compare``), run by ``python -m bench.ray.run``: every
 setup up at once, measured in interleaved rounds, one table of ratios.
 
 Setups (one model, threads 1, n_parallel 8, c=8, 64 streamed tokens per request):
@@ -34,12 +34,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from corral.store.embedded import embedded_model_path
-from loadgen import LoadResult, run_load
-from ray_wire_scenarios import PinnedWorker, combined_two, load, log, settings, table
-from servers import PY, free_port
+
+from bench.clients.loadgen import LoadResult, run_load
+from bench.ray.wire_scenarios import PinnedWorker, combined_two, load, log, settings, table
+from bench.servers import PY, free_port
 
 if TYPE_CHECKING:
-    from ray_bench import Ctx
+    from bench.ray.run import Ctx
 
 MODEL = {"threads": 1, "n_parallel": 8, "ctx_len": 8192}
 ROUTER_CPUS = "1"  # every router on cpu 1; the single workers on cpu 0
@@ -186,7 +187,7 @@ async def sc_compare(ctx: "Ctx") -> str:
 
 
 async def _coldstart(ctx: "Ctx", local: Router, ray1: Router) -> dict[str, list[float]]:
-    from run import first_token_after_load
+    from bench.scenarios.coldstart import first_token_after_load
 
     out: dict[str, list[float]] = {"local": [], "ray 1": []}
     for rnd in range(ctx.cold_rounds):

@@ -1,6 +1,6 @@
 """Quick throughput check of ONE worker process, driven directly over its socket.
 
-    .venv/bin/python bench/worker_quick.py [--threads 2] [--levels 1,8] [--requests-per-client 4]
+    .venv/bin/python -m bench.probes.worker_quick [--threads 2] [--levels 1,8] [--requests-per-client 4]
 
 c closed-loop clients: each keeps one request in flight (64 tokens, ignore_eos,
 temperature 0) and sends the next as soon as its Finished arrives. Prints aggregate
@@ -11,19 +11,12 @@ Not a substitute for the bench engineer's comparison against llama-server.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import msgspec
+from corral import wire
+from corral.control.transport.link import LocalSpawner
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from corral import wire  # noqa: E402
+from bench.servers import LOGS
 
 
 def main() -> None:
@@ -44,14 +37,8 @@ def main() -> None:
         model_id="bench", model_path=args.model, threads=args.threads,
         n_parallel=max(levels), ctx_len=args.ctx_len,
     )
-    parent, child = socket.socketpair()
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "corral.worker", "--fd", str(child.fileno()),
-         "--settings", msgspec.json.encode(settings).decode()],
-        pass_fds=(child.fileno(),), env=env,
-    )
-    child.close()
+    # started as the router starts one; its output stays on this terminal
+    proc, parent = LocalSpawner(LOGS).spawn_process(settings, stdout=None, stderr=None)
     dec = wire.FrameDecoder()
 
     def recv_all() -> list[wire.FromWorker]:

@@ -12,7 +12,7 @@ The router's CPU time per 1000 tokens per route is the translation's own cost. E
 dialect is a translation onto the same request path, so the ratios should be 1.00x
 within noise.
 
-    .venv/bin/python bench/run.py --only dialects
+    .venv/bin/python -m bench.run --only dialects
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from typing import Any
 
 import httpx
 
-from loadgen import SAMPLING, LoadResult, RequestResult, fmt, make_prompt, summarize
+from bench.clients.loadgen import SAMPLING, LoadResult, RequestResult, fmt, make_prompt, summarize
+from bench.context import Ctx, log, start
+from bench.report import LOAD_COLUMNS, Table, load_row
+from bench.servers import corral_cmd, free_port, proc_cpu_s
 
 __all__ = ["ROUTES", "sc_dialects"]
 
@@ -150,11 +153,7 @@ def _stream_rate(results: list[RequestResult]) -> float:
     return toks / secs if secs > 0 else 0.0
 
 
-async def sc_dialects(ctx: Any, run: Any) -> list[Any]:
-    """``run``: the bench/run.py module (its Table, helpers and server starters)."""
-    LOAD_COLUMNS, Table, load_row, log, start = run.LOAD_COLUMNS, run.Table, run.load_row, run.log, run.start
-    corral_cmd, free_port = run.corral_cmd, run.free_port
-
+async def sc_dialects(ctx: Ctx) -> list[Table]:
     c = 8
     rounds, per_round = ctx.n(5, 3), 8  # short rounds, many of them: the median ratio resists drift
     t = Table(f"API dialects: streaming chat, c={c}, {MAX_TOKENS} tokens, ignore_eos, one corral server; "
@@ -172,9 +171,9 @@ async def sc_dialects(ctx: Any, run: Any) -> list[Any]:
         idx = 0
         for rnd in range(rounds):
             for r in ROUTES:
-                cpu0 = run.proc_cpu_s(srv.pid) or 0.0
+                cpu0 = proc_cpu_s(srv.pid) or 0.0
                 res = await run_route(base, r, "bench", c, per_round, idx)
-                cpu = (run.proc_cpu_s(srv.pid) or 0.0) - cpu0
+                cpu = (proc_cpu_s(srv.pid) or 0.0) - cpu0
                 idx += per_round
                 by_route[r].append(res)
                 cpu_ms[r].append(cpu * 1e6 / max(1, res.completion_tokens))

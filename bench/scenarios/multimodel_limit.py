@@ -3,7 +3,7 @@
 The multimodel scenario asks two model processes (4 slots, c=4 each) to match one model
 process (8 slots, c=8). Two processes cannot share one batch, so each runs its own decode
 on part of the cores. This measures, in one run and with the same client as the direct
-path of the overhead scenario (bench/wire_driver.py):
+path of the overhead scenario (bench/clients/wire_driver.py):
 
 - one worker, ``threads`` threads, 8 slots, c=8 (the reference);
 - two workers, 4 slots each, c=4 each at once, each pinned to its own share of the cores
@@ -22,8 +22,8 @@ from typing import Any
 
 from corral import wire
 
-from loadgen import LoadResult, combined
-from wire_driver import DirectWorker
+from bench.clients.loadgen import LoadResult, combined
+from bench.clients.wire_driver import DirectWorker
 
 
 def _pin(w: DirectWorker, cpus: set[int]) -> None:

@@ -1,6 +1,6 @@
 """Ray benchmarks (issue 12), on a local Ray cluster of 1-CPU nodes pinned with taskset.
 
-    sudo .venv/bin/python bench/ray_bench.py [--quick] [--rounds N] [--n N] [--only compare,relay]
+    sudo .venv/bin/python -m bench.ray.run [--quick] [--rounds N] [--n N] [--only compare,relay]
 
 Runs itself in a network namespace with only ``lo`` (``unshare -n``; needs root), because
 Ray sends traffic beyond loopback on its own. Results: printed, and written to
@@ -11,7 +11,7 @@ Ray sends traffic beyond loopback on its own. Results: printed, and written to
   node (scaling), two plain 1-thread workers against one (the 2-core limit), the Ray
   transport against the local socketpair through ``corral serve`` (worker on cpu 0 and
   router on cpu 1 in both), and ``POST /models/load`` to the first token through Ray
-  against locally. See ``ray_serve_scenarios.py``. Default: 4 rounds of 16 requests
+  against locally. See ``bench/ray/serve_scenarios.py``. Default: 4 rounds of 16 requests
   (about 7 minutes on 2 quiet cores); ``--quick``: 1 round of 8 (about 2 minutes).
 - ``relay`` (only when asked): how the frames travel (the choice of the Ray transport):
   one worker at c=8 over its local socketpair, over a Ray actor's direct
@@ -31,12 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench.ray.local_cluster import LocalCluster, loopback_only  # noqa: E402
-from ray_serve_scenarios import sc_compare  # noqa: E402
-from ray_wire_scenarios import log, sc_relay  # noqa: E402
-from servers import LOGS  # noqa: E402
+from bench.ray.local_cluster import LocalCluster, loopback_only
+from bench.ray.serve_scenarios import sc_compare
+from bench.ray.wire_scenarios import log, sc_relay
+from bench.servers import LOGS, RESULTS, ROOT
 
 
 # ---------------------------------------------------------------- main
@@ -61,7 +59,7 @@ async def amain(args: argparse.Namespace) -> int:
     only = [s for o in (args.only or ["compare"]) for s in o.split(",")]
     unknown = [s for s in only if s not in SCENARIOS]
     if unknown:
-        print(f"ray_bench: unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
+        print(f"bench.ray.run: unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
         return 2
     t_start = time.monotonic()
     base = Path(tempfile.mkdtemp(prefix="corral-ray-bench-"))
@@ -93,9 +91,8 @@ async def amain(args: argparse.Namespace) -> int:
     finally:
         ray.shutdown()
         cluster.shutdown()
-    results = Path(__file__).resolve().parent / "results"
-    results.mkdir(exist_ok=True)
-    (results / "ray-latest.md").write_text("\n".join(out))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "ray-latest.md").write_text("\n".join(out))
     shutil.rmtree(base, ignore_errors=True)
     return 0
 
@@ -109,11 +106,11 @@ def main() -> int:
     args = ap.parse_args()
     if not loopback_only():
         if os.geteuid() != 0:
-            print("ray_bench: needs root to run in a network namespace with only lo (Ray sends traffic "
+            print("bench.ray.run: needs root to run in a network namespace with only lo (Ray sends traffic "
                   "beyond loopback on its own)", file=sys.stderr)
             return 2
         return subprocess.call(["unshare", "-n", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
-                                sys.executable, *sys.argv])
+                                sys.executable, "-m", "bench.ray.run", *sys.argv[1:]], cwd=ROOT)
     return asyncio.run(amain(args))
 
 

@@ -1,23 +1,19 @@
 """Where corral says a model's parts went, next to what llama.cpp logged allocating.
 
-One worker engine in process (``bench/inproc.py``) per ``n_gpu_layers`` value; for each,
+One worker engine in process (``bench/probes/inproc.py``) per ``n_gpu_layers`` value; for each,
 a table: every device of ``ModelInfo.placement`` (computed by corral: weights, KV,
 compute estimate) and the buffers llama.cpp logged at the load (``ModelInfo.buffers``:
 model, KV, compute). On a GPU it shows whether the layer split and the KV per device
 are llama.cpp's; on a CPU there is one host row.
 
-    python bench/placement_check.py [--model M] [--gpu-layers 0,10,-1] [--ctx-len 8192] [--parallel 4]
+    python -m bench.probes.placement_check [--model M] [--gpu-layers 0,10,-1] [--ctx-len 8192] [--parallel 4]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from inproc import open_engine  # noqa: E402
+from bench.probes.inproc import open_engine
 
 MiB = 1024 * 1024
 

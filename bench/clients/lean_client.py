@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from loadgen import LoadResult, RequestResult, completion_body, summarize
+from bench.clients.loadgen import LoadResult, RequestResult, completion_body, summarize
 
 _decode = msgspec.json.decode
 

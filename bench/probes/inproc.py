@@ -1,16 +1,11 @@
 """One worker engine in this process, as a worker sets it up, for step-level benchmarks
-(``bench/batch_cost.py``, ``bench/sampling_threads.py step``)."""
+(``bench.probes.batch_cost``, ``bench.probes.sampling_threads step``)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from corral import wire  # noqa: E402
+from corral import wire
 
 if TYPE_CHECKING:
     from corral.worker.engine import Engine
@@ -35,7 +30,7 @@ def open_engine(model: str | None, **settings: Any) -> "Engine":
 
 def bench_params(max_tokens: int, **extra: Any) -> wire.SamplingParams:
     """The bench's sampling (loadgen.SAMPLING), ``ignore_eos``."""
-    from loadgen import SAMPLING
+    from bench.clients.loadgen import SAMPLING
 
     return wire.SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=SAMPLING["temperature"],
                                top_p=SAMPLING["top_p"], top_k=SAMPLING["top_k"], min_p=SAMPLING["min_p"], **extra)
@@ -44,7 +39,7 @@ def bench_params(max_tokens: int, **extra: Any) -> wire.SamplingParams:
 def start_streams(e: "Engine", n: int, params: wire.SamplingParams, tag: str, first_prompt: int = 0) -> None:
     """Submit ``n`` requests and step until every one has its first token (the prefill is
     behind them: every later step is a decode of ``n`` sequences)."""
-    from loadgen import make_prompt
+    from bench.clients.loadgen import make_prompt
 
     for i in range(n):
         e.submit(wire.GenerateRequest(id=f"{tag}-{i}", prompt=make_prompt(first_prompt + i), params=params))

@@ -12,7 +12,7 @@ process, nothing else running, measures the median step (all slots generating) f
 - a batch of 4 on ``threads`` threads: two processes taking turns on all the cores
   reach at most ``step(8, threads) / (2 * step(4, threads))``.
 
-    .venv/bin/python bench/batch_cost.py [--threads 2] [--reps 3] [--json]
+    .venv/bin/python -m bench.probes.batch_cost [--threads 2] [--reps 3] [--json]
 """
 
 from __future__ import annotations
@@ -20,19 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "src"))
-
-from inproc import embedded_model  # noqa: E402
+from bench.probes.inproc import embedded_model
 
 
 def measure(model: str, threads: int, reps: int, steps: int = 40) -> dict[str, float]:
-    from inproc import bench_params, open_engine, start_streams, stop_streams
+    from bench.probes.inproc import bench_params, open_engine, start_streams, stop_streams
 
     e = open_engine(model, threads=threads, threads_batch=threads, n_parallel=8, ctx_len=8 * 512)
     half = max(1, threads // 2)
@@ -63,7 +57,7 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--json", action="store_true", help="print one JSON object (for bench/run.py)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (for python -m bench.run)")
     a = ap.parse_args()
     r = measure(a.model or embedded_model(), a.threads, a.reps)
     if a.json:

@@ -1,12 +1,11 @@
 """Ray benchmark pieces below the router: workers reached over a socketpair (optionally
 pinned), over corral's Ray transport, or relayed through an actor; the ``relay``
-scenario (how the frames travel). Run by ``bench/ray_bench.py``."""
+scenario (how the frames travel). Run by ``python -m bench.ray.run``."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
-import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -15,14 +14,14 @@ import msgspec
 
 from corral import wire
 from corral.store.embedded import embedded_model_path
-from loadgen import LoadResult
-from servers import PY
-from wire_driver import DirectWorker, WorkerDied
 
-import ray_relay
+from bench.clients.loadgen import LoadResult
+from bench.clients.wire_driver import DirectWorker
+from bench.ray import relay as ray_relay
+from bench.servers import PY
 
 if TYPE_CHECKING:
-    from ray_bench import Ctx
+    from bench.ray.run import Ctx
 
 
 def log(msg: str) -> None:
@@ -44,35 +43,13 @@ def settings(threads: int, n_parallel: int = 8, name: str = "bench") -> wire.Wor
 
 
 class PinnedWorker(DirectWorker):
-    """A local worker on a socketpair, optionally pinned with taskset."""
+    """A local worker on a socketpair, optionally pinned with taskset (the spawner's
+    worker command starts with ``taskset -c CPUS``)."""
 
     def __init__(self, s: wire.WorkerSettings, name: str, cpus: str | None) -> None:
-        super().__init__(s, name)
+        prefix = ["taskset", "-c", cpus] if cpus else []
+        super().__init__(s, name, worker_command=[*prefix, PY, "-m", "corral.worker"])
         self.cpus = cpus
-
-    async def start(self, timeout_s: float = 120.0) -> float:
-        parent, child = socket.socketpair()
-        self._log = open(self.log_path, "w")
-        prefix = ["taskset", "-c", self.cpus] if self.cpus else []
-        t0 = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [*prefix, PY, "-m", "corral.worker", "--fd", str(child.fileno()),
-             "--settings", msgspec.json.encode(self.settings).decode()],
-            pass_fds=(child.fileno(),), stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
-        child.close()
-        reader, writer = await asyncio.open_connection(sock=parent)
-        return await self._attach(reader, writer, t0, timeout_s)
-
-    async def _attach(self, reader: Any, writer: Any, t0: float, timeout_s: float) -> float:
-        self._reader, self._writer = reader, writer
-        self._ready_fut = asyncio.get_running_loop().create_future()
-        self._pump = asyncio.create_task(self._read_loop())
-        try:
-            await asyncio.wait_for(asyncio.shield(self._ready_fut), timeout_s)
-        except asyncio.TimeoutError:
-            raise WorkerDied(f"worker not ready after {timeout_s:.0f}s") from None
-        return time.perf_counter() - t0
 
 
 class RayTcpWorker(PinnedWorker):

@@ -1,8 +1,9 @@
 """A small asyncio client that drives one corral worker directly over its socket.
 
 Used by the router-overhead scenario: the same worker settings reached without
-the HTTP router. Spawns ``python -m corral.worker --fd N --settings JSON`` with
-the child end of a socketpair, waits for ``Ready`` and speaks ``corral.wire``.
+the HTTP router. Starts the worker as the router does (``LocalSpawner`` of
+``corral.control.transport.link``: ``python -m corral.worker --fd N --settings JSON`` on a
+socketpair, in its own session), waits for ``Ready`` and speaks ``corral.wire``.
 """
 
 from __future__ import annotations
@@ -11,17 +12,15 @@ import asyncio
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import time
-from pathlib import Path
-
-import msgspec
+from typing import Any
 
 from corral import wire
+from corral.control.transport.link import LocalSpawner
 
-from loadgen import SAMPLING, RequestResult, LoadResult, make_prompt, summarize
-from servers import LOGS, PY
+from bench.clients.loadgen import SAMPLING, RequestResult, LoadResult, make_prompt, summarize
+from bench.servers import LOGS, PY
 
 
 class WorkerDied(RuntimeError):
@@ -29,9 +28,12 @@ class WorkerDied(RuntimeError):
 
 
 class DirectWorker:
-    def __init__(self, settings: wire.WorkerSettings, name: str = "worker-direct") -> None:
+    def __init__(self, settings: wire.WorkerSettings, name: str = "worker-direct",
+                 worker_command: list[str] | None = None) -> None:
+        """``worker_command``: the argv prefix (default ``PY -m corral.worker``)."""
         self.settings = settings
         self.name = name
+        self.spawner = LocalSpawner(LOGS, worker_command or [PY, "-m", "corral.worker"])
         self.proc: subprocess.Popen | None = None
         self.ready: wire.Ready | None = None
         self._reader: asyncio.StreamReader | None = None
@@ -46,20 +48,15 @@ class DirectWorker:
     async def start(self, timeout_s: float = 120.0) -> float:
         """Spawn the worker and wait for Ready; returns seconds to Ready."""
         LOGS.mkdir(parents=True, exist_ok=True)
-        parent, child = socket.socketpair()
-        settings_json = msgspec.json.encode(self.settings).decode()
         self._log = open(self.log_path, "w")
         t0 = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [PY, "-m", "corral.worker", "--fd", str(child.fileno()), "--settings", settings_json],
-            pass_fds=(child.fileno(),),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        child.close()
-        self._reader, self._writer = await asyncio.open_connection(sock=parent)
+        self.proc, sock = self.spawner.spawn_process(self.settings, stdout=self._log, stderr=subprocess.STDOUT)
+        reader, writer = await asyncio.open_connection(sock=sock)
+        return await self._attach(reader, writer, t0, timeout_s)
+
+    async def _attach(self, reader: Any, writer: Any, t0: float, timeout_s: float) -> float:
+        """Read frames from ``reader`` (``writer`` takes ours) and wait for Ready; seconds since ``t0``."""
+        self._reader, self._writer = reader, writer
         self._ready_fut = asyncio.get_running_loop().create_future()
         self._pump = asyncio.create_task(self._read_loop())
         try:

@@ -1,0 +1,1 @@
+"""corral's benchmarks, run from the repository root: ``python -m bench.run`` (see bench/README.md)."""

@@ -1,0 +1,122 @@
+"""Scenario ``throughput``: c=1 and c=8 streaming, 64 tokens: llama-server -np 8,
+llama-cpp-python's server and corral, all up at once, measured in interleaved rounds."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+from bench.clients.loadgen import LoadResult, run_load, summarize
+from bench.context import SLOT_CTX, TURN_GAP_S, Ctx, idle_cpu_check, lcp_extra, log, start, warmup
+from bench.report import LOAD_COLUMNS, Table, failed_row, load_row, ratio
+from bench.servers import Server, corral_cmd, free_port, llama_cpp_python_cmd, llama_server_cmd
+
+
+async def sc_throughput(ctx: Ctx) -> list[Table]:
+    c_list = ctx.concurrency
+    rounds = ctx.n(3, 2)
+    # about 8 s per turn at c=1 as at c=8 (4 requests at c=1 made a turn 4 s long: +-10% per round)
+    per_round = {c: max(ctx.n(8, 3), ctx.n(2, 1) * c) for c in c_list}
+    n_slots = max(8, *c_list)
+    max_tokens = 64
+    gpu = f", {ctx.gpu_layers} layers on the GPU" if ctx.gpu_layers else ""
+    t = Table(f"Throughput: /v1/completions, stream, {max_tokens} tokens, ignore_eos; "
+              f"{ctx.threads} threads each{gpu}; ratio = tok/s vs llama-server at the same c", LOAD_COLUMNS)
+    names = [n for n in ("llama-server", "llama-cpp-python", "corral") if n in ctx.args.servers]
+    servers: dict[str, Server] = {}
+    extras: dict[str, dict | None] = {"llama-server": None, "corral": None,
+                                      "llama-cpp-python": lcp_extra(max_tokens)}
+    models: dict[str, str | None] = {"llama-server": None, "llama-cpp-python": None, "corral": "bench"}
+    failed: dict[str, str] = {}
+
+    def make(name: str) -> Server:
+        port = free_port()
+        if name == "llama-server":
+            return start(name, llama_server_cmd(ctx.need_llama(), ctx.model, port, n_parallel=n_slots,
+                                                slot_ctx=SLOT_CTX, threads=ctx.threads,
+                                                gpu_layers=ctx.gpu_layers), port)
+        if name == "llama-cpp-python":
+            ctx.need_lcp()
+            # llama_cpp.server has no /health; /v1/models answers once the model is loaded
+            return start(name, llama_cpp_python_cmd(ctx.model, port, threads=ctx.threads,
+                                                    n_ctx=8 * SLOT_CTX), port, health_path="/v1/models")
+        cfg = ctx.corral_config("throughput", {"bench": ctx.corral_model(n_slots)})
+        return start(name, corral_cmd(cfg, port), port)
+
+    raw: dict[tuple[str, int], list] = {}
+    walls: dict[tuple[str, int], float] = {}
+    per_round_tok_s: dict[tuple[str, int], list[float]] = {}
+    # all servers up at once (idle ones use no CPU: checked below), measured in interleaved
+    # rounds so that drifting background load hits every server alike
+    try:
+        for name in names:
+            try:
+                servers[name] = make(name)
+                await warmup(servers[name].base_url, models[name], extras[name])
+            except Exception as e:  # noqa: BLE001
+                failed[name] = str(e)
+                log(f"{name}: {e}")
+                if name in servers:
+                    servers.pop(name).stop()
+        await idle_cpu_check(servers, t)
+        for rnd in range(rounds):
+            for c in c_list:
+                for name in list(servers):
+                    log(f"throughput round {rnd + 1}/{rounds}: {name} c={c} n={per_round[c]}")
+                    await asyncio.sleep(TURN_GAP_S)
+                    try:
+                        r = await run_load(servers[name].base_url, label=name, model=models[name],
+                                           concurrency=c, n_requests=per_round[c], max_tokens=max_tokens,
+                                           extra=extras[name], raw=raw.setdefault((name, c), []),
+                                           first_index=rnd * 1000 + c * 100)
+                        walls[(name, c)] = walls.get((name, c), 0.0) + r.wall_s
+                        per_round_tok_s.setdefault((name, c), []).append(r.tok_s)
+                        log(f"  -> {r.tok_s:.1f} tok/s, errors {r.errors}")
+                    except Exception as e:  # noqa: BLE001
+                        failed[name] = f"failed during c={c}: {e}"
+                        servers.pop(name).stop()
+    finally:
+        for s in servers.values():
+            s.stop()
+
+    results: dict[str, dict[int, LoadResult]] = {}
+    for (name, c), rr in raw.items():
+        if rr and name not in failed:
+            results.setdefault(name, {})[c] = summarize(name, c, rr, walls[(name, c)])
+    ref = results.get("llama-server", {})
+    for c in c_list:
+        for name in names:
+            r = results.get(name, {}).get(c)
+            if r is not None:
+                t.rows.append(load_row(name, r, ref[c].tok_s if c in ref else None))
+            elif name in failed:
+                t.rows.append(failed_row(name, c, failed[name]))
+    for name, why in failed.items():
+        t.notes.append(f"{name} failed: {why.splitlines()[0][:200]}")
+    t.data = {n: {c: r.as_dict() for c, r in d.items()} for n, d in results.items()}
+    cr, lr = results.get("corral", {}), results.get("llama-server", {})
+    if 8 in cr and 8 in lr:
+        t.notes.append(f"goal corral >= 1.00x at c=8: {ratio(cr[8].tok_s, lr[8].tok_s)}")
+    if 1 in cr and 1 in lr:
+        t.notes.append(f"goal corral >= 0.95x at c=1: {ratio(cr[1].tok_s, lr[1].tok_s)}")
+    for c in c_list:
+        ref_rounds = per_round_tok_s.get(("llama-server", c), [])
+        for name in names:
+            mine = per_round_tok_s.get((name, c), [])
+            if name == "llama-server" or not ref_rounds or len(mine) != len(ref_rounds) or name in failed:
+                continue
+            rr = [a / b for a, b in zip(mine, ref_rounds) if b]
+            if rr:
+                t.notes.append(f"{name} vs llama-server at c={c}, round by round: "
+                               + ", ".join(f"{x:.2f}x" for x in rr) + f" (median {statistics.median(rr):.2f}x)")
+    t.notes.append(f"{rounds} interleaved rounds, each turn after a {TURN_GAP_S} s pause; tok/s = all tokens / "
+                   "all wall time of that row's rounds")
+    if "llama-cpp-python" in names:
+        t.notes.append("llama-cpp-python's server has no ignore_eos; it gets min_tokens=max_tokens instead, "
+                       "and --interrupt_requests False so concurrent requests queue instead of aborting")
+    short = [f"{n} c={c} ({r.tokens_per_request:.1f})" for n, d in results.items() for c, r in d.items()
+             if r.tokens_per_request is not None and r.tokens_per_request < max_tokens - 0.01]
+    if short:
+        t.notes.append("warning: fewer than max_tokens per request: " + ", ".join(short))
+    return [t]
+
