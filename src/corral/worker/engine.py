@@ -215,13 +215,12 @@ class Engine:
         p = job.req.params
         begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter())
         seed = sampling.resolve_seed(p, self.settings.seed)
-        constrained = job.grammar is not None
         grammar, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
         slot.sampler = sampling.slot_sampler(p, n_vocab=self.m.n_vocab, seed=seed,
                                              eog_tokens=self.tok.eog_tokens if p.ignore_eos else [],
                                              prompt_tail=job.tokens, grammar=grammar)
         stops = list(p.stop)
-        if req.messages is not None and self.template is not None and not p.ignore_eos and not constrained:
+        if req.messages is not None and self.template is not None and not p.ignore_eos and grammar is None:
             stops += [s for s in self.template.stop_strings if s not in stops]
         slot.out = SlotOutput(req.id, stops, requests.tool_parser(req))
         slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] \
@@ -309,10 +308,9 @@ class Engine:
                 self._fail(slot, slot.job, message)
 
     def _fail(self, slot: Slot, job: Job, message: str) -> None:
-        """End ``job``, which runs (or was starting) in ``slot``, with RequestFailed(internal);
-        the others go on. The slot is freed with its samplers (the job's grammar too, if no
-        sampler took it yet) and its cache cleared: what a failed step left there is not
-        trusted. A slot that already holds another job is left alone."""
+        """End ``job``, running (or starting) in ``slot``, with RequestFailed(internal); the others
+        go on. The slot is freed with its samplers (and the job's grammar, if no sampler took it)
+        and its cache cleared (not trusted after a failure), unless it holds another job."""
         self._by_id.pop(job.req.id, None)
         sampling.free_sampler(job.grammar)
         job.grammar = None
@@ -388,11 +386,7 @@ class Engine:
         n_eval = len(job.tokens) - slot.n_cached
         self.tokens_prompt += n_eval
         self.out.append(finished_message(slot, job, reason, time.perf_counter()))
-        self._release(slot)
-
-    def _release(self, slot: Slot) -> None:
-        if slot.job is not None:
-            self._by_id.pop(slot.job.req.id, None)
+        self._by_id.pop(job.req.id, None)
         release(slot)
 
     # ------------------------------------------------------------------ embeddings
