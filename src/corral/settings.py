@@ -49,7 +49,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     instances: Annotated[int, Meta(ge=1, le=64)] = 1  # worker processes of this model
     n_batch: _Positive32 = 512  # max tokens per llama_decode
     # layers on the GPU: a number (-1: all), or "auto": fit layers and context to the
-    # device's free memory (worker/fit.py); with no GPU, auto is 0
+    # device's free memory (corral/gpu_fit.py's plan_fit); with no GPU, auto is 0
     n_gpu_layers: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | Literal["auto"] = "auto"
     # GPUs of each instance (CUDA_VISIBLE_DEVICES and the HIP/Vulkan equivalents); None: all
     devices: list[Annotated[int, Meta(ge=0, le=1023)]] | None = None
@@ -61,7 +61,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     threads: _Positive32 | None = None  # None: see corral.control.catalog.default_threads
     threads_batch: _Positive32 | None = None  # None: same as threads
     # threads that sample the slots of one step side by side (worker/sample_pool.py); "auto":
-    # 1 with no GPU layers (no gain measured on a CPU), else min(n_parallel, CPUs, 8). Never
+    # min(n_parallel, CPUs, 4) with no GPU layers, else min(n_parallel, CPUs, 8). Never
     # more than the cores the thread governor finds free at that moment.
     sampling_threads: Annotated[int, Meta(ge=1, le=256)] | Literal["auto"] = "auto"
     flash_attn: bool | None = None  # None: llama.cpp decides

@@ -66,8 +66,23 @@ def test_invalid_utf8_config_at_start_is_a_message_not_a_traceback(tmp_path: Pat
     assert "Traceback" not in r.stderr and "not valid UTF-8" in r.stderr and str(path) in r.stderr
 
 
-async def test_bad_reload_changes_nothing(harness: Harness, tmp_path: Path,
-                                          caplog: pytest.LogCaptureFixture) -> None:
+class LogLine(logging.Handler):
+    """An event for the first record on a logger whose message contains ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.ERROR)
+        self.text = text
+        self.message = ""
+        self.seen = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage() and not self.message:
+            self.message = record.getMessage()
+            self._loop.call_soon_threadsafe(self.seen.set)
+
+
+async def test_bad_reload_changes_nothing(harness: Harness, tmp_path: Path) -> None:
     script = harness.script("a")
     good = (f'[server]\nworker_command = ["{sys.executable}", "{FAKE}"]\ninclude_default_model = false\n'
             f'[models.a]\npath = "{script}"\n')
@@ -82,13 +97,14 @@ async def test_bad_reload_changes_nothing(harness: Harness, tmp_path: Path,
         r = await c.post("/models/reload")
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_config", r.text
         assert str(path) in r.json()["error"]["message"]
-        with caplog.at_level(logging.ERROR, logger="corral.api"):
-            caplog.clear()
-            os.kill(os.getpid(), signal.SIGHUP)
-            for _ in range(200):  # the handler runs on this loop; let it
-                await asyncio.sleep(0.01)
-                if any("SIGHUP reload failed" in rec.getMessage() for rec in caplog.records):
-                    break
-            assert any("SIGHUP reload failed, nothing changed" in rec.getMessage() for rec in caplog.records)
+        line = LogLine("SIGHUP reload failed")
+        plane_log = logging.getLogger("corral.plane")  # ControlPlane.reload_soon logs the outcome
+        plane_log.addHandler(line)
+        try:
+            os.kill(os.getpid(), signal.SIGHUP)  # the handler runs on this loop
+            await asyncio.wait_for(line.seen.wait(), 10)
+        finally:
+            plane_log.removeHandler(line)
+        assert "SIGHUP reload failed, nothing changed" in line.message and str(path) in line.message
     assert loop_errors == []
     assert (await c.post("/v1/completions", json={"model": "a", "prompt": "x"})).status_code == 200

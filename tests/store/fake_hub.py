@@ -37,6 +37,7 @@ class Behavior:
     ignore_range: bool = False
     gated: bool = False  # 401 with X-Error-Code: GatedRepo
     head_delay_s: float = 0.0  # a slow metadata answer
+    head_arrived: threading.Event = field(default_factory=threading.Event)  # set by the first HEAD
 
 
 @dataclass
@@ -133,6 +134,8 @@ class FakeHub:
         b = f.behavior
         if b.gated:
             return self._status(h, 401, "GatedRepo")
+        if head:
+            b.head_arrived.set()
         if head and b.head_delay_s:
             time.sleep(b.head_delay_s)
         if head and b.head_status:

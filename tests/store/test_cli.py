@@ -36,7 +36,8 @@ def test_ls_and_rm_locally(runner: CliRunner, store: ModelStore) -> None:
     (store.root / "one-Q4_K_M.gguf").write_bytes(b"x" * 2000)
     r = runner.invoke(app, ["ls", "--models-dir", str(store.root)])
     assert r.exit_code == 0
-    assert "one-Q4_K_M" in r.output and "Q4_K_M" in r.output and "2.0 KB" in r.output
+    # 2000 bytes, in binary units as `corral ps` and the rest print them
+    assert "one-Q4_K_M" in r.output and "Q4_K_M" in r.output and "2.0 KiB" in r.output
     r = runner.invoke(app, ["ls", "--json", "--models-dir", str(store.root)])
     assert json.loads(r.output)[0]["id"] == "one-Q4_K_M"
     r = runner.invoke(app, ["rm", "nope", "--server", NO_SERVER, "--models-dir", str(store.root)])

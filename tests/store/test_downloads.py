@@ -431,10 +431,9 @@ async def test_cancel_while_looking_up_the_file(hub: FakeHub, store: ModelStore,
     dm = manager(store, bus)
     async with bus.subscribe() as q:
         start = asyncio.create_task(dm.start(f"{REPO}/slowmeta.gguf"))
-        deadline = asyncio.get_running_loop().time() + 10
-        while not dm.active():  # nothing to await: start() has not returned a handle
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.01)
+        # start() has not returned a handle, nor published download_started (that comes once
+        # the file is resolved): the hub saying the child's lookup arrived is the event
+        assert await asyncio.to_thread(f.behavior.head_arrived.wait, 10)
         (h,) = dm.active()
         assert h.state == "resolving" and dm.find_by_model("slowmeta") is h
         t0 = asyncio.get_running_loop().time()

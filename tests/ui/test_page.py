@@ -35,7 +35,11 @@ def test_the_page_and_its_assets_need_no_key_but_data_routes_do(server: CorralSe
         r = httpx.get(server.url + path)
         assert r.status_code == 200, path
         assert "corral" in r.text or path != "/"
-    assert httpx.get(server.url + "/ui/nope.js").status_code in (401, 404)
+    # an unknown asset is not public (the list is fixed): without the key, 401 like any route
+    assert httpx.get(server.url + "/ui/nope.js").status_code == 401
+    missing = httpx.get(server.url + "/ui/nope.js", headers=server.headers)
+    assert missing.status_code == 404, missing.text
+    assert "no such asset" in missing.json()["error"]["message"]
     for path in ("/models", "/models/events", "/stats", "/models/show?model=default"):
         assert httpx.get(server.url + path).status_code == 401, path
     html = httpx.get(server.url + "/").text

@@ -17,23 +17,13 @@ from rich.table import Table
 from rich.text import Text
 
 from corral import wire
+from corral.byte_sizes import fmt_bytes
 from corral.cli.client import Api, ApiError, HostOpt, PortOpt, ServerOpt, fail, server_url
 
-__all__ = ["register", "until_unload", "human_bytes"]
+__all__ = ["register", "until_unload", "print_ps", "processor"]
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
-
-
-def human_bytes(n: int | None) -> str:
-    if not n:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 def until_unload(m: dict[str, Any], now: float | None = None) -> str:
@@ -80,20 +70,52 @@ def ps(host: str | None = HostOpt, port: int | None = PortOpt, server: str | Non
     if not models:
         out.print("no model is loaded")
         return
-    table = Table("MODEL", "INSTANCE", "PID", "STATE", "SLOTS", "MEMORY", "PROCESSOR", "THREADS", "UNTIL",
-                  box=None, pad_edge=False)
-    now = time.time()
+    print_ps(out, models, time.time())
+
+
+_PS_COLUMNS = ("MODEL", "INSTANCE", "PID", "STATE", "SLOTS", "MEMORY", "PROCESSOR", "THREADS", "UNTIL")
+_PS_WRAPPING = ("MEMORY", "PROCESSOR", "UNTIL")  # may wrap between their words to fit a terminal
+
+
+def print_ps(console: Console, models: list[dict[str, Any]], now: float) -> None:
+    """``corral ps``'s table. Nothing in it is cut, the model id least of all (it is what a
+    person greps for and copies into the next command). In a terminal too narrow for the
+    rows, the columns of several words wrap between words if that makes them fit; else
+    (and piped) every row is printed whole, as ``ollama ps`` does: the terminal wraps it."""
+    rows: list[list[str]] = []
     for m in models:
         until = until_unload(m, now)
         for n, inst in enumerate(m["instances"]):
             mem = inst.get("memory") or {}
             slots = inst.get("slots") or {}
-            table.add_row(Text(m["id"]) if n == 0 else "", f"#{inst['index']}", str(inst.get("pid") or "-"),
-                          inst["state"], f"{slots.get('busy', 0)}/{slots.get('total', 0)}",
-                          human_bytes((mem.get("model_bytes") or 0) + (mem.get("kv_bytes") or 0)),
-                          processor(inst.get("placement") or []), str(inst.get("threads") or "-"),
-                          until if n == 0 else "")
-    out.print(table)
+            used = (mem.get("model_bytes") or 0) + (mem.get("kv_bytes") or 0)
+            rows.append([str(m["id"]) if n == 0 else "", f"#{inst['index']}", str(inst.get("pid") or "-"),
+                         str(inst["state"]), f"{slots.get('busy', 0)}/{slots.get('total', 0)}",
+                         fmt_bytes(used) if used else "-", processor(inst.get("placement") or []),
+                         str(inst.get("threads") or "-"), until if n == 0 else ""])
+    cells = [[head, *(r[k] for r in rows)] for k, head in enumerate(_PS_COLUMNS)]
+    natural = [max(map(len, col)) for col in cells]
+    narrowest = [max(len(w) for c in col for w in c.split() or [""]) if head in _PS_WRAPPING else natural[k]
+                 for k, (head, col) in enumerate(zip(_PS_COLUMNS, cells))]
+    gaps = 2 * (len(_PS_COLUMNS) - 1)  # one space of padding each side between columns
+    widths = natural
+    if console.is_terminal and sum(natural) + gaps > console.width >= sum(narrowest) + gaps:
+        widths = list(narrowest)
+        spare = console.width - gaps - sum(widths)
+        for k, head in enumerate(_PS_COLUMNS):  # the room left, to the wrapping columns in turn
+            if head in _PS_WRAPPING:
+                more = min(spare, natural[k] - widths[k])
+                widths[k] += more
+                spare -= more
+    table = Table(box=None, pad_edge=False)
+    for head, width in zip(_PS_COLUMNS, widths):
+        table.add_column(head, width=width, no_wrap=head not in _PS_WRAPPING)
+    for r in rows:
+        table.add_row(*(Text(c) for c in r))
+    if sum(widths) + gaps > console.width:  # rich would shrink (cut) columns to fit: a console as wide
+        console = Console(file=console.file, width=sum(widths) + gaps, highlight=False,
+                          force_terminal=console.is_terminal, no_color=console.no_color)
+    console.print(table, crop=False)
 
 
 def load(model: str = typer.Argument(..., help="model id or alias"),
@@ -140,7 +162,7 @@ def show(model: str = typer.Argument(..., help="model id or alias"),
             ("context length", str(info.get("context_length") or "-")),
             ("embedding length", str(info.get("embedding_length") or "-")),
             ("layers", str(info.get("block_count") or "-")),
-            ("file", f"{info.get('path')} ({human_bytes(info.get('file_bytes'))})"),
+            ("file", f"{info.get('path')} ({fmt_bytes(info['file_bytes']) if info.get('file_bytes') else '-'})"),
             ("source", info.get("source") or "-"), ("status", info.get("status") or "-")]
     table = Table(box=None, show_header=False, pad_edge=False)
     table.add_column(style="bold")

@@ -28,6 +28,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from corral.byte_sizes import fmt_bytes
 from corral.cli.client import HostOpt, PortOpt, ServerOpt, api_headers, model_path, server_url
 from corral.errors import CorralError
 from corral.store.local import ModelStore, default_models_dir, validate_model_id
@@ -66,17 +67,6 @@ def _error_message(r: httpx.Response) -> str:
     return f"HTTP {r.status_code}: {r.text[:200]}"
 
 
-def _human(n: int | None) -> str:
-    if n is None:
-        return "?"
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{n} B"
-
-
 def _bar() -> Progress:
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
                     TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=False)
@@ -89,7 +79,8 @@ def _finish(ev: dict[str, Any]) -> int:
         out.print(f"pulled [bold]{model}[/] -> {ev.get('path')}")
         return 0
     if name == "download_cancelled":
-        err.print(f"cancelled {model} ({_human(ev.get('done'))} kept; pull again to resume)")
+        done = ev.get("done")
+        err.print(f"cancelled {model} ({'?' if done is None else fmt_bytes(done)} kept; pull again to resume)")
         return 130
     err.print(f"[red]failed[/]: {ev.get('reason')}")
     return 1
@@ -291,7 +282,8 @@ def register(app: typer.Typer) -> None:
         table = Table("ID", "SIZE", "QUANT", "SOURCE", "STATUS", "PATH", box=None, pad_edge=False)
         for r in rows:
             status = r.get("status") or ("-" if served is None else "not served")
-            table.add_row(r["id"], _human(r.get("size")), r.get("quantization") or "-",
+            size = r.get("size")
+            table.add_row(r["id"], "?" if size is None else fmt_bytes(size), r.get("quantization") or "-",
                           r.get("source") or "local",
                           f"[bold green]{status}[/]" if r.get("loaded") else status, str(r.get("path")))
         out.print(table)

@@ -27,12 +27,13 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from corral.byte_sizes import fmt_bytes
 from corral.config import ServerConfig
-from corral.control.gpus import GpuBudget, GpuSlot, Shortage, device_use, fmt_bytes
+from corral.control.gpus import GpuBudget, GpuSlot, Shortage, device_use
 from corral.control.pool import ModelPool
 from corral.errors import CapacityTimeout, LoadFailed
 
-__all__ = ["Admission", "fmt_bytes"]
+__all__ = ["Admission"]
 
 log = logging.getLogger("corral.admission")
 

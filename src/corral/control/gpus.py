@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from corral import wire
+from corral.byte_sizes import fmt_bytes
 from corral.config import ServerConfig
 from corral.errors import LoadFailed
 from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout, router_split, split_by_weights
@@ -46,7 +47,7 @@ from corral.settings import VISIBLE_DEVICES_VARS
 if TYPE_CHECKING:
     from corral.control.pool import ModelPool
 
-__all__ = ["GpuSlot", "Shortage", "GpuBudget", "probe_devices", "device_use", "fmt_bytes"]
+__all__ = ["GpuSlot", "Shortage", "GpuBudget", "probe_devices", "device_use"]
 
 log = logging.getLogger("corral.gpus")
 
@@ -299,11 +300,3 @@ class GpuBudget:
         used = self.used(p for p in pools if p.occupies)
         return [{"index": k, "name": d.name, "free_bytes_at_start": d.free_bytes, "total_bytes": d.total_bytes,
                  "budget_bytes": b, "used_bytes": used[k]} for k, (d, b) in enumerate(zip(self.known, self.budgets()))]
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)

@@ -32,6 +32,7 @@ from typing import Any
 
 import msgspec
 
+from corral.byte_sizes import fmt_bytes
 from corral.events import EventBus, EventName
 from corral.errors import (
     Conflict,
@@ -43,7 +44,7 @@ from corral.errors import (
 )
 from corral.store import messages as m
 from corral.store.pulls import (OnFinished, ProgressThrottle, PullHandle, PullState, Rate, describe_exit,
-                                disk_free, file_size, fmt_bytes, start_error)
+                                disk_free, file_size, start_error)
 from corral.store.local import ModelStore, validate_model_id
 from corral.store.sources import SourceError, parse_source
 

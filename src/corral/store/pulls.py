@@ -18,7 +18,7 @@ from corral.errors import (Conflict, CorralError, DownloadError, DownloadNetwork
 from corral.store import messages as m
 
 __all__ = ["PullState", "OnFinished", "PullHandle", "ProgressThrottle", "Rate", "disk_free",
-           "start_error", "describe_exit", "file_size", "fmt_bytes"]
+           "start_error", "describe_exit", "file_size"]
 
 PullState = Literal["resolving", "downloading", "finished", "failed", "cancelled"]
 OnFinished = Callable[[str, Path], "Awaitable[None] | None"]
@@ -135,11 +135,3 @@ def file_size(path: Path | None) -> int | None:
         return path.stat().st_size if path is not None else None
     except OSError:
         return None
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"

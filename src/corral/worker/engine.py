@@ -193,12 +193,9 @@ class Engine:
             free.remove(best)
             try:
                 self._start(best, job, best_n)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
                 log.exception("request %s failed to start", job.req.id)
-                self._by_id.pop(job.req.id, None)
-                best.job = None
-                self._clear_slot(best)
-                self.out.append(wire.RequestFailed(job.req.id, "internal", f"{type(exc).__name__}: {exc}"))
+                self._fail(best, job, f"{type(exc).__name__}: {exc}")
 
     def _clear_slot(self, slot: Slot) -> None:
         ll.llama_memory_seq_rm(self.m.memory, slot.index, -1, -1)
@@ -217,11 +214,11 @@ class Engine:
             self._clear_slot(slot)
         p = job.req.params
         begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter())
-        grammar, job.grammar = job.grammar, None
         seed = sampling.resolve_seed(p, self.settings.seed)
-        slot.sampler = sampling.SlotSampler(p, n_vocab=self.m.n_vocab, seed=seed,
-                                            eog_tokens=self.tok.eog_tokens if p.ignore_eos else [],
-                                            prompt_tail=job.tokens, grammar=grammar)
+        grammar, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
+        slot.sampler = sampling.slot_sampler(p, n_vocab=self.m.n_vocab, seed=seed,
+                                             eog_tokens=self.tok.eog_tokens if p.ignore_eos else [],
+                                             prompt_tail=job.tokens, grammar=grammar)
         stops = list(p.stop)
         if req.messages is not None and self.template is not None and not p.ignore_eos and grammar is None:
             stops += [s for s in self.template.stop_strings if s not in stops]
@@ -308,10 +305,19 @@ class Engine:
     def _fail_running(self, message: str) -> None:
         for slot in self.slots:
             if slot.job is not None:
-                job = slot.job
-                self._release(slot)
-                self._clear_slot(slot)
-                self.out.append(wire.RequestFailed(job.req.id, "internal", message))
+                self._fail(slot, slot.job, message)
+
+    def _fail(self, slot: Slot, job: Job, message: str) -> None:
+        """End ``job``, running (or starting) in ``slot``, with RequestFailed(internal); the others
+        go on. The slot is freed with its samplers (and the job's grammar, if no sampler took it)
+        and its cache cleared (not trusted after a failure), unless it holds another job."""
+        self._by_id.pop(job.req.id, None)
+        sampling.free_sampler(job.grammar)
+        job.grammar = None
+        if slot.job is job or slot.job is None:
+            release(slot)
+            self._clear_slot(slot)
+        self.out.append(wire.RequestFailed(job.req.id, "internal", message))
 
     def _prompt_logprobs(self, slot: Slot, at: int, pos: int, count: int) -> None:
         """Logprobs of the prompt tokens after each of these positions (echo)."""
@@ -346,16 +352,13 @@ class Engine:
             self._next_token(slot, slot.out, drawn.token, drawn.logprob)
         except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
             log.exception("sampling failed for %s", job.req.id)
-            if slot.job is job:
-                self._release(slot)
-                self._clear_slot(slot)
-            self.out.append(wire.RequestFailed(job.req.id, "internal", f"{type(exc).__name__}: {exc}"))
+            self._fail(slot, job, f"{type(exc).__name__}: {exc}")
 
-    def _next_token(self, slot: Slot, out: SlotOutput, tok: int, lp: wire.TokenLogprob | None) -> None:
+    def _next_token(self, slot: Slot, out: SlotOutput, tok: int | None, lp: wire.TokenLogprob | None) -> None:
         now = time.perf_counter()
         if slot.n_gen == 0:
             slot.t_first = now
-        if tok < 0:  # the grammar is complete and allows nothing more
+        if tok is None:  # the grammar is complete and allows nothing more
             self._finish(slot, "stop")
             return
         slot.n_gen += 1
@@ -383,11 +386,7 @@ class Engine:
         n_eval = len(job.tokens) - slot.n_cached
         self.tokens_prompt += n_eval
         self.out.append(finished_message(slot, job, reason, time.perf_counter()))
-        self._release(slot)
-
-    def _release(self, slot: Slot) -> None:
-        if slot.job is not None:
-            self._by_id.pop(slot.job.req.id, None)
+        self._by_id.pop(job.req.id, None)
         release(slot)
 
     # ------------------------------------------------------------------ embeddings

@@ -81,15 +81,15 @@ def pool_for(setting: int | Literal["auto"], info: wire.ModelInfo) -> "SamplePoo
 
 @dataclass
 class Drawn:
-    """One slot's draw: the token (-1: a grammar allows nothing more), its logprobs if the
-    request asked, or the exception that ended the draw."""
+    """One slot's draw: the token (None: a grammar allows nothing more), its logprobs if
+    the request asked, or the exception that ended the draw."""
 
-    token: int = -1
+    token: int | None = None
     logprob: wire.TokenLogprob | None = None
     error: BaseException | None = None
 
 
-def draw(sampler: sampling.SlotSampler | None, ctx: ll.llama_context_p, idx: int, *, is_eog: Callable[[int], bool],
+def draw(sampler: sampling.Sampler | None, ctx: ll.llama_context_p, idx: int, *, is_eog: Callable[[int], bool],
          ends_on_eog: bool, logprobs: int | None, n_vocab: int, piece: Callable[[int], bytes]) -> Drawn:
     """Sample one slot at batch position ``idx`` (and its logprobs, unless the token ends
     the request); thread-safe for distinct samplers. Never raises: errors are returned."""
@@ -98,7 +98,7 @@ def draw(sampler: sampling.SlotSampler | None, ctx: ll.llama_context_p, idx: int
             raise RuntimeError("the slot has no sampler")
         tok = sampler.sample(ctx, idx, is_eog)
         lp = None
-        if logprobs is not None and tok >= 0 and not (ends_on_eog and is_eog(tok)):
+        if logprobs is not None and tok is not None and not (ends_on_eog and is_eog(tok)):
             lp = sampling.token_logprobs(sampling.logits_at(ctx, idx, n_vocab), tok, logprobs, piece)
         return Drawn(tok, lp)
     except Exception as exc:  # noqa: BLE001 - the engine fails this request only

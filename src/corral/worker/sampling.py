@@ -7,10 +7,10 @@ greedy, else top_k, top_p, min_p, temperature, dist(seed).
 
 Two ways to sample a slot:
 
-- plain (no grammar): the whole chain, in C, over the short candidate list of
+- plain (no grammar, ``SlotSampler``): the whole chain, in C, over the short candidate list of
   worker/candidates.py (top-k and greedy chains without penalties), else one
   ``llama_sampler_sample`` over the whole vocabulary.
-- with a grammar (``SlotSampler.grammar``): the way llama.cpp's common sampler does it.
+- with a grammar (``GrammarSampler``): the way llama.cpp's common sampler does it.
   Sample WITHOUT the grammar first (over the short list where the chain allows), then
   ask the grammar about the chosen token only (one candidate: microseconds). Only if it
   is rejected, resample with the grammar over the model's 1024 most likely tokens (the
@@ -47,8 +47,8 @@ import numpy.typing as npt
 from corral import wire
 from corral.worker.candidates import MAX_K, ShortList
 
-__all__ = ["make_sampler", "free_sampler", "resolve_seed", "SlotSampler", "token_logprobs", "logits_at",
-           "Logits", "BAN"]
+__all__ = ["make_sampler", "free_sampler", "resolve_seed", "SlotSampler", "GrammarSampler", "Sampler",
+           "slot_sampler", "token_logprobs", "logits_at", "Logits", "BAN"]
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 BAN = -100.0  # a logit_bias at or below this bans the token (-inf), as OpenAI documents
@@ -170,56 +170,76 @@ def _short_list(p: wire.SamplingParams, n_vocab: int, eog_tokens: list[int], k: 
 
 
 class SlotSampler:
-    """One request's sampling state. ``sample`` returns the token, or -1 when a grammar
-    allows nothing any more (the answer is complete: finish with "stop")."""
+    """One request's sampling without a grammar: the whole chain, over the short list
+    where it serves. ``sample`` returns the token."""
 
     def __init__(self, p: wire.SamplingParams, *, n_vocab: int, seed: int, eog_tokens: list[int],
-                 prompt_tail: list[int], grammar: ll.llama_sampler_p | None = None) -> None:
+                 prompt_tail: list[int]) -> None:
         self.n_vocab = n_vocab
-        self._freed = False
-        self.grammar = grammar
-        self.grammar_s = 0.0  # time spent in grammar work
-        self.resamples = 0  # the chosen token was rejected by the grammar
-        self.full_resamples = 0  # ...and none of the top candidates was allowed either
-        self.greedy = p.temperature <= 0.0
-        self.min_p = p.min_p if not self.greedy else 0.0
-        self.tops: list[ll.llama_sampler_p] = []
-        # grammar resamples from short lists: (N, its list, a top-N sampler)
-        self.short_tops: list[tuple[int, ShortList, ll.llama_sampler_p]] = []
-        self.k = 1 if self.greedy else p.top_k  # how many allowed tokens decide the chain's pick
-        self.chain: ll.llama_sampler_p | None = None
-        self.short: ShortList | None = None
-        if grammar is None:
-            self.chain = make_sampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=eog_tokens,
-                                      prompt_tail=prompt_tail)
-            self.pre = None
-            self.short = _short_list(p, n_vocab, eog_tokens)
-            return
-        self.pre = _new_chain()
-        if not _add_pre(self.pre, p, n_vocab, eog_tokens):
-            ll.llama_sampler_free(self.pre)
-            self.pre = None
-        else:
-            _prime(self.pre, p, n_vocab, prompt_tail)
-        self.chain = _new_chain()
-        _add_post(self.chain, p, seed)
+        self.chain: ll.llama_sampler_p | None = make_sampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=eog_tokens,
+                                                             prompt_tail=prompt_tail)
         self.short = _short_list(p, n_vocab, eog_tokens)
-        self.tops = [ll.llama_sampler_init_top_k(k) for k in _RESAMPLE_TOPS]
-        if self.short is not None:
-            for n in _SHORT_RESAMPLE_TOPS:
-                sl = _short_list(p, n_vocab, eog_tokens, n)
-                assert sl is not None  # the same conditions as self.short
-                self.short_tops.append((n, sl, ll.llama_sampler_init_top_k(n)))
-        self.data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
-        self.ids = np.arange(n_vocab, dtype=np.int32)
-        self.cur = ll.llama_token_data_array(self.data.ctypes.data_as(ll.llama_token_data_p), n_vocab, -1, False)
-        self.one = np.zeros(1, dtype=_TOKEN_DATA)
-        self.one_cur = ll.llama_token_data_array(self.one.ctypes.data_as(ll.llama_token_data_p), 1, -1, False)
 
     def free(self) -> None:
-        if self._freed:
-            return
-        self._freed = True
+        free_sampler(self.chain)
+        self.chain = None
+
+    def sample(self, ctx: ll.llama_context_p, idx: int, is_eog: Callable[[int], bool]) -> int | None:
+        if not self.chain:
+            raise RuntimeError("this request's sampler was freed")
+        if self.short is not None:
+            tok = self.short.sample(self.chain, logits_at(ctx, idx, self.n_vocab))
+            if tok is not None:
+                return tok
+        return int(ll.llama_sampler_sample(self.chain, ctx, idx))
+
+
+class GrammarSampler:
+    """One request's sampling with a grammar (the module's second way): it owns
+    ``grammar`` from here on (freed with it, also when this constructor fails).
+    ``sample`` returns the token, or None when the grammar allows nothing any more (the
+    answer is complete: finish with "stop")."""
+
+    def __init__(self, p: wire.SamplingParams, *, n_vocab: int, seed: int, eog_tokens: list[int],
+                 prompt_tail: list[int], grammar: ll.llama_sampler_p) -> None:
+        self.n_vocab = n_vocab
+        self.grammar: ll.llama_sampler_p | None = grammar
+        self.grammar_s = 0.0  # time spent in grammar work
+        self.k = 1 if p.temperature <= 0.0 else p.top_k  # how many allowed tokens decide the chain's pick
+        self.pre: ll.llama_sampler_p | None = None  # bias and penalties, if any
+        self.chain: ll.llama_sampler_p | None = None  # the rest of the chain
+        self.tops: list[ll.llama_sampler_p] = []  # top-N samplers of the _RESAMPLE_TOPS levels
+        # grammar resamples from short lists: (N, its list, a top-N sampler)
+        self.short_tops: list[tuple[int, ShortList, ll.llama_sampler_p]] = []
+        try:
+            self.pre = _new_chain()
+            if not _add_pre(self.pre, p, n_vocab, eog_tokens):
+                ll.llama_sampler_free(self.pre)
+                self.pre = None
+            else:
+                _prime(self.pre, p, n_vocab, prompt_tail)
+            self.chain = _new_chain()
+            _add_post(self.chain, p, seed)
+            self.short = _short_list(p, n_vocab, eog_tokens)
+            self.tops = [ll.llama_sampler_init_top_k(k) for k in _RESAMPLE_TOPS]
+            if self.short is not None:
+                for n in _SHORT_RESAMPLE_TOPS:
+                    sl = _short_list(p, n_vocab, eog_tokens, n)
+                    assert sl is not None  # the same conditions as self.short
+                    self.short_tops.append((n, sl, ll.llama_sampler_init_top_k(n)))
+            # the candidate arrays the grammar levels fill: the whole vocabulary, and one token
+            self.data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+            self.ids = np.arange(n_vocab, dtype=np.int32)
+            self.cur = ll.llama_token_data_array(self.data.ctypes.data_as(ll.llama_token_data_p), n_vocab, -1,
+                                                 False)
+            self.one = np.zeros(1, dtype=_TOKEN_DATA)
+            self.one_cur = ll.llama_token_data_array(self.one.ctypes.data_as(ll.llama_token_data_p), 1, -1, False)
+        except BaseException:
+            self.free()
+            raise
+
+    def free(self) -> None:
+        """Idempotent: everything freed is set to None or emptied."""
         free_sampler(self.chain)
         self.chain = None
         free_sampler(self.pre)
@@ -233,15 +253,9 @@ class SlotSampler:
             free_sampler(t)
         self.short_tops = []
 
-    def sample(self, ctx: ll.llama_context_p, idx: int, is_eog: Callable[[int], bool]) -> int:
-        if not self.chain:
+    def sample(self, ctx: ll.llama_context_p, idx: int, is_eog: Callable[[int], bool]) -> int | None:
+        if not self.chain or not self.grammar:
             raise RuntimeError("this request's sampler was freed")
-        if self.grammar is None:
-            if self.short is not None:
-                tok = self.short.sample(self.chain, logits_at(ctx, idx, self.n_vocab))
-                if tok is not None:
-                    return tok
-            return int(ll.llama_sampler_sample(self.chain, ctx, idx))
         logits = logits_at(ctx, idx, self.n_vocab)
         tok = None
         if self.short is not None:  # without the grammar first: the short list will do
@@ -249,10 +263,9 @@ class SlotSampler:
         if tok is None:
             tok = self._apply(logits, grammar_first=False)
         t0 = time.perf_counter()
-        if not self._allowed(tok):
-            self.resamples += 1
+        if tok is None or not self._allowed(self.grammar, tok):
             tok = self._resample(logits)
-        if tok >= 0:
+        if tok is not None:
             if self.pre is not None:
                 ll.llama_sampler_accept(self.pre, tok)
             ll.llama_sampler_accept(self.chain, tok)
@@ -271,26 +284,26 @@ class SlotSampler:
         c.selected = -1
         c.sorted = False
 
-    def _apply(self, logits: Logits, *, grammar_first: bool, top: ll.llama_sampler_p | None = None) -> int:
+    def _apply(self, logits: Logits, *, grammar_first: bool, top: ll.llama_sampler_p | None = None) -> int | None:
         """``_choose`` over the whole vocabulary."""
         self._fill(logits)
         return self._choose(self.data, self.cur, grammar_first=grammar_first, top=top)
 
     def _choose(self, data: npt.NDArray[np.void], cur: ll.llama_token_data_array, *, grammar_first: bool,
-                top: ll.llama_sampler_p | None = None, need: int = 1) -> int:
+                top: ll.llama_sampler_p | None = None, need: int = 1) -> int | None:
         """Bias/penalties, [top-N], [grammar], then, if the grammar left at least ``need``
-        candidates, the chain (its random draw only then): the selected token (-1: none
-        allowed; -2: fewer than ``need`` allowed among the top N)."""
-        assert self.grammar is not None  # only requests with a grammar get here
+        candidates, the chain (its random draw only then): the selected token. None when
+        this level does not decide: fewer than ``need`` allowed (over the whole vocabulary,
+        with ``need`` 1: the grammar allows nothing)."""
         ref = ctypes.byref(cur)
         for smpl in (self.pre, top, self.grammar if grammar_first else None):
             if smpl is not None:
                 ll.llama_sampler_apply(smpl, ref)
         if grammar_first and self._compact(data, cur) < need:
-            return -2 if top is not None else -1
+            return None
         ll.llama_sampler_apply(self.chain, ref)
         sel = cur.selected
-        return int(data["id"][sel]) if 0 <= sel < cur.size else -1
+        return int(data["id"][sel]) if 0 <= sel < cur.size else None
 
     @staticmethod
     def _compact(data: npt.NDArray[np.void], cur: ll.llama_token_data_array) -> int:
@@ -303,19 +316,19 @@ class SlotSampler:
             cur.sorted = False
         return len(keep)
 
-    def _allowed(self, tok: int) -> bool:
-        if tok < 0:
-            return False
+    def _allowed(self, grammar: ll.llama_sampler_p, tok: int) -> bool:
         one = self.one
         one["id"][0] = tok
         one["logit"][0] = 1.0
         one["p"][0] = 0.0
         self.one_cur.size = 1
         self.one_cur.selected = -1
-        ll.llama_sampler_apply(self.grammar, ctypes.byref(self.one_cur))
+        ll.llama_sampler_apply(grammar, ctypes.byref(self.one_cur))
         return bool(one["logit"][0] > -np.inf)
 
-    def _resample(self, logits: Logits) -> int:
+    def _resample(self, logits: Logits) -> int | None:
+        """The chain's pick among the tokens the grammar allows, level by level; None: it
+        allows none."""
         tried = 0  # the largest top-N already tried from a short list
         for n, sl, top in self.short_tops:
             # the top-64 decides only when it holds k allowed tokens: then they are the k
@@ -327,13 +340,24 @@ class SlotSampler:
                 break
             tried = n
             tok = self._choose(sl.data, sl.cur, grammar_first=True, top=top, need=need)
-            if tok != -2:
+            if tok is not None:
                 return tok
         for n, top in zip(_RESAMPLE_TOPS, self.tops):
             if n <= tried:
                 continue
             tok = self._apply(logits, grammar_first=True, top=top)
-            if tok != -2:
+            if tok is not None:
                 return tok
-        self.full_resamples += 1
         return self._apply(logits, grammar_first=True)
+
+
+Sampler = SlotSampler | GrammarSampler
+
+
+def slot_sampler(p: wire.SamplingParams, *, n_vocab: int, seed: int, eog_tokens: list[int], prompt_tail: list[int],
+                 grammar: ll.llama_sampler_p | None = None) -> Sampler:
+    """A request's sampler: plain, or constrained by ``grammar`` (which it then owns)."""
+    if grammar is None:
+        return SlotSampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=eog_tokens, prompt_tail=prompt_tail)
+    return GrammarSampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=eog_tokens, prompt_tail=prompt_tail,
+                          grammar=grammar)

@@ -37,7 +37,7 @@ class Slot:
     pending: int = -1  # sampled token not yet decoded (GENERATE state)
     n_gen: int = 0
     max_tokens: int = 0
-    sampler: sampling.SlotSampler | None = None
+    sampler: sampling.Sampler | None = None
     out: SlotOutput | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # top alternatives per token; None: no logprobs
@@ -115,7 +115,7 @@ def finished_message(slot: Slot, job: Job, reason: wire.FinishReason, now: float
             predicted_per_second=(slot.n_gen - 1) / (predicted_ms / 1000)
             if predicted_ms > 0 and slot.n_gen > 1 else 0.0,
             queued_ms=(slot.t_start - job.t_submit) * 1000,
-            grammar_ms=slot.sampler.grammar_s * 1000 if slot.sampler is not None else 0.0,
+            grammar_ms=slot.sampler.grammar_s * 1000 if isinstance(slot.sampler, sampling.GrammarSampler) else 0.0,
         ),
         slot.index,
         stop_string=slot.out.stop.matched if slot.out is not None else None,

@@ -1,11 +1,11 @@
 """What the Ollama, Anthropic and Responses translations share: running one request on
-corral's ONE request path, the request core in ``api/generation.py``.
+corral's ONE request path, the request core in ``api/core/generation.py``.
 
 A dialect route parses its own body and translates it into an OpenAI chat request
 (messages with tool calls and results, tools, tool_choice, response_format) which
 ``chat_spec`` validates and turns into worker requests exactly as for
 /v1/chat/completions; the dialect's own sampling mapping then replaces the spec's
-``SamplingParams``. ``run_generation`` submits the spec with the core's ``submit`` /
+``SamplingParams``. ``run_generation`` runs the spec with the core's ``generate`` /
 ``open_stream``: the same ``ControlPlane.generate`` (resolve, autoload, slot or bounded
 queue, prefix affinity), disconnect handling, metrics (``endpoint`` label = the
 dialect's) and errors. Only the bytes on the wire differ, and the dialect writes those.
@@ -27,9 +27,9 @@ from starlette.requests import Request
 from corral import wire
 from corral.api.core.chat_request import ChatCompletionRequest
 from corral.api.core.generation import (Event, FinishEvent, GenerationSpec, GenerationStream, TextEvent,
-                                   ToolCallEvent, chat_spec, finish_reason, observe, open_stream, submit)
+                                        ToolCallEvent, chat_spec, finish_reason, generate, observe, open_stream,
+                                        submit)
 from corral.api.http import invalid_request, plane_of
-from corral.control.plane import ControlPlane
 from corral.control.stream import RequestStream
 from corral.errors import InvalidRequest
 
@@ -158,17 +158,13 @@ async def run_generation(request: Request, spec: GenerationSpec, *, stream: bool
         if stream:
             gs = await open_stream(request, spec)
             return Generation(gs.streams[0], "", [], gs, on_close)
-        plane = plane_of(request)
-        coros: list[Awaitable[RequestStream]] = [plane.generate(spec.model, r, spec.prefix)
-                                                 for r in spec.requests]
-        (rs,) = await submit(request, spec.model, spec.endpoint, coros, wait_all=True)
+        result = await generate(request, spec)
     except BaseException:
         if on_close is not None:
             on_close()
         raise
-    observe(plane, rs, spec.endpoint, 200)
-    out = rs.take_all()
-    gen = Generation(rs, out.text, list(out.tool_calls), None, on_close)
+    (choice,) = result.choices
+    gen = Generation(result.streams[0], choice.text, list(choice.tool_calls), None, on_close)
     gen._closed()
     return gen
 

@@ -65,6 +65,7 @@ class GenerationResult:
     choices: list[Choice]
     usage: wire.Usage  # summed over the choices
     timings: wire.Timings | None  # the first choice's
+    streams: list[RequestStream] = field(default_factory=list, repr=False)  # choice i's, ended
 
 
 @dataclass(slots=True)
@@ -292,7 +293,7 @@ async def generate(request: Request, spec: GenerationSpec) -> GenerationResult:
                               out.logprobs if req.logprobs is not None else None,
                               fin.usage if fin else None, fin.timings if fin else None))
     return GenerationResult(spec.id, streams[0].model, int(time.time()), choices,
-                            _sum_usage([c.usage for c in choices]), choices[0].timings)
+                            _sum_usage([c.usage for c in choices]), choices[0].timings, streams)
 
 
 class GenerationStream:
