@@ -47,9 +47,10 @@ from typing import Protocol
 import msgspec
 
 from corral import wire
-from corral.control.transport.process import describe_exit, kill_group, log_tail, open_private_log
+from corral.control.transport.process import kill_group, log_tail, open_private_log
 from corral.control.stream import RequestStream
 from corral.errors import WorkerCrashed
+from corral.exits import describe_exit
 from corral.model_ids import file_stem
 
 __all__ = ["Placement", "LinkExit", "LinkOwner", "WorkerLink", "Spawner", "LinkClosed",
@@ -346,7 +347,7 @@ class SocketLink(WorkerLink):
         if self._transport is not None:
             self._transport.close()
         kill_group(self._proc.pid, signal.SIGKILL)  # whatever else its group left behind
-        self.exited(LinkExit(rc, describe_exit(rc)))
+        self.exited(LinkExit(rc, f"worker {describe_exit(rc)}"))
 
     @property
     def placement(self) -> Placement:

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from corral import wire
 from corral.control.transport.ray import messages as m
+from corral.exits import describe_exit
 from corral.control.transport.link import FrameReader, LinkExit, LinkOwner, Placement, WorkerLink
-from corral.control.transport.process import describe_exit
 
 if TYPE_CHECKING:
     from corral.control.transport.ray.cluster import RayCluster
@@ -153,5 +153,5 @@ class RayLink(WorkerLink):
         self._tail = tail
         self._cluster.forget(self.key)
         if reason is None:
-            reason = f"{describe_exit(rc)} on {self.node_text}"
+            reason = f"worker {describe_exit(rc)} on {self.node_text}"
         self.exited(LinkExit(rc, reason))
