@@ -28,7 +28,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from corral.config import ServerConfig
-from corral.control.gpus import GpuBudget, GpuSlot, Shortage, device_use, fmt_bytes
+from corral.control.gpu_slot import GpuSlot
+from corral.control.gpus import GpuBudget, Shortage, device_use, fmt_bytes
 from corral.control.pool import ModelPool
 from corral.errors import CapacityTimeout, LoadFailed
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from corral import wire
 from corral.control.catalog import ModelSpec
-from corral.control.gpus import GpuSlot
+from corral.control.gpu_slot import GpuSlot
 from corral.events import EventBus, EventName
 from corral.control.instance.state import ALLOWED, InstanceState, Timeouts, Transition, failure_reason
 from corral.control.instance.inbox import (Closed, Discard, Exited, Inbox, Lifecycle, LoadTimeout,
