@@ -11,7 +11,10 @@ A link
   decoded ``wire.FromWorker`` message is handled here (``deliver``): request traffic
   (Delta, Finished, RequestFailed, Embeddings) goes straight to the request's
   ``RequestStream`` and Stats to whoever asked (the hot path: synchronous, no task or
-  queue per token); lifecycle messages (Loading, Ready, LoadFailed) go to the owner;
+  queue per token); lifecycle messages (Loading, Ready, LoadFailed) go to the owner.
+  A frame that cannot be decoded kills the worker; an error in the router's own
+  handling of a message (the stream, the slot release) fails only the request it
+  was for, with ``InternalError``, and is logged as a router error;
 - can be stopped (``send(wire.Shutdown())``), terminated (SIGTERM-like) and killed
   (SIGKILL-like; the whole process group for a local worker);
 - reports that its channel closed (``LinkOwner.link_closed``; no message follows) and
@@ -49,7 +52,7 @@ import msgspec
 from corral import wire
 from corral.control.transport.process import kill_group, log_tail, open_private_log
 from corral.control.stream import RequestStream
-from corral.errors import WorkerCrashed
+from corral.errors import InternalError, WorkerCrashed
 from corral.exits import describe_exit
 from corral.model_ids import file_stem
 
@@ -154,26 +157,44 @@ class WorkerLink(abc.ABC):
 
     def receive(self, data: bytes) -> None:
         """Raw bytes from the worker's channel: frames are split, decoded, delivered.
-        A malformed frame means a broken worker: it is killed."""
+        A malformed frame means a broken worker: it is killed. An error in what the
+        router does with a well-formed message is the router's: it is logged as such and
+        fails at most the one request the message was for (``deliver``); the worker and
+        its other requests carry on."""
         try:
             for body in self._decoder.feed(data):
-                self.deliver(wire.decode_from_worker(body))
+                msg = wire.decode_from_worker(body)
+                try:
+                    self.deliver(msg)
+                except Exception:
+                    log.exception("router error handling %s from worker %s (the worker is not at fault)",
+                                  type(msg).__name__, self.placement)
         except Exception:
             log.exception("bad frame from worker %s; killing it", self.placement)
             self.kill()
 
     def deliver(self, msg: wire.FromWorker) -> None:
-        """One message from the worker. Request traffic is handled inline."""
+        """One message from the worker. Request traffic is handled inline; an error in the
+        router's handling of it fails that request (``_router_failed``)."""
         if type(msg) is wire.Delta:
             r = self._requests.get(msg.id)
-            if r is not None:
-                r.on_delta(msg)
+            if r is not None and not r.done:
+                try:
+                    r.on_delta(msg)
+                except Exception as exc:
+                    self._router_failed(r, exc)
+                    self.abort(r.id)  # the worker stops it; its end frees the slot
         elif (type(msg) is wire.Finished or type(msg) is wire.RequestFailed
               or type(msg) is wire.Embeddings or type(msg) is wire.Tokenized):
             r = self._requests.pop(msg.id, None)
             if r is not None:
-                r.on_end(msg)
-                self._owner.link_request_ended(self)
+                try:
+                    if not r.done:  # (done: failed by a router error, its client told)
+                        r.on_end(msg)
+                except Exception as exc:
+                    self._router_failed(r, exc)
+                finally:
+                    self._owner.link_request_ended(self)
         elif isinstance(msg, wire.Stats):
             self.stats = msg
             waiters, self._stats_waiters = self._stats_waiters, []
@@ -182,6 +203,13 @@ class WorkerLink(abc.ABC):
                     w.set_result(msg)
         elif isinstance(msg, (wire.Loading, wire.Ready, wire.LoadFailed)):
             self._owner.link_message(self, msg)
+
+    def _router_failed(self, stream: RequestStream, exc: Exception) -> None:
+        """The router's own code failed on a message for ``stream``: that request ends
+        with an internal error (500), logged with its traceback."""
+        log.error("router error on request %s (worker %s is not at fault); failing the request",
+                  stream.id, self.placement, exc_info=exc)
+        stream.fail(InternalError("the router failed on this request (a router error; see the server log)"))
 
     def closed(self) -> None:
         """The channel closed: nothing more will be received."""
