@@ -10,8 +10,9 @@ import signal
 import httpx
 import pytest
 
-from corral.control.instance.instance import InstanceState
+from corral.control.instance.instance import InstanceState, Timeouts
 from corral.errors import Unavailable
+from support.fake_link import FakeSpawner, fake_pool
 from support.harness import Harness, _until, chat, wait_event
 
 
@@ -214,10 +215,12 @@ async def test_explicit_load_cancelled_by_an_unload_is_409(harness: Harness) -> 
     assert plane.pools["a"].status() == "unloaded"
 
 
-async def test_second_stop_fails_the_start_that_was_to_follow(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a", shutdown_delay_s=1.0))}}))
-    await harness.client.post("/models/load", json={"model": "a"})
-    inst = plane.pools["a"].instances[0]
+async def test_second_stop_fails_the_start_that_was_to_follow() -> None:
+    spawner = FakeSpawner(exit_on_shutdown=False)  # it exits when terminated, after the stop grace
+    pool = fake_pool(spawner, timeouts=Timeouts(load_timeout_s=5.0, stop_grace_s=0.05))
+    pool.start()
+    await pool.wait_ready(5)
+    inst = pool.instances[0]
     first = asyncio.create_task(inst.stop("one"))
     await _until(lambda: inst.state is InstanceState.STOPPING)
     start = inst.request_start()  # to run once stopped ...
@@ -228,17 +231,17 @@ async def test_second_stop_fails_the_start_that_was_to_follow(harness: Harness) 
     assert inst.state is InstanceState.STOPPED
 
 
-async def test_discard_fails_what_waits_for_the_instance(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a", load_delay_s=5.0))}}))
-    load = asyncio.create_task(harness.client.post("/models/load", json={"model": "a"}))
-    await _until(lambda: bool(plane.pools["a"].instances)
-                 and plane.pools["a"].instances[0].state is InstanceState.STARTING)
-    inst = plane.pools["a"].instances[0]
+async def test_discard_fails_what_waits_for_the_instance() -> None:
+    spawner = FakeSpawner(ready=False)  # loading until the test says otherwise
+    pool = fake_pool(spawner)
+    pool.start()
+    await spawner.next_link()
+    inst = pool.instances[0]
+    await _until(lambda: inst.state is InstanceState.STARTING)
     waiting = inst.request_start()
     inst.discard()
     with pytest.raises(Unavailable):
         await asyncio.wait_for(waiting, 5)
-    load.cancel()
 
 
 def _restarts_metric(text: str, model: str) -> float:
