@@ -119,6 +119,7 @@ class WorkerLink(abc.ABC):
         self.log_path = log_path
         self.stats: wire.Stats | None = None
         self._requests: dict[str, RequestStream] = {}
+        self._stopping: set[str] = set()  # failed by a router error, still running on the worker
         self._stats_waiters: list[asyncio.Future[wire.Stats]] = []
         self._decoder = wire.FrameDecoder()
         self._exit: LinkExit | None = None
@@ -178,23 +179,28 @@ class WorkerLink(abc.ABC):
         router's handling of it fails that request (``_router_failed``)."""
         if type(msg) is wire.Delta:
             r = self._requests.get(msg.id)
-            if r is not None and not r.done:
+            if r is not None:
                 try:
                     r.on_delta(msg)
                 except Exception as exc:
-                    self._router_failed(r, exc)
-                    self.abort(r.id)  # the worker stops it; its end frees the slot
+                    del self._requests[msg.id]
+                    self._stopping.add(msg.id)  # the worker stops it (Abort); its end frees the slot
+                    self._router_failed(msg.id, r, exc)
+                    if self.is_open:
+                        self._write(wire.encode(wire.Abort(msg.id)))
         elif (type(msg) is wire.Finished or type(msg) is wire.RequestFailed
               or type(msg) is wire.Embeddings or type(msg) is wire.Tokenized):
             r = self._requests.pop(msg.id, None)
             if r is not None:
                 try:
-                    if not r.done:  # (done: failed by a router error, its client told)
-                        r.on_end(msg)
+                    r.on_end(msg)
                 except Exception as exc:
-                    self._router_failed(r, exc)
+                    self._router_failed(msg.id, r, exc)
                 finally:
                     self._owner.link_request_ended(self)
+            elif msg.id in self._stopping:
+                self._stopping.discard(msg.id)
+                self._owner.link_request_ended(self)
         elif isinstance(msg, wire.Stats):
             self.stats = msg
             waiters, self._stats_waiters = self._stats_waiters, []
@@ -204,11 +210,11 @@ class WorkerLink(abc.ABC):
         elif isinstance(msg, (wire.Loading, wire.Ready, wire.LoadFailed)):
             self._owner.link_message(self, msg)
 
-    def _router_failed(self, stream: RequestStream, exc: Exception) -> None:
+    def _router_failed(self, request_id: str, stream: RequestStream, exc: Exception) -> None:
         """The router's own code failed on a message for ``stream``: that request ends
         with an internal error (500), logged with its traceback."""
         log.error("router error on request %s (worker %s is not at fault); failing the request",
-                  stream.id, self.placement, exc_info=exc)
+                  request_id, self.placement, exc_info=exc)
         stream.fail(InternalError("the router failed on this request (a router error; see the server log)"))
 
     def closed(self) -> None:
@@ -280,11 +286,12 @@ class WorkerLink(abc.ABC):
 
     @property
     def inflight(self) -> int:
-        return len(self._requests)
+        return len(self._requests) + len(self._stopping)
 
     def fail_requests(self, exc: WorkerCrashed) -> None:
         """End every request still running on this worker with ``exc``."""
         reqs, self._requests = self._requests, {}
+        self._stopping.clear()
         for r in reqs.values():
             r.fail(exc)
         waiters, self._stats_waiters = self._stats_waiters, []
