@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from corral.control.catalog import ModelSpec
 from corral.control.gpu_slot import GpuSlot
 from corral.control.instance.instance import Instance, InstanceState, Transition
-from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, ModelUnloaded, QueueFull, Unavailable
+from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, ModelUnloaded, QueueFull
 
 __all__ = ["ModelPool", "MIN_PREFIX", "common_prefix_len"]
 

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Any, Protocol
+from typing import Protocol
 
 from corral import wire
 from corral.control.transport.ray import messages as m
