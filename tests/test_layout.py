@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,100 @@ def test_fetch_child_and_wire_share_one_frame_codec() -> None:
     assert issubclass(wire.FrameDecoder, frames.FrameDecoder)
     assert issubclass(messages.FrameReader, frames.FrameDecoder)
     assert wire.FrameTooLarge is frames.FrameTooLarge
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Package ``root``'s modules -> the modules of that package each imports. Every
+    import counts: module-level, inside a function, under ``if TYPE_CHECKING:``;
+    ``from a import b`` names module ``a.b`` when there is one, else ``a``."""
+    files = {_module_name(p, root): p for p in root.rglob("*.py")}
+    top = root.name
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        named: list[str] = []
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                named += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                named += [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+        deps = set()
+        for name in named:
+            while name and name not in files:  # an attribute of a module, or not ours
+                name = name.rpartition(".")[0]
+            if name and name != mod and (name == top or name.startswith(top + ".")):
+                deps.add(name)
+        graph[mod] = deps
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def test_no_import_cycle_between_corral_modules() -> None:
+    graph = import_graph(SRC)
+    assert len(graph) > 100 and graph["corral.control.plane"]  # it parsed the package
+    cycles = import_cycles(graph)
+    assert cycles == [], "\n".join(
+        " <-> ".join(c) + ": " + "; ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in cycles)
+
+
+def test_the_cycle_check_sees_every_kind_of_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    for f in ("__init__.py", "sub/__init__.py", "leaf.py"):
+        (pkg / f).write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..c import C\n")  # function-level, relative
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\nC = 1\n")
+    (pkg / "d.py").write_text("from pkg import leaf\nimport os\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.c"} and graph["pkg.c"] == {"pkg.a"}
+    assert graph["pkg.d"] == {"pkg.leaf"}
+    assert import_cycles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
+    (pkg / "c.py").write_text("C = 1\n")
+    assert import_cycles(import_graph(pkg)) == []

@@ -8,7 +8,11 @@ import os
 import signal
 
 import httpx
+import pytest
 
+from corral.control.instance.instance import InstanceState, Timeouts
+from corral.errors import Unavailable
+from support.fake_link import FakeSpawner, fake_pool
 from support.harness import Harness, _until, chat, wait_event
 
 
@@ -209,3 +213,85 @@ async def test_explicit_load_cancelled_by_an_unload_is_409(harness: Harness) -> 
     r = await load
     assert r.status_code == 409 and "unloaded" in r.json()["error"]["message"], r.text
     assert plane.pools["a"].status() == "unloaded"
+
+
+async def test_second_stop_fails_the_start_that_was_to_follow() -> None:
+    spawner = FakeSpawner(exit_on_shutdown=False)  # it exits when terminated, after the stop grace
+    pool = fake_pool(spawner, timeouts=Timeouts(load_timeout_s=5.0, stop_grace_s=0.05))
+    pool.start()
+    await pool.wait_ready(5)
+    inst = pool.instances[0]
+    first = asyncio.create_task(inst.stop("one"))
+    await _until(lambda: inst.state is InstanceState.STOPPING)
+    start = inst.request_start()  # to run once stopped ...
+    second = asyncio.create_task(inst.stop("two"))  # ... called off by a second stop
+    await asyncio.wait_for(asyncio.gather(first, second), 10)
+    with pytest.raises(Unavailable):
+        await asyncio.wait_for(start, 5)
+    assert inst.state is InstanceState.STOPPED
+
+
+async def test_discard_fails_what_waits_for_the_instance() -> None:
+    spawner = FakeSpawner(ready=False)  # loading until the test says otherwise
+    pool = fake_pool(spawner)
+    pool.start()
+    await spawner.next_link()
+    inst = pool.instances[0]
+    await _until(lambda: inst.state is InstanceState.STARTING)
+    waiting = inst.request_start()
+    inst.discard()
+    with pytest.raises(Unavailable):
+        await asyncio.wait_for(waiting, 5)
+
+
+def _restarts_metric(text: str, model: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("corral_restarts_total{") and f'model="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_restarts_metric_counts_performed_restarts(harness: Harness) -> None:
+    cfg = harness.config({"a": {"path": str(harness.script("a"))}, "b": {"path": str(harness.script("b"))}},
+                         restart_backoff_s=0.05)
+    plane = await harness.start(cfg)
+    async with plane.bus.subscribe() as q:
+        await harness.client.post("/models/load", json={"model": "a"})
+        await harness.client.post("/models/load", json={"model": "b"})
+        os.kill(plane.pools["a"].instances[0].pid, signal.SIGKILL)
+        await wait_event(q, lambda e: e.get("model") == "a" and e.get("new") == "failed")
+        await wait_event(q, lambda e: e.get("model") == "a" and e.get("new") == "ready")
+    text = (await harness.client.get("/metrics")).text
+    assert _restarts_metric(text, "a") == plane.pools["a"].instances[0].restarts == 1
+
+
+async def test_restarts_metric_ignores_a_restart_that_never_happened(harness: Harness) -> None:
+    cfg = harness.config({"a": {"path": str(harness.script("a"))}}, restart_backoff_s=20)
+    plane = await harness.start(cfg)
+    async with plane.bus.subscribe() as q:
+        await harness.client.post("/models/load", json={"model": "a"})
+        os.kill(plane.pools["a"].instances[0].pid, signal.SIGKILL)
+        await wait_event(q, lambda e: e.get("model") == "a" and e.get("new") == "failed")
+    await harness.client.post("/models/unload", json={"model": "a"})  # the restart is called off
+    text = (await harness.client.get("/metrics")).text
+    assert _restarts_metric(text, "a") == plane.pools["a"].instances[0].restarts == 0
+
+
+async def test_request_retries_a_crash_looping_model_after_its_backoff(harness: Harness) -> None:
+    script = harness.script("c", exit_on_load=3)
+    plane = await harness.start(harness.config({"c": {"path": str(script)}}, max_restarts=0,
+                                               restart_backoff_s=0.2))
+    r = await harness.client.post("/v1/chat/completions", json=chat("c"))
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
+    script.write_text("{}")  # whatever made it crash has passed
+    await _until(lambda: plane.pools["c"].retry_due)
+    r = await harness.client.post("/v1/chat/completions", json=chat("c"))
+    assert r.status_code == 200, r.text
+
+
+async def test_a_worker_of_another_protocol_version_fails_to_load(harness: Harness) -> None:
+    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a", protocol=99))}}))
+    r = await harness.client.post("/v1/chat/completions", json=chat("a"))
+    assert r.status_code == 503 and "wire protocol 99" in r.json()["error"]["message"], r.text
+    assert plane.pools["a"].status() == "failed"

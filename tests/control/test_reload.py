@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from corral.config import load_config
 from support.harness import Harness, chat, wait_event
@@ -86,3 +89,53 @@ async def test_reload_gives_a_failed_model_a_fresh_chance(harness: Harness) -> N
     assert (await harness.client.post("/models/reload")).status_code == 200
     assert plane.pools["bad"].status() == "unloaded"
     assert (await harness.client.post("/v1/completions", json={"model": "bad", "prompt": "x"})).status_code == 200
+
+
+async def test_reload_restart_stays_within_max_loaded_models(harness: Harness) -> None:
+    cfg_path = harness.tmp / "corral.toml"
+    srv = harness.server_table(max_loaded_models=1)
+    a, b = str(harness.script("a", slow_delay_s=0.2)), str(harness.script("b"))
+    write_config(cfg_path, srv, {"a": {"path": a}, "b": {"path": b}})
+    plane = await harness.start(load_config(cfg_path), loader=lambda: load_config(cfg_path))
+    c = harness.client
+    await c.post("/models/load", json={"model": "a"})
+    running = asyncio.create_task(c.post("/v1/completions", json={"model": "a", "prompt": "SLOW"}))
+    await _until(lambda: plane.pools["a"].inflight == 1)
+    write_config(cfg_path, srv, {"a": {"path": a, "n_parallel": 2}, "b": {"path": b}})
+    reload = asyncio.create_task(c.post("/models/reload"))
+    await _until(lambda: plane.pools["a"].draining)
+    other = asyncio.create_task(c.post("/v1/chat/completions", json=chat("b")))  # b loads meanwhile
+    r = await reload
+    assert r.status_code == 200 and r.json()["restarted"] == ["a"], r.text
+    assert (await running).status_code == 200 and (await other).status_code == 200
+    assert sum(p.occupies for p in plane.pools.values()) <= 1
+
+
+async def test_reload_reports_and_logs_a_failed_restart(harness: Harness,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    cfg_path = harness.tmp / "corral.toml"
+    srv = harness.server_table()
+    write_config(cfg_path, srv, {"a": {"path": str(harness.script("a"))}})
+    plane = await harness.start(load_config(cfg_path), loader=lambda: load_config(cfg_path))
+    await harness.client.post("/models/load", json={"model": "a"})
+    write_config(cfg_path, srv, {"a": {"path": str(harness.script("a2", load_fail="broken now"))}})
+    with caplog.at_level(logging.WARNING):
+        r = await harness.client.post("/models/reload")
+    assert r.status_code == 200 and r.json()["failed"] == ["a"], r.text
+    assert any("reload" in rec.getMessage() and "broken now" in rec.getMessage() for rec in caplog.records)
+    assert plane.pools["a"].status() == "failed"
+
+
+async def test_sighup_reload_task_is_kept(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}), sighup=True)
+    release: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def reload() -> dict[str, list[str]]:
+        await release
+        return {}
+
+    monkeypatch.setattr(plane, "reload", reload)
+    os.kill(os.getpid(), signal.SIGHUP)
+    await _until(lambda: any(t.get_name() == "reload (SIGHUP)" for t in plane.background_tasks))
+    release.set_result(None)
+    await _until(lambda: not any(t.get_name() == "reload (SIGHUP)" for t in plane.background_tasks))

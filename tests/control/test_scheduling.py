@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from support.fake_link import FakeSpawner, fake_pool, spec
 from support.harness import Harness, chat, wait_event
 from support.harness import _until
 
@@ -137,26 +138,22 @@ async def test_idle_ttl_unloads(harness: Harness) -> None:
     await _until(lambda: plane.pools["a"].status() == "unloaded")
 
 
-async def test_balancing_prefers_prefix_then_least_busy(harness: Harness) -> None:
-    cfg = harness.config({"a": {"path": str(harness.script("a")), "instances": 2, "n_parallel": 2}})
-    plane = await harness.start(cfg)
-    c = harness.client
-    await c.post("/models/load", json={"model": "a"})
-    await _until(lambda: all(i.state.value == "ready" for i in plane.pools["a"].instances))
-    pool = plane.pools["a"]
+async def test_balancing_prefers_prefix_then_least_busy() -> None:
+    spawner = FakeSpawner()
+    pool = fake_pool(spawner, spec(instances=2, n_parallel=2))
+    pool.start()
+    await _until(lambda: all(i.state.value == "ready" for i in pool.instances))
     system = "You are a careful assistant. " * 4  # > 64 characters shared
     # two concurrent requests spread over both instances (least busy)
-    s1 = c.stream("POST", "/v1/completions", json={"model": "a", "prompt": system + "FOREVER one", "stream": True})
-    s2 = c.stream("POST", "/v1/completions", json={"model": "a", "prompt": "other FOREVER", "stream": True})
-    async with s1, s2:
-        await _until(lambda: pool.inflight == 2)
-        assert sorted(pool.busy(i) for i in pool.instances) == [1, 1]
-        holder = next(i for i in pool.instances if any(r.startswith(system) for r in pool.recent(i)))
-        # a request sharing the long prefix goes to the instance that served it
-        async with c.stream("POST", "/v1/completions",
-                            json={"model": "a", "prompt": system + "FOREVER two", "stream": True}):
-            await _until(lambda: pool.inflight == 3)
-            assert pool.busy(holder) == 2
+    assert pool.try_acquire(system + "FOREVER one") is not None
+    assert pool.try_acquire("other FOREVER") is not None
+    assert pool.inflight == 2
+    assert sorted(pool.busy(i) for i in pool.instances) == [1, 1]
+    holder = next(i for i in pool.instances if any(r.startswith(system) for r in pool.recent(i)))
+    # a request sharing the long prefix goes to the instance that served it
+    assert pool.try_acquire(system + "FOREVER two") is holder
+    assert pool.inflight == 3
+    assert pool.busy(holder) == 2
 
 
 async def test_client_leaving_the_queue_is_forgotten(harness: Harness) -> None:

@@ -23,8 +23,9 @@ async def test_slow_reader_gets_merged_text_in_bounded_pieces() -> None:
     assert time.perf_counter() - t0 < 1.0  # linear, not quadratic
     assert len(s._parts) <= 50_000 // 64 + 64
     s.on_end(_fin(50_000))
-    assert await s.next_text() == "ab" * 50_000
-    assert await s.next_text() is None
+    piece = await s.next_piece()
+    assert piece is not None and piece.text == "ab" * 50_000
+    assert await s.next_piece() is None
     assert s.n_tokens == 50_000 and s.finished is not None
 
 
@@ -32,13 +33,16 @@ async def test_error_comes_after_the_text_before_it() -> None:
     s = RequestStream("r", "m")
     s.on_delta(wire.Delta("r", "x", 1))
     s.fail(WorkerCrashed("gone"))
-    assert await s.next_text() == "x"
+    piece = await s.next_piece()
+    assert piece is not None and piece.text == "x"
     with pytest.raises(WorkerCrashed):
-        await s.next_text()
+        await s.next_piece()
     s2 = RequestStream("r", "m")
     s2.on_end(wire.RequestFailed("r", "context_length_exceeded", "too long"))
     with pytest.raises(ContextLengthExceeded):
-        await s2.wait()
+        await s2.wait_started()
+    with pytest.raises(ContextLengthExceeded):
+        await s2.wait_done()
 
 
 async def test_abort_without_instance_and_twice_is_harmless() -> None:
@@ -47,4 +51,5 @@ async def test_abort_without_instance_and_twice_is_harmless() -> None:
     s.abort()
     s.on_end(_fin(0))
     s.abort()
-    assert await s.wait() == ""
+    await s.wait_done()
+    assert s.take_all().text == ""

@@ -110,7 +110,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         downloads = None
         if store is not None:
             downloads = DownloadManager(store, bus, on_finished=plane.on_download_finished)
-        app.state.router = plane
+        holder: store_routes.ModelHolder = plane  # what the store routes use of it (mypy checks it)
+        app.state.router = holder
         app.state.bus = bus
         app.state.store = store
         app.state.downloads = downloads

@@ -29,7 +29,8 @@ from typing import Any
 
 from corral.byte_sizes import fmt_bytes
 from corral.config import ServerConfig
-from corral.control.gpus import GpuBudget, GpuSlot, Shortage, device_use
+from corral.control.gpu_slot import GpuSlot
+from corral.control.gpus import GpuBudget, Shortage, device_use
 from corral.control.pool import ModelPool
 from corral.errors import CapacityTimeout, LoadFailed
 

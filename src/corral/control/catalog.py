@@ -13,15 +13,13 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from corral import wire
 from corral.config import CorralConfig
+from corral.control.gpu_slot import GpuSlot
 from corral.errors import ModelNotFound
 from corral.settings import ModelSettings
-
-if TYPE_CHECKING:
-    from corral.control.gpus import GpuSlot
 
 __all__ = ["ModelSpec", "Catalog", "specs_from_config", "default_threads"]
 

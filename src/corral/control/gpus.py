@@ -40,6 +40,7 @@ import msgspec
 from corral import wire
 from corral.byte_sizes import fmt_bytes
 from corral.config import ServerConfig
+from corral.control.gpu_slot import GpuSlot
 from corral.errors import LoadFailed
 from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout, router_split, split_by_weights
 from corral.settings import VISIBLE_DEVICES_VARS
@@ -47,28 +48,13 @@ from corral.settings import VISIBLE_DEVICES_VARS
 if TYPE_CHECKING:
     from corral.control.pool import ModelPool
 
-__all__ = ["GpuSlot", "Shortage", "GpuBudget", "probe_devices", "device_use"]
+__all__ = ["Shortage", "GpuBudget", "probe_devices", "device_use"]
 
 log = logging.getLogger("corral.gpus")
 
 _PROBE_TIMEOUT_S = 60.0
 _ENV_KEYS = ("CORRAL_FAKE_DEVICES", *VISIBLE_DEVICES_VARS)
 _probed: dict[tuple[str, ...], list[wire.DeviceInfo]] = {}
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSlot:
-    """Where admission placed one instance: its GPUs and its estimated need on each."""
-
-    devices: list[int]
-    needs: list[int]  # the estimated need on each of ``devices``
-    budgets: list[int] | None = None  # what was free of each GPU's budget when placed
-    margin_bytes: int | None = None  # [server] gpu_memory_margin
-    split: list[float] | None = None  # several GPUs: the split ``needs`` were estimated with (its tensor_split)
-
-    @property
-    def need_bytes(self) -> int:
-        return sum(self.needs)
 
 
 @dataclass(frozen=True, slots=True)

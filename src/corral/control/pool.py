@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from corral.control.catalog import ModelSpec
-from corral.control.gpus import GpuSlot
+from corral.control.gpu_slot import GpuSlot
 from corral.control.instance.instance import Instance, InstanceState, Transition
-from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, ModelUnloaded, QueueFull, Unavailable
+from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, ModelUnloaded, QueueFull
 
 __all__ = ["ModelPool", "MIN_PREFIX", "common_prefix_len"]
 
@@ -95,13 +95,12 @@ class ModelPool:
     @property
     def occupies(self) -> bool:
         """Counts against max_loaded_models / memory_budget."""
-        return any(i.state in (S.STARTING, S.READY, S.STOPPING) or i.restart_pending
-                   or i.start_requested for i in self.instances)
+        return any(i.holds_memory for i in self.instances)
 
     @property
     def failed_final(self) -> bool:
-        return bool(self.instances) and all(i.state is S.FAILED and i.final
-                                            and not i.start_requested for i in self.instances)
+        return bool(self.instances) and all(i.state is S.FAILED and i.final and not i.holds_memory
+                                            for i in self.instances)
 
     @property
     def retry_due(self) -> bool:
@@ -147,8 +146,7 @@ class ModelPool:
         states = {i.state for i in self.instances}
         if S.READY in states or S.STOPPING in states:
             return "loaded"
-        if S.STARTING in states or any(i.restart_pending or i.start_requested
-                                       for i in self.instances):
+        if any(i.holds_memory for i in self.instances):  # starting, or about to
             return "loading"
         if S.FAILED in states:
             return "failed"
@@ -156,8 +154,7 @@ class ModelPool:
 
     def live(self) -> list[Instance]:
         """The instances that take memory: starting, ready, stopping, or about to start."""
-        return [i for i in self.instances if i.state in (S.STARTING, S.READY, S.STOPPING)
-                or i.restart_pending or i.start_requested]
+        return [i for i in self.instances if i.holds_memory]
 
     def memory_bytes(self) -> int:
         """Reported host bytes of live instances (a GPU fit plan's host part, else weights +
@@ -193,14 +190,11 @@ class ModelPool:
         if fresh:
             self._replace([self._make_instance(self, i) for i in range(self.spec.instances)])
         for k, inst in enumerate(self.instances):
-            inst.gpu = gpus[k] if gpus is not None and k < len(gpus) else None
+            gpu = gpus[k] if gpus is not None and k < len(gpus) else None
             if fresh:
-                inst.request_start(reset=True)
-        if fresh:
-            return
-        for inst in self.instances:
-            if inst.state in (S.FAILED, S.STOPPED):
-                inst.request_start()
+                inst.request_start(reset=True, gpu=gpu)
+            elif inst.state in (S.FAILED, S.STOPPED):
+                inst.request_start(gpu=gpu)
 
     def forget_failure(self) -> None:
         """A model that failed for good goes back to unloaded (reload)."""

@@ -136,23 +136,10 @@ class RequestStream:
         finally:
             self._waiter = None
 
-    async def next_text(self) -> str | None:
-        """Text generated since the last call (merged); None once finished.
-        Raises the request's error (after any text that came before it)."""
-        while True:
-            parts = self._parts
-            if parts:
-                self._parts = []
-                self._folded = 0
-                return parts[0] if len(parts) == 1 else "".join(parts)
-            if self.ended is not None:
-                if self.error is not None:
-                    raise self.error
-                return None
-            await self._change()
-
     async def next_piece(self) -> StreamPiece | None:
-        """Like ``next_text``, with the logprobs and tool calls that came along."""
+        """What was generated since the last call: text (merged), with the logprobs and
+        tool calls that came along; None once finished. Raises the request's error
+        (after any text that came before it)."""
         while True:
             parts = self._parts
             if parts:
@@ -188,13 +175,6 @@ class RequestStream:
         self._parts, self._logprobs, self._tool_calls = [], [], []
         self._folded = 0
         return StreamPiece("".join(parts), lps, calls)
-
-    async def wait(self) -> str:
-        """Wait for the end; return all text. Raises the request's error."""
-        chunks: list[str] = []
-        while (text := await self.next_text()) is not None:
-            chunks.append(text)
-        return "".join(chunks)
 
     def abort(self) -> None:
         """Ask the worker to stop this request. Harmless when done or repeated."""

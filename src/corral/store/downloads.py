@@ -42,8 +42,9 @@ from corral.errors import (
     InsufficientStorage,
     InvalidRequest,
 )
+from corral.exits import describe_exit
 from corral.store import messages as m
-from corral.store.pulls import (OnFinished, ProgressThrottle, PullHandle, PullState, Rate, describe_exit,
+from corral.store.pulls import (OnFinished, ProgressThrottle, PullHandle, PullState, Rate,
                                 disk_free, file_size, start_error)
 from corral.store.local import ModelStore, validate_model_id
 from corral.store.sources import SourceError, parse_source
@@ -273,7 +274,7 @@ class DownloadManager:
                     self._end(h, "cancelled", done=partial if partial is not None else h.done)
                 else:
                     self._end(h, "failed", reason="the download process exited unexpectedly "
-                              f"({describe_exit(proc.returncode)})")
+                              f"({describe_exit(proc.returncode, detail=False)})")
             self._procs.pop(h.pull_id, None)
             self._tasks.pop(h.pull_id, None)
             self._cancelling.discard(h.pull_id)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from corral.errors import (Conflict, CorralError, DownloadError, DownloadNetwork
 from corral.store import messages as m
 
 __all__ = ["PullState", "OnFinished", "PullHandle", "ProgressThrottle", "Rate", "disk_free",
-           "start_error", "describe_exit", "file_size"]
+           "start_error", "file_size"]
 
 PullState = Literal["resolving", "downloading", "finished", "failed", "cancelled"]
 OnFinished = Callable[[str, Path], "Awaitable[None] | None"]
@@ -119,15 +118,6 @@ def start_error(msg: m.Failed) -> CorralError:
     if msg.kind == "disk":
         return InsufficientStorage(msg.reason)
     return DownloadError(msg.reason)
-
-
-def describe_exit(rc: int | None) -> str:
-    if rc is not None and rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit code {rc}"
 
 
 def file_size(path: Path | None) -> int | None:

@@ -10,30 +10,41 @@
                                  unless force (which unloads / cancels first)
 
 The app provides ``app.state.downloads`` (DownloadManager), ``app.state.store``
-(ModelStore) and ``app.state.router`` (the control plane: ``is_loaded(id)``,
-``async unload(id)``, ``async remove_model(id)``). Errors are ``corral.errors`` exceptions; the app's handler
-turns them into OpenAI-style bodies.
+(ModelStore) and ``app.state.router`` (the control plane, as ``ModelHolder`` below
+describes what these routes use of it). Errors are ``corral.errors`` exceptions; the
+app's handler turns them into OpenAI-style bodies.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.store.downloads import DownloadManager, PullHandle
-from corral.events import EventName
 from corral.api.http import invalid_request
 from corral.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
 from corral.store.local import ModelStore
 
-__all__ = ["router", "PullBody", "remove_from_store"]
+__all__ = ["router", "PullBody", "ModelHolder", "remove_from_store"]
 
 router = APIRouter()
+
+
+class ModelHolder(Protocol):
+    """What the store routes need of the control plane (``ControlPlane`` is one)."""
+
+    def is_loaded(self, model_id: str, /) -> bool:
+        """Loaded or loading."""
+
+    async def unload(self, model_id: str, /) -> object:
+        """Stop its workers (after its running requests)."""
+
+    async def remove_model(self, model_id: str, /) -> None:
+        """Forget it (its file is gone): out of the catalog, ``model_removed`` published."""
 
 
 class PullBody(BaseModel):
@@ -63,6 +74,11 @@ async def _body(request: Request, model: type[BaseModel]) -> Any:
 def _downloads(request: Request) -> DownloadManager:
     dm: DownloadManager = request.app.state.downloads
     return dm
+
+
+def _holder(request: Request) -> ModelHolder:
+    holder: ModelHolder = request.app.state.router
+    return holder
 
 
 def _store(request: Request) -> ModelStore:
@@ -115,10 +131,6 @@ async def cancel_pull(pull_id: str, request: Request) -> dict[str, Any]:
     return _pull_body(h)
 
 
-async def _maybe_await(x: Any) -> Any:
-    return await x if inspect.isawaitable(x) else x
-
-
 @router.delete("/models/{model_id:path}")
 async def delete_model(model_id: str, request: Request, force: bool = False) -> dict[str, Any]:
     return await remove_from_store(request, model_id, force=force)
@@ -139,19 +151,12 @@ async def remove_from_store(request: Request, model_id: str, *, force: bool) -> 
         if pulling is not None:
             return {"id": model_id, "deleted": False, "cancelled": pulling.pull_id}
         raise ModelNotFound(f"model {model_id!r} is not in the store", param="model")
-    facade = getattr(request.app.state, "router", None)
-    is_loaded = getattr(facade, "is_loaded", None)
-    if is_loaded is not None and await _maybe_await(is_loaded(model_id)):
+    holder = _holder(request)
+    if holder.is_loaded(model_id):
         if not force:
             raise Conflict(f"model {model_id!r} is loaded; unload it first or delete with "
                            "force=true", param="model")
-        await _maybe_await(facade.unload(model_id))  # type: ignore[union-attr]
+        await holder.unload(model_id)
     removed = store.remove(model_id)
-    forget = getattr(facade, "remove_model", None)
-    if forget is not None:
-        await _maybe_await(forget(model_id))  # drops it from the catalog; model_removed event
-    else:
-        bus = getattr(request.app.state, "bus", None)
-        if bus is not None:
-            bus.publish(EventName.MODEL_REMOVED, model_id)
+    await holder.remove_model(model_id)  # drops it from the catalog; model_removed event
     return {"id": model_id, "deleted": True, "path": str(removed.path)}

@@ -10,7 +10,9 @@ States (``InstanceState``) and what each command does in them:
     failed     spawn -> starting        -> stopped                -
 
 Only the owner task (``_own``) changes state; callers and the link of the current spawn
-(``corral.control.transport.link``; news from an earlier link is ignored) put items in its inbox.
+(``corral.control.transport.link``; news from an earlier link is ignored) put items in its inbox
+(a start carries the GPU placement admission chose). What a pending start is about to do is
+read from the inbox: ``holds_memory`` and ``gpu`` count it before the owner gets to it.
 Every transition is checked against ``ALLOWED``, published as ``status_change`` and
 passed to ``on_change``. Requests bypass the owner: the link hands their messages to the
 ``RequestStream`` and reports a freed slot to ``on_slot_free`` (the pool counts slots).
@@ -29,11 +31,13 @@ from typing import Any
 
 from corral import wire
 from corral.control.catalog import ModelSpec
-from corral.control.gpus import GpuSlot
+from corral.control.gpu_slot import GpuSlot
 from corral.events import EventBus, EventName
-from corral.control.instance.state import ALLOWED, InstanceState, Timeouts, Transition, failure_reason
-from corral.control.instance.inbox import (Closed, Discard, Exited, Inbox, Lifecycle, LoadTimeout,
-                                           RestartDue, Start, Stop, consume, resolve, resolve_all)
+from corral.control.instance.state import (ALLOWED, InstanceState, Timeouts, Transition, failure_reason,
+                                           status_fields)
+from corral.control.instance.inbox import (KEPT, Closed, Discard, Exited, Inbox, Kept, Lifecycle, LoadTimeout,
+                                           RestartDue, Start, Stop, consume, fail_all, resolve,
+                                           resolve_all)
 from corral.control.transport.link import (LifecycleMessage, LinkExit, Placement, Spawner, WorkerLink)
 from corral.control.instance.restart import RestartPolicy
 from corral.control.stream import RequestStream
@@ -67,14 +71,13 @@ class Instance:
         self.state = InstanceState.STOPPED
         self.pid: int | None = None
         self.placement = Placement()
-        self.gpu: GpuSlot | None = None  # the GPUs admission placed it on, and its estimated need there
+        self._gpu: GpuSlot | None = None  # see ``gpu``
         self.reason: str | None = None
         self.exit_code: int | None = None
         self.info: wire.ModelInfo | None = None
         self.restarts = 0  # restarts performed after crashes, lifetime
         self.final = False  # failed and no restart will follow
         self.restart_pending = False
-        self.start_requested = False  # a start command is in the inbox
         self.last_load_s: float | None = None
 
         self._link: WorkerLink | None = None
@@ -91,6 +94,17 @@ class Instance:
         self._owner = asyncio.get_running_loop().create_task(self._own(), name=f"instance {self.name}")
 
     # ----------------------------------------------------------------- read-only views
+
+    @property
+    def holds_memory(self) -> bool:
+        """Starting, ready, stopping, or about to start (a restart due, a start in the inbox)."""
+        return self.state in (S.STARTING, S.READY, S.STOPPING) or self.restart_pending or self._inbox.start_pending
+
+    @property
+    def gpu(self) -> GpuSlot | None:
+        """Where admission placed it (GPUs, need): a pending start's placement, else its own."""
+        pending = self._inbox.pending_gpu()
+        return self._gpu if pending is KEPT else pending
 
     @property
     def failures(self) -> int:
@@ -133,16 +147,16 @@ class Instance:
 
     # ----------------------------------------------------------------- commands
 
-    def request_start(self, *, reset: bool = False) -> asyncio.Future[None]:
+    def request_start(self, *, reset: bool = False, gpu: GpuSlot | None | Kept = KEPT) -> asyncio.Future[None]:
         """Ask for a start (does not wait). ``reset`` forgets earlier failures (an
-        explicit load). The future ends when ready, or with ``LoadFailed``."""
+        explicit load); ``gpu``: where admission placed it (KEPT: as before). The future
+        ends when ready, or with ``LoadFailed``."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(consume)
         if self._discarded:
             fut.set_exception(Unavailable(f"{self.spec.id} was unloaded", retry_after_s=1))
             return fut
-        self.start_requested = True
-        self._inbox.put(Start(fut, reset))
+        self._inbox.put(Start(fut, reset, gpu))
         return fut
 
     async def stop(self, reason: str = "stopped") -> None:
@@ -204,27 +218,28 @@ class Instance:
                 await self._handle(item)
             except Exception:
                 log.exception("%s: error handling %r", self.name, item)
+            finally:
+                self._inbox.handled(item)
 
     async def _handle(self, item: object) -> None:
         st = self.state
         if isinstance(item, Start):
-            try:
-                if item.reset:
-                    self._policy.reset()
-                if st is S.READY:
-                    resolve(item.reply)
-                elif st is S.STARTING:
-                    self._start_waiters.append(item.reply)
-                elif st is S.STOPPING:
-                    self._start_waiters.append(item.reply)
-                    self._start_after_stop = True
-                else:  # stopped or failed: start now (a pending restart is superseded)
-                    self._cancel_timers()
-                    self.restart_pending = False
-                    self._start_waiters.append(item.reply)
-                    await self._spawn()
-            finally:
-                self.start_requested = False
+            if item.reset:
+                self._policy.reset()
+            if item.gpu is not KEPT:
+                self._gpu = item.gpu
+            if st is S.READY:
+                resolve(item.reply)
+            elif st is S.STARTING:
+                self._start_waiters.append(item.reply)
+            elif st is S.STOPPING:
+                self._start_waiters.append(item.reply)
+                self._start_after_stop = True
+            else:  # stopped or failed: start now (a pending restart is superseded)
+                self._cancel_timers()
+                self.restart_pending = False
+                self._start_waiters.append(item.reply)
+                await self._spawn()
         elif isinstance(item, Stop):
             self._on_stop(item)
         elif isinstance(item, RestartDue):
@@ -244,18 +259,19 @@ class Instance:
             self._cancel_timers()
             self.restart_pending = False
             self._set(S.STOPPED, reason=item.reason)
-            self._fail_start_waiters(Unavailable(f"{self.spec.id} was stopped: {item.reason}"))
+            fail_all(self._start_waiters, Unavailable(f"{self.spec.id} was stopped: {item.reason}"))
             resolve(item.reply)
         elif st is S.STOPPING:
             self._stop_waiters.append(item.reply)
             if self._start_after_stop:  # the start that was to follow is called off
                 self._start_after_stop = False
-                self._fail_start_waiters(Unavailable(f"{self.spec.id} was stopped: {item.reason}"))
+                fail_all(self._start_waiters, Unavailable(f"{self.spec.id} was stopped: {item.reason}"))
         else:  # starting or ready: ask, then insist
             self._stop_waiters.append(item.reply)
             self._stop_reason = item.reason
             self._set(S.STOPPING, reason=item.reason)
-            self._fail_start_waiters(Unavailable(f"{self.spec.id} was stopped while loading: {item.reason}"))
+            fail_all(self._start_waiters,
+                     Unavailable(f"{self.spec.id} was stopped while loading: {item.reason}"))
             if self._link is not None:
                 self._spawn_task(self._link.shutdown(self._timeouts.stop_grace_s))
 
@@ -301,7 +317,7 @@ class Instance:
         self.reason = None
         self.final = False
         self._load_started = time.monotonic()
-        settings = self.spec.worker_settings(self.index, self.threads, self.gpu)
+        settings = self.spec.worker_settings(self.index, self.threads, self._gpu)
         try:
             link = await self._spawner.spawn(settings, self)
         except OSError as exc:  # final, unless the spawner says a later try may work (Ray: no room now)
@@ -344,7 +360,7 @@ class Instance:
             self._timers.append(asyncio.get_running_loop().call_later(
                 decision.delay_s, self._inbox.put, RestartDue()))
         else:
-            self._fail_start_waiters(LoadFailed(f"{self.spec.id} failed to load: {reason}"))
+            fail_all(self._start_waiters, LoadFailed(f"{self.spec.id} failed to load: {reason}"))
 
     def _discard(self) -> None:
         self._cancel_timers()
@@ -356,7 +372,7 @@ class Instance:
             link.kill()
             link.fail_requests(WorkerCrashed(f"{self.spec.id} instance replaced"))
         gone = Unavailable(f"{self.spec.id} was unloaded", retry_after_s=1)
-        self._fail_start_waiters(gone)
+        fail_all(self._start_waiters, gone)
         self._start_after_stop = False
         resolve_all(self._stop_waiters)
         self._inbox.close(gone)  # commands nobody will run
@@ -369,22 +385,9 @@ class Instance:
         if new not in ALLOWED[old]:
             raise RuntimeError(f"{self.name}: illegal transition {old.value} -> {new.value}")
         self.state = new
-        fields: dict[str, object] = {"instance": self.index, "old": old.value, "new": new.value,
-                                     "pid": self.pid}
-        if reason is not None:
-            fields["reason"] = reason
-        if exit_code is not None:
-            fields["exit_code"] = exit_code
-        if self.placement.node_id is not None:  # where it runs (a Ray node)
-            fields["node"] = {"id": self.placement.node_id, "address": self.placement.node_address}
-        self._bus.publish(EventName.STATUS_CHANGE, self.spec.id, **fields)
+        self._bus.publish(EventName.STATUS_CHANGE, self.spec.id,
+                          **status_fields(self.index, old, new, self.pid, self.placement, reason, exit_code))
         self._on_change(self, Transition(old, new, restart))
-
-    def _fail_start_waiters(self, exc: Exception) -> None:
-        waiters, self._start_waiters = self._start_waiters, []
-        for w in waiters:
-            if not w.done():
-                w.set_exception(exc)
 
     def _cancel_timers(self) -> None:
         for t in self._timers:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from corral.control.transport.link import LinkExit
+from corral.control.transport.link import LinkExit, Placement
 
-__all__ = ["InstanceState", "ALLOWED", "Timeouts", "Transition", "failure_reason"]
+__all__ = ["InstanceState", "ALLOWED", "Timeouts", "Transition", "failure_reason", "status_fields"]
 
 
 class InstanceState(str, enum.Enum):
@@ -51,3 +51,16 @@ def failure_reason(exit: LinkExit, load_error: str | None, *, loading: bool, log
         reason = f"worker died while loading: {exit.reason}" if loading else exit.reason
     tail = "\n".join(ln for ln in log_tail.splitlines() if reason not in ln)
     return f"{reason}; last log lines:\n{tail}" if tail else reason
+
+
+def status_fields(index: int, old: InstanceState, new: InstanceState, pid: int | None, placement: Placement,
+                  reason: str | None, exit_code: int | None) -> dict[str, object]:
+    """The fields of a ``status_change`` event."""
+    fields: dict[str, object] = {"instance": index, "old": old.value, "new": new.value, "pid": pid}
+    if reason is not None:
+        fields["reason"] = reason
+    if exit_code is not None:
+        fields["exit_code"] = exit_code
+    if placement.node_id is not None:  # where it runs (a Ray node)
+        fields["node"] = {"id": placement.node_id, "address": placement.node_address}
+    return fields

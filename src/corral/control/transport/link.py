@@ -11,7 +11,10 @@ A link
   decoded ``wire.FromWorker`` message is handled here (``deliver``): request traffic
   (Delta, Finished, RequestFailed, Embeddings) goes straight to the request's
   ``RequestStream`` and Stats to whoever asked (the hot path: synchronous, no task or
-  queue per token); lifecycle messages (Loading, Ready, LoadFailed) go to the owner;
+  queue per token); lifecycle messages (Loading, Ready, LoadFailed) go to the owner.
+  A frame that cannot be decoded kills the worker; an error in the router's own
+  handling of a message (the stream, the slot release) fails only the request it
+  was for, with ``InternalError``, and is logged as a router error;
 - can be stopped (``send(wire.Shutdown())``), terminated (SIGTERM-like) and killed
   (SIGKILL-like; the whole process group for a local worker);
 - reports that its channel closed (``LinkOwner.link_closed``; no message follows) and
@@ -48,9 +51,10 @@ from typing import IO, Any, Protocol
 import msgspec
 
 from corral import wire
-from corral.control.transport.process import describe_exit, kill_group, log_tail, open_private_log
+from corral.control.transport.process import kill_group, log_tail, open_private_log
 from corral.control.stream import RequestStream
-from corral.errors import WorkerCrashed
+from corral.errors import InternalError, WorkerCrashed
+from corral.exits import describe_exit
 from corral.model_ids import file_stem
 
 __all__ = ["Placement", "LinkExit", "LinkOwner", "WorkerLink", "Spawner", "LinkClosed",
@@ -116,6 +120,7 @@ class WorkerLink(abc.ABC):
         self.log_path = log_path
         self.stats: wire.Stats | None = None
         self._requests: dict[str, RequestStream] = {}
+        self._stopping: set[str] = set()  # failed by a router error, still running on the worker
         self._stats_waiters: list[asyncio.Future[wire.Stats]] = []
         self._decoder = wire.FrameDecoder()
         self._exit: LinkExit | None = None
@@ -154,25 +159,48 @@ class WorkerLink(abc.ABC):
 
     def receive(self, data: bytes) -> None:
         """Raw bytes from the worker's channel: frames are split, decoded, delivered.
-        A malformed frame means a broken worker: it is killed."""
+        A malformed frame means a broken worker: it is killed. An error in what the
+        router does with a well-formed message is the router's: it is logged as such and
+        fails at most the one request the message was for (``deliver``); the worker and
+        its other requests carry on."""
         try:
             for body in self._decoder.feed(data):
-                self.deliver(wire.decode_from_worker(body))
+                msg = wire.decode_from_worker(body)
+                try:
+                    self.deliver(msg)
+                except Exception:
+                    log.exception("router error handling %s from worker %s (the worker is not at fault)",
+                                  type(msg).__name__, self.placement)
         except Exception:
             log.exception("bad frame from worker %s; killing it", self.placement)
             self.kill()
 
     def deliver(self, msg: wire.FromWorker) -> None:
-        """One message from the worker. Request traffic is handled inline."""
+        """One message from the worker. Request traffic is handled inline; an error in the
+        router's handling of it fails that request (``_router_failed``)."""
         if type(msg) is wire.Delta:
             r = self._requests.get(msg.id)
             if r is not None:
-                r.on_delta(msg)
+                try:
+                    r.on_delta(msg)
+                except Exception as exc:
+                    del self._requests[msg.id]
+                    self._stopping.add(msg.id)  # the worker stops it (Abort); its end frees the slot
+                    self._router_failed(msg.id, r, exc)
+                    if self.is_open:
+                        self._write(wire.encode(wire.Abort(msg.id)))
         elif (type(msg) is wire.Finished or type(msg) is wire.RequestFailed
               or type(msg) is wire.Embeddings or type(msg) is wire.Tokenized):
             r = self._requests.pop(msg.id, None)
             if r is not None:
-                r.on_end(msg)
+                try:
+                    r.on_end(msg)
+                except Exception as exc:
+                    self._router_failed(msg.id, r, exc)
+                finally:
+                    self._owner.link_request_ended(self)
+            elif msg.id in self._stopping:
+                self._stopping.discard(msg.id)
                 self._owner.link_request_ended(self)
         elif isinstance(msg, wire.Stats):
             self.stats = msg
@@ -182,6 +210,13 @@ class WorkerLink(abc.ABC):
                     w.set_result(msg)
         elif isinstance(msg, (wire.Loading, wire.Ready, wire.LoadFailed)):
             self._owner.link_message(self, msg)
+
+    def _router_failed(self, request_id: str, stream: RequestStream, exc: Exception) -> None:
+        """The router's own code failed on a message for ``stream``: that request ends
+        with an internal error (500), logged with its traceback."""
+        log.error("router error on request %s (worker %s is not at fault); failing the request",
+                  request_id, self.placement, exc_info=exc)
+        stream.fail(InternalError("the router failed on this request (a router error; see the server log)"))
 
     def closed(self) -> None:
         """The channel closed: nothing more will be received."""
@@ -252,11 +287,12 @@ class WorkerLink(abc.ABC):
 
     @property
     def inflight(self) -> int:
-        return len(self._requests)
+        return len(self._requests) + len(self._stopping)
 
     def fail_requests(self, exc: WorkerCrashed) -> None:
         """End every request still running on this worker with ``exc``."""
         reqs, self._requests = self._requests, {}
+        self._stopping.clear()
         for r in reqs.values():
             r.fail(exc)
         waiters, self._stats_waiters = self._stats_waiters, []
@@ -374,7 +410,7 @@ class SocketLink(WorkerLink):
         if self._transport is not None:
             self._transport.close()
         kill_group(self._proc.pid, signal.SIGKILL)  # whatever else its group left behind
-        self.exited(LinkExit(rc, describe_exit(rc)))
+        self.exited(LinkExit(rc, f"worker {describe_exit(rc)}"))
 
     @property
     def placement(self) -> Placement:

@@ -1,4 +1,4 @@
-"""Local worker processes in words and signals: exit status, log tail, process group.
+"""Local worker processes: log tail, process group (the exit status in words: ``corral.exits``).
 
 Used by the local transport (``corral.control.transport.link.SocketLink``): a worker leads its
 own session, so its whole process group can be signalled; its stdout and stderr go
@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 from pathlib import Path
 from typing import IO
 
-__all__ = ["describe_exit", "log_tail", "kill_group", "open_private_log"]
+__all__ = ["log_tail", "kill_group", "open_private_log"]
 
 
 def open_private_log(log_dir: Path, log_path: Path) -> IO[bytes]:
@@ -29,25 +28,6 @@ def open_private_log(log_dir: Path, log_path: Path) -> IO[bytes]:
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     os.fchmod(fd, 0o600)
     return os.fdopen(fd, "ab")
-
-
-def describe_exit(rc: int | None) -> str:
-    """Exit status in words; SIGKILL gets the out-of-memory hint."""
-    if rc is None:
-        return "worker exited (status unknown)"
-    if rc == 0:
-        return "worker exited with code 0"
-    if rc < 0:
-        sig = -rc
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        text = f"worker killed by {name} (signal {sig})"
-        if sig == signal.SIGKILL:
-            text += ": possibly out of memory (the kernel OOM killer sends SIGKILL) or killed by an operator"
-        return text
-    return f"worker exited with code {rc}"
 
 
 def log_tail(path: Path | None, lines: int = 5, max_bytes: int = 8192) -> str:

@@ -29,9 +29,9 @@ from corral import wire
 from corral.control.transport.ray import messages as m
 from corral.errors import ClusterUnreachable
 from corral.events import EventBus, EventName
+from corral.exits import describe_exit
 from corral.frames import FrameDecoder, FrameTooLarge
 from corral.control.transport.link import LinkOwner
-from corral.control.transport.process import describe_exit
 from corral.control.transport.ray.link import RayLink, RayUnavailable, actor_resources, file_estimate
 
 __all__ = ["RayCluster"]
@@ -276,8 +276,8 @@ class RayCluster:
         rc = await self._stop_bridge()
         tail = _last_line(log_path)
         if self.status == "connected":
-            return f"lost the connection to the Ray cluster ({tail or describe_exit(rc)})"
-        return tail or f"the Ray bridge ended: {describe_exit(rc)}"
+            return f"lost the connection to the Ray cluster ({tail or 'the Ray bridge ' + describe_exit(rc)})"
+        return tail or f"the Ray bridge {describe_exit(rc)}"
 
     async def _stop_bridge(self) -> int | None:
         proc, self._proc = self._proc, None

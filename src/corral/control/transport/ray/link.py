@@ -24,18 +24,14 @@ import asyncio
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING, Any
-
+from typing import Protocol
 
 from corral import wire
 from corral.control.transport.ray import messages as m
+from corral.exits import describe_exit
 from corral.control.transport.link import FrameReader, LinkExit, LinkOwner, Placement, WorkerLink
-from corral.control.transport.process import describe_exit
 
-if TYPE_CHECKING:
-    from corral.control.transport.ray.cluster import RayCluster
-
-__all__ = ["RayLink", "RayUnavailable", "actor_resources", "file_estimate"]
+__all__ = ["RayLink", "ActorControl", "RayUnavailable", "actor_resources", "file_estimate"]
 
 log = logging.getLogger("corral.ray")
 
@@ -73,10 +69,20 @@ def file_estimate(settings: wire.WorkerSettings) -> int:
         return 0
 
 
+class ActorControl(Protocol):
+    """What a link asks of the cluster about its actor, by key (``RayCluster`` is one)."""
+
+    def learned(self, key: str, memory: int) -> None: ...
+
+    def kill(self, key: str) -> None: ...
+
+    def forget(self, key: str) -> None: ...
+
+
 class RayLink(WorkerLink):
     """A worker on a Ray node: a TCP connection to it, and its actor (via the bridge)."""
 
-    def __init__(self, owner: LinkOwner, cluster: "RayCluster", key: str, placed: m.Placed) -> None:
+    def __init__(self, owner: LinkOwner, cluster: ActorControl, key: str, placed: m.Placed) -> None:
         super().__init__(owner, None)
         self.key = key
         self.placed = placed
@@ -153,5 +159,5 @@ class RayLink(WorkerLink):
         self._tail = tail
         self._cluster.forget(self.key)
         if reason is None:
-            reason = f"{describe_exit(rc)} on {self.node_text}"
+            reason = f"worker {describe_exit(rc)} on {self.node_text}"
         self.exited(LinkExit(rc, reason))
