@@ -326,6 +326,8 @@ def _keys_returned(trees: Iterable[ast.AST], method: str) -> set[str]:
                 for ret in ast.walk(node):
                     if isinstance(ret, ast.Return) and ret.value is not None:
                         keys |= _literal_keys(ret.value)
+                        if isinstance(ret.value, ast.Name):  # a local dict built, then returned
+                            keys |= _keys_of_local(node, ret.value.id)
     return keys
 
 
@@ -355,6 +357,8 @@ def published_fields(root: Path) -> dict[str, set[str]]:
                     got |= _keys_of_local(owner, kw.value.id)
                 elif isinstance(kw.value, ast.Call) and isinstance(kw.value.func, ast.Attribute):
                     got |= _keys_returned(trees, kw.value.func.attr)
+                elif isinstance(kw.value, ast.Call) and isinstance(kw.value.func, ast.Name):
+                    got |= _keys_returned(trees, kw.value.func.id)
     return fields
 
 

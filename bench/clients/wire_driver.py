@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from corral import wire
-from corral.control.transport.link import LocalSpawner
+from corral.control.transport.local import LocalSpawner
 
 from bench.clients.loadgen import SAMPLING, RequestResult, LoadResult, make_prompt, summarize
 from bench.servers import LOGS, PY

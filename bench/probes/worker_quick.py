@@ -14,7 +14,7 @@ import argparse
 import time
 
 from corral import wire
-from corral.control.transport.link import LocalSpawner
+from corral.control.transport.local import LocalSpawner
 
 from bench.servers import LOGS
 

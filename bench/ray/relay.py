@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from corral import wire
-from corral.control.transport.link import LocalSpawner
+from corral.control.transport.local import LocalSpawner
 
 
 class RelayHost:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from corral import wire
-from corral.control.transport.link import LocalSpawner
+from corral.control.transport.local import LocalSpawner
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

@@ -38,7 +38,8 @@ from corral.control.catalog_sync import CatalogSync, Embedded
 from corral.events import EventBus
 from corral.control.housekeeping import Housekeeper
 from corral.control.instance.instance import Instance, InstanceState, Timeouts, Transition
-from corral.control.transport.link import LocalSpawner, Spawner
+from corral.control.transport.link import Spawner
+from corral.control.transport.local import LocalSpawner
 from corral.control.metrics import Metrics
 from corral.control.pool import ModelPool
 from corral.control.instance.restart import RestartPolicy
