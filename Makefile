@@ -7,7 +7,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 
-.PHONY: install serve test soak typecheck bench clean chromium
+.PHONY: install serve test soak typecheck lint bench clean chromium
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ soak: install
 # mypy --strict on src/corral (settings in pyproject.toml [tool.mypy])
 typecheck: install
 	$(PY) -m mypy
+
+# ruff on src/, tests/ and bench/ (settings in pyproject.toml [tool.ruff])
+lint: install
+	$(PY) -m ruff check src tests bench
 
 bench: install
 	$(PY) -m bench.run $(BENCH_ARGS)

@@ -156,7 +156,7 @@ class Server:
         self.proc = None
         try:
             self._log_fh.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - closing a log at the end of a run
             pass
         if self in _live:
             _live.remove(self)

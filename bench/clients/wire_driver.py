@@ -166,7 +166,7 @@ class DirectWorker:
             try:
                 self._writer.write(wire.encode(wire.Shutdown()))
                 await self._writer.drain()
-            except Exception:
+            except Exception:  # noqa: BLE001 - the worker may be gone already; stopping goes on
                 pass
         p = self.proc
         if p is not None:
@@ -188,5 +188,5 @@ class DirectWorker:
             self._pump.cancel()
         try:
             self._log.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - closing a log at the end of a run
             pass

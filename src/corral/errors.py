@@ -97,7 +97,7 @@ class CorralError(Exception):
     type: str = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None):
+    def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -228,7 +228,7 @@ class Unavailable(CorralError):
     type = "server_error"
     code = "unavailable"
 
-    def __init__(self, message: str, *, retry_after_s: float = 1.0, param: str | None = None):
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, param: str | None = None) -> None:
         super().__init__(message, param=param)
         self.retry_after_s = retry_after_s
 

@@ -4,7 +4,6 @@ wire request, and "try again later" is 529 overloaded_error on Anthropic's route
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 

@@ -46,6 +46,7 @@ from corral.control.metrics import Metrics
 from corral.control.plane import ControlPlane
 from corral.errors import CorralError, InternalError, error_for_status
 from corral.store.downloads import DownloadManager
+from corral.store.embedded import EMBEDDED_MODEL_ALIASES, EMBEDDED_MODEL_ID, embedded_model_path
 from corral.store.local import ModelStore, default_models_dir
 
 __all__ = ["create_app"]
@@ -79,10 +80,8 @@ def _install_handlers(app: FastAPI) -> None:
 
 def _embedded() -> tuple[str, Path, tuple[str, ...]] | None:
     try:
-        from corral.store.embedded import (EMBEDDED_MODEL_ALIASES, EMBEDDED_MODEL_ID,
-                                           embedded_model_path)
         return EMBEDDED_MODEL_ID, embedded_model_path(), tuple(EMBEDDED_MODEL_ALIASES)
-    except Exception as exc:  # the package is missing or broken: serve without it
+    except Exception as exc:  # noqa: BLE001 - the model's package is missing or broken: serve without it
         log.warning("embedded default model unavailable: %s", exc)
         return None
 

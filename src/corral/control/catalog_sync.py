@@ -61,7 +61,7 @@ class CatalogSync:
         if self.store is not None:
             try:
                 store_models = self.store.list()
-            except Exception as exc:  # an unreadable models_dir must not stop the router
+            except Exception as exc:  # noqa: BLE001 - an unreadable models_dir must not stop the router
                 log.warning("cannot list models_dir: %s", exc)
         embedded = self._embedded if cfg.server.include_default_model else None
         specs = specs_from_config(cfg, store_models, embedded)

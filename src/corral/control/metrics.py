@@ -23,7 +23,7 @@ class _StateCollector:
     def __init__(self, snapshot: Callable[[], Iterable[dict[str, Any]]]) -> None:
         self._snapshot = snapshot
 
-    def collect(self):  # type: ignore[no-untyped-def]
+    def collect(self):  # type: ignore[no-untyped-def]  # noqa: ANN202 - prometheus_client's collector protocol is untyped
         queue = GaugeMetricFamily("corral_queue_depth", "Requests waiting for a slot", labels=["model"])
         per_instance = ["model", "instance", "node"]  # node: the Ray node id, "local" on this machine
         busy = GaugeMetricFamily("corral_slots_busy", "Slots running a request", labels=per_instance)

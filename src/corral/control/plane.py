@@ -170,7 +170,7 @@ class ControlPlane:
         async def load() -> None:
             try:
                 await self.load(pool.spec.id)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - one model's failed preload must not stop the others (logged)
                 log.warning("loading %s failed: %s", pool.spec.id, exc)
 
         self._background(load(), f"load {pool.spec.id}")

@@ -82,7 +82,7 @@ def _disk_fail(exc: OSError, where: Path) -> Fail:
 
 
 class _Transfer:
-    def __init__(self, req: m.FetchRequest, target: Target, part: Path, chan: _Channel):
+    def __init__(self, req: m.FetchRequest, target: Target, part: Path, chan: _Channel) -> None:
         self.req, self.t, self.part, self.chan = req, target, part, chan
         self.hasher = hashlib.sha256()
         self.done = 0
@@ -120,7 +120,7 @@ class _Transfer:
                     raise Fail("network", f"{exc} (gave up after {attempt} attempts)") from exc
                 time.sleep(self.req.retry_backoff_s * 2 ** (attempt - 1))
 
-    def _attempt(self, httpx) -> None:  # type: ignore[no-untyped-def]
+    def _attempt(self, httpx) -> None:  # type: ignore[no-untyped-def]  # noqa: ANN001 - httpx is imported late, in the child
         headers = dict(self.t.headers)
         if self.done:
             headers["Range"] = f"bytes={self.done}-"
@@ -155,7 +155,7 @@ class _Transfer:
         except OSError as exc:
             raise _disk_fail(exc, self.part) from exc
 
-    def _write_body(self, r) -> None:  # type: ignore[no-untyped-def]
+    def _write_body(self, r) -> None:  # type: ignore[no-untyped-def]  # noqa: ANN001 - an httpx response; httpx is imported late
         try:
             f: BinaryIO = open(self.part, "ab")
         except OSError as exc:

@@ -69,7 +69,7 @@ class ProgressThrottle:
     and only when something a person would see changed (a whole percent, or the ETA in
     whole seconds). Never one per megabyte."""
 
-    def __init__(self, min_interval_s: float = 0.5, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, min_interval_s: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
         self.min_interval_s = min_interval_s
         self._clock = clock
         self._last_t: float | None = None

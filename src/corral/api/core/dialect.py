@@ -31,7 +31,6 @@ from corral.api.core.generation import (Event, FinishEvent, GenerationSpec, Gene
                                         submit)
 from corral.api.http import invalid_request, plane_of
 from corral.control.stream import RequestStream
-from corral.errors import InvalidRequest
 
 __all__ = ["Outcome", "Generation", "build_spec", "run_generation", "run_embedding",
            "Event", "TextEvent", "ToolCallEvent", "FinishEvent", "parse_arguments"]

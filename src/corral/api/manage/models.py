@@ -27,7 +27,6 @@ from corral.api.http import app_part, json_response, path_policy, plane_of, sse_
 from corral.api.core.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitro_settings,
                                 parse_body)
 from corral.control.catalog import ModelSpec
-from corral.control.plane import ControlPlane
 from corral.errors import (ConfigError, Conflict, InvalidConfig, InvalidRequest, LoadFailed, ModelNotFound,
                            MethodNotAllowed, NitroLoadFailed)
 from corral.store.local import validate_model_id

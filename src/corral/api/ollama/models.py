@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from typing import Any
 
-import msgspec
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 

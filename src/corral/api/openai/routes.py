@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from corral import wire
 from corral.api.core.chat_request import ChatCompletionRequest

@@ -21,7 +21,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from corral.api.http import json_response, plane_of
-from corral.control.plane import ControlPlane
 from corral.errors import InvalidRequest, ModelFileMissing, NotFound, UnreadableModel
 
 __all__ = ["router", "PUBLIC_PATHS", "is_public_path"]

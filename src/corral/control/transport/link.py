@@ -174,7 +174,7 @@ class WorkerLink(abc.ABC):
             if r is not None:
                 try:
                     r.on_delta(msg)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a router error fails this request only (logged)
                     del self._requests[msg.id]
                     self._stopping.add(msg.id)  # the worker stops it (Abort); its end frees the slot
                     self._router_failed(msg.id, r, exc)
@@ -186,7 +186,7 @@ class WorkerLink(abc.ABC):
             if r is not None:
                 try:
                     r.on_end(msg)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a router error fails this request only (logged)
                     self._router_failed(msg.id, r, exc)
                 finally:
                     self._owner.link_request_ended(self)
