@@ -178,6 +178,15 @@ class ChatCompletionRequest(SamplingFields):
     def uses_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
+    def parses_tool_calls(self) -> bool:
+        """Whether the answer may be a call: not when a response_format constrains it (no
+        call forced), since then it is the format's JSON by construction, and an object of
+        the format with a ``name`` must not come back as a call of that name."""
+        if not self.uses_tools():
+            return False
+        rf = self.response_format
+        return self.forces_call() or rf is None or rf.type == "text"
+
     def constraint(self) -> tuple[str | None, str | None]:
         """(GBNF grammar, JSON schema text) that constrain the output; at most one is set.
         A forced tool call is what gets generated, so its schema applies even with a
