@@ -130,7 +130,7 @@ _HIDDEN_LOC_PREFIXES = ("function-", "list[", "str", "union")
 def invalid_request(errors: Sequence[Mapping[str, Any]]) -> InvalidRequest:
     """The one reading of a validation error (pydantic's error list, from a body, a query or a
     path): a 400 naming the first field at fault and what is wrong with it."""
-    err = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    err: Mapping[str, Any] = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
     if err.get("type") == "json_invalid":
         ctx = err.get("ctx") or {}
         return InvalidRequest(f"the body is not valid JSON: {ctx.get('error', err.get('msg'))}")
