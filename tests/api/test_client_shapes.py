@@ -127,3 +127,14 @@ async def test_a_format_without_a_forced_call_is_not_parsed_as_calls(harness: Ha
     plain = {k: v for k, v in body.items() if k != "text"}
     assert (await harness.client.post("/v1/responses", json=plain)).status_code == 200
     assert harness.requests_seen("a")[-1]["parse_tool_calls"] is True
+
+
+async def test_anthropic_output_config_with_a_forced_tool(harness: Harness) -> None:
+    await _start(harness)
+    body = recorded("anthropic_output_config")
+    tool = {"name": "get_temperature", "description": "The temperature in a city.",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    r = await harness.client.post("/v1/messages", json={**body, "tools": [tool], "tool_choice": {"type": "any"}})
+    assert r.status_code == 200, r.text
+    (sent,) = harness.requests_seen("a")
+    assert json.loads(sent["json_schema"]) == forced_call_schema([("get_temperature", tool["input_schema"])])

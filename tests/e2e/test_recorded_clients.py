@@ -185,6 +185,8 @@ async def test_lm_eval_remote_tokenizer_and_scoring(harness: Harness, model_path
     choice = rolling["choices"][0]
     assert choice["logprobs"]["tokens"][0] == "<bos>" and not choice["text"].startswith("<bos>")
     assert choice["logprobs"]["text_offset"][:2] == [0, 0]
+    r = await harness.client.get("/tokenizer_info", params={"model": "nope"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
     # the harness decodes with /detokenize and reads vLLM's "prompt"
     r = await harness.client.post("/detokenize", json={"tokens": ids["The capital of France is"]})
     assert r.json()["prompt"] == r.json()["content"] == "The capital of France is"
