@@ -48,7 +48,7 @@ from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan,
 __all__ = [
     "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams",
     "invalid_field", "GenerateRequest", "EmbedRequest", "Abort", "StatsRequest", "Shutdown",
-    "Loading", "ModelInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize", "FitPlan", "host_and_gpu_bytes", "Ready", "LoadFailed", "Delta",
+    "Loading", "ModelInfo", "TokenizerInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize", "FitPlan", "host_and_gpu_bytes", "Ready", "LoadFailed", "Delta",
     "TokenLogprob", "TopLogprob", "Usage", "Timings", "Finished", "RequestFailed", "Embeddings",
     "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",
@@ -210,6 +210,21 @@ class Loading(msgspec.Struct, frozen=True, tag="loading"):
     protocol: int = PROTOCOL_VERSION
 
 
+class TokenizerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What a client needs to tokenize for the model itself (GET /tokenizer_info):
+    special tokens as text ("" where the vocabulary has none), whether the vocabulary adds
+    BOS/EOS to a prompt, and the chat template the worker renders with (None: none,
+    corral's plain User:/Assistant: turns)."""
+
+    bos_token: str
+    eos_token: str
+    eot_token: str
+    pad_token: str
+    add_bos: bool
+    add_eos: bool
+    chat_template: str | None
+
+
 class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     description: str  # llama_model_desc, e.g. "gemma3 270M Q4_K - Medium"
     n_params: int
@@ -230,6 +245,7 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     fit: FitPlan | None = None  # n_gpu_layers = "auto": the plan it loaded with
     placement: list[DevicePlacement] = []  # where its layers and KV are: each GPU holding any, then the host
     buffers: list[BufferSize] = []  # what llama.cpp allocated where, as it logged it
+    tokenizer: TokenizerInfo | None = None
 
 
 class Ready(msgspec.Struct, frozen=True, tag="ready"):

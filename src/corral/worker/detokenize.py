@@ -30,11 +30,18 @@ class Utf8Stream:
 
 
 class StopMatcher:
-    """Holds back text that is a prefix of a stop string until it is decided."""
+    """Holds back text that is a prefix of a stop string until it is decided.
 
-    def __init__(self, stops: list[str]) -> None:
+    ``after_text``: stop strings that end the text only once something other than
+    white space came before them (a template's turn markers, such as a base model's
+    ``\nUser:``: a model that starts its answer with one would otherwise answer nothing)."""
+
+    def __init__(self, stops: list[str], after_text: list[str] | None = None) -> None:
         self.stops = [s for s in stops if s]
+        self.after_text = [s for s in after_text or [] if s and s not in self.stops]
+        self._every = self.stops + self.after_text
         self._held = ""
+        self._spoke = False  # text other than white space was released
         self.stopped = False
         self.matched: str | None = None  # the stop string that ended the text
 
@@ -43,7 +50,7 @@ class StopMatcher:
         seen, ``stopped`` is True and further input is ignored."""
         if self.stopped:
             return ""
-        if not self.stops:
+        if not self._every:
             return text
         buf = self._held + text
         cut = -1
@@ -52,21 +59,28 @@ class StopMatcher:
             if i >= 0 and (cut < 0 or i < cut):
                 cut = i
                 self.matched = s
+        for s in self.after_text:
+            i = buf.find(s)
+            while i >= 0 and not self._spoke and not buf[:i].strip():
+                i = buf.find(s, i + 1)
+            if i >= 0 and (cut < 0 or i < cut):
+                cut = i
+                self.matched = s
         if cut >= 0:
             self.stopped = True
             self._held = ""
             return buf[:cut]
         hold = 0
-        for s in self.stops:
+        for s in self._every:
             for k in range(min(len(s) - 1, len(buf)), hold, -1):
                 if buf.endswith(s[:k]):
                     hold = k
                     break
-        if hold:
-            self._held = buf[-hold:]
-            return buf[:-hold]
-        self._held = ""
-        return buf
+        out = buf[:-hold] if hold else buf
+        self._held = buf[-hold:] if hold else ""
+        if not self._spoke and out.strip():
+            self._spoke = True
+        return out
 
     def flush(self) -> str:
         """At the end of generation held text is no longer a possible stop: release it."""

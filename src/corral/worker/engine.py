@@ -219,10 +219,10 @@ class Engine:
         slot.sampler = sampling.slot_sampler(p, n_vocab=self.m.n_vocab, seed=seed,
                                              eog_tokens=self.tok.eog_tokens if p.ignore_eos else [],
                                              prompt_tail=job.tokens, grammar=grammar)
-        stops = list(p.stop)
+        template_stops: list[str] = []
         if req.messages is not None and self.template is not None and not p.ignore_eos and grammar is None:
-            stops += [s for s in self.template.stop_strings if s not in stops]
-        slot.out = SlotOutput(req.id, stops, requests.tool_parser(req))
+            template_stops = list(self.template.stop_strings)
+        slot.out = SlotOutput(req.id, list(p.stop), requests.tool_parser(req), template_stops)
         slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] \
             if echo_lp else None
         if req.echo and not echo_lp:

@@ -142,6 +142,22 @@ def model_meta(model: ll.llama_model_p, key: str) -> str | None:
         size = n + 1
 
 
+def tokenizer_info(vocab: ll.llama_vocab_p, chat_template: str | None) -> wire.TokenizerInfo:
+    """The vocabulary's special tokens as text and its BOS/EOS rule (GET /tokenizer_info)."""
+    def text(token: int) -> str:
+        if token < 0:
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:max(n, 0)].decode("utf-8", "replace")
+
+    return wire.TokenizerInfo(
+        bos_token=text(ll.llama_vocab_bos(vocab)), eos_token=text(ll.llama_vocab_eos(vocab)),
+        eot_token=text(ll.llama_vocab_eot(vocab)), pad_token=text(ll.llama_vocab_pad(vocab)),
+        add_bos=bool(ll.llama_vocab_get_add_bos(vocab)), add_eos=bool(ll.llama_vocab_get_add_eos(vocab)),
+        chat_template=chat_template)
+
+
 # ggml's enum ggml_type for the KV cache types (corral.settings.KV_CACHE_TYPES)
 _GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 
@@ -300,7 +316,8 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
     desc = ctypes.create_string_buffer(256)
     ll.llama_model_desc(model, desc, 256)
     model_bytes = int(ll.llama_model_size(model))
-    has_template = bool(s.chat_template) or model_meta(model, "tokenizer.chat_template") is not None
+    template = s.chat_template or model_meta(model, "tokenizer.chat_template")
+    has_template = template is not None
     info = wire.ModelInfo(
         description=desc.value.decode("utf-8", "replace"),
         n_params=int(ll.llama_model_n_params(model)),
@@ -319,6 +336,7 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
         load_ms=(time.perf_counter() - t0) * 1000.0,
         devices=devices,
         fit=plan,
+        tokenizer=tokenizer_info(vocab, template or None),
     )
     return LoadedModel(
         model=model,

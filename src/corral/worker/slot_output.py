@@ -12,10 +12,11 @@ __all__ = ["SlotOutput"]
 
 
 class SlotOutput:
-    def __init__(self, request_id: str, stops: list[str], tool_parser: ToolCallParser | None) -> None:
+    def __init__(self, request_id: str, stops: list[str], tool_parser: ToolCallParser | None,
+                 template_stops: list[str] | None = None) -> None:
         self.id = request_id
         self.utf8 = Utf8Stream()
-        self.stop = StopMatcher(stops)
+        self.stop = StopMatcher(stops, after_text=template_stops)  # those end only a non-empty answer
         self.parser = tool_parser
         self.n_unsent = 0  # generated tokens not yet covered by a Delta
         self.logprobs: list[wire.TokenLogprob] = []

@@ -58,7 +58,7 @@ def _tool_use(call: wire.ToolCall) -> dict[str, Any]:
 
 
 def _spec(body: AnthropicCountTokensRequest, endpoint: str, params: wire.SamplingParams) -> GenerationSpec:
-    return build_spec(body.model, endpoint, body.openai_messages(), params, **body.openai_tools())
+    return build_spec(body.model, endpoint, body.openai_messages(), params, **body.openai_chat())
 
 
 @router.post("/v1/messages")

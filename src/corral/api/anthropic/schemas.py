@@ -2,11 +2,19 @@
 
 ``system`` (a string or text blocks) becomes the system message; each message's text
 blocks are joined; ``max_tokens`` is required (as Anthropic requires it);
-``stop_sequences``, ``temperature`` (0-1), ``top_p``, ``top_k`` map onto sampling;
-``metadata`` and ``service_tier`` are ignored. ``tools`` / ``tool_choice`` (auto, any,
-tool, none) and ``tool_use`` / ``tool_result`` blocks become OpenAI tool calls and tool
-messages for the request core. Images, documents and thinking are refused with a 400
-that names the field.
+``stop_sequences``, ``temperature`` (0-1), ``top_p``, ``top_k`` map onto sampling.
+``tools`` / ``tool_choice`` (auto, any, tool, none) and ``tool_use`` / ``tool_result``
+blocks become OpenAI tool calls and tool messages for the request core.
+``output_config.format`` (``{"type": "json_schema", "schema": ...}``, what current SDKs
+send for structured output; ``output_format`` is the older beta spelling) becomes OpenAI's
+``response_format`` json_schema: the same schema check and grammar.
+
+Top-level fields: those that only describe the request (``metadata``, ``service_tier``,
+``inference_geo``, ``speed``, ``cache_control`` -- corral's prefix cache is automatic --,
+``diagnostics``, ``user_profile_id``, ``workspace_id``) are ignored; any other field is a
+400 that names it, as are images, documents, thinking, ``output_config.effort`` and the
+server-side features (``container``, ``mcp_servers``, ``context_management``): never an
+answer that silently leaves out what was asked.
 """
 
 from __future__ import annotations
@@ -102,18 +110,50 @@ def _openai_messages(m: _Message, i: int) -> list[dict[str, Any]]:
     return out
 
 
+class _OutputFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class _OutputConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: _OutputFormat | None = None
+    effort: str | None = None
+
+
+# Top-level fields that only describe the request: accepted, no effect on the answer.
+_DESCRIPTIVE = frozenset({"metadata", "service_tier", "inference_geo", "speed", "cache_control",
+                          "diagnostics", "user_profile_id", "workspace_id"})
+# count_tokens also takes a whole Messages body: its generation fields change no count
+_COUNT_ALSO_IGNORES = _DESCRIPTIVE | {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
+                                      "ignore_eos"}
+
+
 class AnthropicCountTokensRequest(BaseModel):
-    model_config = _LENIENT
+    model_config = ConfigDict(extra="allow")  # extras are refused by check(), by name
     model: str = Field(min_length=1)
     messages: list[_Message] = Field(min_length=1)
     system: str | list[_Block] | None = None
     tools: list[_Tool] | None = None
     tool_choice: _ToolChoice | None = None
     thinking: dict[str, Any] | None = None
+    output_config: _OutputConfig | None = None
+    output_format: _OutputFormat | None = None  # the structured-outputs beta's spelling
 
     def check(self) -> None:
+        allowed = _DESCRIPTIVE if isinstance(self, AnthropicMessagesRequest) else _COUNT_ALSO_IGNORES
+        for name in self.model_extra or {}:
+            if name not in allowed:
+                raise UnsupportedOption(f"{name}: this field is not supported by corral's Messages API",
+                                        param=name)
         if self.thinking and self.thinking.get("type") != "disabled":
             raise UnsupportedOption("extended thinking is not supported", param="thinking")
+        if self.output_config is not None and self.output_config.effort is not None:
+            raise UnsupportedOption("output_config.effort is not supported", param="output_config.effort")
+        if self.output_format is not None and self.output_config is not None and self.output_config.format:
+            raise InvalidRequest("output_format: give output_config.format or output_format, not both",
+                                 param="output_format")
         if self.tool_choice is not None and self.tool_choice.type == "tool" and not self.tool_choice.name:
             raise InvalidRequest("tool_choice.name: required for type tool", param="tool_choice.name")
 
@@ -125,8 +165,16 @@ class AnthropicCountTokensRequest(BaseModel):
             out.extend(_openai_messages(m, i))
         return out
 
-    def openai_tools(self) -> dict[str, Any]:
-        """tools, tool_choice and parallel_tool_calls in OpenAI's shape."""
+    def openai_chat(self) -> dict[str, Any]:
+        """tools, tool_choice, parallel_tool_calls and response_format in OpenAI's shape."""
+        out = self._openai_tools()
+        fmt = self.output_format or (self.output_config.format if self.output_config else None)
+        if fmt is not None:
+            out["response_format"] = {"type": "json_schema",
+                                      "json_schema": {"name": "output", "schema": fmt.schema_}}
+        return out
+
+    def _openai_tools(self) -> dict[str, Any]:
         if not self.tools:
             return {}
         tools = [{"type": "function", "function": {"name": t.name, "description": t.description,

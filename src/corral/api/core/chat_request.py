@@ -159,11 +159,15 @@ class ChatCompletionRequest(SamplingFields):
                     raise InvalidRequest(f"tools.{i}.function.name: {t.function.name!r} is given twice",
                                          param=f"tools.{i}.function.name")
                 seen.add(t.function.name)
+        # llama.cpp's raw constraints replace every other one; response_format governs a text
+        # reply and a forced call's arguments follow the tool's schema, so those two combine
+        # (OpenAI accepts it; the Agents SDK and instructor send it): see ``constraint``
         constraints = [k for k in ("grammar", "json_schema") if getattr(self, k) is not None]
-        if self.response_format is not None and self.response_format.type != "text":
-            constraints.append("response_format")
-        if self.forces_call():
-            constraints.append("tool_choice")
+        if constraints:
+            if self.response_format is not None and self.response_format.type != "text":
+                constraints.append("response_format")
+            if self.forces_call():
+                constraints.append("tool_choice")
         if len(constraints) > 1:
             raise InvalidRequest(f"{constraints[1]}: cannot be combined with {constraints[0]}",
                                  param=constraints[1])
@@ -174,8 +178,22 @@ class ChatCompletionRequest(SamplingFields):
     def uses_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
+    def parses_tool_calls(self) -> bool:
+        """Whether the answer may be a call: not when a response_format constrains it (no
+        call forced), since then it is the format's JSON by construction, and an object of
+        the format with a ``name`` must not come back as a call of that name."""
+        if not self.uses_tools():
+            return False
+        rf = self.response_format
+        return self.forces_call() or rf is None or rf.type == "text"
+
     def constraint(self) -> tuple[str | None, str | None]:
-        """(GBNF grammar, JSON schema text) that constrain the output; at most one is set."""
+        """(GBNF grammar, JSON schema text) that constrain the output; at most one is set.
+        A forced tool call is what gets generated, so its schema applies even with a
+        response_format (which is still checked: it would govern a text reply)."""
+        if self.forces_call():
+            self._format_schema()
+            return None, schema_text(self._forced_schema())
         if self.grammar is not None:
             if not self.grammar.strip():
                 raise InvalidRequest("grammar: must not be empty", param="grammar")
@@ -183,21 +201,24 @@ class ChatCompletionRequest(SamplingFields):
         if self.json_schema is not None:
             check_schema(self.json_schema, "json_schema")
             return None, schema_text(self.json_schema)
+        schema = self._format_schema()
+        return None, None if schema is None else schema_text(schema)
+
+    def _format_schema(self) -> dict[str, Any] | None:
+        """response_format's schema, checked; None for text (or no format)."""
         rf = self.response_format
         if rf is not None and rf.type == "json_object":
             if rf.schema_ is not None:
                 check_schema(rf.schema_, "response_format.schema")
-                return None, schema_text(rf.schema_)
-            return None, schema_text(JSON_OBJECT_SCHEMA)
+                return rf.schema_
+            return JSON_OBJECT_SCHEMA
         if rf is not None and rf.type == "json_schema":
             if rf.json_schema is None or rf.json_schema.schema_ is None:
                 raise InvalidRequest("response_format.json_schema.schema: required for type json_schema",
                                      param="response_format.json_schema.schema")
             check_schema(rf.json_schema.schema_, "response_format.json_schema.schema")
-            return None, schema_text(rf.json_schema.schema_)
-        if self.forces_call():
-            return None, schema_text(self._forced_schema())
-        return None, None
+            return rf.json_schema.schema_
+        return None
 
     def _forced_schema(self) -> dict[str, Any]:
         tools = self.tools or []

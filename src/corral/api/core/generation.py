@@ -115,7 +115,7 @@ def chat_spec(body: ChatCompletionRequest, endpoint: str = "chat") -> Generation
         p = params if i == 0 else wire.SamplingParams(**{**_fields(params), "seed": _seed(params.seed, i)})
         reqs.append(wire.GenerateRequest(
             id=rid if body.n == 1 else f"{rid}-{i}", messages=messages, params=p, grammar=grammar,
-            json_schema=schema, tools=tools, parse_tool_calls=body.uses_tools(),
+            json_schema=schema, tools=tools, parse_tool_calls=body.parses_tool_calls(),
             parallel_tool_calls=body.parallel_tool_calls is not False, logprobs=body.wire_logprobs()))
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix)

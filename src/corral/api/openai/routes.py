@@ -153,8 +153,10 @@ async def completions(request: Request) -> Response:
         gs = await open_stream(request, spec)
         return sse_stream(_sse_events(gs, _completion_chunks(gs), body.include_usage, "text_completion"))
     r = await generate(request, spec)
+    echoed = body.echo
     choices = [{"index": c.index, "text": c.text,
-                "logprobs": completion_logprobs(c.logprobs, 0)[0] if c.logprobs is not None else None,
+                "logprobs": completion_logprobs(c.logprobs, 0, c.text if echoed else None)[0]
+                if c.logprobs is not None else None,
                 "finish_reason": c.finish_reason} for c in r.choices]
     return json_response({"id": r.id, "object": "text_completion", "created": r.created, "model": r.model,
                           "choices": choices, "usage": usage_body(r.usage),
@@ -168,12 +170,15 @@ async def _completion_chunks(gs: GenerationStream) -> AsyncIterator[bytes]:
     post = b',"logprobs":null,"finish_reason":null}]}\n\n'
     enc = _json.encode
     offsets = [0] * len(gs.streams)
+    echo = [r.echo for r in gs.spec.requests]  # the first text of such a choice is its prompt
     async for ev in gs.events():
         if type(ev) is TextEvent:
             if not want_lp:
                 yield pre[ev.index] + enc(ev.text) + post
             else:
-                lp, offsets[ev.index] = completion_logprobs(ev.logprobs, offsets[ev.index])
+                first, echo[ev.index] = echo[ev.index], False
+                lp, offsets[ev.index] = completion_logprobs(ev.logprobs, offsets[ev.index],
+                                                            ev.text if first else None)
                 yield sse_data({**head, "choices": [{"index": ev.index, "text": ev.text, "logprobs": lp,
                                                  "finish_reason": None}]})
         elif type(ev) is FinishEvent:

@@ -1,10 +1,26 @@
-"""llama.cpp's /tokenize and /detokenize, answered by a worker of the named model
-(its vocabulary). ``model`` may be left out when only one model is configured.
+"""llama.cpp's /tokenize and /detokenize, and vLLM's /tokenizer_info, answered by a worker
+of the named model (its vocabulary). ``model`` may be left out when only one model is
+configured.
 
     POST /tokenize   {"model", "content", "add_special": false, "parse_special": true, "with_pieces": false}
                   -> {"tokens": [ids]}  or, with_pieces, {"tokens": [{"id", "piece"}]}
                      (piece: text, or its bytes as a list of ints when not valid UTF-8)
-    POST /detokenize {"model", "tokens": [ids]} -> {"content": text}
+                     vLLM's names are accepted too: "prompt" for "content",
+                     "add_special_tokens" for "add_special"
+    POST /detokenize {"model", "tokens": [ids]} -> {"content": text, "prompt": text (vLLM's name)}
+    GET  /tokenizer_info[?model=...]
+                  -> {"model", "bos_token", "eos_token", "eot_token", "pad_token" (null where the
+                      vocabulary has none), "add_bos_token", "add_eos_token" (vLLM's names), "add_bos"
+                      (llama.cpp's: the same as add_bos_token), "chat_template"
+                      (null: corral's plain User:/Assistant: turns), "model_max_length" (tokens
+                      per request), "vocab_size"}
+
+What lm-evaluation-harness's remote tokenizer reads (``tokenizer_backend=remote``, chosen
+by itself for ``local-completions`` when /tokenizer_info answers with an ``eos_token``):
+the special tokens, which it then tokenizes through /tokenize to get their ids, and the
+chat template. ``add_bos_token`` tells such a client whether to put the BOS id in front
+of a prompt it sends as token ids: corral sends token-id prompts as they are, as
+llama-server does.
 """
 
 from __future__ import annotations
@@ -13,7 +29,7 @@ import secrets
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from corral import wire
@@ -21,6 +37,7 @@ from corral.api.core.generation import observe, submit
 from corral.api.http import json_response, plane_of
 from corral.api.core.schemas import parse_body
 from corral.control.plane import ControlPlane
+from corral.control.stream import RequestStream
 from corral.errors import InvalidRequest
 
 __all__ = ["router", "BODIES"]
@@ -32,8 +49,8 @@ _LENIENT = ConfigDict(extra="ignore")
 class TokenizeBody(BaseModel):
     model_config = _LENIENT
     model: str | None = Field(None, min_length=1)
-    content: str
-    add_special: bool = False
+    content: str = Field(validation_alias=AliasChoices("content", "prompt"))
+    add_special: bool = Field(False, validation_alias=AliasChoices("add_special", "add_special_tokens"))
     parse_special: bool = True
     with_pieces: bool = False
 
@@ -57,12 +74,17 @@ def _model(plane: ControlPlane, name: str | None) -> str:
                          "GET /v1/models lists them)", param="model")
 
 
-async def _run(request: Request, name: str | None, msg_kw: dict[str, Any]) -> wire.Tokenized:
+async def _stream(request: Request, name: str | None, msg_kw: dict[str, Any]) -> tuple[str, RequestStream]:
     plane = plane_of(request)
     model = _model(plane, name)
     msg = wire.TokenizeRequest(id="tok-" + secrets.token_hex(8), **msg_kw)
     [stream] = await submit(request, model, "tokenize", [plane.tokenize(model, msg)], wait_all=True)
     observe(plane, stream, "tokenize", 200)
+    return model, stream
+
+
+async def _run(request: Request, name: str | None, msg_kw: dict[str, Any]) -> wire.Tokenized:
+    _, stream = await _stream(request, name, msg_kw)
     assert stream.tokenized is not None
     return stream.tokenized
 
@@ -88,4 +110,23 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     body = await parse_body(request, DetokenizeBody)
     t = await _run(request, body.model, {"tokens": body.tokens})
-    return json_response({"content": t.text})
+    return json_response({"content": t.text, "prompt": t.text})
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request, model: str | None = None) -> Response:
+    # an empty tokenize on the one request path: loads the model if it is not (autoload),
+    # and names the instance whose load report (wire.ModelInfo) describes its vocabulary
+    name, stream = await _stream(request, model, {"text": ""})
+    pool = plane_of(request).pool(name)
+    inst = next((i for i in pool.instances if i.index == stream.instance_index and i.info is not None), None)
+    info = inst.info if inst is not None else None
+    if info is None or info.tokenizer is None:
+        raise InvalidRequest(f"model {name!r}: its worker did not report its tokenizer", param="model")
+    t = info.tokenizer
+    return json_response({
+        "model": pool.spec.id, "bos_token": t.bos_token or None, "eos_token": t.eos_token or None,
+        "eot_token": t.eot_token or None, "pad_token": t.pad_token or None,
+        "add_bos_token": t.add_bos, "add_eos_token": t.add_eos, "add_bos": t.add_bos,
+        "chat_template": t.chat_template,
+        "model_max_length": info.n_ctx_slot, "vocab_size": info.n_vocab})
