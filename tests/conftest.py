@@ -23,7 +23,6 @@ def model_path() -> Path:
     return embedded_model_path()
 
 
-
 @pytest.fixture(autouse=True, scope="session")
 def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Routers started by tests (in process or as children) keep their state (usage.db)
