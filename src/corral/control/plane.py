@@ -126,7 +126,7 @@ class ControlPlane:
         if self._tmp_logs is not None:
             with contextlib.suppress(OSError):
                 self._tmp_logs.cleanup()
-        self.access.close()
+        await asyncio.to_thread(self.access.close)  # the last usage flushed
 
     def _node_room(self, pool: ModelPool) -> str | None:
         """On Ray: the per-node budget (a load that fits no node evicts idle models)."""
