@@ -112,3 +112,11 @@ def test_keys_made_by_the_cli_work_on_a_running_server_and_usage_shows_them(
     assert corral("keys", "rm", "alice", *kf).returncode == 0
     r = corral("usage", "--host", url, env={"CORRAL_API_KEY": new})
     assert r.returncode == 1 and "refused the API key" in r.stderr
+
+
+def test_serve_refuses_a_broken_keys_file(tmp_path: Path) -> None:
+    (tmp_path / "keys.toml").write_text('[keys.x]\nhash = "sha256:00"\n')
+    (tmp_path / "c.toml").write_text('[server]\nkeys_file = "keys.toml"\ninclude_default_model = false\n')
+    r = corral("serve", "-c", str(tmp_path / "c.toml"), timeout=60)
+    assert r.returncode == 2 and "[keys.x]: hash must be" in r.stderr and str(tmp_path / "keys.toml") in r.stderr
+    assert "Traceback" not in r.stderr
