@@ -47,6 +47,37 @@ def _url(path: str) -> str:
             .replace("{name}", "app.js"))
 
 
+# The decision, written out once more here (a change of scope must be made twice, on purpose).
+EXPECTED = """
+public  GET /health | GET / | GET /ui/{name}
+key     GET /v1/models | GET /v1/models/{model_id:path} | GET /models | GET /models/show | GET /api/tags
+        GET /api/ps | POST /api/show | GET /api/version | GET /docs | GET /docs/oauth2-redirect
+        GET /openapi.json | GET /usage
+infer   POST /v1/chat/completions | POST /chat/completions | POST /v1/completions | POST /completions
+        POST /v1/embeddings | POST /embeddings | POST /v1/messages | POST /v1/messages/count_tokens
+        POST /v1/responses | POST /api/chat | POST /api/generate | POST /api/embed | POST /api/embeddings
+        POST /tokenize | POST /detokenize
+manage  GET /stats | GET /metrics | GET /models/events | GET /models/sse | POST /models/load
+        POST /models/unload | POST /models/reload | POST /models | POST /models/pull
+        GET /models/pull/{pull_id} | DELETE /models/pull/{pull_id} | POST /api/pull | POST /api/copy
+        POST /inferences/llamacpp/loadmodel | GET /inferences/llamacpp/unloadmodel
+        POST /inferences/llamacpp/unloadmodel
+admin   DELETE /api/delete | DELETE /models/{model_id:path}
+"""
+
+
+def _expected() -> dict[tuple[str, str], str]:
+    out: dict[tuple[str, str], str] = {}
+    scope = ""
+    for line in EXPECTED.strip().splitlines():
+        if not line.startswith(" "):
+            scope, line = line.split(None, 1)
+        for route in line.split("|"):
+            method, path = route.split()
+            out[(method, path)] = scope
+    return out
+
+
 def test_every_route_has_a_scope_decision(harness: Harness) -> None:
     from corral.api.app import create_app
 
@@ -55,6 +86,7 @@ def test_every_route_has_a_scope_decision(harness: Harness) -> None:
     assert ("GET", "/usage") in routes and ("POST", "/v1/chat/completions") in routes
     assert routes - set(ROUTE_SCOPES) == set(), "routes without a scope decision"
     assert set(ROUTE_SCOPES) - routes == set(), "scope decisions for routes that do not exist"
+    assert dict(ROUTE_SCOPES) == _expected()
     # and an undecided route is closed: it needs admin
     scopes = RouteScopes([*routes, ("POST", "/v1/new-thing")])
     assert scopes.scope_of("POST", "/v1/new-thing") == ("/v1/new-thing", "admin")
