@@ -43,8 +43,19 @@ import msgspec
 
 from corral.errors import ConfigError
 
-__all__ = ["KeySpec", "SCOPES", "RESERVED_NAMES", "parse_keys", "read_keys", "render_keys",
-           "write_keys", "new_secret", "hash_secret", "name_problem", "now_iso"]
+__all__ = [
+    "RESERVED_NAMES",
+    "SCOPES",
+    "KeySpec",
+    "hash_secret",
+    "name_problem",
+    "new_secret",
+    "now_iso",
+    "parse_keys",
+    "read_keys",
+    "render_keys",
+    "write_keys",
+]
 
 SCOPES = ("infer", "manage", "admin")
 RESERVED_NAMES = frozenset({"api_key", "-"})  # the [server] api_key; anonymous (no keys at all)

@@ -8,12 +8,12 @@ import json
 from typing import Any
 
 import pytest
+from support.harness import Harness, _until, chat
+from support.keys import bearer, write_keys_file
 
 from corral.control.limits import Limiter, format_reset
 from corral.errors import RateLimited
 from corral.keys_file import KeySpec
-from support.harness import Harness, _until, chat
-from support.keys import bearer, write_keys_file
 
 MSG = {"model": "a", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-
-from corral.api.scopes import ROUTE_SCOPES, RouteScopes, app_routes
 from support.harness import Harness, chat
 from support.keys import bearer, write_keys_file
+
+from corral.api.scopes import ROUTE_SCOPES, RouteScopes, app_routes
 
 JSON = {"content-type": "application/json"}
 KEYS = {"inferrer": {"scopes": ["infer"]}, "manager": {"scopes": ["manage"]},

@@ -4,19 +4,19 @@ against a real `corral serve` over fake workers."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-
-from cli.run import corral
-from corral.keys_file import read_keys
 from reliability.server import RouterProcess
 from support.harness import FAKE, chat
 from support.keys import bearer
+
+from cli.run import corral
+from corral.keys_file import read_keys
 
 
 def _secret(out: str) -> str:

@@ -10,7 +10,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from support.harness import Harness, chat, wait_event
 from support.keys import bearer, remove_key, rotate_key, write_keys_file
 
@@ -88,7 +87,7 @@ async def test_a_broken_keys_file_keeps_the_old_keys(harness: Harness, caplog: p
 
 
 async def test_sighup_reads_the_keys_file_again(harness: Harness) -> None:
-    path, secrets = await _start(harness, sighup=True)
+    await _start(harness, sighup=True)
     async with harness.plane.bus.subscribe() as q:
         os.kill(os.getpid(), signal.SIGHUP)
         ev = await wait_event(q, lambda e: e.name == "keys_reloaded")
@@ -97,7 +96,7 @@ async def test_sighup_reads_the_keys_file_again(harness: Harness) -> None:
 
 
 async def test_a_reloaded_config_can_name_another_keys_file(harness: Harness) -> None:
-    path, secrets = await _start(harness)
+    _, secrets = await _start(harness)
     other = harness.tmp / "other-keys.toml"
     new = write_keys_file(other, zed={})
     cfg = harness.config({"a": {"path": str(harness.script("a"))}}, keys_file=str(other))

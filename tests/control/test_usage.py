@@ -9,11 +9,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.harness import Harness, _until, chat
+from support.keys import bearer, write_keys_file
 
 from corral.control.limits import utc_day
 from corral.control.usage import UsageBook, state_dir
-from support.harness import Harness, _until, chat
-from support.keys import bearer, write_keys_file
 
 MSG = {"model": "a", "max_tokens": 5, "messages": [{"role": "user", "content": "one two three"}]}
 
@@ -136,3 +136,25 @@ def test_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CORRAL_STATE_DIR", str(tmp_path / "env"))
     assert state_dir(None) == tmp_path / "env"
     assert state_dir(tmp_path / "cfg") == tmp_path / "cfg"  # [server] state_dir comes first
+
+
+def test_tokens_per_day_count_what_the_database_kept(tmp_path: Path) -> None:
+    """After a restart the tokens-per-day limit starts from the day's usage on disk."""
+    from corral.control.limits import Limiter
+    from corral.errors import RateLimited
+    from corral.keys_file import KeySpec
+
+    book = UsageBook(tmp_path)
+    book.record("k", "m", requests=1, prompt_tokens=60, completion_tokens=40)
+    book.record("k", "m", requests=1, prompt_tokens=999, completion_tokens=0, day="2020-01-01")
+    book.close()
+    again = UsageBook(tmp_path)
+    try:
+        lim = Limiter(day_tokens=again.day_tokens)
+        lim.admit("k", KeySpec(hash="", tpd=101))  # 100 used today: one more request may start
+        lim.charge("k", KeySpec(hash="", tpd=101), 1)
+        with pytest.raises(RateLimited, match="per day"):
+            lim.admit("k", KeySpec(hash="", tpd=101))
+        lim.admit("other", KeySpec(hash="", tpd=101))
+    finally:
+        again.close()

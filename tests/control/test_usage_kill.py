@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import httpx
-
 from reliability.server import RouterProcess, wait_until
 from support.harness import FAKE, chat
 from support.keys import bearer, write_keys_file

@@ -33,7 +33,7 @@ from corral.errors import AuthenticationError, InvalidRequest, RateLimited, Scop
 if TYPE_CHECKING:
     from corral.control.access import Access
 
-__all__ = ["authorize", "ModelRequest", "UNBOUNDED_PRIORITY"]
+__all__ = ["UNBOUNDED_PRIORITY", "ModelRequest", "authorize"]
 
 UNBOUNDED_PRIORITY = 2**31 - 1
 _json = msgspec.json.Decoder()

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from starlette.routing import compile_path
 
-__all__ = ["ROUTE_SCOPES", "MODEL_ROUTES", "RouteScopes", "Scope", "app_routes"]
+__all__ = ["MODEL_ROUTES", "ROUTE_SCOPES", "RouteScopes", "Scope", "app_routes"]
 
 Scope = Literal["public", "key", "infer", "manage", "admin"]
 

@@ -22,17 +22,33 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import msgspec
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from corral.cli.client import Api, ApiError, HostOpt, PortOpt, ServerOpt, fail, server_url
+from corral.cli.client import (
+    Api,
+    ApiError,
+    HostOpt,
+    PortOpt,
+    ServerOpt,
+    fail,
+    server_url,
+)
 from corral.errors import ConfigError
-from corral.keys_file import (SCOPES, KeySpec, hash_secret, name_problem, new_secret, now_iso,
-                              read_keys, write_keys)
+from corral.keys_file import (
+    SCOPES,
+    KeySpec,
+    hash_secret,
+    name_problem,
+    new_secret,
+    now_iso,
+    read_keys,
+    write_keys,
+)
 
 __all__ = ["register"]
 
@@ -44,7 +60,11 @@ KeysFileOpt = typer.Option(None, "--keys-file", help="the keys file ([server] ke
                            "$CORRAL_KEYS_FILE)", show_default=False)
 
 
-def _path(keys_file: Optional[Path]) -> Path:
+ModelsOpt = typer.Option([], "--models", help="a model id, alias or glob pattern the key may use "
+                         "(repeat; none: every model)")
+
+
+def _path(keys_file: Path | None) -> Path:
     if keys_file is None:
         env = os.environ.get("CORRAL_KEYS_FILE")
         if not env:
@@ -78,15 +98,14 @@ def _scopes(raw: str) -> tuple[str, ...]:
 
 
 def add(name: str = typer.Argument(..., help="the key's name (usage and metrics are counted by it)"),
-        keys_file: Optional[Path] = KeysFileOpt,
+        keys_file: Path | None = KeysFileOpt,
         scopes: str = typer.Option("infer", "--scopes", help="comma-separated: infer, manage, admin"),
-        models: list[str] = typer.Option([], "--models", help="a model id, alias or glob pattern the key "
-                                         "may use (repeat; none: every model)"),
-        rpm: Optional[int] = typer.Option(None, "--rpm", min=1, help="requests per minute"),
-        tpm: Optional[int] = typer.Option(None, "--tpm", min=1, help="tokens per minute"),
-        tpd: Optional[int] = typer.Option(None, "--tpd", min=1, help="tokens per day (UTC)"),
-        concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, help="requests in flight"),
-        queue: Optional[int] = typer.Option(None, "--queue", min=0,
+        models: list[str] = ModelsOpt,
+        rpm: int | None = typer.Option(None, "--rpm", min=1, help="requests per minute"),
+        tpm: int | None = typer.Option(None, "--tpm", min=1, help="tokens per minute"),
+        tpd: int | None = typer.Option(None, "--tpd", min=1, help="tokens per day (UTC)"),
+        concurrency: int | None = typer.Option(None, "--concurrency", min=1, help="requests in flight"),
+        queue: int | None = typer.Option(None, "--queue", min=0,
                                             help="requests waiting for a place (default: no bound)"),
         weight: float = typer.Option(1.0, "--weight", help="fair-share weight (> 0)"),
         max_priority: int = typer.Option(0, "--max-priority", help="highest request priority allowed")) -> None:
@@ -115,7 +134,7 @@ def _limits(spec: KeySpec) -> str:
     return " ".join(parts) or "-"
 
 
-def ls(keys_file: Optional[Path] = KeysFileOpt,
+def ls(keys_file: Path | None = KeysFileOpt,
        as_json: bool = typer.Option(False, "--json", help="print JSON (never the secrets: there are none)")) -> None:
     """List the keys: name, scopes, models, limits (never a secret: only its first characters)."""
     path = _path(keys_file)
@@ -140,7 +159,7 @@ def ls(keys_file: Optional[Path] = KeysFileOpt,
 
 
 def rm(name: str = typer.Argument(..., help="the key to remove (refused from the next request on)"),
-       keys_file: Optional[Path] = KeysFileOpt) -> None:
+       keys_file: Path | None = KeysFileOpt) -> None:
     """Remove a key: a server reading the file refuses it at once (running requests finish)."""
     path = _path(keys_file)
     with _locked(path) as keys:
@@ -151,7 +170,7 @@ def rm(name: str = typer.Argument(..., help="the key to remove (refused from the
 
 
 def rotate(name: str = typer.Argument(..., help="the key to give a new secret"),
-           keys_file: Optional[Path] = KeysFileOpt) -> None:
+           keys_file: Path | None = KeysFileOpt) -> None:
     """A new secret for a key (same name, scopes and limits); the old one is refused at once."""
     path = _path(keys_file)
     secret = new_secret()
@@ -163,10 +182,10 @@ def rotate(name: str = typer.Argument(..., help="the key to give a new secret"),
     typer.echo(secret)
 
 
-def usage(host: Optional[str] = HostOpt, port: Optional[int] = PortOpt, server: Optional[str] = ServerOpt,
-          key: Optional[str] = typer.Option(None, "--key", help="only this key"),
-          model: Optional[str] = typer.Option(None, "--model", help="only this model"),
-          since: Optional[str] = typer.Option(None, "--since", help="from this day on (YYYY-MM-DD)"),
+def usage(host: str | None = HostOpt, port: int | None = PortOpt, server: str | None = ServerOpt,
+          key: str | None = typer.Option(None, "--key", help="only this key"),
+          model: str | None = typer.Option(None, "--model", help="only this model"),
+          since: str | None = typer.Option(None, "--since", help="from this day on (YYYY-MM-DD)"),
           as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Requests and tokens per key, model and day (GET /usage of a running server)."""
     params = {k: v for k, v in (("key", key), ("model", model), ("since", since)) if v is not None}

@@ -35,8 +35,16 @@ from corral.errors import ConfigError
 from corral.events import EventBus, EventName
 from corral.keys_file import SCOPES, KeySpec, read_keys
 
-__all__ = ["Key", "Caller", "KeyRing", "CALLER", "ANONYMOUS", "API_KEY_NAME", "current_caller",
-           "detached_context"]
+__all__ = [
+    "ANONYMOUS",
+    "API_KEY_NAME",
+    "CALLER",
+    "Caller",
+    "Key",
+    "KeyRing",
+    "current_caller",
+    "detached_context",
+]
 
 log = logging.getLogger("corral.keys")
 
@@ -47,7 +55,7 @@ ANONYMOUS_NAME = "-"
 class Key:
     """A key as the router uses it: name, scopes, model patterns, limits."""
 
-    __slots__ = ("name", "spec", "scopes", "patterns")
+    __slots__ = ("name", "patterns", "scopes", "spec")
 
     def __init__(self, name: str, spec: KeySpec) -> None:
         self.name = name
@@ -77,7 +85,7 @@ ANONYMOUS = Key(ANONYMOUS_NAME, KeySpec(hash="", scopes=("admin",), max_priority
 class Caller:
     """One request's key, and which models its usage already counted a request for."""
 
-    __slots__ = ("key", "counted")
+    __slots__ = ("counted", "key")
 
     def __init__(self, key: Key) -> None:
         self.key = key

@@ -80,7 +80,7 @@ class _Bucket:
 
 
 class _KeyState:
-    __slots__ = ("requests", "tokens", "day", "day_tokens", "in_flight", "waiters")
+    __slots__ = ("day", "day_tokens", "in_flight", "requests", "tokens", "waiters")
 
     def __init__(self) -> None:
         self.requests: _Bucket | None = None

@@ -26,7 +26,7 @@ from typing import Any
 
 from corral.control.limits import utc_day
 
-__all__ = ["UsageBook", "state_dir", "USAGE_DB"]
+__all__ = ["USAGE_DB", "UsageBook", "state_dir"]
 
 log = logging.getLogger("corral.usage")
 
