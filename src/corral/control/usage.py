@@ -75,8 +75,7 @@ class UsageBook:
         self._db: sqlite3.Connection | None = None
         self._db_lock = threading.Lock()  # the writer's connection, shared with queries
         self._failed = False
-        self._thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # started by the first record
 
     # ------------------------------------------------------------------ counting
 
@@ -84,6 +83,9 @@ class UsageBook:
                completion_tokens: int, day: str | None = None) -> None:
         row = (key, model, day or utc_day())
         with self._lock:
+            if self._thread is None and not self._closing:
+                self._thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
+                self._thread.start()
             acc = self._pending.get(row)
             if acc is None:
                 self._pending[row] = [requests, prompt_tokens, completion_tokens]
@@ -132,9 +134,13 @@ class UsageBook:
                         cur[i] += acc[i]
 
     def close(self) -> None:
-        self._closing = True
+        with self._lock:
+            self._closing = True
+            thread = self._thread
         self._wake.set()
-        self._thread.join(30)
+        if thread is not None:
+            thread.join(30)
+        self.flush()  # what came after the writer's last round (or with no writer at all)
         with self._db_lock:
             if self._db is not None:
                 with contextlib.suppress(sqlite3.Error):
