@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,13 @@ def model_path() -> Path:
     from corral.store.embedded import embedded_model_path
 
     return embedded_model_path()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Routers started by tests (in process or as children) keep their state (usage.db)
+    in a temporary directory, never in ~/.local/state/corral. Session-wide, so that
+    module-scoped servers get it too; a test that needs its own sets [server] state_dir."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CORRAL_STATE_DIR", str(tmp_path_factory.mktemp("corral-state")))
+        yield

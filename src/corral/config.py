@@ -105,7 +105,13 @@ class ServerConfig(_NoBoolNumbers):
     include_default_model: bool = True  # serve the embedded gemma-3-270m (alias "default")
     max_queue: int = Field(64, ge=0)  # per model, requests waiting for a slot
     autoload: bool = True  # False: requests for unloaded models get 400 model_not_loaded
-    api_key: str | None = None
+    api_key: str | None = None  # one admin key (usage counts it as key "api_key")
+    # the keys file (corral.keys_file; `corral keys add`): keys with scopes, models and limits,
+    # re-read when it changes or on SIGHUP. Set, every route but /health and the page needs a key.
+    keys_file: Path | None = None
+    # where the router keeps state (usage.db); None: $CORRAL_STATE_DIR, else
+    # $XDG_STATE_HOME/corral, else ~/.local/state/corral
+    state_dir: Path | None = None
     # directories outside models_dir whose models requests may name (Nitro llama_model_path)
     allowed_model_dirs: list[Path] = []
     # web origins (e.g. "http://localhost:3000", "https://*.example.com") that browsers may
@@ -273,7 +279,7 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
     for m in cfg.models.values():
         p = m.path.expanduser()
         m.path = p if p.is_absolute() else (base / p)
-    for attr in ("models_dir", "log_dir"):
+    for attr in ("models_dir", "log_dir", "keys_file", "state_dir"):
         p = getattr(cfg.server, attr)
         if p is not None:
             p = p.expanduser()

@@ -17,13 +17,15 @@
     │   ├── Forbidden                403 code=forbidden
     │   │   ├── PathNotAllowed       403 code=path_not_allowed
     │   │   ├── HostNotAllowed       403 code=host_not_allowed
-    │   │   └── OriginNotAllowed     403 code=origin_not_allowed
+    │   │   ├── OriginNotAllowed     403 code=origin_not_allowed
+    │   │   └── ScopeDenied          403 code=insufficient_scope (the key lacks the route's scope)
     │   ├── ModelNotFound            404 code=model_not_found
     │   ├── NotFound                 404 (a pull id, a route object)
     │   │   └── RouteNotFound        404 (no such route)
     │   ├── MethodNotAllowed         405
     │   ├── Conflict                 409 (e.g. rm of a loaded model without --force)
-    │   └── PayloadTooLarge          413
+    │   ├── PayloadTooLarge          413
+    │   └── RateLimited              429 code=rate_limit_exceeded + Retry-After, x-ratelimit-*
     ├── Unavailable                  503 + Retry-After      try again later
     │   ├── ModelUnloaded            503 code=model_unloaded   (unloaded while this one waited)
     │   ├── QueueFull                503 code=queue_full
@@ -46,6 +48,7 @@ maps any ``CorralError`` with ``to_body()`` and never lets a traceback out.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = [
@@ -61,6 +64,8 @@ __all__ = [
     "PathNotAllowed",
     "HostNotAllowed",
     "OriginNotAllowed",
+    "ScopeDenied",
+    "RateLimited",
     "NitroLoadFailed",
     "ModelFileMissing",
     "UnreadableModel",
@@ -194,6 +199,11 @@ class OriginNotAllowed(Forbidden):
     code = "origin_not_allowed"
 
 
+class ScopeDenied(Forbidden):
+    """The key is valid but its scopes do not cover the route (see corral.api.scopes)."""
+    code = "insufficient_scope"
+
+
 class ModelNotFound(RequestError):
     status = 404
     code = "model_not_found"
@@ -221,6 +231,24 @@ class MethodNotAllowed(RequestError):
 class PayloadTooLarge(RequestError):
     status = 413
     code = "payload_too_large"
+
+
+class RateLimited(RequestError):
+    """A key went over one of its limits (requests or tokens per minute, tokens per day,
+    requests in flight or waiting). ``type`` says which kind, as OpenAI does ("requests",
+    "tokens"); the headers carry Retry-After and the key's x-ratelimit-* state."""
+    status = 429
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: float, kind: str = "requests",
+                 limit_headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.type = kind
+        self.retry_after_s = retry_after_s
+        self.limit_headers = dict(limit_headers or {})
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s))), **self.limit_headers}
 
 
 class Unavailable(CorralError):

@@ -17,6 +17,8 @@ Names (``EventName``; fields beyond event/model):
     download_failed    pull_id, reason
     download_cancelled pull_id, done
     config_reloaded    added, removed, restarted, updated, [failed] (model ids)
+    keys_reloaded      keys, added, removed (key names; the keys file was read again)
+    keys_reload_failed reason            (the keys file is invalid; the old keys stay)
     events_dropped     (this subscriber fell behind; older events were dropped)
     ray_status         status, address, reason
                        the Ray connection: connecting, connected, disconnected
@@ -55,6 +57,8 @@ class EventName(enum.StrEnum):
     DOWNLOAD_FINISHED = "download_finished"
     DOWNLOAD_FAILED = "download_failed"
     DOWNLOAD_CANCELLED = "download_cancelled"
+    KEYS_RELOADED = "keys_reloaded"  # the keys file was read again (corral.control.keys)
+    KEYS_RELOAD_FAILED = "keys_reload_failed"  # it was invalid: the old keys stay
     EVENTS_DROPPED = "events_dropped"
     RAY_STATUS = "ray_status"  # the Ray connection: connecting, connected, disconnected (+ reason)
     RAY_PLACED = "ray_placed"  # an instance's actor was placed: node id, address, hostname

@@ -7,8 +7,8 @@ stops every worker on shutdown. Errors: one handler maps every ``CorralError`` w
 (never 422); unknown routes 404; anything else 500 with no traceback in the body.
 
 ``corral.api.guard.GuardMiddleware`` runs before every route: Host and Origin checks,
-CORS for ``allowed_origins``, the API key (every route but /health), JSON content type
-and body size.
+CORS for ``allowed_origins``, the keys (every route but /health; scopes per route in
+``corral.api.scopes``, limits in ``corral.api.access``), JSON content type and body size.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from starlette.responses import Response
 from corral.api.anthropic import routes as anthropic_routes
 from corral.api.manage import models as management_routes
 from corral.api.manage import store as store_routes
+from corral.api.manage import usage as usage_routes
 from corral.api.ollama import models as ollama_models
 from corral.api.ollama import routes as ollama_routes
 from corral.api.openai import responses as responses_routes
@@ -39,6 +40,7 @@ from corral.api.page import routes as page_routes
 from corral.api.guard import GuardMiddleware
 from corral.api.http import error_response, invalid_request, path_policy
 from corral.api.hot_routes import HotRoutes
+from corral.api.scopes import RouteScopes, app_routes
 from corral.api.openapi_doc import document_request_bodies
 from corral.config import CorralConfig
 from corral.events import EventBus
@@ -145,6 +147,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     app.include_router(live_stats.router)
     app.include_router(tokenize_routes.router)
     app.include_router(store_routes.router)
+    app.include_router(usage_routes.router)
     bodies: dict[tuple[str, str], Any] = {("post", "/models/pull"): store_routes.PullBody,
                                           ("post", "/models"): store_routes.PullBody}
     document_request_bodies(app, {**bodies, **tokenize_routes.BODIES})
@@ -155,5 +158,10 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
 
     hot = [openai_routes.router, ollama_routes.router, anthropic_routes.router, responses_routes.router]
     app.add_middleware(HotRoutes, fastapi_app=app, routers=hot)  # inside the guard: added first
-    app.add_middleware(GuardMiddleware, get_server=server)
+    def access() -> Any:
+        plane = getattr(app.state, "router", None)
+        return plane.access if plane is not None else None
+
+    app.add_middleware(GuardMiddleware, get_server=server, get_access=access,
+                       routes=lambda: RouteScopes(app_routes(app.routes)))
     return app

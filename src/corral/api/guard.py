@@ -11,12 +11,15 @@ A pure ASGI middleware (not BaseHTTPMiddleware: it must not buffer streams). In 
    patterns, e.g. ``http://localhost:*``; like Ollama's OLLAMA_ORIGINS), else 403. CORS
    preflights (OPTIONS) are answered for those origins only, and their responses carry
    ``Access-Control-Allow-Origin``.
-3. **API key** (when ``[server] api_key`` is set): every route but ``GET /health`` and
-   the web page's static files (``GET /``, ``GET /ui/{asset}``: they hold no data; the
-   page asks for the key itself), docs, schema, metrics and the event stream included.
-   ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's clients). Refusals use
-   the error shape of the API the path belongs to (``corral.api.http``).
-   Compared in constant time (SHA-256 digests, so not even the length leaks).
+3. **Keys** (when ``[server] api_key`` or ``[server] keys_file`` is set): every route but
+   ``GET /health`` and the web page's static files (``GET /``, ``GET /ui/{asset}``: they
+   hold no data; the page asks for the key itself), docs, schema, metrics and the event
+   stream included. ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's
+   clients). Compared in constant time (SHA-256 digests, so not even the length leaks).
+   The key's scopes must cover the route (``corral.api.scopes``: 403 otherwise); the
+   request runs with its ``Caller`` set (``corral.control.keys.CALLER``), and requests to
+   a model go through the key's priority bound and limits (``corral.api.access``).
+   Refusals use the error shape of the API the path belongs to (``corral.api.http``).
 4. **Content-Type**: a request with a body must say ``application/json`` (415
    otherwise): a browser can send ``text/plain`` or form bodies cross-site without a
    preflight, never JSON.
@@ -41,7 +44,10 @@ from urllib.parse import urlsplit
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from corral.api.access import ModelRequest, authorize
 from corral.api.http import error_response
+from corral.api.scopes import RouteScopes
+from corral.control.keys import CALLER, Caller
 from corral.api.page.routes import is_public_path
 from corral.errors import (AuthenticationError, CorralError, HostNotAllowed, OriginNotAllowed,
                            PayloadTooLarge, RequestError)
@@ -52,6 +58,8 @@ _OPEN_PATHS = frozenset({"/health"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 _THIS_HOST = socket.gethostname().lower()
+_EXPOSED = b", ".join([b"Retry-After"] + [f"x-ratelimit-{w}-{k}".encode() for k in ("requests", "tokens")
+                                          for w in ("limit", "remaining", "reset")])
 
 
 class UnsupportedMediaType(RequestError):
@@ -135,16 +143,36 @@ def _is_json(content_type: bytes | None) -> bool:
 
 
 class GuardMiddleware:
-    def __init__(self, app: ASGIApp, get_server: Callable[[], Any]) -> None:
+    def __init__(self, app: ASGIApp, get_server: Callable[[], Any],
+                 get_access: Callable[[], Any] | None = None,
+                 routes: RouteScopes | Callable[[], RouteScopes] | None = None) -> None:
+        """``get_access``: the control plane's ``Access`` (None before it exists: only
+        ``[server] api_key`` is checked); ``routes``: the app's routes and their scopes."""
         self.app = app
         self.get_server = get_server
+        self.get_access = get_access or (lambda: None)
+        self._routes = routes
+
+    @property
+    def routes(self) -> RouteScopes:
+        if callable(self._routes):
+            self._routes = self._routes()  # the app's routes, compiled on the first request
+        return self._routes if self._routes is not None else RouteScopes([])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         srv = self.get_server()
+        caller: Caller | None = None
         refusal, cors_origin = self._check(scope, srv)
+        model_route = False
+        if refusal is None:
+            try:
+                caller, model_route = self._authorize(scope, srv)
+                refusal = self._media_refusal(scope)
+            except CorralError as exc:
+                refusal = exc
         if refusal is not None:
             resp = error_response(scope["path"], refusal)
             if isinstance(refusal, AuthenticationError):
@@ -155,7 +183,28 @@ class GuardMiddleware:
                 and _header(scope, b"access-control-request-method") is not None:
             await self._preflight(scope, receive, send, cors_origin)
             return
-        await self._guarded(scope, receive, send, srv.max_body_bytes, cors_origin)
+        app = self.app
+        access = self.get_access()
+        if caller is not None and model_route and access is not None:
+            app = ModelRequest(self.app, access, caller, srv.queue_timeout_s)
+        token = CALLER.set(caller)
+        try:
+            await self._guarded(scope, receive, send, srv.max_body_bytes, cors_origin, app)
+        finally:
+            CALLER.reset(token)
+
+    def _authorize(self, scope: Scope, srv: Any) -> tuple[Caller | None, bool]:
+        """The request's caller and whether it reaches a model; raises 401/403."""
+        preflight = scope["method"] == "OPTIONS" and _header(scope, b"access-control-request-method") is not None
+        access = self.get_access()
+        if access is None:  # before the plane exists: the single api_key, as it always was
+            key = srv.api_key
+            if key and not preflight and not _open_path(scope) \
+                    and not any([key_matches(k, key) for k in _presented_keys(scope)]):  # every key compared
+                raise AuthenticationError(
+                    "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
+            return None, False
+        return authorize(access, self.routes, scope, _presented_keys(scope), preflight or _open_path(scope))
 
     def _check(self, scope: Scope, srv: Any) -> tuple[CorralError | None, str | None]:
         """The refusal (or None) and the allowed cross-origin caller (or None)."""
@@ -172,20 +221,15 @@ class GuardMiddleware:
                 return OriginNotAllowed(f"origin {origin!r} is not allowed to call this server; add "
                                         "it to [server] allowed_origins to allow it"), None
             cors_origin = origin
-        method = scope["method"]
-        preflight = method == "OPTIONS" and _header(scope, b"access-control-request-method") is not None
-        key = srv.api_key
-        if key and not preflight and not _open_path(scope):
-            if not any([key_matches(k, key) for k in _presented_keys(scope)]):  # every key compared
-                return AuthenticationError(
-                    "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
-                ), cors_origin
-        if method in _BODY_METHODS and self._has_body(scope) \
+        return None, cors_origin
+
+    def _media_refusal(self, scope: Scope) -> CorralError | None:
+        if scope["method"] in _BODY_METHODS and self._has_body(scope) \
                 and not _is_json(_header(scope, b"content-type")):
             return UnsupportedMediaType(
                 "the request body must be JSON sent with 'Content-Type: application/json' "
-                "(curl: -H 'Content-Type: application/json')"), cors_origin
-        return None, cors_origin
+                "(curl: -H 'Content-Type: application/json')")
+        return None
 
     @staticmethod
     def _has_body(scope: Scope) -> bool:
@@ -203,7 +247,7 @@ class GuardMiddleware:
         await Response(status_code=204, headers=headers)(scope, receive, send)
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, limit: int,
-                       cors_origin: str | None) -> None:
+                       cors_origin: str | None, app: ASGIApp) -> None:
         length = _header(scope, b"content-length")
         if length is not None:
             try:
@@ -228,7 +272,7 @@ class GuardMiddleware:
                     msg = {**msg, "headers": [*msg.get("headers", []),
                                               (b"access-control-allow-origin", cors_origin.encode("latin-1")),
                                               (b"vary", b"Origin"),
-                                              (b"access-control-expose-headers", b"Retry-After")]}
+                                              (b"access-control-expose-headers", _EXPOSED)]}
             await send(msg)
 
         async def limited_receive() -> Message:
@@ -248,7 +292,7 @@ class GuardMiddleware:
             return msg
 
         try:
-            await self.app(scope, limited_receive, guarded_send)
+            await app(scope, limited_receive, guarded_send)
         except Exception:
             if not refused:
                 raise

@@ -71,6 +71,17 @@ def serve(
     except ConfigError as exc:
         typer.echo(f"corral serve: {exc.message}", err=True)
         raise typer.Exit(2) from None
+    if cfg.server.keys_file is not None:  # a broken keys file stops the server here, as a broken config does
+        from corral.keys_file import read_keys
+
+        try:
+            read_keys(cfg.server.keys_file)
+        except ConfigError as exc:
+            typer.echo(f"corral serve: {exc.message}", err=True)
+            raise typer.Exit(2) from None
+        if not cfg.server.keys_file.exists():
+            typer.echo(f"corral serve: the keys file {cfg.server.keys_file} does not exist yet, so no key "
+                       "is accepted; `corral keys add NAME --keys-file PATH` creates it", err=True)
     if cfg.server.ray_address:
         import importlib.util
 

@@ -61,6 +61,14 @@ class Metrics:
         self.load_duration = Histogram("corral_load_duration_seconds", "Worker load time",
                                        ["model", "instance"], buckets=_LOAD_BUCKETS, registry=r)
         self.restarts = Counter("corral_restarts", "Worker restarts after a failure", ["model", "instance"], registry=r)
+        # per key (corral.control.access): names from the keys file, "api_key", "-" (anonymous)
+        self.key_requests = Counter("corral_key_requests", "Requests per key and model", ["key", "model"], registry=r)
+        self.key_prompt_tokens = Counter("corral_key_prompt_tokens", "Prompt tokens per key and model",
+                                         ["key", "model"], registry=r)
+        self.key_completion_tokens = Counter("corral_key_completion_tokens", "Completion tokens per key and model",
+                                             ["key", "model"], registry=r)
+        self.rate_limited = Counter("corral_rate_limited", "Requests refused by a key's limits",
+                                    ["key", "kind"], registry=r)
         self.failures = Counter("corral_instance_failures", "Worker failures (crash or failed load)",
                                 ["model", "instance"], registry=r)
 

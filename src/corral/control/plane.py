@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from corral import wire
 from corral.config import CorralConfig
 from corral.control import views
+from corral.control.access import Access
 from corral.control.admission import Admission
 from corral.control.gpus import GpuBudget
 from corral.control.catalog import Catalog, ModelSpec, default_threads
@@ -43,6 +44,7 @@ from corral.control.transport.local import LocalSpawner
 from corral.control.metrics import Metrics
 from corral.control.pool import ModelPool
 from corral.control.instance.restart import RestartPolicy
+from corral.control.keys import detached_context
 from corral.control.stream import RequestStream
 from corral.errors import (CapacityTimeout, ConfigError, Conflict, CorralError, InvalidRequest, LoadFailed,
                            ModelNotFound, ModelNotLoaded, ModelUnloaded, Unavailable)
@@ -85,6 +87,7 @@ class ControlPlane:
                                 load_soon=self._load_soon, store=store, embedded=embedded)
         self.started_at = time.time()
         self.metrics.watch(self.snapshot)
+        self.access = Access(config, self.bus, self.metrics)  # keys, limits, usage (control/access.py)
 
     # ================================================================ lifecycle
 
@@ -123,6 +126,7 @@ class ControlPlane:
         if self._tmp_logs is not None:
             with contextlib.suppress(OSError):
                 self._tmp_logs.cleanup()
+        await asyncio.to_thread(self.access.close)  # the last usage flushed
 
     def _node_room(self, pool: ModelPool) -> str | None:
         """On Ray: the per-node budget (a load that fits no node evicts idle models)."""
@@ -161,7 +165,8 @@ class ControlPlane:
             self.metrics.restarts.labels(m, i).inc()
 
     def _background(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
+        # the plane's own work, even when a request started it: no caller (every model visible)
+        task = asyncio.get_running_loop().create_task(coro, name=name, context=detached_context())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -178,14 +183,21 @@ class ControlPlane:
     # ================================================================ requests
 
     def resolve(self, name: str) -> str:
-        return self.catalog.resolve_id(name)
+        mid = self.catalog.resolve_id(name)
+        self.access.check_visible(name, self.pools.get(mid))
+        return mid
 
     def pool(self, name: str) -> ModelPool:
-        mid = self.catalog.resolve_id(name)
-        pool = self.pools.get(mid)
+        """The model ``name`` names; ModelNotFound also when the request's key may not use it."""
+        pool = self.pools.get(self.catalog.resolve_id(name))
         if pool is None:
             raise ModelNotFound(f"model {name!r} not found", param="model")
+        self.access.check_visible(name, pool)
         return pool
+
+    def visible_pools(self) -> list[ModelPool]:
+        """The models the request's key may use (every model outside a request)."""
+        return [p for p in self.pools.values() if self.access.visible(p.spec)]
 
     async def generate(self, name: str, msg: wire.GenerateRequest, prefix: str | None) -> RequestStream:
         """Slot taken and request sent; read the result from the returned stream."""
@@ -230,6 +242,7 @@ class ControlPlane:
                 if not sent:  # it died just now, or the write failed: the slot goes back
                     pool.release(inst)
             if sent:
+                self.access.track(stream)  # its tokens count for the request's key when it ends
                 return stream
 
     async def _ensure_loaded(self, pool: ModelPool) -> None:
@@ -314,6 +327,7 @@ class ControlPlane:
         if config is None:  # no loader: the same config, models_dir rescanned
             config = self._config_loader() if self._config_loader is not None else self.config
         self.config = config
+        self.access.reconfigure(config)
         self._local.log_dir = self._log_dir(config)
         self._local.worker_command = config.server.worker_command or self._local.worker_command
         return await self.sync.reload(config)
@@ -321,6 +335,7 @@ class ControlPlane:
     def reload_soon(self, why: str) -> asyncio.Task[None]:
         """Reload in the background (SIGHUP); the outcome is logged."""
         async def run() -> None:
+            self.access.keys.reload(why)  # the keys file, even if the config turns out bad
             try:
                 result = await self.reload()
                 log.info("%s reload: %s", why, result)

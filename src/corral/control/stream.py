@@ -49,7 +49,7 @@ class RequestStream:
 
     __slots__ = ("id", "instance_index", "_abort", "_parts", "n_tokens", "_waiter", "finished", "error",
                  "embeddings", "created", "started", "first_token", "ended", "model", "aborted", "_folded",
-                 "input_param", "_logprobs", "_tool_calls", "tokenized")
+                 "input_param", "_logprobs", "_tool_calls", "tokenized", "on_finish")
 
     def __init__(self, request_id: str, model: str, input_param: str = "messages") -> None:
         self.id = request_id
@@ -72,6 +72,7 @@ class RequestStream:
         self.ended: float | None = None
         self.aborted = False
         self._folded = 0
+        self.on_finish: Callable[[RequestStream], None] | None = None  # usage (corral.control.access)
 
     def bind(self, instance_index: int, abort: Callable[[str], None]) -> None:
         """The request was sent to instance ``instance_index``; ``abort(id)`` stops it."""
@@ -118,6 +119,9 @@ class RequestStream:
 
     def _end(self) -> None:
         self.ended = time.perf_counter()
+        if self.on_finish is not None:
+            on_finish, self.on_finish = self.on_finish, None
+            on_finish(self)
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)

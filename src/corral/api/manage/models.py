@@ -59,7 +59,8 @@ async def list_models(request: Request) -> Response:
     plane = plane_of(request)
     dm = app_part(request, "downloads")
     data = []
-    for pool in plane.pools.values():
+    visible = plane.visible_pools()  # the models the request's key may use
+    for pool in visible:
         entry = plane.describe(pool)
         progress = dm.progress(pool.spec.id) if dm is not None else None
         if progress is not None and entry["status"]["value"] == "unloaded":
@@ -69,7 +70,7 @@ async def list_models(request: Request) -> Response:
     known = {d["id"] for d in data}
     if dm is not None:
         for h in dm.active():
-            if h.model_id not in known:
+            if h.model_id not in known and plane.access.visible_id(h.model_id):
                 data.append({"id": h.model_id, "object": "model", "owned_by": "corral",
                              "aliases": [], "source": h.source, "in_cache": False,
                              "status": {"value": "downloading", "failed": False,
@@ -78,7 +79,7 @@ async def list_models(request: Request) -> Response:
                 known.add(h.model_id)
     gpus = plane.admission.gpus
     return json_response({"object": "list", "data": data,
-                          "gpus": gpus.describe(plane.pools.values()) if gpus is not None else []})
+                          "gpus": gpus.describe(visible) if gpus is not None else []})
 
 
 @router.get("/models/events")

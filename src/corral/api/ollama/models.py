@@ -87,7 +87,7 @@ async def version() -> Response:
 
 @router.get("/api/tags")
 async def tags(request: Request) -> Response:
-    pools = list(plane_of(request).pools.values())
+    pools = plane_of(request).visible_pools()
     shas = _store_sha(request)
     metas = await _metas(pools)
     return json_response({"models": [_entry(p, m, shas) for p, m in zip(pools, metas)]})
@@ -95,7 +95,7 @@ async def tags(request: Request) -> Response:
 
 @router.get("/api/ps")
 async def ps(request: Request) -> Response:
-    pools = [p for p in plane_of(request).pools.values() if p.status() == "loaded"]
+    pools = [p for p in plane_of(request).visible_pools() if p.status() == "loaded"]
     shas = _store_sha(request)
     out = []
     for pool, meta in zip(pools, await _metas(pools)):

@@ -227,7 +227,7 @@ def _openai_model(plane: ControlPlane, pool: Any) -> dict[str, Any]:
 async def list_models(request: Request) -> Response:
     plane = plane_of(request)
     return json_response({"object": "list",
-                          "data": [_openai_model(plane, p) for p in plane.pools.values()]})
+                          "data": [_openai_model(plane, p) for p in plane.visible_pools()]})
 
 
 @router.get("/v1/models/{model_id:path}")

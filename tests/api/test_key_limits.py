@@ -1,0 +1,154 @@
+"""Per-key limits: 429 with Retry-After and OpenAI's x-ratelimit-* headers, in each
+dialect's error shape; concurrency and queue; the priority bound."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from support.harness import Harness, _until, chat
+from support.keys import bearer, write_keys_file
+
+from corral.control.limits import Limiter, format_reset
+from corral.errors import RateLimited
+from corral.keys_file import KeySpec
+
+MSG = {"model": "a", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def _start(harness: Harness, server: dict[str, Any] | None = None, **keys: dict[str, Any]) -> dict[str, str]:
+    path = harness.tmp / "keys.toml"
+    secrets = write_keys_file(path, **keys)
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, keys_file=str(path),
+                                       **(server or {})))
+    return secrets
+
+
+async def test_requests_per_minute_with_headers_in_every_dialect(harness: Harness) -> None:
+    secrets = await _start(harness, o={"rpm": 2}, an={"rpm": 1}, ol={"rpm": 1})
+    c = harness.client
+    assert c is not None
+    h = bearer(secrets["o"])
+    r1 = await c.post("/v1/chat/completions", json=chat("a"), headers=h)
+    r2 = await c.post("/v1/chat/completions", json=chat("a"), headers=h)
+    assert r1.status_code == r2.status_code == 200
+    assert r1.headers["x-ratelimit-limit-requests"] == "2"
+    assert r1.headers["x-ratelimit-remaining-requests"] == "1"
+    assert r2.headers["x-ratelimit-remaining-requests"] == "0"
+    assert r2.headers["x-ratelimit-reset-requests"].endswith("s")
+    r3 = await c.post("/v1/chat/completions", json=chat("a"), headers=h)
+    assert r3.status_code == 429
+    assert r3.json()["error"]["code"] == "rate_limit_exceeded" and r3.json()["error"]["type"] == "requests"
+    assert "RPM" in r3.json()["error"]["message"]
+    assert 1 <= int(r3.headers["retry-after"]) <= 30  # one request comes back every 30 s
+    assert r3.headers["x-ratelimit-remaining-requests"] == "0"
+    assert "x-ratelimit-limit-tokens" not in r3.headers  # no tpm: no token headers
+    # Anthropic: rate_limit_error; Ollama: {"error": message}; both 429 with Retry-After
+    h = bearer(secrets["an"])
+    assert (await c.post("/v1/messages", json=MSG, headers=h)).status_code == 200
+    r = await c.post("/v1/messages", json=MSG, headers=h)
+    assert r.status_code == 429 and r.json() == {"type": "error", "error": {
+        "type": "rate_limit_error", "message": r.json()["error"]["message"]}}
+    assert "retry-after" in r.headers and r.headers["x-ratelimit-limit-requests"] == "1"
+    h = bearer(secrets["ol"])
+    assert (await c.post("/api/chat", json=chat("a", stream=False), headers=h)).status_code == 200
+    r = await c.post("/api/chat", json=chat("a", stream=False), headers=h)
+    assert r.status_code == 429 and set(r.json()) == {"error"} and "retry-after" in r.headers
+    # listing models is not a model request: not counted, not limited
+    assert (await c.get("/v1/models", headers=h)).status_code == 200
+    text = (await c.get("/metrics", headers=bearer(secrets["o"]))).status_code
+    assert text == 403  # a key without manage
+
+
+async def test_tokens_per_minute_and_per_day(harness: Harness) -> None:
+    secrets = await _start(harness, t={"tpm": 3}, d={"tpd": 3}, root={"scopes": ["admin"]})
+    c = harness.client
+    assert c is not None
+    h = bearer(secrets["t"])
+    r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)  # 1 prompt + 4 completion tokens
+    assert r.status_code == 200 and r.headers["x-ratelimit-limit-tokens"] == "3"
+    await _until(lambda: harness.plane.access.limiter.headers("t", KeySpec(hash="", tpm=3))
+                 ["x-ratelimit-remaining-tokens"] == "0")
+    r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)
+    assert r.status_code == 429 and r.json()["error"]["type"] == "tokens"
+    assert "TPM" in r.json()["error"]["message"]
+    assert r.headers["x-ratelimit-remaining-tokens"] == "0" and int(r.headers["retry-after"]) >= 1
+    h = bearer(secrets["d"])
+    assert (await c.post("/v1/completions", json={"model": "a", "prompt": "hi"}, headers=h)).status_code == 200
+    r = await c.post("/v1/completions", json={"model": "a", "prompt": "hi"}, headers=h)
+    assert r.status_code == 429 and "per day" in r.json()["error"]["message"]
+    assert int(r.headers["retry-after"]) <= 86400
+    # other keys are not touched
+    assert (await c.post("/v1/completions", json={"model": "a", "prompt": "hi"},
+                         headers=bearer(secrets["root"]))).status_code == 200
+
+
+async def test_concurrency_and_queue(harness: Harness) -> None:
+    secrets = await _start(harness, one={"concurrency": 1, "queue": 1}, none={"concurrency": 1, "queue": 0})
+    c = harness.client
+    assert c is not None
+    limiter = harness.plane.access.limiter
+    h = bearer(secrets["one"])
+    async with c.stream("POST", "/v1/chat/completions", json=chat("a", "FOREVER", stream=True), headers=h) as s1:
+        assert s1.status_code == 200
+        lines = s1.aiter_lines()
+        assert (await anext(lines)).startswith("data: ")  # in flight
+        second = asyncio.create_task(c.post("/v1/chat/completions", json=chat("a"), headers=h))
+        await _until(lambda: len(limiter._states["one"].waiters) == 1)
+        r3 = await c.post("/v1/chat/completions", json=chat("a"), headers=h)  # queue full
+        assert r3.status_code == 429 and "in flight" in r3.json()["error"]["message"]
+        assert r3.headers["retry-after"] == "1"
+        assert not second.done()
+    r2 = await second  # the stream ended (client left): the waiting one ran
+    assert r2.status_code == 200 and r2.json()["choices"][0]["message"]["content"] == "Hello, world!"
+    await _until(lambda: limiter.in_flight("one") == 0)
+    h = bearer(secrets["none"])
+    async with c.stream("POST", "/v1/chat/completions", json=chat("a", "FOREVER", stream=True), headers=h) as s1:
+        assert (await anext(s1.aiter_lines())).startswith("data: ")
+        r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)
+        assert r.status_code == 429
+    await _until(lambda: limiter.in_flight("none") == 0)
+    assert (await c.post("/v1/chat/completions", json=chat("a"), headers=h)).status_code == 200
+
+
+async def test_priority_is_bounded_by_the_keys_max(harness: Harness) -> None:
+    secrets = await _start(harness, {"api_key": "s3cret"}, low={}, high={"max_priority": 5},
+                           root={"scopes": ["admin"]})
+    c = harness.client
+    assert c is not None
+    for body, path in ((chat("a"), "/v1/chat/completions"), (MSG, "/v1/messages"),
+                       (chat("a", stream=False), "/api/chat")):
+        assert (await c.post(path, json={**body, "priority": 5}, headers=bearer(secrets["high"]))).status_code == 200
+        r = await c.post(path, json={**body, "priority": 6}, headers=bearer(secrets["high"]))
+        assert r.status_code == 400 and "max_priority 5" in r.text, path
+        r = await c.post(path, json={**body, "priority": 1}, headers=bearer(secrets["low"]))
+        assert r.status_code == 400, path  # max_priority defaults to 0
+        assert (await c.post(path, json={**body, "priority": -3}, headers=bearer(secrets["low"]))).status_code == 200
+        # an admin key of the file has its own bound (0 here); the [server] api_key has none
+        assert (await c.post(path, json={**body, "priority": 1}, headers=bearer(secrets["root"]))).status_code == 400
+        assert (await c.post(path, json={**body, "priority": 99}, headers=bearer("s3cret"))).status_code == 200
+    r = await c.post("/v1/chat/completions", json={**chat("a"), "priority": "urgent"}, headers=bearer(secrets["high"]))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "priority"
+    # a body that only mentions the word is not refused
+    body = chat("a", '"priority": 99')
+    r = await c.post("/v1/chat/completions", content=json.dumps(body), headers={
+        **bearer(secrets["low"]), "content-type": "application/json"})
+    assert r.status_code == 200
+
+
+def test_buckets_refill_and_format() -> None:
+    now = [1000.0]
+    lim = Limiter(clock=lambda: now[0])
+    spec = KeySpec(hash="", rpm=60, tpm=600)
+    for _ in range(60):
+        lim.admit("k", spec)
+    with pytest.raises(RateLimited) as info:
+        lim.admit("k", spec)
+    assert info.value.headers()["Retry-After"] == "1"
+    now[0] += 1.0  # one request per second comes back
+    lim.admit("k", spec)
+    lim.charge("k", spec, 1200)  # the bucket goes below zero: two minutes to refill
+    assert lim.headers("k", spec)["x-ratelimit-reset-tokens"] == "2m0s"
+    assert [format_reset(s) for s in (0, 0.02, 1, 61.2, 3723)] == ["0s", "20ms", "1s", "1m2s", "1h2m3s"]
