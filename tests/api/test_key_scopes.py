@@ -43,6 +43,8 @@ async def _status(c: httpx.AsyncClient, method: str, url: str, headers: dict[str
 
 
 def _url(path: str) -> str:
+    if path == "/tokenizer_info":  # a model that is not there: answered without a worker
+        return path + "?model=no-such-model"
     return (path.replace("{model_id:path}", "no-such-model").replace("{pull_id}", "pull-x")
             .replace("{name}", "app.js"))
 
@@ -56,7 +58,7 @@ key     GET /v1/models | GET /v1/models/{model_id:path} | GET /models | GET /mod
 infer   POST /v1/chat/completions | POST /chat/completions | POST /v1/completions | POST /completions
         POST /v1/embeddings | POST /embeddings | POST /v1/messages | POST /v1/messages/count_tokens
         POST /v1/responses | POST /api/chat | POST /api/generate | POST /api/embed | POST /api/embeddings
-        POST /tokenize | POST /detokenize
+        POST /tokenize | POST /detokenize | GET /tokenizer_info
 manage  GET /stats | GET /metrics | GET /models/events | GET /models/sse | POST /models/load
         POST /models/unload | POST /models/reload | POST /models | POST /models/pull
         GET /models/pull/{pull_id} | DELETE /models/pull/{pull_id} | POST /api/pull | POST /api/copy

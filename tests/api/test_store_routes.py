@@ -25,3 +25,14 @@ async def test_delete_a_loaded_store_model_through_the_plane(harness: Harness) -
     assert "model_removed" in events
     assert not (models / "here.gguf").exists() and "here" not in plane.pools and "here" not in plane.catalog
     assert (await c.post("/v1/chat/completions", json=chat("here"))).status_code == 404
+
+
+async def test_store_routes_without_a_store_are_404_not_500(harness: Harness) -> None:
+    await harness.start(harness.config({}))  # use_store=False: no store, no downloads
+    c = harness.client
+    for method, path in [("GET", "/models/pull/p1"), ("DELETE", "/models/pull/p1"), ("DELETE", "/models/x"),
+                         ("POST", "/models/pull"), ("DELETE", "/api/delete")]:
+        body = {"model": "o/r/f.gguf"} if method == "POST" else ({"model": "x"} if path == "/api/delete" else None)
+        r = await c.request(method, path, json=body)
+        assert r.status_code == 404, (method, path, r.status_code, r.text)
+        assert ("not found" if path == "/api/delete" else "no model store") in r.text

@@ -38,6 +38,7 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/"): "public",
     ("GET", "/ui/{name}"): "public",
     **{("POST", p): "infer" for p in _INFER_POSTS},
+    ("GET", "/tokenizer_info"): "infer",  # loads the model, like a request
     ("POST", "/api/show"): "key",
     ("GET", "/v1/models"): "key",
     ("GET", "/v1/models/{model_id:path}"): "key",

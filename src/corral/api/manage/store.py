@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.store.downloads import DownloadManager, PullHandle
-from corral.api.http import invalid_request
+from corral.api.http import app_part, invalid_request
 from corral.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
 from corral.store.local import ModelStore
 
@@ -72,7 +72,9 @@ async def _body(request: Request, model: type[BaseModel]) -> Any:
 
 
 def _downloads(request: Request) -> DownloadManager:
-    dm: DownloadManager = request.app.state.downloads
+    dm: DownloadManager | None = app_part(request, "downloads")
+    if dm is None:  # an app made without a store (create_app(use_store=False))
+        raise NotFound("this server has no model store: nothing to pull or delete")
     return dm
 
 
@@ -82,7 +84,9 @@ def _holder(request: Request) -> ModelHolder:
 
 
 def _store(request: Request) -> ModelStore:
-    store: ModelStore = request.app.state.store
+    store: ModelStore | None = app_part(request, "store")
+    if store is None:
+        raise NotFound("this server has no model store: nothing to pull or delete")
     return store
 
 
