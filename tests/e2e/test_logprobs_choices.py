@@ -51,7 +51,14 @@ async def test_chat_logprobs(harness: Harness, model_path: Path) -> None:
         for ch in chunk.choices:
             if ch.logprobs is not None:
                 streamed += ch.logprobs.content
-    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
+    # The same tokens; the values within the noise of a reused prefix: the second request
+    # reuses the first one's KV and recomputes only its last prompt token, in a batch of one,
+    # and llama.cpp's CPU kernels give slightly different logits for a batch of one than for
+    # the whole prompt (seen on an AVX-512 machine: up to 0.07 apart, e.g. -1.208 against -1.145; equal to 4
+    # decimals on the machines before it).
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert all(math.isclose(s.logprob, c.logprob, abs_tol=0.1) for s, c in zip(streamed, content)), \
+        [(s.logprob, c.logprob) for s, c in zip(streamed, content)]
 
     # logprobs without alternatives; a sampled token's logprob is still the model's
     r = await client.chat.completions.create(model="gemma", messages=msgs, max_tokens=4, temperature=1.0, seed=5,
