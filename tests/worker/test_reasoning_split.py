@@ -48,7 +48,7 @@ TAG_CASES = [
     (DS, "start", "No thinking here, <think> is text.", "", "No thinking here, <think> is text."),
     (DS, "reasoning", "\nopened by the prompt</think>\n\nanswer </think> stays", "opened by the prompt",
      "answer </think> stays"),
-    (DS, "reasoning", "never closed </thi", "never closed </thi", ""),
+    (DS, "reasoning", "never closed </thi", "never closed", ""),  # a tag's start never leaks
     (DS, "start", "<think>\n\n</think>\n\nempty thinking", "", "empty thinking"),
     (DS, "answer", "<think>x</think>y", "", "<think>x</think>y"),
     (DS, "start", "<thi", "", "<thi"),

@@ -77,7 +77,7 @@ def wanted(fmt: ReasoningFormat | None, s: wire.WorkerSettings, req: wire.Genera
     asked = req.think is True or enable is True or bool(budget) or (effort not in (None, "none"))
     if fmt is None:
         if asked:
-            raise RequestRejected("invalid_request", f"{s.model_id!r} does not support thinking")
+            raise RequestRejected("invalid_request", f'"{s.model_id}" does not support thinking')
         return None
     if req.think is not None:
         on = req.think

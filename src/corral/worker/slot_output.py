@@ -43,8 +43,8 @@ class SlotOutput:
         rest, thought = self.utf8.flush(), ""
         if self.reasoning is not None:
             thought, rest = self.reasoning.text(rest)
-            more, late = self.reasoning.finish()
-            thought, rest = thought + more, rest + late
+            more_thought, more_rest = self.reasoning.finish()
+            thought, rest = thought + more_thought, rest + more_rest
         tail = self.stop.push(rest) if not self.stop.stopped else ""
         tail += self.stop.flush()
         calls: list[wire.ToolCall] = []

@@ -94,8 +94,8 @@ class TagSplitter:
 
     def finish(self) -> tuple[str, str]:
         held, self._held = self._held, ""
-        if self.state == "reasoning":
-            return (held if held.strip() else ""), ""
+        if self.state == "reasoning":  # held: whitespace and the start of a close tag, both dropped
+            return "", ""
         if self.state == "start":
             self.state = "answer"
         return "", held
@@ -229,8 +229,7 @@ class HarmonySplitter:
         held, self._held = self._held, ""
         r: list[str] = []
         a: list[str] = []
-        if self.state == "content":
-            self._route(held, r, a)
+        if self.state == "content":  # held: the start of a marker, dropped
             a.append(self._close_message())
         elif self.state in ("plain", "start"):
             a.append(held)
