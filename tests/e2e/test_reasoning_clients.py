@@ -43,6 +43,7 @@ async def test_openai_chat_reasoning(harness: Harness, model_path: Path) -> None
     assert msg.content == "The answer is 10."
     assert r.usage is not None and r.usage.completion_tokens_details is not None
     assert 0 < r.usage.completion_tokens_details.reasoning_tokens < r.usage.completion_tokens
+    assert r.timings["reasoning_budget_tokens"] == 64  # type: ignore[attr-defined]  # the cap: unlimited by default
 
     stream = await client.chat.completions.create(model="thinker", messages=MSGS, temperature=0, max_tokens=40,  # type: ignore[arg-type]
                                                   stop=STOP, stream=True, stream_options={"include_usage": True},
@@ -112,6 +113,9 @@ async def test_ollama_think(harness: Harness, model_path: Path) -> None:
     with pytest.raises(ollama.ResponseError) as err:
         await client.chat(model="plain", messages=MSGS, think=True)
     assert err.value.status_code == 400 and "does not support thinking" in err.value.error
+    with pytest.raises(ollama.ResponseError) as err:
+        await client.generate(model="thinker", prompt="5+5=", raw=True, think=True)
+    assert err.value.status_code == 400 and "raw prompt" in err.value.error
     bad = await harness.client.post("/api/chat", json={"model": "thinker", "messages": MSGS, "think": "extreme"})
     assert bad.status_code == 400 and "think" in bad.json()["error"]
 

@@ -16,6 +16,7 @@ import llama_cpp as ll
 
 from corral import reasoning_format, wire
 from corral.worker import reasoning, sampling
+from corral.worker.failures import RequestRejected
 from corral.worker.prompts import PromptPreparer
 from corral.worker.slots import Job, Slot
 from corral.worker.templates import ChatTemplate
@@ -53,9 +54,13 @@ class EngineReasoning:
 
     def prepare(self, req: wire.GenerateRequest, prompts: PromptPreparer
                 ) -> tuple[list[int], reasoning.ReasoningPlan | None]:
-        chat = req.messages is not None
-        t = reasoning.wanted(self.fmt if chat else None, self.settings, req) if chat or req.think else None
-        tokens, text = prompts.tokens_text(req, reasoning.template_vars(t, req, self.source) if chat else None)
+        if req.messages is None:  # a raw prompt: no template, no split
+            if req.think:
+                raise RequestRejected("invalid_request", "think: thinking is split from chat messages only, "
+                                                         "not from a raw prompt")
+            return prompts.tokens_text(req)[0], None
+        t = reasoning.wanted(self.fmt, self.settings, req)
+        tokens, text = prompts.tokens_text(req, reasoning.template_vars(t, req, self.source))
         if t is None or self.fmt is None or text is None:
             return tokens, None
         return tokens, reasoning.plan(self.fmt, t, text)
