@@ -12,7 +12,6 @@ import httpx
 import ollama
 import openai
 import pytest
-
 from support.harness import Harness
 
 pytestmark = pytest.mark.integration
@@ -174,7 +173,7 @@ async def test_responses_reasoning(harness: Harness, model_path: Path) -> None:
         stream=True)]
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert deltas == "5 plus 5 is 10."
-    done = [e for e in events if e.type in ("response.completed", "response.incomplete")][0]
+    done = next(e for e in events if e.type in ("response.completed", "response.incomplete"))
     assert done.response.output[0].type == "reasoning"
     # the stored conversation keeps the thinking for the next turn
     nxt = await client.responses.create(model="thinker", previous_response_id=r.id, input="And 6+6?",

@@ -106,7 +106,7 @@ def test_forced_tool_call_after_thinking(opened: Engine) -> None:
     schema = json.dumps({"type": "object", "properties": {"name": {"const": "add"}, "arguments": {
         "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}},
         "required": ["name", "arguments"]})
-    _, finals, deltas = run_engine(opened, [chat("t", json_schema=schema, parse_tool_calls=True,
+    _, _, deltas = run_engine(opened, [chat("t", json_schema=schema, parse_tool_calls=True,
                                                  tools=[{"type": "function", "function": {"name": "add"}}])])
     thought, answer = split(deltas["t"])
     calls = [c for d in deltas["t"] for c in d.tool_calls]

@@ -4,8 +4,8 @@ decisions (on/off, budgets, levels, bad input)."""
 
 from __future__ import annotations
 
-import json
 import itertools
+import json
 
 import pytest
 

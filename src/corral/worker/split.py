@@ -149,8 +149,7 @@ class HarmonySplitter:
                     if not s:
                         self._held = buf
                         break
-                    if s.startswith(_H_START) or s.startswith(_H_CHANNEL) or _H_CHANNEL.startswith(s) \
-                            or _H_START.startswith(s):
+                    if s.startswith((_H_START, _H_CHANNEL)) or _H_CHANNEL.startswith(s) or _H_START.startswith(s):
                         self.state = "between"
                         continue
                     self.state = "plain"
