@@ -67,16 +67,28 @@ def test_tag_split_at_every_cut(fmt: reasoning_format.ReasoningFormat, initial: 
         assert got == (want_r, want_a), chunks
 
 
-def test_tag_split_at_every_byte_through_the_decoder() -> None:
-    text = "<think>ünïcödé 思考</think>答え"
-    data = text.encode()
-    for i in range(1, len(data)):
-        u, s = Utf8Stream(), TagSplitter(DS)
-        r, a = s.push(u.push(data[:i]))
-        r2, a2 = s.push(u.push(data[i:]))
-        r3, a3 = s.push(u.flush())
-        r4, a4 = s.finish()
-        assert (r + r2 + r3 + r4, a + a2 + a3 + a4) == ("ünïcödé 思考", "答え")
+def byte_cuts(data: bytes) -> list[list[bytes]]:
+    """Cut once at every byte, and in single bytes."""
+    return [[data[i:i + 1] for i in range(len(data))]] + [[data[:i], data[i:]] for i in range(1, len(data))]
+
+
+def run_bytes(splitter: TagSplitter | HarmonySplitter, chunks: list[bytes]) -> tuple[str, str]:
+    u = Utf8Stream()
+    text = [u.push(c) for c in chunks] + [u.flush()]
+    return run(splitter, text)
+
+
+@pytest.mark.parametrize("fmt,initial,text,want_r,want_a", TAG_CASES)
+def test_tag_split_at_every_byte_through_the_decoder(fmt: reasoning_format.ReasoningFormat, initial: str,
+                                                     text: str, want_r: str, want_a: str) -> None:
+    for chunks in byte_cuts(text.encode()):
+        assert run_bytes(TagSplitter(fmt, initial), chunks) == (want_r, want_a), chunks
+
+
+def test_harmony_split_at_every_byte() -> None:
+    text = H_FINAL.replace("Hi!", "Grüße, 世界")
+    for chunks in byte_cuts(text.encode()):
+        assert run_bytes(HarmonySplitter(HARMONY), chunks) == ("Think <|x|> more.", "Grüße, 世界"), chunks
 
 
 H_TEXT = ("<|channel|>analysis<|message|>User asks weather. Call tool.<|end|>"
