@@ -217,3 +217,14 @@ def test_plans_from_the_rendered_prompt() -> None:
     assert reasoning.template_vars(on, gr(), "{% if enable_thinking %}") == {"enable_thinking": True}
     assert reasoning.template_vars(reasoning.Thinking(True, 5, "high"), gr(), "{{ reasoning_effort }}") == \
         {"reasoning_effort": "high"}
+
+
+def test_templates_get_the_variables_and_the_history_thinking() -> None:
+    from corral.worker.templates import JinjaTemplate, PlainTemplate
+
+    t = JinjaTemplate("{% for m in messages %}[{{ m['reasoning_content'] }}/{{ m['thinking'] }}]{{ m['content'] }}"
+                      "{% endfor %}{{ enable_thinking }}{{ raise_exception is callable }}")
+    msgs = [wire.ChatMessage("user", "q"), wire.ChatMessage("assistant", "a", reasoning="r")]
+    out = t.render(msgs, None, {"enable_thinking": False, "messages": [], "raise_exception": "x"})
+    assert out == "[/]q[r/r]aFalseTrue"  # request variables never replace messages or functions
+    assert PlainTemplate().render(msgs) == "User: q\nAssistant: a\nAssistant:"  # dropped cleanly

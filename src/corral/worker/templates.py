@@ -120,7 +120,8 @@ class JinjaTemplate:
 
     def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None,
                extra: dict[str, Any] | None = None) -> str:
-        variables: dict[str, Any] = dict(extra or {})
+        # request variables never replace the template's functions (raise_exception, ...)
+        variables: dict[str, Any] = {k: v for k, v in (extra or {}).items() if k not in self._tmpl.globals}
         if tools:
             variables["tools"] = tools
         try:
