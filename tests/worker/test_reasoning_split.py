@@ -228,3 +228,37 @@ def test_templates_get_the_variables_and_the_history_thinking() -> None:
     out = t.render(msgs, None, {"enable_thinking": False, "messages": [], "raise_exception": "x"})
     assert out == "[/]q[r/r]aFalseTrue"  # request variables never replace messages or functions
     assert PlainTemplate().render(msgs) == "User: q\nAssistant: a\nAssistant:"  # dropped cleanly
+
+
+def test_control_tokens_of_the_tags_render_for_splitting_slots_only() -> None:
+    """gpt-oss's <|channel|> etc. are control tokens (no text by default): a slot that splits
+    gets their text, any other slot of the model still gets nothing for them."""
+    from corral.worker.reasoning_step import EngineReasoning
+    from corral.worker.slots import Slot
+
+    specials = {"<|channel|>": 7, "<|message|>": 8, "<|end|>": 9, "<|start|>": 10}
+
+    class Tok:
+        eog_tokens: list[int] = []
+
+        def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
+            out, rest = [], text
+            while rest:
+                tag = next((t for t in specials if rest.startswith(t)), None)
+                out.append(specials[tag] if tag else ord(rest[0]) + 100)
+                rest = rest[len(tag) if tag else 1:]
+            return out
+
+        def piece(self, t: int) -> bytes:
+            return b"" if t < 100 else chr(t - 100).encode()
+
+        def special_text(self, t: int) -> str:
+            return next(k for k, v in specials.items() if v == t)
+
+    er = EngineReasoning(ws(), None, Tok(), "harmony")  # type: ignore[arg-type]
+    assert er.tag_pieces == {7: b"<|channel|>", 8: b"<|message|>", 9: b"<|end|>", 10: b"<|start|>"}
+    assert er.close[0] == 9 and er.reopen[:1] == [10]
+    splitting, plain = Slot(0), Slot(1)
+    splitting.reasoning = slot_reasoning()
+    assert er.piece(splitting, 7) == b"<|channel|>" and er.piece(plain, 7) == b""
+    assert er.piece(plain, ord("a") + 100) == b"a"

@@ -362,7 +362,7 @@ class Engine:
         if not slot.ignore_eos and self.tok.is_eog(tok) and (tok := self.reasoning.instead_of_eog(slot)) < 0:
             self._finish(slot, "stop")
             return
-        delta = out.token(self.reasoning.piece(tok), lp)
+        delta = out.token(self.reasoning.piece(slot, tok), lp)
         if delta is not None:
             self.out.append(delta)
         self.reasoning.after_token(slot, self.m.n_vocab)

@@ -85,8 +85,9 @@ class EngineReasoning:
         r = slot.reasoning.replace_eog() if slot.reasoning is not None else None
         return -1 if r is None else r
 
-    def piece(self, token: int) -> bytes:
-        return self.tok.piece(token) or self.tag_pieces.get(token, b"")
+    def piece(self, slot: Slot, token: int) -> bytes:
+        """The token's bytes; a tag's control token has its text for a slot that splits."""
+        return self.tok.piece(token) or (self.tag_pieces.get(token, b"") if slot.reasoning is not None else b"")
 
     def after_token(self, slot: Slot, n_vocab: int) -> None:
         """The answer has started: the held grammar goes into a new sampler."""
