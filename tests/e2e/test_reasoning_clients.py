@@ -100,6 +100,9 @@ async def test_ollama_think(harness: Harness, model_path: Path) -> None:
         thought += part.message.thinking or ""
         answer += part.message.content or ""
     assert (thought, answer) == ("5 plus 5 is 10.", "The answer is 10.")
+    fmt = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    js = await client.chat(model="thinker", messages=MSGS, think=True, format=fmt, options=opts)
+    assert js.message.thinking == "5 plus 5 is 10." and json.loads(js.message.content or "") == {"n": 10}
     off = await client.chat(model="thinker", messages=MSGS, think=False, options=opts)
     assert not off.message.thinking and off.message.content
     g = await client.generate(model="thinker", prompt="What is 5+5?", system=SHOTS, think=True, options=opts)
