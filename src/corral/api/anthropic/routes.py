@@ -113,6 +113,9 @@ async def _chunks(gen: Generation, mid: str, stops: list[str] | None) -> AsyncIt
     try:
         async for ev in gen.events():
             if isinstance(ev, ReasoningEvent):
+                if text_open:  # (thinking comes first; should more follow an answer, a new block)
+                    text_open = False
+                    yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
                 if not thoughts:
                     index += 1
                     yield _event("content_block_start", {"type": "content_block_start", "index": index,
