@@ -79,6 +79,16 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ai_prompt: str | None = None
     system_prompt: str | None = None
     seed: Annotated[int, Meta(ge=0, le=UINT32_MAX)] | None = None  # for requests that give none
+    # reasoning (docs/internals/reasoning.md): the thinking markup the worker splits from the
+    # answer ("auto": detected from the chat template; "none": the thoughts stay in the text,
+    # as llama-server's --reasoning-format none); the thinking budget of a request that sets
+    # none (-1: unlimited; 0: no thinking unless asked), the most a request may set (None: no
+    # cap), and the budget of each effort level (OpenAI reasoning_effort, Ollama think)
+    reasoning_format: Literal["auto", "none", "deepseek", "magistral", "command-r", "seed", "harmony"] = "auto"
+    reasoning_budget: Annotated[int, Meta(ge=-1, le=INT32_MAX)] = -1
+    reasoning_budget_max: Annotated[int, Meta(ge=0, le=INT32_MAX)] | None = None
+    reasoning_levels: dict[str, Annotated[int, Meta(ge=0, le=INT32_MAX)]] = msgspec.field(
+        default_factory=lambda: {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384})
     verbose: bool = False  # the worker prints llama.cpp's whole log
     # with [server] ray_address: custom Ray resources each instance asks for (e.g. a node tag)
     ray_resources: dict[str, Annotated[float, Meta(ge=0)]] = {}

@@ -95,6 +95,7 @@ class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
     tool_call_id: str | None = None  # role "tool": the call this result answers
     name: str | None = None  # role "tool": the function's name
+    reasoning: str | None = None  # an assistant turn's thinking (templates that render it get it)
 
 
 # The bounds of every numeric request field, in one place: the router validates a
@@ -162,6 +163,13 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     parallel_tool_calls: bool = True  # False: at most one call is parsed
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     echo: bool = False
+    # reasoning (worker/reasoning.py): think None = the model's default; thinking_budget in
+    # tokens (None: from reasoning_effort's level or the model's default); template_kwargs
+    # reach the chat template as variables (llama-server's chat_template_kwargs)
+    think: bool | None = None
+    thinking_budget: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
+    reasoning_effort: str | None = None
+    template_kwargs: dict[str, Any] | None = None
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):
@@ -236,6 +244,7 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     n_embd: int
     embedding: bool
     has_chat_template: bool
+    reasoning_format: str = "none"  # the thinking markup it splits (corral.reasoning_format)
     model_bytes: int  # llama_model_size: weights
     kv_bytes: int  # KV cache (+ compute buffers where known)
     rss_bytes: int  # process resident memory after load
@@ -284,12 +293,14 @@ class Delta(msgspec.Struct, frozen=True, tag="delta", omit_defaults=True):
     n_tokens: int  # tokens this delta covers
     logprobs: list[TokenLogprob] = []
     tool_calls: list[ToolCall] = []
+    reasoning: str = ""  # thinking text (never in ``text``; its tags in neither)
 
 
 class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens reused from the slot's KV cache
+    reasoning_tokens: int = 0  # of completion_tokens, drawn inside the thinking
 
 
 class Timings(msgspec.Struct, frozen=True):
@@ -308,6 +319,7 @@ class Finished(msgspec.Struct, frozen=True, tag="finished"):
     timings: Timings
     slot: int = -1
     stop_string: str | None = None  # the stop string that ended it (finish_reason "stop")
+    reasoning_budget: int | None = None  # the thinking budget it ran with (-1: none; None: no thinking)
 
 
 class RequestFailed(msgspec.Struct, frozen=True, tag="request_failed"):

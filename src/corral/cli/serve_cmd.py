@@ -38,6 +38,11 @@ def serve(
         None, "--cache-type-v", "-ctv", help="Every model: KV cache type for V; a quantized one needs flash attention."),
     flash_attn: Optional[str] = typer.Option(
         None, "--flash-attn", "-fa", help="Every model: flash attention on, off or auto [auto: llama.cpp decides]."),
+    reasoning_format: Optional[str] = typer.Option(
+        None, "--reasoning-format",
+        help="Every model: thinking markup split from the answer (auto, none, deepseek, harmony, ...) [auto]."),
+    reasoning_budget: Optional[int] = typer.Option(
+        None, "--reasoning-budget", help="Every model: thinking budget of requests that set none (-1: unlimited) [-1]."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Place model instances on this Ray cluster: auto, HOST:PORT or ray://HOST:10001 (pip install 'corral[ray]')."),
     ray_namespace: Optional[str] = typer.Option(None, "--ray-namespace", help="Ray namespace of the instances' actors [corral]."),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
@@ -56,6 +61,7 @@ def serve(
         "threads": threads,
         "n_gpu_layers": n_gpu_layers if n_gpu_layers in (None, "auto") else _int_or_text(n_gpu_layers),
         "cache_type_k": cache_type_k, "cache_type_v": cache_type_v,
+        "reasoning_format": reasoning_format, "reasoning_budget": reasoning_budget,
     }
     if flash_attn not in (None, "on", "off", "auto"):
         typer.echo(f"corral serve: --flash-attn takes on, off or auto, not {flash_attn!r}", err=True)

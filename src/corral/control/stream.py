@@ -32,14 +32,17 @@ def failure_to_error(msg: wire.RequestFailed, input_param: str = "messages") -> 
 
 class StreamPiece:
     """What a request produced since the consumer last looked: merged text, the logprobs
-    of the tokens it covers (requests that asked), tool calls parsed out of the output."""
+    of the tokens it covers (requests that asked), tool calls parsed out of the output,
+    and the thinking (reasoning models: never part of ``text``)."""
 
-    __slots__ = ("text", "logprobs", "tool_calls")
+    __slots__ = ("text", "logprobs", "tool_calls", "reasoning")
 
-    def __init__(self, text: str, logprobs: list[wire.TokenLogprob], tool_calls: list[wire.ToolCall]) -> None:
+    def __init__(self, text: str, logprobs: list[wire.TokenLogprob], tool_calls: list[wire.ToolCall],
+                 reasoning: str = "") -> None:
         self.text = text
         self.logprobs = logprobs
         self.tool_calls = tool_calls
+        self.reasoning = reasoning
 
 
 class RequestStream:
@@ -49,7 +52,7 @@ class RequestStream:
 
     __slots__ = ("id", "instance_index", "_abort", "_parts", "n_tokens", "_waiter", "finished", "error",
                  "embeddings", "created", "started", "first_token", "ended", "model", "aborted", "_folded",
-                 "input_param", "_logprobs", "_tool_calls", "tokenized", "on_finish")
+                 "input_param", "_logprobs", "_tool_calls", "tokenized", "on_finish", "_reasoning")
 
     def __init__(self, request_id: str, model: str, input_param: str = "messages") -> None:
         self.id = request_id
@@ -66,6 +69,7 @@ class RequestStream:
         self.tokenized: wire.Tokenized | None = None
         self._logprobs: list[wire.TokenLogprob] = []
         self._tool_calls: list[wire.ToolCall] = []
+        self._reasoning: list[str] = []
         self.created = time.perf_counter()
         self.started: float | None = None  # handed to a worker
         self.first_token: float | None = None
@@ -91,6 +95,8 @@ class RequestStream:
             self._logprobs.extend(msg.logprobs)
         if msg.tool_calls:
             self._tool_calls.extend(msg.tool_calls)
+        if msg.reasoning:
+            self._reasoning.append(msg.reasoning)
         parts = self._parts
         parts.append(msg.text)
         if len(parts) - self._folded >= _MERGE_AT:  # fold the newest pieces: linear, bounded overhead
@@ -149,9 +155,9 @@ class RequestStream:
             if parts:
                 self._parts = []
                 self._folded = 0
-                lps, calls = self._logprobs, self._tool_calls
-                self._logprobs, self._tool_calls = [], []
-                return StreamPiece(parts[0] if len(parts) == 1 else "".join(parts), lps, calls)
+                lps, calls, thought = self._logprobs, self._tool_calls, self._reasoning
+                self._logprobs, self._tool_calls, self._reasoning = [], [], []
+                return StreamPiece(parts[0] if len(parts) == 1 else "".join(parts), lps, calls, "".join(thought))
             if self.ended is not None:
                 if self.error is not None:
                     raise self.error
@@ -175,10 +181,10 @@ class RequestStream:
 
     def take_all(self) -> StreamPiece:
         """Everything not yet consumed: text, logprobs, tool calls."""
-        parts, lps, calls = self._parts, self._logprobs, self._tool_calls
-        self._parts, self._logprobs, self._tool_calls = [], [], []
+        parts, lps, calls, thought = self._parts, self._logprobs, self._tool_calls, self._reasoning
+        self._parts, self._logprobs, self._tool_calls, self._reasoning = [], [], [], []
         self._folded = 0
-        return StreamPiece("".join(parts), lps, calls)
+        return StreamPiece("".join(parts), lps, calls, "".join(thought))
 
     def abort(self) -> None:
         """Ask the worker to stop this request. Harmless when done or repeated."""
@@ -187,4 +193,5 @@ class RequestStream:
             self._parts = []
             self._logprobs = []
             self._tool_calls = []
+            self._reasoning = []
             self._abort(self.id)

@@ -6,21 +6,17 @@
     engine.abort("id")
     msgs = engine.step()                 # one llama_decode; returns Delta/Finished/... messages
 
-A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) -> FREE.
-Each ``step()``:
+A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) -> FREE. Each ``step()``:
 
-1. gives waiting requests a free slot, the one whose cached tokens share the longest
-   valid prefix with the prompt (prefix reuse, see ``slots.reuse_len``);
-2. builds ONE batch: the last sampled token of every generating slot, then prompt
-   chunks of prefilling slots while the n_batch budget lasts;
+1. gives waiting requests a free slot: the one whose cache holds the longest valid prefix (slots.reuse_len);
+2. builds ONE batch: the last token of every generating slot, then prompt chunks while n_batch lasts;
 3. runs one ``llama_decode`` (C, releases the GIL);
-4. draws the next token of every slot whose logits were computed, side by side on the
-   ``sampling_threads`` (sample_pool.py), then per slot in batch order on this thread:
-   detokenizes, matches stop strings, emits ``Delta`` / ``Finished``.
+4. draws the next token of every slot whose logits were computed, side by side on the ``sampling_threads``
+   (sample_pool.py; or a token the thinking's budget forces: reasoning_step.py), then per slot in batch
+   order on this thread: detokenizes, splits thinking from answer, matches stop strings, emits Deltas.
 
-Only the thread that calls ``step()`` changes llama.cpp's context (the draws only read
-it, each with its own slot's sampler). ``submit``/``abort`` only queue; ``prepare``
-(tokenizing, read-only on the vocabulary) may run on another thread.
+Only the thread that calls ``step()`` changes llama.cpp's context (the draws only read it, each with its
+own slot's sampler). ``submit``/``abort`` only queue; ``prepare`` (tokenizing) may run on another thread.
 """
 
 from __future__ import annotations
@@ -38,6 +34,7 @@ from corral.worker.embed import embed_request
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.prompts import PreparedRequest, PromptPreparer
+from corral.worker.reasoning_step import EngineReasoning
 from corral.worker.slot_output import SlotOutput
 from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, begin, check_params, finished_message,
                                  free_samplers, pick_slot, release)
@@ -71,6 +68,7 @@ class Engine:
             except TemplateError as exc:
                 self._template_error = str(exc)
         self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot)
+        self.reasoning = EngineReasoning(settings, self.template, self.tok, self.info.reasoning_format)
         self.slots = [Slot(i) for i in range(self.m.n_slots)]
         self.waiting: deque[Job] = deque()
         self.embed_waiting: deque[tuple[wire.EmbedRequest, float]] = deque()
@@ -105,7 +103,7 @@ class Engine:
                 raise RequestRejected("invalid_request", f"request id {req.id!r} is already in use")
             if prepared is None:
                 prepared = self.prepare(req)
-            job = Job(req, prepared.tokens, time.perf_counter())
+            job = Job(req, prepared.tokens, time.perf_counter(), reasoning=prepared.reasoning)
             job.grammar = requests.grammar_sampler(self.m.vocab, prepared.gbnf)
             self._by_id[req.id] = job
             self.waiting.append(job)
@@ -141,8 +139,7 @@ class Engine:
                           tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt)
 
     def set_threads(self, n: int) -> None:
-        """Threads for the next decodes: the configured ones, or ``n`` for both kinds of batch
-        when fewer cores are free."""
+        """Threads for the next decodes: the configured ones, or ``n`` when fewer cores are free."""
         t, tb = (self.m.threads, self.m.threads_batch) if n >= self.m.threads else (n, min(n, self.m.threads_batch))
         ll.llama_set_n_threads(self.m.ctx, t, tb)
 
@@ -176,10 +173,10 @@ class Engine:
         if self.m.embedding:
             raise RequestRejected("invalid_request",
                                   f"model {self.settings.model_id} is loaded for embeddings only")
-        tokens = self.prompts.tokens(req)
+        tokens, plan = self.reasoning.prepare(req, self.prompts)
         check_params(req.params)
         requests.check_generation_fields(req, self.m.n_vocab)
-        return PreparedRequest(req, tokens, requests.grammar_text(req))
+        return PreparedRequest(req, tokens, requests.grammar_text(req), plan)
 
     # ------------------------------------------------------------------ scheduling
 
@@ -214,15 +211,16 @@ class Engine:
             self._clear_slot(slot)
         p = job.req.params
         begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter())
+        requested, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
+        grammar = self.reasoning.start(slot, job, requested)  # None while a reasoning slot holds it
         seed = sampling.resolve_seed(p, self.settings.seed)
-        grammar, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
         slot.sampler = sampling.slot_sampler(p, n_vocab=self.m.n_vocab, seed=seed,
                                              eog_tokens=self.tok.eog_tokens if p.ignore_eos else [],
                                              prompt_tail=job.tokens, grammar=grammar)
         template_stops: list[str] = []
-        if req.messages is not None and self.template is not None and not p.ignore_eos and grammar is None:
+        if req.messages is not None and self.template is not None and not p.ignore_eos and requested is None:
             template_stops = list(self.template.stop_strings)
-        slot.out = SlotOutput(req.id, list(p.stop), requests.tool_parser(req), template_stops)
+        slot.out = SlotOutput(req.id, list(p.stop), requests.tool_parser(req), template_stops, slot.reasoning)
         slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] \
             if echo_lp else None
         if req.echo and not echo_lp:
@@ -339,6 +337,8 @@ class Engine:
     def _draw(self, item: tuple[Slot, int]) -> sample_pool.Drawn:
         """On any sampling thread: touches only this slot's sampler."""
         slot, idx = item
+        if (forced := self.reasoning.forced(slot)) is not None:  # the thinking's budget is spent
+            return sample_pool.Drawn(forced)
         return sample_pool.draw(slot.sampler, self.m.ctx, idx, is_eog=self.tok.is_eog, ends_on_eog=not slot.ignore_eos,
                                 logprobs=slot.logprobs, n_vocab=self.m.n_vocab, piece=self.tok.piece)
 
@@ -363,12 +363,13 @@ class Engine:
             return
         slot.n_gen += 1
         self.tokens_generated += 1
-        if not slot.ignore_eos and self.tok.is_eog(tok):
+        if not slot.ignore_eos and self.tok.is_eog(tok) and (tok := self.reasoning.instead_of_eog(slot)) < 0:
             self._finish(slot, "stop")
             return
-        delta = out.token(self.tok.piece(tok), lp)
+        delta = out.token(self.reasoning.piece(slot, tok), lp)
         if delta is not None:
             self.out.append(delta)
+        self.reasoning.after_token(slot, self.m.n_vocab)
         if out.stopped:
             self._finish(slot, "stop")
         elif slot.n_gen >= slot.max_tokens:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import llama_cpp as ll
 import msgspec
 
-from corral import wire
+from corral import reasoning_format, wire
 from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, placement, plan_fit,
                              read_layout, split_weights)
 from corral.worker.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
@@ -318,6 +318,7 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
     model_bytes = int(ll.llama_model_size(model))
     template = s.chat_template or model_meta(model, "tokenizer.chat_template")
     has_template = template is not None
+    fmt = reasoning_format.resolve(s.reasoning_format, template) if not s.embedding else None
     info = wire.ModelInfo(
         description=desc.value.decode("utf-8", "replace"),
         n_params=int(ll.llama_model_n_params(model)),
@@ -329,6 +330,7 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
         n_embd=ll.llama_model_n_embd(model),
         embedding=s.embedding,
         has_chat_template=has_template,
+        reasoning_format=fmt.name if fmt is not None else "none",
         model_bytes=model_bytes,
         kv_bytes=0,  # set by load_model: llama.cpp's logged size, else the placement's
         rss_bytes=rss_bytes(),

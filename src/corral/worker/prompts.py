@@ -14,11 +14,13 @@ than the slot holds. Below that bound it is tokenized and the exact count decide
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import llama_cpp as ll
 
 from corral import wire
 from corral.worker.failures import RequestRejected
+from corral.worker.reasoning import ReasoningPlan
 from corral.worker.templates import ChatTemplate, TemplateError, render_chat
 from corral.worker.tokens import Tokenizer
 
@@ -32,6 +34,7 @@ class PreparedRequest:
     req: wire.GenerateRequest
     tokens: list[int]
     gbnf: str | None = None  # the request's grammar (GBNF), converted from its JSON schema if needed
+    reasoning: ReasoningPlan | None = None  # how its thinking runs (chat requests of a reasoning model)
 
 
 class PromptPreparer:
@@ -66,6 +69,13 @@ class PromptPreparer:
                 f"context per request holds can cover (at most {bound} bytes); it was not tokenized")
 
     def tokens(self, req: wire.GenerateRequest) -> list[int]:
+        return self.tokens_text(req)[0]
+
+    def tokens_text(self, req: wire.GenerateRequest, extra: dict[str, Any] | None = None
+                    ) -> tuple[list[int], str | None]:
+        """The prompt's tokens, and the rendered chat (None for a raw prompt); ``extra``:
+        template variables."""
+        text: str | None = None
         if sum(x is not None for x in (req.prompt, req.prompt_tokens, req.messages)) != 1:
             raise RequestRejected("invalid_request", "exactly one of prompt and messages must be given")
         if req.messages is not None:
@@ -73,7 +83,7 @@ class PromptPreparer:
                 raise RequestRejected("invalid_request", f"chat template unusable: {self.template_error}")
             self._check_bytes("".join(m.content for m in req.messages), "messages")
             try:
-                text = render_chat(self.template, req.messages, req.tools)
+                text = render_chat(self.template, req.messages, req.tools, extra)
             except TemplateError as exc:
                 raise RequestRejected("invalid_request", str(exc)) from exc
             self._check_bytes(text, "rendered chat")
@@ -85,9 +95,8 @@ class PromptPreparer:
                 raise RequestRejected("invalid_request", f"prompt: token id {bad} is not in this model's "
                                                          f"vocabulary (0..{self.tok.n_vocab - 1})")
         else:
-            text = req.prompt or ""
-            self._check_bytes(text, "prompt")
-            tokens = self.tok.tokenize(text, add_special=req.add_special)
+            self._check_bytes(req.prompt or "", "prompt")
+            tokens = self.tok.tokenize(req.prompt or "", add_special=req.add_special)
         if not tokens:
             raise RequestRejected("invalid_request", "the prompt is empty")
         limit = self.n_ctx_slot
@@ -97,4 +106,4 @@ class PromptPreparer:
                 f"the prompt has {len(tokens)} tokens, but this model's context per request is "
                 f"{limit} tokens (at least 1 must be left to generate)",
             )
-        return tokens
+        return tokens, text

@@ -1,11 +1,13 @@
-"""What a generating slot sends: token pieces -> whole characters -> stop-string holdback
--> tool-call parsing -> ``wire.Delta`` (with the tokens' logprobs, for requests that
+"""What a generating slot sends: token pieces -> whole characters -> [thinking | answer
+split, worker/reasoning.py] -> the answer's stop-string holdback -> tool-call parsing ->
+``wire.Delta`` (the thinking in ``reasoning``; with the tokens' logprobs, for requests that
 asked). One per running request; pure Python, no llama.cpp."""
 
 from __future__ import annotations
 
 from corral import wire
 from corral.worker.detokenize import StopMatcher, Utf8Stream
+from corral.worker.reasoning import SlotReasoning
 from corral.worker.toolcalls import ToolCallParser
 
 __all__ = ["SlotOutput"]
@@ -13,8 +15,9 @@ __all__ = ["SlotOutput"]
 
 class SlotOutput:
     def __init__(self, request_id: str, stops: list[str], tool_parser: ToolCallParser | None,
-                 template_stops: list[str] | None = None) -> None:
+                 template_stops: list[str] | None = None, reasoning: SlotReasoning | None = None) -> None:
         self.id = request_id
+        self.reasoning = reasoning
         self.utf8 = Utf8Stream()
         self.stop = StopMatcher(stops, after_text=template_stops)  # those end only a non-empty answer
         self.parser = tool_parser
@@ -30,11 +33,19 @@ class SlotOutput:
         self.n_unsent += 1
         if logprob is not None:
             self.logprobs.append(logprob)
-        return self._emit(self.stop.push(self.utf8.push(piece)), [])
+        if self.reasoning is None:
+            return self._emit(self.stop.push(self.utf8.push(piece)), [])
+        thought, answer = self.reasoning.token(self.utf8.push(piece))
+        return self._emit(self.stop.push(answer), [], thought)
 
     def finish(self) -> wire.Delta | None:
         """At the end (not on abort): release what was held back."""
-        tail = self.stop.push(self.utf8.flush()) if not self.stop.stopped else ""
+        rest, thought = self.utf8.flush(), ""
+        if self.reasoning is not None:
+            thought, rest = self.reasoning.text(rest)
+            more_thought, more_rest = self.reasoning.finish()
+            thought, rest = thought + more_thought, rest + more_rest
+        tail = self.stop.push(rest) if not self.stop.stopped else ""
         tail += self.stop.flush()
         calls: list[wire.ToolCall] = []
         if self.parser is not None:
@@ -42,19 +53,22 @@ class SlotOutput:
             more, late = self.parser.finish()
             tail += more
             calls += late
-        if not tail and not calls:
+        if not tail and not calls and not thought:
             return None
-        return self._send(tail, calls)
+        return self._send(tail, calls, thought)
 
-    def _emit(self, text: str, calls: list[wire.ToolCall]) -> wire.Delta | None:
+    def _emit(self, text: str, calls: list[wire.ToolCall], thought: str = "") -> wire.Delta | None:
         if self.parser is not None and text:
             text, calls = self.parser.push(text)
-        if not text and not calls:
+        if not text and not calls and not thought:
             return None
-        return self._send(text, calls)
+        return self._send(text, calls, thought)
 
-    def _send(self, text: str, calls: list[wire.ToolCall]) -> wire.Delta:
-        if self.logprobs:
+    def _send(self, text: str, calls: list[wire.ToolCall], thought: str = "") -> wire.Delta:
+        if thought:
+            d = wire.Delta(self.id, text, self.n_unsent, self.logprobs, calls, thought)
+            self.logprobs = []
+        elif self.logprobs:
             d = wire.Delta(self.id, text, self.n_unsent, self.logprobs, calls)
             self.logprobs = []
         else:

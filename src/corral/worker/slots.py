@@ -13,6 +13,7 @@ from corral import wire
 from corral.worker import sampling
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel
+from corral.worker.reasoning import ReasoningPlan, SlotReasoning
 from corral.worker.slot_output import SlotOutput
 
 __all__ = ["Job", "Slot", "Batch", "begin", "check_params", "finished_message", "release", "reuse_len",
@@ -25,6 +26,7 @@ class Job:
     tokens: list[int]
     t_submit: float
     grammar: ll.llama_sampler_p | None = None  # owned until a slot's sampler takes it
+    reasoning: ReasoningPlan | None = None  # how its thinking runs (worker/reasoning.py)
 
 
 @dataclass(eq=False)
@@ -39,6 +41,7 @@ class Slot:
     max_tokens: int = 0
     sampler: sampling.Sampler | None = None
     out: SlotOutput | None = None
+    reasoning: SlotReasoning | None = None  # the thinking's split, budget and forced tokens
     ignore_eos: bool = False
     logprobs: int | None = None  # top alternatives per token; None: no logprobs
     echo_logprobs: list[wire.TokenLogprob] | None = None  # prompt logprobs being collected
@@ -107,7 +110,7 @@ def finished_message(slot: Slot, job: Job, reason: wire.FinishReason, now: float
     return wire.Finished(
         job.req.id,
         reason,
-        wire.Usage(n_prompt, slot.n_gen, slot.n_cached),
+        wire.Usage(n_prompt, slot.n_gen, slot.n_cached, slot.reasoning.n_tokens if slot.reasoning else 0),
         wire.Timings(
             prompt_ms=prompt_ms,
             predicted_ms=predicted_ms,
@@ -119,6 +122,7 @@ def finished_message(slot: Slot, job: Job, reason: wire.FinishReason, now: float
         ),
         slot.index,
         stop_string=slot.out.stop.matched if slot.out is not None else None,
+        reasoning_budget=slot.reasoning.budget if slot.reasoning is not None else None,
     )
 
 
@@ -132,6 +136,9 @@ def release(slot: Slot) -> None:
         slot.sampler = None
     slot.out = None
     slot.echo_logprobs = None
+    if slot.reasoning is not None:
+        slot.reasoning.free()
+        slot.reasoning = None
 
 
 def reuse_len(slot: Slot, tokens: list[int], m: LoadedModel) -> int:
@@ -179,6 +186,8 @@ def free_samplers(slots: Iterable[Slot], waiting: Iterable[Job]) -> None:
         if slot.sampler is not None:
             slot.sampler.free()
             slot.sampler = None
+        if slot.reasoning is not None:
+            slot.reasoning.free()
     for job in waiting:
         sampling.free_sampler(job.grammar)
         job.grammar = None

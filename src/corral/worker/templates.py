@@ -50,16 +50,22 @@ class ChatTemplate(Protocol):
     # Whether the template renders tools itself (the Jinja ``tools`` variable).
     supports_tools: bool
 
-    def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None) -> str: ...
+    # The template's text ("" for the plain prompt): where it takes variables such as
+    # enable_thinking, the worker sets them (worker/reasoning.py).
+    source: str
+
+    def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None,
+               extra: dict[str, Any] | None = None) -> str: ...
 
 
 def render_chat(template: ChatTemplate, messages: Sequence[wire.ChatMessage],
-                tools: list[dict[str, Any]] | None) -> str:
+                tools: list[dict[str, Any]] | None, extra: dict[str, Any] | None = None) -> str:
     """Render a conversation; tools and tool turns go through the generic tool prompt
-    when the template knows no tools (``tool_prompt``)."""
+    when the template knows no tools (``tool_prompt``). ``extra``: more template variables
+    (chat_template_kwargs; they never replace messages, tools or the special tokens)."""
     if (tools or uses_tool_fields(messages)) and not template.supports_tools:
-        return template.render(generic_tool_messages(messages, tools), None)
-    return template.render(messages, tools)
+        return template.render(generic_tool_messages(messages, tools), None, extra)
+    return template.render(messages, tools, extra)
 
 
 def _hf_message(m: wire.ChatMessage) -> dict[str, Any]:
@@ -80,6 +86,8 @@ def _hf_message(m: wire.ChatMessage) -> dict[str, Any]:
         d["tool_call_id"] = m.tool_call_id
     if m.name is not None:
         d["name"] = m.name
+    if m.reasoning:  # Qwen3 and DeepSeek templates read reasoning_content, gpt-oss's thinking
+        d["reasoning_content"] = d["thinking"] = m.reasoning
     return d
 
 
@@ -108,17 +116,22 @@ class JinjaTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.supports_tools = "tools" in source
+        self.source = source
 
-    def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None) -> str:
-        extra: dict[str, Any] = {"tools": tools} if tools else {}
+    def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None,
+               extra: dict[str, Any] | None = None) -> str:
+        # request variables never replace the template's functions (raise_exception, ...)
+        variables: dict[str, Any] = {k: v for k, v in (extra or {}).items() if k not in self._tmpl.globals}
+        if tools:
+            variables["tools"] = tools
         try:
-            return self._tmpl.render(
-                messages=[_hf_message(m) for m in messages],
-                add_generation_prompt=True,
-                **extra,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-            )
+            return self._tmpl.render({
+                **variables,
+                "messages": [_hf_message(m) for m in messages],
+                "add_generation_prompt": True,
+                "bos_token": self.bos_token,
+                "eos_token": self.eos_token,
+            })
         except TemplateError:
             raise
         except jinja2.TemplateError as exc:
@@ -133,6 +146,7 @@ def _tojson(value: object, indent: int | None = None) -> str:
 
 class PlainTemplate:
     supports_tools = False
+    source = ""
 
     def __init__(
         self,
@@ -152,7 +166,8 @@ class PlainTemplate:
             "\n" + prefix.strip() for prefix in (self.user_prompt, self.ai_prompt) if prefix.strip()
         )
 
-    def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None) -> str:
+    def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None,
+               extra: dict[str, Any] | None = None) -> str:
         system = [m.content for m in messages if m.role == "system"]
         lines: list[str] = []
         if system:

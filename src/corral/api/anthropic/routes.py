@@ -2,7 +2,8 @@
 
 A translation onto corral's one request path (``corral.api.core.dialect``). Streaming follows
 Anthropic's event sequence: ``message_start``, a ``ping``, then per content block
-``content_block_start``, ``content_block_delta`` (``text_delta`` per piece of text, one
+``content_block_start``, ``content_block_delta`` (``thinking_delta`` per piece of
+thinking then one ``signature_delta``, ``text_delta`` per piece of text, one
 ``input_json_delta`` with a tool_use block's arguments), ``content_block_stop``; then
 ``message_delta`` (stop_reason, stop_sequence, usage) and ``message_stop``; an error
 after the stream began is an ``error`` event. Input tokens are known when the worker
@@ -18,6 +19,8 @@ full queue or no capacity is 529 ``overloaded_error`` (with Retry-After).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,8 +32,8 @@ from starlette.responses import Response, StreamingResponse
 from corral import wire
 from corral.api.anthropic.schemas import (AnthropicCountTokensRequest, AnthropicMessagesRequest,
                                           stop_reason)
-from corral.api.core.dialect import (Generation, TextEvent, ToolCallEvent, build_spec, parse_arguments,
-                                    run_generation)
+from corral.api.core.dialect import (Generation, ReasoningEvent, TextEvent, ToolCallEvent, build_spec,
+                                     parse_arguments, run_generation)
 from corral.api.core.generation import GenerationSpec
 from corral.api.http import error_body
 from corral.api.core.schemas import parse_body
@@ -58,7 +61,13 @@ def _tool_use(call: wire.ToolCall) -> dict[str, Any]:
 
 
 def _spec(body: AnthropicCountTokensRequest, endpoint: str, params: wire.SamplingParams) -> GenerationSpec:
-    return build_spec(body.model, endpoint, body.openai_messages(), params, **body.openai_chat())
+    return build_spec(body.model, endpoint, body.openai_messages(), params, reasoning=body.reasoning(),
+                      **body.openai_chat())
+
+
+def signature(thinking: str) -> str:
+    """A thinking block's ``signature``: a digest of its text (the SDKs carry it back)."""
+    return base64.b64encode(hashlib.sha256(thinking.encode("utf-8")).digest()).decode()
 
 
 @router.post("/v1/messages")
@@ -71,7 +80,9 @@ async def messages(request: Request) -> Response:
     if not body.stream:
         o = gen.outcome()
         reason, seq = stop_reason(o.finish_reason, o.stop_string, body.stop_sequences)
-        content: list[dict[str, Any]] = [{"type": "text", "text": gen.text}] if gen.text else []
+        content: list[dict[str, Any]] = [{"type": "thinking", "thinking": gen.reasoning,
+                                          "signature": signature(gen.reasoning)}] if gen.reasoning else []
+        content += [{"type": "text", "text": gen.text}] if gen.text else []
         content += [_tool_use(c) for c in gen.tool_calls]
         return Response(_json.encode({
             "id": mid, "type": "message", "role": "assistant", "model": gen.model, "content": content,
@@ -96,10 +107,28 @@ async def _chunks(gen: Generation, mid: str, stops: list[str] | None) -> AsyncIt
     yield _event("ping", {"type": "ping"})
     index = -1
     text_open = False
+    thoughts: list[str] = []  # the open thinking block's text
     enc = _json.encode
     pre = b""
     try:
         async for ev in gen.events():
+            if isinstance(ev, ReasoningEvent):
+                if text_open:  # (thinking comes first; should more follow an answer, a new block)
+                    text_open = False
+                    yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
+                if not thoughts:
+                    index += 1
+                    yield _event("content_block_start", {"type": "content_block_start", "index": index,
+                                                         "content_block": {"type": "thinking", "thinking": "",
+                                                                           "signature": ""}})
+                thoughts.append(ev.text)
+                yield _event("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                     "delta": {"type": "thinking_delta", "thinking": ev.text}})
+                continue
+            if thoughts:
+                for line in _close_thinking(index, thoughts):
+                    yield line
+                thoughts = []
             if isinstance(ev, TextEvent) and ev.text:
                 if not text_open:
                     index += 1
@@ -122,6 +151,9 @@ async def _chunks(gen: Generation, mid: str, stops: list[str] | None) -> AsyncIt
     except CorralError as exc:
         yield _event("error", error_body("anthropic", exc)[1])
         return
+    if thoughts:
+        for line in _close_thinking(index, thoughts):
+            yield line
     if text_open:
         yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
     o = gen.outcome()
@@ -129,6 +161,12 @@ async def _chunks(gen: Generation, mid: str, stops: list[str] | None) -> AsyncIt
     yield _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
                                    "usage": _usage(gen)})
     yield _event("message_stop", {"type": "message_stop"})
+
+
+def _close_thinking(index: int, thoughts: list[str]) -> list[bytes]:
+    return [_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {
+        "type": "signature_delta", "signature": signature("".join(thoughts))}}),
+        _event("content_block_stop", {"type": "content_block_stop", "index": index})]
 
 
 @router.post("/v1/messages/count_tokens")

@@ -8,11 +8,15 @@ blocks become OpenAI tool calls and tool messages for the request core.
 ``output_config.format`` (``{"type": "json_schema", "schema": ...}``, what current SDKs
 send for structured output; ``output_format`` is the older beta spelling) becomes OpenAI's
 ``response_format`` json_schema: the same schema check and grammar.
+``thinking: {"type": "enabled", "budget_tokens": N}`` turns a reasoning model's thinking
+on with that budget (without it, or ``disabled``, the model does not think); ``thinking``
+blocks of earlier assistant turns reach templates that render them, ``redacted_thinking``
+blocks are dropped.
 
 Top-level fields: those that only describe the request (``metadata``, ``service_tier``,
 ``inference_geo``, ``speed``, ``cache_control`` -- corral's prefix cache is automatic --,
 ``diagnostics``, ``user_profile_id``, ``workspace_id``) are ignored; any other field is a
-400 that names it, as are images, documents, thinking, ``output_config.effort`` and the
+400 that names it, as are images, documents, ``output_config.effort`` and the
 server-side features (``container``, ``mcp_servers``, ``context_management``): never an
 answer that silently leaves out what was asked.
 """
@@ -42,6 +46,8 @@ class _Block(BaseModel):
     tool_use_id: str | None = None  # tool_result
     content: str | list["_Block"] | None = None
     is_error: bool | None = None
+    thinking: str | None = None  # thinking
+    signature: str | None = None
 
 
 class _Message(BaseModel):
@@ -56,6 +62,12 @@ class _Tool(BaseModel):
     description: str | None = None
     input_schema: dict[str, Any]
     type: str | None = None
+
+
+class _Thinking(BaseModel):
+    model_config = _LENIENT
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = None
 
 
 class _ToolChoice(BaseModel):
@@ -83,10 +95,12 @@ def _openai_messages(m: _Message, i: int) -> list[dict[str, Any]]:
     where = f"messages.{i}.content"
     if isinstance(m.content, str):
         return [{"role": m.role, "content": m.content}]
-    texts, calls, results = [], [], []
+    texts, calls, results, thoughts = [], [], [], []
     for j, b in enumerate(m.content):
         if b.type == "text":
             texts.append(b.text or "")
+        elif b.type in ("thinking", "redacted_thinking") and m.role == "assistant":
+            thoughts.append(b.thinking or "")
         elif b.type == "tool_use" and m.role == "assistant":
             if not b.id or not b.name:
                 raise InvalidRequest(f"{where}.{j}: tool_use needs id and name", param=f"{where}.{j}")
@@ -104,6 +118,8 @@ def _openai_messages(m: _Message, i: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = list(results)
     if texts or calls or not results:
         msg: dict[str, Any] = {"role": m.role, "content": "".join(texts)}
+        if any(thoughts):
+            msg["reasoning_content"] = "".join(thoughts)
         if calls:
             msg["tool_calls"] = calls
         out.append(msg)
@@ -137,9 +153,17 @@ class AnthropicCountTokensRequest(BaseModel):
     system: str | list[_Block] | None = None
     tools: list[_Tool] | None = None
     tool_choice: _ToolChoice | None = None
-    thinking: dict[str, Any] | None = None
+    thinking: _Thinking | None = None
     output_config: _OutputConfig | None = None
     output_format: _OutputFormat | None = None  # the structured-outputs beta's spelling
+
+    def reasoning(self) -> dict[str, Any]:
+        """``thinking`` as the worker's fields: off unless enabled (a model that cannot
+        think refuses enabled)."""
+        t = self.thinking
+        if t is None or t.type == "disabled":
+            return {"think": False}
+        return {"think": True, "thinking_budget": t.budget_tokens}
 
     def check(self) -> None:
         allowed = _DESCRIPTIVE if isinstance(self, AnthropicMessagesRequest) else _COUNT_ALSO_IGNORES
@@ -147,8 +171,12 @@ class AnthropicCountTokensRequest(BaseModel):
             if name not in allowed:
                 raise UnsupportedOption(f"{name}: this field is not supported by corral's Messages API",
                                         param=name)
-        if self.thinking and self.thinking.get("type") != "disabled":
-            raise UnsupportedOption("extended thinking is not supported", param="thinking")
+        t = self.thinking
+        if t is not None and t.type == "enabled" and t.budget_tokens is None:
+            raise InvalidRequest("thinking.budget_tokens: required for type enabled", param="thinking.budget_tokens")
+        if t is not None and t.budget_tokens is not None and t.budget_tokens < 0:
+            raise InvalidRequest(f"thinking.budget_tokens: {t.budget_tokens} is below 0",
+                                 param="thinking.budget_tokens")
         if self.output_config is not None and self.output_config.effort is not None:
             raise UnsupportedOption("output_config.effort is not supported", param="output_config.effort")
         if self.output_format is not None and self.output_config is not None and self.output_config.format:
@@ -200,6 +228,10 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest):
 
     def check(self) -> None:
         super().check()
+        t = self.thinking
+        if t is not None and t.type == "enabled" and (t.budget_tokens or 0) >= self.max_tokens:
+            raise InvalidRequest(f"max_tokens: must be greater than thinking.budget_tokens ({t.budget_tokens})",
+                                 param="max_tokens")
         if any(not s for s in self.stop_sequences or []):
             raise InvalidRequest("stop_sequences: stop sequences must not be empty", param="stop_sequences")
 

@@ -51,6 +51,8 @@ class ChatMessageIn(BaseModel):
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    reasoning_content: str | None = None  # an assistant turn's thinking (llama-server's name)
+    thinking: str | None = None  # the same, as Ollama and gpt-oss templates name it
 
     def text(self, index: int) -> str:
         c = self.content
@@ -78,9 +80,10 @@ class ChatMessageIn(BaseModel):
                 calls.append(wire.ToolCall(c.id or f"call_{index}_{j}", c.function.name,
                                            args if isinstance(args, str) else json.dumps(args)))
         role = "system" if self.role == "developer" else self.role
+        thought = (self.reasoning_content or self.thinking or None) if self.role == "assistant" else None
         return wire.ChatMessage(role, self.text(index), tool_calls=calls,
                                 tool_call_id=self.tool_call_id if self.role == "tool" else None,
-                                name=self.name if self.role == "tool" else None)
+                                name=self.name if self.role == "tool" else None, reasoning=thought)
 
 
 class FunctionDef(BaseModel):
@@ -135,6 +138,11 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     grammar: str | None = None  # llama.cpp: GBNF text
     json_schema: dict[str, Any] | None = None  # llama.cpp: a schema at the top level
+    # reasoning models: OpenAI's effort level (a budget from the model's reasoning_levels;
+    # "none": no thinking), llama-server's per-request budget and template variables
+    reasoning_effort: str | None = Field(None, min_length=1, max_length=32)
+    thinking_budget_tokens: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def check(self) -> None:
         self.check_common()
@@ -239,6 +247,14 @@ class ChatCompletionRequest(SamplingFields):
         if not self.uses_tools():
             return None
         return [t.model_dump(exclude_none=True) for t in self.tools or []]
+
+    def wire_reasoning(self) -> dict[str, Any]:
+        """The request's thinking fields for the worker (it checks them against the model)."""
+        if self.thinking_budget_tokens is not None and self.thinking_budget_tokens < 0:
+            raise InvalidRequest(f"thinking_budget_tokens: {self.thinking_budget_tokens} is below 0",
+                                 param="thinking_budget_tokens")
+        return {"thinking_budget": self.thinking_budget_tokens, "reasoning_effort": self.reasoning_effort,
+                "template_kwargs": self.chat_template_kwargs}
 
     def wire_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

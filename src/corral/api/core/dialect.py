@@ -26,14 +26,15 @@ from starlette.requests import Request
 
 from corral import wire
 from corral.api.core.chat_request import ChatCompletionRequest
-from corral.api.core.generation import (Event, FinishEvent, GenerationSpec, GenerationStream, TextEvent,
-                                        ToolCallEvent, chat_spec, finish_reason, generate, observe, open_stream,
+from corral.api.core.generation import (Event, FinishEvent, GenerationSpec, GenerationStream, ReasoningEvent,
+                                        TextEvent, ToolCallEvent, chat_spec, finish_reason, generate, observe,
+                                        open_stream,
                                         submit)
 from corral.api.http import invalid_request, plane_of
 from corral.control.stream import RequestStream
 
 __all__ = ["Outcome", "Generation", "build_spec", "run_generation", "run_embedding",
-           "Event", "TextEvent", "ToolCallEvent", "FinishEvent", "parse_arguments"]
+           "Event", "TextEvent", "ReasoningEvent", "ToolCallEvent", "FinishEvent", "parse_arguments"]
 
 
 def parse_arguments(call: wire.ToolCall) -> dict[str, Any]:
@@ -46,11 +47,13 @@ def parse_arguments(call: wire.ToolCall) -> dict[str, Any]:
 
 
 def build_spec(model: str, endpoint: str, messages: list[dict[str, Any]], params: wire.SamplingParams, *,
-               prompt: str | None = None, **chat: Any) -> GenerationSpec:
+               prompt: str | None = None, reasoning: dict[str, Any] | None = None, **chat: Any) -> GenerationSpec:
     """A spec on the one request path: ``messages`` (OpenAI chat shape) and ``chat`` (tools,
     tool_choice, response_format, parallel_tool_calls) are validated by the OpenAI chat
     request; ``params`` (the dialect's sampling) replace its sampling. ``prompt``: a raw
-    prompt sent as it is instead of the rendered messages (Ollama's raw generate)."""
+    prompt sent as it is instead of the rendered messages (Ollama's raw generate).
+    ``reasoning``: the dialect's thinking as wire fields (think, thinking_budget,
+    reasoning_effort)."""
     raw = {"model": model, "messages": messages or [{"role": "user", "content": prompt or ""}],
            **{k: v for k, v in chat.items() if v is not None}}
     try:
@@ -61,9 +64,10 @@ def build_spec(model: str, endpoint: str, messages: list[dict[str, Any]], params
     reqs = []
     for r in spec.requests:
         if prompt is not None:
-            reqs.append(msgspec.structs.replace(r, messages=None, prompt=prompt, params=params))
+            r = msgspec.structs.replace(r, messages=None, prompt=prompt, params=params)
         else:
-            reqs.append(msgspec.structs.replace(r, params=params))
+            r = msgspec.structs.replace(r, params=params)
+        reqs.append(msgspec.structs.replace(r, **reasoning) if reasoning else r)
     spec.requests = reqs
     if prompt is not None:
         spec.prefix = prompt
@@ -79,6 +83,8 @@ class Outcome:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    reasoning_tokens: int  # of completion_tokens, inside the thinking
+    reasoning_budget: int | None  # the thinking budget it ran with (-1: unlimited; None: no thinking)
     prompt_s: float  # prompt evaluation in the worker
     generate_s: float  # token generation in the worker
     load_s: float  # from arrival until a worker had it: autoload and queueing
@@ -90,20 +96,23 @@ class Outcome:
         end = stream.ended or time.perf_counter()
         load = (stream.started or end) - stream.created
         if fin is None:
-            return cls("stop", None, 0, 0, 0, 0.0, 0.0, load, end - stream.created)
+            return cls("stop", None, 0, 0, 0, 0, None, 0.0, 0.0, load, end - stream.created)
         u, t = fin.usage, fin.timings
         return cls(finish_reason(fin, n_calls), fin.stop_string, u.prompt_tokens, u.completion_tokens,
-                   u.cached_tokens, t.prompt_ms / 1000, t.predicted_ms / 1000, load, end - stream.created)
+                   u.cached_tokens, u.reasoning_tokens, fin.reasoning_budget, t.prompt_ms / 1000,
+                   t.predicted_ms / 1000, load, end - stream.created)
 
 
 class Generation:
     """A generation on a worker slot. Not streamed: ``text``/``tool_calls`` hold the
-    answer. Streamed: iterate ``events()`` once. ``outcome()`` once it finished."""
+    answer (``reasoning``: the thinking). Streamed: iterate ``events()`` once. ``outcome()`` once it
+    finished."""
 
     def __init__(self, stream: RequestStream, text: str, tool_calls: list[wire.ToolCall],
-                 gs: GenerationStream | None, on_close: Callable[[], Any] | None) -> None:
+                 gs: GenerationStream | None, on_close: Callable[[], Any] | None, reasoning: str = "") -> None:
         self.stream = stream
         self.text = text
+        self.reasoning = reasoning
         self.tool_calls = tool_calls
         self._gs = gs
         self._on_close = on_close
@@ -163,7 +172,7 @@ async def run_generation(request: Request, spec: GenerationSpec, *, stream: bool
             on_close()
         raise
     (choice,) = result.choices
-    gen = Generation(result.streams[0], choice.text, list(choice.tool_calls), None, on_close)
+    gen = Generation(result.streams[0], choice.text, list(choice.tool_calls), None, on_close, choice.reasoning)
     gen._closed()
     return gen
 

@@ -4,7 +4,7 @@ here; Ollama, Anthropic and Responses translate onto it).
     spec = chat_spec(body)                       # a validated ChatCompletionRequest -> GenerationSpec
     result = await generate(request, spec)       # whole answer: GenerationResult
     stream = await open_stream(request, spec)    # first output arrived (or a CorralError raised)
-    async for event in stream.events(): ...      # TextEvent | ToolCallEvent | FinishEvent
+    async for event in stream.events(): ...      # ReasoningEvent | TextEvent | ToolCallEvent | FinishEvent
 
 A spec holds one ``wire.GenerateRequest`` per choice (``n`` > 1: each choice runs in its
 own slot, seeds derived from the request's). Errors are ``CorralError`` (400 naming the
@@ -31,7 +31,7 @@ from corral.control.plane import ControlPlane
 from corral.control.stream import RequestStream
 from corral.errors import CorralError, ModelDownloading, ModelNotFound
 
-__all__ = ["GenerationSpec", "Choice", "GenerationResult", "TextEvent", "ToolCallEvent",
+__all__ = ["GenerationSpec", "Choice", "GenerationResult", "TextEvent", "ReasoningEvent", "ToolCallEvent",
            "FinishEvent", "Event", "GenerationStream", "chat_spec", "completion_spec", "generate",
            "open_stream", "submit", "observe", "ClientWatch", "finish_reason"]
 
@@ -55,6 +55,8 @@ class Choice:
     logprobs: list[wire.TokenLogprob] | None  # None unless asked
     usage: wire.Usage | None = None
     timings: wire.Timings | None = None
+    reasoning: str = ""  # the thinking (reasoning models)
+    reasoning_budget: int | None = None  # the budget it ran with (-1: unlimited; None: no thinking)
 
 
 @dataclass
@@ -76,6 +78,12 @@ class TextEvent:
 
 
 @dataclass(slots=True)
+class ReasoningEvent:
+    index: int  # the choice
+    text: str  # thinking (it comes before the answer's TextEvents)
+
+
+@dataclass(slots=True)
 class ToolCallEvent:
     index: int  # the choice
     call_index: int  # the call's position in the choice's tool_calls
@@ -88,9 +96,10 @@ class FinishEvent:
     finish_reason: str
     usage: wire.Usage | None
     timings: wire.Timings | None
+    reasoning_budget: int | None = None
 
 
-Event = Union[TextEvent, ToolCallEvent, FinishEvent]
+Event = Union[ReasoningEvent, TextEvent, ToolCallEvent, FinishEvent]
 
 
 def finish_reason(fin: wire.Finished | None, n_calls: int) -> str:
@@ -116,7 +125,8 @@ def chat_spec(body: ChatCompletionRequest, endpoint: str = "chat") -> Generation
         reqs.append(wire.GenerateRequest(
             id=rid if body.n == 1 else f"{rid}-{i}", messages=messages, params=p, grammar=grammar,
             json_schema=schema, tools=tools, parse_tool_calls=body.parses_tool_calls(),
-            parallel_tool_calls=body.parallel_tool_calls is not False, logprobs=body.wire_logprobs()))
+            parallel_tool_calls=body.parallel_tool_calls is not False, logprobs=body.wire_logprobs(),
+            **body.wire_reasoning()))
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix)
 
@@ -277,7 +287,7 @@ def _coros(request: Request, spec: GenerationSpec) -> list[Awaitable[RequestStre
 def _sum_usage(items: list[wire.Usage | None]) -> wire.Usage:
     u = [x for x in items if x is not None]
     return wire.Usage(sum(x.prompt_tokens for x in u), sum(x.completion_tokens for x in u),
-                      sum(x.cached_tokens for x in u))
+                      sum(x.cached_tokens for x in u), sum(x.reasoning_tokens for x in u))
 
 
 async def generate(request: Request, spec: GenerationSpec) -> GenerationResult:
@@ -291,7 +301,8 @@ async def generate(request: Request, spec: GenerationSpec) -> GenerationResult:
         fin = s.finished
         choices.append(Choice(i, out.text, out.tool_calls, finish_reason(fin, len(out.tool_calls)),
                               out.logprobs if req.logprobs is not None else None,
-                              fin.usage if fin else None, fin.timings if fin else None))
+                              fin.usage if fin else None, fin.timings if fin else None, out.reasoning,
+                              fin.reasoning_budget if fin else None))
     return GenerationResult(spec.id, streams[0].model, int(time.time()), choices,
                             _sum_usage([c.usage for c in choices]), choices[0].timings, streams)
 
@@ -336,6 +347,8 @@ class GenerationStream:
     async def _choice_events(self, index: int, s: RequestStream) -> AsyncIterator[Event]:
         n_calls = 0
         while (piece := await s.next_piece()) is not None:
+            if piece.reasoning:
+                yield ReasoningEvent(index, piece.reasoning)
             if piece.text or piece.logprobs:
                 yield TextEvent(index, piece.text, piece.logprobs)
             for call in piece.tool_calls:
@@ -343,7 +356,7 @@ class GenerationStream:
                 n_calls += 1
         fin = s.finished
         yield FinishEvent(index, finish_reason(fin, n_calls), fin.usage if fin else None,
-                          fin.timings if fin else None)
+                          fin.timings if fin else None, fin.reasoning_budget if fin else None)
 
     async def _merged(self) -> AsyncIterator[Event]:
         queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()

@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from corral import wire
+from corral import reasoning_format, wire
 from corral.api.http import app_part, json_response, ndjson_line, plane_of
 from corral.api.ollama.schemas import OllamaCopyRequest, OllamaModelRequest, OllamaPullRequest
 from corral.api.core.schemas import parse_body
@@ -136,6 +136,25 @@ def _template(pool: ModelPool, meta: GGUFMetadata | None) -> str:
     return f"{spec.pre_prompt or ''}\n{user}{{{{ .Prompt }}}}\n{ai}".lstrip("\n")
 
 
+def capabilities(pool: ModelPool, meta: GGUFMetadata | None) -> list[str]:
+    """What the model can do here, as Ollama's /api/show lists it: ``embedding`` or
+    ``completion``; ``tools`` when its template renders tools; ``thinking`` when corral
+    splits its reasoning (a loaded instance says; else the template and settings)."""
+    spec = pool.spec
+    if spec.embedding:
+        return ["embedding"]
+    template = spec.chat_template or (meta.chat_template if meta is not None else None)
+    out = ["completion"]
+    if template and "tools" in template:
+        out.append("tools")
+    loaded = next((i.info.reasoning_format for i in pool.instances if i.info is not None), None)
+    fmt = loaded if loaded is not None else (
+        f.name if (f := reasoning_format.resolve(spec.reasoning_format, template)) else "none")
+    if fmt != "none":
+        out.append("thinking")
+    return out
+
+
 @router.post("/api/show")
 async def show(request: Request) -> Response:
     body = await parse_body(request, OllamaModelRequest)
@@ -158,7 +177,7 @@ async def show(request: Request) -> Response:
                      + "".join(f"PARAMETER {p}\n" for p in params),
         "parameters": "\n".join(params), "template": template, "details": entry["details"],
         "model_info": info, "modified_at": entry["modified_at"],
-        "capabilities": ["embedding"] if spec.embedding else ["completion"]})
+        "capabilities": capabilities(pool, meta)})
 
 
 # ------------------------------------------------------------------------ pull

@@ -23,8 +23,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from corral import wire
-from corral.api.core.dialect import (Generation, Outcome, TextEvent, ToolCallEvent, build_spec,
-                                    parse_arguments, run_embedding, run_generation)
+from corral.api.core.dialect import (Generation, Outcome, ReasoningEvent, TextEvent, ToolCallEvent, build_spec,
+                                     parse_arguments, run_embedding, run_generation)
 from corral.api.http import json_response, ndjson_line, plane_of
 from corral.api.ollama.schemas import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                        OllamaGenerateRequest, parse_keep_alive, sampling_from_options)
@@ -91,14 +91,18 @@ def _stats(o: Outcome) -> dict[str, Any]:
             "eval_duration": _ns(o.generate_s)}
 
 
-def _ndjson(gen: Generation, text_line: Callable[[str], bytes], calls_line: Callable[[list[wire.ToolCall]], bytes],
+def _ndjson(gen: Generation, text_line: Callable[[str, str], bytes],
+            calls_line: Callable[[list[wire.ToolCall]], bytes],
             final: Callable[[Outcome], dict[str, Any]]) -> StreamingResponse:
+    """``text_line(answer, thinking)``: one line of either."""
     async def lines() -> AsyncIterator[bytes]:
         try:
             async for ev in gen.events():
-                if isinstance(ev, TextEvent):
+                if isinstance(ev, ReasoningEvent):
+                    yield text_line("", ev.text)
+                elif isinstance(ev, TextEvent):
                     if ev.text:
-                        yield text_line(ev.text)
+                        yield text_line(ev.text, "")
                 elif isinstance(ev, ToolCallEvent):
                     yield calls_line([ev.call])
             yield ndjson_line(final(gen.outcome()))
@@ -114,7 +118,7 @@ async def _run(request: Request, body: OllamaChatRequest | OllamaGenerateRequest
     params = sampling_from_options(body.options, _slot_context(plane_of(request), body.model))
     tools = body.tools if isinstance(body, OllamaChatRequest) else None
     spec = build_spec(body.model, endpoint, messages, params, prompt=prompt, tools=tools,
-                      response_format=body.response_format())
+                      response_format=body.response_format(), reasoning=body.reasoning())
     return await run_generation(request, spec, stream=body.stream,
                                 on_close=_keep_alive_hook(request, body.model, ka))
 
@@ -132,6 +136,8 @@ async def chat(request: Request) -> Response:
     gen = await _run(request, body, "ollama_chat", body.openai_messages(), None, ka)
     if not body.stream:
         message: dict[str, Any] = {"role": "assistant", "content": gen.text}
+        if gen.reasoning:
+            message["thinking"] = gen.reasoning
         if gen.tool_calls:
             message["tool_calls"] = _calls(gen.tool_calls)
         return json_response({"model": gen.model, "created_at": created_at(), "message": message,
@@ -139,9 +145,10 @@ async def chat(request: Request) -> Response:
     enc = _json.encode
     model = enc(gen.model)
 
-    def text_line(text: str) -> bytes:
+    def text_line(text: str, thinking: str) -> bytes:
+        more = b',"thinking":' + enc(thinking) if thinking else b""
         return (b'{"model":' + model + b',"created_at":"' + created_at().encode()
-                + b'","message":{"role":"assistant","content":' + enc(text) + b'},"done":false}\n')
+                + b'","message":{"role":"assistant","content":' + enc(text) + more + b'},"done":false}\n')
 
     def calls_line(calls: list[wire.ToolCall]) -> bytes:
         return enc({"model": gen.model, "created_at": created_at(), "message": {
@@ -167,14 +174,16 @@ async def generate(request: Request) -> Response:
     prompt, messages = body.openai_input()
     gen = await _run(request, body, "ollama_generate", messages, prompt, ka)
     if not body.stream:
+        thinking = {"thinking": gen.reasoning} if gen.reasoning else {}
         return json_response({"model": gen.model, "created_at": created_at(),
-                                "response": gen.text, "done": True, **_stats(gen.outcome())})
+                              "response": gen.text, **thinking, "done": True, **_stats(gen.outcome())})
     enc = _json.encode
     model = enc(gen.model)
 
-    def text_line(text: str) -> bytes:
+    def text_line(text: str, thinking: str) -> bytes:
+        more = b',"thinking":' + enc(thinking) if thinking else b""
         return (b'{"model":' + model + b',"created_at":"' + created_at().encode()
-                + b'","response":' + enc(text) + b',"done":false}\n')
+                + b'","response":' + enc(text) + more + b',"done":false}\n')
 
     def final(o: Outcome) -> dict[str, Any]:
         return {"model": gen.model, "created_at": created_at(), "response": "", "done": True, **_stats(o)}

@@ -102,11 +102,20 @@ class _Generating(BaseModel):
     options: OllamaOptions | None = None
     format: Literal["", "json"] | dict[str, Any] | None = None
     keep_alive: float | str | None = None
-    think: bool | str | None = None
+    # thinking models: true/false, or a level (a budget from the model's reasoning_levels);
+    # unset: the model's default. ``message.thinking`` / ``thinking`` carry the thoughts.
+    think: bool | Literal["low", "medium", "high"] | None = None
 
     def check_common(self) -> None:
-        if self.think:
-            raise UnsupportedOption("think is not supported (no thinking models)", param="think")
+        pass
+
+    def reasoning(self) -> dict[str, Any] | None:
+        """``think`` as the worker's fields (a model that cannot think refuses true or a level)."""
+        if self.think is None:
+            return None
+        if isinstance(self.think, bool):
+            return {"think": self.think}
+        return {"think": True, "reasoning_effort": self.think}
 
     def response_format(self) -> dict[str, Any] | None:
         """``format``: "json" (any JSON object) or a JSON schema the output must match."""
@@ -138,6 +147,7 @@ class OllamaMessage(BaseModel):
     images: list[Any] | None = None
     tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None
+    thinking: str | None = None  # an assistant turn's thoughts (templates that render them get them)
 
 
 class OllamaChatRequest(_Generating):
@@ -158,6 +168,8 @@ class OllamaChatRequest(_Generating):
         ids: dict[str, str] = {}
         for i, m in enumerate(self.messages):
             msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+            if m.thinking and m.role == "assistant":
+                msg["reasoning_content"] = m.thinking
             if m.tool_calls:
                 calls = []
                 for j, c in enumerate(m.tool_calls):

@@ -1,7 +1,10 @@
 """OpenAI's Responses API: POST /v1/responses (create, and stream with typed events).
 
-A translation onto corral's one request path (``corral.api.core.dialect``). A streamed response
-sends ``response.created``, ``response.in_progress``, ``response.output_item.added``
+A translation onto corral's one request path (``corral.api.core.dialect``). A reasoning model's
+thinking is a ``reasoning`` output item (its text in ``content`` as ``reasoning_text``;
+streamed as ``response.reasoning_text.delta`` / ``.done``) before the message; a
+``reasoning`` input item reaches the template with the assistant turn after it. A
+streamed response sends ``response.created``, ``response.in_progress``, ``response.output_item.added``
 and ``response.content_part.added`` for the assistant message, one
 ``response.output_text.delta`` per piece of text, ``response.output_text.done``,
 ``response.content_part.done``, ``response.output_item.done``; for each tool call a
@@ -24,7 +27,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from corral import wire
-from corral.api.core.dialect import Generation, TextEvent, ToolCallEvent, build_spec, run_generation
+from corral.api.core.dialect import (Generation, ReasoningEvent, TextEvent, ToolCallEvent, build_spec,
+                                     run_generation)
 from corral.api.http import app_part
 from corral.api.openai.responses_schemas import ResponsesRequest, ResponseStore
 from corral.api.core.schemas import parse_body
@@ -51,6 +55,7 @@ class _Shape:
         self.body = body
         self.id = "resp_" + secrets.token_hex(16)
         self.item_id = "msg_" + secrets.token_hex(16)
+        self.reasoning_id = "rs_" + secrets.token_hex(16)
         self.created = int(time.time())
         self.model = model
         self.seq = 0
@@ -59,6 +64,10 @@ class _Shape:
         content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
         return {"id": self.item_id, "type": "message", "status": status, "role": "assistant",
                 "content": content if status == "completed" else []}
+
+    def thinking(self, text: str, status: str) -> dict[str, Any]:
+        return {"id": self.reasoning_id, "type": "reasoning", "status": status, "summary": [],
+                "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
 
     @staticmethod
     def call(call: wire.ToolCall, status: str) -> dict[str, Any]:
@@ -72,7 +81,8 @@ class _Shape:
         if gen is not None and status in ("completed", "incomplete"):
             o = gen.outcome()
             usage = {"input_tokens": o.prompt_tokens, "input_tokens_details": {"cached_tokens": o.cached_tokens},
-                     "output_tokens": o.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                     "output_tokens": o.completion_tokens,
+                     "output_tokens_details": {"reasoning_tokens": o.reasoning_tokens},
                      "total_tokens": o.prompt_tokens + o.completion_tokens}
             if status == "incomplete":
                 incomplete = {"reason": "max_output_tokens"}
@@ -84,6 +94,7 @@ class _Shape:
                 "tools": b.tools or [], "tool_choice": b.tool_choice or "auto",
                 "parallel_tool_calls": b.parallel_tool_calls is not False,
                 "text": {"format": {"type": fmt}}, "truncation": "disabled", "metadata": b.metadata or {},
+                "reasoning": {"effort": b.reasoning.effort if b.reasoning else None, "summary": None},
                 "error": None, "incomplete_details": incomplete, "usage": usage}
 
     def event(self, etype: str, data: dict[str, Any]) -> bytes:
@@ -96,9 +107,11 @@ def _status(gen: Generation) -> str:
     return "incomplete" if gen.outcome().finish_reason == "length" else "completed"
 
 
-def _assistant(text: str, calls: list[wire.ToolCall]) -> dict[str, Any]:
+def _assistant(text: str, calls: list[wire.ToolCall], thought: str) -> dict[str, Any]:
     """The answer as an OpenAI chat message, for the conversation store."""
     msg: dict[str, Any] = {"role": "assistant", "content": text}
+    if thought:
+        msg["reasoning_content"] = thought
     if calls:
         msg["tool_calls"] = [{"id": c.id, "type": "function",
                               "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
@@ -113,25 +126,29 @@ async def create_response(request: Request) -> Response:
     history = store.get(body.previous_response_id) if body.previous_response_id else []
     conversation = history + body.input_messages()
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    spec = build_spec(body.model, "responses", system + conversation, body.sampling(), **body.openai_chat())
+    spec = build_spec(body.model, "responses", system + conversation, body.sampling(),
+                      reasoning=body.wire_reasoning(), **body.openai_chat())
     gen = await run_generation(request, spec, stream=body.stream)
     shape = _Shape(body, gen.model)
 
-    def remember(text: str, calls: list[wire.ToolCall]) -> None:
+    def remember(text: str, calls: list[wire.ToolCall], thought: str) -> None:
         if body.store:
-            store.put(shape.id, gen.model, conversation + [_assistant(text, calls)])
+            store.put(shape.id, gen.model, conversation + [_assistant(text, calls, thought)])
 
     if not body.stream:
-        remember(gen.text, gen.tool_calls)
-        output = [shape.message(gen.text, "completed")] if gen.text or not gen.tool_calls else []
+        remember(gen.text, gen.tool_calls, gen.reasoning)
+        output = [shape.thinking(gen.reasoning, "completed")] if gen.reasoning else []
+        output += [shape.message(gen.text, "completed")] if gen.text or not gen.tool_calls else []
         output += [shape.call(c, "completed") for c in gen.tool_calls]
         return Response(_json.encode(shape.response(_status(gen), output, gen)), media_type="application/json")
     return StreamingResponse(_events(gen, shape, remember), media_type="text/event-stream",
                              headers=_SSE_HEADERS)
 
 
-async def _events(gen: Generation, shape: _Shape, remember: Callable[[str, list[wire.ToolCall]], None]
-                  ) -> AsyncIterator[bytes]:
+Remember = Callable[[str, list[wire.ToolCall], str], None]
+
+
+async def _events(gen: Generation, shape: _Shape, remember: Remember) -> AsyncIterator[bytes]:
     try:
         async for chunk in _chunks(gen, shape, remember):
             yield chunk
@@ -139,8 +156,7 @@ async def _events(gen: Generation, shape: _Shape, remember: Callable[[str, list[
         gen.close()
 
 
-async def _chunks(gen: Generation, shape: _Shape, remember: Callable[[str, list[wire.ToolCall]], None]
-                  ) -> AsyncIterator[bytes]:
+async def _chunks(gen: Generation, shape: _Shape, remember: Remember) -> AsyncIterator[bytes]:
     ev = shape.event
     yield ev("response.created", {"response": shape.response("in_progress", [], None)})
     yield ev("response.in_progress", {"response": shape.response("in_progress", [], None)})
@@ -148,8 +164,18 @@ async def _chunks(gen: Generation, shape: _Shape, remember: Callable[[str, list[
     calls: list[wire.ToolCall] = []
     done: list[dict[str, Any]] = []  # finished output items
     text_index: int | None = None
+    thoughts: list[str] = []
+    thinking_index: int | None = None
     enc = _json.encode
     head = b""
+
+    def close_thinking() -> list[bytes]:
+        text = "".join(thoughts)
+        item = shape.thinking(text, "completed")
+        done.append(item)
+        return [ev("response.reasoning_text.done", {"item_id": shape.reasoning_id, "output_index": thinking_index,
+                                                    "content_index": 0, "text": text}),
+                ev("response.output_item.done", {"output_index": thinking_index, "item": item})]
 
     def close_text() -> list[bytes]:
         text = "".join(pieces)
@@ -163,6 +189,18 @@ async def _chunks(gen: Generation, shape: _Shape, remember: Callable[[str, list[
 
     try:
         async for e in gen.events():
+            if isinstance(e, ReasoningEvent):
+                if thinking_index is None:
+                    thinking_index = len(done)
+                    yield ev("response.output_item.added", {"output_index": thinking_index,
+                                                            "item": shape.thinking("", "in_progress")})
+                thoughts.append(e.text)
+                yield ev("response.reasoning_text.delta", {"item_id": shape.reasoning_id, "output_index":
+                                                           thinking_index, "content_index": 0, "delta": e.text})
+                continue
+            if thinking_index is not None and len(done) == thinking_index:
+                for line in close_thinking():
+                    yield line
             if isinstance(e, TextEvent) and e.text:
                 if text_index is None:
                     text_index = len(done)
@@ -199,9 +237,12 @@ async def _chunks(gen: Generation, shape: _Shape, remember: Callable[[str, list[
         failed["error"] = {"code": exc.code or "server_error", "message": exc.message}
         yield ev("response.failed", {"response": failed})
         return
+    if thinking_index is not None and len(done) == thinking_index:
+        for line in close_thinking():
+            yield line
     if text_index is not None and len(done) == text_index:
         for line in close_text():
             yield line
-    remember("".join(pieces), calls)
+    remember("".join(pieces), calls, "".join(thoughts))
     final = _status(gen)
     yield ev(f"response.{final}", {"response": shape.response(final, done, gen)})

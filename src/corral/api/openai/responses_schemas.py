@@ -40,6 +40,7 @@ class _Item(BaseModel):
     type: str = "message"
     role: Literal["user", "system", "developer", "assistant"] | None = None
     content: str | list[_Part] | None = None
+    summary: list[_Part] | None = None  # reasoning
     call_id: str | None = None  # function_call, function_call_output
     name: str | None = None
     arguments: str | None = None
@@ -59,6 +60,12 @@ class _TextConfig(BaseModel):
     format: _TextFormat | None = None
 
 
+class _Reasoning(BaseModel):
+    model_config = _LENIENT
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: str | None = None
+
+
 class ResponsesRequest(BaseModel):
     model_config = _LENIENT
     model: str = Field(min_length=1)
@@ -74,13 +81,17 @@ class ResponsesRequest(BaseModel):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     text: _TextConfig | None = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: _Reasoning | None = None
     metadata: dict[str, str] | None = None
     ignore_eos: bool = False  # corral's extension (as on its OpenAI routes): generate every token
 
+    def wire_reasoning(self) -> dict[str, Any] | None:
+        """``reasoning.effort`` as the worker's field (a level's budget is the model's
+        ``reasoning_levels``; a model that cannot think refuses a level)."""
+        effort = self.reasoning.effort if self.reasoning is not None else None
+        return {"reasoning_effort": effort} if effort is not None else None
+
     def check(self) -> None:
-        if self.reasoning and self.reasoning.get("effort") not in (None, "none"):
-            raise UnsupportedOption("reasoning is not supported (no reasoning models)", param="reasoning")
         for i, t in enumerate(self.tools or []):
             if t.get("type") != "function":
                 raise UnsupportedOption(f"tools of type {t.get('type')!r} are not supported (function only)",
@@ -93,10 +104,17 @@ class ResponsesRequest(BaseModel):
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
         out: list[dict[str, Any]] = []
+        thought = ""  # a reasoning item's text, for the assistant turn after it
         for i, item in enumerate(self.input):
-            if item.type == "message" and item.role is not None:
-                out.append({"role": "system" if item.role == "developer" else item.role,
-                            "content": _text(item.content, f"input.{i}.content")})
+            if item.type == "reasoning":
+                parts = item.content if isinstance(item.content, list) else (item.summary or [])
+                thought += "".join(p.text or "" for p in parts)
+            elif item.type == "message" and item.role is not None:
+                msg = {"role": "system" if item.role == "developer" else item.role,
+                       "content": _text(item.content, f"input.{i}.content")}
+                if item.role == "assistant" and thought:
+                    msg["reasoning_content"], thought = thought, ""
+                out.append(msg)
             elif item.type == "function_call" and item.name and item.call_id:
                 call = {"id": item.call_id, "type": "function",
                         "function": {"name": item.name, "arguments": item.arguments or "{}"}}
@@ -104,11 +122,14 @@ class ResponsesRequest(BaseModel):
                     out[-1].setdefault("tool_calls", []).append(call)
                 else:
                     out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                if thought:
+                    out[-1]["reasoning_content"], thought = thought, ""
             elif item.type == "function_call_output" and item.call_id:
                 out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output or ""})
             else:
                 raise UnsupportedOption(f"input items of type {item.type!r} are not supported "
-                                        "(message, function_call, function_call_output)", param=f"input.{i}.type")
+                                        "(message, function_call, function_call_output, reasoning)",
+                                        param=f"input.{i}.type")
         if not out:
             raise InvalidRequest("input: must not be empty", param="input")
         return out

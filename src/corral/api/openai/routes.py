@@ -20,8 +20,9 @@ from starlette.responses import Response
 
 from corral import wire
 from corral.api.core.chat_request import ChatCompletionRequest
-from corral.api.core.generation import (FinishEvent, GenerationResult, GenerationStream, TextEvent, ToolCallEvent,
-                                   chat_spec, completion_spec, generate, observe, open_stream, submit)
+from corral.api.core.generation import (FinishEvent, GenerationResult, GenerationStream, ReasoningEvent, TextEvent,
+                                        ToolCallEvent, chat_spec, completion_spec, generate, observe, open_stream,
+                                        submit)
 from corral.api.core.logprob_shapes import chat_logprobs, completion_logprobs
 from corral.api.http import json_response, plane_of, sse_data, sse_stream
 from corral.api.core.schemas import CompletionRequest, EmbeddingRequest, parse_body
@@ -40,14 +41,17 @@ def usage_body(u: wire.Usage | None) -> dict[str, Any] | None:
         return None
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens}}
 
 
-def timings_body(t: wire.Timings | None, u: wire.Usage | None) -> dict[str, Any] | None:
-    """llama.cpp's ``timings`` object."""
+def timings_body(t: wire.Timings | None, u: wire.Usage | None, budget: int | None = None) -> dict[str, Any] | None:
+    """llama.cpp's ``timings`` object (and, for a reasoning model, the thinking budget the
+    request ran with: -1 unlimited)."""
     if t is None or u is None:
         return None
-    return {
+    extra = {} if budget is None else {"reasoning_budget_tokens": budget}
+    return {**extra,
         "cache_n": u.cached_tokens,
         "prompt_n": u.prompt_tokens - u.cached_tokens,
         "prompt_ms": t.prompt_ms,
@@ -102,13 +106,16 @@ def _chat_body(r: GenerationResult) -> dict[str, Any]:
     choices = []
     for c in r.choices:
         msg: dict[str, Any] = {"role": "assistant", "content": c.text if (c.text or not c.tool_calls) else None}
+        if c.reasoning:
+            msg["reasoning_content"] = c.reasoning
         if c.tool_calls:
             msg["tool_calls"] = [_call_body(t) for t in c.tool_calls]
         choices.append({"index": c.index, "message": msg,
                         "logprobs": chat_logprobs(c.logprobs) if c.logprobs is not None else None,
                         "finish_reason": c.finish_reason})
     return {"id": r.id, "object": "chat.completion", "created": r.created, "model": r.model,
-            "choices": choices, "usage": usage_body(r.usage), "timings": timings_body(r.timings, r.usage)}
+            "choices": choices, "usage": usage_body(r.usage),
+            "timings": timings_body(r.timings, r.usage, r.choices[0].reasoning_budget)}
 
 
 async def _chat_chunks(gs: GenerationStream, include_usage: bool) -> AsyncIterator[bytes]:
@@ -128,6 +135,9 @@ async def _chat_chunks(gs: GenerationStream, include_usage: bool) -> AsyncIterat
             else:
                 yield sse_data({**head, "choices": [{"index": ev.index, "delta": {"content": ev.text},
                                                  "logprobs": chat_logprobs(ev.logprobs), "finish_reason": None}]})
+        elif type(ev) is ReasoningEvent:
+            yield sse_data({**head, "choices": [{"index": ev.index, "delta": {"reasoning_content": ev.text},
+                                                 "logprobs": None, "finish_reason": None}]})
         elif type(ev) is ToolCallEvent:
             call = {"index": ev.call_index, **_call_body(ev.call)}
             yield sse_data({**head, "choices": [{"index": ev.index, "delta": {"tool_calls": [call]},
@@ -135,7 +145,7 @@ async def _chat_chunks(gs: GenerationStream, include_usage: bool) -> AsyncIterat
         elif type(ev) is FinishEvent:
             last = {**head, "choices": [{"index": ev.index, "delta": {}, "logprobs": None,
                                          "finish_reason": ev.finish_reason}],
-                    "timings": timings_body(ev.timings, ev.usage)}
+                    "timings": timings_body(ev.timings, ev.usage, ev.reasoning_budget)}
             if include_usage:
                 last["usage"] = None
             yield sse_data(last)
