@@ -144,7 +144,7 @@ def slot_reasoning(initial: str = "start", prefix: list[int] | None = None, budg
 
 def test_budget_forces_the_close_after_exactly_n_thinking_tokens() -> None:
     r = slot_reasoning("reasoning", budget=3)
-    out = SlotOutput("x", ["STOP"], None, r)
+    out = SlotOutput("x", ["STOP"], None, reasoning=r)
     deltas = [out.token(p.encode(), None) for p in ("a", "b", "c")]
     assert r.n_tokens == 3
     assert [r.next_forced(), r.next_forced(), r.next_forced()] == [901, 902, None]
@@ -155,7 +155,7 @@ def test_budget_forces_the_close_after_exactly_n_thinking_tokens() -> None:
 
 
 def test_stop_string_inside_the_thinking_does_not_stop() -> None:
-    out = SlotOutput("x", ["STOP"], None, slot_reasoning("reasoning"))
+    out = SlotOutput("x", ["STOP"], None, reasoning=slot_reasoning("reasoning"))
     d = out.token(b"a STOP b</think>c", None)
     assert d is not None and d.reasoning == "a STOP b" and d.text == "c" and not out.stopped
 

@@ -3,8 +3,7 @@
     engine = Engine(settings)            # loads the model (ModelLoadError on failure)
     engine.submit(GenerateRequest(...))  # or EmbedRequest; queued, joins at the next step
     engine.submit(engine.prepare(req))   # the same, tokenized first (any thread: prompts.py)
-    engine.abort("id")
-    msgs = engine.step()                 # one llama_decode; returns Delta/Finished/... messages
+    engine.abort("id"); msgs = engine.step()   # one llama_decode; returns Delta/Finished/... messages
 
 A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) -> FREE. Each ``step()``:
 
@@ -220,9 +219,9 @@ class Engine:
         template_stops: list[str] = []
         if req.messages is not None and self.template is not None and not p.ignore_eos and requested is None:
             template_stops = list(self.template.stop_strings)
-        slot.out = SlotOutput(req.id, list(p.stop), requests.tool_parser(req), template_stops, slot.reasoning)
-        slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] \
-            if echo_lp else None
+        slot.out = SlotOutput(req.id, list(p.stop), requests.tool_parser(req), template_stops=template_stops,
+                              reasoning=slot.reasoning)
+        slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))
         if slot.max_tokens == 0 and not echo_lp:

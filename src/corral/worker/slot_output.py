@@ -15,7 +15,7 @@ __all__ = ["SlotOutput"]
 
 class SlotOutput:
     def __init__(self, request_id: str, stops: list[str], tool_parser: ToolCallParser | None,
-                 template_stops: list[str] | None = None, reasoning: SlotReasoning | None = None) -> None:
+                 *, template_stops: list[str] | None = None, reasoning: SlotReasoning | None = None) -> None:
         self.id = request_id
         self.reasoning = reasoning
         self.utf8 = Utf8Stream()

@@ -140,7 +140,8 @@ class _OutputConfig(BaseModel):
 
 # Top-level fields that only describe the request: accepted, no effect on the answer.
 _DESCRIPTIVE = frozenset({"metadata", "service_tier", "inference_geo", "speed", "cache_control",
-                          "diagnostics", "user_profile_id", "workspace_id"})
+                          "diagnostics", "user_profile_id", "workspace_id",
+                          "priority"})  # corral's (vLLM's name): checked against the key by api/access.py
 # count_tokens also takes a whole Messages body: its generation fields change no count
 _COUNT_ALSO_IGNORES = _DESCRIPTIVE | {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
                                       "ignore_eos"}
