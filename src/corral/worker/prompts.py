@@ -14,11 +14,13 @@ than the slot holds. Below that bound it is tokenized and the exact count decide
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import llama_cpp as ll
 
 from corral import wire
 from corral.worker.failures import RequestRejected
+from corral.worker.infill import infill_tokens
 from corral.worker.templates import ChatTemplate, TemplateError, render_chat
 from corral.worker.tokens import Tokenizer
 
@@ -36,7 +38,9 @@ class PreparedRequest:
 
 class PromptPreparer:
     def __init__(self, tok: Tokenizer, template: ChatTemplate | None, template_error: str | None,
-                 n_ctx_slot: int) -> None:
+                 n_ctx_slot: int, *, model_id: str = "", n_batch: int = 512) -> None:
+        self.model_id = model_id
+        self.n_batch = n_batch  # infill: prefix and suffix fit one batch (worker/infill.py)
         self.tok = tok
         self.template = template
         self.template_error = template_error
@@ -65,17 +69,29 @@ class PromptPreparer:
                 f"the {field} has {n_bytes} bytes, more than the {limit} tokens this model's "
                 f"context per request holds can cover (at most {bound} bytes); it was not tokenized")
 
+    def render(self, messages: list[wire.ChatMessage], tools: list[dict[str, Any]] | None) -> str:
+        """The chat as the model's template renders it (the prompt a chat request runs on)."""
+        if self.template is None:
+            raise RequestRejected("invalid_request", f"chat template unusable: {self.template_error}")
+        try:
+            return render_chat(self.template, messages, tools)
+        except TemplateError as exc:
+            raise RequestRejected("invalid_request", str(exc)) from exc
+
     def tokens(self, req: wire.GenerateRequest) -> list[int]:
+        if req.infill is not None:
+            # no byte bound: llama-server takes a prefix and suffix of any length and keeps what fits
+            if req.messages is not None or req.prompt_tokens is not None:
+                raise RequestRejected("invalid_request", "infill takes a text prompt, not messages or tokens")
+            tokens = infill_tokens(self.tok, self.model_id, req, n_batch=self.n_batch, n_ctx=self.n_ctx_slot)
+            return self._check_length(tokens)
         if sum(x is not None for x in (req.prompt, req.prompt_tokens, req.messages)) != 1:
             raise RequestRejected("invalid_request", "exactly one of prompt and messages must be given")
         if req.messages is not None:
             if self.template is None:
                 raise RequestRejected("invalid_request", f"chat template unusable: {self.template_error}")
             self._check_bytes("".join(m.content for m in req.messages), "messages")
-            try:
-                text = render_chat(self.template, req.messages, req.tools)
-            except TemplateError as exc:
-                raise RequestRejected("invalid_request", str(exc)) from exc
+            text = self.render(req.messages, req.tools)
             self._check_bytes(text, "rendered chat")
             tokens = self.tok.tokenize(text, add_special=not self.tok.starts_with_bos(text))
         elif req.prompt_tokens is not None:
@@ -88,6 +104,9 @@ class PromptPreparer:
             text = req.prompt or ""
             self._check_bytes(text, "prompt")
             tokens = self.tok.tokenize(text, add_special=req.add_special)
+        return self._check_length(tokens)
+
+    def _check_length(self, tokens: list[int]) -> list[int]:
         if not tokens:
             raise RequestRejected("invalid_request", "the prompt is empty")
         limit = self.n_ctx_slot
