@@ -48,8 +48,6 @@ def infill_tokens(tok: Tokenizer, model_id: str, req: wire.GenerateRequest, *, n
     if missing:
         raise RequestRejected("invalid_request", f"model {model_id} does not support infill: its vocabulary has no "
                                                  f"FIM {', '.join(missing)} token")
-    if not inf.prefix and not inf.suffix and not inf.extra and not req.prompt:
-        raise RequestRejected("invalid_request", "infill needs input_prefix or input_suffix")
 
     def toks(text: str) -> list[int]:
         return tok.tokenize(text, add_special=False, parse_special=False)

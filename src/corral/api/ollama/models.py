@@ -159,7 +159,20 @@ async def show(request: Request) -> Response:
                      + "".join(f"PARAMETER {p}\n" for p in params),
         "parameters": "\n".join(params), "template": template, "details": entry["details"],
         "model_info": info, "modified_at": entry["modified_at"],
-        "capabilities": ["embedding"] if spec.embedding else ["completion"]})
+        "capabilities": _capabilities(spec.embedding, meta, any(i.info is not None and i.info.fim
+                                                                for i in pool.instances))})
+
+
+_FIM_KEYS = tuple(f"tokenizer.ggml.fim_{k}_token_id" for k in ("pre", "suf", "mid"))
+
+
+def _capabilities(embedding: bool, meta: Any, loaded_fim: bool) -> list[str]:
+    """Ollama's: completion, and insert where the vocabulary has FIM tokens (suffix works:
+    the file names them, or a loaded instance found them); embedding for an embedding model."""
+    if embedding:
+        return ["embedding"]
+    fim = loaded_fim or (meta is not None and all(k in meta.values for k in _FIM_KEYS))
+    return ["completion", "insert"] if fim else ["completion"]
 
 
 # ------------------------------------------------------------------------ pull
