@@ -9,8 +9,9 @@ separator tokens:
 
 (without them, extra chunks are joined by a ``--- snippet ---`` separator). Prefix and
 suffix take at most a batch (prefix 3/4 of it, from its end; suffix the rest, from its
-start); the extra chunks fill what is left of the context, keeping their end, after room
-for the batch and twice the tokens to predict. Text is tokenized without special tokens.
+start); the extra chunks take up to ``n_ctx - n_batch + 2`` tokens (llama-server's budget
+with its default n_predict of -1), keeping their end, and never the room the request
+generates in. Text is tokenized without special tokens.
 
 ``InfillOutput`` adds llama-server's ``n_indent`` (stop at a line, after the first, that
 is indented less; the line is cut) and ``t_max_predict_ms`` (stop at a new line once
@@ -65,12 +66,15 @@ def infill_tokens(tok: Tokenizer, model_id: str, req: wire.GenerateRequest, *, n
     prefix, suffix = toks(inf.prefix), toks(inf.suffix)
     n_prefix = min(len(prefix), 3 * (n_batch // 4))
     n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
-    n_predict = req.params.max_tokens if req.params.max_tokens is not None else -1
-    n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra))
     head = [ll.llama_vocab_fim_pre(vocab), *prefix[len(prefix) - n_prefix:], *prompt]
     if ll.llama_vocab_get_add_bos(vocab):
         head.insert(0, ll.llama_vocab_bos(vocab))
     tail = [ll.llama_vocab_fim_suf(vocab), *suffix[:n_suffix]]
+    # llama-server budgets with its server-wide n_predict (-1 unless set): n_ctx - n_batch + 2;
+    # beyond that, the extra context never takes the room the request generates in
+    n_extra = min(max(0, n_ctx - n_batch + 2), len(extra))
+    room = n_ctx - 1 - (req.params.max_tokens or 0) - len(head) - len(tail) - 1
+    n_extra = max(0, min(n_extra, room))
     return [*extra[len(extra) - n_extra:], *head, *tail, ll.llama_vocab_fim_mid(vocab)]
 
 
