@@ -150,11 +150,15 @@ def _cos(a: list[float], b: list[float]) -> float:
 def test_a_generative_model_embeds_on_a_second_context(fim_engine, fim_model_path: Path) -> None:  # noqa: ANN001
     from corral.worker.engine import Engine
 
+    from corral.worker.model import rss_bytes
+
     e = fim_engine
     kv_before = e.stats().kv_bytes
     model_bytes = e.stats().model_bytes
     texts = ["hello world", "def add(a, b): return a + b", "goodbye"]
+    rss_before = rss_bytes()
     _, f, _ = run_engine(e, [wire.EmbedRequest(id="e", inputs=texts)])
+    assert rss_bytes() - rss_before < model_bytes // 2  # no second copy of the weights
     vecs = f["e"].data
     assert len(vecs) == 3 and all(len(v) == 640 for v in vecs)
     assert all(math.isclose(math.sqrt(sum(x * x for x in v)), 1.0, rel_tol=1e-4) for v in vecs)
@@ -182,4 +186,5 @@ def test_embedding_truncation(fim_engine) -> None:  # noqa: ANN001
     _, f, _ = run_engine(e, [wire.EmbedRequest(id="no", inputs=[long]),
                              wire.EmbedRequest(id="yes", inputs=[long], truncate=True)])
     assert f["no"].code == "context_length_exceeded"
-    assert isinstance(f["yes"], wire.Embeddings) and f["yes"].prompt_tokens == e.m.n_ctx_slot
+    # an input is whole in one micro-batch: at most n_batch tokens (llama-server's -ub)
+    assert isinstance(f["yes"], wire.Embeddings) and f["yes"].prompt_tokens == min(e.m.n_ctx_slot, e.m.n_batch)

@@ -30,6 +30,7 @@ from corral.api.anthropic import routes as anthropic_routes
 from corral.api.llamacpp import infill as infill_routes
 from corral.api.llamacpp import inspect as inspect_routes
 from corral.api.llamacpp import rerank as rerank_routes
+from corral.api.llamacpp import schemas as llamacpp_schemas
 from corral.api.manage import models as management_routes
 from corral.api.manage import store as store_routes
 from corral.api.ollama import models as ollama_models
@@ -152,7 +153,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         app.include_router(part.router)
     bodies: dict[tuple[str, str], Any] = {("post", "/models/pull"): store_routes.PullBody,
                                           ("post", "/models"): store_routes.PullBody}
-    document_request_bodies(app, {**bodies, **tokenize_routes.BODIES})
+    document_request_bodies(app, {**bodies, **tokenize_routes.BODIES, **llamacpp_schemas.BODIES})
 
     def server() -> Any:
         plane = getattr(app.state, "router", None)

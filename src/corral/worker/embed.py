@@ -43,7 +43,7 @@ class EmbedContext:
     limit: int  # tokens per input
     pooling: int
     n_out: int  # floats per pooled output (n_embd; n_cls_out with rank pooling)
-    kv_bytes: int = 0  # a second context's KV (0: the model's own context, already counted)
+    kv_bytes: int = 0  # a second context's KV and output buffer (0: the model's own context, counted)
 
 
 def rerank_tokens(m: LoadedModel, tok: Tokenizer, query: str, doc: str) -> list[int]:

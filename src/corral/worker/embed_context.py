@@ -1,8 +1,13 @@
 """A generative model's embedding context: a second llama.cpp context on the same weights
 in the same worker (never a second copy of the weights), with ``embeddings`` on and the
-model's pooling (``pooling`` setting, else mean). Created on the first embedding request;
-its KV cache (one slot's context, shared by its sequences) is added to the model's
-memory from then on (``ModelInfo.kv_bytes`` and each ``Stats``)."""
+model's pooling (``pooling`` setting, else mean). Created on the first embedding request.
+
+Its size: ``n_batch`` cells (at most one slot's context), one micro-batch (a pooled input is
+whole in one), so an input has at most ``n_batch`` tokens, as llama-server's ``-ub``. Its
+memory is counted in the model's from then on (each ``Stats.kv_bytes``): the KV cache
+llama.cpp logged allocating, plus its output buffer at its largest (llama.cpp outputs
+every token of an embedding batch, logits included: ``n_batch * (n_vocab + n_embd)``
+floats)."""
 
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ _MAX_SEQ = 8  # inputs per decode
 
 def open_embed_context(m: LoadedModel, s: wire.WorkerSettings) -> EmbedContext:
     pooling = POOLING_TYPES[s.pooling] if s.pooling not in (None, "none") else ll.LLAMA_POOLING_TYPE_MEAN
-    n = m.n_ctx_slot
+    n = min(m.n_ctx_slot, m.n_batch)
     p = ll.llama_context_default_params()
     p.n_ctx = n
     p.n_batch = n
@@ -48,6 +53,8 @@ def open_embed_context(m: LoadedModel, s: wire.WorkerSettings) -> EmbedContext:
     after = list(model_mod._buffer_lines)
     new = after[len(before):] if after[:len(before)] == before else after
     kv = sum(b.bytes for b in logged_buffers(new) if b.kind == "kv")
+    n_embd = ll.llama_model_n_embd(m.model)
+    outputs = n * (m.n_vocab + n_embd) * 4
     m.extra_contexts.append(ctx)  # freed with the model
-    return EmbedContext(ctx, ll.llama_get_memory(ctx), n, p.n_seq_max, n, ll.llama_pooling_type(ctx),
-                        ll.llama_model_n_embd(m.model), kv_bytes=kv)
+    return EmbedContext(ctx, ll.llama_get_memory(ctx), n, p.n_seq_max, n, ll.llama_pooling_type(ctx), n_embd,
+                        kv_bytes=kv + outputs)

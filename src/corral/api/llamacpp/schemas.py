@@ -15,7 +15,7 @@ from corral import wire
 from corral.control.plane import ControlPlane
 from corral.errors import InvalidRequest
 
-__all__ = ["InfillChunkBody", "InfillBody", "RerankBody", "ApplyTemplateBody", "model_for"]
+__all__ = ["InfillChunkBody", "InfillBody", "RerankBody", "ApplyTemplateBody", "model_for", "BODIES"]
 
 _LENIENT = ConfigDict(extra="ignore")
 
@@ -128,3 +128,8 @@ class ApplyTemplateBody(BaseModel):
     model: str | None = Field(None, min_length=1)
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
+
+
+# the request bodies the OpenAPI document describes (api/openapi_doc.py)
+BODIES: dict[tuple[str, str], type[BaseModel]] = {("post", "/infill"): InfillBody, ("post", "/v1/rerank"): RerankBody,
+                                                  ("post", "/apply-template"): ApplyTemplateBody}
