@@ -23,7 +23,7 @@ Conversation:
       | <------- Ready | LoadFailed --------- |   (LoadFailed: worker exits non-zero)
       | -- GenerateRequest / EmbedRequest --> |
       | <--- Delta* then Finished ----------- |   (or RequestFailed)
-      | <--- Embeddings --------------------- |   (or RequestFailed)
+      | <--- Embeddings --------------------- |   (or RequestFailed; EmbedRequest.query: rerank scores)
       | -- TokenizeRequest -----------------> |
       | <--- Tokenized ---------------------- |   (or RequestFailed)
       | ---------------- Abort -------------> |   (answered by Finished(reason="abort"),
