@@ -9,7 +9,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-__all__ = ["InfillChunk", "Infill", "SlotState"]
+__all__ = ["Infill", "InfillChunk", "SlotState"]
 
 
 class InfillChunk(msgspec.Struct, frozen=True):

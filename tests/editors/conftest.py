@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from support.fixtures import harness  # noqa: F401 - the fixture, shared
 from support.gguf_models import write_fim_model, write_reranker
 from worker.conftest import engine  # noqa: F401 - the embedded Gemma in-process (no FIM tokens)

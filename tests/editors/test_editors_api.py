@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from support.harness import Harness
 
 pytestmark = pytest.mark.integration

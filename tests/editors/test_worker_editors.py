@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.gguf_models import FIM_TOKEN_IDS
+from worker.conftest import run_engine, settings_for
 
 from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.infill import InfillOutput
-from support.gguf_models import FIM_TOKEN_IDS
-from worker.conftest import run_engine, settings_for
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def _infill(rid: str = "f", *, prefix: str = "", suffix: str = "", extra: list[w
                                 infill=wire.Infill(prefix=prefix, suffix=suffix, extra=extra or []))
 
 
-def test_infill_prompt_is_the_repo_level_fim_form(fim_engine) -> None:  # noqa: ANN001
+def test_infill_prompt_is_the_repo_level_fim_form(fim_engine) -> None:
     e = fim_engine
     tok = e.tok
     ids = FIM_TOKEN_IDS
@@ -59,7 +59,7 @@ def test_infill_prompt_is_the_repo_level_fim_form(fim_engine) -> None:  # noqa: 
     assert got == want  # 2: Gemma's BOS, which the vocabulary adds
 
 
-def test_infill_budgets_prefix_suffix_and_extra_as_llama_server(fim_engine) -> None:  # noqa: ANN001
+def test_infill_budgets_prefix_suffix_and_extra_as_llama_server(fim_engine) -> None:
     e = fim_engine
     ids = FIM_TOKEN_IDS
     prefix = " ".join(f"p{i}" for i in range(400))
@@ -81,14 +81,14 @@ def test_infill_budgets_prefix_suffix_and_extra_as_llama_server(fim_engine) -> N
     assert got[n_extra - len(tail) - 1] == e.tok.tokenize(chunk, add_special=False, parse_special=False)[-1]
 
 
-def test_infill_generates_greedily_and_repeatably(fim_engine) -> None:  # noqa: ANN001
+def test_infill_generates_greedily_and_repeatably(fim_engine) -> None:
     reqs = [_infill(f"g{i}", prefix="def add(a, b):\n    ", suffix="\n", max_tokens=10) for i in range(2)]
     texts, finals, _ = run_engine(fim_engine, reqs)
     assert texts["g0"] == texts["g1"] and texts["g0"]
     assert all(isinstance(finals[k], wire.Finished) and finals[k].usage.completion_tokens == 10 for k in finals)
 
 
-def test_a_model_without_fim_tokens_is_refused_by_name(engine) -> None:  # noqa: ANN001
+def test_a_model_without_fim_tokens_is_refused_by_name(engine) -> None:
     with pytest.raises(RequestRejected) as ei:
         engine.prepare(_infill(prefix="x"))
     assert ei.value.code == "invalid_request" and "gemma-3-270m" in ei.value.message and "FIM" in ei.value.message
@@ -116,7 +116,7 @@ def test_t_max_predict_ms_stops_at_a_new_line_once_over_time() -> None:
     assert out.stopped
 
 
-def test_rerank_scores_are_deterministic_and_batched_across_requests(rank_engine) -> None:  # noqa: ANN001
+def test_rerank_scores_are_deterministic_and_batched_across_requests(rank_engine) -> None:
     e = rank_engine
     docs = ["paris is the capital of france", "the cat", "dogs run", "code in python", "big red car"]
     q = "what is the capital of france"
@@ -130,7 +130,7 @@ def test_rerank_scores_are_deterministic_and_batched_across_requests(rank_engine
     assert alone["a"].prompt_tokens == sum(t.prompt_tokens for t in together.values())
 
 
-def test_rerank_refusals(rank_engine, engine) -> None:  # noqa: ANN001
+def test_rerank_refusals(rank_engine, engine) -> None:
     e = rank_engine
     long_query = " ".join(["cat"] * 2000)
     _, f, _ = run_engine(e, [wire.EmbedRequest(id="q", inputs=["dog"], query=long_query),
@@ -147,9 +147,8 @@ def _cos(a: list[float], b: list[float]) -> float:
     return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
 
 
-def test_a_generative_model_embeds_on_a_second_context(fim_engine, fim_model_path: Path) -> None:  # noqa: ANN001
+def test_a_generative_model_embeds_on_a_second_context(fim_engine, fim_model_path: Path) -> None:
     from corral.worker.engine import Engine
-
     from corral.worker.model import rss_bytes
 
     e = fim_engine
@@ -180,7 +179,7 @@ def test_a_generative_model_embeds_on_a_second_context(fim_engine, fim_model_pat
         assert _cos(a, b) > 1 - 1e-6
 
 
-def test_embedding_truncation(fim_engine) -> None:  # noqa: ANN001
+def test_embedding_truncation(fim_engine) -> None:
     e = fim_engine
     long = "word " * 3000
     _, f, _ = run_engine(e, [wire.EmbedRequest(id="no", inputs=[long]),

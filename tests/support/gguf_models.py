@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["write_fim_model", "write_reranker", "FIM_TOKEN_IDS", "RERANK_WORDS"]
+__all__ = ["FIM_TOKEN_IDS", "RERANK_WORDS", "write_fim_model", "write_reranker"]
 
 # <unused0..5> in Gemma 3's vocabulary
 FIM_TOKEN_IDS = {"fim_pre": 6, "fim_suf": 7, "fim_mid": 8, "fim_pad": 9, "fim_rep": 10, "fim_sep": 11}

@@ -142,7 +142,7 @@ class Embedder:
         jobs: list[tuple[int, list[list[int]]]] = []
         try:
             ec = self._context()
-        except Exception as exc:  # noqa: BLE001 - the requests fail, not the worker
+        except Exception as exc:  # the requests fail, not the worker
             log.exception("could not create the embedding context")
             return [wire.RequestFailed(r.id, "internal", f"no embedding context: {exc}") for r in reqs], 0
         for k, req in enumerate(reqs):
@@ -151,15 +151,14 @@ class Embedder:
             except RequestRejected as exc:
                 answers[k] = wire.RequestFailed(req.id, exc.code, exc.message)
         flat = [(k, i, toks) for k, enc in jobs for i, toks in enumerate(enc)]
-        vectors: dict[tuple[int, int], list[float]] = {}
         try:
-            for (k, i), vec in zip([(k, i) for k, i, _ in flat], _pooled(ec, [t for _, _, t in flat])):
-                vectors[(k, i)] = vec
-        except Exception as exc:  # noqa: BLE001
+            pooled = _pooled(ec, [toks for _, _, toks in flat])
+        except Exception as exc:  # the requests fail, not the worker
             log.exception("embedding decode failed")
             for k, _ in jobs:
                 answers[k] = wire.RequestFailed(reqs[k].id, "internal", f"{type(exc).__name__}: {exc}")
             return [a for a in answers if a is not None], 0
+        vectors = {(k, i): vec for (k, i, _), vec in zip(flat, pooled)}
         n_total = 0
         for k, enc in jobs:
             req = reqs[k]

@@ -35,8 +35,8 @@ import llama_cpp as ll
 from corral import wire
 from corral.worker import requests, sample_pool, sampling
 from corral.worker.embed import Embedder
-from corral.worker.infill import slot_output
 from corral.worker.failures import RequestRejected
+from corral.worker.infill import slot_output
 from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.slot_output import SlotOutput

@@ -30,7 +30,7 @@ from corral.worker.slot_output import SlotOutput
 from corral.worker.tokens import Tokenizer
 from corral.worker.toolcalls import ToolCallParser
 
-__all__ = ["infill_tokens", "fim_missing", "slot_output", "InfillOutput"]
+__all__ = ["InfillOutput", "fim_missing", "infill_tokens", "slot_output"]
 
 _SNIPPET = "\n\n--- snippet ---\n\n"
 

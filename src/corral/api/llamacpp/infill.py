@@ -27,7 +27,7 @@ from corral.api.llamacpp.schemas import InfillBody, model_for
 from corral.api.openai.routes import timings_body
 from corral.errors import CorralError
 
-__all__ = ["router", "infill_request"]
+__all__ = ["infill_request", "router"]
 
 router = APIRouter()
 

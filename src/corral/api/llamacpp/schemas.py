@@ -15,7 +15,7 @@ from corral import wire
 from corral.control.plane import ControlPlane
 from corral.errors import InvalidRequest
 
-__all__ = ["InfillChunkBody", "InfillBody", "RerankBody", "ApplyTemplateBody", "model_for", "BODIES"]
+__all__ = ["BODIES", "ApplyTemplateBody", "InfillBody", "InfillChunkBody", "RerankBody", "model_for"]
 
 _LENIENT = ConfigDict(extra="ignore")
 
