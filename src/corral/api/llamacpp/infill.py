@@ -23,7 +23,7 @@ from corral.api.core.dialect import Generation, Outcome, TextEvent, run_generati
 from corral.api.core.generation import GenerationSpec
 from corral.api.core.schemas import parse_body
 from corral.api.http import json_response, plane_of, sse_data, sse_stream
-from corral.api.llamacpp.schemas import InfillBody, model_for
+from corral.api.llamacpp.schemas import InfillBody, model_that
 from corral.api.openai.routes import timings_body
 from corral.errors import CorralError
 
@@ -64,7 +64,7 @@ async def infill(request: Request) -> Response:
     body = await parse_body(request, InfillBody)
     body.check()
     params = body.sampling()
-    model = model_for(plane_of(request), body.model)
+    model = await model_that(plane_of(request), body.model, "infill")
     rid = "infill-" + secrets.token_hex(12)
     req = wire.GenerateRequest(id=rid, prompt=body.prompt, params=params, infill=body.infill())
     spec = GenerationSpec(model, "infill", rid, [req], prefix=body.input_prefix or body.input_suffix)

@@ -23,7 +23,7 @@ from corral import wire
 from corral.api.core.generation import observe, submit
 from corral.api.core.schemas import parse_body
 from corral.api.http import json_response, plane_of
-from corral.api.llamacpp.schemas import RerankBody, model_for
+from corral.api.llamacpp.schemas import RerankBody, model_that
 
 __all__ = ["router"]
 
@@ -38,7 +38,7 @@ async def rerank(request: Request) -> Response:
     body = await parse_body(request, RerankBody)
     docs = body.docs()
     plane = plane_of(request)
-    model = model_for(plane, body.model)
+    model = await model_that(plane, body.model, "rerank")
     msg = wire.EmbedRequest(id="rerank-" + secrets.token_hex(12), inputs=docs, query=body.query, normalize=False)
     [stream] = await submit(request, model, "rerank", [plane.embed(model, msg)], wait_all=True)
     observe(plane, stream, "rerank", 200)

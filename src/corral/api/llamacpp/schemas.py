@@ -7,15 +7,18 @@ llama-server's names (``n_predict``, ``top_k``...) and wire.SamplingParams's bou
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
 from corral.control.plane import ControlPlane
+from corral.control.pool import ModelPool
 from corral.errors import InvalidRequest
+from corral.store.gguf_meta import read_metadata
 
-__all__ = ["BODIES", "ApplyTemplateBody", "InfillBody", "InfillChunkBody", "RerankBody", "model_for"]
+__all__ = ["BODIES", "ApplyTemplateBody", "InfillBody", "InfillChunkBody", "RerankBody", "model_for", "model_that"]
 
 _LENIENT = ConfigDict(extra="ignore")
 
@@ -28,6 +31,39 @@ def model_for(plane: ControlPlane, name: str | None) -> str:
         return next(iter(plane.pools))
     raise InvalidRequest("model: required field is missing (more than one model is configured; "
                          "GET /v1/models lists them)", param="model")
+
+
+_FIM_KEYS = tuple(f"tokenizer.ggml.fim_{k}_token_id" for k in ("pre", "suf", "mid"))
+_RANK = 4  # LLAMA_POOLING_TYPE_RANK
+
+
+def _can(pool: ModelPool, task: Literal["infill", "rerank"]) -> bool:
+    """From a loaded instance's report, else the file's metadata (cached by gguf_meta)."""
+    info = next((i.info for i in pool.instances if i.info is not None), None)
+    if info is not None:
+        return info.fim if task == "infill" else info.pooling == "rank"
+    if task == "rerank" and pool.spec.pooling is not None:
+        return pool.spec.pooling == "rank"
+    meta = read_metadata(pool.spec.path)
+    if meta is None:
+        return False
+    if task == "infill":
+        return all(k in meta.values for k in _FIM_KEYS)
+    return meta.values.get(f"{meta.architecture}.pooling_type") == _RANK
+
+
+async def model_that(plane: ControlPlane, name: str | None, task: Literal["infill", "rerank"]) -> str:
+    """The named model; with none named, the only one configured, or else the only one that
+    can do ``task`` (editor plugins send no model): a 400 when that is not one model."""
+    if name or len(plane.pools) == 1:
+        return model_for(plane, name)
+    pools = list(plane.pools.values())
+    able = await asyncio.to_thread(lambda: [p.spec.id for p in pools if _can(p, task)])
+    if len(able) == 1:
+        return able[0]
+    which = f"several can ({', '.join(sorted(able))})" if able else "none of them can"
+    raise InvalidRequest(f"model: required field is missing: more than one model is configured and {which} "
+                         f"{'fill in the middle' if task == 'infill' else 'rerank'}", param="model")
 
 
 class InfillChunkBody(BaseModel):
