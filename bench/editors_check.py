@@ -10,7 +10,8 @@ starts llama-server (~/.cache/corral-bench/bin/llama-server, bench/llama_server.
 it) and corral on the same file with the same context, batch and threads, one after the
 other (never both at once: the machine's cores are shared), and compares:
 
-- infill: the same completions (greedy, /infill with prefix, suffix and extra chunks);
+- infill: the same completions (greedy, /infill with prefix, suffix and extra chunks), in
+  the repo-level form and (a copy without the file-separator tokens) the snippet form;
 - rerank: every score within 1e-4 and the same order (/v1/rerank);
 - embeddings: each within 1e-4 cosine of llama-server's /embedding (one input per request,
   as corral embeds a generative model: a second context on the same weights);
@@ -155,8 +156,9 @@ async def _throughput(url: str, bodies: list[dict[str, Any]], n_docs: int, concu
         return n_docs / (time.perf_counter() - t0)
 
 
-def check_infill(fim: Path) -> dict[str, Any]:
-    def run(p: Proc, model: str | None) -> list[str]:
+def check_infill(fim: Path, name: str = "infill") -> dict[str, Any]:
+    def run(p: Proc, model: str | None) -> list[tuple[str, int]]:
+        """(text, tokens predicted) per case."""
         out = []
         with httpx.Client(timeout=300) as c:
             for case in INFILL_CASES:
@@ -164,7 +166,7 @@ def check_infill(fim: Path) -> dict[str, Any]:
                         **({"model": model} if model else {})}
                 r = c.post(p.url + "/infill", json=body)
                 r.raise_for_status()
-                out.append(r.json()["content"])
+                out.append((r.json()["content"], r.json()["tokens_predicted"]))
         return out
     ls = llama_server("llama-server-fim", fim, n_parallel=1, ctx=2048, extra=[])
     try:
@@ -177,8 +179,8 @@ def check_infill(fim: Path) -> dict[str, Any]:
     finally:
         co.stop()
     same = [a == b for a, b in zip(ref, got)]
-    return {"check": "infill", "ok": all(same) and all(ref), "cases": len(same), "same": sum(same),
-            "llama_server": ref,
+    return {"check": name, "ok": all(same) and all(text for text, _ in ref), "cases": len(same),
+            "same": sum(same), "llama_server": ref,
             "differ": [{"llama_server": a, "corral": b} for a, b in zip(ref, got) if a != b]}
 
 
@@ -271,14 +273,18 @@ def main(argv: list[str] | None = None) -> int:
 
     WORK.mkdir(parents=True, exist_ok=True)
     fim, reranker = WORK / "gemma-fim.gguf", WORK / "tiny-reranker.gguf"
+    fim_plain = WORK / "gemma-fim-plain.gguf"  # no repository and file-separator tokens
     if not fim.exists():
         write_fim_model(embedded_model_path(), fim)
+    if not fim_plain.exists():
+        write_fim_model(embedded_model_path(), fim_plain, repo_level=False)
     if not reranker.exists():
         write_reranker(reranker)
     only = set(args.only or ["infill", "rerank", "embeddings"])
     results = []
     if "infill" in only:
         results.append(check_infill(fim))
+        results.append(check_infill(fim_plain, "infill without file separators"))
     if "rerank" in only:
         results.append(check_rerank(reranker, args.docs, args.concurrency))
     if "embeddings" in only:

@@ -17,5 +17,11 @@ def fim_model_path(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -
 
 
 @pytest.fixture(scope="session")
+def fim_plain_model_path(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Path:
+    """FIM prefix, suffix and middle tokens, no repository or file-separator tokens."""
+    return write_fim_model(model_path, tmp_path_factory.mktemp("gguf") / "gemma-fim-plain.gguf", repo_level=False)
+
+
+@pytest.fixture(scope="session")
 def reranker_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_reranker(tmp_path_factory.mktemp("gguf") / "tiny-reranker.gguf")

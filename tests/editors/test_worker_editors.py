@@ -59,6 +59,23 @@ def test_infill_prompt_is_the_repo_level_fim_form(fim_engine) -> None:
     assert got == want  # 2: Gemma's BOS, which the vocabulary adds
 
 
+def test_infill_without_file_separators_joins_chunks_as_snippets(fim_plain_model_path: Path) -> None:
+    from corral.worker.engine import Engine
+
+    e = Engine(settings_for(fim_plain_model_path, n_parallel=1, ctx_len=1024))
+    try:
+        ids = FIM_TOKEN_IDS
+        got = e.prepare(_infill(prefix="x = ", suffix="\n", extra=[wire.InfillChunk("a.py", "y = 1\n")])).tokens
+
+        def t(text: str) -> list[int]:
+            return e.tok.tokenize(text, add_special=False, parse_special=False)
+
+        assert got == [*t("\n\n--- snippet ---\n\n"), *t("y = 1\n"), 2, ids["fim_pre"], *t("x = "),
+                       ids["fim_suf"], *t("\n"), ids["fim_mid"]]
+    finally:
+        e.close()
+
+
 def test_infill_budgets_prefix_suffix_and_extra_as_llama_server(fim_engine) -> None:
     e = fim_engine
     ids = FIM_TOKEN_IDS
