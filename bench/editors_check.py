@@ -55,6 +55,10 @@ INFILL_CASES = [
     {"input_prefix": "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n",
      "input_suffix": "\n    def pop(self):\n        return self.items.pop()\n", "prompt": "        "},
     {"input_prefix": "", "input_suffix": "}\n", "input_extra": [{"filename": "a.js", "text": "const x = 1;\n"}]},
+    # more extra context than the budget (n_ctx - n_batch + 2): its end is kept
+    {"input_prefix": "total = ", "input_suffix": "\n",
+     "input_extra": [{"filename": f"m{i}.py", "text": "".join(f"v{i}_{j} = {j}\n" for j in range(150))}
+                     for i in range(4)]},
 ]
 QUERY = "what is the capital of france"
 WORDS = ("paris france capital city river cat dog code python book music car road sun moon tree water fire "
@@ -130,6 +134,10 @@ def corral(name: str, model: Path, *, n_parallel: int, ctx: int, settings: dict[
            "--host", "127.0.0.1", "--port", str(port)]
     env_path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
     os.environ["PYTHONPATH"] = env_path
+    # the same threads as llama-server's, always: the thread governor would take fewer when
+    # other processes load the cores, and a decode on other threads differs in the last
+    # digits (greedy output can part at a near tie)
+    os.environ["CORRAL_ADAPTIVE_THREADS"] = "0"
     p = Proc(name, cmd, port, "/health")
     p.wait()
     with httpx.Client(timeout=120) as c:  # loaded and answering
