@@ -29,7 +29,7 @@ def test_cli_imports_nothing_of_the_control_plane() -> None:
 
 def test_wire_imports_only_its_leaf_modules() -> None:
     mods = _imported_after("import corral.wire")
-    assert mods <= {"corral", "corral.wire", "corral.wire_gpu", "corral.frames", "corral.settings"}
+    assert mods <= {"corral", "corral.wire", "corral.wire_gpu", "corral.wire_editors", "corral.frames", "corral.settings"}
 
 
 def test_fetch_child_and_wire_share_one_frame_codec() -> None:

@@ -71,6 +71,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     cache_type_k: CacheType = "f16"
     cache_type_v: CacheType = "f16"
     embedding: bool = False
+    # how embeddings pool a sequence's hidden states (llama-server's --pooling): None: the
+    # GGUF's own ({arch}.pooling_type, rank for a reranker), else mean; "rank" serves /v1/rerank
+    pooling: Literal["none", "mean", "cls", "last", "rank"] | None = None
     # prompt template: chat_template overrides the model's own tokenizer.chat_template;
     # the others shape the plain Nitro-style prompt of models without one
     chat_template: str | None = None

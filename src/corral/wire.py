@@ -1,7 +1,7 @@
 """Typed messages between the router and a worker process, and their framing.
 
-This module is the whole contract across the process boundary (with ``corral.wire_gpu``,
-whose GPU report types it re-exports). It imports nothing else of corral but
+This module is the whole contract across the process boundary (with ``corral.wire_gpu``
+and ``corral.wire_editors``, whose types it re-exports). It imports nothing else of corral but
 ``corral.settings`` and ``corral.frames`` (leaf modules), so both sides (``corral.control`` in the router and ``corral.worker``)
 depend on it and never on each other.
 
@@ -23,7 +23,7 @@ Conversation:
       | <------- Ready | LoadFailed --------- |   (LoadFailed: worker exits non-zero)
       | -- GenerateRequest / EmbedRequest --> |
       | <--- Delta* then Finished ----------- |   (or RequestFailed)
-      | <--- Embeddings --------------------- |   (or RequestFailed)
+      | <--- Embeddings --------------------- |   (or RequestFailed; EmbedRequest.query: rerank scores)
       | -- TokenizeRequest -----------------> |
       | <--- Tokenized ---------------------- |   (or RequestFailed)
       | ---------------- Abort -------------> |   (answered by Finished(reason="abort"),
@@ -43,6 +43,7 @@ from msgspec import Meta
 from corral import frames
 from corral.frames import HEADER, FrameTooLarge, frame
 from corral.settings import INT32_MAX, ModelSettings
+from corral.wire_editors import Infill, InfillChunk, SlotState
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
 
 __all__ = [
@@ -52,7 +53,7 @@ __all__ = [
     "TokenLogprob", "TopLogprob", "Usage", "Timings", "Finished", "RequestFailed", "Embeddings",
     "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",
-    "FrameTooLarge", "HEADER", "MAX_FRAME",
+    "FrameTooLarge", "HEADER", "MAX_FRAME", "Infill", "InfillChunk", "SlotState",
 ]
 
 PROTOCOL_VERSION = 1
@@ -170,22 +171,32 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     thinking_budget: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
     reasoning_effort: str | None = None
     template_kwargs: dict[str, Any] | None = None
+    infill: Infill | None = None  # fill-in-the-middle: the prompt is built from the model's FIM tokens
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):
-    """Exactly one of text / tokens: tokenize text, or detokenize tokens."""
+    """Exactly one of text / tokens / messages: tokenize text, detokenize tokens, or render
+    messages (and tools) with the model's chat template (``Tokenized.text``, /apply-template)."""
 
     id: str
     text: str | None = None
     tokens: list[Annotated[int, Meta(ge=0, le=INT32_MAX)]] | None = None
     add_special: bool = False
     parse_special: bool = True
+    messages: list[ChatMessage] | None = None
+    tools: list[dict[str, Any]] | None = None
 
 
 class EmbedRequest(msgspec.Struct, frozen=True, tag="embed", kw_only=True):
+    """Pooled embeddings of ``inputs``; with ``query``: rerank, each input a document scored
+    against it (``Embeddings.data[i] == [score]``). ``truncate``: an input longer than the
+    model embeds is cut to fit, not refused."""
+
     id: str
     inputs: list[str]
     normalize: bool = True
+    query: str | None = None
+    truncate: bool = False
 
 
 class Abort(msgspec.Struct, frozen=True, tag="abort"):
@@ -254,7 +265,9 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     fit: FitPlan | None = None  # n_gpu_layers = "auto": the plan it loaded with
     placement: list[DevicePlacement] = []  # where its layers and KV are: each GPU holding any, then the host
     buffers: list[BufferSize] = []  # what llama.cpp allocated where, as it logged it
-    tokenizer: TokenizerInfo | None = None
+    tokenizer: TokenizerInfo | None = None  # special tokens and the chat template (/tokenizer_info, /props)
+    pooling: str = ""  # the embedding context's pooling (none|mean|cls|last|rank); "" without one
+    fim: bool = False  # the vocabulary has prefix, suffix and middle FIM tokens (infill works)
 
 
 class Ready(msgspec.Struct, frozen=True, tag="ready"):
@@ -352,6 +365,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
     kv_bytes: int
     tokens_generated: int  # since start
     tokens_prompt: int
+    slots: list[SlotState] = []  # each slot's state (GET /slots)
 
 
 FromWorker = Union[

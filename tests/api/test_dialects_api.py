@@ -51,7 +51,7 @@ async def test_malformed_bodies_get_4xx_in_each_apis_shape(harness: Harness) -> 
 @pytest.mark.parametrize(("path", "body", "words"), [
     ("/api/generate", {"model": "a", "prompt": "x", "keep_alive": "5 minutes"}, "keep_alive"),
     ("/api/generate", {"model": "a", "prompt": "x", "options": {"num_ctx": 100000}}, "num_ctx"),
-    ("/api/generate", {"model": "a", "prompt": "x", "suffix": "y"}, "suffix"),
+    ("/api/generate", {"model": "a", "prompt": "x", "images": ["aGk="]}, "images"),
     ("/api/generate", {"model": "a", "prompt": "x", "template": "{{ .Prompt }}"}, "template"),
     ("/api/chat", {"model": "a", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "images"),
     ("/api/chat", {"model": "a", "messages": [{"role": "robot", "content": "x"}]}, "role"),

@@ -121,8 +121,11 @@ def test_prompt_too_long_refused_then_next_works(engine: Engine) -> None:
 def test_bad_requests_answered_not_raised(engine: Engine) -> None:
     _, f, _ = run_engine(engine, [wire.GenerateRequest(id="neither")])
     assert f["neither"].code == "invalid_request"
-    _, f, _ = run_engine(engine, [wire.EmbedRequest(id="emb", inputs=["x"])])
+    # a generative model embeds (a second context), but does not rerank (no rank pooling)
+    _, f, _ = run_engine(engine, [wire.EmbedRequest(id="emb", inputs=["x"], query="y")])
     assert f["emb"].code == "invalid_request"
+    _, f, _ = run_engine(engine, [wire.EmbedRequest(id="emb0", inputs=[])])
+    assert f["emb0"].code == "invalid_request"
     _, f, _ = run_engine(engine, [wire.GenerateRequest(id="empty", prompt="", add_special=False)])
     assert f["empty"].code == "invalid_request"
 

@@ -390,7 +390,9 @@ def _encode(msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest
 def _input_param(msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest) -> str:
     """The OpenAI body field that held this request's input, for error messages."""
     if isinstance(msg, wire.EmbedRequest):
-        return "input"
+        return "input" if msg.query is None else "documents"
     if isinstance(msg, wire.TokenizeRequest):
-        return "content" if msg.text is not None else "tokens"
+        return "content" if msg.text is not None else "tokens" if msg.tokens is not None else "messages"
+    if msg.infill is not None:
+        return "input_prefix"
     return "messages" if msg.messages is not None else "prompt"

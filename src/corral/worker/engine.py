@@ -29,14 +29,15 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker import requests, sample_pool, sampling
-from corral.worker.embed import embed_request
+from corral.worker.embed import Embedder
 from corral.worker.failures import RequestRejected
+from corral.worker.infill import slot_output
 from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.reasoning_step import EngineReasoning
 from corral.worker.slot_output import SlotOutput
 from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, begin, check_params, finished_message,
-                                 free_samplers, pick_slot, release)
+                                 free_samplers, pick_slot, release, slot_states)
 from corral.worker.templates import ChatTemplate, TemplateError, choose_template
 from corral.worker.tokens import Tokenizer
 
@@ -66,8 +67,10 @@ class Engine:
                 )
             except TemplateError as exc:
                 self._template_error = str(exc)
-        self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot)
+        self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot,
+                                      model_id=settings.model_id, n_batch=self.m.n_batch)
         self.reasoning = EngineReasoning(settings, self.template, self.tok, self.info.reasoning_format)
+        self.embedder = Embedder(self.m, self.tok, settings)  # embeddings, reranking (embed.py)
         self.slots = [Slot(i) for i in range(self.m.n_slots)]
         self.waiting: deque[Job] = deque()
         self.embed_waiting: deque[tuple[wire.EmbedRequest, float]] = deque()
@@ -89,14 +92,10 @@ class Engine:
         assert not isinstance(req, PreparedRequest)
         try:
             if isinstance(req, wire.EmbedRequest):
-                if not self.m.embedding:
-                    raise RequestRejected(
-                        "invalid_request", f"model {self.settings.model_id} does not serve embeddings"
-                    )
-                self.embed_waiting.append((req, time.perf_counter()))
+                self.embed_waiting.append((self.embedder.check(req), time.perf_counter()))
                 return
             if isinstance(req, wire.TokenizeRequest):
-                self.out.append(requests.tokenize(self.tok, req))
+                self.out.append(requests.tokenize(self.tok, req, self.prompts))
                 return
             if req.id in self._by_id:
                 raise RequestRejected("invalid_request", f"request id {req.id!r} is already in use")
@@ -134,8 +133,9 @@ class Engine:
     def stats(self) -> wire.Stats:
         return wire.Stats(slots_busy=sum(1 for s in self.slots if s.busy), slots_total=len(self.slots),
                           waiting=len(self.waiting) + len(self.embed_waiting), rss_bytes=rss_bytes(),
-                          model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes,
-                          tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt)
+                          model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes,
+                          tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt,
+                          slots=slot_states(self.slots, self.m.n_ctx_slot))
 
     def set_threads(self, n: int) -> None:
         """Threads for the next decodes: the configured ones, or ``n`` when fewer cores are free."""
@@ -156,9 +156,8 @@ class Engine:
             sampling.free_sampler(job.grammar)
             job.grammar = None
             self.out.append(wire.RequestFailed(job.req.id, "internal", message))
-        while self.embed_waiting:
-            req, _ = self.embed_waiting.popleft()
-            self.out.append(wire.RequestFailed(req.id, "internal", message))
+        self.out += [wire.RequestFailed(r.id, "internal", message) for r, _ in self.embed_waiting]
+        self.embed_waiting.clear()
         return self.take_output()
 
     def take_output(self) -> list[Outgoing]:
@@ -219,8 +218,8 @@ class Engine:
         template_stops: list[str] = []
         if req.messages is not None and self.template is not None and not p.ignore_eos and requested is None:
             template_stops = list(self.template.stop_strings)
-        slot.out = SlotOutput(req.id, list(p.stop), requests.tool_parser(req), template_stops=template_stops,
-                              reasoning=slot.reasoning)
+        slot.out = slot_output(req, list(p.stop), requests.tool_parser(req), template_stops=template_stops,
+                               reasoning=slot.reasoning)
         slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))
@@ -392,8 +391,9 @@ class Engine:
     # ------------------------------------------------------------------ embeddings
 
     def _run_embeddings(self) -> None:
-        """Embedding requests run between generation steps, one request at a time."""
-        req, _t_submit = self.embed_waiting.popleft()
-        answer, n_tokens = embed_request(self.m, self.tok, req)
-        self.out.append(answer)
+        """Embeddings and reranks run between generation steps, all waiting ones' inputs in shared decodes."""
+        reqs = [r for r, _ in self.embed_waiting]
+        self.embed_waiting.clear()
+        answers, n_tokens = self.embedder.run(reqs)
+        self.out.extend(answers)
         self.tokens_prompt += n_tokens

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import llama_cpp as ll
 import msgspec
@@ -117,11 +117,14 @@ class LoadedModel:
     pooling: int
     add_bos: bool
     info: wire.ModelInfo
+    extra_contexts: list[ll.llama_context_p] = field(default_factory=list)  # on the same weights (embed_context.py)
 
     def meta(self, key: str) -> str | None:
         return model_meta(self.model, key)
 
     def free(self) -> None:
+        while self.extra_contexts:
+            ll.llama_free(self.extra_contexts.pop())
         if self.ctx:
             ll.llama_free(self.ctx)
             self.ctx = None  # type: ignore[assignment]
@@ -204,6 +207,8 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
         raise ModelLoadError(
             f"llama.cpp could not load {s.model_path}" + (f": {detail}" if detail else "")
         )
+    if not s.embedding and (s.pooling == "rank" or (s.pooling is None and _gguf_pooling(model) == _RANK)):
+        s = msgspec.structs.replace(s, embedding=True)  # a reranker: it only embeds
     try:
         loaded = _make_context(s, model, t0, gpu_layers=n_gpu_layers, devices=devices, plan=plan)
     except BaseException:
@@ -215,6 +220,17 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     kv_bytes = sum(b.bytes for b in buffers if b.kind == "kv") or sum(p.kv_bytes for p in parts)
     loaded.info = msgspec.structs.replace(loaded.info, placement=parts, buffers=buffers, kv_bytes=kv_bytes)
     return loaded
+
+
+_RANK = 4  # LLAMA_POOLING_TYPE_RANK
+_POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+_POOLING_NAMES = {v: k for k, v in _POOLING.items()}
+
+
+def _gguf_pooling(model: ll.llama_model_p) -> int | None:
+    """The file's ``{arch}.pooling_type``, if it says."""
+    value = model_meta(model, f"{model_meta(model, 'general.architecture')}.pooling_type")
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _split_gpus(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
@@ -303,9 +319,9 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
             raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} cells: {detail}")
         return ctx
 
-    ctx = make(ll.LLAMA_POOLING_TYPE_UNSPECIFIED)
+    ctx = make(_POOLING[s.pooling] if s.pooling is not None and s.embedding else ll.LLAMA_POOLING_TYPE_UNSPECIFIED)
     pooling = ll.llama_pooling_type(ctx)
-    if s.embedding and pooling == ll.LLAMA_POOLING_TYPE_NONE:
+    if s.embedding and pooling == ll.LLAMA_POOLING_TYPE_NONE and s.pooling is None:
         # A generative model has no pooling of its own: mean-pool its hidden states.
         ll.llama_free(ctx)
         ctx = make(ll.LLAMA_POOLING_TYPE_MEAN)
@@ -339,6 +355,8 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
         devices=devices,
         fit=plan,
         tokenizer=tokenizer_info(vocab, template or None),
+        pooling=_POOLING_NAMES.get(pooling, "") if s.embedding else (s.pooling or "mean"),
+        fim=all(f(vocab) >= 0 for f in (ll.llama_vocab_fim_pre, ll.llama_vocab_fim_suf, ll.llama_vocab_fim_mid)),
     )
     return LoadedModel(
         model=model,

@@ -20,6 +20,7 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker.failures import RequestRejected
+from corral.worker.infill import infill_tokens
 from corral.worker.reasoning import ReasoningPlan
 from corral.worker.templates import ChatTemplate, TemplateError, render_chat
 from corral.worker.tokens import Tokenizer
@@ -39,7 +40,9 @@ class PreparedRequest:
 
 class PromptPreparer:
     def __init__(self, tok: Tokenizer, template: ChatTemplate | None, template_error: str | None,
-                 n_ctx_slot: int) -> None:
+                 n_ctx_slot: int, *, model_id: str = "", n_batch: int = 512) -> None:
+        self.model_id = model_id
+        self.n_batch = n_batch  # infill: prefix and suffix fit one batch (worker/infill.py)
         self.tok = tok
         self.template = template
         self.template_error = template_error
@@ -68,6 +71,17 @@ class PromptPreparer:
                 f"the {field} has {n_bytes} bytes, more than the {limit} tokens this model's "
                 f"context per request holds can cover (at most {bound} bytes); it was not tokenized")
 
+    def render(self, messages: list[wire.ChatMessage], tools: list[dict[str, Any]] | None,
+               extra: dict[str, Any] | None = None) -> str:
+        """The chat as the model's template renders it (the prompt a chat request runs on);
+        ``extra``: template variables."""
+        if self.template is None:
+            raise RequestRejected("invalid_request", f"chat template unusable: {self.template_error}")
+        try:
+            return render_chat(self.template, messages, tools, extra)
+        except TemplateError as exc:
+            raise RequestRejected("invalid_request", str(exc)) from exc
+
     def tokens(self, req: wire.GenerateRequest) -> list[int]:
         return self.tokens_text(req)[0]
 
@@ -76,16 +90,17 @@ class PromptPreparer:
         """The prompt's tokens, and the rendered chat (None for a raw prompt); ``extra``:
         template variables."""
         text: str | None = None
+        if req.infill is not None:
+            # no byte bound: llama-server takes a prefix and suffix of any length and keeps what fits
+            if req.messages is not None or req.prompt_tokens is not None:
+                raise RequestRejected("invalid_request", "infill takes a text prompt, not messages or tokens")
+            tokens = infill_tokens(self.tok, self.model_id, req, n_batch=self.n_batch, n_ctx=self.n_ctx_slot)
+            return self._check_length(tokens), None
         if sum(x is not None for x in (req.prompt, req.prompt_tokens, req.messages)) != 1:
             raise RequestRejected("invalid_request", "exactly one of prompt and messages must be given")
         if req.messages is not None:
-            if self.template is None:
-                raise RequestRejected("invalid_request", f"chat template unusable: {self.template_error}")
             self._check_bytes("".join(m.content for m in req.messages), "messages")
-            try:
-                text = render_chat(self.template, req.messages, req.tools, extra)
-            except TemplateError as exc:
-                raise RequestRejected("invalid_request", str(exc)) from exc
+            text = self.render(req.messages, req.tools, extra)
             self._check_bytes(text, "rendered chat")
             tokens = self.tok.tokenize(text, add_special=not self.tok.starts_with_bos(text))
         elif req.prompt_tokens is not None:
@@ -97,6 +112,9 @@ class PromptPreparer:
         else:
             self._check_bytes(req.prompt or "", "prompt")
             tokens = self.tok.tokenize(req.prompt or "", add_special=req.add_special)
+        return self._check_length(tokens), text
+
+    def _check_length(self, tokens: list[int]) -> list[int]:
         if not tokens:
             raise RequestRejected("invalid_request", "the prompt is empty")
         limit = self.n_ctx_slot
@@ -106,4 +124,4 @@ class PromptPreparer:
                 f"the prompt has {len(tokens)} tokens, but this model's context per request is "
                 f"{limit} tokens (at least 1 must be left to generate)",
             )
-        return tokens, text
+        return tokens

@@ -13,6 +13,7 @@ import llama_cpp as ll
 from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.grammar import GrammarError, init_grammar_sampler, schema_to_gbnf
+from corral.worker.prompts import PromptPreparer
 from corral.worker.tokens import Tokenizer
 from corral.worker.toolcalls import ToolCallParser
 
@@ -73,9 +74,14 @@ def echo_text(tok: Tokenizer, req: wire.GenerateRequest, tokens: list[int]) -> s
     return req.prompt if req.prompt is not None else tok.detokenize(tokens)
 
 
-def tokenize(tok: Tokenizer, req: wire.TokenizeRequest) -> wire.Tokenized:
-    if (req.text is None) == (req.tokens is None):
+def tokenize(tok: Tokenizer, req: wire.TokenizeRequest, prompts: PromptPreparer | None = None) -> wire.Tokenized:
+    """Tokens of text, text of tokens, or (messages) the chat as the template renders it."""
+    if sum(x is not None for x in (req.text, req.tokens, req.messages)) != 1:
         raise RequestRejected("invalid_request", "exactly one of text and tokens must be given")
+    if req.messages is not None:
+        if prompts is None:
+            raise RequestRejected("invalid_request", "this model renders no chat template")
+        return wire.Tokenized(req.id, [], [], prompts.render(req.messages, req.tools))
     if req.text is not None:
         tokens = tok.tokenize(req.text, add_special=req.add_special, parse_special=req.parse_special)
     else:

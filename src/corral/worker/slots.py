@@ -17,7 +17,7 @@ from corral.worker.reasoning import ReasoningPlan, SlotReasoning
 from corral.worker.slot_output import SlotOutput
 
 __all__ = ["Job", "Slot", "Batch", "begin", "check_params", "finished_message", "release", "reuse_len",
-           "aborted_in_queue", "free_samplers", "pick_slot"]
+           "aborted_in_queue", "free_samplers", "pick_slot", "slot_states"]
 
 
 @dataclass(eq=False)
@@ -191,3 +191,18 @@ def free_samplers(slots: Iterable[Slot], waiting: Iterable[Job]) -> None:
     for job in waiting:
         sampling.free_sampler(job.grammar)
         job.grammar = None
+
+
+def slot_states(slots: Iterable[Slot], n_ctx: int) -> list[wire.SlotState]:
+    """Each slot as ``GET /slots`` shows it."""
+    out = []
+    for s in slots:
+        job = s.job
+        if job is None:
+            out.append(wire.SlotState(id=s.index, n_ctx=n_ctx, is_processing=False, n_cached=len(s.cached)))
+            continue
+        out.append(wire.SlotState(id=s.index, n_ctx=n_ctx, is_processing=True, request_id=job.req.id,
+                                  n_prompt_tokens=len(job.tokens), n_prompt_tokens_cache=s.n_cached,
+                                  n_decoded=s.n_gen, n_remain=max(0, s.max_tokens - s.n_gen),
+                                  n_cached=len(s.cached)))
+    return out

@@ -178,10 +178,12 @@ async def run_generation(request: Request, spec: GenerationSpec, *, stream: bool
 
 
 async def run_embedding(request: Request, name: str, endpoint: str, inputs: list[str],
-                        on_close: Callable[[], Any] | None = None, normalize: bool = True
-                        ) -> tuple[RequestStream, wire.Embeddings]:
-    """Embeddings on the one request path; returns the stream (timings) and the vectors."""
-    msg = wire.EmbedRequest(id="emb-" + secrets.token_hex(12), inputs=inputs, normalize=normalize)
+                        on_close: Callable[[], Any] | None = None, normalize: bool = True,
+                        truncate: bool = False) -> tuple[RequestStream, wire.Embeddings]:
+    """Embeddings on the one request path; returns the stream (timings) and the vectors.
+    ``truncate``: inputs longer than the model embeds are cut to fit (Ollama's default)."""
+    msg = wire.EmbedRequest(id="emb-" + secrets.token_hex(12), inputs=inputs, normalize=normalize,
+                            truncate=truncate)
     plane = plane_of(request)
     try:
         coros: list[Awaitable[RequestStream]] = [plane.embed(name, msg)]

@@ -148,9 +148,11 @@ def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> G
             i = pi * body.n + j
             p = params if i == 0 else wire.SamplingParams(**{**_fields(params), "seed": _seed(params.seed, i)})
             text, toks = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+            infill = wire.Infill(prefix=text or "", suffix=body.suffix) if body.suffix is not None else None
             reqs.append(wire.GenerateRequest(
-                id=rid if len(prompts) * body.n == 1 else f"{rid}-{i}", prompt=text, prompt_tokens=toks,
-                params=p, grammar=grammar, json_schema=schema, logprobs=body.logprobs, echo=body.echo))
+                id=rid if len(prompts) * body.n == 1 else f"{rid}-{i}", prompt=None if infill else text,
+                prompt_tokens=toks, params=p, grammar=grammar, json_schema=schema, logprobs=body.logprobs,
+                echo=body.echo, infill=infill))
     first = prompts[0]
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, first if isinstance(first, str) else None)
 

@@ -151,8 +151,8 @@ class CompletionRequest(SamplingFields):
 
     def check(self) -> None:
         self.check_common()
-        if self.suffix:
-            raise UnsupportedOption("suffix (fill-in-the-middle) is not supported", param="suffix")
+        if self.suffix is not None and any(not isinstance(p, str) for p in self.prompts()):
+            raise InvalidRequest("suffix: fill-in-the-middle takes text prompts, not token ids", param="suffix")
         if self.best_of not in (None, 1) and self.best_of != self.n:
             raise UnsupportedOption("best_of is not supported (corral returns every choice it "
                                     "generates; use n)", param="best_of")

@@ -136,10 +136,15 @@ def _template(pool: ModelPool, meta: GGUFMetadata | None) -> str:
     return f"{spec.pre_prompt or ''}\n{user}{{{{ .Prompt }}}}\n{ai}".lstrip("\n")
 
 
+_FIM_KEYS = tuple(f"tokenizer.ggml.fim_{k}_token_id" for k in ("pre", "suf", "mid"))
+
+
 def capabilities(pool: ModelPool, meta: GGUFMetadata | None) -> list[str]:
-    """What the model can do here, as Ollama's /api/show lists it: ``embedding`` or
-    ``completion``; ``tools`` when its template renders tools; ``thinking`` when corral
-    splits its reasoning (a loaded instance says; else the template and settings)."""
+    """What the model can do here, as Ollama's /api/show lists it: ``embedding`` for an
+    embedding model, else ``completion`` (its embeddings from a second context are not
+    listed, as Ollama lists none for a generative model); ``tools`` when its template renders tools; ``insert`` where the vocabulary has
+    FIM tokens (the file names them, or a loaded instance found them); ``thinking`` when
+    corral splits its reasoning (a loaded instance says; else the template and settings)."""
     spec = pool.spec
     if spec.embedding:
         return ["embedding"]
@@ -147,6 +152,9 @@ def capabilities(pool: ModelPool, meta: GGUFMetadata | None) -> list[str]:
     out = ["completion"]
     if template and "tools" in template:
         out.append("tools")
+    loaded_fim = any(i.info is not None and i.info.fim for i in pool.instances)
+    if loaded_fim or (meta is not None and all(k in meta.values for k in _FIM_KEYS)):
+        out.append("insert")
     loaded = next((i.info.reasoning_format for i in pool.instances if i.info is not None), None)
     fmt = loaded if loaded is not None else (
         f.name if (f := reasoning_format.resolve(spec.reasoning_format, template)) else "none")
@@ -178,6 +186,8 @@ async def show(request: Request) -> Response:
         "parameters": "\n".join(params), "template": template, "details": entry["details"],
         "model_info": info, "modified_at": entry["modified_at"],
         "capabilities": capabilities(pool, meta)})
+
+
 
 
 # ------------------------------------------------------------------------ pull

@@ -119,6 +119,9 @@ async def _run(request: Request, body: OllamaChatRequest | OllamaGenerateRequest
     tools = body.tools if isinstance(body, OllamaChatRequest) else None
     spec = build_spec(body.model, endpoint, messages, params, prompt=prompt, tools=tools,
                       response_format=body.response_format(), reasoning=body.reasoning())
+    if isinstance(body, OllamaGenerateRequest) and body.suffix is not None:  # fill-in-the-middle
+        fim = wire.Infill(prefix=body.prompt, suffix=body.suffix)
+        spec.requests = [msgspec.structs.replace(r, prompt=None, infill=fim) for r in spec.requests]
     return await run_generation(request, spec, stream=body.stream,
                                 on_close=_keep_alive_hook(request, body.model, ka))
 
@@ -169,9 +172,9 @@ async def generate(request: Request) -> Response:
     body = await parse_body(request, OllamaGenerateRequest)
     body.check()
     ka = body.keep_alive_s()
-    if not body.prompt and not body.system:
+    if not body.prompt and not body.system and body.suffix is None:
         return await _load_or_unload(request, body.model, ka, {"response": ""})
-    prompt, messages = body.openai_input()
+    prompt, messages = (body.prompt, []) if body.suffix is not None else body.openai_input()
     gen = await _run(request, body, "ollama_generate", messages, prompt, ka)
     if not body.stream:
         thinking = {"thinking": gen.reasoning} if gen.reasoning else {}
@@ -200,7 +203,7 @@ async def embed(request: Request) -> Response:
     inputs = body.inputs()
     ka = parse_keep_alive(body.keep_alive)
     rs, emb = await run_embedding(request, body.model, "ollama_embed", inputs,
-                                  on_close=_keep_alive_hook(request, body.model, ka))
+                                  on_close=_keep_alive_hook(request, body.model, ka), truncate=body.truncate)
     o = Outcome.of(rs)
     return json_response({"model": rs.model, "embeddings": emb.data, "total_duration": _ns(o.total_s),
                             "load_duration": _ns(o.load_s), "prompt_eval_count": emb.prompt_tokens})

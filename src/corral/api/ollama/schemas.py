@@ -199,8 +199,6 @@ class OllamaGenerateRequest(_Generating):
         self.check_common()
         if self.images:
             raise UnsupportedOption("images are not supported (text models only)", param="images")
-        if self.suffix:
-            raise UnsupportedOption("suffix (fill-in-the-middle) is not supported", param="suffix")
         if self.template:
             raise UnsupportedOption("template is not supported: corral renders prompts with the model's "
                                     "chat template or its configured chat_template", param="template")

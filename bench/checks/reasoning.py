@@ -1,7 +1,7 @@
 """Reasoning split check: corral against llama-server on the same GGUF and chat template.
 
-    .venv/bin/python bench/reasoning_check.py                 # texts + cost (~2 min on 2 cores)
-    .venv/bin/python bench/reasoning_check.py --skip-cost     # texts only
+    .venv/bin/python -m bench.checks.reasoning                 # texts + cost (~2 min on 2 cores)
+    .venv/bin/python -m bench.checks.reasoning --skip-cost     # texts only
 
 1. Texts. A chat template that opens ``<think>`` in the generation prompt and a few-shot
    system prompt, so the embedded Gemma (no ``<think>`` token: every tag spans several
@@ -35,9 +35,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_server import find as find_llama_server  # noqa: E402
-from servers import Server, corral_cmd, free_port, llama_server_cmd, stop_all  # noqa: E402
+from bench.llama_server import find as find_llama_server
+from bench.servers import Server, corral_cmd, free_port, llama_server_cmd, stop_all
 
 # Renders an assistant turn's reasoning_content between the tags (llama-server finds a
 # template's thinking markers that way) and opens the thinking in the generation prompt, as

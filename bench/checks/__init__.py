@@ -1,0 +1,1 @@
+"""Equality checks against llama-server on the same files (one feature each)."""

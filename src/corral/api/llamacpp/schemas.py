@@ -1,0 +1,171 @@
+"""Bodies of llama-server's routes (/infill, /rerank, /apply-template) and the model they name.
+
+Unknown fields are ignored (editors send llama-server options corral has no use for:
+``samplers``, ``cache_prompt``, ``t_max_prompt_ms``, ``lora``...). Sampling fields have
+llama-server's names (``n_predict``, ``top_k``...) and wire.SamplingParams's bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from corral import wire
+from corral.control.plane import ControlPlane
+from corral.control.pool import ModelPool
+from corral.errors import InvalidRequest
+from corral.store.gguf_meta import read_metadata
+
+__all__ = ["BODIES", "ApplyTemplateBody", "InfillBody", "InfillChunkBody", "RerankBody", "model_for", "model_that"]
+
+_LENIENT = ConfigDict(extra="ignore")
+
+
+def model_for(plane: ControlPlane, name: str | None) -> str:
+    """The named model; with none named, the only one configured (else a 400)."""
+    if name:
+        return name
+    if len(plane.pools) == 1:
+        return next(iter(plane.pools))
+    raise InvalidRequest("model: required field is missing (more than one model is configured; "
+                         "GET /v1/models lists them)", param="model")
+
+
+_FIM_KEYS = tuple(f"tokenizer.ggml.fim_{k}_token_id" for k in ("pre", "suf", "mid"))
+_RANK = 4  # LLAMA_POOLING_TYPE_RANK
+
+
+def _can(pool: ModelPool, task: Literal["infill", "rerank"]) -> bool:
+    """From a loaded instance's report, else the file's metadata (cached by gguf_meta)."""
+    info = next((i.info for i in pool.instances if i.info is not None), None)
+    if info is not None:
+        return info.fim if task == "infill" else info.pooling == "rank"
+    if task == "rerank" and pool.spec.pooling is not None:
+        return pool.spec.pooling == "rank"
+    meta = read_metadata(pool.spec.path)
+    if meta is None:
+        return False
+    if task == "infill":
+        return all(k in meta.values for k in _FIM_KEYS)
+    return meta.values.get(f"{meta.architecture}.pooling_type") == _RANK
+
+
+async def model_that(plane: ControlPlane, name: str | None, task: Literal["infill", "rerank"]) -> str:
+    """The named model; with none named, the only one configured, or else the only one that
+    can do ``task`` (editor plugins send no model): a 400 when that is not one model."""
+    if name or len(plane.pools) == 1:
+        return model_for(plane, name)
+    pools = list(plane.pools.values())
+    able = await asyncio.to_thread(lambda: [p.spec.id for p in pools if _can(p, task)])
+    if len(able) == 1:
+        return able[0]
+    which = f"several can ({', '.join(sorted(able))})" if able else "none of them can"
+    raise InvalidRequest(f"model: required field is missing: more than one model is configured and {which} "
+                         f"{'fill in the middle' if task == 'infill' else 'rerank'}", param="model")
+
+
+class InfillChunkBody(BaseModel):
+    model_config = _LENIENT
+    text: str
+    filename: str = "tmp"
+
+
+class InfillBody(BaseModel):
+    """llama-server's /infill: ``input_prefix`` and ``input_suffix`` (at least one of them),
+    ``input_extra`` chunks, ``prompt`` (text after the middle token), the stop rules and
+    llama-server's sampling fields."""
+    model_config = _LENIENT
+    model: str | None = Field(None, min_length=1)
+    input_prefix: str | None = None
+    input_suffix: str | None = None
+    input_extra: list[InfillChunkBody] = []
+    prompt: str = ""
+    n_indent: int = Field(0, ge=0, le=1 << 20)
+    t_max_predict_ms: int = Field(0, ge=0, le=1 << 40)
+    stream: bool = False
+    n_predict: int | None = None  # -1: until the end or the context is full
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: list[str] = []
+    ignore_eos: bool = False
+
+    def check(self) -> None:
+        if self.input_prefix is None and self.input_suffix is None:
+            raise InvalidRequest("input_prefix or input_suffix is required", param="input_prefix")
+        if len(self.stop) > 16 or any(not s for s in self.stop):
+            raise InvalidRequest("stop: at most 16 non-empty strings", param="stop")
+
+    def infill(self) -> wire.Infill:
+        return wire.Infill(prefix=self.input_prefix or "", suffix=self.input_suffix or "",
+                           extra=[wire.InfillChunk(c.filename, c.text) for c in self.input_extra],
+                           n_indent=self.n_indent, t_max_predict_ms=self.t_max_predict_ms)
+
+    def sampling(self) -> wire.SamplingParams:
+        n = self.n_predict if self.n_predict is not None else self.max_tokens
+        kw: dict[str, Any] = {k: getattr(self, k) for k in (
+            "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+            "frequency_penalty") if getattr(self, k) is not None}
+        if self.seed is not None and self.seed >= 0:  # llama-server: -1 is a random seed
+            kw["seed"] = self.seed
+        params = wire.SamplingParams(max_tokens=None if n is None or n < 0 else n, stop=self.stop,
+                                     ignore_eos=self.ignore_eos, **kw)
+        bad = wire.invalid_field(params)
+        if bad is not None:
+            name = "n_predict" if bad[0] == "max_tokens" else bad[0]
+            raise InvalidRequest(f"{name}: {bad[1]}", param=name)
+        return params
+
+
+class RerankBody(BaseModel):
+    """Jina's and Cohere's rerank (``documents``), or TEI's (``texts``, answered as a bare list)."""
+    model_config = _LENIENT
+    model: str | None = Field(None, min_length=1)
+    query: str
+    documents: list[str] | None = None
+    texts: list[str] | None = None
+    top_n: int | None = None
+    return_documents: bool = False
+    return_text: bool = False  # TEI's name for it
+
+    @property
+    def tei(self) -> bool:
+        return self.documents is None and self.texts is not None
+
+    def docs(self) -> list[str]:
+        docs = self.documents if self.documents is not None else self.texts
+        field = "texts" if self.tei else "documents"
+        if not docs:
+            raise InvalidRequest(f"{field}: must be a non-empty list of strings", param=field)
+        if len(docs) > 2048:
+            raise InvalidRequest(f"{field}: at most 2048 items", param=field)
+        for i, d in enumerate(docs):
+            if not d:
+                raise InvalidRequest(f"{field}.{i}: must not be empty", param=field)
+        if not self.query:
+            raise InvalidRequest("query: must not be empty", param="query")
+        if self.top_n is not None and not 1 <= self.top_n <= len(docs):
+            raise InvalidRequest(f"top_n: must be between 1 and the number of documents ({len(docs)}), "
+                                 f"got {self.top_n}", param="top_n")
+        return docs
+
+
+class ApplyTemplateBody(BaseModel):
+    model_config = _LENIENT
+    model: str | None = Field(None, min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+
+
+# the request bodies the OpenAPI document describes (api/openapi_doc.py)
+BODIES: dict[tuple[str, str], type[BaseModel]] = {("post", "/infill"): InfillBody, ("post", "/v1/rerank"): RerankBody,
+                                                  ("post", "/apply-template"): ApplyTemplateBody}

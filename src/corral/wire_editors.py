@@ -1,0 +1,46 @@
+"""The wire types of code infill and slot inspection (llama-server's /infill and /slots).
+Part of ``corral.wire`` (which re-exports them; import them from there), kept apart to
+keep that module short. Imports nothing of corral."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+__all__ = ["Infill", "InfillChunk", "SlotState"]
+
+
+class InfillChunk(msgspec.Struct, frozen=True):
+    """One extra context chunk of an infill request (llama-server's ``input_extra`` item)."""
+
+    filename: str
+    text: str
+
+
+class Infill(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A fill-in-the-middle request: the worker builds the prompt from the model's FIM
+    tokens (``worker/infill.py``); the request's ``prompt`` (if any) follows the middle
+    token. ``n_indent``: stop at a line indented less (after the first); ``t_max_predict_ms``:
+    stop at a new line once generating took longer than this (0: no limit)."""
+
+    prefix: str = ""
+    suffix: str = ""
+    extra: list[InfillChunk] = []
+    n_indent: Annotated[int, Meta(ge=0, le=1 << 20)] = 0
+    t_max_predict_ms: Annotated[int, Meta(ge=0, le=1 << 40)] = 0
+
+
+class SlotState(msgspec.Struct, frozen=True, kw_only=True):
+    """One worker slot as ``GET /slots`` shows it."""
+
+    id: int
+    n_ctx: int
+    is_processing: bool
+    request_id: str = ""  # the running request; "" when free
+    n_prompt_tokens: int = 0
+    n_prompt_tokens_cache: int = 0  # prompt tokens reused from the slot's cache
+    n_decoded: int = 0
+    n_remain: int = 0
+    n_cached: int = 0  # tokens in the slot's KV cache
