@@ -43,7 +43,7 @@ async def _status(c: httpx.AsyncClient, method: str, url: str, headers: dict[str
 
 
 def _url(path: str) -> str:
-    if path == "/tokenizer_info":  # a model that is not there: answered without a worker
+    if path in ("/tokenizer_info", "/props", "/slots"):  # a model that is not there: no worker asked
         return path + "?model=no-such-model"
     return (path.replace("{model_id:path}", "no-such-model").replace("{pull_id}", "pull-x")
             .replace("{name}", "app.js"))
@@ -54,11 +54,12 @@ EXPECTED = """
 public  GET /health | GET / | GET /ui/{name}
 key     GET /v1/models | GET /v1/models/{model_id:path} | GET /models | GET /models/show | GET /api/tags
         GET /api/ps | POST /api/show | GET /api/version | GET /docs | GET /docs/oauth2-redirect
-        GET /openapi.json | GET /usage
+        GET /openapi.json | GET /usage | GET /props | GET /slots
 infer   POST /v1/chat/completions | POST /chat/completions | POST /v1/completions | POST /completions
         POST /v1/embeddings | POST /embeddings | POST /v1/messages | POST /v1/messages/count_tokens
         POST /v1/responses | POST /api/chat | POST /api/generate | POST /api/embed | POST /api/embeddings
         POST /tokenize | POST /detokenize | GET /tokenizer_info
+        POST /infill | POST /v1/rerank | POST /rerank | POST /v1/reranking | POST /reranking | POST /apply-template
 manage  GET /stats | GET /metrics | GET /models/events | GET /models/sse | POST /models/load
         POST /models/unload | POST /models/reload | POST /models | POST /models/pull
         GET /models/pull/{pull_id} | DELETE /models/pull/{pull_id} | POST /api/pull | POST /api/copy

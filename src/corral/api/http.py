@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Dialect", "dialect_of", "error_body", "error_response", "ANTHROPIC_OVERLOADED_STATUS",
            "json_response", "ndjson_line", "sse_data", "sse_stream", "plane_of", "app_part",
-           "invalid_request", "path_policy"]
+           "invalid_request", "path_policy", "model_or_only"]
 
 Dialect = Literal["openai", "ollama", "anthropic"]
 ANTHROPIC_OVERLOADED_STATUS = 529
@@ -116,6 +116,18 @@ def plane_of(request: Request) -> ControlPlane:
     """The control plane the app's lifespan created."""
     plane: ControlPlane = request.app.state.router
     return plane
+
+
+def model_or_only(plane: ControlPlane, name: str | None) -> str:
+    """The named model; with none named, the only one the request's key sees (else a 400:
+    llama.cpp's routes and editor plugins may leave ``model`` out)."""
+    if name:
+        return name
+    pools = plane.visible_pools()  # a key sees only its models (ids never leak)
+    if len(pools) == 1:
+        return pools[0].spec.id
+    raise InvalidRequest("model: required field is missing (more than one model is configured; "
+                         "GET /v1/models lists them)", param="model")
 
 
 def app_part(request: Request, name: str) -> Any:

@@ -31,7 +31,9 @@ Scope = Literal["public", "key", "infer", "manage", "admin"]
 _INFER_POSTS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
                 "/v1/embeddings", "/embeddings", "/v1/messages", "/v1/messages/count_tokens",
                 "/v1/responses", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
-                "/tokenize", "/detokenize")
+                "/tokenize", "/detokenize",
+                # llama-server's own (api/llamacpp): infill, rerank, the chat as a template renders it
+                "/infill", "/v1/rerank", "/rerank", "/v1/reranking", "/reranking", "/apply-template")
 
 ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/health"): "public",
@@ -51,6 +53,8 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/docs/oauth2-redirect"): "key",
     ("GET", "/openapi.json"): "key",
     ("GET", "/usage"): "key",
+    ("GET", "/props"): "key",  # one model's settings (visibility applies), as /api/show
+    ("GET", "/slots"): "key",  # slot counts and states, never prompts
     ("GET", "/stats"): "manage",
     ("GET", "/metrics"): "manage",
     ("GET", "/models/events"): "manage",

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
-from dataclasses import dataclass
 
 import llama_cpp as ll
 
@@ -26,24 +25,11 @@ from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel
 from corral.worker.tokens import Tokenizer
+from corral.worker.embed_context import EmbedContext, open_embed_context
 
 __all__ = ["EmbedContext", "Embedder", "rerank_tokens"]
 
 log = logging.getLogger("corral.worker.embed")
-
-
-@dataclass
-class EmbedContext:
-    """A llama.cpp context that pools: its sequences, batch and per-input limit."""
-
-    ctx: ll.llama_context_p
-    memory: ll.llama_memory_t
-    n_batch: int  # tokens per decode (one micro-batch: a pooled input must be whole in one)
-    n_seq: int  # sequences per decode
-    limit: int  # tokens per input
-    pooling: int
-    n_out: int  # floats per pooled output (n_embd; n_cls_out with rank pooling)
-    kv_bytes: int = 0  # a second context's KV and output buffer (0: the model's own context, counted)
 
 
 def rerank_tokens(m: LoadedModel, tok: Tokenizer, query: str, doc: str) -> list[int]:
@@ -105,7 +91,6 @@ class Embedder:
 
     def _context(self) -> EmbedContext:
         if self.ec is None:
-            from corral.worker.embed_context import open_embed_context
             self.ec = open_embed_context(self.m, self.settings)
         return self.ec
 

@@ -11,15 +11,30 @@ floats)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import llama_cpp as ll
 
 from corral import wire
 from corral.worker import model as model_mod
 from corral.worker.devices import logged_buffers
-from corral.worker.embed import EmbedContext
 from corral.worker.model import LoadedModel
 
-__all__ = ["POOLING_TYPES", "open_embed_context"]
+__all__ = ["POOLING_TYPES", "EmbedContext", "open_embed_context"]
+
+
+@dataclass
+class EmbedContext:
+    """A llama.cpp context that pools: its sequences, batch and per-input limit."""
+
+    ctx: ll.llama_context_p
+    memory: ll.llama_memory_t
+    n_batch: int  # tokens per decode (one micro-batch: a pooled input must be whole in one)
+    n_seq: int  # sequences per decode
+    limit: int  # tokens per input
+    pooling: int
+    n_out: int  # floats per pooled output (n_embd; n_cls_out with rank pooling)
+    kv_bytes: int = 0  # a second context's KV and output buffer (0: the model's own context, counted)
 
 POOLING_TYPES = {"none": ll.LLAMA_POOLING_TYPE_NONE, "mean": ll.LLAMA_POOLING_TYPE_MEAN,
                  "cls": ll.LLAMA_POOLING_TYPE_CLS, "last": ll.LLAMA_POOLING_TYPE_LAST,

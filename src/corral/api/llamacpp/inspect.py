@@ -48,9 +48,10 @@ def _slot_body(s: wire.SlotState, slot_id: int) -> dict[str, Any]:
 @router.get("/props")
 async def props(request: Request, model: str | None = None) -> Response:
     plane = plane_of(request)
-    if not model and len(plane.pools) > 1:  # llama-server's router mode: the router's own props
+    visible = plane.visible_pools()
+    if not model and len(visible) > 1:  # llama-server's router mode: the router's own props
         return json_response({"role": "router", "build_info": f"corral-{__version__}",
-                              "models": sorted(plane.pools)})
+                              "models": sorted(p.spec.id for p in visible)})
     pool = plane.pool(model_for(plane, model))
     spec = pool.spec
     info = _info(pool)

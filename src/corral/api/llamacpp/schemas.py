@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
+from corral.api.http import model_or_only
 from corral.control.plane import ControlPlane
 from corral.control.pool import ModelPool
 from corral.errors import InvalidRequest
@@ -23,14 +24,7 @@ __all__ = ["BODIES", "ApplyTemplateBody", "InfillBody", "InfillChunkBody", "Rera
 _LENIENT = ConfigDict(extra="ignore")
 
 
-def model_for(plane: ControlPlane, name: str | None) -> str:
-    """The named model; with none named, the only one configured (else a 400)."""
-    if name:
-        return name
-    if len(plane.pools) == 1:
-        return next(iter(plane.pools))
-    raise InvalidRequest("model: required field is missing (more than one model is configured; "
-                         "GET /v1/models lists them)", param="model")
+model_for = model_or_only  # the named model, or the only one the key sees
 
 
 _FIM_KEYS = tuple(f"tokenizer.ggml.fim_{k}_token_id" for k in ("pre", "suf", "mid"))
@@ -55,9 +49,9 @@ def _can(pool: ModelPool, task: Literal["infill", "rerank"]) -> bool:
 async def model_that(plane: ControlPlane, name: str | None, task: Literal["infill", "rerank"]) -> str:
     """The named model; with none named, the only one configured, or else the only one that
     can do ``task`` (editor plugins send no model): a 400 when that is not one model."""
-    if name or len(plane.pools) == 1:
+    pools = plane.visible_pools()
+    if name or len(pools) == 1:
         return model_for(plane, name)
-    pools = list(plane.pools.values())
     able = await asyncio.to_thread(lambda: [p.spec.id for p in pools if _can(p, task)])
     if len(able) == 1:
         return able[0]

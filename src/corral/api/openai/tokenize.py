@@ -34,9 +34,8 @@ from starlette.responses import Response
 
 from corral import wire
 from corral.api.core.generation import observe, submit
-from corral.api.http import json_response, plane_of
+from corral.api.http import json_response, model_or_only, plane_of
 from corral.api.core.schemas import parse_body
-from corral.control.plane import ControlPlane
 from corral.control.stream import RequestStream
 from corral.errors import InvalidRequest
 
@@ -65,13 +64,7 @@ BODIES: dict[tuple[str, str], type[BaseModel]] = {("post", "/tokenize"): Tokeniz
                                                   ("post", "/detokenize"): DetokenizeBody}
 
 
-def _model(plane: ControlPlane, name: str | None) -> str:
-    if name:
-        return name
-    if len(plane.pools) == 1:
-        return next(iter(plane.pools))
-    raise InvalidRequest("model: required field is missing (more than one model is configured; "
-                         "GET /v1/models lists them)", param="model")
+_model = model_or_only
 
 
 async def _stream(request: Request, name: str | None, msg_kw: dict[str, Any]) -> tuple[str, RequestStream]:
