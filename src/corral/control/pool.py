@@ -60,7 +60,7 @@ class ModelPool:
         self.last_used = 0.0
         self.draining = False
         self.footprint: int | None = None  # per-instance bytes, as last reported
-        self.loads = 0
+        self.loads, self.loaded_at = 0, 0.0  # starts; time.monotonic() of the last
         # Ollama's keep_alive from the latest request: None = spec.ttl_s, 0 = unload when
         # idle, > 0 = idle seconds before unloading, < 0 = stay loaded. Reset on each load.
         self.keep_alive_s: float | None = None
@@ -181,6 +181,7 @@ class ModelPool:
         self.loads += 1
         self.keep_alive_s = None
         self.last_used = time.time()
+        self.loaded_at = time.monotonic()  # its time slice (admission) starts
         fresh = fresh or not self.instances
         if fresh:
             self._replace([self._make_instance(self, i) for i in range(self.spec.instances)])
