@@ -27,6 +27,7 @@ from bench.servers import Server, corral_cmd, free_port, llama_server_cmd
 from corral.keys_file import KeySpec, hash_secret, write_keys
 
 HEAVY_C, SLOTS = 16, 4
+PER_SERVER_S = 200  # x0.6 with --quick: a server past it gets a row saying so, the others keep theirs
 SECRETS = {"heavy": "crl_bench-heavy-0123456789abcdef0123", "light": "crl_bench-light-0123456789abcdef0123"}
 
 
@@ -63,16 +64,16 @@ async def _contended(base: str, model: str | None, secrets: tuple[str | None, st
             await one_request(heavy_c, url, completion_body(model, 100_000 + next(counter), heavy_tokens), 600, res)
 
     t0 = time.perf_counter()
+    workers = [asyncio.ensure_future(heavy_worker()) for _ in range(HEAVY_C)]
     try:
-        workers = [asyncio.ensure_future(heavy_worker()) for _ in range(HEAVY_C)]
         await asyncio.sleep(ramp_s)  # the slots and the queue fill with heavy requests
         light = await _light(light_c, url, model, n_light, light_tokens, 500_000, budget_s)
+    finally:  # the window ends here: running heavy requests are cut, their tokens count
         stop.set()
         wall = time.perf_counter() - t0
-        for w in workers:  # the window ends here: running heavy requests are cut, their tokens count
+        for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
-    finally:
         await heavy_c.aclose()
         await light_c.aclose()
     toks = sum(r.completion_tokens for r in heavy + light)
@@ -138,9 +139,10 @@ async def sc_fairness(ctx: Ctx) -> list[Table]:
                 server["keys_file"] = str(path)
             cfg = ctx.corral_config("fairness", {"bench": ctx.corral_model(SLOTS)}, **server)
             srv = start(f"corral-fairness-{'keys' if keyed else 'fifo'}", corral_cmd(cfg, port), port)
-            await one(name, srv, "bench", (SECRETS["heavy"], SECRETS["light"]) if keyed else (None, None))
+            async with asyncio.timeout(PER_SERVER_S * (0.6 if ctx.quick else 1)):
+                await one(name, srv, "bench", (SECRETS["heavy"], SECRETS["light"]) if keyed else (None, None))
         except Exception as e:  # noqa: BLE001
-            t.rows.append([name, "FAILED"] + ["–"] * 10 + [str(e).splitlines()[0][:90]])
+            t.rows.append([name, "FAILED" if not isinstance(e, TimeoutError) else "TIMED OUT"] + ["–"] * 10 + [(str(e).splitlines() or [type(e).__name__])[0][:90]])
         finally:
             if srv:
                 srv.stop()
@@ -154,9 +156,10 @@ async def sc_fairness(ctx: Ctx) -> list[Table]:
             cmd = llama_server_cmd(ctx.need_llama(), ctx.model, port, n_parallel=SLOTS, slot_ctx=SLOT_CTX,
                                    threads=ctx.threads)
             srv = start("llama-server-fairness", cmd, port)
-            await one(f"llama-server -np {SLOTS} (FIFO)", srv, None, (None, None))
+            async with asyncio.timeout(PER_SERVER_S * (0.6 if ctx.quick else 1)):
+                await one(f"llama-server -np {SLOTS} (FIFO)", srv, None, (None, None))
         except Exception as e:  # noqa: BLE001
-            t.rows.append(["llama-server", "FAILED"] + ["–"] * 10 + [str(e).splitlines()[0][:90]])
+            t.rows.append(["llama-server", "FAILED" if not isinstance(e, TimeoutError) else "TIMED OUT"] + ["–"] * 10 + [(str(e).splitlines() or [type(e).__name__])[0][:90]])
         finally:
             if srv:
                 srv.stop()
