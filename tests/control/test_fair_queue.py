@@ -61,6 +61,17 @@ async def test_weights_share_the_service() -> None:
     assert served.count("a") == 6 and served.count("b") == 3, served
 
 
+async def test_busy_slots_are_weighed() -> None:
+    q = FairQueue()
+    q.started("a", 2.0)  # a: 1 slot of weight 2 (0.5); b: 1 slot of weight 1 (1.0)
+    q.started("b", 1.0)
+    b = q.push(_fut(), None, "b", 1.0, 0)
+    a = q.push(_fut(), None, "a", 2.0, 0)
+    assert q.next() is a
+    q.serve(a)  # a: 2 slots of weight 2 (1.0), b: 1.0; equal virtual time: the older waiter
+    assert q.next() is b
+
+
 async def test_priority_within_a_key_and_aging() -> None:
     q = FairQueue(aging_s=lambda: 10.0)
     low = q.push(_fut(), None, "k", 1.0, 0)
@@ -115,6 +126,8 @@ async def test_a_burst_of_one_key_does_not_hold_back_another(harness: Harness) -
     # served (the stream's tokens) while light had not: light first, not after heavy 7;
     # heavy's own requests in their order
     assert order == ["light 0"] + [f"heavy {i}" for i in range(8)], order
+    q = plane.pools["a"].waiters
+    await _until(lambda: q.busy_of("heavy") == q.busy_of("light") == 0)  # every slot given back
     assert plane.pools["a"].inflight == 0 and not plane.pools["a"].waiters
 
 

@@ -122,7 +122,7 @@ class FairQueue:
         for share in self._keys.values():
             if not share.waiting:
                 continue
-            rank = (share.busy / share.weight, share.vtime, min(w.seq for w in share.waiting))
+            rank = (share.busy / share.weight, share.vtime, share.waiting[0].seq)  # kept in seq order
             if best is None or rank < best:
                 best, chosen = rank, share
         if chosen is None:
@@ -161,6 +161,20 @@ class FairQueue:
         share.busy = max(0, share.busy - 1)
         share.vtime += tokens / share.weight
         self._forget_idle(key, share)
+
+    def track(self, stream: RequestStream, key: str) -> None:
+        """When ``stream`` (a request of ``key`` on a slot) ends: ``ended`` with its tokens.
+        Chained onto ``on_finish``, which runs before the link releases the slot."""
+        if stream.done:  # it ended while it was sent
+            self.ended(key, served_tokens(stream))
+            return
+        then = stream.on_finish
+
+        def ended(s: RequestStream) -> None:
+            self.ended(key, served_tokens(s))
+            if then is not None:
+                then(s)
+        stream.on_finish = ended
 
     def busy_of(self, key: str) -> int:
         share = self._keys.get(key)

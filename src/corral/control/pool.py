@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from corral.control.catalog import ModelSpec
-from corral.control.fair_queue import DEFAULT_AGING_S, FairQueue, Waiter, current_key, served_tokens
+from corral.control.fair_queue import DEFAULT_AGING_S, FairQueue, Waiter, current_key
 from corral.control.gpu_slot import GpuSlot
 from corral.control.instance.instance import Instance, InstanceState, Transition
 from corral.control.prefixes import MIN_PREFIX, PREFIX_KEY_CHARS, common_prefix_len
@@ -286,14 +286,7 @@ class ModelPool:
 
     def track(self, stream: RequestStream) -> None:
         """When the current key's request ends: one busy slot less, its tokens served."""
-        key = current_key()[0]
-        then = stream.on_finish
-
-        def ended(s: RequestStream) -> None:
-            self.waiters.ended(key, served_tokens(s))
-            if then is not None:
-                then(s)
-        stream.on_finish = ended
+        self.waiters.track(stream, current_key()[0])
 
     def unreserve(self, inst: Instance) -> None:
         """A slot taken for the current key was not used (the send failed)."""
