@@ -123,6 +123,11 @@ class ServerConfig(_NoBoolNumbers):
     header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must arrive within this
     load_timeout_s: float = Field(300.0, gt=0)
     queue_timeout_s: float = Field(60.0, gt=0)  # wait for a slot or for room to load
+    # the fair queue (control/fair_queue.py): waiting this long raises a request's priority by one
+    priority_aging_s: float = Field(10.0, gt=0)
+    # at max_loaded_models, a loaded model keeps its place this long after loading (an idle one
+    # is not evicted, a busy one is unloaded after it, drained, when another waits); 0: off
+    model_time_slice_s: float = Field(0.0, ge=0)
     drain_timeout_s: float = Field(30.0, ge=0)  # unload/reload lets running requests finish
     stop_grace_s: float = Field(5.0, ge=0)  # Shutdown -> SIGTERM after this
     max_restarts: int = Field(3, ge=0)  # consecutive failures before an instance stays failed

@@ -9,9 +9,9 @@ every request is the anonymous caller ``-``.
 ``ModelRequest`` wraps the requests that reach a model (``MODEL_ROUTES``) of a key:
 
 - ``priority`` (top-level body field, any dialect) above the key's ``max_priority``:
-  400. Otherwise it is accepted and, for now, ignored (the fair-share scheduler will
-  use it). The body is read here only for keys with a bounded ``max_priority`` and
-  replayed to the route unchanged;
+  400. Otherwise it is the ``Caller``'s priority, which orders the key's requests in
+  the model's fair queue (corral.control.fair_queue). The body of a POST is read here
+  and replayed to the route unchanged;
 - the key's rpm/tpm/tpd (``Limiter.admit``), then its concurrency and queue
   (``Limiter.enter``, released when the response is over, streams included): 429
   with Retry-After and x-ratelimit-* headers in the dialect's error shape;
@@ -58,22 +58,23 @@ def authorize(access: Access, routes: RouteScopes, scope: Scope, presented: list
     return Caller(key), template is not None and (method, template) in MODEL_ROUTES
 
 
-def _priority_problem(body: bytes, max_priority: int) -> InvalidRequest | None:
+def _priority(body: bytes, max_priority: int) -> int | InvalidRequest:
+    """The body's ``priority`` (0 when absent), or why it is refused."""
     if b'"priority"' not in body:
-        return None
+        return 0
     try:
         doc = _json.decode(body)
     except msgspec.DecodeError:
-        return None  # the route says what is wrong with the body
+        return 0  # the route says what is wrong with the body
     if not isinstance(doc, dict) or doc.get("priority") is None:
-        return None
+        return 0
     p = doc["priority"]
     if isinstance(p, bool) or not isinstance(p, int):
         return InvalidRequest("priority: must be an integer", param="priority")
     if p > max_priority:
         return InvalidRequest(f"priority: {p} is above this key's max_priority {max_priority}",
                               param="priority")
-    return None
+    return p
 
 
 class ModelRequest:
@@ -88,14 +89,15 @@ class ModelRequest:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = self.caller.key
         spec = key.spec
-        if spec.max_priority < UNBOUNDED_PRIORITY:
+        if scope["method"] == "POST":  # the priority, for the fair queue (checked against the bound)
             body, receive = await _buffered(receive)
             if body is None:
                 return  # the client left (or the body was over the size limit: answered)
-            bad = _priority_problem(body, spec.max_priority)
-            if bad is not None:
-                await error_response(scope["path"], bad)(scope, receive, send)
+            priority = _priority(body, spec.max_priority)
+            if isinstance(priority, InvalidRequest):
+                await error_response(scope["path"], priority)(scope, receive, send)
                 return
+            self.caller.priority = priority
         if not key.limited:
             await self.app(scope, receive, send)
             return

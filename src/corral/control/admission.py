@@ -13,6 +13,12 @@ when none does, the LRU idle models on the GPUs where that would make room are
 evicted, by memory (not by count), under the same rules (busy, loading or pinned: never;
 else the capacity wait, then 503 naming the GPU and the bytes).
 
+Time slice (``model_time_slice_s`` > 0, for one model at a time): a model keeps its
+place for that long after it loaded. Within it, it is not evicted even when idle (so
+alternating users do not swap models per request); after it, while another model
+waits for room, a busy model is unloaded too, drained first (its running requests
+finish, up to ``drain_timeout_s``; its queued ones wait to load it again).
+
 The admission lock is held only while deciding what to evict and starting workers,
 never while serving, so loads never block requests to other models. Every start goes
 through ``load``: a request's autoload, an explicit load, a restart after a config
@@ -24,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -101,7 +108,7 @@ class Admission:
             no_node = None if over_count or over_mem or self.node_room is None else self.node_room(pool)
             if not over_count and not over_mem and short is None and no_node is None:
                 return placed if isinstance(placed, list) else None
-            victims = sorted((p for p in others if p.evictable), key=lambda p: p.last_used)
+            victims = sorted((p for p in others if p.evictable and not self._in_slice(p)), key=lambda p: p.last_used)
             if short is not None and not over_count and not over_mem:
                 victims = [p for p in victims if short.helpful & device_use(p).keys()]
             if victims:
@@ -110,6 +117,11 @@ class Admission:
                        else _gpu_why(short) if short is not None else "no room on any node")
                 await self.unload(victims[0], f"evicted to make room for {pool.spec.id} ({why})",
                                   drain=False)
+                continue
+            spent = [p for p in others if self._slice_spent(p)]
+            if spent and (over_count or over_mem):
+                await self.unload(min(spent, key=lambda p: p.loaded_at),
+                                  f"time slice over: {pool.spec.id} waits for room", drain=True)
                 continue
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -120,7 +132,20 @@ class Admission:
                 raise CapacityTimeout(f"no room to load model {pool.spec.id!r}: {what} and none "
                                       "can be evicted (busy, loading or pinned); try again later",
                                       retry_after_s=5)
-            await self._wait_capacity(remaining)
+            await self._wait_capacity(min([remaining] + self._slice_ends(others)))
+
+    def _in_slice(self, p: ModelPool) -> bool:
+        return time.monotonic() - p.loaded_at < self._server().model_time_slice_s
+
+    def _slice_spent(self, p: ModelPool) -> bool:
+        """Past its time slice and busy: it yields, drained, to a model waiting for room."""
+        return (self._server().model_time_slice_s > 0 and not self._in_slice(p) and not p.pinned
+                and not p.draining and p.has_ready and not p.idle)
+
+    def _slice_ends(self, others: list[ModelPool]) -> list[float]:
+        """Seconds until each time slice running now ends (then a wait for room looks again)."""
+        left = [self._server().model_time_slice_s - (time.monotonic() - p.loaded_at) for p in others]
+        return [max(x, 0.01) for x in left if x > 0]
 
     async def _trim(self, loaded: ModelPool) -> None:
         """After a load, with real numbers: evict LRU idle models while over budget."""
@@ -187,6 +212,11 @@ class Admission:
             pool.wake_waiters()
 
     # ------------------------------------------------------------------ capacity wait
+
+    @property
+    def waits_for_room(self) -> bool:
+        """A load waits for room now (the capacity wait)."""
+        return self._capacity is not None and not self._capacity.done()
 
     def notify_capacity(self) -> None:
         c = self._capacity

@@ -83,13 +83,15 @@ ANONYMOUS = Key(ANONYMOUS_NAME, KeySpec(hash="", scopes=("admin",), max_priority
 
 
 class Caller:
-    """One request's key, and which models its usage already counted a request for."""
+    """One request's key, which models its usage already counted a request for, and the
+    ``priority`` its body asked for (0 when none; the fair queue orders by it)."""
 
-    __slots__ = ("counted", "key")
+    __slots__ = ("counted", "key", "priority")
 
     def __init__(self, key: Key) -> None:
         self.key = key
         self.counted: set[str] = set()
+        self.priority = 0
 
     @property
     def name(self) -> str:

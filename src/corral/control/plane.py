@@ -134,8 +134,8 @@ class ControlPlane:
         return self.ray.room_for(pool.spec.worker_settings(0, pool.spec.threads), pool.spec.instances)
 
     def _make_pool(self, spec: ModelSpec) -> ModelPool:
-        return ModelPool(spec, make_instance=self._make_instance,
-                         on_capacity=self.admission.notify_capacity)
+        return ModelPool(spec, make_instance=self._make_instance, on_capacity=self.admission.notify_capacity,
+                         aging_s=lambda: self.config.server.priority_aging_s)
 
     def _make_instance(self, pool: ModelPool, index: int) -> Instance:
         spec, srv = pool.spec, self.config.server
@@ -240,9 +240,10 @@ class ControlPlane:
                 sent = inst.submit(msg.id, frame, stream)
             finally:
                 if not sent:  # it died just now, or the write failed: the slot goes back
-                    pool.release(inst)
+                    pool.unreserve(inst)
             if sent:
                 self.access.track(stream)  # its tokens count for the request's key when it ends
+                pool.track(stream)  # and for its fair share of the model
                 return stream
 
     async def _ensure_loaded(self, pool: ModelPool) -> None:

@@ -1,9 +1,12 @@
-"""A model's instances, its slots and its FIFO queue: where a request goes.
+"""A model's instances, its slots and its fair queue: where a request goes.
 
 A request takes a free slot on a ready instance: the one that recently served the
 longest common prompt prefix (at least ``MIN_PREFIX`` characters: the worker can reuse
-that KV cache), then the least busy one. With no free slot it waits in a bounded FIFO
-(``max_queue``; full -> ``QueueFull``); a slot that frees goes to the oldest waiter.
+that KV cache), then the least busy one. With no free slot it waits in a bounded queue
+(``max_queue``; full -> ``QueueFull``) that is weighted fair over keys
+(``corral.control.fair_queue``): a slot that frees goes to the key furthest below its
+share, within a key to the highest priority (aged), else the oldest waiter; the
+request's key and priority come from its ``Caller``. Without keys: a FIFO.
 A draining pool (being unloaded or restarted) hands out no slots; its waiters wait
 for it to come back, or are told to retry (the model was unloaded: autoload again).
 
@@ -20,30 +23,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from corral.control.catalog import ModelSpec
+from corral.control.fair_queue import DEFAULT_AGING_S, FairQueue, Waiter, current_key
 from corral.control.gpu_slot import GpuSlot
 from corral.control.instance.instance import Instance, InstanceState, Transition
+from corral.control.prefixes import MIN_PREFIX, PREFIX_KEY_CHARS, common_prefix_len
 from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, ModelUnloaded, QueueFull
+
+if TYPE_CHECKING:
+    from corral.control.stream import RequestStream
 
 __all__ = ["ModelPool", "MIN_PREFIX", "common_prefix_len"]
 
-MIN_PREFIX = 64
-_PREFIX_KEY_CHARS = 4096
-
 S = InstanceState
-
-
-def common_prefix_len(a: str, b: str) -> int:
-    """Length of the common prefix, by binary search over C-speed slice compares."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 @dataclass(slots=True)
@@ -55,17 +49,18 @@ class _Slots:
 
 class ModelPool:
     def __init__(self, spec: ModelSpec, *, make_instance: Callable[["ModelPool", int], Instance],
-                 on_capacity: Callable[[], None]) -> None:
+                 on_capacity: Callable[[], None],
+                 aging_s: Callable[[], float] = lambda: DEFAULT_AGING_S) -> None:
         self.spec = spec
         self._make_instance = make_instance
         self._on_capacity = on_capacity
         self.instances: list[Instance] = []
         self._slots: dict[Instance, _Slots] = {}
-        self.waiters: deque[tuple[asyncio.Future[Instance | None], str | None]] = deque()
+        self.waiters = FairQueue(aging_s)
         self.last_used = 0.0
         self.draining = False
         self.footprint: int | None = None  # per-instance bytes, as last reported
-        self.loads = 0
+        self.loads, self.loaded_at = 0, 0.0  # starts; time.monotonic() of the last
         # Ollama's keep_alive from the latest request: None = spec.ttl_s, 0 = unload when
         # idle, > 0 = idle seconds before unloading, < 0 = stay loaded. Reset on each load.
         self.keep_alive_s: float | None = None
@@ -186,6 +181,7 @@ class ModelPool:
         self.loads += 1
         self.keep_alive_s = None
         self.last_used = time.time()
+        self.loaded_at = time.monotonic()  # its time slice (admission) starts
         fresh = fresh or not self.instances
         if fresh:
             self._replace([self._make_instance(self, i) for i in range(self.spec.instances)])
@@ -278,10 +274,24 @@ class ModelPool:
     # ------------------------------------------------------------------ slots
 
     def try_acquire(self, prefix: str | None) -> Instance | None:
-        """A reserved slot now, or None (no free slot, queue not empty, or draining)."""
+        """A reserved slot now, or None (no free slot, queue not empty, or draining); it
+        counts for the current key until ``track``'s stream ends (or ``unreserve``)."""
         if self.draining or self.waiters:
             return None
-        return self._pick(prefix)
+        inst = self._pick(prefix)
+        if inst is not None:
+            key, weight, _ = current_key()
+            self.waiters.started(key, weight)
+        return inst
+
+    def track(self, stream: RequestStream) -> None:
+        """When the current key's request ends: one busy slot less, its tokens served."""
+        self.waiters.track(stream, current_key()[0])
+
+    def unreserve(self, inst: Instance) -> None:
+        """A slot taken for the current key was not used (the send failed)."""
+        self.waiters.ended(current_key()[0], 0)
+        self.release(inst)
 
     async def wait_slot(self, prefix: str | None, *, max_queue: int, deadline: float) -> Instance | None:
         """Queue for a slot. Returns the instance (slot reserved) or None: retry from the top."""
@@ -293,8 +303,8 @@ class ModelPool:
         if remaining <= 0:
             raise CapacityTimeout(f"no free slot on model {self.spec.id!r} in time", retry_after_s=1)
         fut: asyncio.Future[Instance | None] = loop.create_future()
-        entry = (fut, prefix)
-        self.waiters.append(entry)
+        key, weight, priority = current_key()
+        entry = self.waiters.push(fut, prefix, key, weight, priority)
         try:
             return await asyncio.wait_for(fut, remaining)
         except asyncio.TimeoutError:
@@ -304,14 +314,11 @@ class ModelPool:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 got = fut.result()
                 if got is not None:
-                    self.release(got)
+                    self.unreserve(got)
             raise
         finally:
             if fut.cancelled():  # timed out or the caller left: still queued (served ones were popped)
-                try:
-                    self.waiters.remove(entry)
-                except ValueError:
-                    pass
+                self.waiters.remove(entry)
             if not self.waiters and self.inflight == 0:
                 self._on_capacity()
 
@@ -332,28 +339,28 @@ class ModelPool:
 
     def wake_waiters(self) -> None:
         """Tell every waiter to retry from the top (the model was unloaded)."""
-        while self.waiters:
-            fut, _ = self.waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
+        for w in self.waiters.take_all():
+            if not w.fut.done():
+                w.fut.set_result(None)
 
     def fail_waiters(self, exc: Exception) -> None:
-        while self.waiters:
-            fut, _ = self.waiters.popleft()
-            if not fut.done():
-                fut.set_exception(exc)
+        for w in self.waiters.take_all():
+            if not w.fut.done():
+                w.fut.set_exception(exc)
 
     def _serve_waiters(self) -> None:
-        while self.waiters and not self.draining:
-            fut, prefix = self.waiters[0]
-            if fut.done():
-                self.waiters.popleft()
+        while not self.draining:
+            w: Waiter | None = self.waiters.next()
+            if w is None:
+                return
+            if w.fut.done():
+                self.waiters.remove(w)
                 continue
-            inst = self._pick(prefix)
+            inst = self._pick(w.prefix)
             if inst is None:
                 return
-            self.waiters.popleft()
-            fut.set_result(inst)
+            self.waiters.serve(w)
+            w.fut.set_result(inst)
 
     def _pick(self, prefix: str | None) -> Instance | None:
         best: Instance | None = None
@@ -377,7 +384,7 @@ class ModelPool:
         slots = self._slots[best]
         slots.busy += 1
         if prefix:
-            slots.recent.append(prefix[:_PREFIX_KEY_CHARS])
+            slots.recent.append(prefix[:PREFIX_KEY_CHARS])
         self.last_used = slots.last_used = time.time()
         return best
 

@@ -15,7 +15,8 @@ blocks are dropped.
 
 Top-level fields: those that only describe the request (``metadata``, ``service_tier``,
 ``inference_geo``, ``speed``, ``cache_control`` -- corral's prefix cache is automatic --,
-``diagnostics``, ``user_profile_id``, ``workspace_id``) are ignored; any other field is a
+``diagnostics``, ``user_profile_id``, ``workspace_id``) are ignored, ``priority`` is the
+fair queue's (read by corral.api.access); any other field is a
 400 that names it, as are images, documents, ``output_config.effort`` and the
 server-side features (``container``, ``mcp_servers``, ``context_management``): never an
 answer that silently leaves out what was asked.
@@ -141,7 +142,7 @@ class _OutputConfig(BaseModel):
 # Top-level fields that only describe the request: accepted, no effect on the answer.
 _DESCRIPTIVE = frozenset({"metadata", "service_tier", "inference_geo", "speed", "cache_control",
                           "diagnostics", "user_profile_id", "workspace_id",
-                          "priority"})  # corral's (vLLM's name): checked against the key by api/access.py
+                          "priority"})  # the fair queue's (vLLM's name), read and bounded by corral.api.access
 # count_tokens also takes a whole Messages body: its generation fields change no count
 _COUNT_ALSO_IGNORES = _DESCRIPTIVE | {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
                                       "ignore_eos"}

@@ -1,0 +1,172 @@
+"""Scenario ``fairness``: a heavy key at c=16 with long generations and a light key at c=1
+with short ones, on one model with 4 slots.
+
+Per server, the light key alone first (its TTFT), then with the heavy key running: the
+heavy clients fill the slots and the queue, the light client starts after a ramp and
+sends its requests one after another; the heavy clients stop starting new requests
+when the light one is done. Reported: the light key's TTFT p50/p95 with the heavy key
+against alone (goal <= 1.5x p50, <= 2x p95), and the aggregate tok/s of both keys.
+
+Servers, in one run: corral with two keys (the fair queue: corral.control.fair_queue),
+corral without keys (one anonymous key: its queue is FIFO; the tok/s reference for the
+fair queue, goal >= 0.97x) and llama-server -np 4 (FIFO), same client code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from bench.clients.loadgen import RequestResult, completion_body, fmt, one_request, pct
+from bench.context import SLOT_CTX, Ctx, log, start
+from bench.report import Table
+from bench.servers import Server, corral_cmd, free_port, llama_server_cmd
+from corral.keys_file import KeySpec, hash_secret, write_keys
+
+HEAVY_C, SLOTS = 16, 4
+PER_SERVER_S = 200  # x0.6 with --quick: a server past it gets a row saying so, the others keep theirs
+SECRETS = {"heavy": "crl_bench-heavy-0123456789abcdef0123", "light": "crl_bench-light-0123456789abcdef0123"}
+
+
+def _client(secret: str | None, n: int) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    return httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(600, connect=30),
+                             limits=httpx.Limits(max_connections=n + 2, max_keepalive_connections=n + 2))
+
+
+async def _light(client: httpx.AsyncClient, url: str, model: str | None, n: int, max_tokens: int,
+                 first: int, budget_s: float | None = None) -> list[RequestResult]:
+    """``n`` requests one after another; none started after ``budget_s`` (at least two)."""
+    out: list[RequestResult] = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        if budget_s is not None and len(out) >= 2 and time.perf_counter() - t0 > budget_s:
+            break
+        out.append(await one_request(client, url, completion_body(model, first + i, max_tokens), 600))
+    return out
+
+
+async def _contended(base: str, model: str | None, secrets: tuple[str | None, str | None], n_light: int,
+                     light_tokens: int, heavy_tokens: int, ramp_s: float, budget_s: float) -> dict[str, Any]:
+    url = base + "/v1/completions"
+    heavy_c, light_c = _client(secrets[0], HEAVY_C), _client(secrets[1], 1)
+    stop = asyncio.Event()
+    heavy: list[RequestResult] = []
+    counter = iter(range(10**6))
+
+    async def heavy_worker() -> None:
+        while not stop.is_set():
+            res = RequestResult(ok=False)
+            heavy.append(res)
+            await one_request(heavy_c, url, completion_body(model, 100_000 + next(counter), heavy_tokens), 600, res)
+
+    t0 = time.perf_counter()
+    workers = [asyncio.ensure_future(heavy_worker()) for _ in range(HEAVY_C)]
+    try:
+        await asyncio.sleep(ramp_s)  # the slots and the queue fill with heavy requests
+        light = await _light(light_c, url, model, n_light, light_tokens, 500_000, budget_s)
+    finally:  # the window ends here: running heavy requests are cut, their tokens count
+        stop.set()
+        wall = time.perf_counter() - t0
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        await heavy_c.aclose()
+        await light_c.aclose()
+    toks = sum(r.completion_tokens for r in heavy + light)
+    return {"light": light, "heavy": heavy, "wall_s": wall, "tok_s": toks / wall if wall else 0.0}
+
+
+def _ttft(results: list[RequestResult]) -> tuple[float | None, float | None]:
+    v = [r.ttft_s * 1000 for r in results if r.ok and r.ttft_s is not None]
+    return pct(v, 50), pct(v, 95)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "–"
+
+
+async def sc_fairness(ctx: Ctx) -> list[Table]:
+    n_light = ctx.n(12, 4)
+    light_tokens, heavy_tokens = 16, ctx.n(128, 32)
+    t = Table(f"Fairness: heavy key c={HEAVY_C} x {heavy_tokens} tokens, light key c=1 x {light_tokens} "
+              f"tokens (up to {n_light} requests), one model with {SLOTS} slots",
+              ["server", "light TTFT p50 ms alone", "p95 alone", "light requests with heavy", "p50 with heavy",
+               "p95 with heavy",
+               "p50 ratio (goal <= 1.5x)", "p95 ratio (goal <= 2x)", "heavy requests", "errors",
+               "aggregate tok/s", "tok/s vs corral FIFO"])
+    data: dict[str, Any] = {}
+    fifo_tok_s: float | None = None
+
+    async def one(name: str, srv: Server, model: str | None, secrets: tuple[str | None, str | None]) -> None:
+        nonlocal fifo_tok_s
+        light_c = _client(secrets[1], 1)
+        try:
+            for i in range(2):  # unmeasured: the model loads, caches warm
+                w = await one_request(light_c, srv.base_url + "/v1/completions",
+                                      completion_body(model, 900_000 + i, 8), 300)
+                if not w.ok:
+                    raise RuntimeError(f"warmup failed: {w.error}")
+            log(f"fairness: {name} light alone")
+            alone = await _light(light_c, srv.base_url + "/v1/completions", model, n_light, light_tokens, 0)
+        finally:
+            await light_c.aclose()
+        log(f"fairness: {name} light with heavy")
+        c = await _contended(srv.base_url, model, secrets, n_light, light_tokens, heavy_tokens, ramp_s=2.0,
+                             budget_s=ctx.n(150, 30))
+        a50, a95 = _ttft(alone)
+        h50, h95 = _ttft(c["light"])
+        errors = sum(r.error is not None for r in alone + c["light"] + c["heavy"])
+        if name.startswith("corral FIFO"):
+            fifo_tok_s = c["tok_s"]
+        vs = f"{c['tok_s'] / fifo_tok_s:.2f}x" if fifo_tok_s and not name.startswith("corral FIFO") else "–"
+        t.rows.append([name, fmt(a50, 0), fmt(a95, 0), str(len(c["light"])), fmt(h50, 0), fmt(h95, 0),
+                       _ratio(h50, a50),
+                       _ratio(h95, a95), str(len(c["heavy"])), str(errors), fmt(c["tok_s"]), vs])
+        data[name] = {"alone_ttft_ms": [a50, a95], "with_heavy_ttft_ms": [h50, h95], "tok_s": c["tok_s"],
+                      "wall_s": c["wall_s"], "heavy_requests": len(c["heavy"]), "errors": errors}
+
+    async def corral(name: str, keyed: bool) -> None:
+        port, srv = free_port(), None
+        try:
+            server: dict[str, Any] = {}
+            if keyed:
+                path = ctx.tmp / "fairness-keys.toml"
+                write_keys(path, {k: KeySpec(hash=hash_secret(s)) for k, s in SECRETS.items()})
+                server["keys_file"] = str(path)
+            cfg = ctx.corral_config("fairness", {"bench": ctx.corral_model(SLOTS)}, **server)
+            srv = start(f"corral-fairness-{'keys' if keyed else 'fifo'}", corral_cmd(cfg, port), port)
+            async with asyncio.timeout(PER_SERVER_S * (0.6 if ctx.quick else 1)):
+                await one(name, srv, "bench", (SECRETS["heavy"], SECRETS["light"]) if keyed else (None, None))
+        except Exception as e:  # noqa: BLE001
+            t.rows.append([name, "FAILED" if not isinstance(e, TimeoutError) else "TIMED OUT"] + ["–"] * 10 + [(str(e).splitlines() or [type(e).__name__])[0][:90]])
+        finally:
+            if srv:
+                srv.stop()
+
+    if "corral" in ctx.args.servers:
+        await corral("corral FIFO (no keys: one anonymous key)", keyed=False)
+        await corral("corral fair queue (two keys)", keyed=True)
+    if "llama-server" in ctx.args.servers and not ctx.args.no_reference:
+        port, srv = free_port(), None
+        try:
+            cmd = llama_server_cmd(ctx.need_llama(), ctx.model, port, n_parallel=SLOTS, slot_ctx=SLOT_CTX,
+                                   threads=ctx.threads)
+            srv = start("llama-server-fairness", cmd, port)
+            async with asyncio.timeout(PER_SERVER_S * (0.6 if ctx.quick else 1)):
+                await one(f"llama-server -np {SLOTS} (FIFO)", srv, None, (None, None))
+        except Exception as e:  # noqa: BLE001
+            t.rows.append(["llama-server", "FAILED" if not isinstance(e, TimeoutError) else "TIMED OUT"] + ["–"] * 10 + [(str(e).splitlines() or [type(e).__name__])[0][:90]])
+        finally:
+            if srv:
+                srv.stop()
+    t.notes.append("TTFT of the light key's requests; 'with heavy' starts after a 2 s ramp in which the heavy "
+                   "clients fill the slots and the queue; the light client starts no request after "
+                   f"{ctx.n(150, 30)} s of it (at least two). Aggregate tok/s: both keys' completion tokens streamed in the "
+                   "contended phase (heavy requests still running at its end are cut). corral preempts nothing yet: a light request waits for the first heavy "
+                   "generation to end, then takes its slot ahead of the queued heavy ones")
+    t.data = data
+    return [t]
