@@ -162,6 +162,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     parallel_tool_calls: bool = True  # False: at most one call is parsed
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     echo: bool = False
+    speculative: bool | None = None  # draft and verify (the model's ``speculative``); None: as the model says
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):
@@ -324,6 +325,9 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
     kv_bytes: int
     tokens_generated: int  # since start
     tokens_prompt: int
+    spec_drafted: int = 0  # draft tokens verified (worker/speculate.py)
+    spec_accepted: int = 0  # of them accepted
+    gen_steps: int = 0  # slot-steps that emitted tokens; tokens_generated / gen_steps: tokens per step
 
 
 FromWorker = Union[

@@ -11,8 +11,8 @@ Each ``step()``:
 
 1. gives waiting requests a free slot, the one whose cached tokens share the longest
    valid prefix with the prompt (prefix reuse, see ``slots.reuse_len``);
-2. builds ONE batch: the last sampled token of every generating slot, then prompt
-   chunks of prefilling slots while the n_batch budget lasts;
+2. builds ONE batch: the last sampled token of every generating slot (and its draft,
+   speculate.py), then prompt chunks of prefilling slots while the n_batch budget lasts;
 3. runs one ``llama_decode`` (C, releases the GIL);
 4. draws the next token of every slot whose logits were computed, side by side on the
    ``sampling_threads`` (sample_pool.py), then per slot in batch order on this thread:
@@ -33,7 +33,7 @@ from typing import Union
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import requests, sample_pool, sampling
+from corral.worker import requests, sample_pool, sampling, speculate
 from corral.worker.embed import embed_request
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, load_model, rss_bytes
@@ -80,6 +80,7 @@ class Engine:
         self.tokens_generated = 0
         self.tokens_prompt = 0
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
+        self.spec = speculate.Speculator(settings, self.m.n_slots, ll.llama_n_ubatch(self.m.ctx))
 
     # ------------------------------------------------------------------ commands
 
@@ -138,7 +139,9 @@ class Engine:
         return wire.Stats(slots_busy=sum(1 for s in self.slots if s.busy), slots_total=len(self.slots),
                           waiting=len(self.waiting) + len(self.embed_waiting), rss_bytes=rss_bytes(),
                           model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes,
-                          tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt)
+                          tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt,
+                          spec_drafted=self.spec.drafted, spec_accepted=self.spec.accepted,
+                          gen_steps=self.spec.gen_steps)
 
     def set_threads(self, n: int) -> None:
         """Threads for the next decodes: the configured ones, or ``n`` for both kinds of batch
@@ -223,6 +226,7 @@ class Engine:
         if req.messages is not None and self.template is not None and not p.ignore_eos and grammar is None:
             stops += [s for s in self.template.stop_strings if s not in stops]
         slot.out = SlotOutput(req.id, stops, requests.tool_parser(req))
+        self.spec.start(slot, req)
         slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] \
             if echo_lp else None
         if req.echo and not echo_lp:
@@ -242,19 +246,8 @@ class Engine:
             self._run_embeddings()
         self._admit()
         b = self._batch
-        n = 0
-        outputs: list[tuple[Slot, int]] = []
+        n, outputs = self.spec.fill(b, self.slots, self.m)  # pending tokens and drafts (speculate.py)
         echo_chunks: list[tuple[Slot, int, int, int]] = []  # slot, batch index, prompt pos, count
-        for slot in self.slots:
-            if slot.job is not None and slot.pending >= 0:
-                b.token[n] = slot.pending
-                b.pos[n] = len(slot.cached)
-                b.seq[n] = slot.index
-                b.logits[n] = 1
-                outputs.append((slot, n))
-                slot.cached.append(slot.pending)
-                slot.pending = -1
-                n += 1
         budget = b.cap - n
         for slot in self.slots:
             if budget <= 0:
@@ -336,23 +329,30 @@ class Engine:
             if slot.max_tokens == 0:
                 self._finish(slot, "length")
 
-    def _draw(self, item: tuple[Slot, int]) -> sample_pool.Drawn:
-        """On any sampling thread: touches only this slot's sampler."""
+    def _draw(self, item: tuple[Slot, int]) -> list[sample_pool.Drawn]:
+        """On any sampling thread: touches only this slot's sampler (a draw per verified draft token)."""
         slot, idx = item
-        return sample_pool.draw(slot.sampler, self.m.ctx, idx, is_eog=self.tok.is_eog, ends_on_eog=not slot.ignore_eos,
-                                logprobs=slot.logprobs, n_vocab=self.m.n_vocab, piece=self.tok.piece)
 
-    def _take(self, slot: Slot, drawn: sample_pool.Drawn) -> None:
-        """A slot's drawn token, on the engine thread: a failure fails this request only."""
+        def one(i: int) -> sample_pool.Drawn:
+            return sample_pool.draw(slot.sampler, self.m.ctx, i, is_eog=self.tok.is_eog, ends_on_eog=not slot.ignore_eos,
+                                    logprobs=slot.logprobs, n_vocab=self.m.n_vocab, piece=self.tok.piece)
+        return self.spec.draws(slot, idx, one, not slot.ignore_eos, self.tok.is_eog)
+
+    def _take(self, slot: Slot, drawn: list[sample_pool.Drawn]) -> None:
+        """A slot's drawn tokens, on the engine thread: a failure fails this request only."""
         job = slot.job
-        assert job is not None and slot.out is not None
+        assert job is not None
         try:
-            if drawn.error is not None:
-                raise drawn.error
-            self._next_token(slot, slot.out, drawn.token, drawn.logprob)
+            for d in drawn:
+                if slot.job is not job or slot.out is None:
+                    break  # it finished on an earlier token
+                if d.error is not None:
+                    raise d.error
+                self._next_token(slot, slot.out, d.token, d.logprob)
         except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
             log.exception("sampling failed for %s", job.req.id)
             self._fail(slot, job, f"{type(exc).__name__}: {exc}")
+        self.spec.settle(slot, drawn, self.m)
 
     def _next_token(self, slot: Slot, out: SlotOutput, tok: int | None, lp: wire.TokenLogprob | None) -> None:
         now = time.perf_counter()
