@@ -116,7 +116,8 @@ def chat_spec(body: ChatCompletionRequest, endpoint: str = "chat") -> Generation
         reqs.append(wire.GenerateRequest(
             id=rid if body.n == 1 else f"{rid}-{i}", messages=messages, params=p, grammar=grammar,
             json_schema=schema, tools=tools, parse_tool_calls=body.uses_tools(),
-            parallel_tool_calls=body.parallel_tool_calls is not False, logprobs=body.wire_logprobs()))
+            parallel_tool_calls=body.parallel_tool_calls is not False, logprobs=body.wire_logprobs(),
+            speculative=body.speculative))
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix)
 
@@ -140,7 +141,8 @@ def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> G
             text, toks = (prompt, None) if isinstance(prompt, str) else (None, prompt)
             reqs.append(wire.GenerateRequest(
                 id=rid if len(prompts) * body.n == 1 else f"{rid}-{i}", prompt=text, prompt_tokens=toks,
-                params=p, grammar=grammar, json_schema=schema, logprobs=body.logprobs, echo=body.echo))
+                params=p, grammar=grammar, json_schema=schema, logprobs=body.logprobs, echo=body.echo,
+                speculative=body.speculative))
     first = prompts[0]
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, first if isinstance(first, str) else None)
 
