@@ -11,7 +11,7 @@ Three servers up at once (idle ones use no CPU), same model, threads and client,
 Two workloads, streamed /v1/completions with ``ignore_eos``, each request its own prompt:
 
 - ``edit``: a ~300-token code listing and "the same code again, with one name changed:";
-  the answer repeats most of the prompt (greedy, 160 tokens);
+  the answer repeats most of the prompt (greedy, 128 tokens);
 - ``chat``: the plain story prompts of the other scenarios with llama.cpp's default
   sampling (64 tokens), where drafts rarely hold: speculation must not lose there.
 
@@ -42,7 +42,7 @@ __all__ = ["sc_speculation", "edit_prompt"]
 C_LIST = (1, 4)
 N_SLOTS = 4
 SPEC_ARGS = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "16"]
-WORKLOADS = {"edit": 160, "chat": 64}  # max_tokens
+WORKLOADS = {"edit": 128, "chat": 64}  # max_tokens
 _NAMES = ("total", "count", "value", "items", "result", "index", "limit", "offset")
 
 
@@ -57,11 +57,12 @@ def edit_prompt(i: int) -> str:
                      f"        return {a} - {b} * {k + 1}\n"
                      f"    return {b} + {a} // {k + 2}\n")
     code = "\n".join(funcs)
-    return f"# file job_{i}.py\n{code}\n# the same file, with `{a}` renamed to `x`:\n# file job_{i}.py\n"
+    return (f"# file job_{i}.py\n{code}\n# the same file, with `{a}` renamed to `x`:\n# file job_{i}.py\n"
+            f"def step_{i}_0(x, {b}):\n")
 
 
-def _body(workload: str, i: int, model: str | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"max_tokens": WORKLOADS[workload], "stream": True, "ignore_eos": True,
+def _body(workload: str, i: int, model: str | None, max_tokens: int | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"max_tokens": max_tokens or WORKLOADS[workload], "stream": True, "ignore_eos": True,
                             "stream_options": {"include_usage": True}}
     if workload == "edit":
         body.update(prompt=edit_prompt(i), temperature=0.0)
@@ -72,7 +73,8 @@ def _body(workload: str, i: int, model: str | None) -> dict[str, Any]:
     return body
 
 
-async def _load(base: str, model: str | None, workload: str, c: int, n: int, first: int, label: str) -> LoadResult:
+async def _load(base: str, model: str | None, workload: str, c: int, n: int, first: int, label: str,
+                max_tokens: int | None = None) -> LoadResult:
     url = base.rstrip("/") + "/v1/completions"
     results: list[RequestResult] = []
     order = iter(range(first, first + n))
@@ -81,7 +83,7 @@ async def _load(base: str, model: str | None, workload: str, c: int, n: int, fir
             for i in order:
                 res = RequestResult(ok=False)
                 results.append(res)
-                await one_request(client, url, _body(workload, i, model), 300.0, res)
+                await one_request(client, url, _body(workload, i, model, max_tokens), 300.0, res)
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(c)))
         wall = time.perf_counter() - t0
@@ -103,7 +105,7 @@ async def _spec_stats(base: str) -> dict[str, Any] | None:
 async def sc_speculation(ctx: Ctx) -> list[Table]:
     rounds = ctx.n(2, 1)
     t = Table("Speculative decoding (n-gram): /v1/completions, stream, ignore_eos, 4 slots each; edit = "
-              "a 300-token code listing copied with one rename (greedy, 160 tokens), chat = story prompts "
+              "a 300-token code listing copied with one rename (greedy, 128 tokens), chat = story prompts "
               "(default sampling, 64 tokens); ratios = corral tok/s over each llama-server's, same round "
               "(median round)",
               ["workload", "c", "corral ngram tok/s", "llama-server ngram tok/s", "llama-server plain tok/s",
@@ -121,7 +123,7 @@ async def sc_speculation(ctx: Ctx) -> list[Table]:
             servers[name] = start(name, cmd, lport)
         for name, srv in servers.items():  # warm up
             for w in WORKLOADS:
-                await _load(srv.base_url, models[name], w, 2, 2, 900_000, f"warm {name}")
+                await _load(srv.base_url, models[name], w, 2, 2, 900_000, f"warm {name}", max_tokens=16)
         results: dict[tuple[str, str, int], list[LoadResult]] = {}
         idx = 0
         for rnd in range(rounds):

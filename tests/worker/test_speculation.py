@@ -21,7 +21,7 @@ import pytest
 
 from corral import wire
 from corral.worker.engine import Engine
-from corral.worker.speculate import FAILS_BEFORE_PAUSE, PAUSE_STEPS, Speculator, find_draft
+from corral.worker.speculate import FAILS_BEFORE_PAUSE, PAUSE_STEPS, Speculator, find_draft, worth
 from corral.worker.sampling import logits_at
 from corral.worker.slots import Batch, Slot
 from corral.worker.sample_pool import Drawn
@@ -106,6 +106,14 @@ def test_find_draft_takes_the_latest_longest_match() -> None:
     assert find_draft(np.array([4, 5, 6, 7], dtype=np.int32), 4) == []  # no repeat
     # a 2-gram serves when no 3-gram repeats
     assert find_draft(np.array([5, 6, 1, 2, 9, 9, 1, 2], dtype=np.int32), 2) == [9, 9]
+
+
+def test_drafts_are_as_long_as_they_pay() -> None:
+    assert worth(0.95, 1, 0.5) == 13  # 0.95^13 > 0.5 > 0.95^14
+    assert worth(0.95, 4, 0.5) == 4  # four slots: the step's own tokens are cheap per token
+    assert worth(0.95, 4, 0.5) < worth(0.99, 4, 0.5)
+    assert worth(0.6, 4, 0.5) == 0 and worth(0.6, 1, 0.1) > 0  # cheap tokens (a GPU): drafts pay sooner
+    assert worth(1.0, 8, 0.5) > 64
 
 
 def test_a_slot_whose_drafts_fail_pauses_then_drafts_again() -> None:

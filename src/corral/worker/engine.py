@@ -80,7 +80,7 @@ class Engine:
         self.tokens_generated = 0
         self.tokens_prompt = 0
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
-        self.spec = speculate.Speculator(settings, self.m.n_slots, ll.llama_n_ubatch(self.m.ctx))
+        self.spec = speculate.Speculator(settings, self.m.n_slots, ll.llama_n_ubatch(self.m.ctx), self.info.gpu_layers)
 
     # ------------------------------------------------------------------ commands
 

@@ -17,8 +17,14 @@ draft too: a draft token the grammar forbids is simply never drawn. ``settle`` r
 rejected tail from the KV cache (``llama_memory_seq_rm``) and from ``slot.cached``.
 
 A slot without a draft decodes one token as before, so speculation never holds back the
-others. A slot whose drafts keep failing halves its draft length, then pauses drafting
-for a while (longer after each pause that did not help).
+others. How long a draft is worth it (``worth``): the j-th draft token is accepted with
+probability r^j (r: the slot's recent per-token acceptance, a decayed count) and costs
+``token_cost`` of a one-token step (about 0.35 on a CPU, where a decode's time grows with
+its tokens; far less on a GPU); with B slots generating, a draft token pays when
+r^j > token_cost * B / (1 + token_cost * (B - 1)), the tokens per unit of time of the step
+without it. So with many slots only confident drafts are sent. A slot whose drafts are not
+worth it (or keep failing) probes again with a short draft after a pause that doubles
+each time the probe fails.
 
 Sliding-window attention (Gemma 3): the window's cells may be reused by llama.cpp once no
 position of their sequence needs them, judged from the sequence's newest position before
@@ -31,6 +37,7 @@ the first ubatch, so a rolled-back draft never cost a cell the next positions ne
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,6 +59,19 @@ NGRAM_MIN = 2  # the shortest
 FAILS_BEFORE_PAUSE = 3  # drafts in a row with nothing accepted
 PAUSE_STEPS = 16  # the first pause; doubles after each pause that did not help
 MAX_PAUSE = 256
+CPU_TOKEN_COST = 0.35  # a draft token's cost in one-token steps, no GPU layers (measured on 2 cores, Gemma 270M)
+GPU_TOKEN_COST = 0.1  # with GPU layers (a decode of a few tokens costs about one)
+_DECAY = 0.8  # the acceptance counts' decay per verified draft
+
+
+def worth(r: float, n_gen: int, token_cost: float) -> int:
+    """The longest draft whose every token pays: r^j above the step's tokens per cost."""
+    threshold = token_cost * n_gen / (1.0 + token_cost * (n_gen - 1))
+    if r <= threshold or r <= 0.0:
+        return 0
+    if r >= 1.0:
+        return 1 << 20
+    return int(math.log(threshold) / math.log(r))
 
 
 @dataclass
@@ -60,6 +80,8 @@ class SlotSpec:
 
     on: bool = False
     cap: int = 0  # the longest draft tried now (adapts between draft_min and draft_max)
+    hits: float = 3.0  # decayed count of accepted draft tokens ...
+    tries: float = 4.0  # ... and of draft tokens judged (accepted, or the first rejected)
     draft: list[int] = field(default_factory=list)  # this step's draft
     base: int = 0  # the pending token's position this step
     fails: int = 0
@@ -87,8 +109,9 @@ def find_draft(history: npt.NDArray[np.int32], length: int, n_max: int = NGRAM_M
 class Speculator:
     """The engine's drafts and their bookkeeping; one per engine."""
 
-    def __init__(self, s: wire.WorkerSettings, n_slots: int, n_ubatch: int) -> None:
+    def __init__(self, s: wire.WorkerSettings, n_slots: int, n_ubatch: int, gpu_layers: int = 0) -> None:
         self.mode = s.speculative
+        self.token_cost = GPU_TOKEN_COST if gpu_layers else CPU_TOKEN_COST
         self.draft_max = s.draft_max
         self.draft_min = min(s.draft_min, s.draft_max)
         self.states = [SlotSpec() for _ in range(n_slots)]
@@ -111,7 +134,7 @@ class Speculator:
         outputs: list[tuple[Slot, int]] = []
         for slot in gen:
             st = self.states[slot.index]
-            st.draft = self._draft(slot, st, room, m)
+            st.draft = self._draft(slot, st, room, m, len(gen))
             room -= len(st.draft)
             st.base = len(slot.cached)
             for k, tok in enumerate([slot.pending, *st.draft]):
@@ -126,13 +149,17 @@ class Speculator:
             n += 1 + len(st.draft)
         return n, outputs
 
-    def _draft(self, slot: Slot, st: SlotSpec, room: int, m: LoadedModel) -> list[int]:
+    def _draft(self, slot: Slot, st: SlotSpec, room: int, m: LoadedModel, n_gen: int) -> list[int]:
         if not st.on:
             return []
         if st.pause > 0:
             st.pause -= 1
             return []
-        length = min(st.cap, room, slot.max_tokens - slot.n_gen - 1, m.n_ctx_slot - len(slot.cached) - 1)
+        pays = worth(st.hits / st.tries, n_gen, self.token_cost)
+        if pays < self.draft_min:  # a probe now, then a pause (doubling while probes fail)
+            pays = self.draft_min
+            st.pause, st.pause_len = st.pause_len, min(MAX_PAUSE, st.pause_len * 2)
+        length = min(st.cap, pays, room, slot.max_tokens - slot.n_gen - 1, m.n_ctx_slot - len(slot.cached) - 1)
         if length < self.draft_min:
             return []
         hist = np.fromiter(slot.cached, dtype=np.int32, count=len(slot.cached))
@@ -167,6 +194,8 @@ class Speculator:
             k += 1
         self.drafted += len(draft)
         self.accepted += k
+        st.hits = st.hits * _DECAY + k
+        st.tries = st.tries * _DECAY + k + (1 if k < len(draft) else 0)
         keep = st.base + 1 + k
         if len(slot.cached) > keep:  # (a failed slot's cache is already cleared)
             ll.llama_memory_seq_rm(m.memory, slot.index, keep, -1)  # partial removal: always done for a KV cache
@@ -181,7 +210,7 @@ class Speculator:
             if st.fails >= FAILS_BEFORE_PAUSE:
                 st.pause, st.pause_len, st.fails = st.pause_len, min(MAX_PAUSE, st.pause_len * 2), 0
         else:
-            st.fails = 0
+            st.fails = st.pause = 0
             st.pause_len = PAUSE_STEPS
             if k == len(draft):
                 st.cap = min(self.draft_max, st.cap * 2)
