@@ -42,8 +42,8 @@ PROMPTS = [
     "Once upon a time, in a small village by the sea,",
     "Q: What is two plus two?\nA:",
     # past Gemma's 512-token sliding window: rollbacks there must keep the window whole
-    "Here is some code:\n" + CODE * 6 + "\nAnd once more:\n",
-    "Records:\n" + JSON * 5 + "Again:\n",
+    "Here is some code:\n" + CODE * 7 + "\nAnd once more:\n",
+    "Records:\n" + JSON * 8 + "Again:\n",
 ]
 GRAMMARS = {  # grammar-constrained requests among the others
     "g-json": 'root ::= "{\\"name\\": \\"" [A-Za-z]+ "\\", \\"city\\": \\"" [A-Za-z]+ "\\"}" [\\n] root?',
