@@ -1,12 +1,14 @@
 """Scenario ``speculation``: n-gram speculative decoding, corral vs llama-server with and without.
 
-Three servers up at once (idle ones use no CPU), same model, threads and client, 4 slots each:
+Four servers up at once (idle ones use no CPU), same model, threads and client, 4 slots each:
 
 - corral with ``speculative = "ngram"`` (worker/speculate.py);
 - llama-server with ``--spec-type ngram-simple`` and short n-grams (``--spec-ngram-simple-size-n 3
   --spec-ngram-simple-size-m 16``: on this workload better than the defaults 12/48, which
   rarely find a 12-token match to draft from);
-- llama-server without speculation.
+- llama-server without speculation;
+- corral without speculation (``speculative = "off"``), to tell speculation's share of a
+  ratio from the plain loop's.
 
 Two workloads, streamed /v1/completions with ``ignore_eos``, each request its own prompt:
 
@@ -109,9 +111,9 @@ async def sc_speculation(ctx: Ctx) -> list[Table]:
               "(default sampling, 64 tokens); ratios = corral tok/s over each llama-server's, same round "
               "(median round)",
               ["workload", "c", "corral ngram tok/s", "llama-server ngram tok/s", "llama-server plain tok/s",
-               "vs ngram", "vs plain", "errors"])
+               "corral plain tok/s", "vs ngram", "vs plain", "vs corral plain", "errors"])
     servers: dict[str, Server] = {}
-    models: dict[str, str | None] = {"corral": "bench", "ls-ngram": None, "ls-plain": None}
+    models: dict[str, str | None] = {"corral": "bench", "ls-ngram": None, "ls-plain": None, "corral-plain": "bench"}
     try:
         port = free_port()
         cfg = ctx.corral_config("speculation", {"bench": ctx.corral_model(N_SLOTS, speculative="ngram")})
@@ -121,6 +123,9 @@ async def sc_speculation(ctx: Ctx) -> list[Table]:
             cmd = llama_server_cmd(ctx.need_llama(), ctx.model, lport, n_parallel=N_SLOTS, slot_ctx=SLOT_CTX,
                                    threads=ctx.threads) + extra
             servers[name] = start(name, cmd, lport)
+        port = free_port()
+        cfg = ctx.corral_config("speculation-plain", {"bench": ctx.corral_model(N_SLOTS, speculative="off")})
+        servers["corral-plain"] = start("corral-plain", corral_cmd(cfg, port), port)
         for name, srv in servers.items():  # warm up
             for w in WORKLOADS:
                 await _load(srv.base_url, models[name], w, 2, 2, 900_000, f"warm {name}", max_tokens=16)
@@ -146,10 +151,12 @@ async def sc_speculation(ctx: Ctx) -> list[Table]:
             rs = {name: results[(name, w, c)] for name in servers}
             vs_ngram = [a.tok_s / b.tok_s if b.tok_s else 0.0 for a, b in zip(rs["corral"], rs["ls-ngram"])]
             vs_plain = [a.tok_s / b.tok_s if b.tok_s else 0.0 for a, b in zip(rs["corral"], rs["ls-plain"])]
+            vs_own = [a.tok_s / b.tok_s if b.tok_s else 0.0 for a, b in zip(rs["corral"], rs["corral-plain"])]
             k = min(range(len(vs_plain)), key=lambda j: abs(vs_plain[j] - statistics.median(vs_plain)))
             t.rows.append([w, str(c), fmt(rs["corral"][k].tok_s), fmt(rs["ls-ngram"][k].tok_s),
-                           fmt(rs["ls-plain"][k].tok_s), f"{statistics.median(vs_ngram):.2f}x",
-                           f"{statistics.median(vs_plain):.2f}x",
+                           fmt(rs["ls-plain"][k].tok_s), fmt(rs["corral-plain"][k].tok_s),
+                           f"{statistics.median(vs_ngram):.2f}x", f"{statistics.median(vs_plain):.2f}x",
+                           f"{statistics.median(vs_own):.2f}x",
                            str(sum(r.errors for v in rs.values() for r in v))])
             data[f"{w} c={c}"] = {name: [r.as_dict() for r in v] for name, v in rs.items()}
     if spec:
