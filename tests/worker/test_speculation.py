@@ -274,3 +274,27 @@ def test_the_chi2_check_can_fail() -> None:
     b = Counter({(1,): 60, (2,): 100})
     assert _chi2_two_samples(a, b) < 1e-6
     assert _chi2_two_samples(a, Counter({(1,): 118, (2,): 42})) > 0.5
+
+
+def test_one_and_four_sampling_threads_send_the_same_messages(model_path: Path) -> None:
+    """A slot's draws of a step (one per verified draft token) run on one thread: the
+    messages do not depend on how many threads draw (worker/sample_pool.py)."""
+    reqs = [wire.GenerateRequest(id="copy", prompt=PROMPTS[0], logprobs=2,
+                                 params=wire.SamplingParams(temperature=0.0, max_tokens=48)),
+            wire.GenerateRequest(id="json", prompt=PROMPTS[1], grammar=GRAMMARS["g-json"],
+                                 params=wire.SamplingParams(temperature=0.0, max_tokens=40)),
+            wire.GenerateRequest(id="sampled", prompt=PROMPTS[3],
+                                 params=wire.SamplingParams(temperature=0.9, seed=3, max_tokens=40)),
+            wire.GenerateRequest(id="story", prompt=PROMPTS[2],
+                                 params=wire.SamplingParams(temperature=0.0, max_tokens=40))]
+    got = []
+    for threads in (1, 4):
+        e = Engine(settings_for(model_path, speculative="ngram", n_parallel=4, sampling_threads=threads))
+        try:
+            _, finals, deltas = run_engine(e, reqs)
+            got.append(({k: [(d.text, d.logprobs) for d in v] for k, v in deltas.items()},
+                        {k: (f.finish_reason, f.usage) for k, f in finals.items()}))  # type: ignore[attr-defined]
+            assert e.stats().spec_accepted > 0
+        finally:
+            e.close()
+    assert got[0] == got[1]
