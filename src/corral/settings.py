@@ -93,6 +93,12 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     reasoning_levels: dict[str, Annotated[int, Meta(ge=0, le=INT32_MAX)]] = msgspec.field(
         default_factory=lambda: {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384})
     verbose: bool = False  # the worker prints llama.cpp's whole log
+    # speculative decoding (worker/speculate.py): "ngram" drafts from the slot's own prompt
+    # and output, verified in the step's one decode; "off": one token per slot and step.
+    # Requests may turn it off (or on, where the model has it) with "speculative".
+    speculative: Literal["ngram", "off"] = "off"
+    draft_max: Annotated[int, Meta(ge=1, le=64)] = 16  # tokens drafted per slot and step at most
+    draft_min: Annotated[int, Meta(ge=1, le=64)] = 2  # a shorter draft is not tried
     # with [server] ray_address: custom Ray resources each instance asks for (e.g. a node tag)
     ray_resources: dict[str, Annotated[float, Meta(ge=0)]] = {}
     # router only (changing these needs no worker restart)

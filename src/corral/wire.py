@@ -43,7 +43,7 @@ from msgspec import Meta
 from corral import frames
 from corral.frames import HEADER, FrameTooLarge, frame
 from corral.settings import INT32_MAX, ModelSettings
-from corral.wire_editors import Infill, InfillChunk, SlotState
+from corral.wire_editors import Infill, InfillChunk, SlotState, TokenizerInfo
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
 
 __all__ = [
@@ -172,6 +172,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     reasoning_effort: str | None = None
     template_kwargs: dict[str, Any] | None = None
     infill: Infill | None = None  # fill-in-the-middle: the prompt is built from the model's FIM tokens
+    speculative: bool | None = None  # draft and verify (the model's ``speculative``); None: as the model says
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):
@@ -227,21 +228,6 @@ FailureCode = Literal[
 class Loading(msgspec.Struct, frozen=True, tag="loading"):
     pid: int
     protocol: int = PROTOCOL_VERSION
-
-
-class TokenizerInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """What a client needs to tokenize for the model itself (GET /tokenizer_info):
-    special tokens as text ("" where the vocabulary has none), whether the vocabulary adds
-    BOS/EOS to a prompt, and the chat template the worker renders with (None: none,
-    corral's plain User:/Assistant: turns)."""
-
-    bos_token: str
-    eos_token: str
-    eot_token: str
-    pad_token: str
-    add_bos: bool
-    add_eos: bool
-    chat_template: str | None
 
 
 class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -366,6 +352,9 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
     tokens_generated: int  # since start
     tokens_prompt: int
     slots: list[SlotState] = []  # each slot's state (GET /slots)
+    spec_drafted: int = 0  # draft tokens verified (worker/speculate.py)
+    spec_accepted: int = 0  # of them accepted
+    gen_steps: int = 0  # slot-steps that emitted tokens; tokens_generated / gen_steps: tokens per step
 
 
 FromWorker = Union[

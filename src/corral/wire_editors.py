@@ -1,4 +1,5 @@
-"""The wire types of code infill and slot inspection (llama-server's /infill and /slots).
+"""The wire types of code infill and inspection (llama-server's /infill and /slots, vLLM's
+/tokenizer_info).
 Part of ``corral.wire`` (which re-exports them; import them from there), kept apart to
 keep that module short. Imports nothing of corral."""
 
@@ -9,7 +10,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-__all__ = ["Infill", "InfillChunk", "SlotState"]
+__all__ = ["Infill", "InfillChunk", "SlotState", "TokenizerInfo"]
 
 
 class InfillChunk(msgspec.Struct, frozen=True):
@@ -44,3 +45,18 @@ class SlotState(msgspec.Struct, frozen=True, kw_only=True):
     n_decoded: int = 0
     n_remain: int = 0
     n_cached: int = 0  # tokens in the slot's KV cache
+
+
+class TokenizerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What a client needs to tokenize for the model itself (GET /tokenizer_info):
+    special tokens as text ("" where the vocabulary has none), whether the vocabulary adds
+    BOS/EOS to a prompt, and the chat template the worker renders with (None: none,
+    corral's plain User:/Assistant: turns)."""
+
+    bos_token: str
+    eos_token: str
+    eot_token: str
+    pad_token: str
+    add_bos: bool
+    add_eos: bool
+    chat_template: str | None

@@ -32,6 +32,11 @@ class _StateCollector:
                                 labels=per_instance)
         node = GaugeMetricFamily("corral_instance_node", "Where an instance runs (1 per instance)",
                                  labels=[*per_instance, "node_address"])
+        spec = {k: GaugeMetricFamily(f"corral_spec_{k}", text, labels=per_instance) for k, text in (
+            ("draft_tokens", "Draft tokens verified since the worker started (speculative decoding)"),
+            ("accepted_tokens", "Draft tokens accepted since the worker started"),
+            ("acceptance_rate", "Accepted / verified draft tokens"),
+            ("tokens_per_step", "Tokens emitted per slot and decode step"))}
         loaded = GaugeMetricFamily("corral_model_loaded", "1 when the model has a ready instance", labels=["model"])
         for m in self._snapshot():
             queue.add_metric([m["id"]], m["queued"])
@@ -43,7 +48,10 @@ class _StateCollector:
                 total.add_metric(labels, inst["total"] if inst["state"] == "ready" else 0)
                 if inst["memory"] is not None:
                     mem.add_metric(labels, inst["memory"])
-        yield from (queue, busy, total, mem, loaded, node)
+                for k, value in (inst.get("speculation") or {}).items():
+                    if value is not None:
+                        spec[k].add_metric(labels, value)
+        yield from (queue, busy, total, mem, loaded, node, *spec.values())
 
 
 class Metrics:

@@ -7,10 +7,21 @@ from typing import Any
 
 import msgspec
 
+from corral import wire
 from corral.control.instance.instance import InstanceState
 from corral.control.pool import ModelPool
 
-__all__ = ["describe", "snapshot"]
+__all__ = ["describe", "snapshot", "speculation"]
+
+
+def speculation(stats: Any) -> dict[str, Any] | None:
+    """An instance's speculative decoding counters (``wire.Stats``): draft tokens verified
+    and accepted, their ratio, and tokens emitted per slot-step; None before a report."""
+    if not isinstance(stats, wire.Stats):
+        return None
+    return {"draft_tokens": stats.spec_drafted, "accepted_tokens": stats.spec_accepted,
+            "acceptance_rate": stats.spec_accepted / stats.spec_drafted if stats.spec_drafted else None,
+            "tokens_per_step": stats.tokens_generated / stats.gen_steps if stats.gen_steps else None}
 
 
 def snapshot(pools: Iterable[ModelPool]) -> list[dict[str, Any]]:
@@ -24,7 +35,7 @@ def snapshot(pools: Iterable[ModelPool]) -> list[dict[str, Any]]:
             "instances": [{"index": i.index, "state": i.state.value, "busy": pool.busy(i),
                            "total": i.slots_total, "memory": i.memory_bytes,
                            "node": i.placement.node_id or "local",
-                           "node_address": i.placement.node_address or ""}
+                           "node_address": i.placement.node_address or "", "speculation": speculation(i.stats)}
                           for i in pool.instances],
         })
     return out
@@ -48,6 +59,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
                        "rss_bytes": i.rss_bytes},
             "last_used": pool.last_used_of(i) or None,
             "threads": i.threads,
+            "speculation": speculation(i.stats),
             "restarts": i.restarts,
             "failures": i.failures,
             "reason": i.reason,
@@ -81,7 +93,8 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
         "settings": {"ctx_len": spec.ctx_len, "n_parallel": spec.n_parallel,
                      "instances": spec.instances, "n_gpu_layers": spec.n_gpu_layers, "devices": spec.devices,
                      "threads": spec.threads, "embedding": spec.embedding,
-                     "ttl_s": spec.ttl_s, "pinned": spec.pinned},
+                     "ttl_s": spec.ttl_s, "pinned": spec.pinned, "speculative": spec.speculative,
+                     "draft_max": spec.draft_max, "draft_min": spec.draft_min},
         "queued": len(pool.waiters),
         "last_used": pool.last_used or None,
         "memory_bytes": pool.memory_bytes() if pool.occupies else 0,

@@ -8,7 +8,7 @@
 A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) -> FREE. Each ``step()``:
 
 1. gives waiting requests a free slot: the one whose cache holds the longest valid prefix (slots.reuse_len);
-2. builds ONE batch: the last token of every generating slot, then prompt chunks while n_batch lasts;
+2. builds ONE batch: the last token of every generating slot (and its draft: speculate.py), then prompt chunks;
 3. runs one ``llama_decode`` (C, releases the GIL);
 4. draws the next token of every slot whose logits were computed, side by side on the ``sampling_threads``
    (sample_pool.py; or a token the thinking's budget forces: reasoning_step.py), then per slot in batch
@@ -28,7 +28,7 @@ from typing import Union
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import requests, sample_pool, sampling
+from corral.worker import requests, sample_pool, sampling, speculate
 from corral.worker.embed import Embedder
 from corral.worker.failures import RequestRejected
 from corral.worker.infill import slot_output
@@ -80,6 +80,7 @@ class Engine:
         self.tokens_generated = 0
         self.tokens_prompt = 0
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
+        self.spec = speculate.Speculator(settings, self.m.n_slots, ll.llama_n_ubatch(self.m.ctx), self.info.gpu_layers)
 
     # ------------------------------------------------------------------ commands
 
@@ -135,7 +136,8 @@ class Engine:
                           waiting=len(self.waiting) + len(self.embed_waiting), rss_bytes=rss_bytes(),
                           model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes,
                           tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt,
-                          slots=slot_states(self.slots, self.m.n_ctx_slot))
+                          slots=slot_states(self.slots, self.m.n_ctx_slot), spec_drafted=self.spec.drafted,
+                          spec_accepted=self.spec.accepted, gen_steps=self.spec.gen_steps)
 
     def set_threads(self, n: int) -> None:
         """Threads for the next decodes: the configured ones, or ``n`` when fewer cores are free."""
@@ -220,6 +222,7 @@ class Engine:
             template_stops = list(self.template.stop_strings)
         slot.out = slot_output(req, list(p.stop), requests.tool_parser(req), template_stops=template_stops,
                                reasoning=slot.reasoning)
+        self.spec.start(slot, req, allowed=slot.reasoning is None)
         slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))
@@ -238,19 +241,8 @@ class Engine:
             self._run_embeddings()
         self._admit()
         b = self._batch
-        n = 0
-        outputs: list[tuple[Slot, int]] = []
+        n, outputs = self.spec.fill(b, self.slots, self.m)  # pending tokens and drafts (speculate.py)
         echo_chunks: list[tuple[Slot, int, int, int]] = []  # slot, batch index, prompt pos, count
-        for slot in self.slots:
-            if slot.job is not None and slot.pending >= 0:
-                b.token[n] = slot.pending
-                b.pos[n] = len(slot.cached)
-                b.seq[n] = slot.index
-                b.logits[n] = 1
-                outputs.append((slot, n))
-                slot.cached.append(slot.pending)
-                slot.pending = -1
-                n += 1
         budget = b.cap - n
         for slot in self.slots:
             if budget <= 0:
@@ -332,25 +324,32 @@ class Engine:
             if slot.max_tokens == 0:
                 self._finish(slot, "length")
 
-    def _draw(self, item: tuple[Slot, int]) -> sample_pool.Drawn:
-        """On any sampling thread: touches only this slot's sampler."""
+    def _draw(self, item: tuple[Slot, int]) -> list[sample_pool.Drawn]:
+        """On any sampling thread: touches only this slot's sampler (a draw per verified draft token)."""
         slot, idx = item
         if (forced := self.reasoning.forced(slot)) is not None:  # the thinking's budget is spent
-            return sample_pool.Drawn(forced)
-        return sample_pool.draw(slot.sampler, self.m.ctx, idx, is_eog=self.tok.is_eog, ends_on_eog=not slot.ignore_eos,
-                                logprobs=slot.logprobs, n_vocab=self.m.n_vocab, piece=self.tok.piece)
+            return [sample_pool.Drawn(forced)]
 
-    def _take(self, slot: Slot, drawn: sample_pool.Drawn) -> None:
-        """A slot's drawn token, on the engine thread: a failure fails this request only."""
+        def one(i: int) -> sample_pool.Drawn:
+            return sample_pool.draw(slot.sampler, self.m.ctx, i, is_eog=self.tok.is_eog, ends_on_eog=not slot.ignore_eos,
+                                    logprobs=slot.logprobs, n_vocab=self.m.n_vocab, piece=self.tok.piece)
+        return self.spec.draws(slot, idx, one, not slot.ignore_eos, self.tok.is_eog)
+
+    def _take(self, slot: Slot, drawn: list[sample_pool.Drawn]) -> None:
+        """A slot's drawn tokens, on the engine thread: a failure fails this request only."""
         job = slot.job
-        assert job is not None and slot.out is not None
+        assert job is not None
         try:
-            if drawn.error is not None:
-                raise drawn.error
-            self._next_token(slot, slot.out, drawn.token, drawn.logprob)
+            for d in drawn:
+                if slot.job is not job or slot.out is None:
+                    break  # it finished on an earlier token
+                if d.error is not None:
+                    raise d.error
+                self._next_token(slot, slot.out, d.token, d.logprob)
         except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
             log.exception("sampling failed for %s", job.req.id)
             self._fail(slot, job, f"{type(exc).__name__}: {exc}")
+        self.spec.settle(slot, drawn, self.m)
 
     def _next_token(self, slot: Slot, out: SlotOutput, tok: int | None, lp: wire.TokenLogprob | None) -> None:
         now = time.perf_counter()

@@ -300,7 +300,9 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
         p.n_threads_batch = threads_batch
         p.embeddings = s.embedding
         p.pooling_type = pooling
-        p.kv_unified = False  # one KV stream per slot: attention only over its own cells
+        # one KV stream per slot: attention only over its own cells; with speculation one
+        # unified cache, whose batches split in order (worker/speculate.py: sliding windows)
+        p.kv_unified = s.speculative != "off"
         # Like llama-server: sliding-window layers keep only n_swa + n_ubatch cells per
         # slot (the C default keeps all). Prefix reuse checks what is still there.
         p.swa_full = False

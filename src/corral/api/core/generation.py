@@ -126,7 +126,7 @@ def chat_spec(body: ChatCompletionRequest, endpoint: str = "chat") -> Generation
             id=rid if body.n == 1 else f"{rid}-{i}", messages=messages, params=p, grammar=grammar,
             json_schema=schema, tools=tools, parse_tool_calls=body.parses_tool_calls(),
             parallel_tool_calls=body.parallel_tool_calls is not False, logprobs=body.wire_logprobs(),
-            **body.wire_reasoning()))
+            speculative=body.speculative, **body.wire_reasoning()))
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix)
 
@@ -152,7 +152,7 @@ def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> G
             reqs.append(wire.GenerateRequest(
                 id=rid if len(prompts) * body.n == 1 else f"{rid}-{i}", prompt=None if infill else text,
                 prompt_tokens=toks, params=p, grammar=grammar, json_schema=schema, logprobs=body.logprobs,
-                echo=body.echo, infill=infill))
+                echo=body.echo, infill=infill, speculative=body.speculative))
     first = prompts[0]
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, first if isinstance(first, str) else None)
 

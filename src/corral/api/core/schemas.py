@@ -75,6 +75,7 @@ class SamplingFields(BaseModel):
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     ignore_eos: bool = False
+    speculative: bool | None = None  # corral: draft and verify (the model's speculative setting)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 

@@ -1,0 +1,219 @@
+"""Speculative decoding inside the batch loop: n-gram drafts verified in the step's one decode.
+
+A model with ``speculative = "ngram"`` drafts, for each generating slot, the tokens that
+followed the latest earlier occurrence of its last few tokens (prompt lookup: the slot's
+own prompt and output, no second model). ``Speculator.fill`` puts every generating slot's
+pending token at the start of the batch, followed by that slot's draft when it has one;
+every one of those positions gets logits. After the decode the slot's own sampler draws
+position after position (``draws``, on the sampling threads): the token drawn after the
+pending one, then, while each drawn token equals the draft token at that position, the
+next one. Every emitted token is the sampler's draw from the target model's logits given
+the tokens before it, which are exactly the tokens emitted before it: for greedy chains
+the target's top choice (the standard acceptance rule), for sampling chains exact
+speculative sampling with a point-mass draft (accept x with probability p(x), else a draw
+from p without x: drawing y ~ p and keeping it is both at once). Grammar, penalties and
+the RNG see one draw per emitted token, as without speculation, so a grammar slot may
+draft too: a draft token the grammar forbids is simply never drawn. ``settle`` removes the
+rejected tail from the KV cache (``llama_memory_seq_rm``) and from ``slot.cached``.
+
+A slot without a draft decodes one token as before, so speculation never holds back the
+others. How long a draft is worth it (``worth``): the j-th draft token is accepted with
+probability r^j (r: the slot's recent per-token acceptance, a decayed count) and costs
+``token_cost`` of a one-token step (about 0.35 on a CPU, where a decode's time grows with
+its tokens; far less on a GPU); with B slots generating, a draft token pays when
+r^j > token_cost * B / (1 + token_cost * (B - 1)), the tokens per unit of time of the step
+without it. So with many slots only confident drafts are sent. A slot whose drafts are not
+worth it (or keep failing) probes again with a short draft after a pause that doubles
+each time the probe fails.
+
+Sliding-window attention (Gemma 3): the window's cells may be reused by llama.cpp once no
+position of their sequence needs them, judged from the sequence's newest position before
+the ubatch. A model with speculation runs with a unified KV cache (worker/model.py), whose
+batches are split in order, and this module keeps all generating tokens of a step inside
+the first ubatch, so a rolled-back draft never cost a cell the next positions need;
+``settle`` checks that with ``llama_memory_seq_pos_min`` (``window_broken`` counts misses).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import llama_cpp as ll
+import numpy as np
+import numpy.typing as npt
+
+from corral import wire
+from corral.worker.model import LoadedModel
+from corral.worker.sample_pool import Drawn
+from corral.worker.slots import Batch, Slot
+
+__all__ = ["Speculator", "SlotSpec", "find_draft", "NGRAM_MAX", "NGRAM_MIN"]
+
+log = logging.getLogger("corral.worker.speculate")
+
+NGRAM_MAX = 4  # the longest suffix looked up
+NGRAM_MIN = 2  # the shortest
+FAILS_BEFORE_PAUSE = 3  # drafts in a row with nothing accepted
+PAUSE_STEPS = 16  # the first pause; doubles after each pause that did not help
+MAX_PAUSE = 256
+CPU_TOKEN_COST = 0.35  # a draft token's cost in one-token steps, no GPU layers (measured on 2 cores, Gemma 270M)
+GPU_TOKEN_COST = 0.1  # with GPU layers (a decode of a few tokens costs about one)
+_DECAY = 0.8  # the acceptance counts' decay per verified draft
+
+
+def worth(r: float, n_gen: int, token_cost: float) -> int:
+    """The longest draft whose every token pays: r^j above the step's tokens per cost."""
+    threshold = token_cost * n_gen / (1.0 + token_cost * (n_gen - 1))
+    if r <= threshold or r <= 0.0:
+        return 0
+    if r >= 1.0:
+        return 1 << 20
+    return int(math.log(threshold) / math.log(r))
+
+
+@dataclass
+class SlotSpec:
+    """One slot's speculation state."""
+
+    on: bool = False
+    cap: int = 0  # the longest draft tried now (adapts between draft_min and draft_max)
+    hits: float = 3.0  # decayed count of accepted draft tokens ...
+    tries: float = 4.0  # ... and of draft tokens judged (accepted, or the first rejected)
+    draft: list[int] = field(default_factory=list)  # this step's draft
+    base: int = 0  # the pending token's position this step
+    fails: int = 0
+    pause: int = 0  # steps left without drafting
+    pause_len: int = PAUSE_STEPS
+
+
+def find_draft(history: npt.NDArray[np.int32], length: int, n_max: int = NGRAM_MAX,
+               n_min: int = NGRAM_MIN) -> list[int]:
+    """Up to ``length`` tokens that followed the latest earlier occurrence of the last
+    ``n`` tokens of ``history``, for the longest ``n`` in ``n_min..n_max`` that occurs."""
+    h, size = history, len(history)
+    for n in range(min(n_max, size - 1), n_min - 1, -1):
+        key = h[size - n:]
+        hit = h[: size - n] == key[0]  # starts s < size - n: the key itself is not a match
+        for j in range(1, n):
+            hit &= h[j: size - n + j] == key[j]
+        found = np.flatnonzero(hit)
+        if len(found):
+            start = int(found[-1]) + n
+            return [int(t) for t in h[start: start + length]]
+    return []
+
+
+class Speculator:
+    """The engine's drafts and their bookkeeping; one per engine."""
+
+    def __init__(self, s: wire.WorkerSettings, n_slots: int, n_ubatch: int, gpu_layers: int = 0) -> None:
+        self.mode = s.speculative
+        self.token_cost = GPU_TOKEN_COST if gpu_layers else CPU_TOKEN_COST
+        self.draft_max = s.draft_max
+        self.draft_min = min(s.draft_min, s.draft_max)
+        self.states = [SlotSpec() for _ in range(n_slots)]
+        self.room = n_ubatch  # every generating token of a step stays in the first ubatch
+        self.drafted = 0  # draft tokens verified
+        self.accepted = 0
+        self.gen_steps = 0  # slot-steps that drew tokens
+        self.window_broken = 0  # rollbacks after which the sliding window missed a cell (should stay 0)
+
+    def start(self, slot: Slot, req: wire.GenerateRequest, *, allowed: bool = True) -> None:
+        """A request takes the slot. ``allowed`` False: it does not draft (a slot whose thinking
+        is split: a forced close, or the grammar taking over at the answer, would come in the
+        middle of a draft drawn by the sampler before it)."""
+        want = allowed and (True if req.speculative is None else req.speculative)
+        self.states[slot.index] = SlotSpec(on=self.mode != "off" and want, cap=self.draft_max)
+
+    def fill(self, b: Batch, slots: list[Slot], m: LoadedModel) -> tuple[int, list[tuple[Slot, int]]]:
+        """Write every generating slot's pending token, and its draft, at the batch's start;
+        the batch size so far and (slot, batch index of its pending token)."""
+        gen = [s for s in slots if s.job is not None and s.pending >= 0]
+        room = min(b.cap, self.room) - len(gen)
+        n = 0
+        outputs: list[tuple[Slot, int]] = []
+        for slot in gen:
+            st = self.states[slot.index]
+            st.draft = self._draft(slot, st, room, m, len(gen))
+            room -= len(st.draft)
+            st.base = len(slot.cached)
+            for k, tok in enumerate([slot.pending, *st.draft]):
+                b.token[n + k] = tok
+                b.pos[n + k] = st.base + k
+                b.seq[n + k] = slot.index
+                b.logits[n + k] = 1
+            outputs.append((slot, n))
+            slot.cached.append(slot.pending)
+            slot.cached.extend(st.draft)
+            slot.pending = -1
+            n += 1 + len(st.draft)
+        return n, outputs
+
+    def _draft(self, slot: Slot, st: SlotSpec, room: int, m: LoadedModel, n_gen: int) -> list[int]:
+        if not st.on:
+            return []
+        if st.pause > 0:
+            st.pause -= 1
+            return []
+        pays = worth(st.hits / st.tries, n_gen, self.token_cost)
+        if pays < self.draft_min:  # a probe now, then a pause (doubling while probes fail)
+            pays = self.draft_min
+            st.pause, st.pause_len = st.pause_len, min(MAX_PAUSE, st.pause_len * 2)
+        length = min(st.cap, pays, room, slot.max_tokens - slot.n_gen - 1, m.n_ctx_slot - len(slot.cached) - 1)
+        if length < self.draft_min:
+            return []
+        hist = np.fromiter(slot.cached, dtype=np.int32, count=len(slot.cached))
+        draft = find_draft(np.append(hist, np.int32(slot.pending)), length)
+        return draft if len(draft) >= self.draft_min else []
+
+    def draws(self, slot: Slot, first: int, draw: Callable[[int], Drawn], ends_on_eog: bool,
+              is_eog: Callable[[int], bool]) -> list[Drawn]:
+        """On a sampling thread: the slot's draws from batch index ``first`` on, one per
+        position while the drawn token confirms the draft (one draw without a draft)."""
+        draft = self.states[slot.index].draft
+        out: list[Drawn] = []
+        for j in range(len(draft) + 1):
+            d = draw(first + j)
+            out.append(d)
+            if d.error is not None or d.token is None or (ends_on_eog and is_eog(d.token)):
+                break
+            if j == len(draft) or d.token != draft[j]:
+                break
+        return out
+
+    def settle(self, slot: Slot, drawn: list[Drawn], m: LoadedModel) -> None:
+        """After the slot's tokens were taken: counters, the rejected tail out of the KV
+        cache, the slot's draft length and pause."""
+        self.gen_steps += 1
+        st = self.states[slot.index]
+        draft, st.draft = st.draft, []
+        if not draft:
+            return
+        k = 0
+        while k < len(draft) and k < len(drawn) and drawn[k].token == draft[k]:
+            k += 1
+        self.drafted += len(draft)
+        self.accepted += k
+        st.hits = st.hits * _DECAY + k
+        st.tries = st.tries * _DECAY + k + (1 if k < len(draft) else 0)
+        keep = st.base + 1 + k
+        if len(slot.cached) > keep:  # (a failed slot's cache is already cleared)
+            ll.llama_memory_seq_rm(m.memory, slot.index, keep, -1)  # partial removal: always done for a KV cache
+            del slot.cached[keep:]
+            if m.n_swa > 0 and slot.cached and \
+                    ll.llama_memory_seq_pos_min(m.memory, slot.index) > max(0, keep - m.n_swa):
+                self.window_broken += 1
+                log.warning("slot %d: the sliding window lost cells after a rollback", slot.index)
+        if k == 0:
+            st.fails += 1
+            st.cap = max(self.draft_min, st.cap // 2)
+            if st.fails >= FAILS_BEFORE_PAUSE:
+                st.pause, st.pause_len, st.fails = st.pause_len, min(MAX_PAUSE, st.pause_len * 2), 0
+        else:
+            st.fails = st.pause = 0
+            st.pause_len = PAUSE_STEPS
+            if k == len(draft):
+                st.cap = min(self.draft_max, st.cap * 2)
