@@ -37,7 +37,7 @@ def _gen(rid: str, **kw: Any) -> wire.GenerateRequest:
 
 def test_a_start_that_fails_after_the_sampler_was_made_frees_it(one_slot: Any,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_mod, "SlotOutput", _boom)  # after the slot's sampler exists
+    monkeypatch.setattr(engine_mod, "slot_output", _boom)  # after the slot's sampler exists
     _, finals, _ = run_engine(one_slot, [_gen("bad")])
     monkeypatch.undo()
     assert isinstance(finals["bad"], wire.RequestFailed) and finals["bad"].code == "internal"
