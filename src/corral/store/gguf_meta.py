@@ -32,6 +32,11 @@ class GGUFMetadata:
         return arch if isinstance(arch, str) else None
 
     @property
+    def has_fim(self) -> bool:
+        """The vocabulary names prefix, suffix and middle FIM tokens (infill works)."""
+        return all(f"tokenizer.ggml.fim_{k}_token_id" in self.values for k in ("pre", "suf", "mid"))
+
+    @property
     def chat_template(self) -> str | None:
         t = self.values.get("tokenizer.chat_template")
         return t if isinstance(t, str) else None

@@ -27,7 +27,6 @@ _LENIENT = ConfigDict(extra="ignore")
 model_for = model_or_only  # the named model, or the only one the key sees
 
 
-_FIM_KEYS = tuple(f"tokenizer.ggml.fim_{k}_token_id" for k in ("pre", "suf", "mid"))
 _RANK = 4  # LLAMA_POOLING_TYPE_RANK
 
 
@@ -42,7 +41,7 @@ def _can(pool: ModelPool, task: Literal["infill", "rerank"]) -> bool:
     if meta is None:
         return False
     if task == "infill":
-        return all(k in meta.values for k in _FIM_KEYS)
+        return meta.has_fim
     return meta.values.get(f"{meta.architecture}.pooling_type") == _RANK
 
 

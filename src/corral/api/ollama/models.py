@@ -136,9 +136,6 @@ def _template(pool: ModelPool, meta: GGUFMetadata | None) -> str:
     return f"{spec.pre_prompt or ''}\n{user}{{{{ .Prompt }}}}\n{ai}".lstrip("\n")
 
 
-_FIM_KEYS = tuple(f"tokenizer.ggml.fim_{k}_token_id" for k in ("pre", "suf", "mid"))
-
-
 def capabilities(pool: ModelPool, meta: GGUFMetadata | None) -> list[str]:
     """What the model can do here, as Ollama's /api/show lists it: ``embedding`` for an
     embedding model, else ``completion`` (its embeddings from a second context are not
@@ -153,7 +150,7 @@ def capabilities(pool: ModelPool, meta: GGUFMetadata | None) -> list[str]:
     if template and "tools" in template:
         out.append("tools")
     loaded_fim = any(i.info is not None and i.info.fim for i in pool.instances)
-    if loaded_fim or (meta is not None and all(k in meta.values for k in _FIM_KEYS)):
+    if loaded_fim or (meta is not None and meta.has_fim):
         out.append("insert")
     loaded = next((i.info.reasoning_format for i in pool.instances if i.info is not None), None)
     fmt = loaded if loaded is not None else (
