@@ -33,6 +33,7 @@ from corral.worker.embed import Embedder
 from corral.worker.failures import RequestRejected
 from corral.worker.infill import slot_output
 from corral.worker.model import LoadedModel, load_model, rss_bytes
+from corral.worker.prefill import EchoChunk, fill_prompt_chunks
 from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.reasoning_step import EngineReasoning
 from corral.worker.slot_output import SlotOutput
@@ -46,7 +47,6 @@ __all__ = ["Engine", "Outgoing", "PreparedRequest"]
 log = logging.getLogger("corral.worker.engine")
 
 Outgoing = Union[wire.Delta, wire.Finished, wire.RequestFailed, wire.Embeddings, wire.Tokenized]
-_ECHO_CHUNK = 32  # prompt tokens per step when each needs its logits (echo + logprobs)
 
 
 class Engine:
@@ -242,33 +242,8 @@ class Engine:
         self._admit()
         b = self._batch
         n, outputs = self.spec.fill(b, self.slots, self.m)  # pending tokens and drafts (speculate.py)
-        echo_chunks: list[tuple[Slot, int, int, int]] = []  # slot, batch index, prompt pos, count
-        budget = b.cap - n
-        for slot in self.slots:
-            if budget <= 0:
-                break
-            job = slot.job
-            if job is None or slot.prompt_pos >= len(job.tokens) or slot.n_gen > 0:
-                continue
-            toks = job.tokens
-            take = min(budget, len(toks) - slot.prompt_pos)
-            echo = slot.echo_logprobs is not None
-            if echo:
-                take = min(take, _ECHO_CHUNK)
-                echo_chunks.append((slot, n, slot.prompt_pos, take))
-            start = len(slot.cached)
-            for k in range(take):
-                b.token[n + k] = toks[slot.prompt_pos + k]
-                b.pos[n + k] = start + k
-                b.seq[n + k] = slot.index
-                b.logits[n + k] = 1 if echo else 0
-            slot.cached.extend(toks[slot.prompt_pos : slot.prompt_pos + take])
-            slot.prompt_pos += take
-            n += take
-            budget -= take
-            if slot.prompt_pos == len(toks):
-                b.logits[n - 1] = 1
-                outputs.append((slot, n - 1))
+        echo_chunks: list[EchoChunk] = []
+        n = fill_prompt_chunks(b, self.slots, n, outputs, echo_chunks)  # prefill.py
         if n == 0:
             return self.take_output()
         b.batch.n_tokens = n

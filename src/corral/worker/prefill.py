@@ -1,0 +1,46 @@
+"""Prompt chunks into the step's batch: each prefilling slot's next tokens, as many as the
+batch has room for after the generating slots' tokens (a long prompt takes several steps, so
+it never stalls the streams that decode beside it)."""
+
+from __future__ import annotations
+
+from corral.worker.slots import Batch, Slot
+
+__all__ = ["ECHO_CHUNK", "EchoChunk", "fill_prompt_chunks"]
+
+ECHO_CHUNK = 32  # prompt tokens per step when each needs its logits (echo + logprobs)
+
+EchoChunk = tuple[Slot, int, int, int]  # slot, batch index, prompt pos, count
+
+
+def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[Slot, int]],
+                       echo_chunks: list[EchoChunk]) -> int:
+    """Add prompt tokens after the ``n`` already in ``b``; a slot whose prompt ends in this
+    batch asks for its last token's logits (appended to ``outputs``). Returns the new count."""
+    budget = b.cap - n
+    for slot in slots:
+        if budget <= 0:
+            break
+        job = slot.job
+        if job is None or slot.prompt_pos >= len(job.tokens) or slot.n_gen > 0:
+            continue
+        toks = job.tokens
+        take = min(budget, len(toks) - slot.prompt_pos)
+        echo = slot.echo_logprobs is not None
+        if echo:
+            take = min(take, ECHO_CHUNK)
+            echo_chunks.append((slot, n, slot.prompt_pos, take))
+        start = len(slot.cached)
+        for k in range(take):
+            b.token[n + k] = toks[slot.prompt_pos + k]
+            b.pos[n + k] = start + k
+            b.seq[n + k] = slot.index
+            b.logits[n + k] = 1 if echo else 0
+        slot.cached.extend(toks[slot.prompt_pos : slot.prompt_pos + take])
+        slot.prompt_pos += take
+        n += take
+        budget -= take
+        if slot.prompt_pos == len(toks):
+            b.logits[n - 1] = 1
+            outputs.append((slot, n - 1))
+    return n
