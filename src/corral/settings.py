@@ -93,6 +93,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     reasoning_levels: dict[str, Annotated[int, Meta(ge=0, le=INT32_MAX)]] = msgspec.field(
         default_factory=lambda: {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384})
     verbose: bool = False  # the worker prints llama.cpp's whole log
+    # vision: the multimodal projector GGUF (llama-server's --mmproj); None: one found next to
+    # the model file by its name (``mmproj-*.gguf``), else none
+    mmproj: str | None = None
     # speculative decoding (worker/speculate.py): "ngram" drafts from the slot's own prompt
     # and output, verified in the step's one decode; "off": one token per slot and step.
     # Requests may turn it off (or on, where the model has it) with "speculative".

@@ -1,7 +1,8 @@
 """Typed messages between the router and a worker process, and their framing.
 
-This module is the whole contract across the process boundary (with ``corral.wire_gpu``
-and ``corral.wire_editors``, whose types it re-exports). It imports nothing else of corral but
+This module is the whole contract across the process boundary (with ``corral.wire_gpu``,
+``corral.wire_model`` and ``corral.wire_editors``, whose types it re-exports; a new topic's
+types go in a ``wire_<topic>.py`` of their own). It imports nothing else of corral but
 ``corral.settings`` and ``corral.frames`` (leaf modules), so both sides (``corral.control`` in the router and ``corral.worker``)
 depend on it and never on each other.
 
@@ -45,6 +46,7 @@ from corral.frames import HEADER, FrameTooLarge, frame
 from corral.settings import INT32_MAX, ModelSettings
 from corral.wire_editors import Infill, InfillChunk, SlotState, TokenizerInfo
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
+from corral.wire_model import ModelInfo
 
 __all__ = [
     "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams",
@@ -90,6 +92,9 @@ class ToolCall(msgspec.Struct, frozen=True):
     arguments: str
 
 
+MEDIA_MARKER = "<__media__>"  # where an image sits in a turn's or a prompt's text (llama-server's marker)
+
+
 class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     role: str
     content: str
@@ -97,6 +102,9 @@ class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     tool_call_id: str | None = None  # role "tool": the call this result answers
     name: str | None = None  # role "tool": the function's name
     reasoning: str | None = None  # an assistant turn's thinking (templates that render it get it)
+    # vision: the encoded image files (PNG, JPEG, ...; checked by the router) of this turn, in the
+    # order of the MEDIA_MARKERs in ``content`` (each image sits where its marker is)
+    images: list[bytes] | None = None
 
 
 # The bounds of every numeric request field, in one place: the router validates a
@@ -173,6 +181,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     template_kwargs: dict[str, Any] | None = None
     infill: Infill | None = None  # fill-in-the-middle: the prompt is built from the model's FIM tokens
     speculative: bool | None = None  # draft and verify (the model's ``speculative``); None: as the model says
+    images: list[bytes] | None = None  # vision, with ``prompt``: the image files, in the order of its MEDIA_MARKERs
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):
@@ -228,32 +237,6 @@ FailureCode = Literal[
 class Loading(msgspec.Struct, frozen=True, tag="loading"):
     pid: int
     protocol: int = PROTOCOL_VERSION
-
-
-class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
-    description: str  # llama_model_desc, e.g. "gemma3 270M Q4_K - Medium"
-    n_params: int
-    n_vocab: int
-    n_ctx_train: int
-    n_ctx: int  # total KV cells
-    n_ctx_slot: int  # per slot
-    n_slots: int
-    n_embd: int
-    embedding: bool
-    has_chat_template: bool
-    reasoning_format: str = "none"  # the thinking markup it splits (corral.reasoning_format)
-    model_bytes: int  # llama_model_size: weights
-    kv_bytes: int  # KV cache (+ compute buffers where known)
-    rss_bytes: int  # process resident memory after load
-    gpu_layers: int
-    load_ms: float
-    devices: list[DeviceInfo] = []  # what the worker sees (free memory as at the load)
-    fit: FitPlan | None = None  # n_gpu_layers = "auto": the plan it loaded with
-    placement: list[DevicePlacement] = []  # where its layers and KV are: each GPU holding any, then the host
-    buffers: list[BufferSize] = []  # what llama.cpp allocated where, as it logged it
-    tokenizer: TokenizerInfo | None = None  # special tokens and the chat template (/tokenizer_info, /props)
-    pooling: str = ""  # the embedding context's pooling (none|mean|cls|last|rank); "" without one
-    fim: bool = False  # the vocabulary has prefix, suffix and middle FIM tokens (infill works)
 
 
 class Ready(msgspec.Struct, frozen=True, tag="ready"):
