@@ -102,6 +102,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     speculative: Literal["ngram", "off"] = "off"
     draft_max: Annotated[int, Meta(ge=1, le=64)] = 16  # tokens drafted per slot and step at most
     draft_min: Annotated[int, Meta(ge=1, le=64)] = 2  # a shorter draft is not tried
+    # the worker's host-RAM store of KV states (worker/kv_store.py): paused (preempted)
+    # sequences, and the prompt cache; MiB (llama-server's --cache-ram); 0: none kept
+    cache_ram_mib: Annotated[int, Meta(ge=0, le=INT32_MAX)] = 2048
     # with [server] ray_address: custom Ray resources each instance asks for (e.g. a node tag)
     ray_resources: dict[str, Annotated[float, Meta(ge=0)]] = {}
     # router only (changing these needs no worker restart)

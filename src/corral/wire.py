@@ -47,6 +47,7 @@ from corral.settings import INT32_MAX, ModelSettings
 from corral.wire_editors import Infill, InfillChunk, SlotState, TokenizerInfo
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
 from corral.wire_model import ModelInfo
+from corral.wire_preempt import Paused, Preempt, Resume
 
 __all__ = [
     "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams",
@@ -55,7 +56,7 @@ __all__ = [
     "TokenLogprob", "TopLogprob", "Usage", "Timings", "Finished", "RequestFailed", "Embeddings",
     "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",
-    "FrameTooLarge", "HEADER", "MAX_FRAME", "Infill", "InfillChunk", "SlotState",
+    "FrameTooLarge", "HEADER", "MAX_FRAME", "Infill", "InfillChunk", "SlotState", "Preempt", "Resume", "Paused",
 ]
 
 PROTOCOL_VERSION = 1
@@ -221,7 +222,7 @@ class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
     pass
 
 
-ToWorker = Union[GenerateRequest, EmbedRequest, TokenizeRequest, Abort, StatsRequest, Shutdown]
+ToWorker = Union[GenerateRequest, EmbedRequest, TokenizeRequest, Abort, StatsRequest, Shutdown, Preempt, Resume]
 
 
 # --------------------------------------------------------------------------- worker -> router
@@ -341,7 +342,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
 
 
 FromWorker = Union[
-    Loading, Ready, LoadFailed, Delta, Finished, RequestFailed, Embeddings, Tokenized, Stats
+    Loading, Ready, LoadFailed, Delta, Finished, RequestFailed, Embeddings, Tokenized, Stats, Paused
 ]
 
 

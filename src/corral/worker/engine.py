@@ -32,7 +32,9 @@ from corral.worker import requests, sample_pool, sampling, speculate
 from corral.worker.embed import Embedder
 from corral.worker.failures import RequestRejected
 from corral.worker.infill import slot_output
+from corral.worker.kv_store import HostKVStore
 from corral.worker.model import LoadedModel, load_model, rss_bytes
+from corral.worker.preempt import Preemption
 from corral.worker.prefill import EchoChunk, fill_prompt_chunks
 from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.reasoning_step import EngineReasoning
@@ -81,6 +83,8 @@ class Engine:
         self.tokens_prompt = 0
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
         self.spec = speculate.Speculator(settings, self.m.n_slots, ll.llama_n_ubatch(self.m.ctx), self.info.gpu_layers)
+        self.kv_store = HostKVStore(settings.cache_ram_mib << 20)  # the one host-RAM KV store (kv_store.py)
+        self.preempt = Preemption(self, self.kv_store)  # paused requests (worker/preempt.py)
 
     # ------------------------------------------------------------------ commands
 
@@ -115,7 +119,7 @@ class Engine:
     def abort(self, request_id: str) -> None:
         """Free the request's slot (or drop it from the queue) and answer Finished(abort)."""
         job = self._by_id.get(request_id)
-        if job is None:
+        if job is None or self.preempt.abort(request_id):
             return
         for slot in self.slots:
             if slot.job is job:
@@ -129,7 +133,7 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.embed_waiting or any(s.busy for s in self.slots))
+        return bool(self.waiting or self.embed_waiting or self.preempt.has_work or any(s.busy for s in self.slots))
 
     def stats(self) -> wire.Stats:
         return wire.Stats(slots_busy=sum(1 for s in self.slots if s.busy), slots_total=len(self.slots),
@@ -146,12 +150,14 @@ class Engine:
 
     def close(self) -> None:
         self.pool.close()
+        self.preempt.close()
         free_samplers(self.slots, self.waiting)
         self.m.free()
 
     def fail_all(self, message: str) -> list[Outgoing]:
         """End every accepted request with RequestFailed(internal); the engine stays usable."""
         self._fail_running(message)
+        self.preempt.fail_all(message)
         while self.waiting:
             job = self.waiting.popleft()
             self._by_id.pop(job.req.id, None)
@@ -239,6 +245,7 @@ class Engine:
         """Run one decode over all busy slots; return the messages it produced."""
         if self.embed_waiting:
             self._run_embeddings()
+        self.preempt.admit()  # paused requests resuming go first
         self._admit()
         b = self._batch
         n, outputs = self.spec.fill(b, self.slots, self.m)  # pending tokens and drafts (speculate.py)
