@@ -21,6 +21,8 @@ like ``python -m corral.worker --list-devices``; Ready reports them too.
 
 A prompt containing "TOOLONG" fails with context_length_exceeded; "SLOW" waits ``slow_delay_s`` (default 0.2) between pieces, one
 containing "FOREVER" streams until aborted; "BOOM" makes it exit with code 7.
+Preempt pauses a generation before its next piece (answered by Paused, kept_kv true);
+Resume continues it; Abort of a paused one ends it with Finished(abort).
 Every request it receives is appended to ``<script>.log`` (one JSON line), and the
 settings of its last spawn are in ``<script>.settings``, so tests can see what reached the worker.
 """
@@ -76,6 +78,8 @@ class Fake:
         self.tasks: dict[str, asyncio.Task] = {}
         self.log_path = log_path
         self.generated = 0
+        self.pausing: set[str] = set()  # Preempt received, not yet paused
+        self.resumes: dict[str, asyncio.Event] = {}  # paused: set on Resume
 
     def send(self, msg) -> None:
         self.w.write(wire.encode(msg))
@@ -107,6 +111,12 @@ class Fake:
                     reason = "length"
                     break
                 await asyncio.sleep(delay)  # also yields: Abort must get through
+                if req.id in self.pausing:
+                    self.pausing.discard(req.id)
+                    ev = self.resumes[req.id] = asyncio.Event()
+                    self.send(wire.Paused(id=req.id, paused=True, kept_kv=True, n_tokens=n))
+                    await ev.wait()
+                    del self.resumes[req.id]
                 self.send(wire.Delta(req.id, pieces[i % len(pieces)], 1))
                 if forever:
                     await self.w.drain()
@@ -146,6 +156,16 @@ class Fake:
             if t is not None:
                 t.cancel()
                 t.add_done_callback(lambda t, rid=msg.id: self.aborted_early(t, rid))
+        elif isinstance(msg, wire.Preempt):
+            self.record(msg)
+            if msg.id in self.tasks and msg.id not in self.resumes:
+                self.pausing.add(msg.id)
+            else:
+                self.send(wire.Paused(id=msg.id, paused=False))
+        elif isinstance(msg, wire.Resume):
+            self.record(msg)
+            if msg.id in self.resumes:
+                self.resumes[msg.id].set()
         elif isinstance(msg, wire.StatsRequest):
             sc = self.script
             self.send(wire.Stats(slots_busy=len(self.tasks), slots_total=self.s.n_parallel, waiting=0,

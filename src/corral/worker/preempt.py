@@ -31,18 +31,16 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import llama_cpp as ll
 
 from corral import wire
 from corral.worker import sampling
 from corral.worker.kv_store import HostKVStore, restore_seq, save_seq
-from corral.worker.slots import Job, Slot, aborted_in_queue, finished_message, pick_slot, release
-from corral.worker.speculate import SlotSpec
-
-if TYPE_CHECKING:
-    from corral.worker.engine import Engine
+from corral.worker.model import LoadedModel
+from corral.worker.slots import Batch, Job, Slot, aborted_in_queue, finished_message, pick_slot, release
+from corral.worker.speculate import SlotSpec, Speculator
 
 __all__ = ["Preemption", "PausedJob", "store_key"]
 
@@ -54,6 +52,19 @@ _KEPT_FIELDS = [f.name for f in fields(Slot) if f.name not in ("index", "cached"
 def store_key(request_id: str) -> str:
     """The key of a paused request's entry in the host KV store."""
     return f"paused:{request_id}"
+
+
+class Engine(Protocol):
+    """What this needs of ``corral.worker.engine.Engine`` (which imports this module)."""
+
+    m: LoadedModel
+    slots: list[Slot]
+    waiting: deque[Job]
+    out: list[wire.Delta | wire.Finished | wire.RequestFailed | wire.Embeddings | wire.Tokenized]
+    spec: Speculator
+    tokens_prompt: int
+    _by_id: dict[str, Job]
+    _batch: Batch
 
 
 @dataclass(eq=False)
