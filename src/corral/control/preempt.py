@@ -12,8 +12,10 @@ started (or resumed) last is paused, one per waiting request that fits a share. 
 sequence is not paused again for ``preempt_min_run_s`` (no thrashing); when only such
 ones are over, the check runs again as their time ends.
 
-The slot bookkeeping stays the pool's: a paused request gives its slot back
-(``ModelPool.release``, its key one busy slot less) and waits in the fair queue as a
+The slot bookkeeping stays the pool's: a request gives its slot back as Preempt is sent
+(``ModelPool.release``, its key one busy slot less: the waiting request goes out right
+behind the Preempt, and the worker, reading both in order, starts it in the same step;
+a ``Paused(paused=False)`` takes the slot back) and waits in the fair queue as a
 waiter bound to its instance, ahead of its key's new requests; served, its slot is
 reserved as for any request and ``Resume`` is sent. A paused request that ends (abort,
 its worker died) first takes its accounting back, so the usual end balances it. A
@@ -63,8 +65,7 @@ class ModelPool(Protocol):
 
 class _State(enum.Enum):
     RUNNING = "running"
-    PENDING = "pending"  # Preempt sent, no answer yet
-    PAUSED = "paused"  # waits in the fair queue
+    PAUSED = "paused"  # Preempt sent (its slot handed over); waits in the fair queue
     RESERVED = "reserved"  # served: its slot is reserved, Resume about to go out
     DONE = "done"
 
@@ -110,8 +111,8 @@ class Preemptor:
 
     @property
     def paused(self) -> int:
-        """Requests paused or being paused (they hold no slot, but are in flight)."""
-        return sum(1 for r in self._runs.values() if r.state in (_State.PAUSED, _State.PENDING))
+        """Requests paused (they hold no slot, but are in flight)."""
+        return sum(1 for r in self._runs.values() if r.state is _State.PAUSED)
 
     # ------------------------------------------------------------------ what the pool calls
 
@@ -170,8 +171,7 @@ class Preemptor:
                 running.setdefault(run.key, []).append(run)
         for key in waiting:
             weights.setdefault(key, fq.weight_of(key))
-        holds = {k: fq.busy_of(k) - sum(1 for r in self._runs.values()
-                                        if r.key == k and r.state is _State.PENDING) for k in weights}
+        holds = {k: fq.busy_of(k) for k in weights}
         total_w = sum(weights[k] for k in weights if holds.get(k, 0) > 0 or waiting.get(k, 0) > 0)
         if total_w <= 0:
             return
@@ -206,33 +206,31 @@ class Preemptor:
             self._timer = asyncio.get_running_loop().call_later(next_free + 0.01, self.check_soon)
 
     def _preempt(self, run: _Run) -> None:
+        """Send Preempt and hand the slot over at once: the worker reads the frames in order,
+        so the waiting request sent right behind it finds the slot free in the same step."""
         send = run.stream.send
         if send is None or not send(wire.Preempt(run.stream.id)):
             return
-        run.state = _State.PENDING
         log.debug("preempting %s (key %s) on %s", run.stream.id, run.key, run.inst.name)
-
-    # ------------------------------------------------------------------ the worker's answers
-
-    def _on_paused(self, run: _Run, msg: wire.Paused) -> None:
-        if run.state is not _State.PENDING:
-            return
-        if not msg.paused:  # it ended meanwhile, or could not be paused: it runs on
-            run.state = _State.RUNNING
-            return
         pool = self.pool
         run.state = _State.PAUSED
         run.paused_at = time.monotonic()
-        st = self.stats
-        st.pauses[run.key] = st.pauses.get(run.key, 0) + 1
-        st.kept[run.key] = st.kept.get(run.key, 0) + int(msg.kept_kv)
+        self.stats.pauses[run.key] = self.stats.pauses.get(run.key, 0) + 1
         fut: asyncio.Future[Instance | None] = asyncio.get_running_loop().create_future()
         run.waiter = pool.waiters.push(fut, None, run.key, run.weight, run.priority, instance=run.inst)
         fut.add_done_callback(lambda f: self._served(run, f))
         pool.waiters.ended(run.key, 0)  # its slot is not its key's any more ...
         pool.release(run.inst)  # ... and goes to the queue (the waiting key first)
-        if pool.draining:
-            self.resume_all()
+
+    # ------------------------------------------------------------------ the worker's answers
+
+    def _on_paused(self, run: _Run, msg: wire.Paused) -> None:
+        if msg.paused:
+            self.stats.kept[run.key] = self.stats.kept.get(run.key, 0) + int(msg.kept_kv)
+        elif run.state is _State.PAUSED:  # it could not be paused: it runs on, and takes its slot back
+            self.stats.pauses[run.key] -= 1
+            self._take_back(run)
+            run.state, run.waiter = _State.RUNNING, None
 
     def _served(self, run: _Run, fut: asyncio.Future[Instance | None]) -> None:
         if run.state is not _State.PAUSED:
