@@ -6,7 +6,7 @@ the fair queue gives its key a slot there again. See docs/internals/fair-share.m
 
 The decision (``check``, after a request queued): the keys active on the model (a running
 or waiting request) share its slots by weight, ``share = slots * weight / sum(weights)``.
-While a key with waiters holds fewer than ``share - 1`` (room for one more within its
+While a key with waiters holds at most ``share - 1`` (room for one more within its
 share) and another key holds more than its share, the over-share key's sequence that
 started (or resumed) last is paused, one per waiting request that fits a share. A resumed
 sequence is not paused again for ``preempt_min_run_s`` (no thrashing); when only such
