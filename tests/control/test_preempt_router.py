@@ -155,3 +155,46 @@ async def test_preemption_can_be_turned_off(harness: Harness) -> None:
     assert [await t for t in h] == [(FULL, "stop")] * 2
     assert _frames(harness, "preempt") == []
     await _settled(plane)
+
+
+async def test_a_request_that_cannot_pause_keeps_its_slot(harness: Harness) -> None:
+    secrets, plane = await _start(harness)
+    c = harness.client
+    assert c is not None
+    pool = plane.pools["a"]
+    s0, s1 = asyncio.Event(), asyncio.Event()
+    h0 = asyncio.create_task(_stream(c, secrets["heavy"], "NOPAUSE 0", s0))
+    await s0.wait()
+    h1 = asyncio.create_task(_stream(c, secrets["heavy"], "NOPAUSE 1", s1))
+    await s1.wait()
+    light = asyncio.create_task(_stream(c, secrets["light"], "light"))
+    await _until(lambda: bool(_frames(harness, "preempt")))
+    await _until(lambda: pool.preempt.paused == 0)  # Paused(paused=False): it runs on, its slot taken back
+    # the light request went out behind the Preempt (the slot was handed over as it was sent):
+    # it waits in the worker until a slot frees; the pool counts all three
+    assert pool.busy(pool.instances[0]) == 3
+    assert await light == (FULL, "stop") and await h0 == (FULL, "stop") and await h1 == (FULL, "stop")
+    await _settled(plane)
+    assert pool.preempt.stats.pauses == {"heavy": 0} and _frames(harness, "resume") == []
+
+
+async def test_a_resumed_sequence_is_not_paused_again_at_once(harness: Harness) -> None:
+    secrets, plane = await _start(harness, preempt_min_run_s=60)
+    c = harness.client
+    assert c is not None
+    s0, s1 = asyncio.Event(), asyncio.Event()
+    h0 = asyncio.create_task(_stream(c, secrets["heavy"], "FOREVER heavy 0", s0))
+    await s0.wait()
+    h1 = asyncio.create_task(_stream(c, secrets["heavy"], "FOREVER heavy 1", s1))
+    await s1.wait()
+    assert (await _stream(c, secrets["light"], "light 0")) == (FULL, "stop")
+    await _until(lambda: len(_frames(harness, "resume")) == 1)  # heavy 1 runs again
+    assert (await _stream(c, secrets["light"], "light 1")) == (FULL, "stop")
+    first, second = _frames(harness, "preempt")
+    # heavy 1 started last, but it was just resumed: heavy 0 gives its slot this time
+    assert (_prompt_of(harness, first), _prompt_of(harness, second)) == ("FOREVER heavy 1", "FOREVER heavy 0")
+    await _until(lambda: len(_frames(harness, "resume")) == 2)
+    h0.cancel()
+    h1.cancel()
+    await asyncio.gather(h0, h1, return_exceptions=True)
+    await _settled(plane)

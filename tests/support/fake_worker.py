@@ -22,7 +22,8 @@ like ``python -m corral.worker --list-devices``; Ready reports them too.
 A prompt containing "TOOLONG" fails with context_length_exceeded; "SLOW" waits ``slow_delay_s`` (default 0.2) between pieces, one
 containing "FOREVER" streams until aborted; "BOOM" makes it exit with code 7.
 Preempt pauses a generation before its next piece (answered by Paused, kept_kv true);
-Resume continues it; Abort of a paused one ends it with Finished(abort).
+Resume continues it; Abort of a paused one ends it with Finished(abort). A prompt
+containing "NOPAUSE" is never paused (Paused with paused false).
 Every request it receives is appended to ``<script>.log`` (one JSON line), and the
 settings of its last spawn are in ``<script>.settings``, so tests can see what reached the worker.
 """
@@ -80,6 +81,7 @@ class Fake:
         self.generated = 0
         self.pausing: set[str] = set()  # Preempt received, not yet paused
         self.resumes: dict[str, asyncio.Event] = {}  # paused: set on Resume
+        self.texts: dict[str, str] = {}  # each running request's prompt
 
     def send(self, msg) -> None:
         self.w.write(wire.encode(msg))
@@ -140,6 +142,7 @@ class Fake:
     def handle(self, msg) -> bool:
         if isinstance(msg, wire.GenerateRequest):
             self.record(msg)
+            self.texts[msg.id] = msg.prompt or " ".join(m.content for m in msg.messages or [])
             self.tasks[msg.id] = asyncio.get_running_loop().create_task(self.generate(msg))
         elif isinstance(msg, wire.EmbedRequest):
             self.record(msg)
@@ -158,7 +161,7 @@ class Fake:
                 t.add_done_callback(lambda t, rid=msg.id: self.aborted_early(t, rid))
         elif isinstance(msg, wire.Preempt):
             self.record(msg)
-            if msg.id in self.tasks and msg.id not in self.resumes:
+            if msg.id in self.tasks and msg.id not in self.resumes and "NOPAUSE" not in self.texts.get(msg.id, ""):
                 self.pausing.add(msg.id)
             else:
                 self.send(wire.Paused(id=msg.id, paused=False))
