@@ -222,3 +222,16 @@ def test_speculation_state_survives_a_pause(model_path: Path) -> None:
         _idle_and_clean(e)
     finally:
         e.close()
+
+
+def test_stop_string_matched_after_the_pause(engine: Engine) -> None:
+    full = reference(engine, gen("ref"))
+    stop = full[len(full) * 2 // 3:][:6]  # a string that comes well after the pause point
+    params = wire.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop=[stop])
+    want = reference(engine, gen("sref", params=params))
+    assert len(want) < len(full) and stop not in want
+    run, _ = _pause_resume(engine, gen("s1", params=params), fill_slots=True)
+    fin = run.finals["s1"]
+    assert run.texts["s1"] == want and isinstance(fin, wire.Finished) and fin.finish_reason == "stop"
+    assert fin.stop_string == stop
+    _idle_and_clean(engine)
