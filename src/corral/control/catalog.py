@@ -106,7 +106,7 @@ def specs_from_config(cfg: CorralConfig, store_models: list[Any] | None = None,
         if lm.id in taken:
             continue
         specs.append(ModelSpec.make(lm.id, lm.path, inherited, source="store",
-                                    projector=getattr(lm, "mmproj", None)))
+                                    projector=lm.mmproj))
         taken.add(lm.id)
     if embedded is not None:
         eid, epath, ealiases = embedded
