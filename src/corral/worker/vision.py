@@ -90,8 +90,9 @@ class VisionTokens(list[int]):
         return None
 
     def text_end(self, pos: int) -> int:
-        """Where the run of text tokens from ``pos`` ends (the next image's start, else the end)."""
-        return next((s.start for s in self.images if s.start >= pos), len(self))
+        """Where the run of text tokens from ``pos`` ends: the next image's start (``pos``
+        itself inside an image), else the prompt's end."""
+        return next((max(pos, s.start) for s in self.images if s.end > pos), len(self))
 
     def snap(self, reuse: int) -> int:
         """A reusable prefix cut back to whole images: KV of part of an image is not reused
