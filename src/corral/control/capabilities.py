@@ -37,8 +37,8 @@ def can(pool: ModelPool, task: Task, meta: GGUFMetadata | None | object = _UNREA
     if info is not None:
         return info.fim if task == "infill" else info.pooling == "rank" if task == "rerank" else info.vision
     spec = pool.spec
-    if task == "vision":
-        return bool(spec.mmproj)
+    if task == "vision":  # an embedding model loads no projector
+        return bool(spec.mmproj) and not spec.embedding
     if task == "rerank" and spec.pooling is not None:
         return spec.pooling == "rank"
     found = read_metadata(spec.path) if meta is _UNREAD else meta

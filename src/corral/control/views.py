@@ -57,7 +57,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "slots": {"busy": pool.busy(i), "total": i.slots_total},
             "memory": {"model_bytes": rep.model_bytes if rep else None,
                        "kv_bytes": rep.kv_bytes if rep else None,
-                       "mmproj_bytes": getattr(i.info, "mmproj_bytes", None) if i.info else None,
+                       "mmproj_bytes": i.info.mmproj_bytes if i.info else None,  # the vision projector
                        "rss_bytes": i.rss_bytes},
             "last_used": pool.last_used_of(i) or None,
             "threads": i.threads,

@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,7 +226,7 @@ class ModelStore:
 
     # ----------------------------------------------------------------- writing
     def write_manifest(self, model_id: str, *, path: Path, source: str, sha256: str | None,
-                       size: int, projector: dict[str, object] | None = None) -> LocalModel:
+                       size: int, projector: Mapping[str, object] | None = None) -> LocalModel:
         """Record a pulled model (``projector``: the vision projector pulled with it, as
         {path, sha256, size}). Written to a temp file and renamed: atomic."""
         validate_model_id(model_id)
@@ -235,7 +235,7 @@ class ModelStore:
         tmp = target.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(
             {"id": model_id, "path": str(path), "source": source, "sha256": sha256,
-             "size": size, **({"mmproj": projector} if projector else {})}, indent=2))
+             "size": size, **({"mmproj": dict(projector)} if projector else {})}, indent=2))
         os.replace(tmp, target)
         proj = Path(str(projector["path"])) if projector else None
         return LocalModel(model_id, path, size, quantization_of(path), source, sha256, proj)
