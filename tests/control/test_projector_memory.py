@@ -5,6 +5,7 @@ device inventory, as in test_gpu_placement.py (a fake model's need is its file s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,9 @@ async def test_projector_bytes_count_in_the_estimate_and_the_gpu_need(
     assert r.status_code == 200, r.text
     (inst,) = next(m for m in (await c.get("/models")).json()["data"] if m["id"] == "seeing")["instances"]
     assert inst["gpu"]["need_bytes"] == 9000 and inst["gpu"]["devices"] == [0]
+    # the worker plans its layers in what the projector leaves of its budget
+    sent = json.loads((harness.tmp / "seeing.json.settings").read_text())
+    assert sent["gpu_budget_bytes"] == [10000 - 3000] and sent["mmproj"].endswith("mmproj-seeing.gguf")
     # 6000 of weights and 5000 of projector never fit a 10000-byte GPU: refused, saying so
     r = await c.post("/models/load", json={"model": "toobig"})
     assert r.status_code >= 400 and "needs about" in r.text, r.text

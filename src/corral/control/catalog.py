@@ -59,8 +59,11 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
         """One spawn's settings; ``gpu``: where admission placed it (its GPUs and budget)."""
         fields = self.to_dict()
         fields.update(threads=threads, threads_batch=self.threads_batch or threads)
-        if gpu is not None:
-            fields.update(devices=gpu.devices, gpu_budget_bytes=gpu.budgets, gpu_margin_bytes=gpu.margin_bytes)
+        if gpu is not None:  # the projector takes its room on the first GPU: the layers plan in the rest
+            proj, budgets = self.projector_bytes(), gpu.budgets
+            if proj and budgets:
+                budgets = [max(0, budgets[0] - proj), *budgets[1:]]
+            fields.update(devices=gpu.devices, gpu_budget_bytes=budgets, gpu_margin_bytes=gpu.margin_bytes)
             if gpu.split is not None:  # where its need was estimated: the worker splits the same way
                 fields.update(tensor_split=gpu.split)
         return wire.WorkerSettings(model_id=self.id, model_path=str(self.path), instance=index,

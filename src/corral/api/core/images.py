@@ -72,10 +72,11 @@ def decode_data_url(url: str, where: str, max_bytes: int) -> bytes:
     return data
 
 
-async def _load(ref: ImageRef, srv: ServerConfig) -> bytes:
+async def _fetched(ref: ImageRef, srv: ServerConfig) -> bytes | None:
+    """An http(s) image's bytes; None for a data: URL (decoded with the checks, in a thread)."""
     scheme = ref.url[:8].lower()
     if scheme.startswith("data:"):
-        return decode_data_url(ref.url, ref.where, srv.max_image_bytes)
+        return None
     if scheme.startswith(("http://", "https://")):
         if not srv.allow_image_urls:
             raise ImageUrlNotAllowed(f"{ref.where}: this server does not fetch image URLs (allow_image_urls "
@@ -106,10 +107,13 @@ async def attach_images(request: Request, model: str, requests: list[wire.Genera
             f"{first.where}: model {pool.spec.id!r} does not read images: it has no vision projector (set mmproj "
             "in its [models] table, or put its mmproj-*.gguf next to the model file)", param=first.where)
     srv = plane.config.server
-    raw = [[await _load(ref, srv) for ref in rs] for rs in refs]
-    images = await asyncio.to_thread(
-        lambda: [[checked_image(d, ref.where, srv.max_image_pixels) for d, ref in zip(ds, rs)]
-                 for ds, rs in zip(raw, refs)])
+    fetched = [[await _fetched(ref, srv) for ref in rs] for rs in refs]
+
+    def check(data: bytes | None, ref: ImageRef) -> bytes:
+        raw = decode_data_url(ref.url, ref.where, srv.max_image_bytes) if data is None else data
+        return checked_image(raw, ref.where, srv.max_image_pixels)
+
+    images = await asyncio.to_thread(lambda: [[check(d, ref) for d, ref in zip(ds, rs)] for ds, rs in zip(fetched, refs)])
     out = []
     for r in requests:
         if r.messages is not None:
