@@ -18,8 +18,8 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError,
-                      ValidationInfo, field_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, IPvAnyNetwork, PrivateAttr,
+                      ValidationError, ValidationInfo, field_validator)
 
 from corral.errors import ConfigError
 from corral.model_ids import id_problem
@@ -133,6 +133,14 @@ class ServerConfig(_NoBoolNumbers):
     max_restarts: int = Field(3, ge=0)  # consecutive failures before an instance stays failed
     restart_backoff_s: float = Field(1.0, ge=0)  # doubles per consecutive failure, max 30 s
     max_body_bytes: ByteSize = 8 * 1024 * 1024
+    # images in requests (api/core/images.py): http(s) image URLs are fetched by the router only
+    # when allowed; loopback/link-local/private addresses only when allow_private_image_urls is
+    # true (any) or a list of networks (CIDR) that may be fetched from
+    allow_image_urls: bool = False
+    allow_private_image_urls: bool | list[IPvAnyNetwork] = False
+    image_url_timeout_s: float = Field(10.0, gt=0)
+    max_image_bytes: ByteSize = 20 * 1024 * 1024  # one image, encoded
+    max_image_pixels: int = Field(50_000_000, ge=1)  # width x height, checked before decoding
     log_dir: Path | None = None  # worker stderr logs; None: a temporary directory
     worker_command: list[str] | None = None  # advanced/tests: argv prefix instead of python -m corral.worker
     # Ray cluster for model instances ("auto", "HOST:PORT", "ray://HOST:10001"); None: local processes
@@ -284,6 +292,9 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
     for m in cfg.models.values():
         p = m.path.expanduser()
         m.path = p if p.is_absolute() else (base / p)
+        if m.settings.get("mmproj"):  # the projector file resolves like the model's ("": none)
+            q = Path(m.settings["mmproj"]).expanduser()
+            m.settings["mmproj"] = str(q if q.is_absolute() else base / q)
     for attr in ("models_dir", "log_dir", "keys_file", "state_dir"):
         p = getattr(cfg.server, attr)
         if p is not None:

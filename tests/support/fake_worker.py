@@ -21,6 +21,7 @@ like ``python -m corral.worker --list-devices``; Ready reports them too.
 
 A prompt containing "TOOLONG" fails with context_length_exceeded; "SLOW" waits ``slow_delay_s`` (default 0.2) between pieces, one
 containing "FOREVER" streams until aborted; "BOOM" makes it exit with code 7.
+A model given an ``mmproj`` reports ``vision`` (it sees images; the images reach it as bytes).
 Every request it receives is appended to ``<script>.log`` (one JSON line), and the
 settings of its last spawn are in ``<script>.settings``, so tests can see what reached the worker.
 """
@@ -202,7 +203,8 @@ async def main() -> int:
         n_ctx=settings.ctx_len, n_ctx_slot=settings.ctx_len // settings.n_parallel,
         n_slots=settings.n_parallel, n_embd=script["embedding_dim"], embedding=settings.embedding,
         has_chat_template=False, model_bytes=script["model_bytes"], kv_bytes=script["kv_bytes"],
-        rss_bytes=script["rss_bytes"], gpu_layers=0, load_ms=1.0, devices=devices, fit=fit)
+        rss_bytes=script["rss_bytes"], gpu_layers=0, load_ms=1.0, devices=devices, fit=fit,
+        vision=bool(settings.mmproj))  # as if it loaded the projector it was given
     fake.send(wire.Ready(os.getpid(), info))
     dec = wire.FrameDecoder()
     while True:

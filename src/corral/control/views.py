@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from corral import wire
+from corral.control.capabilities import can
 from corral.control.instance.instance import InstanceState
 from corral.control.pool import ModelPool
 
@@ -56,6 +57,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "slots": {"busy": pool.busy(i), "total": i.slots_total},
             "memory": {"model_bytes": rep.model_bytes if rep else None,
                        "kv_bytes": rep.kv_bytes if rep else None,
+                       "mmproj_bytes": i.info.mmproj_bytes if i.info else None,  # the vision projector
                        "rss_bytes": i.rss_bytes},
             "last_used": pool.last_used_of(i) or None,
             "threads": i.threads,
@@ -84,6 +86,8 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
         "path": str(spec.path),
         "source": spec.source,
         "in_cache": spec.path.exists(),
+        "vision": can(pool, "vision"),  # sees images: a projector (``mmproj``: its file)
+        "mmproj": spec.mmproj,
         "status": {
             "value": status,
             "failed": status == "failed",

@@ -41,6 +41,7 @@ from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, begin, chec
                                  free_samplers, pick_slot, release, slot_states)
 from corral.worker.templates import ChatTemplate, TemplateError, choose_template
 from corral.worker.tokens import Tokenizer
+from corral.worker.vision_prefill import VisionSteps
 
 __all__ = ["Engine", "Outgoing", "PreparedRequest"]
 
@@ -53,7 +54,8 @@ class Engine:
     def __init__(self, settings: wire.WorkerSettings) -> None:
         self.settings = settings
         self.m: LoadedModel = load_model(settings)
-        self.info = self.m.info
+        self.vision = VisionSteps.load(settings, self.m)  # the projector, images in the step (vision_prefill.py)
+        self.info = self.m.info = self.vision.model_info(self.m.info)
         self.tok = Tokenizer(self.m)
         self.template: ChatTemplate | None = None
         self._template_error: str | None = None
@@ -69,6 +71,7 @@ class Engine:
                 self._template_error = str(exc)
         self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot,
                                       model_id=settings.model_id, n_batch=self.m.n_batch)
+        self.prompts.vision = self.vision
         self.reasoning = EngineReasoning(settings, self.template, self.tok, self.info.reasoning_format)
         self.embedder = Embedder(self.m, self.tok, settings)  # embeddings, reranking (embed.py)
         self.slots = [Slot(i) for i in range(self.m.n_slots)]
@@ -145,6 +148,7 @@ class Engine:
         ll.llama_set_n_threads(self.m.ctx, t, tb)
 
     def close(self) -> None:
+        self.vision.close()
         self.pool.close()
         free_samplers(self.slots, self.waiting)
         self.m.free()
@@ -202,6 +206,7 @@ class Engine:
         mem = self.m.memory
         req = job.req
         echo_lp = req.echo and req.logprobs is not None
+        reuse = self.vision.snap(job.tokens, reuse)  # never part of an image
         if echo_lp:
             reuse = 0  # every prompt token's logits are needed
         if reuse > 0 and ll.llama_memory_seq_rm(mem, slot.index, reuse, -1):
@@ -240,11 +245,13 @@ class Engine:
         if self.embed_waiting:
             self._run_embeddings()
         self._admit()
+        self.vision.step(self.slots, self._fail)  # image encodes and pieces (vision_prefill.py)
         b = self._batch
         n, outputs = self.spec.fill(b, self.slots, self.m)  # pending tokens and drafts (speculate.py)
         echo_chunks: list[EchoChunk] = []
         n = fill_prompt_chunks(b, self.slots, n, outputs, echo_chunks)  # prefill.py
         if n == 0:
+            self.vision.wait()  # an image still encoding, nothing else to decode
             return self.take_output()
         b.batch.n_tokens = n
         rc = ll.llama_decode(self.m.ctx, b.batch)

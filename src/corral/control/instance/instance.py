@@ -136,9 +136,9 @@ class Instance:
 
     @property
     def memory_bytes(self) -> int | None:
-        """What the worker reported: weights + KV cache (latest Stats, else Ready)."""
-        rep = self.stats or self.info
-        return rep.model_bytes + rep.kv_bytes if rep is not None else None
+        """What the worker reported: weights + projector + KV cache (latest Stats, else Ready)."""
+        rep, proj = self.stats or self.info, self.info.mmproj_bytes if self.info is not None else 0
+        return rep.model_bytes + proj + rep.kv_bytes if rep is not None else None
 
     @property
     def rss_bytes(self) -> int | None:
