@@ -190,3 +190,23 @@ def test_the_disk_cap_holds_under_a_burst_of_long_prompts(model_path: Path, tmp_
         assert {tuple(s.cached) for s in e.slots} == kept
     finally:
         e.close()
+
+
+def test_sliding_window_prefix_from_disk_in_a_new_engine(model_path: Path, tmp_path: Path) -> None:
+    long = " ".join([LONG] * 4)
+    kw: dict[str, object] = dict(n_batch=64, ctx_len=2048)
+    e = _engine(model_path, tmp_path, **kw)
+    try:
+        fresh, f1 = _one(e, "a", long)
+        assert e.prompt_cache.persist(e.slots, wire.PersistCache())[0] == 1
+    finally:
+        e.close()
+    (entry,) = [f for f in cache_files.scan(tmp_path / "prompt-cache") if isinstance(f, cache_files.CacheFile)]
+    assert entry.pos_min > 0 and entry.n_tokens == f1.usage.prompt_tokens - 1  # cut back to the prompt
+    e = _engine(model_path, tmp_path, **kw)
+    try:
+        again, f2 = _one(e, "b", long)
+        assert f2.usage.cached_tokens == f2.usage.prompt_tokens - 1 and again == fresh
+        assert e.prompt_cache.stats().disk_hits == 1
+    finally:
+        e.close()
