@@ -62,10 +62,11 @@ def test_a_prefix_evicted_from_its_slot_is_restored_from_ram(model_path: Path) -
         assert again == fresh
         st = e.prompt_cache.stats()
         assert st.hits == 1 and st.disk_hits == 0 and st.restored_tokens == f3.usage.cached_tokens
-        # a prompt that extends the saved one is served its whole prefix too
+        # a prompt that extends the saved one is served its whole prefix too (Gemma 3 slides a
+        # window: the entry was cut back to the last prompt less one token before saving)
         _one(e, "d", OTHER)
         _, f5 = _one(e, "e", LONG + " Rule 99:")
-        assert f5.usage.cached_tokens >= f1.usage.prompt_tokens
+        assert f5.usage.cached_tokens >= f1.usage.prompt_tokens - 1
     finally:
         e.close()
 

@@ -61,7 +61,7 @@ def model_key(m: LoadedModel, s: wire.WorkerSettings, lora: Sequence[object] = (
         "n_swa": m.n_swa, "gpu_layers": m.info.gpu_layers,
         "rope": None,  # no rope/yarn settings yet: their fields go here when added
         "lora": [str(a) for a in lora],  # the LoRA set (issue 25)
-        "mmproj": s.mmproj,
+        "mmproj": file_identity(s.mmproj) if s.mmproj and os.path.isfile(s.mmproj) else s.mmproj,  # the projector
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 

@@ -171,7 +171,7 @@ class PromptCache:
                 return 0
             del slot.cached[n:]
         got = reuse_len(slot, list(tokens), self.m)  # llama.cpp's own word on what is whole
-        if got < n:
+        if got <= 0:
             ll.llama_memory_seq_rm(mem, slot.index, -1, -1)
             slot.cached = []
             return 0
