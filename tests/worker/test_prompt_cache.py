@@ -211,3 +211,14 @@ def test_sliding_window_prefix_from_disk_in_a_new_engine(model_path: Path, tmp_p
         assert e.prompt_cache.stats().disk_hits == 1
     finally:
         e.close()
+
+
+def test_a_write_is_bounded_in_bytes_and_time(tmp_path: Path) -> None:
+    from corral.worker.cache_disk import Candidate, DiskCache
+
+    disk = DiskCache(_disk(tmp_path), "k" * 64, "m")
+    cands = [Candidate(tuple(range(i, i + 100)), 0, bytes(10_000), float(i)) for i in range(5)]
+    assert disk.persist(cands, 1 << 30, timeout_s=0.0) == (0, 0)  # out of time: nothing written
+    written, n_bytes = disk.persist(cands, 25_000, timeout_s=30.0)
+    assert written == 2 and n_bytes <= 25_000 + 2 * 1000  # two fit the budget: the most recent two
+    assert {f.tokens[0] for f in disk.entries()} == {4, 3}
