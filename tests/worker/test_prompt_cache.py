@@ -222,3 +222,23 @@ def test_a_write_is_bounded_in_bytes_and_time(tmp_path: Path) -> None:
     written, n_bytes = disk.persist(cands, 25_000, timeout_s=30.0)
     assert written == 2 and n_bytes <= 25_000 + 2 * 1000  # two fit the budget: the most recent two
     assert {f.tokens[0] for f in disk.entries()} == {4, 3}
+
+
+def test_the_file_identity_uses_the_stores_sha256_where_it_has_one(tmp_path: Path) -> None:
+    import json
+
+    from corral.worker.cache_disk import file_identity
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(5000))
+    loose = file_identity(str(model))
+    assert "mtime_ns" in loose and "sha256" not in loose
+    mdir = tmp_path / ".corral" / "manifests"
+    mdir.mkdir(parents=True)
+    sha = "ab" * 32
+    (mdir / "m.json").write_text(json.dumps({"id": "m", "path": str(model), "sha256": sha, "size": 5004}))
+    pulled = file_identity(str(model))
+    assert pulled["sha256"] == sha and "mtime_ns" not in pulled
+    assert pulled["head_tail_sha256"] == loose["head_tail_sha256"]
+    model.write_bytes(b"GGUF" + bytes(5001))  # replaced by hand: the manifest's size no longer holds
+    assert "sha256" not in file_identity(str(model))

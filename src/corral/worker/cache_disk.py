@@ -33,8 +33,10 @@ _HEAD_BYTES = 1 << 20  # the file identity hashes its first and last MiB
 
 
 def file_identity(path: str) -> dict[str, object]:
-    """What identifies a model file without reading it all: size, mtime, and the sha256 of
-    its first and last MiB (the GGUF header, metadata and the last tensors)."""
+    """What identifies a model file without reading it all: its size, the sha256 of its
+    first and last MiB (the GGUF header, metadata and the last tensors), and the whole
+    file's sha256 where the store recorded it when it pulled the file (its manifest,
+    ``models_dir/.corral/manifests/<stem>.json``), else its mtime."""
     st = os.stat(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -42,7 +44,27 @@ def file_identity(path: str) -> dict[str, object]:
         if st.st_size > 2 * _HEAD_BYTES:
             f.seek(st.st_size - _HEAD_BYTES)
         h.update(f.read(_HEAD_BYTES))
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "head_tail_sha256": h.hexdigest()}
+    out: dict[str, object] = {"size": st.st_size, "head_tail_sha256": h.hexdigest()}
+    sha = _store_sha256(Path(path), st.st_size)
+    if sha is not None:
+        out["sha256"] = sha
+    else:
+        out["mtime_ns"] = st.st_mtime_ns
+    return out
+
+
+def _store_sha256(path: Path, size: int) -> str | None:
+    """The sha256 the store's manifest gives this file (same path and size), or None."""
+    manifest = path.parent / ".corral" / "manifests" / f"{path.stem}.json"
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    sha = data.get("sha256") if isinstance(data, dict) else None
+    if not isinstance(sha, str) or len(sha) != 64 or data.get("size") != size or \
+            Path(str(data.get("path", ""))).resolve() != path.resolve():
+        return None
+    return sha.lower()
 
 
 def model_key(m: LoadedModel, s: wire.WorkerSettings, lora: Sequence[object] = ()) -> str:
