@@ -25,10 +25,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CACHE_DIR_NAME", "SUFFIX", "CacheFile", "CacheFileError", "token_hash", "write_entry", "read_header",
+__all__ = ["SUFFIX", "CacheFile", "CacheFileError", "token_hash", "write_entry", "read_header",
            "read_state", "scan", "enforce_cap", "clear", "touch", "total_bytes"]
 
-CACHE_DIR_NAME = "prompt-cache"  # under the server's state dir
 SUFFIX = ".kv"
 MAGIC = b"CORRALPC"
 VERSION = 1

@@ -31,8 +31,8 @@ class PromptCacheDisk(msgspec.Struct, frozen=True, kw_only=True):
 
 class PersistCache(msgspec.Struct, frozen=True, tag="persist_cache", kw_only=True):
     """Write the most valuable prefixes (and the slots' current ones) to disk now, up to
-    ``max_bytes`` (None: ``PromptCacheDisk.write_bytes``) and for at most ``timeout_s`` (None:
-    ``write_s``). No answer: the router sends ``Shutdown`` next, read after the write."""
+    ``max_bytes`` (None: ``PromptCacheDisk.write_bytes``) and for at most ``timeout_s`` (and never
+    longer than ``write_s``). No answer: the router sends ``Shutdown`` next, read after the write."""
 
     max_bytes: Annotated[int, Meta(ge=0)] | None = None
     timeout_s: Annotated[float, Meta(ge=0)] | None = None

@@ -201,7 +201,8 @@ class PromptCache:
 
     def persist(self, slots: Sequence[Slot], msg: wire.PersistCache) -> tuple[int, int]:
         """Write the slots' current prefixes and the RAM entries to disk, bounded in bytes
-        and time (``PersistCache``, else the worker's ``PromptCacheDisk``)."""
+        (``PersistCache.max_bytes``, else ``PromptCacheDisk.write_bytes``) and in time (the
+        lower of ``PersistCache.timeout_s`` and ``PromptCacheDisk.write_s``)."""
         disk = self.disk
         if disk is None:
             return 0, 0
@@ -219,7 +220,7 @@ class PromptCache:
         cands += [Candidate(e.tokens, e.pos_min, e.state, e.last_used) for e in self.store.entries()
                   if not e.pinned and e.tokens not in seen]
         limit = disk.cfg.write_bytes if msg.max_bytes is None else msg.max_bytes
-        timeout = disk.cfg.write_s if msg.timeout_s is None else msg.timeout_s
+        timeout = disk.cfg.write_s if msg.timeout_s is None else min(disk.cfg.write_s, msg.timeout_s)
         written, n_bytes = disk.persist(cands, limit, max(0.0, timeout - (time.perf_counter() - t0)))
         log.info("prompt cache: wrote %d files (%d bytes) in %.0f ms", written, n_bytes,
                  (time.perf_counter() - t0) * 1000)
