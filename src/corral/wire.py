@@ -32,6 +32,7 @@ Conversation:
       | ------------- StatsRequest ---------> |
       | <---------------- Stats ------------- |
       | --------------- Shutdown -----------> |   (worker drains nothing, exits 0)
+      (the prompt cache's frames: corral.wire_cache)
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from msgspec import Meta
 from corral import frames
 from corral.frames import HEADER, FrameTooLarge, frame
 from corral.settings import INT32_MAX, ModelSettings
+from corral.wire_cache import PersistCache, PromptCacheDisk, PromptCacheStats
 from corral.wire_editors import Infill, InfillChunk, SlotState, TokenizerInfo
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
 from corral.wire_model import ModelInfo
@@ -58,6 +60,7 @@ __all__ = [
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",
     "FrameTooLarge", "HEADER", "MAX_FRAME", "Infill", "InfillChunk", "SlotState",
     "SlotFileAction", "SlotFileDone", "SlotFileError", "SlotFileVerb", "filename_problem",
+    "PersistCache", "PromptCacheDisk", "PromptCacheStats",
 ]
 
 PROTOCOL_VERSION = 1
@@ -81,6 +84,7 @@ class WorkerSettings(ModelSettings, frozen=True, kw_only=True):
     # None: the devices' free memory)
     gpu_budget_bytes: list[int] | int | None = None
     gpu_margin_bytes: int | None = None  # kept free on the GPU (None: corral.gpu_fit.DEFAULT_MARGIN_BYTES)
+    prompt_cache_disk: PromptCacheDisk | None = None  # None: no prompt cache on disk (wire_cache.py)
 
 
 # --------------------------------------------------------------------------- router -> worker
@@ -223,7 +227,8 @@ class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
     pass
 
 
-ToWorker = Union[GenerateRequest, EmbedRequest, TokenizeRequest, Abort, StatsRequest, Shutdown, SlotFileAction]
+ToWorker = Union[GenerateRequest, EmbedRequest, TokenizeRequest, Abort, StatsRequest, Shutdown, SlotFileAction,
+                 PersistCache]
 
 
 # --------------------------------------------------------------------------- worker -> router
@@ -340,6 +345,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
     spec_drafted: int = 0  # draft tokens verified (worker/speculate.py)
     spec_accepted: int = 0  # of them accepted
     gen_steps: int = 0  # slot-steps that emitted tokens; tokens_generated / gen_steps: tokens per step
+    prompt_cache: PromptCacheStats | None = None  # None: no prompt cache (wire_cache.py)
 
 
 FromWorker = Union[

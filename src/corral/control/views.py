@@ -10,6 +10,7 @@ import msgspec
 from corral import wire
 from corral.control.instance.instance import InstanceState
 from corral.control.pool import ModelPool
+from corral.control.prompt_cache import view as prompt_cache_view
 
 __all__ = ["describe", "snapshot", "speculation"]
 
@@ -35,7 +36,8 @@ def snapshot(pools: Iterable[ModelPool]) -> list[dict[str, Any]]:
             "instances": [{"index": i.index, "state": i.state.value, "busy": pool.busy(i),
                            "total": i.slots_total, "memory": i.memory_bytes,
                            "node": i.placement.node_id or "local",
-                           "node_address": i.placement.node_address or "", "speculation": speculation(i.stats)}
+                           "node_address": i.placement.node_address or "", "speculation": speculation(i.stats),
+                           "prompt_cache": prompt_cache_view(i.stats)}
                           for i in pool.instances],
         })
     return out
@@ -60,6 +62,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "last_used": pool.last_used_of(i) or None,
             "threads": i.threads,
             "speculation": speculation(i.stats),
+            "prompt_cache": prompt_cache_view(i.stats),  # hits, misses, bytes in RAM and on disk, time saved
             "restarts": i.restarts,
             "failures": i.failures,
             "reason": i.reason,

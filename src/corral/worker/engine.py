@@ -34,6 +34,7 @@ from corral.worker.failures import RequestRejected
 from corral.worker.infill import slot_output
 from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.prefill import EchoChunk, fill_prompt_chunks
+from corral.worker.prompt_cache import PromptCache
 from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.reasoning_step import EngineReasoning
 from corral.worker.slot_output import SlotOutput
@@ -81,6 +82,7 @@ class Engine:
         self.tokens_prompt = 0
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
         self.spec = speculate.Speculator(settings, self.m.n_slots, ll.llama_n_ubatch(self.m.ctx), self.info.gpu_layers)
+        self.prompt_cache = PromptCache(self.m, settings)  # RAM and disk (prompt_cache.py); .store: the KV store
 
     # ------------------------------------------------------------------ commands
 
@@ -137,7 +139,8 @@ class Engine:
                           model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes,
                           tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt,
                           slots=slot_states(self.slots, self.m.n_ctx_slot), spec_drafted=self.spec.drafted,
-                          spec_accepted=self.spec.accepted, gen_steps=self.spec.gen_steps)
+                          spec_accepted=self.spec.accepted, gen_steps=self.spec.gen_steps,
+                          prompt_cache=self.prompt_cache.stats())
 
     def set_threads(self, n: int) -> None:
         """Threads for the next decodes: the configured ones, or ``n`` when fewer cores are free."""
@@ -189,6 +192,7 @@ class Engine:
             best, best_n = pick_slot(free, job.tokens, self.m)
             free.remove(best)
             try:
+                best_n = self.prompt_cache.admit(best, job.tokens, best_n, job.req.echo and job.req.logprobs is not None)
                 self._start(best, job, best_n)
             except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
                 log.exception("request %s failed to start", job.req.id)
@@ -358,7 +362,9 @@ class Engine:
                 self.out.append(delta)
         n_eval = len(job.tokens) - slot.n_cached
         self.tokens_prompt += n_eval
-        self.out.append(finished_message(slot, job, reason, time.perf_counter()))
+        fin = finished_message(slot, job, reason, time.perf_counter())
+        self.prompt_cache.finished(fin)
+        self.out.append(fin)
         self._by_id.pop(job.req.id, None)
         release(slot)
 

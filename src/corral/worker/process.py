@@ -206,6 +206,8 @@ def _loop(engine: "Engine", inbox: "queue.SimpleQueue[object]", out: _Writer,
                 replies += slot_files.submit(msg)
             elif isinstance(msg, wire.RequestFailed):  # from the reader: malformed request
                 replies.append(msg)
+            elif isinstance(msg, wire.PersistCache):  # an unload: Shutdown follows
+                engine.prompt_cache.persist(engine.slots, msg)
             elif isinstance(msg, wire.Shutdown):
                 out.send(engine.take_output())
                 log.info("shutdown requested")

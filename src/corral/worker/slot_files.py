@@ -11,9 +11,10 @@ token list like ours, so a file saved here can be restored by llama-server start
 same GGUF with the same context settings.
 
 **The sidecar** ``.<filename>.corral`` (JSON) says what the state belongs to: the model
-file (size, mtime, sha256 of its first MiB), every setting that shapes the KV (context per
-slot, slots, batch, KV types, flash attention, sliding window, projector, adapters) and the
-llama.cpp version, plus the data file's length and sha256. A restore checks all of it
+file (size, mtime, sha256 of its first MiB), the settings that shape the KV (context per
+slot, slots, batch, KV types, flash attention, sliding window, projector, adapters), the
+llama.cpp version and the prompt cache's ``cache_disk.model_key`` (which covers all of
+those and more: ubatch, unified KV, GPU layers), plus the data file's length and sha256. A restore checks all of it
 before llama.cpp sees a byte: a file for another model or other settings, a changed or
 truncated file, or a file without a sidecar (llama-server's own) is refused, the slot
 untouched. Writes are atomic: both files go to temp names (``O_EXCL``, ``O_NOFOLLOW``),
@@ -39,6 +40,7 @@ import llama_cpp as ll
 import msgspec
 
 from corral import wire
+from corral.worker.cache_disk import model_key
 from corral.worker.kv_store import restore_seq, save_seq
 
 if TYPE_CHECKING:
@@ -147,7 +149,8 @@ class SlotFiles:
             kv = {k: msgspec.to_builtins(getattr(s, k)) for k in _KV_SETTINGS if getattr(s, k, None) is not None}
             self._identity = {"model_bytes": st.st_size, "model_mtime_ns": st.st_mtime_ns, "model_head_sha256": head,
                               "n_ctx_slot": m.n_ctx_slot, "n_slots": m.n_slots, "n_batch": m.n_batch,
-                              "n_swa": m.n_swa, "llama_cpp": ll.__version__, **kv}
+                              "n_swa": m.n_swa, "llama_cpp": ll.__version__, **kv,
+                              "model_key": model_key(m, s)}  # the prompt cache's key: every KV setting
         return self._identity
 
     def _save(self, slot: Slot, directory: Path, filename: str) -> tuple[int, int]:

@@ -30,7 +30,7 @@ from corral.api.llamacpp.schemas import model_for
 from corral.control.instance.instance import Instance
 from corral.control.plane import ControlPlane
 from corral.control.transport.link import LinkClosed
-from corral.control.usage import state_dir
+from corral.state_paths import state_dir
 from corral.errors import InternalError, InvalidRequest
 
 __all__ = ["router", "slots_dir"]
