@@ -3,7 +3,12 @@
 part and the prompt part.
 
 The two models are the embedded Gemma 3 270M and its FIM variant (another file: the same
-weights with FIM token ids, tests/support/gguf_models.py), one slot each. Each visit is
+weights with FIM token ids, tests/support/gguf_models.py), one slot each. Each visit is the
+next turn of that model's conversation: its prompt is the conversation so far (system
+prompt, earlier questions and answers) plus a new question, as chat clients send it.
+(With Gemma 3's sliding window a saved state serves only a prompt that continues all of
+it: the state keeps the last n_swa positions of the window layers, so a prompt that
+leaves the saved sequence before its end cannot reuse it; see worker/kv_store.py.) Each visit is
 ``POST /models/load`` (with one model allowed, that swaps the other one out), polled until
 ``GET /models`` says loaded (the load part), then a streamed completion whose prompt is the
 model's system prompt plus a new user turn (the prompt part: until its first token). The
@@ -52,8 +57,9 @@ def system_prompt(mid: str, n_rules: int = 60) -> str:
     return f"You are the {a} assistant. Follow these rules.\n" + "\n".join(rules) + "\n"
 
 
-def turn_prompt(mid: str, k: int) -> str:
-    return system_prompt(mid) + f"User: question {k}: what does rule {k + 3} say?\nAssistant:"
+def turn_prompt(mid: str, k: int, history: str = "") -> str:
+    """The conversation so far (its system prompt, earlier turns and answers) and a new question."""
+    return system_prompt(mid) + history + f"User: question {k}: what does rule {k + 3} say?\nAssistant:"
 
 
 async def _status(c: httpx.AsyncClient, base: str, mid: str) -> str | None:
@@ -78,13 +84,14 @@ async def load(c: httpx.AsyncClient, base: str, mid: str) -> float:
     return time.perf_counter() - t0
 
 
-async def first_token(c: httpx.AsyncClient, base: str, mid: str, k: int) -> tuple[float, int, int]:
-    """A streamed completion: (seconds to its first token, prompt tokens, cached tokens)."""
-    body = {"model": mid, "prompt": turn_prompt(mid, k), "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+async def first_token(c: httpx.AsyncClient, base: str, mid: str, prompt: str) -> tuple[float, int, int, str]:
+    """A streamed completion: (seconds to its first token, prompt tokens, cached tokens, its text)."""
+    body = {"model": mid, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     t_first: float | None = None
     n_prompt = n_cached = -1
+    text = ""
     async with c.stream("POST", base + "/v1/completions", json=body) as resp:
         if resp.status_code != 200:
             raise ServerFailed(f"completion -> HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
@@ -92,8 +99,11 @@ async def first_token(c: httpx.AsyncClient, base: str, mid: str, k: int) -> tupl
             if not line.startswith("data:") or line.strip() == "data: [DONE]":
                 continue
             obj = json.loads(line[5:])
-            if t_first is None and obj.get("choices") and obj["choices"][0].get("text"):
-                t_first = time.perf_counter() - t0
+            piece = obj["choices"][0].get("text") if obj.get("choices") else None
+            if piece:
+                text += piece
+                if t_first is None:
+                    t_first = time.perf_counter() - t0
             usage = obj.get("usage") or {}
             if usage.get("prompt_tokens"):
                 n_prompt = usage["prompt_tokens"]
@@ -103,17 +113,22 @@ async def first_token(c: httpx.AsyncClient, base: str, mid: str, k: int) -> tupl
                 n_cached = timings["cache_n"]
     if t_first is None:
         raise ServerFailed("no token streamed")
-    return t_first, n_prompt, n_cached
+    return t_first, n_prompt, n_cached, text
 
 
 async def visits(base: str, n_swaps: int) -> dict[str, list[dict[str, float]]]:
-    """The cold first visit of each model, then ``n_swaps`` alternating visits."""
+    """The cold first visit of each model, then ``n_swaps`` alternating visits; each visit
+    is the next turn of that model's conversation (its prompt holds the earlier turns and
+    answers, as a chat client sends them)."""
     out: dict[str, list[dict[str, float]]] = {"cold": [], "swap": []}
+    history = {mid: "" for mid in IDS}
     async with httpx.AsyncClient(timeout=600) as c:
         order = [*IDS, *(IDS[k % 2] for k in range(n_swaps))]
         for k, mid in enumerate(order):
             t_load = await load(c, base, mid)
-            t_prompt, n_prompt, n_cached = await first_token(c, base, mid, k)
+            prompt = turn_prompt(mid, k, history[mid])
+            t_prompt, n_prompt, n_cached, answer = await first_token(c, base, mid, prompt)
+            history[mid] = prompt[len(system_prompt(mid)):] + answer + "\n"
             row = {"load": t_load, "prompt": t_prompt, "whole": t_load + t_prompt, "n_prompt": n_prompt,
                    "n_cached": n_cached}
             out["cold" if k < len(IDS) else "swap"].append(row)
