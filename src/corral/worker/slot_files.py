@@ -5,8 +5,9 @@
     replies += files.run_pending()                     # after each step: deferred ones whose slot is free
 
 **The file** is llama-server's (``llama_state_seq_save_file``): u32 magic ``ggsq``, u32
-version 3, u32 token count, the tokens (int32), then the sequence's state exactly as
-``llama_state_seq_get_data`` gives it (``kv_store.save_seq``). llama-server reads a plain
+version 3, u32 token count, the tokens (int32), then the sequence's state as
+``llama_state_seq_save_file`` writes it (``kv_store.save_seq``'s bytes without the 8-byte
+in-memory header ``llama_state_seq_get_data`` puts first). llama-server reads a plain
 token list like ours, so a file saved here can be restored by llama-server started on the
 same GGUF with the same context settings.
 
@@ -55,6 +56,9 @@ SEQ_MAGIC = 0x67677371  # 'ggsq', LLAMA_STATE_SEQ_MAGIC
 SEQ_VERSION = 3  # LLAMA_STATE_SEQ_VERSION of the llama.cpp we build on
 SIDECAR_FORMAT = "corral-slot-1"
 _HEAD = struct.Struct("<III")
+# llama_state_seq_get_data's buffer starts with (io_magic, seq id), which a state file has not
+_IO_HEAD = struct.Struct("<Ii")
+_IO_MAGIC = 0xAF143CD8
 _KV_SETTINGS = ("cache_type_k", "cache_type_v", "flash_attn", "mmproj", "lora", "loras", "adapters")
 
 
@@ -156,6 +160,8 @@ class SlotFiles:
     def _save(self, slot: Slot, directory: Path, filename: str) -> tuple[int, int]:
         tokens = list(slot.cached)
         state = save_seq(self.engine.m.ctx, slot.index)
+        if len(state) >= _IO_HEAD.size and _IO_HEAD.unpack_from(state)[0] == _IO_MAGIC:
+            state = state[_IO_HEAD.size:]  # the file holds what llama_state_seq_save_file writes
         data = _HEAD.pack(SEQ_MAGIC, SEQ_VERSION, len(tokens)) + array.array("i", tokens).tobytes() + state
         meta = json.dumps({"format": SIDECAR_FORMAT, "identity": self.identity(), "n_tokens": len(tokens),
                            "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}).encode()
@@ -219,7 +225,7 @@ class SlotFiles:
         if any(t < 0 or t >= self.engine.m.n_vocab for t in tokens):
             raise _Refused("invalid_file", "Unable to restore slot: Invalid tokens in slot save file")
         self._clear(slot)
-        if not restore_seq(self.engine.m.ctx, slot.index, data[end:]):
+        if not restore_seq(self.engine.m.ctx, slot.index, _IO_HEAD.pack(_IO_MAGIC, slot.index) + data[end:]):
             self._clear(slot)
             raise _Refused("invalid_file", "Unable to restore slot: No available space in KV cache or "
                                            "invalid slot save file")
