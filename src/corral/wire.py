@@ -1,7 +1,7 @@
 """Typed messages between the router and a worker process, and their framing.
 
 This module is the whole contract across the process boundary (with ``corral.wire_gpu``,
-``corral.wire_model`` and ``corral.wire_editors``, whose types it re-exports; a new topic's
+``corral.wire_model``, ``corral.wire_editors`` and ``corral.wire_slots``, whose types it re-exports; a new topic's
 types go in a ``wire_<topic>.py`` of their own). It imports nothing else of corral but
 ``corral.settings`` and ``corral.frames`` (leaf modules), so both sides (``corral.control`` in the router and ``corral.worker``)
 depend on it and never on each other.
@@ -49,6 +49,7 @@ from corral.wire_cache import PersistCache, PromptCacheDisk, PromptCacheStats
 from corral.wire_editors import Infill, InfillChunk, SlotState, TokenizerInfo
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
 from corral.wire_model import ModelInfo
+from corral.wire_slots import SlotFileAction, SlotFileDone, SlotFileError, SlotFileVerb, filename_problem
 
 __all__ = [
     "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams",
@@ -58,6 +59,7 @@ __all__ = [
     "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",
     "FrameTooLarge", "HEADER", "MAX_FRAME", "Infill", "InfillChunk", "SlotState",
+    "SlotFileAction", "SlotFileDone", "SlotFileError", "SlotFileVerb", "filename_problem",
     "PersistCache", "PromptCacheDisk", "PromptCacheStats",
 ]
 
@@ -225,7 +227,8 @@ class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
     pass
 
 
-ToWorker = Union[GenerateRequest, EmbedRequest, TokenizeRequest, Abort, StatsRequest, Shutdown, PersistCache]
+ToWorker = Union[GenerateRequest, EmbedRequest, TokenizeRequest, Abort, StatsRequest, Shutdown, SlotFileAction,
+                 PersistCache]
 
 
 # --------------------------------------------------------------------------- worker -> router
@@ -346,7 +349,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
 
 
 FromWorker = Union[
-    Loading, Ready, LoadFailed, Delta, Finished, RequestFailed, Embeddings, Tokenized, Stats
+    Loading, Ready, LoadFailed, Delta, Finished, RequestFailed, Embeddings, Tokenized, Stats, SlotFileDone
 ]
 
 

@@ -153,9 +153,29 @@ class Fake:
                                  rss_bytes=sc["rss_bytes"], model_bytes=sc["model_bytes"],
                                  kv_bytes=sc["kv_bytes"], tokens_generated=self.generated,
                                  tokens_prompt=0))
+        elif isinstance(msg, wire.SlotFileAction):
+            self.record(msg)
+            self.send(self.slot_file(msg))
         elif isinstance(msg, wire.Shutdown):
             return False
         return True
+
+    def slot_file(self, msg: wire.SlotFileAction) -> wire.SlotFileDone:
+        """Slot files as the real worker answers them: "FAKESLOT" + the slot index, 3 tokens."""
+        done = {"id": msg.id, "action": msg.action, "slot": msg.slot}
+        if msg.slot >= self.s.n_parallel:
+            return wire.SlotFileDone(**done, error="invalid_slot", message="Invalid slot ID")
+        if msg.action == "erase":
+            return wire.SlotFileDone(**done, n_tokens=3)
+        path = os.path.join(msg.directory, msg.filename)
+        if msg.action == "save":
+            os.makedirs(msg.directory, exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(b"FAKESLOT%d" % msg.slot)
+            return wire.SlotFileDone(**done, n_tokens=3, n_bytes=9, ms=1.5)
+        if not os.path.exists(path):
+            return wire.SlotFileDone(**done, error="invalid_file", message="Unable to restore slot: no such slot file")
+        return wire.SlotFileDone(**done, n_tokens=3, n_bytes=os.path.getsize(path), ms=0.5)
 
 
 async def main() -> int:
