@@ -29,7 +29,7 @@ chromium:
 	  else sudo -n apt-get update -qq && sudo -n apt-get install -y -qq chromium; fi; }
 
 test: install chromium
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=30
 
 # The long reliability run (30 minutes, two models, faults under load; see tests/reliability/soak.py).
 soak: install

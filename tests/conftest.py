@@ -31,3 +31,12 @@ def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CORRAL_STATE_DIR", str(tmp_path_factory.mktemp("corral-state")))
         yield
+
+
+@pytest.fixture(scope="session")
+def mmproj_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Gemma 3 projector for the embedded model (random weights, 16 tokens an image):
+    tests/support/gguf_vision.py."""
+    from support.gguf_vision import write_gemma3_mmproj
+
+    return write_gemma3_mmproj(tmp_path_factory.mktemp("mmproj") / "gemma3-mmproj.gguf")

@@ -13,17 +13,16 @@ message names the file, the table and the key.
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError,
-                      ValidationInfo, field_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, IPvAnyNetwork, PrivateAttr,
+                      ValidationError, ValidationInfo, field_validator)
 
 from corral.errors import ConfigError
 from corral.model_ids import id_problem
-from corral.settings import ModelSettings, SettingsError, setting_names
+from corral.settings import ModelSettings, SettingsError, parse_size, setting_names
 
 __all__ = [
     "parse_bytes",
@@ -35,28 +34,10 @@ __all__ = [
     "default_config",
 ]
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": 1024,
-    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
-    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
-}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-
-
 def parse_bytes(value: Any) -> Any:
-    """``"8GiB"`` -> 8589934592, ``"512MB"`` -> 512000000, ints pass through."""
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-        raise ValueError(f"{value!r} is not a size; write e.g. 8GiB, 512MiB, 4GB or a number of bytes")
-    return value
+    """``"8GiB"`` -> 8589934592, ``"512MB"`` -> 512000000, ints pass through
+    (``corral.settings.parse_size``: one reading of a size for both kinds of settings)."""
+    return parse_size(value)
 
 
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
@@ -112,6 +93,13 @@ class ServerConfig(_NoBoolNumbers):
     # where the router keeps state (usage.db); None: $CORRAL_STATE_DIR, else
     # $XDG_STATE_HOME/corral, else ~/.local/state/corral
     state_dir: Path | None = None
+    # the prompt cache on disk (docs/internals/prompt-cache.md), in state_dir's prompt-cache/:
+    # at most this many bytes for all models (least recently used files go first; 0: off);
+    # an instance that unloads writes up to prompt_cache_write bytes of its most valuable
+    # prefixes, for at most prompt_cache_write_s (a swap never waits longer)
+    prompt_cache_disk: ByteSize = 8 * 1024**3
+    prompt_cache_write: ByteSize = 1024**3
+    prompt_cache_write_s: float = Field(3.0, ge=0)
     # directories outside models_dir whose models requests may name (Nitro llama_model_path)
     allowed_model_dirs: list[Path] = []
     # web origins (e.g. "http://localhost:3000", "https://*.example.com") that browsers may
@@ -137,6 +125,14 @@ class ServerConfig(_NoBoolNumbers):
     max_restarts: int = Field(3, ge=0)  # consecutive failures before an instance stays failed
     restart_backoff_s: float = Field(1.0, ge=0)  # doubles per consecutive failure, max 30 s
     max_body_bytes: ByteSize = 8 * 1024 * 1024
+    # images in requests (api/core/images.py): http(s) image URLs are fetched by the router only
+    # when allowed; loopback/link-local/private addresses only when allow_private_image_urls is
+    # true (any) or a list of networks (CIDR) that may be fetched from
+    allow_image_urls: bool = False
+    allow_private_image_urls: bool | list[IPvAnyNetwork] = False
+    image_url_timeout_s: float = Field(10.0, gt=0)
+    max_image_bytes: ByteSize = 20 * 1024 * 1024  # one image, encoded
+    max_image_pixels: int = Field(50_000_000, ge=1)  # width x height, checked before decoding
     log_dir: Path | None = None  # worker stderr logs; None: a temporary directory
     worker_command: list[str] | None = None  # advanced/tests: argv prefix instead of python -m corral.worker
     # Ray cluster for model instances ("auto", "HOST:PORT", "ray://HOST:10001"); None: local processes
@@ -288,6 +284,9 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
     for m in cfg.models.values():
         p = m.path.expanduser()
         m.path = p if p.is_absolute() else (base / p)
+        if m.settings.get("mmproj"):  # the projector file resolves like the model's ("": none)
+            q = Path(m.settings["mmproj"]).expanduser()
+            m.settings["mmproj"] = str(q if q.is_absolute() else base / q)
     for attr in ("models_dir", "log_dir", "keys_file", "state_dir"):
         p = getattr(cfg.server, attr)
         if p is not None:

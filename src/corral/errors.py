@@ -12,12 +12,15 @@
     │   │   ├── HubUnauthorized      400 code=hub_unauthorized  (gated or private repo)
     │   │   ├── ModelFileMissing     400 code=model_file_missing
     │   │   ├── UnreadableModel      400 code=unreadable_model  (GGUF header unreadable)
-    │   │   └── NitroLoadFailed      400 code=model_load_failed (Nitro loadmodel of a bad file)
+    │   │   ├── NitroLoadFailed      400 code=model_load_failed (Nitro loadmodel of a bad file)
+    │   │   ├── InvalidImage         400 code=invalid_image     (not an image, truncated, a bomb...)
+    │   │   └── VisionNotSupported   400 code=vision_not_supported (images to a model without mmproj)
     │   ├── AuthenticationError      401 authentication_error
     │   ├── Forbidden                403 code=forbidden
     │   │   ├── PathNotAllowed       403 code=path_not_allowed
     │   │   ├── HostNotAllowed       403 code=host_not_allowed
     │   │   ├── OriginNotAllowed     403 code=origin_not_allowed
+    │   │   ├── ImageUrlNotAllowed   403 code=image_url_not_allowed (off, or a private address)
     │   │   └── ScopeDenied          403 code=insufficient_scope (the key lacks the route's scope)
     │   ├── ModelNotFound            404 code=model_not_found
     │   ├── NotFound                 404 (a pull id, a route object)
@@ -65,6 +68,9 @@ __all__ = [
     "HostNotAllowed",
     "OriginNotAllowed",
     "ScopeDenied",
+    "InvalidImage",
+    "VisionNotSupported",
+    "ImageUrlNotAllowed",
     "RateLimited",
     "NitroLoadFailed",
     "ModelFileMissing",
@@ -172,6 +178,14 @@ class NitroLoadFailed(InvalidRequest):
     code = "model_load_failed"
 
 
+class InvalidImage(InvalidRequest):
+    code = "invalid_image"
+
+
+class VisionNotSupported(InvalidRequest):
+    code = "vision_not_supported"
+
+
 class AuthenticationError(RequestError):
     status = 401
     type = "authentication_error"
@@ -197,6 +211,10 @@ class HostNotAllowed(Forbidden):
 
 class OriginNotAllowed(Forbidden):
     code = "origin_not_allowed"
+
+
+class ImageUrlNotAllowed(Forbidden):
+    code = "image_url_not_allowed"
 
 
 class ScopeDenied(Forbidden):

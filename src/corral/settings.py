@@ -19,6 +19,7 @@ depends on it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
@@ -26,6 +27,7 @@ import msgspec
 from msgspec import Meta
 
 __all__ = ["ModelSettings", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX",
+           "BYTE_FIELDS", "parse_size",
            "setting_names"]
 
 INT32_MAX = 2**31 - 1
@@ -102,11 +104,12 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     speculative: Literal["ngram", "off"] = "off"
     draft_max: Annotated[int, Meta(ge=1, le=64)] = 16  # tokens drafted per slot and step at most
     draft_min: Annotated[int, Meta(ge=1, le=64)] = 2  # a shorter draft is not tried
-    # the worker's host-RAM store of KV states (worker/kv_store.py): paused (preempted)
-    # sequences, and the prompt cache; MiB (llama-server's --cache-ram); 0: none kept
-    cache_ram_mib: Annotated[int, Meta(ge=0, le=INT32_MAX)] = 2048
     # with [server] ray_address: custom Ray resources each instance asks for (e.g. a node tag)
     ray_resources: dict[str, Annotated[float, Meta(ge=0)]] = {}
+    # the host-RAM prompt cache (llama-server's --cache-ram; worker/prompt_cache.py): bytes of
+    # saved prefixes' KV each worker keeps (a size, "2GiB", or bytes; 0: off). The same budget
+    # holds sequences paused by fair-share preemption (worker/kv_store.py).
+    prompt_cache_ram: Annotated[int, Meta(ge=0, le=2**50)] = 1024**3
     # router only (changing these needs no worker restart)
     ttl_s: Annotated[float, Meta(gt=0)] | None = None  # unload after this long idle
     pinned: bool = False  # never evicted
@@ -124,8 +127,10 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                 errors.append((key, "unknown key (check the spelling)"))
                 continue
             try:
+                if key in BYTE_FIELDS:
+                    value = parse_size(value)
                 out[key] = getattr(msgspec.convert({key: value}, cls), key)
-            except msgspec.ValidationError as exc:
+            except ValueError as exc:  # msgspec.ValidationError is one too
                 msg = _strip_path(str(exc))
                 if msg.startswith("Invalid enum value"):
                     msg += f" (allowed: {_choices(key)})"
@@ -197,6 +202,30 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 # the variables that choose the GPUs a process sees (CUDA, ROCm/HIP, Vulkan)
 VISIBLE_DEVICES_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES")
+
+# settings written as sizes ("2GiB", "512MB") or bytes
+BYTE_FIELDS = frozenset({"prompt_cache_ram"})
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1024,
+    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any) -> Any:
+    """``"8GiB"`` -> 8589934592, ``"512MB"`` -> 512000000; anything but a string passes
+    through (ValueError for a string that is not a size)."""
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m and m.group(2).lower() in _SIZE_UNITS:
+            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+        raise ValueError(f"{value!r} is not a size; write e.g. 8GiB, 512MiB, 4GB or a number of bytes")
+    return value
+
 
 # changing these applies to a loaded model at once (no worker restart)
 LIVE_FIELDS = frozenset({"ttl_s", "pinned", "load_on_startup"})

@@ -1,7 +1,7 @@
 """Typed messages between the router and a worker process, and their framing.
 
 This module is the whole contract across the process boundary (with ``corral.wire_gpu``,
-``corral.wire_model`` and ``corral.wire_editors``, whose types it re-exports; a new topic's
+``corral.wire_model``, ``corral.wire_editors`` and ``corral.wire_slots``, whose types it re-exports; a new topic's
 types go in a ``wire_<topic>.py`` of their own). It imports nothing else of corral but
 ``corral.settings`` and ``corral.frames`` (leaf modules), so both sides (``corral.control`` in the router and ``corral.worker``)
 depend on it and never on each other.
@@ -32,6 +32,7 @@ Conversation:
       | ------------- StatsRequest ---------> |
       | <---------------- Stats ------------- |
       | --------------- Shutdown -----------> |   (worker drains nothing, exits 0)
+      (the prompt cache's frames: corral.wire_cache)
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ from msgspec import Meta
 from corral import frames
 from corral.frames import HEADER, FrameTooLarge, frame
 from corral.settings import INT32_MAX, ModelSettings
+from corral.wire_cache import PersistCache, PromptCacheDisk, PromptCacheStats
 from corral.wire_editors import Infill, InfillChunk, SlotState, TokenizerInfo
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
 from corral.wire_model import ModelInfo
 from corral.wire_preempt import Paused, Preempt, Resume
+from corral.wire_slots import SlotFileAction, SlotFileDone, SlotFileError, SlotFileVerb, filename_problem
 
 __all__ = [
     "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams",
@@ -56,7 +59,9 @@ __all__ = [
     "TokenLogprob", "TopLogprob", "Usage", "Timings", "Finished", "RequestFailed", "Embeddings",
     "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",
-    "FrameTooLarge", "HEADER", "MAX_FRAME", "Infill", "InfillChunk", "SlotState", "Preempt", "Resume", "Paused",
+    "FrameTooLarge", "HEADER", "MAX_FRAME", "Infill", "InfillChunk", "SlotState",
+    "SlotFileAction", "SlotFileDone", "SlotFileError", "SlotFileVerb", "filename_problem",
+    "PersistCache", "PromptCacheDisk", "PromptCacheStats", "Preempt", "Resume", "Paused",
 ]
 
 PROTOCOL_VERSION = 1
@@ -80,6 +85,7 @@ class WorkerSettings(ModelSettings, frozen=True, kw_only=True):
     # None: the devices' free memory)
     gpu_budget_bytes: list[int] | int | None = None
     gpu_margin_bytes: int | None = None  # kept free on the GPU (None: corral.gpu_fit.DEFAULT_MARGIN_BYTES)
+    prompt_cache_disk: PromptCacheDisk | None = None  # None: no prompt cache on disk (wire_cache.py)
 
 
 # --------------------------------------------------------------------------- router -> worker
@@ -222,7 +228,8 @@ class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
     pass
 
 
-ToWorker = Union[GenerateRequest, EmbedRequest, TokenizeRequest, Abort, StatsRequest, Shutdown, Preempt, Resume]
+ToWorker = Union[GenerateRequest, EmbedRequest, TokenizeRequest, Abort, StatsRequest, Shutdown, SlotFileAction,
+                 PersistCache, Preempt, Resume]
 
 
 # --------------------------------------------------------------------------- worker -> router
@@ -339,10 +346,11 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
     spec_drafted: int = 0  # draft tokens verified (worker/speculate.py)
     spec_accepted: int = 0  # of them accepted
     gen_steps: int = 0  # slot-steps that emitted tokens; tokens_generated / gen_steps: tokens per step
+    prompt_cache: PromptCacheStats | None = None  # None: no prompt cache (wire_cache.py)
 
 
 FromWorker = Union[
-    Loading, Ready, LoadFailed, Delta, Finished, RequestFailed, Embeddings, Tokenized, Stats, Paused
+    Loading, Ready, LoadFailed, Delta, Finished, RequestFailed, Embeddings, Tokenized, Stats, SlotFileDone, Paused
 ]
 
 

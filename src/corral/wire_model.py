@@ -37,3 +37,4 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     pooling: str = ""  # the embedding context's pooling (none|mean|cls|last|rank); "" without one
     fim: bool = False  # the vocabulary has prefix, suffix and middle FIM tokens (infill works)
     vision: bool = False  # a projector is loaded: messages and prompts may carry images
+    mmproj_bytes: int = 0  # the projector file's size (held in memory beside the weights); 0 without one

@@ -45,6 +45,8 @@ async def _status(c: httpx.AsyncClient, method: str, url: str, headers: dict[str
 def _url(path: str) -> str:
     if path in ("/tokenizer_info", "/props", "/slots"):  # a model that is not there: no worker asked
         return path + "?model=no-such-model"
+    if path == "/slots/{id_slot}":
+        return "/slots/0?action=erase&model=no-such-model"
     return (path.replace("{model_id:path}", "no-such-model").replace("{pull_id}", "pull-x")
             .replace("{name}", "app.js"))
 
@@ -64,7 +66,7 @@ manage  GET /stats | GET /metrics | GET /models/events | GET /models/sse | POST 
         POST /models/unload | POST /models/reload | POST /models | POST /models/pull
         GET /models/pull/{pull_id} | DELETE /models/pull/{pull_id} | POST /api/pull | POST /api/copy
         POST /inferences/llamacpp/loadmodel | GET /inferences/llamacpp/unloadmodel
-        POST /inferences/llamacpp/unloadmodel
+        POST /inferences/llamacpp/unloadmodel | POST /slots/{id_slot}
 admin   DELETE /api/delete | DELETE /models/{model_id:path}
 """
 

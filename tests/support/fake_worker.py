@@ -24,6 +24,7 @@ containing "FOREVER" streams until aborted; "BOOM" makes it exit with code 7.
 Preempt pauses a generation before its next piece (answered by Paused, kept_kv true);
 Resume continues it; Abort of a paused one ends it with Finished(abort). A prompt
 containing "NOPAUSE" is never paused (Paused with paused false).
+A model given an ``mmproj`` reports ``vision`` (it sees images; the images reach it as bytes).
 Every request it receives is appended to ``<script>.log`` (one JSON line), and the
 settings of its last spawn are in ``<script>.settings``, so tests can see what reached the worker.
 """
@@ -175,9 +176,29 @@ class Fake:
                                  rss_bytes=sc["rss_bytes"], model_bytes=sc["model_bytes"],
                                  kv_bytes=sc["kv_bytes"], tokens_generated=self.generated,
                                  tokens_prompt=0))
+        elif isinstance(msg, wire.SlotFileAction):
+            self.record(msg)
+            self.send(self.slot_file(msg))
         elif isinstance(msg, wire.Shutdown):
             return False
         return True
+
+    def slot_file(self, msg: wire.SlotFileAction) -> wire.SlotFileDone:
+        """Slot files as the real worker answers them: "FAKESLOT" + the slot index, 3 tokens."""
+        done = {"id": msg.id, "action": msg.action, "slot": msg.slot}
+        if msg.slot >= self.s.n_parallel:
+            return wire.SlotFileDone(**done, error="invalid_slot", message="Invalid slot ID")
+        if msg.action == "erase":
+            return wire.SlotFileDone(**done, n_tokens=3)
+        path = os.path.join(msg.directory, msg.filename)
+        if msg.action == "save":
+            os.makedirs(msg.directory, exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(b"FAKESLOT%d" % msg.slot)
+            return wire.SlotFileDone(**done, n_tokens=3, n_bytes=9, ms=1.5)
+        if not os.path.exists(path):
+            return wire.SlotFileDone(**done, error="invalid_file", message="Unable to restore slot: no such slot file")
+        return wire.SlotFileDone(**done, n_tokens=3, n_bytes=os.path.getsize(path), ms=0.5)
 
 
 async def main() -> int:
@@ -225,7 +246,8 @@ async def main() -> int:
         n_ctx=settings.ctx_len, n_ctx_slot=settings.ctx_len // settings.n_parallel,
         n_slots=settings.n_parallel, n_embd=script["embedding_dim"], embedding=settings.embedding,
         has_chat_template=False, model_bytes=script["model_bytes"], kv_bytes=script["kv_bytes"],
-        rss_bytes=script["rss_bytes"], gpu_layers=0, load_ms=1.0, devices=devices, fit=fit)
+        rss_bytes=script["rss_bytes"], gpu_layers=0, load_ms=1.0, devices=devices, fit=fit,
+        vision=bool(settings.mmproj))  # as if it loaded the projector it was given
     fake.send(wire.Ready(os.getpid(), info))
     dec = wire.FrameDecoder()
     while True:

@@ -55,6 +55,7 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/usage"): "key",
     ("GET", "/props"): "key",  # one model's settings (visibility applies), as /api/show
     ("GET", "/slots"): "key",  # slot counts and states, never prompts
+    ("POST", "/slots/{id_slot}"): "manage",  # writes/reads the server's slot files, changes a slot's cache
     ("GET", "/stats"): "manage",
     ("GET", "/metrics"): "manage",
     ("GET", "/models/events"): "manage",

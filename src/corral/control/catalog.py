@@ -20,6 +20,7 @@ from corral.config import CorralConfig
 from corral.control.gpu_slot import GpuSlot
 from corral.errors import ModelNotFound
 from corral.settings import ModelSettings
+from corral.store.projector import projector_for
 
 __all__ = ["ModelSpec", "Catalog", "specs_from_config", "default_threads"]
 
@@ -35,9 +36,20 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
 
     @classmethod
     def make(cls, model_id: str, path: Path, settings: ModelSettings, *,
-             aliases: tuple[str, ...] = (), source: str) -> "ModelSpec":
-        return cls(id=model_id, path=Path(path), aliases=tuple(aliases), source=source,
-                   **settings.to_dict())
+             aliases: tuple[str, ...] = (), source: str, projector: Path | None = None) -> "ModelSpec":
+        """``mmproj`` becomes the projector's path, or None (corral.store.projector's rule;
+        ``projector``: the one pulled with the model)."""
+        fields = settings.to_dict()
+        found = projector_for(Path(path), settings.mmproj, projector)
+        fields["mmproj"] = str(found) if found is not None else None
+        return cls(id=model_id, path=Path(path), aliases=tuple(aliases), source=source, **fields)
+
+    def projector_bytes(self) -> int:
+        """The projector file's size (0 without one, or while it is missing)."""
+        try:
+            return os.path.getsize(self.mmproj) if self.mmproj else 0
+        except OSError:
+            return 0
 
     def worker_key(self) -> tuple[Any, ...]:
         """What a running worker depends on: a change restarts it."""
@@ -47,8 +59,11 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
         """One spawn's settings; ``gpu``: where admission placed it (its GPUs and budget)."""
         fields = self.to_dict()
         fields.update(threads=threads, threads_batch=self.threads_batch or threads)
-        if gpu is not None:
-            fields.update(devices=gpu.devices, gpu_budget_bytes=gpu.budgets, gpu_margin_bytes=gpu.margin_bytes)
+        if gpu is not None:  # the projector takes its room on the first GPU: the layers plan in the rest
+            proj, budgets = self.projector_bytes(), gpu.budgets
+            if proj and budgets:
+                budgets = [max(0, budgets[0] - proj), *budgets[1:]]
+            fields.update(devices=gpu.devices, gpu_budget_bytes=budgets, gpu_margin_bytes=gpu.margin_bytes)
             if gpu.split is not None:  # where its need was estimated: the worker splits the same way
                 fields.update(tensor_split=gpu.split)
         return wire.WorkerSettings(model_id=self.id, model_path=str(self.path), instance=index,
@@ -93,7 +108,8 @@ def specs_from_config(cfg: CorralConfig, store_models: list[Any] | None = None,
     for lm in store_models or []:
         if lm.id in taken:
             continue
-        specs.append(ModelSpec.make(lm.id, lm.path, inherited, source="store"))
+        specs.append(ModelSpec.make(lm.id, lm.path, inherited, source="store",
+                                    projector=lm.mmproj))
         taken.add(lm.id)
     if embedded is not None:
         eid, epath, ealiases = embedded

@@ -117,7 +117,9 @@ class CatalogSync:
 
     def on_download_finished(self, model_id: str, path: Path, inherited: Any) -> None:
         if model_id not in self.pools:
-            self.add(ModelSpec.make(model_id, Path(path), inherited, source="store"))
+            pulled = self.store.get(model_id) if self.store is not None else None  # its manifest: the projector
+            self.add(ModelSpec.make(model_id, Path(path), inherited, source="store",
+                                    projector=pulled.mmproj if pulled is not None else None))
 
     async def remove_model(self, model_id: str) -> None:
         """Unload (if needed) and forget a model (e.g. its file was deleted)."""

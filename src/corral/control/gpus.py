@@ -97,10 +97,17 @@ def _need(pool: ModelPool, budgets: list[int], free: list[int]) -> list[int]:
         st = path.stat()
     except OSError:
         return [0] * len(budgets)
+    # the vision projector sits on the first GPU (llama.cpp's main device): the layers plan
+    # around it there
+    proj = pool.spec.projector_bytes() if budgets else 0
+    budgets = [max(0, b - proj) if k == 0 else b for k, b in enumerate(budgets)]
+    free = [max(0, f - proj) if k == 0 else f for k, f in enumerate(free)]
     layout = _layout(str(path), st.st_size, st.st_mtime_ns)
     if layout is None:
-        return split_by_weights(st.st_size, router_split(pool.spec, budgets, free) or free)
-    return device_needs(layout, pool.spec, budgets=budgets, free=free)
+        needs = split_by_weights(st.st_size, router_split(pool.spec, budgets, free) or free)
+    else:
+        needs = device_needs(layout, pool.spec, budgets=budgets, free=free)
+    return [n + proj if k == 0 else n for k, n in enumerate(needs)]
 
 
 def _gpus(devices: Iterable[wire.DeviceInfo]) -> list[wire.DeviceInfo]:

@@ -37,6 +37,14 @@ class _StateCollector:
             ("accepted_tokens", "Draft tokens accepted since the worker started"),
             ("acceptance_rate", "Accepted / verified draft tokens"),
             ("tokens_per_step", "Tokens emitted per slot and decode step"))}
+        cache = {k: GaugeMetricFamily(f"corral_prompt_cache_{k}", text, labels=per_instance) for k, text in (
+            ("hits", "Admissions served by a restored prefix since the worker started (RAM or disk)"),
+            ("disk_hits", "Of them, read from disk"),
+            ("misses", "Admissions that found no longer saved prefix"),
+            ("restored_tokens", "Prompt tokens restored instead of prefilled"),
+            ("saved_ms", "Estimated prefill time saved (ms), less the restores' time"),
+            ("ram_bytes", "Bytes of saved prefixes in host RAM"),
+            ("disk_bytes", "Bytes of this model's prompt-cache files on disk"))}
         loaded = GaugeMetricFamily("corral_model_loaded", "1 when the model has a ready instance", labels=["model"])
         pauses = CounterMetricFamily("corral_preemptions", "Sequences paused for a waiting key (fair share)",
                                      labels=["model", "key"])
@@ -58,7 +66,10 @@ class _StateCollector:
                 for k, value in (inst.get("speculation") or {}).items():
                     if value is not None:
                         spec[k].add_metric(labels, value)
-        yield from (queue, busy, total, mem, loaded, node, pauses, paused_s, *spec.values())
+                for k, value in (inst.get("prompt_cache") or {}).items():
+                    if k in cache:
+                        cache[k].add_metric(labels, value)
+        yield from (queue, busy, total, mem, loaded, node, pauses, paused_s, *spec.values(), *cache.values())
 
 
 class Metrics:

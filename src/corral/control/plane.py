@@ -36,6 +36,7 @@ from corral.control.admission import Admission
 from corral.control.gpus import GpuBudget
 from corral.control.catalog import Catalog, ModelSpec, default_threads
 from corral.control.catalog_sync import CatalogSync, Embedded
+from corral.control.prompt_cache import with_prompt_cache
 from corral.events import EventBus
 from corral.control.housekeeping import Housekeeper
 from corral.control.instance.instance import Instance, InstanceState, Timeouts, Transition
@@ -147,7 +148,7 @@ class ControlPlane:
             pool.on_instance_change(inst, tr)
             self._observe(inst, tr)
 
-        return Instance(spec, index, spawner=self.spawner, bus=self.bus, threads=threads,
+        return Instance(spec, index, spawner=with_prompt_cache(self.spawner, srv), bus=self.bus, threads=threads,
                         timeouts=Timeouts(srv.load_timeout_s, srv.stop_grace_s),
                         policy=RestartPolicy(max_restarts=srv.max_restarts,
                                              backoff_s=srv.restart_backoff_s),

@@ -162,8 +162,8 @@ class ModelPool:
     def estimate_instance_bytes(self) -> int:
         if self.footprint is not None:
             return self.footprint
-        try:
-            return self.spec.path.stat().st_size
+        try:  # the weights and the vision projector (corral.store.projector)
+            return self.spec.path.stat().st_size + self.spec.projector_bytes()
         except OSError:
             return 0
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
 
 from corral.control.limits import utc_day
+from corral.state_paths import state_dir
 
 __all__ = ["USAGE_DB", "UsageBook", "state_dir"]
 
@@ -42,17 +42,6 @@ _UPSERT = """INSERT INTO usage (key, model, day, requests, prompt_tokens, comple
     completion_tokens = completion_tokens + excluded.completion_tokens"""
 
 Row = tuple[str, str, str]  # key, model, day
-
-
-def state_dir(configured: Path | None) -> Path:
-    if configured is not None:
-        return configured
-    env = os.environ.get("CORRAL_STATE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_STATE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
-    return base / "corral"
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -8,8 +8,10 @@ from typing import Any
 import msgspec
 
 from corral import wire
+from corral.control.capabilities import can
 from corral.control.instance.instance import InstanceState
 from corral.control.pool import ModelPool
+from corral.control.prompt_cache import view as prompt_cache_view
 
 __all__ = ["describe", "snapshot", "speculation"]
 
@@ -36,7 +38,8 @@ def snapshot(pools: Iterable[ModelPool]) -> list[dict[str, Any]]:
             "instances": [{"index": i.index, "state": i.state.value, "busy": pool.busy(i),
                            "total": i.slots_total, "memory": i.memory_bytes,
                            "node": i.placement.node_id or "local",
-                           "node_address": i.placement.node_address or "", "speculation": speculation(i.stats)}
+                           "node_address": i.placement.node_address or "", "speculation": speculation(i.stats),
+                           "prompt_cache": prompt_cache_view(i.stats)}
                           for i in pool.instances],
         })
     return out
@@ -57,10 +60,12 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "slots": {"busy": pool.busy(i), "total": i.slots_total},
             "memory": {"model_bytes": rep.model_bytes if rep else None,
                        "kv_bytes": rep.kv_bytes if rep else None,
+                       "mmproj_bytes": i.info.mmproj_bytes if i.info else None,  # the vision projector
                        "rss_bytes": i.rss_bytes},
             "last_used": pool.last_used_of(i) or None,
             "threads": i.threads,
             "speculation": speculation(i.stats),
+            "prompt_cache": prompt_cache_view(i.stats),  # hits, misses, bytes in RAM and on disk, time saved
             "restarts": i.restarts,
             "failures": i.failures,
             "reason": i.reason,
@@ -85,6 +90,8 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
         "path": str(spec.path),
         "source": spec.source,
         "in_cache": spec.path.exists(),
+        "vision": can(pool, "vision"),  # sees images: a projector (``mmproj``: its file)
+        "mmproj": spec.mmproj,
         "status": {
             "value": status,
             "failed": status == "failed",

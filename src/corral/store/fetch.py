@@ -4,6 +4,9 @@ It resolves the source, waits for ``Proceed``, moves the bytes into
 ``models_dir/.corral/partial/<key>.part`` (resuming from what is there), verifies the
 sha256, fsyncs, renames to ``models_dir/<id>.gguf`` and writes the manifest last. It
 talks to the manager only through ``corral.store.messages`` frames on its stdout.
+A repo's vision projector (``owner/repo[:TAG]`` with an ``mmproj*.gguf`` beside the model
+file) comes along the same way, into ``models_dir/<id>.mmproj.gguf``, after the model:
+one pull, one progress (over both files), the manifest naming both.
 
 Retries: a dropped connection, a timeout, HTTP 429 or 5xx is retried ``retries`` times
 with exponential backoff, each time from the bytes already written (HTTP Range); an
@@ -82,11 +85,13 @@ def _disk_fail(exc: OSError, where: Path) -> Fail:
 
 
 class _Transfer:
-    def __init__(self, req: m.FetchRequest, target: Target, part: Path, chan: _Channel) -> None:
+    def __init__(self, req: m.FetchRequest, target: Target, part: Path, chan: _Channel, *,
+                 offset: int = 0, grand_total: int | None = None) -> None:
         self.req, self.t, self.part, self.chan = req, target, part, chan
         self.hasher = hashlib.sha256()
         self.done = 0
         self.total = target.total
+        self.offset, self.grand_total = offset, grand_total  # progress of the whole pull
         self._last_report = 0.0
 
     def start_from(self, have: int) -> None:
@@ -99,7 +104,8 @@ class _Transfer:
         now = time.monotonic()
         if force or now - self._last_report >= self.req.progress_interval_s:
             self._last_report = now
-            self.chan.send(m.Progress(self.done, self.total))
+            total = self.grand_total if self.grand_total is not None else None if self.offset else self.total
+            self.chan.send(m.Progress(self.offset + self.done, total))
 
     def run(self) -> None:
         import httpx
@@ -184,92 +190,136 @@ class _Transfer:
 # ---------------------------------------------------------------------- the pull
 
 
+class _File(msgspec.Struct, kw_only=True):
+    """One file of a pull (the model, or the projector pulled with it) and where it stands."""
+
+    target: Target
+    want_sha: str | None
+    final: Path
+    part: Path | None = None  # None: used in place from the HF cache
+    meta_path: Path | None = None
+    have: int = 0
+
+
+def _prepare(store: ModelStore, f: _File, source: str) -> None:
+    """Lock and open the file's partial file (what it already has: ``have``)."""
+    if f.target.cached_path is not None:
+        f.have = f.target.total or 0
+        return
+    try:
+        store.ensure_dirs()
+    except OSError as exc:
+        raise _disk_fail(exc, store.partial_dir) from exc
+    part, meta_path = partial_paths(store, f.target.key)
+    _lock(part)
+    # What the partial file is. A different source naming the same file (owner/repo:TAG
+    # vs owner/repo/file.gguf) shares the key and resumes it; a new size or sha256 does not.
+    meta = {"key": f.target.key, "total": f.target.total, "sha256": f.want_sha}
+    have = 0
+    try:
+        old = json.loads(meta_path.read_text())
+        if {k: old.get(k) for k in meta} == meta and part.is_file():
+            have = part.stat().st_size
+            if f.target.total is not None and have > f.target.total:
+                have = 0
+    except (OSError, ValueError):
+        pass
+    try:
+        _private_write(part, b"", keep=have > 0)
+        _private_write(meta_path, json.dumps({**meta, "source": source}).encode())
+    except OSError as exc:
+        raise _disk_fail(exc, part) from exc
+    f.part, f.meta_path, f.have = part, meta_path, have
+
+
+def _obtain(req: m.FetchRequest, f: _File, chan: _Channel, offset: int,
+            grand_total: int | None) -> tuple[str | None, int]:
+    """Move the file's bytes into its partial file (or check the HF cache's copy) and
+    verify them: (sha256, size). Progress counts from ``offset`` of ``grand_total``."""
+    if f.part is None or f.meta_path is None:
+        path = Path(f.target.cached_path or "")
+        sha = f.target.sha256
+        if f.want_sha and sha != f.want_sha:
+            h = hashlib.sha256()
+            _hash_file(path, h, path.stat().st_size)
+            sha = h.hexdigest()
+            if sha != f.want_sha:
+                raise Fail("checksum", f"checksum mismatch: the cached file {path} has sha256 "
+                           f"{sha}, expected {f.want_sha}")
+        return sha, path.stat().st_size
+    part, meta_path = f.part, f.meta_path
+    xfer = _Transfer(req, f.target, part, chan, offset=offset, grand_total=grand_total)
+    xfer.start_from(f.have)
+    xfer.report(force=True)
+    xfer.run()
+    xfer.report(force=True)
+    got = xfer.hasher.hexdigest()
+    if f.want_sha and got != f.want_sha:
+        part.unlink(missing_ok=True)
+        meta_path.unlink(missing_ok=True)
+        part.with_suffix(".lock").unlink(missing_ok=True)
+        raise Fail("checksum", f"checksum mismatch: downloaded {xfer.done} bytes of {f.target.filename} with "
+                   f"sha256 {got}, expected {f.want_sha}; the file was removed")
+    return got, xfer.done
+
+
+def _place(store: ModelStore, f: _File) -> Path:
+    """A verified partial file renamed into place (fsynced); a cached file stays where it is."""
+    if f.part is None or f.meta_path is None:
+        return Path(f.target.cached_path or "")
+    if f.final.exists():
+        raise Fail("internal", f"{f.final} already exists; remove it or pull with another id")
+    try:
+        os.replace(f.part, f.final)
+        dfd = os.open(store.root, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        raise _disk_fail(exc, f.final) from exc
+    return f.final
+
+
 def _run(req: m.FetchRequest, chan: _Channel) -> None:
     store = ModelStore(Path(req.models_dir))
     src, target = resolve(req)
     model_id = req.model_id or src.model_id(target.filename)
     validate_model_id(model_id)
     want_sha = (req.sha256 or target.sha256 or "").lower() or None
-
-    if target.cached_path is not None:  # in the HF cache already: use it in place
-        chan.send(m.Resolved(model_id=model_id, filename=target.filename, url=None,
-                             total=target.total, sha256=want_sha,
-                             cached_path=target.cached_path, have=target.total or 0))
-        if not chan.wait_proceed():
-            return
-        path = Path(target.cached_path)
-        sha = target.sha256
-        if req.sha256 and sha != req.sha256:
-            h = hashlib.sha256()
-            _hash_file(path, h, path.stat().st_size)
-            sha = h.hexdigest()
-            if sha != req.sha256:
-                raise Fail("checksum", f"checksum mismatch: the cached file {path} has sha256 "
-                           f"{sha}, expected {req.sha256}")
-        size = path.stat().st_size
-        store.write_manifest(model_id, path=path, source=req.source, sha256=sha, size=size)
-        chan.send(m.Finished(path=str(path), sha256=sha, size=size))
-        return
-
-    try:
-        store.ensure_dirs()
-    except OSError as exc:
-        raise _disk_fail(exc, store.partial_dir) from exc
-    part, meta_path = partial_paths(store, target.key)
-    _lock(part)
-    # What the partial file is. A different source naming the same file (owner/repo:TAG
-    # vs owner/repo/file.gguf) shares the key and resumes it; a new size or sha256 does not.
-    meta = {"key": target.key, "total": target.total, "sha256": want_sha}
-    have = 0
-    try:
-        old = json.loads(meta_path.read_text())
-        if {k: old.get(k) for k in meta} == meta and part.is_file():
-            have = part.stat().st_size
-            if target.total is not None and have > target.total:
-                have = 0
-    except (OSError, ValueError):
-        pass
-    try:
-        _private_write(part, b"", keep=have > 0)
-        _private_write(meta_path, json.dumps({**meta, "source": req.source}).encode())
-    except OSError as exc:
-        raise _disk_fail(exc, part) from exc
-
+    model = _File(target=target, want_sha=want_sha, final=store.model_file_path(model_id))
+    files = [model]
+    if target.projector is not None:  # the repo's vision projector comes along (corral.store.projector)
+        p = target.projector
+        files.append(_File(target=p, want_sha=p.sha256, final=store.projector_file_path(model_id)))
+    for f in files:
+        _prepare(store, f, req.source)
+    totals = [f.target.total for f in files]
+    grand = None if None in totals else sum(t or 0 for t in totals)
     chan.send(m.Resolved(model_id=model_id, filename=target.filename, url=target.url,
-                         total=target.total, sha256=want_sha, have=have,
-                         partial_path=str(part)))
+                         total=grand, sha256=want_sha, cached_path=target.cached_path,
+                         have=sum(f.have for f in files),
+                         partial_path=str(model.part) if model.part else None))
     if not chan.wait_proceed():
         return
-
-    xfer = _Transfer(req, target, part, chan)
-    xfer.start_from(have)
-    xfer.report(force=True)
-    xfer.run()
-    xfer.report(force=True)
-    got = xfer.hasher.hexdigest()
-    if want_sha and got != want_sha:
-        part.unlink(missing_ok=True)
-        meta_path.unlink(missing_ok=True)
-        part.with_suffix(".lock").unlink(missing_ok=True)
-        raise Fail("checksum", f"checksum mismatch: downloaded {xfer.done} bytes with sha256 "
-                   f"{got}, expected {want_sha}; the file was removed")
-    final = store.model_file_path(model_id)
-    if final.exists():
-        raise Fail("internal", f"{final} already exists; remove it or pull with another id")
+    # every file verified before any is placed: a failed projector leaves no model half-pulled
+    done = 0
+    sums: list[tuple[str | None, int]] = []
+    for f in files:
+        sums.append(_obtain(req, f, chan, done, grand))
+        done += sums[-1][1]
+    paths = [_place(store, f) for f in files]
+    (sha, size), path = sums[0], paths[0]
+    projector = {"path": str(paths[1]), "sha256": sums[1][0], "size": sums[1][1]} if len(files) > 1 else None
     try:
-        os.replace(part, final)
-        dfd = os.open(store.root, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        store.write_manifest(model_id, path=final, source=req.source, sha256=got,
-                             size=xfer.done)
+        store.write_manifest(model_id, path=path, source=req.source, sha256=sha, size=size, projector=projector)
     except OSError as exc:
-        raise _disk_fail(exc, final) from exc
-    meta_path.unlink(missing_ok=True)
-    part.with_suffix(".lock").unlink(missing_ok=True)
-    chan.send(m.Finished(path=str(final), sha256=got, size=xfer.done))
+        raise _disk_fail(exc, store.manifest_path(model_id)) from exc
+    for f in files:  # the partial notes and locks go last
+        if f.part is not None and f.meta_path is not None:
+            f.meta_path.unlink(missing_ok=True)
+            f.part.with_suffix(".lock").unlink(missing_ok=True)
+    chan.send(m.Finished(path=str(path), sha256=sha, size=size))
 
 
 _held_locks: list[int] = []

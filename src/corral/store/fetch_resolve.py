@@ -14,7 +14,7 @@ from typing import TypeVar
 import msgspec
 
 from corral.store import messages as m
-from corral.store.sources import ParsedSource, SourceError, parse_source, pick_file
+from corral.store.sources import ParsedSource, SourceError, parse_source, pick_file, pick_projector
 
 __all__ = ["Fail", "Retryable", "Target", "resolve", "host_of", "raise_for_status", "is_sha256"]
 
@@ -47,6 +47,7 @@ class Target(msgspec.Struct, kw_only=True):
     total: int | None = None
     sha256: str | None = None
     cached_path: str | None = None
+    projector: "Target | None" = None  # the repo's vision projector, pulled with the model (:TAG form)
 
 
 def _hub_errors(exc: Exception, what: str) -> Fail | Retryable:
@@ -101,13 +102,13 @@ def _with_retries(req: m.FetchRequest, fn: Callable[[], T], what: str) -> T:
 
 
 def _resolve_hub(req: m.FetchRequest, src: ParsedSource) -> Target:
-    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
-    from huggingface_hub.utils import build_hf_headers
+    from huggingface_hub import HfApi
 
     repo = src.repo
     assert repo is not None
     filename = src.filename
-    if filename is None:  # the :TAG form: list the repo and pick a file
+    projector = None
+    if filename is None:  # the :TAG form: list the repo and pick a file (and its projector)
         api = HfApi()
         try:
             files = _with_retries(req, lambda: api.list_repo_files(repo), f"repo {repo}")
@@ -119,6 +120,18 @@ def _resolve_hub(req: m.FetchRequest, src: ParsedSource) -> Target:
             filename = pick_file(files, src.tag, repo)
         except SourceError as exc:
             raise Fail("invalid", str(exc)) from exc
+        projector = pick_projector(files, filename)
+    target = _hub_target(req, repo, filename)
+    if projector is not None:
+        target.projector = _hub_target(req, repo, projector)
+    return target
+
+
+def _hub_target(req: m.FetchRequest, repo: str, filename: str) -> Target:
+    """One file of a Hub repo: in the HF cache already, else its URL, size and sha256."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.utils import build_hf_headers
+
     key = f"hf:{repo}/{filename}"
     cached = try_to_load_from_cache(repo, filename)
     if isinstance(cached, str) and os.path.isfile(cached):

@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +87,7 @@ class LocalModel:
     quantization: str | None
     source: str | None  # where it was pulled from; None for a loose file
     sha256: str | None  # known for pulled models; None for loose files (not hashed)
+    mmproj: Path | None = None  # the vision projector pulled with it (corral.store.projector)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -96,6 +97,7 @@ class LocalModel:
             "quantization": self.quantization,
             "source": self.source,
             "sha256": self.sha256,
+            "mmproj": str(self.mmproj) if self.mmproj else None,
         }
 
 
@@ -147,6 +149,10 @@ class ModelStore:
         """Where a pulled model's file goes (``file_stem(id)``: no '/', no traversal)."""
         return self.root / f"{file_stem(model_id)}.gguf"
 
+    def projector_file_path(self, model_id: str) -> Path:
+        """Where the vision projector pulled with a model goes (found next to it by name)."""
+        return self.root / f"{file_stem(model_id)}.mmproj.gguf"
+
     def ensure_dirs(self) -> None:
         self.manifests_dir.mkdir(parents=True, exist_ok=True)
         self.partial_dir.mkdir(parents=True, exist_ok=True)
@@ -175,8 +181,14 @@ class ModelStore:
                 quantization=quantization_of(path),
                 source=data.get("source"),
                 sha256=data.get("sha256"),
+                mmproj=self._projector(data),
             )
         return out
+
+    def _projector(self, manifest: dict[str, object]) -> Path | None:
+        proj = manifest.get("mmproj")
+        path = Path(str(proj["path"])) if isinstance(proj, dict) and proj.get("path") else None
+        return path if path is not None and path.is_file() and self._reachable(path) else None
 
     def _loose(self, taken: set[Path]) -> dict[str, LocalModel]:
         out: dict[str, LocalModel] = {}
@@ -214,17 +226,19 @@ class ModelStore:
 
     # ----------------------------------------------------------------- writing
     def write_manifest(self, model_id: str, *, path: Path, source: str, sha256: str | None,
-                       size: int) -> LocalModel:
-        """Record a pulled model. Written to a temp file and renamed: atomic."""
+                       size: int, projector: Mapping[str, object] | None = None) -> LocalModel:
+        """Record a pulled model (``projector``: the vision projector pulled with it, as
+        {path, sha256, size}). Written to a temp file and renamed: atomic."""
         validate_model_id(model_id)
         self.ensure_dirs()
         target = self.manifest_path(model_id)
         tmp = target.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(
             {"id": model_id, "path": str(path), "source": source, "sha256": sha256,
-             "size": size}, indent=2))
+             "size": size, **({"mmproj": dict(projector)} if projector else {})}, indent=2))
         os.replace(tmp, target)
-        return LocalModel(model_id, path, size, quantization_of(path), source, sha256)
+        proj = Path(str(projector["path"])) if projector else None
+        return LocalModel(model_id, path, size, quantization_of(path), source, sha256, proj)
 
     def remove(self, model_id: str) -> LocalModel:
         """Delete a model. A pulled file inside ``models_dir`` is deleted; a file in the
@@ -240,5 +254,7 @@ class ModelStore:
             inside = False
         if inside:
             model.path.unlink(missing_ok=True)  # a symlink: the link goes, not its target
+        if model.mmproj is not None and model.mmproj.parent.resolve() == self.root.resolve():
+            model.mmproj.unlink(missing_ok=True)  # the projector pulled with it, ours in models_dir
         mf.unlink(missing_ok=True)
         return model

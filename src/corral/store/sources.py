@@ -127,6 +127,24 @@ def pick_file(files: list[str], tag: str | None, repo: str) -> str:
         "split models are not supported yet: merge it with llama-gguf-split and put it in the models dir")
 
 
+def pick_projector(files: list[str], model_file: str) -> str | None:
+    """The repo's vision projector for ``model_file``, as llama.cpp's ``-hf`` pulls one: a
+    ``.gguf`` named ``*mmproj*`` in the model file's folder; of several, the one with the
+    model's quantization in its name, else F16, BF16, F32, else the first by name."""
+    folder = str(Path(model_file).parent)
+    found = sorted(f for f in files if f.lower().endswith(".gguf") and "mmproj" in Path(f).name.lower()
+                   and str(Path(f).parent) == folder)
+    if not found:
+        return None
+    for want in (_quant(model_file), "F16", "BF16", "F32"):
+        if want:
+            pat = re.compile(rf"(?<![A-Za-z0-9]){re.escape(want)}(?![A-Za-z0-9])", re.IGNORECASE)
+            hits = [f for f in found if pat.search(Path(f).name)]
+            if hits:
+                return hits[0]
+    return found[0]
+
+
 def _quant(name: str) -> str | None:
     from corral.store.gguf import quant_from_name
 

@@ -32,10 +32,10 @@ from corral.worker import requests, sample_pool, sampling, speculate
 from corral.worker.embed import Embedder
 from corral.worker.failures import RequestRejected
 from corral.worker.infill import slot_output
-from corral.worker.kv_store import HostKVStore
 from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.preempt import Preemption
 from corral.worker.prefill import EchoChunk, fill_prompt_chunks
+from corral.worker.prompt_cache import PromptCache
 from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.reasoning_step import EngineReasoning
 from corral.worker.slot_output import SlotOutput
@@ -43,6 +43,7 @@ from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, begin, chec
                                  free_samplers, pick_slot, release, slot_states)
 from corral.worker.templates import ChatTemplate, TemplateError, choose_template
 from corral.worker.tokens import Tokenizer
+from corral.worker.vision_prefill import VisionSteps
 
 __all__ = ["Engine", "Outgoing", "PreparedRequest"]
 
@@ -55,7 +56,8 @@ class Engine:
     def __init__(self, settings: wire.WorkerSettings) -> None:
         self.settings = settings
         self.m: LoadedModel = load_model(settings)
-        self.info = self.m.info
+        self.vision = VisionSteps.load(settings, self.m)  # the projector, images in the step (vision_prefill.py)
+        self.info = self.m.info = self.vision.model_info(self.m.info)
         self.tok = Tokenizer(self.m)
         self.template: ChatTemplate | None = None
         self._template_error: str | None = None
@@ -71,6 +73,7 @@ class Engine:
                 self._template_error = str(exc)
         self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot,
                                       model_id=settings.model_id, n_batch=self.m.n_batch)
+        self.prompts.vision = self.vision
         self.reasoning = EngineReasoning(settings, self.template, self.tok, self.info.reasoning_format)
         self.embedder = Embedder(self.m, self.tok, settings)  # embeddings, reranking (embed.py)
         self.slots = [Slot(i) for i in range(self.m.n_slots)]
@@ -83,8 +86,8 @@ class Engine:
         self.tokens_prompt = 0
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
         self.spec = speculate.Speculator(settings, self.m.n_slots, ll.llama_n_ubatch(self.m.ctx), self.info.gpu_layers)
-        self.kv_store = HostKVStore(settings.cache_ram_mib << 20)  # the one host-RAM KV store (kv_store.py)
-        self.preempt = Preemption(self, self.kv_store)  # paused requests (worker/preempt.py)
+        self.prompt_cache = PromptCache(self.m, settings)  # RAM and disk (prompt_cache.py); .store: the KV store
+        self.preempt = Preemption(self, self.prompt_cache.store)  # paused requests, pinned in that store (preempt.py)
 
     # ------------------------------------------------------------------ commands
 
@@ -141,7 +144,8 @@ class Engine:
                           model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes,
                           tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt,
                           slots=slot_states(self.slots, self.m.n_ctx_slot), spec_drafted=self.spec.drafted,
-                          spec_accepted=self.spec.accepted, gen_steps=self.spec.gen_steps)
+                          spec_accepted=self.spec.accepted, gen_steps=self.spec.gen_steps,
+                          prompt_cache=self.prompt_cache.stats())
 
     def set_threads(self, n: int) -> None:
         """Threads for the next decodes: the configured ones, or ``n`` when fewer cores are free."""
@@ -149,6 +153,7 @@ class Engine:
         ll.llama_set_n_threads(self.m.ctx, t, tb)
 
     def close(self) -> None:
+        self.vision.close()
         self.pool.close()
         self.preempt.close()
         free_samplers(self.slots, self.waiting)
@@ -195,6 +200,7 @@ class Engine:
             best, best_n = pick_slot(free, job.tokens, self.m)
             free.remove(best)
             try:
+                best_n = self.prompt_cache.admit(best, job.tokens, best_n, job.req.echo and job.req.logprobs is not None)
                 self._start(best, job, best_n)
             except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
                 log.exception("request %s failed to start", job.req.id)
@@ -208,6 +214,7 @@ class Engine:
         mem = self.m.memory
         req = job.req
         echo_lp = req.echo and req.logprobs is not None
+        reuse = self.vision.snap(job.tokens, reuse)  # never part of an image
         if echo_lp:
             reuse = 0  # every prompt token's logits are needed
         if reuse > 0 and ll.llama_memory_seq_rm(mem, slot.index, reuse, -1):
@@ -247,11 +254,13 @@ class Engine:
             self._run_embeddings()
         self.preempt.admit()  # paused requests resuming go first
         self._admit()
+        self.vision.step(self.slots, self._fail)  # image encodes and pieces (vision_prefill.py)
         b = self._batch
         n, outputs = self.spec.fill(b, self.slots, self.m)  # pending tokens and drafts (speculate.py)
         echo_chunks: list[EchoChunk] = []
         n = fill_prompt_chunks(b, self.slots, n, outputs, echo_chunks)  # prefill.py
         if n == 0:
+            self.vision.wait()  # an image still encoding, nothing else to decode
             return self.take_output()
         b.batch.n_tokens = n
         rc = ll.llama_decode(self.m.ctx, b.batch)
@@ -365,7 +374,9 @@ class Engine:
                 self.out.append(delta)
         n_eval = len(job.tokens) - slot.n_cached
         self.tokens_prompt += n_eval
-        self.out.append(finished_message(slot, job, reason, time.perf_counter()))
+        fin = finished_message(slot, job, reason, time.perf_counter())
+        self.prompt_cache.finished(fin)
+        self.out.append(fin)
         self._by_id.pop(job.req.id, None)
         release(slot)
 

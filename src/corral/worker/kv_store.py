@@ -71,6 +71,7 @@ class KVEntry:
     tokens: tuple[int, ...]  # the KV holds these, at positions 0..len-1
     state: bytes
     pinned: bool = False
+    pos_min: int = 0  # the lowest position the state holds (sliding-window layers keep the last window)
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -102,7 +103,7 @@ class HostKVStore:
     def pinned_bytes(self) -> int:
         return sum(e.nbytes for e in self._entries.values() if e.pinned)
 
-    def put(self, key: str, tokens: Sequence[int], state: bytes, *, pinned: bool = False) -> bool:
+    def put(self, key: str, tokens: Sequence[int], state: bytes, *, pinned: bool = False, pos_min: int = 0) -> bool:
         """Keep ``state`` under ``key`` (replacing an entry of that key), evicting least
         recently used cache entries for room; False (and nothing kept) when it cannot fit."""
         self.pop(key)
@@ -116,7 +117,7 @@ class HostKVStore:
             self.evictions += 1
         if self.bytes_used + size > self.capacity:
             return False
-        self._entries[key] = KVEntry(key, tuple(tokens), state, pinned)
+        self._entries[key] = KVEntry(key, tuple(tokens), state, pinned, pos_min)
         self.bytes_used += size
         return True
 

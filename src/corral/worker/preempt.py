@@ -22,7 +22,9 @@ decode was not one prompt batch then single tokens: a prompt prefilled in chunks
 other streams, or speculation's drafts; then a near tie may flip, as with a reused prefix). A paused
 request's id stays in use; Abort answers Finished(abort) and frees its samplers; an
 engine failure fails it like a running one. A request mid-prefill that collects prompt
-logprobs (echo) is not paused (``Paused(paused=False)``): those depend on the batch.
+logprobs (echo) is not paused (``Paused(paused=False)``): those depend on the batch; nor
+one with images still prefilling, or with images and no room in the store (an image's
+positions hold embeddings, not tokens: they cannot be recomputed from ``slot.cached``).
 """
 
 from __future__ import annotations
@@ -100,11 +102,14 @@ class Preemption:
             self.paused[request_id] = PausedJob(job, None, None, [], False, time.monotonic())
             self.pauses += 1
             return wire.Paused(id=request_id, paused=True)
-        if slot.echo_logprobs is not None:
+        images = bool(getattr(job.tokens, "images", None))  # placeholders: their KV cannot be recomputed
+        if slot.echo_logprobs is not None or (images and slot.n_gen == 0):
             return wire.Paused(id=request_id, paused=False)
         tokens = list(slot.cached)
         state = save_seq(e.m.ctx, slot.index) if tokens else b""
         kept = bool(state) and self.store.put(store_key(request_id), tokens, state, pinned=True)
+        if images and not kept:
+            return wire.Paused(id=request_id, paused=False)
         saved = Slot(slot.index)
         for name in _KEPT_FIELDS:
             setattr(saved, name, getattr(slot, name))

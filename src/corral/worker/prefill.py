@@ -5,6 +5,7 @@ it never stalls the streams that decode beside it)."""
 from __future__ import annotations
 
 from corral.worker.slots import Batch, Slot
+from corral.worker.vision import VisionTokens
 
 __all__ = ["ECHO_CHUNK", "EchoChunk", "fill_prompt_chunks"]
 
@@ -25,7 +26,10 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
         if job is None or slot.prompt_pos >= len(job.tokens) or slot.n_gen > 0:
             continue
         toks = job.tokens
-        take = min(budget, len(toks) - slot.prompt_pos)
+        stop = toks.text_end(slot.prompt_pos) if isinstance(toks, VisionTokens) else len(toks)  # images: vision_prefill.py
+        take = min(budget, stop - slot.prompt_pos)
+        if take <= 0:
+            continue
         echo = slot.echo_logprobs is not None
         if echo:
             take = min(take, ECHO_CHUNK)

@@ -170,7 +170,9 @@ _GATHER_MAX_S = float(os.environ.get("CORRAL_GATHER_MAX_S", "0.004"))
 def _loop(engine: "Engine", inbox: "queue.SimpleQueue[object]", out: _Writer,
           governor: ThreadGovernor) -> int:
     from corral.worker.prompts import PreparedRequest
+    from corral.worker.slot_files import SlotFiles
 
+    slot_files = SlotFiles(engine)  # llama-server's slot files (deferred while their slot is busy)
     replies: list[wire.FromWorker] = []
     while True:
         was_idle = not engine.has_work
@@ -204,8 +206,12 @@ def _loop(engine: "Engine", inbox: "queue.SimpleQueue[object]", out: _Writer,
                 engine.preempt.resume(msg.id)
             elif isinstance(msg, wire.StatsRequest):
                 replies.append(engine.stats())
+            elif isinstance(msg, wire.SlotFileAction):
+                replies += slot_files.submit(msg)
             elif isinstance(msg, wire.RequestFailed):  # from the reader: malformed request
                 replies.append(msg)
+            elif isinstance(msg, wire.PersistCache):  # an unload: Shutdown follows
+                engine.prompt_cache.persist(engine.slots, msg)
             elif isinstance(msg, wire.Shutdown):
                 out.send(engine.take_output())
                 log.info("shutdown requested")
@@ -227,6 +233,7 @@ def _loop(engine: "Engine", inbox: "queue.SimpleQueue[object]", out: _Writer,
         except Exception:  # noqa: BLE001 - the engine failed outside any one request
             log.exception("engine step failed")
             msgs = [*engine.fail_all("internal engine error (see worker log)")]
+        msgs += slot_files.run_pending()
         if replies:
             msgs += replies
             replies = []

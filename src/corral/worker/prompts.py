@@ -14,7 +14,7 @@ than the slot holds. Below that bound it is tokenized and the exact count decide
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llama_cpp as ll
 
@@ -24,6 +24,9 @@ from corral.worker.infill import infill_tokens
 from corral.worker.reasoning import ReasoningPlan
 from corral.worker.templates import ChatTemplate, TemplateError, render_chat
 from corral.worker.tokens import Tokenizer
+
+if TYPE_CHECKING:
+    from corral.worker.vision_prefill import VisionSteps
 
 __all__ = ["PreparedRequest", "PromptPreparer"]
 
@@ -48,6 +51,7 @@ class PromptPreparer:
         self.template_error = template_error
         self.n_ctx_slot = n_ctx_slot
         self._max_piece: int | None = None
+        self.vision: VisionSteps | None = None  # the engine's images (vision_prefill.py)
 
     def max_piece_bytes(self) -> int:
         """The longest token text in bytes (computed once, when first needed)."""
@@ -102,7 +106,8 @@ class PromptPreparer:
             self._check_bytes("".join(m.content for m in req.messages), "messages")
             text = self.render(req.messages, req.tools, extra)
             self._check_bytes(text, "rendered chat")
-            tokens = self.tok.tokenize(text, add_special=not self.tok.starts_with_bos(text))
+            images = [im for m in req.messages for im in m.images or ()]
+            tokens = self._tokenize(text, images, add_special=not self.tok.starts_with_bos(text))
         elif req.prompt_tokens is not None:
             tokens = list(req.prompt_tokens)
             bad = next((t for t in tokens if not 0 <= t < self.tok.n_vocab), None)
@@ -111,8 +116,18 @@ class PromptPreparer:
                                                          f"vocabulary (0..{self.tok.n_vocab - 1})")
         else:
             self._check_bytes(req.prompt or "", "prompt")
-            tokens = self.tok.tokenize(req.prompt or "", add_special=req.add_special)
+            if req.images and req.echo:
+                raise RequestRejected("invalid_request", "echo is for text prompts, not prompts with images")
+            tokens = self._tokenize(req.prompt or "", req.images or [], add_special=req.add_special)
         return self._check_length(tokens), text
+
+    def _tokenize(self, text: str, images: list[bytes], *, add_special: bool) -> list[int]:
+        """Text alone, or text and its images (worker/vision.py: image positions as pseudo-ids)."""
+        if not images:
+            return self.tok.tokenize(text, add_special=add_special)
+        if self.vision is None:
+            raise RequestRejected("invalid_request", f"model {self.model_id} does not take images")
+        return self.vision.tokenize(text, images, add_special=add_special)
 
     def _check_length(self, tokens: list[int]) -> list[int]:
         if not tokens:

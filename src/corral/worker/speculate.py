@@ -102,7 +102,9 @@ def find_draft(history: npt.NDArray[np.int32], length: int, n_max: int = NGRAM_M
         found = np.flatnonzero(hit)
         if len(found):
             start = int(found[-1]) + n
-            return [int(t) for t in h[start: start + length]]
+            draft = [int(t) for t in h[start: start + length]]
+            cut = next((i for i, t in enumerate(draft) if t < 0), len(draft))  # never an image's pseudo-id
+            return draft[:cut]
     return []
 
 

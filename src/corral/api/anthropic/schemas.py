@@ -17,7 +17,7 @@ Top-level fields: those that only describe the request (``metadata``, ``service_
 ``inference_geo``, ``speed``, ``cache_control`` -- corral's prefix cache is automatic --,
 ``diagnostics``, ``user_profile_id``, ``workspace_id``) are ignored, ``priority`` is the
 fair queue's (read by corral.api.access); any other field is a
-400 that names it, as are images, documents, ``output_config.effort`` and the
+400 that names it, as are documents, ``output_config.effort`` and the
 server-side features (``container``, ``mcp_servers``, ``context_management``): never an
 answer that silently leaves out what was asked.
 """
@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
+from corral.api.core.images import data_url
 from corral.errors import InvalidRequest, UnsupportedOption
 
 __all__ = ["AnthropicMessagesRequest", "AnthropicCountTokensRequest", "stop_reason"]
@@ -49,6 +50,7 @@ class _Block(BaseModel):
     is_error: bool | None = None
     thinking: str | None = None  # thinking
     signature: str | None = None
+    source: dict[str, Any] | None = None  # image: {type: base64, media_type, data} | {type: url, url}
 
 
 class _Message(BaseModel):
@@ -90,6 +92,17 @@ def _block_text(blocks: str | list[_Block] | None, where: str) -> str:
     return "".join(out)
 
 
+def _image_url(b: _Block, where: str) -> str:
+    """An image block's source as an OpenAI image URL: base64 -> a data: URL; url as it is."""
+    src = b.source or {}
+    if src.get("type") == "base64" and isinstance(src.get("data"), str):
+        return data_url(src["data"], str(src.get("media_type") or "image/*"))
+    if src.get("type") == "url" and isinstance(src.get("url"), str) and src["url"]:
+        return str(src["url"])
+    raise InvalidRequest(f"{where}.source: an image source is {{type: base64, media_type, data}} or "
+                         "{type: url, url}", param=f"{where}.source")
+
+
 def _openai_messages(m: _Message, i: int) -> list[dict[str, Any]]:
     """One Anthropic message -> OpenAI chat messages: text blocks joined, tool_use blocks
     -> the assistant's tool_calls, tool_result blocks -> tool messages (before the text)."""
@@ -97,9 +110,14 @@ def _openai_messages(m: _Message, i: int) -> list[dict[str, Any]]:
     if isinstance(m.content, str):
         return [{"role": m.role, "content": m.content}]
     texts, calls, results, thoughts = [], [], [], []
+    parts: list[dict[str, Any]] = []  # text and images in order, where there are images
     for j, b in enumerate(m.content):
         if b.type == "text":
             texts.append(b.text or "")
+            parts.append({"type": "text", "text": b.text or ""})
+        elif b.type == "image" and m.role == "user":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(b, f"{where}.{j}")},
+                          "field": f"{where}.{j}"})
         elif b.type in ("thinking", "redacted_thinking") and m.role == "assistant":
             thoughts.append(b.thinking or "")
         elif b.type == "tool_use" and m.role == "assistant":
@@ -117,8 +135,9 @@ def _openai_messages(m: _Message, i: int) -> list[dict[str, Any]]:
             raise UnsupportedOption(f"content blocks of type {b.type!r} are not supported in a {m.role} "
                                     "message (text, tool_use, tool_result)", param=f"{where}.{j}.type")
     out: list[dict[str, Any]] = list(results)
-    if texts or calls or not results:
-        msg: dict[str, Any] = {"role": m.role, "content": "".join(texts)}
+    images = len(parts) > len(texts)
+    if texts or calls or images or not results:
+        msg: dict[str, Any] = {"role": m.role, "content": parts if images else "".join(texts)}
         if any(thoughts):
             msg["reasoning_content"] = "".join(thoughts)
         if calls:

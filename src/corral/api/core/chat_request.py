@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
+from corral.api.core.images import ImageRef
 from corral.api.core.schemas import SamplingFields
 from corral.api.core.structured import JSON_OBJECT_SCHEMA, check_schema, forced_call_schema, schema_text
 from corral.errors import InvalidRequest, UnsupportedOption
@@ -25,10 +26,24 @@ _LENIENT = ConfigDict(extra="ignore")
 MAX_TOP_LOGPROBS = 20
 
 
-class _TextPart(BaseModel):
+class _ImageUrl(BaseModel):
+    model_config = _LENIENT
+    url: str = Field(min_length=1)
+    detail: str | None = None
+
+
+class _ContentPart(BaseModel):
+    """A content part: ``text``, or ``image_url`` (a ``data:`` or http(s) URL; api/core/images.py)."""
     model_config = _LENIENT
     type: str
     text: str | None = None
+    image_url: _ImageUrl | str | None = None
+    field: str | None = None  # set by a dialect's translation: the part's name in its own body (errors name it)
+
+    def image(self) -> str | None:
+        if self.type != "image_url" or self.image_url is None:
+            return None
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
 
 
 class FunctionCallIn(BaseModel):
@@ -47,7 +62,7 @@ class ToolCallIn(BaseModel):
 class ChatMessageIn(BaseModel):
     model_config = _LENIENT
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[_TextPart] | None = None
+    content: str | list[_ContentPart] | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     name: str | None = None
@@ -55,6 +70,7 @@ class ChatMessageIn(BaseModel):
     thinking: str | None = None  # the same, as Ollama and gpt-oss templates name it
 
     def text(self, index: int) -> str:
+        """The turn's text, each image part a ``wire.MEDIA_MARKER`` where it is."""
         c = self.content
         if c is None:
             return ""
@@ -62,11 +78,20 @@ class ChatMessageIn(BaseModel):
             return c
         out = []
         for j, part in enumerate(c):
+            if part.image() is not None:
+                out.append(wire.MEDIA_MARKER)
+                continue
             if part.type != "text" or part.text is None:
                 raise UnsupportedOption(f"content parts of type {part.type!r} are not supported "
-                                        "(text only)", param=f"messages.{index}.content.{j}.type")
+                                        "(text and image_url)", param=f"messages.{index}.content.{j}.type")
             out.append(part.text)
         return "".join(out)
+
+    def image_refs(self, index: int) -> list[ImageRef]:
+        if not isinstance(self.content, list):
+            return []
+        return [ImageRef(url, p.field or f"messages.{index}.content.{j}") for j, p in enumerate(self.content)
+                if (url := p.image()) is not None]
 
     def to_wire(self, index: int) -> wire.ChatMessage:
         calls = None
@@ -242,6 +267,11 @@ class ChatCompletionRequest(SamplingFields):
 
     def wire_messages(self) -> list[wire.ChatMessage]:
         return [m.to_wire(i) for i, m in enumerate(self.messages)]
+
+    def image_refs(self) -> list[list[ImageRef]] | None:
+        """Each message's images (None: the request has none)."""
+        refs = [m.image_refs(i) for i, m in enumerate(self.messages)]
+        return refs if any(refs) else None
 
     def wire_tools(self) -> list[dict[str, Any]] | None:
         if not self.uses_tools():

@@ -25,6 +25,7 @@ from starlette.requests import Request
 
 from corral import wire
 from corral.api.core.chat_request import ChatCompletionRequest
+from corral.api.core.images import ImageRef, attach_images
 from corral.api.core.schemas import CompletionRequest
 from corral.api.http import app_part, plane_of
 from corral.control.plane import ControlPlane
@@ -44,6 +45,7 @@ class GenerationSpec:
     id: str  # the response id
     requests: list[wire.GenerateRequest]
     prefix: str | None = None  # for the balancer: text that starts the prompt
+    images: list[list[ImageRef]] | None = None  # each message's images, loaded by attach_images at submit
 
 
 @dataclass
@@ -128,7 +130,7 @@ def chat_spec(body: ChatCompletionRequest, endpoint: str = "chat") -> Generation
             parallel_tool_calls=body.parallel_tool_calls is not False, logprobs=body.wire_logprobs(),
             speculative=body.speculative, **body.wire_reasoning()))
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
-    return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix)
+    return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix, body.image_refs())
 
 
 def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> GenerationSpec:
@@ -294,6 +296,8 @@ def _sum_usage(items: list[wire.Usage | None]) -> wire.Usage:
 
 async def generate(request: Request, spec: GenerationSpec) -> GenerationResult:
     """Run to the end; the whole answer."""
+    if spec.images is not None:  # loaded and checked once, before any choice is submitted
+        spec.requests, spec.images = await attach_images(request, spec.model, spec.requests, spec.images), None
     streams = await submit(request, spec.model, spec.endpoint, _coros(request, spec), wait_all=True)
     plane = plane_of(request)
     choices = []
@@ -390,5 +394,7 @@ class GenerationStream:
 async def open_stream(request: Request, spec: GenerationSpec) -> GenerationStream:
     """Submit and wait for every choice's first output (errors before any output raise
     here, so the HTTP status can still say so)."""
+    if spec.images is not None:  # loaded and checked once, before any choice is submitted
+        spec.requests, spec.images = await attach_images(request, spec.model, spec.requests, spec.images), None
     streams = await submit(request, spec.model, spec.endpoint, _coros(request, spec), wait_all=False)
     return GenerationStream(plane_of(request), spec, streams)

@@ -14,10 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
 from corral.api.http import model_or_only
+from corral.control.capabilities import can
 from corral.control.plane import ControlPlane
-from corral.control.pool import ModelPool
 from corral.errors import InvalidRequest
-from corral.store.gguf_meta import read_metadata
 
 __all__ = ["BODIES", "ApplyTemplateBody", "InfillBody", "InfillChunkBody", "RerankBody", "model_for", "model_that"]
 
@@ -27,31 +26,13 @@ _LENIENT = ConfigDict(extra="ignore")
 model_for = model_or_only  # the named model, or the only one the key sees
 
 
-_RANK = 4  # LLAMA_POOLING_TYPE_RANK
-
-
-def _can(pool: ModelPool, task: Literal["infill", "rerank"]) -> bool:
-    """From a loaded instance's report, else the file's metadata (cached by gguf_meta)."""
-    info = next((i.info for i in pool.instances if i.info is not None), None)
-    if info is not None:
-        return info.fim if task == "infill" else info.pooling == "rank"
-    if task == "rerank" and pool.spec.pooling is not None:
-        return pool.spec.pooling == "rank"
-    meta = read_metadata(pool.spec.path)
-    if meta is None:
-        return False
-    if task == "infill":
-        return meta.has_fim
-    return meta.values.get(f"{meta.architecture}.pooling_type") == _RANK
-
-
 async def model_that(plane: ControlPlane, name: str | None, task: Literal["infill", "rerank"]) -> str:
     """The named model; with none named, the only one configured, or else the only one that
     can do ``task`` (editor plugins send no model): a 400 when that is not one model."""
     pools = plane.visible_pools()
     if name or len(pools) == 1:
         return model_for(plane, name)
-    able = await asyncio.to_thread(lambda: [p.spec.id for p in pools if _can(p, task)])
+    able = await asyncio.to_thread(lambda: [p.spec.id for p in pools if can(p, task)])
     if len(able) == 1:
         return able[0]
     which = f"several can ({', '.join(sorted(able))})" if able else "none of them can"

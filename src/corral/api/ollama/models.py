@@ -31,6 +31,7 @@ from corral.api.ollama.schemas import OllamaCopyRequest, OllamaModelRequest, Oll
 from corral.api.core.schemas import parse_body
 from corral.api.manage.store import remove_from_store
 from corral.events import Event
+from corral.control.capabilities import can
 from corral.control.pool import ModelPool
 from corral.errors import Conflict, DownloadError, InvalidRequest, ModelNotFound
 from corral.store.gguf_meta import GGUFMetadata, parameter_size, read_metadata
@@ -140,7 +141,8 @@ def capabilities(pool: ModelPool, meta: GGUFMetadata | None) -> list[str]:
     """What the model can do here, as Ollama's /api/show lists it: ``embedding`` for an
     embedding model, else ``completion`` (its embeddings from a second context are not
     listed, as Ollama lists none for a generative model); ``tools`` when its template renders tools; ``insert`` where the vocabulary has
-    FIM tokens (the file names them, or a loaded instance found them); ``thinking`` when
+    FIM tokens and ``vision`` where it has a projector (corral.control.capabilities: a
+    loaded instance says, else the file and settings); ``thinking`` when
     corral splits its reasoning (a loaded instance says; else the template and settings)."""
     spec = pool.spec
     if spec.embedding:
@@ -149,9 +151,10 @@ def capabilities(pool: ModelPool, meta: GGUFMetadata | None) -> list[str]:
     out = ["completion"]
     if template and "tools" in template:
         out.append("tools")
-    loaded_fim = any(i.info is not None and i.info.fim for i in pool.instances)
-    if loaded_fim or (meta is not None and meta.has_fim):
+    if can(pool, "infill", meta):
         out.append("insert")
+    if can(pool, "vision"):
+        out.append("vision")
     loaded = next((i.info.reasoning_format for i in pool.instances if i.info is not None), None)
     fmt = loaded if loaded is not None else (
         f.name if (f := reasoning_format.resolve(spec.reasoning_format, template)) else "none")

@@ -172,7 +172,7 @@ async def generate(request: Request) -> Response:
     body = await parse_body(request, OllamaGenerateRequest)
     body.check()
     ka = body.keep_alive_s()
-    if not body.prompt and not body.system and body.suffix is None:
+    if not body.prompt and not body.system and body.suffix is None and not body.images:
         return await _load_or_unload(request, body.model, ka, {"response": ""})
     prompt, messages = (body.prompt, []) if body.suffix is not None else body.openai_input()
     gen = await _run(request, body, "ollama_generate", messages, prompt, ka)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
+from corral.api.core.images import data_url
 from corral.errors import InvalidRequest, UnsupportedOption
 
 __all__ = ["OllamaOptions", "OllamaChatRequest", "OllamaGenerateRequest", "OllamaEmbedRequest",
@@ -156,10 +157,6 @@ class OllamaChatRequest(_Generating):
 
     def check(self) -> None:
         self.check_common()
-        for i, m in enumerate(self.messages):
-            if m.images:
-                raise UnsupportedOption("images are not supported (text models only)",
-                                        param=f"messages.{i}.images")
 
     def openai_messages(self) -> list[dict[str, Any]]:
         """The messages in OpenAI's chat shape: tool calls get ids, a tool result answers
@@ -167,7 +164,8 @@ class OllamaChatRequest(_Generating):
         out: list[dict[str, Any]] = []
         ids: dict[str, str] = {}
         for i, m in enumerate(self.messages):
-            msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+            msg: dict[str, Any] = {"role": m.role, "content": _content(m.content or "", m.images,
+                                                                      f"messages.{i}.images")}
             if m.thinking and m.role == "assistant":
                 msg["reasoning_content"] = m.thinking
             if m.tool_calls:
@@ -197,8 +195,8 @@ class OllamaGenerateRequest(_Generating):
 
     def check(self) -> None:
         self.check_common()
-        if self.images:
-            raise UnsupportedOption("images are not supported (text models only)", param="images")
+        if self.images and self.suffix is not None:
+            raise UnsupportedOption("images cannot be combined with suffix (fill-in-the-middle)", param="images")
         if self.template:
             raise UnsupportedOption("template is not supported: corral renders prompts with the model's "
                                     "chat template or its configured chat_template", param="template")
@@ -212,10 +210,24 @@ class OllamaGenerateRequest(_Generating):
     def openai_input(self) -> tuple[str | None, list[dict[str, Any]]]:
         """(raw prompt, messages): raw sends the prompt as it is; otherwise, as Ollama does,
         the prompt is a user turn (after ``system``) rendered by the model's template."""
-        if self.raw:
-            return self.prompt, []
+        turn = {"role": "user", "content": _content(self.prompt, self.images, "images")}
+        if self.raw:  # the images' markers go before the prompt unless it places them itself
+            marks = "" if wire.MEDIA_MARKER in self.prompt else wire.MEDIA_MARKER * len(self.images or [])
+            return marks + self.prompt, [turn] if self.images else []
         msgs = [{"role": "system", "content": self.system}] if self.system else []
-        return None, [*msgs, {"role": "user", "content": self.prompt}]
+        return None, [*msgs, turn]
+
+
+def _content(text: str, images: list[Any] | None, where: str) -> str | list[dict[str, Any]]:
+    """A turn's content in OpenAI's shape: its images (base64) first, as Ollama places them, then the text."""
+    if not images:
+        return text
+    parts: list[dict[str, Any]] = []
+    for k, img in enumerate(images):
+        if not isinstance(img, str):
+            raise InvalidRequest(f"{where}.{k}: an image is a base64 string", param=f"{where}.{k}")
+        parts.append({"type": "image_url", "image_url": {"url": data_url(img)}, "field": f"{where}.{k}"})
+    return [*parts, {"type": "text", "text": text}]
 
 
 class OllamaEmbedRequest(BaseModel):

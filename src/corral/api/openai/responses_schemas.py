@@ -2,7 +2,7 @@
 the bounded in-memory store behind ``previous_response_id``.
 
 ``input`` is a string or a list of items: messages (roles user, system, developer,
-assistant; content a string or input_text / output_text parts), ``function_call`` and
+assistant; content a string or input_text / output_text / input_image parts), ``function_call`` and
 ``function_call_output``; ``instructions`` is the system message; ``max_output_tokens``,
 ``temperature``, ``top_p`` map onto sampling; ``tools`` (function), ``tool_choice`` and
 ``text.format`` (json_schema, json_object) go through the request core's tool calling
@@ -33,6 +33,8 @@ class _Part(BaseModel):
     model_config = _LENIENT
     type: str
     text: str | None = None
+    image_url: str | None = None  # input_image: a data: or http(s) URL
+    file_id: str | None = None  # input_image of an uploaded file (not supported: corral has no files API)
 
 
 class _Item(BaseModel):
@@ -165,16 +167,26 @@ class ResponsesRequest(BaseModel):
         return wire.SamplingParams(max_tokens=self.max_output_tokens, ignore_eos=self.ignore_eos, **kw)
 
 
-def _text(content: str | list[_Part] | None, where: str) -> str:
+def _text(content: str | list[_Part] | None, where: str) -> str | list[dict[str, Any]]:
+    """A message item's content in OpenAI chat's shape: its text, or text and image parts
+    (``input_image``) in their order."""
     if content is None or isinstance(content, str):
         return content or ""
-    out = []
+    out: list[dict[str, Any]] = []
     for j, p in enumerate(content):
-        if p.type not in ("input_text", "output_text", "text") or p.text is None:
-            raise UnsupportedOption(f"content parts of type {p.type!r} are not supported (text only)",
+        if p.type == "input_image":
+            if not p.image_url:
+                raise UnsupportedOption("input_image: only image_url (a data: or http(s) URL) is supported, not "
+                                        "file_id", param=f"{where}.{j}.image_url")
+            out.append({"type": "image_url", "image_url": {"url": p.image_url}, "field": f"{where}.{j}"})
+        elif p.type not in ("input_text", "output_text", "text") or p.text is None:
+            raise UnsupportedOption(f"content parts of type {p.type!r} are not supported (text, input_image)",
                                     param=f"{where}.{j}.type")
-        out.append(p.text)
-    return "".join(out)
+        else:
+            out.append({"type": "text", "text": p.text})
+    if all(part["type"] == "text" for part in out):
+        return "".join(part["text"] for part in out)
+    return out
 
 
 class ResponseStore:

@@ -26,6 +26,7 @@ from corral.api.core.generation import (FinishEvent, GenerationResult, Generatio
 from corral.api.core.logprob_shapes import chat_logprobs, completion_logprobs
 from corral.api.http import json_response, plane_of, sse_data, sse_stream
 from corral.api.core.schemas import CompletionRequest, EmbeddingRequest, parse_body
+from corral.control.capabilities import can
 from corral.control.plane import ControlPlane
 from corral.errors import CorralError
 
@@ -230,7 +231,7 @@ async def embeddings(request: Request) -> Response:
 def _openai_model(plane: ControlPlane, pool: Any) -> dict[str, Any]:
     return {"id": pool.spec.id, "object": "model", "created": int(plane.started_at),
             "owned_by": "corral", "aliases": list(pool.spec.aliases),
-            "status": {"value": pool.status()}}
+            "status": {"value": pool.status()}, "vision": can(pool, "vision")}
 
 
 @router.get("/v1/models")

@@ -126,6 +126,10 @@ class Instance:
         return self.state is S.READY and link is not None and link.is_open
 
     @property
+    def ready_link(self) -> WorkerLink | None:  # its worker's link while READY (slot files: api/llamacpp)
+        return self._link if self.state is S.READY else None
+
+    @property
     def stats(self) -> wire.Stats | None:
         return self._link.stats if self._link is not None else None
 
@@ -136,9 +140,9 @@ class Instance:
 
     @property
     def memory_bytes(self) -> int | None:
-        """What the worker reported: weights + KV cache (latest Stats, else Ready)."""
-        rep = self.stats or self.info
-        return rep.model_bytes + rep.kv_bytes if rep is not None else None
+        """What the worker reported: weights + projector + KV cache (latest Stats, else Ready)."""
+        rep, proj = self.stats or self.info, self.info.mmproj_bytes if self.info is not None else 0
+        return rep.model_bytes + proj + rep.kv_bytes if rep is not None else None
 
     @property
     def rss_bytes(self) -> int | None:
@@ -180,16 +184,12 @@ class Instance:
 
     def submit(self, request_id: str, frame: bytes, stream: RequestStream) -> bool:
         """Send an encoded request (sync). False when the instance cannot take it now."""
-        link = self._link
-        if self.state is not S.READY or link is None:
-            return False
-        return link.submit(request_id, frame, stream, self.index)
+        link = self.ready_link
+        return link is not None and link.submit(request_id, frame, stream, self.index)
 
     async def fetch_stats(self, timeout_s: float = 2.0) -> wire.Stats | None:
-        link = self._link
-        if self.state is not S.READY or link is None:
-            return None
-        return await link.fetch_stats(timeout_s)
+        link = self.ready_link
+        return None if link is None else await link.fetch_stats(timeout_s)
 
     # ----------------------------------------------------------------- LinkOwner
 

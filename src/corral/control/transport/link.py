@@ -113,6 +113,7 @@ class WorkerLink(abc.ABC):
         self._requests: dict[str, RequestStream] = {}
         self._stopping: set[str] = set()  # failed by a router error, still running on the worker
         self._stats_waiters: list[asyncio.Future[wire.Stats]] = []
+        self._slot_files: dict[str, asyncio.Future[wire.SlotFileDone]] = {}  # POST /slots/{id} by action id
         self._decoder = wire.FrameDecoder()
         self._exit: LinkExit | None = None
         self._transport: asyncio.WriteTransport | None = None  # set by the subclass once connected
@@ -203,6 +204,10 @@ class WorkerLink(abc.ABC):
             for w in waiters:
                 if not w.done():
                     w.set_result(msg)
+        elif isinstance(msg, wire.SlotFileDone):
+            fut = self._slot_files.pop(msg.id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
         elif isinstance(msg, (wire.Loading, wire.Ready, wire.LoadFailed)):
             self._owner.link_message(self, msg)
 
@@ -241,6 +246,9 @@ class WorkerLink(abc.ABC):
         """Ask the worker to exit (``Shutdown``); still there after ``grace_s``:
         terminate it; ``kill_after_s`` later: kill it."""
         with contextlib.suppress(LinkClosed, OSError):
+            # the prompt cache's most valuable prefixes to disk first (wire_cache.py), in
+            # part of the grace: the write never holds a swap up for longer
+            self.send(wire.PersistCache(timeout_s=grace_s * 0.6))
             self.send(wire.Shutdown())
         await asyncio.sleep(grace_s)
         if self._exit is not None:
@@ -288,6 +296,17 @@ class WorkerLink(abc.ABC):
             if fut in self._stats_waiters:
                 self._stats_waiters.remove(fut)
 
+    async def slot_file(self, msg: wire.SlotFileAction) -> wire.SlotFileDone:
+        """Send a slot file action and wait for its answer (the worker defers it while the
+        slot is busy). Raises ``LinkClosed``, or ``WorkerCrashed`` when the worker goes."""
+        fut: asyncio.Future[wire.SlotFileDone] = asyncio.get_running_loop().create_future()
+        self.send(msg)
+        self._slot_files[msg.id] = fut
+        try:
+            return await fut
+        finally:
+            self._slot_files.pop(msg.id, None)
+
     @property
     def inflight(self) -> int:
         return len(self._requests) + len(self._stopping)
@@ -303,6 +322,10 @@ class WorkerLink(abc.ABC):
             if not w.done():
                 w.set_exception(WorkerCrashed("worker gone"))
                 w.exception()
+        files, self._slot_files = self._slot_files, {}
+        for f in files.values():
+            if not f.done():
+                f.set_exception(WorkerCrashed("the worker exited before the slot action ended"))
 
 
 class FrameReader(asyncio.Protocol):

@@ -98,7 +98,7 @@
     card.root.className = "model st-" + st;
     const bits = [m.source || "", s.ctx_len ? "ctx " + s.ctx_len : "", s.n_parallel ? s.n_parallel + " slots" : "",
       s.instances > 1 ? s.instances + " instances" : "", m.memory_bytes ? C.bytes(m.memory_bytes) : "",
-      s.ttl_s ? "ttl " + C.duration(s.ttl_s) : "", s.pinned ? "pinned" : "", s.embedding ? "embedding" : ""].filter(Boolean);
+      s.ttl_s ? "ttl " + C.duration(s.ttl_s) : "", s.pinned ? "pinned" : "", s.embedding ? "embedding" : "", m.vision ? "vision" : ""].filter(Boolean);
     const acts = [];
     if (st === "unloaded" || st === "failed") acts.push(button(m, "load", "Load"));
     if (st === "loaded" || st === "loading") acts.push(button(m, "unload", "Unload", "ghost"));
