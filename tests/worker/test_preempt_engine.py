@@ -55,11 +55,12 @@ class Run:
 
 
 def fresh(engine: Engine) -> None:
-    """Every slot's cache emptied: the next prompt is prefilled whole (a reused prefix decodes
+    """Every slot's cache (and the prompt cache) emptied: the next prompt is prefilled whole (a reused prefix decodes
     the prompt's last token alone, in another batch shape, which can flip a near tie)."""
     for s in engine.slots:
         assert not s.busy
         engine._clear_slot(s)
+    engine.prompt_cache.store.clear()  # nor a saved prefix of it in the prompt cache
 
 
 def reference(engine: Engine, req: wire.GenerateRequest) -> str:
@@ -72,7 +73,7 @@ def reference(engine: Engine, req: wire.GenerateRequest) -> str:
 def _idle_and_clean(engine: Engine) -> None:
     assert not engine.has_work and not engine.preempt.paused
     assert all(not s.busy and s.sampler is None for s in engine.slots)
-    assert engine.kv_store.pinned_bytes == 0
+    assert engine.prompt_cache.store.pinned_bytes == 0
 
 
 def _pause_resume(engine: Engine, req: wire.GenerateRequest, *, fill_slots: bool) -> tuple[Run, wire.Paused]:
@@ -118,12 +119,12 @@ def test_kv_kept_restores_into_another_slot(engine: Engine) -> None:
 
 def test_kv_dropped_is_recomputed_with_the_same_tokens(engine: Engine) -> None:
     want = reference(engine, gen("ref"))
-    capacity, engine.kv_store.capacity = engine.kv_store.capacity, 0  # no room: the state is dropped
+    capacity, engine.prompt_cache.store.capacity = engine.prompt_cache.store.capacity, 0  # no room: the state is dropped
     recomputed = engine.preempt.recomputed
     try:
         run, paused = _pause_resume(engine, gen("p3"), fill_slots=True)
     finally:
-        engine.kv_store.capacity = capacity
+        engine.prompt_cache.store.capacity = capacity
     assert not paused.kept_kv and paused.state_bytes == 0
     assert engine.preempt.recomputed == recomputed + 1
     assert run.texts["p3"] == want
@@ -134,11 +135,11 @@ def test_grammar_request_paused_midway(engine: Engine) -> None:
     g = 'root ::= "[" item ", " item ", " item ", " item ", " item ", " item "]"\nitem ::= [1-9] [0-9]*'
     params = wire.SamplingParams(max_tokens=30, temperature=0.0)
     want = reference(engine, gen("gref", "A list of numbers:", params, grammar=g))
-    capacity, engine.kv_store.capacity = engine.kv_store.capacity, 0
+    capacity, engine.prompt_cache.store.capacity = engine.prompt_cache.store.capacity, 0
     try:  # the grammar's state lives in the sampler: it survives even a recompute
         run, _ = _pause_resume(engine, gen("g1", "A list of numbers:", params, grammar=g), fill_slots=True)
     finally:
-        engine.kv_store.capacity = capacity
+        engine.prompt_cache.store.capacity = capacity
     assert run.texts["g1"] == want and want.startswith("[") and want.endswith("]") and want.count(",") == 5
     _idle_and_clean(engine)
 
@@ -162,14 +163,14 @@ def test_abort_while_paused_frees_everything(engine: Engine) -> None:
     engine.submit(gen("a1"))
     run.until(lambda: run.tokens.get("a1", 0) >= 4)
     assert engine.preempt.pause("a1").kept_kv
-    assert store_key("a1") in engine.kv_store
+    assert store_key("a1") in engine.prompt_cache.store
     assert not engine.preempt.pause("a1").paused  # twice: nothing more to pause
     engine.abort("a1")
     run.take(engine.take_output())
     fin = run.finals["a1"]
     assert isinstance(fin, wire.Finished) and fin.finish_reason == "abort"
     assert fin.usage.completion_tokens == run.tokens["a1"]
-    assert store_key("a1") not in engine.kv_store
+    assert store_key("a1") not in engine.prompt_cache.store
     _idle_and_clean(engine)
     engine.preempt.resume("a1")  # a late resume of an aborted request: nothing
     assert not engine.has_work
