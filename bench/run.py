@@ -19,6 +19,7 @@ Scenarios (see bench/README.md):
   dialects    c=8 streaming through /v1/chat/completions, Ollama, Anthropic, Responses (bench/scenarios/dialects.py)
   sampling    c=8 with a JSON schema and with top_logprobs 5 vs without, corral and llama-server (bench/scenarios/sampling.py)
   fairness    heavy key c=16 long vs light key c=1 short, 4 slots: light TTFT, corral keys/FIFO, llama-server (bench/scenarios/fairness.py)
+  keys_overhead  a 1-token chat through keys, limits and usage vs no keys (bench/scenarios/keys_overhead.py)
   speculation n-gram speculative decoding: edit and chat, c=1 and c=4, corral vs llama-server with/without (bench/scenarios/speculation.py)
   swap        one model at a time, two alternating, 2,000-token system prompts: first token after a swap, prompt cache on/off, llama.cpp router (bench/scenarios/swap.py)
 """
@@ -42,24 +43,24 @@ from pathlib import Path
 from bench import llama_server
 from bench.context import SLOT_CTX, Ctx, log
 from bench.report import Table, repeat_summary, write_results
-from bench.scenarios import (coldstart, dialects, fairness, instances, multimodel, overhead, queue, sampling,
-                             speculation, swap,
+from bench.scenarios import (coldstart, dialects, fairness, instances, keys_overhead, multimodel, overhead, queue,
+                             sampling, speculation, swap,
                              throughput)
 from bench.servers import ROOT, stop_all
 
 SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects", "instances", "sampling",
-             "fairness", "speculation", "swap")
+             "fairness", "keys_overhead", "speculation", "swap")
 
 # hang guards per scenario (seconds; x0.6 with --quick), far above normal run times
 LIMITS_S = {"instances": 300, "throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
-            "dialects": 1200, "sampling": 600, "fairness": 700, "speculation": 600,
+            "dialects": 1200, "sampling": 600, "fairness": 700, "keys_overhead": 240, "speculation": 600,
             "swap": 900}
 
 FUNCS: dict[str, Callable[[Ctx], Awaitable[list[Table]]]] = {
     "instances": instances.sc_instances, "throughput": throughput.sc_throughput, "overhead": overhead.sc_overhead,
     "multimodel": multimodel.sc_multimodel, "coldstart": coldstart.sc_coldstart, "queue": queue.sc_queue,
     "dialects": dialects.sc_dialects, "sampling": sampling.sc_sampling, "fairness": fairness.sc_fairness,
-    "speculation": speculation.sc_speculation, "swap": swap.sc_swap}
+    "keys_overhead": keys_overhead.sc_keys_overhead, "speculation": speculation.sc_speculation, "swap": swap.sc_swap}
 
 
 def environment(ctx: Ctx) -> list[str]:

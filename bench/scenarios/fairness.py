@@ -7,9 +7,11 @@ sends its requests one after another; the heavy clients stop starting new reques
 when the light one is done. Reported: the light key's TTFT p50/p95 with the heavy key
 against alone (goal <= 1.5x p50, <= 2x p95), and the aggregate tok/s of both keys.
 
-Servers, in one run: corral with two keys (the fair queue: corral.control.fair_queue),
-corral without keys (one anonymous key: its queue is FIFO; the tok/s reference for the
-fair queue, goal >= 0.97x) and llama-server -np 4 (FIFO), same client code.
+Servers, in one run: corral with two keys and preemption (the fair queue,
+corral.control.fair_queue, and a heavy sequence paused for the light key:
+corral.control.preempt), the same with ``preempt = false`` (the fair queue alone),
+corral without keys (one anonymous key: its queue is FIFO; the tok/s reference, goal
+>= 0.97x) and llama-server -np 4 (FIFO), same client code.
 """
 
 from __future__ import annotations
@@ -129,10 +131,10 @@ async def sc_fairness(ctx: Ctx) -> list[Table]:
         data[name] = {"alone_ttft_ms": [a50, a95], "with_heavy_ttft_ms": [h50, h95], "tok_s": c["tok_s"],
                       "wall_s": c["wall_s"], "heavy_requests": len(c["heavy"]), "errors": errors}
 
-    async def corral(name: str, keyed: bool) -> None:
+    async def corral(name: str, keyed: bool, preempt: bool = True) -> None:
         port, srv = free_port(), None
         try:
-            server: dict[str, Any] = {}
+            server: dict[str, Any] = {"preempt": preempt}
             if keyed:
                 path = ctx.tmp / "fairness-keys.toml"
                 write_keys(path, {k: KeySpec(hash=hash_secret(s)) for k, s in SECRETS.items()})
@@ -149,7 +151,8 @@ async def sc_fairness(ctx: Ctx) -> list[Table]:
 
     if "corral" in ctx.args.servers:
         await corral("corral FIFO (no keys: one anonymous key)", keyed=False)
-        await corral("corral fair queue (two keys)", keyed=True)
+        await corral("corral fair queue, no preemption (two keys)", keyed=True, preempt=False)
+        await corral("corral fair queue + preemption (two keys)", keyed=True)
     if "llama-server" in ctx.args.servers and not ctx.args.no_reference:
         port, srv = free_port(), None
         try:
@@ -166,7 +169,8 @@ async def sc_fairness(ctx: Ctx) -> list[Table]:
     t.notes.append("TTFT of the light key's requests; 'with heavy' starts after a 2 s ramp in which the heavy "
                    "clients fill the slots and the queue; the light client starts no request after "
                    f"{ctx.n(150, 30)} s of it (at least two). Aggregate tok/s: both keys' completion tokens streamed in the "
-                   "contended phase (heavy requests still running at its end are cut). corral preempts nothing yet: a light request waits for the first heavy "
-                   "generation to end, then takes its slot ahead of the queued heavy ones")
+                   "contended phase (heavy requests still running at its end are cut). Without preemption a light request waits for the first heavy "
+                   "generation to end, then takes its slot ahead of the queued heavy ones; with it, a heavy "
+                   "sequence is paused (KV kept in the worker's RAM) and the light request starts at once")
     t.data = data
     return [t]

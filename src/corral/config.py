@@ -116,6 +116,10 @@ class ServerConfig(_NoBoolNumbers):
     # at max_loaded_models, a loaded model keeps its place this long after loading (an idle one
     # is not evicted, a busy one is unloaded after it, drained, when another waits); 0: off
     model_time_slice_s: float = Field(0.0, ge=0)
+    # fair-share preemption (control/preempt.py): while other keys wait, a key over its share of
+    # a model's slots has a sequence paused (its KV kept in the worker's RAM) for a waiting key
+    preempt: bool = True
+    preempt_min_run_s: float = Field(1.0, ge=0)  # a resumed sequence runs this long before another pause
     drain_timeout_s: float = Field(30.0, ge=0)  # unload/reload lets running requests finish
     stop_grace_s: float = Field(5.0, ge=0)  # Shutdown -> SIGTERM after this
     max_restarts: int = Field(3, ge=0)  # consecutive failures before an instance stays failed

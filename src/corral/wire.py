@@ -49,6 +49,7 @@ from corral.wire_cache import PersistCache, PromptCacheDisk, PromptCacheStats
 from corral.wire_editors import Infill, InfillChunk, SlotState, TokenizerInfo
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
 from corral.wire_model import ModelInfo
+from corral.wire_preempt import Paused, Preempt, Resume
 from corral.wire_slots import SlotFileAction, SlotFileDone, SlotFileError, SlotFileVerb, filename_problem
 
 __all__ = [
@@ -60,7 +61,7 @@ __all__ = [
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",
     "FrameTooLarge", "HEADER", "MAX_FRAME", "Infill", "InfillChunk", "SlotState",
     "SlotFileAction", "SlotFileDone", "SlotFileError", "SlotFileVerb", "filename_problem",
-    "PersistCache", "PromptCacheDisk", "PromptCacheStats",
+    "PersistCache", "PromptCacheDisk", "PromptCacheStats", "Preempt", "Resume", "Paused",
 ]
 
 PROTOCOL_VERSION = 1
@@ -228,7 +229,7 @@ class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
 
 
 ToWorker = Union[GenerateRequest, EmbedRequest, TokenizeRequest, Abort, StatsRequest, Shutdown, SlotFileAction,
-                 PersistCache]
+                 PersistCache, Preempt, Resume]
 
 
 # --------------------------------------------------------------------------- worker -> router
@@ -349,7 +350,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
 
 
 FromWorker = Union[
-    Loading, Ready, LoadFailed, Delta, Finished, RequestFailed, Embeddings, Tokenized, Stats, SlotFileDone
+    Loading, Ready, LoadFailed, Delta, Finished, RequestFailed, Embeddings, Tokenized, Stats, SlotFileDone, Paused
 ]
 
 

@@ -21,6 +21,9 @@ like ``python -m corral.worker --list-devices``; Ready reports them too.
 
 A prompt containing "TOOLONG" fails with context_length_exceeded; "SLOW" waits ``slow_delay_s`` (default 0.2) between pieces, one
 containing "FOREVER" streams until aborted; "BOOM" makes it exit with code 7.
+Preempt pauses a generation before its next piece (answered by Paused, kept_kv true);
+Resume continues it; Abort of a paused one ends it with Finished(abort). A prompt
+containing "NOPAUSE" is never paused (Paused with paused false).
 A model given an ``mmproj`` reports ``vision`` (it sees images; the images reach it as bytes).
 Every request it receives is appended to ``<script>.log`` (one JSON line), and the
 settings of its last spawn are in ``<script>.settings``, so tests can see what reached the worker.
@@ -77,6 +80,9 @@ class Fake:
         self.tasks: dict[str, asyncio.Task] = {}
         self.log_path = log_path
         self.generated = 0
+        self.pausing: set[str] = set()  # Preempt received, not yet paused
+        self.resumes: dict[str, asyncio.Event] = {}  # paused: set on Resume
+        self.texts: dict[str, str] = {}  # each running request's prompt
 
     def send(self, msg) -> None:
         self.w.write(wire.encode(msg))
@@ -108,6 +114,12 @@ class Fake:
                     reason = "length"
                     break
                 await asyncio.sleep(delay)  # also yields: Abort must get through
+                if req.id in self.pausing:
+                    self.pausing.discard(req.id)
+                    ev = self.resumes[req.id] = asyncio.Event()
+                    self.send(wire.Paused(id=req.id, paused=True, kept_kv=True, n_tokens=n))
+                    await ev.wait()
+                    del self.resumes[req.id]
                 self.send(wire.Delta(req.id, pieces[i % len(pieces)], 1))
                 if forever:
                     await self.w.drain()
@@ -131,6 +143,7 @@ class Fake:
     def handle(self, msg) -> bool:
         if isinstance(msg, wire.GenerateRequest):
             self.record(msg)
+            self.texts[msg.id] = msg.prompt or " ".join(m.content for m in msg.messages or [])
             self.tasks[msg.id] = asyncio.get_running_loop().create_task(self.generate(msg))
         elif isinstance(msg, wire.EmbedRequest):
             self.record(msg)
@@ -147,6 +160,16 @@ class Fake:
             if t is not None:
                 t.cancel()
                 t.add_done_callback(lambda t, rid=msg.id: self.aborted_early(t, rid))
+        elif isinstance(msg, wire.Preempt):
+            self.record(msg)
+            if msg.id in self.tasks and msg.id not in self.resumes and "NOPAUSE" not in self.texts.get(msg.id, ""):
+                self.pausing.add(msg.id)
+            else:
+                self.send(wire.Paused(id=msg.id, paused=False))
+        elif isinstance(msg, wire.Resume):
+            self.record(msg)
+            if msg.id in self.resumes:
+                self.resumes[msg.id].set()
         elif isinstance(msg, wire.StatsRequest):
             sc = self.script
             self.send(wire.Stats(slots_busy=len(self.tasks), slots_total=self.s.n_parallel, waiting=0,

@@ -22,7 +22,8 @@ finish, up to ``drain_timeout_s``; its queued ones wait to load it again).
 The admission lock is held only while deciding what to evict and starting workers,
 never while serving, so loads never block requests to other models. Every start goes
 through ``load``: a request's autoload, an explicit load, a restart after a config
-change (reload) and a retry after a crash loop's backoff.
+change (reload) and a retry after a crash loop's backoff. Of the loads waiting for the
+lock, the one whose request's key is furthest below its share goes next (load_gate.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from corral.byte_sizes import fmt_bytes
 from corral.config import ServerConfig
 from corral.control.gpu_slot import GpuSlot
 from corral.control.gpus import GpuBudget, Shortage, device_use
+from corral.control.load_gate import LoadGate
 from corral.control.pool import ModelPool
 from corral.errors import CapacityTimeout, LoadFailed
 
@@ -62,7 +64,8 @@ class Admission:
         self.node_room = node_room  # on a Ray cluster: why no node has room for the pool, or None
         self._server = server
         self._background = background
-        self._lock = asyncio.Lock()
+        # the admission lock; a waiting load is let in by its key's share, not first come (load_gate.py)
+        self._lock = LoadGate(lambda key: sum(p.waiters.busy_of(key) for p in self._pools.values()))
         self._capacity: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ loading
@@ -72,7 +75,7 @@ class Admission:
         until an instance is ready. ``fresh=False``: failed instances retry with their
         failure counts (after a crash loop's backoff)."""
         if not pool.occupies:
-            async with self._lock:
+            async with self._lock.turn():
                 if not pool.occupies:
                     placed = await self._make_room(pool)
                     pool.start(fresh=fresh, gpus=placed)
@@ -152,7 +155,7 @@ class Admission:
         budget = self._server().memory_budget
         if budget is None:
             return
-        async with self._lock:
+        async with self._lock.turn():
             while True:
                 active = [p for p in self._pools.values() if p.occupies]
                 if sum(p.memory_bytes() for p in active) <= budget:

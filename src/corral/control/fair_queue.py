@@ -65,6 +65,7 @@ class Waiter:
     priority: int
     seq: int
     since: float  # time.monotonic() when it queued
+    instance: Instance | None = None  # a paused request: it resumes there only (control/preempt.py)
 
 
 @dataclass(slots=True)
@@ -99,9 +100,9 @@ class FairQueue:
         return iter(sorted((w for s in self._keys.values() for w in s.waiting), key=lambda w: w.seq))
 
     def push(self, fut: asyncio.Future[Instance | None], prefix: str | None, key: str, weight: float,
-             priority: int) -> Waiter:
+             priority: int, *, instance: Instance | None = None) -> Waiter:
         share = self._share(key, weight)
-        w = Waiter(fut, prefix, key, priority, next(self._seq), time.monotonic())
+        w = Waiter(fut, prefix, key, priority, next(self._seq), time.monotonic(), instance)
         share.waiting.append(w)
         self._len += 1
         return w
@@ -128,7 +129,8 @@ class FairQueue:
         if chosen is None:
             return None
         now, aging = time.monotonic(), max(self._aging_s(), 1e-6)
-        return max(chosen.waiting, key=lambda w: (w.priority + (now - w.since) / aging, -w.seq))
+        # a paused request of the key first (it started before), then by aged priority
+        return max(chosen.waiting, key=lambda w: (w.instance is not None, w.priority + (now - w.since) / aging, -w.seq))
 
     def serve(self, w: Waiter) -> None:
         """``w`` got a slot: out of the queue, and its key has one more busy slot."""
@@ -175,6 +177,10 @@ class FairQueue:
             if then is not None:
                 then(s)
         stream.on_finish = ended
+
+    def weight_of(self, key: str) -> float:
+        share = self._keys.get(key)
+        return share.weight if share is not None else 1.0
 
     def busy_of(self, key: str) -> int:
         share = self._keys.get(key)

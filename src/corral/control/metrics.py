@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 __all__ = ["Metrics"]
 
@@ -46,7 +46,14 @@ class _StateCollector:
             ("ram_bytes", "Bytes of saved prefixes in host RAM"),
             ("disk_bytes", "Bytes of this model's prompt-cache files on disk"))}
         loaded = GaugeMetricFamily("corral_model_loaded", "1 when the model has a ready instance", labels=["model"])
+        pauses = CounterMetricFamily("corral_preemptions", "Sequences paused for a waiting key (fair share)",
+                                     labels=["model", "key"])
+        paused_s = CounterMetricFamily("corral_preempted_seconds", "Seconds paused sequences waited (ended pauses)",
+                                       labels=["model", "key"])
         for m in self._snapshot():
+            for key, n in m["preemption"].pauses.items():
+                pauses.add_metric([m["id"], key], n)
+                paused_s.add_metric([m["id"], key], m["preemption"].paused_s.get(key, 0.0))
             queue.add_metric([m["id"]], m["queued"])
             loaded.add_metric([m["id"]], 1.0 if m["status"] == "loaded" else 0.0)
             for inst in m["instances"]:
@@ -62,7 +69,7 @@ class _StateCollector:
                 for k, value in (inst.get("prompt_cache") or {}).items():
                     if k in cache:
                         cache[k].add_metric(labels, value)
-        yield from (queue, busy, total, mem, loaded, node, *spec.values(), *cache.values())
+        yield from (queue, busy, total, mem, loaded, node, pauses, paused_s, *spec.values(), *cache.values())
 
 
 class Metrics:

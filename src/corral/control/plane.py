@@ -136,7 +136,7 @@ class ControlPlane:
 
     def _make_pool(self, spec: ModelSpec) -> ModelPool:
         return ModelPool(spec, make_instance=self._make_instance, on_capacity=self.admission.notify_capacity,
-                         aging_s=lambda: self.config.server.priority_aging_s)
+                         server=lambda: self.config.server)
 
     def _make_instance(self, pool: ModelPool, index: int) -> Instance:
         spec, srv = pool.spec, self.config.server
@@ -244,7 +244,7 @@ class ControlPlane:
                     pool.unreserve(inst)
             if sent:
                 self.access.track(stream)  # its tokens count for the request's key when it ends
-                pool.track(stream)  # and for its fair share of the model
+                pool.track(stream, inst if isinstance(msg, wire.GenerateRequest) else None)  # its fair share
                 return stream
 
     async def _ensure_loaded(self, pool: ModelPool) -> None:

@@ -3,17 +3,14 @@
 A request takes a free slot on a ready instance: the one that recently served the
 longest common prompt prefix (at least ``MIN_PREFIX`` characters: the worker can reuse
 that KV cache), then the least busy one. With no free slot it waits in a bounded queue
-(``max_queue``; full -> ``QueueFull``) that is weighted fair over keys
-(``corral.control.fair_queue``): a slot that frees goes to the key furthest below its
-share, within a key to the highest priority (aged), else the oldest waiter; the
-request's key and priority come from its ``Caller``. Without keys: a FIFO.
-A draining pool (being unloaded or restarted) hands out no slots; its waiters wait
-for it to come back, or are told to retry (the model was unloaded: autoload again).
+(``max_queue``; full -> ``QueueFull``), weighted fair over keys (``corral.control.fair_queue``);
+a key over its share may be paused for a waiting one (``corral.control.preempt``).
+A draining pool (being unloaded or restarted) hands out no slots; its waiters wait for it
+to come back, or are told to retry (the model was unloaded: autoload again).
 
 The pool keeps its own slot bookkeeping (``_Slots`` per instance: busy slots, recent
-prompt prefixes, last use); an instance leaving ``ready`` has its count zeroed here
-(its requests were failed). Everything here runs on the event loop and is synchronous
-except the waits, so "check a slot, then take it" cannot race.
+prompt prefixes, last use); an instance leaving ``ready`` has its count zeroed (its
+requests were failed). All on the event loop, synchronous but the waits: no races.
 """
 
 from __future__ import annotations
@@ -25,10 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from corral.config import ServerConfig
 from corral.control.catalog import ModelSpec
 from corral.control.fair_queue import DEFAULT_AGING_S, FairQueue, Waiter, current_key
 from corral.control.gpu_slot import GpuSlot
 from corral.control.instance.instance import Instance, InstanceState, Transition
+from corral.control.preempt import Preemptor
 from corral.control.prefixes import MIN_PREFIX, PREFIX_KEY_CHARS, common_prefix_len
 from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, ModelUnloaded, QueueFull
 
@@ -50,13 +49,14 @@ class _Slots:
 class ModelPool:
     def __init__(self, spec: ModelSpec, *, make_instance: Callable[["ModelPool", int], Instance],
                  on_capacity: Callable[[], None],
-                 aging_s: Callable[[], float] = lambda: DEFAULT_AGING_S) -> None:
+                 server: Callable[[], ServerConfig] | None = None) -> None:
         self.spec = spec
         self._make_instance = make_instance
         self._on_capacity = on_capacity
         self.instances: list[Instance] = []
         self._slots: dict[Instance, _Slots] = {}
-        self.waiters = FairQueue(aging_s)
+        self.waiters = FairQueue(lambda: server().priority_aging_s if server else DEFAULT_AGING_S)
+        self.preempt = Preemptor(self, server)  # fair-share preemption (control/preempt.py)
         self.last_used = 0.0
         self.draining = False
         self.footprint: int | None = None  # per-instance bytes, as last reported
@@ -68,7 +68,6 @@ class ModelPool:
         self._idle: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ state
-
     @property
     def has_ready(self) -> bool:
         return any(i.state is S.READY for i in self.instances)
@@ -112,7 +111,7 @@ class ModelPool:
 
     @property
     def inflight(self) -> int:
-        return sum(s.busy for s in self._slots.values())
+        return sum(s.busy for s in self._slots.values()) + self.preempt.paused
 
     @property
     def idle(self) -> bool:
@@ -172,7 +171,6 @@ class ModelPool:
         return self.estimate_instance_bytes() * self.spec.instances
 
     # ------------------------------------------------------------------ lifecycle
-
     def start(self, *, fresh: bool = True, gpus: list[GpuSlot] | None = None) -> None:
         """Tell every instance to start (does not wait). ``fresh``: new instances from
         the current spec, earlier failures forgotten; else the failed ones try again
@@ -239,6 +237,7 @@ class ModelPool:
         """Until no request runs on any instance (queued ones may wait). False on timeout."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        self.preempt.resume_all()  # paused requests finish too
         while self.inflight > 0:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -272,7 +271,6 @@ class ModelPool:
         self._on_capacity()
 
     # ------------------------------------------------------------------ slots
-
     def try_acquire(self, prefix: str | None) -> Instance | None:
         """A reserved slot now, or None (no free slot, queue not empty, or draining); it
         counts for the current key until ``track``'s stream ends (or ``unreserve``)."""
@@ -284,9 +282,11 @@ class ModelPool:
             self.waiters.started(key, weight)
         return inst
 
-    def track(self, stream: RequestStream) -> None:
-        """When the current key's request ends: one busy slot less, its tokens served."""
+    def track(self, stream: RequestStream, inst: Instance | None = None) -> None:
+        """At the end of the key's request: a busy slot less, its tokens served (``inst``: preemptible)."""
         self.waiters.track(stream, current_key()[0])
+        if inst is not None:
+            self.preempt.track(stream, inst)
 
     def unreserve(self, inst: Instance) -> None:
         """A slot taken for the current key was not used (the send failed)."""
@@ -305,6 +305,7 @@ class ModelPool:
         fut: asyncio.Future[Instance | None] = loop.create_future()
         key, weight, priority = current_key()
         entry = self.waiters.push(fut, prefix, key, weight, priority)
+        self.preempt.check_soon()
         try:
             return await asyncio.wait_for(fut, remaining)
         except asyncio.TimeoutError:
@@ -356,11 +357,17 @@ class ModelPool:
             if w.fut.done():
                 self.waiters.remove(w)
                 continue
-            inst = self._pick(w.prefix)
+            inst = self._pick(w.prefix) if w.instance is None else self.hold_slot(w.instance, free_only=True)
             if inst is None:
                 return
             self.waiters.serve(w)
             w.fut.set_result(inst)
+
+    def hold_slot(self, inst: Instance, *, free_only: bool = False) -> Instance | None:
+        if inst not in self._slots or (free_only and self._free_slots(inst) <= 0):
+            return None
+        self._slots[inst].busy += 1
+        return inst
 
     def _pick(self, prefix: str | None) -> Instance | None:
         best: Instance | None = None

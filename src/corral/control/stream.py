@@ -52,7 +52,8 @@ class RequestStream:
 
     __slots__ = ("id", "instance_index", "_abort", "_parts", "n_tokens", "_waiter", "finished", "error",
                  "embeddings", "created", "started", "first_token", "ended", "model", "aborted", "_folded",
-                 "input_param", "_logprobs", "_tool_calls", "tokenized", "on_finish", "_reasoning")
+                 "input_param", "_logprobs", "_tool_calls", "tokenized", "on_finish", "_reasoning", "send",
+                 "on_pause")
 
     def __init__(self, request_id: str, model: str, input_param: str = "messages") -> None:
         self.id = request_id
@@ -77,6 +78,9 @@ class RequestStream:
         self.aborted = False
         self._folded = 0
         self.on_finish: Callable[[RequestStream], None] | None = None  # usage (corral.control.access)
+        # preemption (corral.control.preempt): a frame to its worker (the link sets it); its Paused
+        self.send: Callable[[wire.Preempt | wire.Resume], bool] | None = None
+        self.on_pause: Callable[[wire.Paused], None] | None = None
 
     def bind(self, instance_index: int, abort: Callable[[str], None]) -> None:
         """The request was sent to instance ``instance_index``; ``abort(id)`` stops it."""

@@ -34,6 +34,7 @@ def snapshot(pools: Iterable[ModelPool]) -> list[dict[str, Any]]:
             "id": pool.spec.id,
             "status": pool.status(),
             "queued": len(pool.waiters),
+            "preemption": pool.preempt.stats,
             "instances": [{"index": i.index, "state": i.state.value, "busy": pool.busy(i),
                            "total": i.slots_total, "memory": i.memory_bytes,
                            "node": i.placement.node_id or "local",
@@ -103,6 +104,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
                      "ttl_s": spec.ttl_s, "pinned": spec.pinned, "speculative": spec.speculative,
                      "draft_max": spec.draft_max, "draft_min": spec.draft_min},
         "queued": len(pool.waiters),
+        "preemption": pool.preempt.stats.view(pool.preempt.paused),  # fair-share pauses (control/preempt.py)
         "last_used": pool.last_used or None,
         "memory_bytes": pool.memory_bytes() if pool.occupies else 0,
         "instances": instances,

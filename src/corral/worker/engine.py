@@ -33,6 +33,7 @@ from corral.worker.embed import Embedder
 from corral.worker.failures import RequestRejected
 from corral.worker.infill import slot_output
 from corral.worker.model import LoadedModel, load_model, rss_bytes
+from corral.worker.preempt import Preemption
 from corral.worker.prefill import EchoChunk, fill_prompt_chunks
 from corral.worker.prompt_cache import PromptCache
 from corral.worker.prompts import PreparedRequest, PromptPreparer
@@ -86,6 +87,7 @@ class Engine:
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
         self.spec = speculate.Speculator(settings, self.m.n_slots, ll.llama_n_ubatch(self.m.ctx), self.info.gpu_layers)
         self.prompt_cache = PromptCache(self.m, settings)  # RAM and disk (prompt_cache.py); .store: the KV store
+        self.preempt = Preemption(self, self.prompt_cache.store)  # paused requests, pinned in that store (preempt.py)
 
     # ------------------------------------------------------------------ commands
 
@@ -120,7 +122,7 @@ class Engine:
     def abort(self, request_id: str) -> None:
         """Free the request's slot (or drop it from the queue) and answer Finished(abort)."""
         job = self._by_id.get(request_id)
-        if job is None:
+        if job is None or self.preempt.abort(request_id):
             return
         for slot in self.slots:
             if slot.job is job:
@@ -134,7 +136,7 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.embed_waiting or any(s.busy for s in self.slots))
+        return bool(self.waiting or self.embed_waiting or self.preempt.has_work or any(s.busy for s in self.slots))
 
     def stats(self) -> wire.Stats:
         return wire.Stats(slots_busy=sum(1 for s in self.slots if s.busy), slots_total=len(self.slots),
@@ -153,12 +155,14 @@ class Engine:
     def close(self) -> None:
         self.vision.close()
         self.pool.close()
+        self.preempt.close()
         free_samplers(self.slots, self.waiting)
         self.m.free()
 
     def fail_all(self, message: str) -> list[Outgoing]:
         """End every accepted request with RequestFailed(internal); the engine stays usable."""
         self._fail_running(message)
+        self.preempt.fail_all(message)
         while self.waiting:
             job = self.waiting.popleft()
             self._by_id.pop(job.req.id, None)
@@ -248,6 +252,7 @@ class Engine:
         """Run one decode over all busy slots; return the messages it produced."""
         if self.embed_waiting:
             self._run_embeddings()
+        self.preempt.admit()  # paused requests resuming go first
         self._admit()
         self.vision.step(self.slots, self._fail)  # image encodes and pieces (vision_prefill.py)
         b = self._batch

@@ -200,6 +200,10 @@ def _loop(engine: "Engine", inbox: "queue.SimpleQueue[object]", out: _Writer,
                 engine.submit(msg)
             elif isinstance(msg, wire.Abort):
                 engine.abort(msg.id)
+            elif isinstance(msg, wire.Preempt):
+                replies.append(engine.preempt.pause(msg.id))
+            elif isinstance(msg, wire.Resume):
+                engine.preempt.resume(msg.id)
             elif isinstance(msg, wire.StatsRequest):
                 replies.append(engine.stats())
             elif isinstance(msg, wire.SlotFileAction):

@@ -194,6 +194,10 @@ class WorkerLink(abc.ABC):
             elif msg.id in self._stopping:
                 self._stopping.discard(msg.id)
                 self._owner.link_request_ended(self)
+        elif type(msg) is wire.Paused:  # a preempted request (corral.control.preempt)
+            r = self._requests.get(msg.id)
+            if r is not None and r.on_pause is not None:
+                r.on_pause(msg)
         elif isinstance(msg, wire.Stats):
             self.stats = msg
             waiters, self._stats_waiters = self._stats_waiters, []
@@ -262,8 +266,16 @@ class WorkerLink(abc.ABC):
             return False
         self._requests[request_id] = stream
         stream.bind(instance_index, self.abort)
+        stream.send = self._send_for
         stream.started = time.perf_counter()
         self._write(frame)
+        return True
+
+    def _send_for(self, msg: wire.Preempt | wire.Resume) -> bool:
+        """A preemption frame for a request running here; False when it is gone or the channel closed."""
+        if msg.id not in self._requests or not self.is_open:
+            return False
+        self._write(wire.encode(msg))
         return True
 
     def abort(self, request_id: str) -> None:
