@@ -251,3 +251,32 @@ def test_speculation_never_drafts_a_pseudo_id() -> None:
     assert find_draft(hist, 8, n_max=3, n_min=2) == []  # what followed 7 8 9 was an image
     hist = np.array([7, 8, 9, 12, 13, *ids, 7, 8, 9], dtype=np.int32)
     assert find_draft(hist, 8, n_max=3, n_min=2) == [12, 13]  # cut where the image starts
+
+
+# ---------------------------------------------------------------------- a real worker process
+
+
+def test_a_worker_process_takes_images_over_the_wire(model_path: Path, mmproj_path: Path) -> None:
+    from .client import WorkerClient
+
+    with WorkerClient(settings_for(model_path, n_parallel=1, ctx_len=1024, mmproj=str(mmproj_path))) as c:
+        ready = c.wait_ready()
+        assert ready.info.vision and ready.info.mmproj_bytes == mmproj_path.stat().st_size
+        _, _, fin = c.generate(chat("w1", user(f"What is {M}?", picture(71, "JPEG"))))
+        assert isinstance(fin, wire.Finished) and fin.usage.prompt_tokens > N_IMG
+        _, _, bad = c.generate(chat("w2", user(f"What is {M}?", b"\xff\xd8\xff broken jpeg")))
+        assert isinstance(bad, wire.RequestFailed) and bad.code == "invalid_request"
+        _, _, again = c.generate(chat("w3", user(f"What is {M}?", picture(71, "JPEG"))))
+        assert isinstance(again, wire.Finished) and again.usage.cached_tokens > N_IMG  # the worker lives on
+
+
+def test_a_bad_projector_is_load_failed(model_path: Path, tmp_path: Path) -> None:
+    from .client import WorkerClient
+
+    junk = tmp_path / "mmproj-junk.gguf"
+    junk.write_bytes(b"GGUF" + b"\0" * 64)
+    with WorkerClient(settings_for(model_path, n_parallel=1, ctx_len=256, mmproj=str(junk))) as c:
+        assert isinstance(c.recv(30), wire.Loading)
+        msg = c.recv(120)
+        assert isinstance(msg, wire.LoadFailed) and "mmproj" in msg.reason, msg
+        assert c.proc.wait(30) == 1

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
+import time
 from collections.abc import Callable
 
 import llama_cpp as ll
@@ -39,6 +40,10 @@ from corral.worker.vision import ImageSpan, Projector, VisionTokens, load_projec
 __all__ = ["EmbdBatch", "VisionSteps"]
 
 FailSlot = Callable[[Slot, Job, str], None]
+# While other slots generate, images (encodes and pieces) get about this share of the
+# engine's time: after image work of d seconds the others run (1/share - 1) * d seconds
+# of plain steps first. Alone, an image goes at full speed.
+IMAGE_SHARE = 0.15
 
 
 class EmbdBatch:
@@ -74,8 +79,11 @@ class VisionSteps:
         self.piece = max(1, min(m.n_batch, ll.llama_n_ubatch(m.ctx)))
         self._batch: EmbdBatch | None = None
         self._encoder: cf.ThreadPoolExecutor | None = None
-        self._pending: dict[ImageSpan, tuple[cf.Future[np.ndarray], Job]] = {}
+        self._pending: dict[ImageSpan, tuple[cf.Future[tuple[np.ndarray, float]], Job]] = {}
         self.pieces = 0  # image pieces decoded (one per step at most)
+        self.share = IMAGE_SHARE
+        self._debt = 0.0  # seconds of plain steps the other streams are owed before the next image work
+        self._last_step = 0.0
 
     @classmethod
     def load(cls, s: wire.WorkerSettings, m: LoadedModel) -> VisionSteps:
@@ -110,7 +118,13 @@ class VisionSteps:
         image piece (before the step's batch of tokens)."""
         if self.proj is None or not (self._pending or any(_vision_job(s) for s in slots)):
             return
-        self._collect(slots, fail)
+        now = time.perf_counter()
+        others = any(s.job is not None and _vision_job(s) is None for s in slots)
+        self._debt = max(0.0, self._debt - (now - self._last_step)) if others else 0.0
+        self._last_step = now
+        self._collect(slots, fail, others)
+        if self._debt > 0:
+            return  # the other streams' turn
         for slot in slots:
             job = _vision_job(slot)
             if job is None:
@@ -120,6 +134,8 @@ class VisionSteps:
             for span in toks.images:
                 if span.end > slot.prompt_pos and span.embd is None and span not in self._pending:
                     self._encode_later(span, job)
+                    if others:
+                        break  # one at a time while others stream (each encode is owed for)
         for slot in slots:
             job = _vision_job(slot)
             if job is None:
@@ -128,7 +144,9 @@ class VisionSteps:
             assert isinstance(toks, VisionTokens)
             at = toks.span_at(slot.prompt_pos)
             if at is not None and at.embd is not None:
+                t0 = time.perf_counter()
                 self._decode_piece(slot, job, at, fail)
+                self._owe(time.perf_counter() - t0, others)
                 return
 
     def wait(self, timeout: float = 0.5) -> None:
@@ -146,13 +164,17 @@ class VisionSteps:
         if self.proj is not None:
             self.proj.free()
 
+    def _owe(self, seconds: float, others: bool) -> None:
+        if others:
+            self._debt += seconds * (1 / self.share - 1)
+
     def _encode_later(self, span: ImageSpan, job: Job) -> None:
         assert self.proj is not None
         if self._encoder is None:
             self._encoder = cf.ThreadPoolExecutor(1, thread_name_prefix="corral-vision")
-        self._pending[span] = (self._encoder.submit(self.proj.encode, span), job)
+        self._pending[span] = (self._encoder.submit(_timed, self.proj.encode, span), job)
 
-    def _collect(self, slots: list[Slot], fail: FailSlot) -> None:
+    def _collect(self, slots: list[Slot], fail: FailSlot, others: bool) -> None:
         running = {id(s.job): s for s in slots if s.job is not None}
         for span, (fut, job) in list(self._pending.items()):
             slot = running.get(id(job))
@@ -168,7 +190,8 @@ class VisionSteps:
             if exc is not None:
                 fail(slot, job, f"{type(exc).__name__}: {exc}")
             else:
-                span.embd = fut.result()
+                span.embd, seconds = fut.result()
+                self._owe(seconds, others)
 
     def _decode_piece(self, slot: Slot, job: Job, span: ImageSpan, fail: FailSlot) -> None:
         assert span.embd is not None
@@ -199,6 +222,11 @@ class VisionSteps:
         slot.prompt_pos += k
         if slot.prompt_pos == span.end:
             span.embd = None  # decoded: the floats are not needed again
+
+
+def _timed(encode: Callable[[ImageSpan], np.ndarray], span: ImageSpan) -> tuple[np.ndarray, float]:
+    t0 = time.perf_counter()
+    return encode(span), time.perf_counter() - t0
 
 
 def _vision_job(slot: Slot) -> Job | None:
