@@ -37,6 +37,8 @@ class _StateCollector:
             ("accepted_tokens", "Draft tokens accepted since the worker started"),
             ("acceptance_rate", "Accepted / verified draft tokens"),
             ("tokens_per_step", "Tokens emitted per slot and decode step"))}
+        method = GaugeMetricFamily("corral_spec_method", "1 per instance that speculates, by method (ngram, draft)",
+                                   labels=[*per_instance, "method"])
         loaded = GaugeMetricFamily("corral_model_loaded", "1 when the model has a ready instance", labels=["model"])
         for m in self._snapshot():
             queue.add_metric([m["id"]], m["queued"])
@@ -49,9 +51,12 @@ class _StateCollector:
                 if inst["memory"] is not None:
                     mem.add_metric(labels, inst["memory"])
                 for k, value in (inst.get("speculation") or {}).items():
-                    if value is not None:
+                    if k == "method":
+                        if value != "off":
+                            method.add_metric([*labels, value], 1.0)
+                    elif k in spec and value is not None:
                         spec[k].add_metric(labels, value)
-        yield from (queue, busy, total, mem, loaded, node, *spec.values())
+        yield from (queue, busy, total, mem, loaded, node, method, *spec.values())
 
 
 class Metrics:
