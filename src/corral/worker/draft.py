@@ -116,7 +116,8 @@ class DraftModel:
         self.batch = Batch(n_batch)
         self.cached: list[list[int]] = [[] for _ in range(n_slots)]
         self.window_resets = 0  # sequences recomputed after their window lost a cell (should stay 0)
-        self.decodes = 0  # draft decodes (catch-up and draft positions)
+        self.decodes = 0  # decodes of draft positions (catch-ups not counted) ...
+        self.positions = 0  # ... and the slot-positions they drafted (batched: more than decodes)
 
     def free(self) -> None:
         if self.ctx:
@@ -155,7 +156,8 @@ class DraftModel:
             for k, (tok, pos, seq) in enumerate(chunk):
                 b.token[k], b.pos[k], b.seq[k], b.logits[k] = tok, pos, seq, 1 if logits else 0
             b.batch.n_tokens = len(chunk)
-            self.decodes += 1
+            self.decodes += logits
+            self.positions += len(chunk) if logits else 0
             rc = ll.llama_decode(self.ctx, b.batch)
             if rc != 0:
                 log.error("draft decode failed (%d); the draft sequences are cleared", rc)
