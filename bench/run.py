@@ -20,6 +20,7 @@ Scenarios (see bench/README.md):
   sampling    c=8 with a JSON schema and with top_logprobs 5 vs without, corral and llama-server (bench/scenarios/sampling.py)
   fairness    heavy key c=16 long vs light key c=1 short, 4 slots: light TTFT, corral keys/FIFO, llama-server (bench/scenarios/fairness.py)
   speculation n-gram speculative decoding: edit and chat, c=1 and c=4, corral vs llama-server with/without (bench/scenarios/speculation.py)
+  speculation-draft  a draft model (CORRAL_BENCH_DRAFT, else the model itself): corral vs llama-server -md (bench/scenarios/speculation_draft.py)
 """
 
 from __future__ import annotations
@@ -42,22 +43,28 @@ from bench import llama_server
 from bench.context import SLOT_CTX, Ctx, log
 from bench.report import Table, repeat_summary, write_results
 from bench.scenarios import (coldstart, dialects, fairness, instances, multimodel, overhead, queue, sampling,
-                             speculation,
+                             speculation, speculation_draft,
                              throughput)
 from bench.servers import ROOT, stop_all
 
 SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects", "instances", "sampling",
-             "fairness", "speculation")
+             "fairness", "speculation", "speculation-draft")
 
 # hang guards per scenario (seconds; x0.6 with --quick), far above normal run times
 LIMITS_S = {"instances": 300, "throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
-            "dialects": 1200, "sampling": 600, "fairness": 700, "speculation": 600}
+            "dialects": 1200, "sampling": 600, "fairness": 700, "speculation": 900,
+            "speculation-draft": 500}
 
 FUNCS: dict[str, Callable[[Ctx], Awaitable[list[Table]]]] = {
     "instances": instances.sc_instances, "throughput": throughput.sc_throughput, "overhead": overhead.sc_overhead,
     "multimodel": multimodel.sc_multimodel, "coldstart": coldstart.sc_coldstart, "queue": queue.sc_queue,
     "dialects": dialects.sc_dialects, "sampling": sampling.sc_sampling, "fairness": fairness.sc_fairness,
-    "speculation": speculation.sc_speculation}
+    "speculation": lambda ctx: _speculation(ctx), "speculation-draft": speculation_draft.sc_speculation_draft}
+
+
+async def _speculation(ctx: Ctx) -> list[Table]:
+    """The n-gram tables, then the draft model's (``speculation-draft`` alone)."""
+    return [*await speculation.sc_speculation(ctx), *await speculation_draft.sc_speculation_draft(ctx)]
 
 
 def environment(ctx: Ctx) -> list[str]:
