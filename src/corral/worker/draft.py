@@ -8,12 +8,13 @@ is pinned to them). ``DraftModel.cached[i]`` are the tokens whose KV is in seque
 brought in line with the slot's accepted tokens lazily, at the slot's next draft (the common
 prefix kept, the rest removed, the missing tokens decoded without logits). Drafting is
 batched over the slots: one decode of the drafting slots' pending tokens, then one decode
-per further draft position with each still-drafting slot's latest draft token, so a step
-costs the draft model ``max(draft length)`` small decodes, not one per slot. A slot's draft
+per further draft position with each still-drafting slot's latest draft token (the first
+one also takes the tokens each sequence misses, where they fit), so a step costs the draft
+model ``max(draft length)`` small decodes, not one per slot. A slot's draft
 is the draft model's greedy chain; it stops where the draft's top probability falls below
 ``draft_p_min`` (llama-server's ``--draft-p-min``), at the length ``Speculator._length``
 allows, or where a slot's draft would run out of context; one shorter than ``draft_min``
-is not sent.
+is not sent, and counts as a failed draft for the pauses (three in a row pause the slot).
 
 Sliding-window draft models (Gemma 3): the context keeps one KV stream per sequence with
 full-size window caches (``swa_full``), so a rolled-back draft never costs a cell; each
@@ -41,7 +42,7 @@ from corral.gpu_fit import DEFAULT_MARGIN_BYTES, GGUFError, read_layout
 from corral.worker.model import _GGML_TYPES, LoadedModel, ModelLoadError, check_gguf_file, model_meta
 from corral.worker.sampling import logits_at
 from corral.worker.slots import Batch, Slot
-from corral.worker.speculate import Speculator
+from corral.worker.speculate import FAILS_BEFORE_PAUSE, MAX_PAUSE, Speculator
 
 __all__ = ["DraftModel", "DraftSpeculator", "load_draft", "main_settings", "speculator", "vocab_mismatch"]
 
@@ -116,7 +117,7 @@ class DraftModel:
         self.batch = Batch(n_batch)
         self.cached: list[list[int]] = [[] for _ in range(n_slots)]
         self.window_resets = 0  # sequences recomputed after their window lost a cell (should stay 0)
-        self.decodes = 0  # decodes of draft positions (catch-ups not counted) ...
+        self.decodes = 0  # decodes with draft positions (catch-ups alone not counted) ...
         self.positions = 0  # ... and the slot-positions they drafted (batched: more than decodes)
 
     def free(self) -> None:
@@ -147,55 +148,60 @@ class DraftModel:
                 n = 0
         return n
 
-    def decode(self, items: list[tuple[int, int, int]], logits: bool) -> bool:
-        """Decode (token, position, seq) items, in batches of the context's size; with
-        ``logits``: every item's (one batch at most). False when llama.cpp fails."""
+    def decode(self, items: list[tuple[int, int, int]], n_out: int = 0) -> int | None:
+        """Decode (token, position, seq) items in batches of the context's size, logits for
+        the last ``n_out`` (at most a batch: they go in the last one, with as many of the
+        others as fit); their first's index in that batch, None when llama.cpp fails."""
         b = self.batch
-        for start in range(0, len(items), b.cap):
-            chunk = items[start: start + b.cap]
+        head, start, first = len(items) - n_out, 0, 0
+        while start < len(items):
+            rest = len(items) - start
+            chunk = items[start: start + (rest if rest <= b.cap else min(b.cap, head - start))]
             for k, (tok, pos, seq) in enumerate(chunk):
-                b.token[k], b.pos[k], b.seq[k], b.logits[k] = tok, pos, seq, 1 if logits else 0
+                b.token[k], b.pos[k], b.seq[k], b.logits[k] = tok, pos, seq, 1 if start + k >= head else 0
             b.batch.n_tokens = len(chunk)
-            self.decodes += logits
-            self.positions += len(chunk) if logits else 0
             rc = ll.llama_decode(self.ctx, b.batch)
             if rc != 0:
                 log.error("draft decode failed (%d); the draft sequences are cleared", rc)
                 for seq in range(len(self.cached)):
                     self.clear(seq)
-                return False
+                return None
             for tok, _, seq in chunk:
                 self.cached[seq].append(tok)
-        return True
+            first = len(chunk) - n_out
+            start += len(chunk)
+        if n_out:
+            self.decodes += 1
+            self.positions += n_out
+        return first
 
     def propose(self, slots: list[Slot], lengths: list[int], p_min: float) -> list[list[int]]:
-        """Each slot's draft of at most ``lengths[k]`` tokens (slots with 0 get none)."""
+        """Each slot's draft of at most ``lengths[k]`` tokens (slots with 0 get none): the
+        missing history and the pending tokens in one decode where they fit, then a decode
+        per further position."""
         drafts: list[list[int]] = [[] for _ in slots]
         active = [k for k, n in enumerate(lengths) if n > 0]
-        catch_up: list[tuple[int, int, int]] = []
+        items: list[tuple[int, int, int]] = []
         for k in active:
             slot = slots[k]
             n = self.sync(slot.index, slot.cached)
-            catch_up.extend((t, n + j, slot.index) for j, t in enumerate(slot.cached[n:]))
-        if not active or not self.decode(catch_up, False):
-            return drafts
-        cur = {k: slots[k].pending for k in active}
+            items.extend((t, n + j, slot.index) for j, t in enumerate(slot.cached[n:]))
+        items.extend((slots[k].pending, len(slots[k].cached), slots[k].index) for k in active)
         while active:
-            items = [(cur[k], len(self.cached[slots[k].index]), slots[k].index) for k in active]
-            if not self.decode(items, True):
+            first = self.decode(items, len(active))
+            if first is None:
                 return [[] for _ in slots]
             still = []
             for i, k in enumerate(active):
-                x = np.asarray(logits_at(self.ctx, i, self.n_vocab), dtype=np.float32)
+                x = np.asarray(logits_at(self.ctx, first + i, self.n_vocab), dtype=np.float32)
                 top = int(np.argmax(x))
-                p = 1.0 / float(np.exp(x - x[top]).sum())
-                if p < p_min:
+                if 1.0 / float(np.exp(x - x[top]).sum()) < p_min:  # the draft's top probability
                     continue
                 drafts[k].append(top)
-                cur[k] = top
                 if len(drafts[k]) < lengths[k]:
                     still.append(k)
             active = still
+            items = [(drafts[k][-1], len(self.cached[slots[k].index]), slots[k].index) for k in active]
         return drafts
 
 
@@ -214,8 +220,14 @@ class DraftSpeculator(Speculator):
             n = min(n, self.dm.n_ctx_slot - len(slot.cached) - 2)  # the draft's own context may be shorter
             lengths.append(n if n >= self.draft_min else 0)
             room -= lengths[-1]
-        drafts = self.dm.propose(gen, lengths, self.p_min)
-        return [d if len(d) >= self.draft_min else [] for d in drafts]
+        drafts = [d if len(d) >= self.draft_min else [] for d in self.dm.propose(gen, lengths, self.p_min)]
+        for slot, n, d in zip(gen, lengths, drafts):
+            st = self.states[slot.index]
+            if n and not d:  # the draft model was not sure enough: a failure for the pauses too
+                st.fails += 1
+                if st.fails >= FAILS_BEFORE_PAUSE:
+                    st.pause, st.pause_len, st.fails = st.pause_len, min(MAX_PAUSE, st.pause_len * 2), 0
+        return drafts
 
     def close(self) -> None:
         self.dm.free()
