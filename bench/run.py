@@ -53,7 +53,7 @@ SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dial
 # hang guards per scenario (seconds; x0.6 with --quick), far above normal run times
 LIMITS_S = {"instances": 300, "throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
             "dialects": 1200, "sampling": 600, "fairness": 700, "speculation": 900,
-            "speculation-draft": 500}
+            "speculation-draft": 900}
 
 FUNCS: dict[str, Callable[[Ctx], Awaitable[list[Table]]]] = {
     "instances": instances.sc_instances, "throughput": throughput.sc_throughput, "overhead": overhead.sc_overhead,
