@@ -22,6 +22,7 @@ Scenarios (see bench/README.md):
   keys_overhead  a 1-token chat through keys, limits and usage vs no keys (bench/scenarios/keys_overhead.py)
   speculation n-gram speculative decoding: edit and chat, c=1 and c=4, corral vs llama-server with/without (bench/scenarios/speculation.py)
   swap        one model at a time, two alternating, 2,000-token system prompts: first token after a swap, prompt cache on/off, llama.cpp router (bench/scenarios/swap.py)
+  speculation-draft  a draft model (CORRAL_BENCH_DRAFT, else the model itself): corral vs llama-server -md (bench/scenarios/speculation_draft.py)
 """
 
 from __future__ import annotations
@@ -44,23 +45,29 @@ from bench import llama_server
 from bench.context import SLOT_CTX, Ctx, log
 from bench.report import Table, repeat_summary, write_results
 from bench.scenarios import (coldstart, dialects, fairness, instances, keys_overhead, multimodel, overhead, queue,
-                             sampling, speculation, swap,
+                             sampling, speculation, speculation_draft, swap,
                              throughput)
 from bench.servers import ROOT, stop_all
 
 SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects", "instances", "sampling",
-             "fairness", "keys_overhead", "speculation", "swap")
+             "fairness", "keys_overhead", "speculation", "speculation-draft", "swap")
 
 # hang guards per scenario (seconds; x0.6 with --quick), far above normal run times
 LIMITS_S = {"instances": 300, "throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
-            "dialects": 1200, "sampling": 600, "fairness": 700, "keys_overhead": 240, "speculation": 600,
-            "swap": 900}
+            "dialects": 1200, "sampling": 600, "fairness": 700, "keys_overhead": 240, "speculation": 900,
+            "speculation-draft": 900, "swap": 900}
 
 FUNCS: dict[str, Callable[[Ctx], Awaitable[list[Table]]]] = {
     "instances": instances.sc_instances, "throughput": throughput.sc_throughput, "overhead": overhead.sc_overhead,
     "multimodel": multimodel.sc_multimodel, "coldstart": coldstart.sc_coldstart, "queue": queue.sc_queue,
     "dialects": dialects.sc_dialects, "sampling": sampling.sc_sampling, "fairness": fairness.sc_fairness,
-    "keys_overhead": keys_overhead.sc_keys_overhead, "speculation": speculation.sc_speculation, "swap": swap.sc_swap}
+    "keys_overhead": keys_overhead.sc_keys_overhead, "speculation": lambda ctx: _speculation(ctx),
+    "speculation-draft": speculation_draft.sc_speculation_draft, "swap": swap.sc_swap}
+
+
+async def _speculation(ctx: Ctx) -> list[Table]:
+    """The n-gram tables, then the draft model's (``speculation-draft`` alone)."""
+    return [*await speculation.sc_speculation(ctx), *await speculation_draft.sc_speculation_draft(ctx)]
 
 
 def environment(ctx: Ctx) -> list[str]:

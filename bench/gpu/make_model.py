@@ -7,11 +7,18 @@ stripped: bench/gpu/run.sh puts .gpu/gguf-py first on PYTHONPATH; elsewhere the 
 ``gguf`` package), F16 weights, a SentencePiece-style vocabulary of made-up pieces.
 
     python3 -m bench.gpu.make_model OUT.gguf [--layers 22 --embd 2048 --ff 5632 --heads 32 --kv-heads 4]
+
+A draft pair (bench/gpu/run.sh, scenario speculation-draft): each tensor's values depend only on
+its name and the seed, so a model written with fewer ``--layers`` is the first layers of one
+with more (the same embeddings, layers and head); ``--layer-scale`` (< 1) shrinks what each
+layer adds to the residual stream (attn_output, ffn_down), so a 2-layer draft predicts much
+like its 22-layer target: a pair with a real acceptance rate, as a distilled draft has.
 """
 
 from __future__ import annotations
 
 import argparse
+import zlib
 from pathlib import Path
 
 import gguf
@@ -29,8 +36,8 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layer-scale", type=float, default=1.0)
     a = ap.parse_args()
-    rng = np.random.default_rng(a.seed)
     head_dim = a.embd // a.heads
     w = gguf.GGUFWriter(a.out, "llama")
     w.add_name(f"random-llama-{a.layers}x{a.embd}")
@@ -56,27 +63,28 @@ def main() -> int:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
 
-    def rand(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+    def rand(name: str, *shape: int, scale: float = 1.0) -> np.ndarray:
+        rng = np.random.default_rng([a.seed, zlib.crc32(name.encode())])  # a tensor's values: its name's
+        return (rng.standard_normal(shape, dtype=np.float32) * (0.02 * scale)).astype(np.float16)
 
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
 
     kv = a.kv_heads * head_dim
-    w.add_tensor("token_embd.weight", rand(a.vocab, a.embd))
+    w.add_tensor("token_embd.weight", rand("token_embd.weight", a.vocab, a.embd))
     for i in range(a.layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", ones(a.embd))
-        w.add_tensor(p + "attn_q.weight", rand(a.embd, a.embd))
-        w.add_tensor(p + "attn_k.weight", rand(kv, a.embd))
-        w.add_tensor(p + "attn_v.weight", rand(kv, a.embd))
-        w.add_tensor(p + "attn_output.weight", rand(a.embd, a.embd))
+        w.add_tensor(p + "attn_q.weight", rand(p + "attn_q.weight", a.embd, a.embd))
+        w.add_tensor(p + "attn_k.weight", rand(p + "attn_k.weight", kv, a.embd))
+        w.add_tensor(p + "attn_v.weight", rand(p + "attn_v.weight", kv, a.embd))
+        w.add_tensor(p + "attn_output.weight", rand(p + "attn_output.weight", a.embd, a.embd, scale=a.layer_scale))
         w.add_tensor(p + "ffn_norm.weight", ones(a.embd))
-        w.add_tensor(p + "ffn_gate.weight", rand(a.ff, a.embd))
-        w.add_tensor(p + "ffn_up.weight", rand(a.ff, a.embd))
-        w.add_tensor(p + "ffn_down.weight", rand(a.embd, a.ff))
+        w.add_tensor(p + "ffn_gate.weight", rand(p + "ffn_gate.weight", a.ff, a.embd))
+        w.add_tensor(p + "ffn_up.weight", rand(p + "ffn_up.weight", a.ff, a.embd))
+        w.add_tensor(p + "ffn_down.weight", rand(p + "ffn_down.weight", a.embd, a.ff, scale=a.layer_scale))
     w.add_tensor("output_norm.weight", ones(a.embd))
-    w.add_tensor("output.weight", rand(a.vocab, a.embd))
+    w.add_tensor("output.weight", rand("output.weight", a.vocab, a.embd))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

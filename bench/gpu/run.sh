@@ -18,7 +18,10 @@
 # threads (bench/probes/sampling_threads.py): c=32 tok/s with sampling_threads 1 vs auto on that
 # model and on a Gemma-3-270M-sized one (262k vocabulary: sampling costs ~0.3 ms per slot
 # per step on the CPU), and the per-step draw time with 1, 2, 4, 8 threads, and with 1 and 8 over
-# the whole vocabulary instead of the short candidate list ("1full", "8full"). SAMPLING=0 skips it.
+# the whole vocabulary instead of the short candidate list ("1full", "8full"). SAMPLING=0 skips it;
+# (6) draft-model speculation (scenario speculation-draft) on a generated pair: a TinyLlama-shaped
+# target whose layers add little (--layer-scale) and its own first 2 layers as the draft (same
+# vocabulary; bench/gpu/make_model.py), corral vs llama-server -md, draft p_min 0. DRAFT=0 skips it.
 #
 # CUDA=0 runs every step on a CPU (how this script is tested before GPU minutes are spent).
 set -euo pipefail
@@ -38,6 +41,10 @@ CONCURRENCY=${CONCURRENCY:-1,8,32}
 THREADS=${THREADS:-4}
 ONLY=${ONLY:-throughput,multimodel,instances}
 SAMPLING=${SAMPLING:-1}
+DRAFT=${DRAFT:-1}                   # 6/6: draft-model speculation with a generated pair (DRAFT=0 skips it)
+PAIR_TARGET=${PAIR_TARGET:-/tmp/pair-target.gguf}
+PAIR_DRAFT=${PAIR_DRAFT:-/tmp/pair-draft.gguf}
+PAIR_ARGS=${PAIR_ARGS:-"--layer-scale 0.001"}  # + MODEL_ARGS; the draft: the target's first 2 layers
 MODEL_262K=${MODEL_262K:-/tmp/gemma-shaped-262k.gguf}
 MODEL_262K_ARGS=${MODEL_262K_ARGS:-"--layers 18 --embd 640 --ff 2048 --heads 5 --kv-heads 1"}
 mkdir -p "$OUT"
@@ -98,4 +105,12 @@ if [ "$SAMPLING" = 1 ]; then
   echo "#### draw time per step: $(basename "$MODEL_262K")" | tee -a "$OUT/table.md"
   "$PY" -m bench.probes.sampling_threads step --model "$MODEL_262K" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
     --slots 8,32 --variants 1,2,4,8,1full,8full --steps 20 2>>"$OUT/bench.log" | tee -a "$OUT/table.md"
+fi
+
+if [ "$DRAFT" = 1 ]; then
+  log "6/6 draft model: a generated pair (the target's first 2 layers as its draft), corral vs llama-server -md"
+  [ -s "$PAIR_TARGET" ] || PYTHONPATH="$PWD/$G/gguf-py:$PYTHONPATH" "$PY" -m bench.gpu.make_model "$PAIR_TARGET" $MODEL_ARGS $PAIR_ARGS
+  [ -s "$PAIR_DRAFT" ] || PYTHONPATH="$PWD/$G/gguf-py:$PYTHONPATH" "$PY" -m bench.gpu.make_model "$PAIR_DRAFT" $MODEL_ARGS $PAIR_ARGS --layers 2
+  CORRAL_BENCH_DRAFT="$PAIR_DRAFT" CORRAL_BENCH_DRAFT_P_MIN=0 "$PY" -m bench.run --no-build --model "$PAIR_TARGET" \
+    --threads "$THREADS" --gpu-layers "$GPU_LAYERS" --only speculation-draft 2>>"$OUT/bench.log" | tee -a "$OUT/table.md"
 fi

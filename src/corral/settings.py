@@ -99,11 +99,19 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # the model file by its name (``mmproj-*.gguf``), else none
     mmproj: str | None = None
     # speculative decoding (worker/speculate.py): "ngram" drafts from the slot's own prompt
-    # and output, verified in the step's one decode; "off": one token per slot and step.
+    # and output, "draft" with a smaller model of the same vocabulary (worker/draft.py), both
+    # verified in the step's one decode; "off": one token per slot and step.
     # Requests may turn it off (or on, where the model has it) with "speculative".
-    speculative: Literal["ngram", "off"] = "off"
+    speculative: Literal["ngram", "draft", "off"] = "off"
     draft_max: Annotated[int, Meta(ge=1, le=64)] = 16  # tokens drafted per slot and step at most
     draft_min: Annotated[int, Meta(ge=1, le=64)] = 2  # a shorter draft is not tried
+    # speculative = "draft": the draft GGUF (a path; relative: to the model file's folder), its
+    # layers on the GPU (None: all where the model has GPU layers, else none; it runs on the
+    # model's GPUs), and the draft model's probability below which a draft stops (llama-server's
+    # --draft-p-min)
+    draft_model: str | None = None
+    draft_n_gpu_layers: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | None = None
+    draft_p_min: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.75
     # with [server] ray_address: custom Ray resources each instance asks for (e.g. a node tag)
     ray_resources: dict[str, Annotated[float, Meta(ge=0)]] = {}
     # the host-RAM prompt cache (llama-server's --cache-ram; worker/prompt_cache.py): bytes of
@@ -152,7 +160,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     def check_across(self) -> None:
         """The rules between settings (``SettingsError``): ``tensor_split`` gives one
         proportion, not all zero, per GPU of ``devices``; a quantized V cache needs flash
-        attention (llama.cpp refuses it without)."""
+        attention (llama.cpp refuses it without); ``speculative = "draft"`` names a ``draft_model``."""
         errors: list[tuple[str, str]] = []
         split, devices = self.tensor_split, self.devices
         if split is not None and (devices is None or len(split) != len(devices) or not any(split)):
@@ -162,6 +170,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         if self.flash_attn is False and KV_CACHE_TYPES[self.cache_type_v][1] > 1:
             errors.append(("cache_type_v", f"{self.cache_type_v} (a quantized V cache) needs flash attention: "
                                            "leave flash_attn unset or set it to true"))
+        if self.speculative == "draft" and not self.draft_model:
+            errors.append(("draft_model", 'speculative = "draft" needs draft_model (the draft GGUF\'s path)'))
         if errors:
             raise SettingsError(errors)
 

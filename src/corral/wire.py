@@ -48,14 +48,14 @@ from corral.settings import INT32_MAX, ModelSettings
 from corral.wire_cache import PersistCache, PromptCacheDisk, PromptCacheStats
 from corral.wire_editors import Infill, InfillChunk, SlotState, TokenizerInfo
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
-from corral.wire_model import ModelInfo
+from corral.wire_model import DraftInfo, ModelInfo
 from corral.wire_preempt import Paused, Preempt, Resume
 from corral.wire_slots import SlotFileAction, SlotFileDone, SlotFileError, SlotFileVerb, filename_problem
 
 __all__ = [
     "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams",
     "invalid_field", "GenerateRequest", "EmbedRequest", "Abort", "StatsRequest", "Shutdown",
-    "Loading", "ModelInfo", "TokenizerInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize", "FitPlan", "host_and_gpu_bytes", "Ready", "LoadFailed", "Delta",
+    "Loading", "ModelInfo", "DraftInfo", "TokenizerInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize", "FitPlan", "host_and_gpu_bytes", "Ready", "LoadFailed", "Delta",
     "TokenLogprob", "TopLogprob", "Usage", "Timings", "Finished", "RequestFailed", "Embeddings",
     "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",

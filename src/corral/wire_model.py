@@ -9,7 +9,20 @@ import msgspec
 from corral.wire_editors import TokenizerInfo
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, FitPlan
 
-__all__ = ["ModelInfo"]
+__all__ = ["ModelInfo", "DraftInfo"]
+
+
+class DraftInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """The draft model of ``speculative = "draft"`` (worker/draft.py): counted in its
+    ModelInfo's ``model_bytes`` and ``kv_bytes`` too."""
+
+    path: str
+    description: str
+    n_params: int
+    model_bytes: int  # its weights
+    kv_bytes: int  # its context's KV cache
+    gpu_layers: int
+    n_ctx: int
 
 
 class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,3 +51,4 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     fim: bool = False  # the vocabulary has prefix, suffix and middle FIM tokens (infill works)
     vision: bool = False  # a projector is loaded: messages and prompts may carry images
     mmproj_bytes: int = 0  # the projector file's size (held in memory beside the weights); 0 without one
+    draft: DraftInfo | None = None  # speculative = "draft": the draft model (its bytes are in the two above)

@@ -13,7 +13,8 @@ what the probe saw free, less ``[server] gpu_memory_margin``, capped by
 plan once reported (``FitPlan.devices``: each GPU's share; with one GPU
 ``FitPlan.device_bytes``), before that the estimate made with the worker's own math
 (``corral.gpu_fit.device_needs``: weights of GPU layers + KV + compute on empty devices,
-the layers split over several GPUs as llama.cpp splits them; a file that is not readable
+the layers split over several GPUs as llama.cpp splits them; plus a draft model's,
+``corral.draft_fit``; a file that is not readable
 GGUF counts its file size, split by the GPUs' free memory).
 
 Placement: instances of a model without ``devices`` go, one by one, to the GPU with the
@@ -42,6 +43,7 @@ from corral.byte_sizes import fmt_bytes
 from corral.config import ServerConfig
 from corral.control.gpu_slot import GpuSlot
 from corral.errors import LoadFailed
+from corral.draft_fit import draft_needs
 from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout, router_split, split_by_weights
 from corral.settings import VISIBLE_DEVICES_VARS
 
@@ -104,10 +106,11 @@ def _need(pool: ModelPool, budgets: list[int], free: list[int]) -> list[int]:
     free = [max(0, f - proj) if k == 0 else f for k, f in enumerate(free)]
     layout = _layout(str(path), st.st_size, st.st_mtime_ns)
     if layout is None:
-        needs = split_by_weights(st.st_size, router_split(pool.spec, budgets, free) or free)
+        own = split_by_weights(st.st_size, router_split(pool.spec, budgets, free) or free)
     else:
-        needs = device_needs(layout, pool.spec, budgets=budgets, free=free)
-    return [n + proj if k == 0 else n for k, n in enumerate(needs)]
+        own = device_needs(layout, pool.spec, budgets=budgets, free=free)
+    draft = draft_needs(pool.spec, path, budgets=budgets, free=free)  # speculative = "draft": its model too
+    return [a + b + (proj if k == 0 else 0) for k, (a, b) in enumerate(zip(own, draft))]
 
 
 def _gpus(devices: Iterable[wire.DeviceInfo]) -> list[wire.DeviceInfo]:

@@ -45,6 +45,8 @@ class _StateCollector:
             ("saved_ms", "Estimated prefill time saved (ms), less the restores' time"),
             ("ram_bytes", "Bytes of saved prefixes in host RAM"),
             ("disk_bytes", "Bytes of this model's prompt-cache files on disk"))}
+        method = GaugeMetricFamily("corral_spec_method", "1 per instance that speculates, by method (ngram, draft)",
+                                   labels=[*per_instance, "method"])
         loaded = GaugeMetricFamily("corral_model_loaded", "1 when the model has a ready instance", labels=["model"])
         pauses = CounterMetricFamily("corral_preemptions", "Sequences paused for a waiting key (fair share)",
                                      labels=["model", "key"])
@@ -64,12 +66,15 @@ class _StateCollector:
                 if inst["memory"] is not None:
                     mem.add_metric(labels, inst["memory"])
                 for k, value in (inst.get("speculation") or {}).items():
-                    if value is not None:
+                    if k == "method":
+                        if value != "off":
+                            method.add_metric([*labels, value], 1.0)
+                    elif k in spec and value is not None:
                         spec[k].add_metric(labels, value)
                 for k, value in (inst.get("prompt_cache") or {}).items():
                     if k in cache:
                         cache[k].add_metric(labels, value)
-        yield from (queue, busy, total, mem, loaded, node, pauses, paused_s, *spec.values(), *cache.values())
+        yield from (queue, busy, total, mem, loaded, node, pauses, paused_s, method, *spec.values(), *cache.values())
 
 
 class Metrics:

@@ -16,12 +16,17 @@ from corral.control.prompt_cache import view as prompt_cache_view
 __all__ = ["describe", "snapshot", "speculation"]
 
 
-def speculation(stats: Any) -> dict[str, Any] | None:
+def speculation(stats: Any, method: str | None = None, info: wire.ModelInfo | None = None) -> dict[str, Any] | None:
     """An instance's speculative decoding counters (``wire.Stats``): draft tokens verified
-    and accepted, their ratio, and tokens emitted per slot-step; None before a report."""
+    and accepted, their ratio, and tokens emitted per slot-step; with ``method`` the model's
+    ``speculative`` ("ngram", "draft", "off") and, for "draft", the draft model's path
+    (``info.draft``); None before a report."""
     if not isinstance(stats, wire.Stats):
         return None
-    return {"draft_tokens": stats.spec_drafted, "accepted_tokens": stats.spec_accepted,
+    out: dict[str, Any] = {} if method is None else {"method": method}
+    if info is not None and info.draft is not None:
+        out["draft_model"] = info.draft.path
+    return {**out, "draft_tokens": stats.spec_drafted, "accepted_tokens": stats.spec_accepted,
             "acceptance_rate": stats.spec_accepted / stats.spec_drafted if stats.spec_drafted else None,
             "tokens_per_step": stats.tokens_generated / stats.gen_steps if stats.gen_steps else None}
 
@@ -38,7 +43,8 @@ def snapshot(pools: Iterable[ModelPool]) -> list[dict[str, Any]]:
             "instances": [{"index": i.index, "state": i.state.value, "busy": pool.busy(i),
                            "total": i.slots_total, "memory": i.memory_bytes,
                            "node": i.placement.node_id or "local",
-                           "node_address": i.placement.node_address or "", "speculation": speculation(i.stats),
+                           "node_address": i.placement.node_address or "",
+                           "speculation": speculation(i.stats, pool.spec.speculative),
                            "prompt_cache": prompt_cache_view(i.stats)}
                           for i in pool.instances],
         })
@@ -58,13 +64,14 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "node": (None if i.placement.node_id is None else
                      {"id": i.placement.node_id, "address": i.placement.node_address}),
             "slots": {"busy": pool.busy(i), "total": i.slots_total},
-            "memory": {"model_bytes": rep.model_bytes if rep else None,
+            "memory": {"model_bytes": rep.model_bytes if rep else None,  # a draft model's included
                        "kv_bytes": rep.kv_bytes if rep else None,
                        "mmproj_bytes": i.info.mmproj_bytes if i.info else None,  # the vision projector
+                       "draft": msgspec.to_builtins(i.info.draft) if i.info and i.info.draft else None,
                        "rss_bytes": i.rss_bytes},
             "last_used": pool.last_used_of(i) or None,
             "threads": i.threads,
-            "speculation": speculation(i.stats),
+            "speculation": speculation(i.stats, spec.speculative, i.info),
             "prompt_cache": prompt_cache_view(i.stats),  # hits, misses, bytes in RAM and on disk, time saved
             "restarts": i.restarts,
             "failures": i.failures,

@@ -28,7 +28,7 @@ from typing import Union
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import requests, sample_pool, sampling, speculate
+from corral.worker import draft, requests, sample_pool, sampling
 from corral.worker.embed import Embedder
 from corral.worker.failures import RequestRejected
 from corral.worker.infill import slot_output
@@ -55,9 +55,11 @@ Outgoing = Union[wire.Delta, wire.Finished, wire.RequestFailed, wire.Embeddings,
 class Engine:
     def __init__(self, settings: wire.WorkerSettings) -> None:
         self.settings = settings
-        self.m: LoadedModel = load_model(settings)
+        self.m: LoadedModel = load_model(draft.main_settings(settings))  # room for a draft model's
         self.vision = VisionSteps.load(settings, self.m)  # the projector, images in the step (vision_prefill.py)
-        self.info = self.m.info = self.vision.model_info(self.m.info)
+        self.m.info = self.vision.model_info(self.m.info)
+        self.spec = draft.speculator(settings, self.m)  # n-gram or draft-model drafts (speculate.py, draft.py)
+        self.info = self.m.info
         self.tok = Tokenizer(self.m)
         self.template: ChatTemplate | None = None
         self._template_error: str | None = None
@@ -85,7 +87,6 @@ class Engine:
         self.tokens_generated = 0
         self.tokens_prompt = 0
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
-        self.spec = speculate.Speculator(settings, self.m.n_slots, ll.llama_n_ubatch(self.m.ctx), self.info.gpu_layers)
         self.prompt_cache = PromptCache(self.m, settings)  # RAM and disk (prompt_cache.py); .store: the KV store
         self.preempt = Preemption(self, self.prompt_cache.store)  # paused requests, pinned in that store (preempt.py)
 
@@ -156,6 +157,7 @@ class Engine:
         self.vision.close()
         self.pool.close()
         self.preempt.close()
+        self.spec.close()
         free_samplers(self.slots, self.waiting)
         self.m.free()
 

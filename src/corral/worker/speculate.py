@@ -134,13 +134,11 @@ class Speculator:
         """Write every generating slot's pending token, and its draft, at the batch's start;
         the batch size so far and (slot, batch index of its pending token)."""
         gen = [s for s in slots if s.job is not None and s.pending >= 0]
-        room = min(b.cap, self.room) - len(gen)
         n = 0
         outputs: list[tuple[Slot, int]] = []
-        for slot in gen:
+        for slot, draft in zip(gen, self._drafts(gen, min(b.cap, self.room) - len(gen), m)):
             st = self.states[slot.index]
-            st.draft = self._draft(slot, st, room, m, len(gen))
-            room -= len(st.draft)
+            st.draft = draft
             st.base = len(slot.cached)
             for k, tok in enumerate([slot.pending, *st.draft]):
                 b.token[n + k] = tok
@@ -154,22 +152,34 @@ class Speculator:
             n += 1 + len(st.draft)
         return n, outputs
 
-    def _draft(self, slot: Slot, st: SlotSpec, room: int, m: LoadedModel, n_gen: int) -> list[int]:
+    def _drafts(self, gen: list[Slot], room: int, m: LoadedModel) -> list[list[int]]:
+        """Each generating slot's draft, ``room`` tokens in all at most: n-gram lookups
+        (a draft model's in worker/draft.py)."""
+        out: list[list[int]] = []
+        for slot in gen:
+            length = self._length(slot, self.states[slot.index], room, m, len(gen))
+            hist = np.fromiter(slot.cached, dtype=np.int32, count=len(slot.cached)) if length else None
+            draft = [] if hist is None else find_draft(np.append(hist, np.int32(slot.pending)), length)
+            out.append(draft if len(draft) >= self.draft_min else [])
+            room -= len(out[-1])
+        return out
+
+    def _length(self, slot: Slot, st: SlotSpec, room: int, m: LoadedModel, n_gen: int) -> int:
+        """How long a draft the slot may send this step (0: none)."""
         if not st.on:
-            return []
+            return 0
         if st.pause > 0:
             st.pause -= 1
-            return []
+            return 0
         pays = worth(st.hits / st.tries, n_gen, self.token_cost)
         if pays < self.draft_min:  # a probe now, then a pause (doubling while probes fail)
             pays = self.draft_min
             st.pause, st.pause_len = st.pause_len, min(MAX_PAUSE, st.pause_len * 2)
         length = min(st.cap, pays, room, slot.max_tokens - slot.n_gen - 1, m.n_ctx_slot - len(slot.cached) - 1)
-        if length < self.draft_min:
-            return []
-        hist = np.fromiter(slot.cached, dtype=np.int32, count=len(slot.cached))
-        draft = find_draft(np.append(hist, np.int32(slot.pending)), length)
-        return draft if len(draft) >= self.draft_min else []
+        return length if length >= self.draft_min else 0
+
+    def close(self) -> None:
+        """Free what drafting holds (a draft model: worker/draft.py)."""
 
     def draws(self, slot: Slot, first: int, draw: Callable[[int], Drawn], ends_on_eog: bool,
               is_eog: Callable[[int], bool]) -> list[Drawn]:
