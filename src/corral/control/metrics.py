@@ -53,9 +53,10 @@ class _StateCollector:
         paused_s = CounterMetricFamily("corral_preempted_seconds", "Seconds paused sequences waited (ended pauses)",
                                        labels=["model", "key"])
         for m in self._snapshot():
-            for key, n in m["preemption"].pauses.items():
-                pauses.add_metric([m["id"], key], n)
-                paused_s.add_metric([m["id"], key], m["preemption"].paused_s.get(key, 0.0))
+            if (pre := m.get("preemption")) is not None:  # fair-share pauses per key (control/preempt.py)
+                for key, n in pre.pauses.items():
+                    pauses.add_metric([m["id"], key], n)
+                    paused_s.add_metric([m["id"], key], pre.paused_s.get(key, 0.0))
             queue.add_metric([m["id"]], m["queued"])
             loaded.add_metric([m["id"]], 1.0 if m["status"] == "loaded" else 0.0)
             for inst in m["instances"]:
