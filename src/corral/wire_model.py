@@ -8,6 +8,7 @@ import msgspec
 
 from corral.wire_editors import TokenizerInfo
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, FitPlan
+from corral.wire_lora import LoraAdapterInfo
 
 __all__ = ["ModelInfo"]
 
@@ -37,3 +38,4 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     pooling: str = ""  # the embedding context's pooling (none|mean|cls|last|rank); "" without one
     fim: bool = False  # the vocabulary has prefix, suffix and middle FIM tokens (infill works)
     vision: bool = False  # a projector is loaded: messages and prompts may carry images
+    lora: list[LoraAdapterInfo] = []  # the LoRA adapters loaded (their bytes are in model_bytes)

@@ -29,6 +29,7 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker import requests, sample_pool, sampling, speculate
+from corral.worker.lora import LoraAdapters
 from corral.worker.embed import Embedder
 from corral.worker.failures import RequestRejected
 from corral.worker.infill import slot_output
@@ -38,7 +39,7 @@ from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.reasoning_step import EngineReasoning
 from corral.worker.slot_output import SlotOutput
 from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, begin, check_params, finished_message,
-                                 free_samplers, pick_slot, release, slot_states)
+                                 free_samplers, release, slot_states)
 from corral.worker.templates import ChatTemplate, TemplateError, choose_template
 from corral.worker.tokens import Tokenizer
 
@@ -53,7 +54,8 @@ class Engine:
     def __init__(self, settings: wire.WorkerSettings) -> None:
         self.settings = settings
         self.m: LoadedModel = load_model(settings)
-        self.info = self.m.info
+        self.lora = LoraAdapters.load(self.m, settings)  # adapters and each slot's adapter set (lora.py)
+        self.info = self.m.info = self.lora.report(self.m.info)
         self.tok = Tokenizer(self.m)
         self.template: ChatTemplate | None = None
         self._template_error: str | None = None
@@ -147,6 +149,7 @@ class Engine:
     def close(self) -> None:
         self.pool.close()
         free_samplers(self.slots, self.waiting)
+        self.lora.close()
         self.m.free()
 
     def fail_all(self, message: str) -> list[Outgoing]:
@@ -176,6 +179,7 @@ class Engine:
         tokens, plan = self.reasoning.prepare(req, self.prompts)
         check_params(req.params)
         requests.check_generation_fields(req, self.m.n_vocab)
+        self.lora.key_of(req)  # an unknown adapter is a 400
         return PreparedRequest(req, tokens, requests.grammar_text(req), plan)
 
     # ------------------------------------------------------------------ scheduling
@@ -186,7 +190,7 @@ class Engine:
         free = [s for s in self.slots if not s.busy]
         while self.waiting and free:
             job = self.waiting.popleft()
-            best, best_n = pick_slot(free, job.tokens, self.m)
+            best, best_n = self.lora.pick_slot(free, job, self.m)  # a prefix of the job's adapter set
             free.remove(best)
             try:
                 self._start(best, job, best_n)
@@ -241,9 +245,10 @@ class Engine:
             self._run_embeddings()
         self._admit()
         b = self._batch
-        n, outputs = self.spec.fill(b, self.slots, self.m)  # pending tokens and drafts (speculate.py)
+        turn = self.lora.turn(self.slots)  # the slots of one adapter set, in turn (lora.py)
+        n, outputs = self.spec.fill(b, turn, self.m)  # pending tokens and drafts (speculate.py)
         echo_chunks: list[EchoChunk] = []
-        n = fill_prompt_chunks(b, self.slots, n, outputs, echo_chunks)  # prefill.py
+        n = fill_prompt_chunks(b, turn, n, outputs, echo_chunks)  # prefill.py
         if n == 0:
             return self.take_output()
         b.batch.n_tokens = n
