@@ -55,6 +55,8 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/usage"): "key",
     ("GET", "/props"): "key",  # one model's settings (visibility applies), as /api/show
     ("GET", "/slots"): "key",  # slot counts and states, never prompts
+    ("GET", "/lora-adapters"): "key",  # a model's adapters and their default scales, as /props
+    ("POST", "/lora-adapters"): "manage",  # sets the default scales of every request to the model
     ("GET", "/stats"): "manage",
     ("GET", "/metrics"): "manage",
     ("GET", "/models/events"): "manage",

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from typing import Any
 
 import llama_cpp as ll
 
@@ -48,7 +49,7 @@ class LoraAdapters:
     """A worker's adapters, the set its context has now, and the set of each slot's KV."""
 
     def __init__(self, model: LoadedModel, specs: list[wire.LoraAdapterInfo],
-                 handles: list[ll.llama_adapter_lora_p]) -> None:
+                 handles: list[Any]) -> None:
         self.m = model
         self.specs = specs
         self.handles = handles
@@ -66,7 +67,7 @@ class LoraAdapters:
     def load(cls, m: LoadedModel, settings: wire.WorkerSettings) -> "LoraAdapters":
         """Load every configured adapter on ``m``; ``ModelLoadError`` (after freeing what was
         loaded, and the model) if one cannot be."""
-        handles: list[ll.llama_adapter_lora_p] = []
+        handles: list[Any] = []  # llama_adapter_lora pointers
         specs: list[wire.LoraAdapterInfo] = []
         try:
             for i, a in enumerate(settings.lora):
