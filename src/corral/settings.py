@@ -50,7 +50,8 @@ class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     once per worker (worker/lora.py). ``id`` names it in requests (as does its position, which
     is llama-server's integer id); ``scale`` is its default; ``model``: an extra model id that
     is this model with only this adapter at ``scale`` (Ollama's ``ADAPTER``), served by the
-    same workers (docs/internals/lora.md)."""
+    same workers; such an adapter is then off by default for the model's own requests
+    (docs/internals/lora.md)."""
 
     id: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
     path: Annotated[str, Meta(min_length=1)]

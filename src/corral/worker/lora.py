@@ -7,7 +7,8 @@ model (``llama_adapter_lora_init``) when the engine starts, and a file llama.cpp
 
 A request's adapter set (``key_of``) is the tuple of ``(adapter index, scale)`` with a
 non-zero scale, from its ``lora`` (llama-server's rule: the listed adapters at their scales,
-every other one at 0) or, without one, the model's default scales. ``()`` is the base model.
+every other one at 0) or, without one, the model's default scales (each adapter's ``scale``,
+but 0 for one that has a ``model`` id of its own). ``()`` is the base model.
 
 llama.cpp applies adapters to a whole context (``llama_set_adapters_lora``), not per
 sequence, so a step decodes the slots of ONE adapter set (``turn``): with several sets
@@ -49,12 +50,12 @@ class LoraAdapters:
     """A worker's adapters, the set its context has now, and the set of each slot's KV."""
 
     def __init__(self, model: LoadedModel, specs: list[wire.LoraAdapterInfo],
-                 handles: list[Any]) -> None:
+                 handles: list[Any], default: LoraKey = BASE) -> None:
         self.m = model
         self.specs = specs
         self.handles = handles
         self.names = {s.name: s.id for s in specs}
-        self.default: LoraKey = tuple((s.id, s.scale) for s in specs if s.scale != 0.0)
+        self.default = default
         self.slot_key: list[LoraKey] = [BASE] * model.n_slots
         self.applied: LoraKey = BASE
         self.last_turn: LoraKey | None = None
@@ -80,7 +81,9 @@ class LoraAdapters:
                 handles.append(h)
                 specs.append(wire.LoraAdapterInfo(id=i, name=a.id, path=a.path, scale=a.scale,
                                                   bytes=os.path.getsize(a.path)))
-            return cls(m, specs, handles)
+            # an adapter with its own model id is not applied to the base model's requests
+            default = tuple((i, a.scale) for i, a in enumerate(settings.lora) if a.scale != 0.0 and a.model is None)
+            return cls(m, specs, handles, default)
         except BaseException:
             for h in handles:
                 ll.llama_adapter_lora_free(h)

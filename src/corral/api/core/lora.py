@@ -11,7 +11,7 @@ control plane:
   configured ones (the worker's default).
 - a model id that an adapter of another model declares (``lora = [{id, path, scale, model =
   "base-ft"}]``): the base model's workers run it with only that adapter, at its scale (the base
-  is loaded once for both ids).
+  is loaded once for both ids); the base's own requests do not get that adapter by default.
 
 See docs/internals/lora.md.
 """
@@ -118,6 +118,6 @@ def set_defaults(plane: ControlPlane, pool: ModelPool, scales: list[wire.LoraSca
 def current_scales(plane: ControlPlane, pool: ModelPool) -> list[float]:
     """Each adapter's scale for a request that names none."""
     set_ = _defaults.get(plane, {}).get(pool.spec.id)
-    if set_ is None:
-        return [a.scale for a in pool.spec.lora]
+    if set_ is None:  # an adapter with a model id of its own is off for the base's requests
+        return [a.scale if a.model is None else 0.0 for a in pool.spec.lora]
     return [s.scale for s in set_]
