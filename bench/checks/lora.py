@@ -9,7 +9,11 @@ batch and threads, one after the other, and measures:
 
 - greedy tokens: the same prompts with no adapter, with a at scale 1 and with b at scale 1
   (llama-server's per-request ``lora`` field on /completion, corral's on /v1/completions),
-  one request at a time; a text that parts is reported with the place where it parts;
+  one request at a time; a text that parts is reported with the place where it parts.
+  llama-server runs with ``--ctx-checkpoints 0``: with checkpoints (its default for a
+  sliding-window model) it decodes a prompt's last 4 tokens in a batch of their own, whose
+  logits differ in the last digits from those of the whole prompt's batch, and greedy texts
+  part at near ties (with no adapter too);
 - throughput: ``concurrency`` clients at once (one request each, ``tokens`` tokens, ignore_eos)
   with no adapter, and with half the clients on adapter a and half on b (two adapter sets),
   on both servers: each one's tok/s and the two-sets/none ratio.
@@ -132,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     texts: dict[str, dict[str, str]] = {}
     for kind in ("llama-server", "corral"):
         if kind == "llama-server":
-            p = llama_server("llama-server", model, n_parallel=n_par, ctx=ctx, extra=["--lora", str(a), "--lora", str(b)])
+            p = llama_server("llama-server", model, n_parallel=n_par, ctx=ctx, extra=["--lora", str(a), "--lora", str(b), "--ctx-checkpoints", "0"])
         else:
             p = _corral(model, a, b, n_parallel=n_par, ctx=ctx)
         try:
