@@ -11,7 +11,6 @@ import pytest
 from corral import settings as cs
 from corral import wire
 from corral.worker.engine import Engine
-from corral.worker.lora import MAX_TURN
 from corral.worker.model import ModelLoadError
 from support.gguf_lora import write_bad_lora, write_lora
 from worker.conftest import run_engine, settings_for
@@ -101,7 +100,7 @@ def test_concurrent_adapter_sets_each_get_their_own_tokens(engine: Engine) -> No
     switches = engine.lora.switches
     texts, finals, _ = run_engine(engine, [_req("x", None), _req("y", A1), _req("z", B1), _req("w", A1, OTHER)])
     assert texts == alone
-    assert engine.lora.switches - switches >= 2  # the sets took turns
+    assert engine.lora.switches - switches > 3  # the sets took turns
 
 
 def test_no_adapter_request_beside_an_adapter_one_gets_the_base_tokens(engine: Engine, plain: Engine) -> None:
@@ -111,25 +110,18 @@ def test_no_adapter_request_beside_an_adapter_one_gets_the_base_tokens(engine: E
     assert texts["base"][:len(base)] == base
 
 
-def test_the_sets_take_turns(engine: Engine) -> None:
-    """With two sets busy, each step decodes one set, and the sets take turns of at most
-    MAX_TURN steps (a turn amortizes the graph reserve a switch costs)."""
+def test_the_sets_alternate_step_by_step(engine: Engine) -> None:
+    """With two sets busy, each step decodes one set, and they take turns."""
     _cold(engine)
-    for r in (_req("s1", None, n=40), _req("s2", A1, n=40)):
+    for r in (_req("s1", None, n=8), _req("s2", A1, n=8)):
         engine.submit(r)
     seen = []
     while engine.has_work:
         engine.step()
-        seen.append((engine.lora.last_turn, sum(1 for s in engine.slots if s.busy)))
+        seen.append(engine.lora.last_turn)
     engine.take_output()
-    both = [key for key, busy in seen if busy == 2]
-    runs = [1]
-    for i in range(1, len(both)):
-        if both[i] == both[i - 1]:
-            runs[-1] += 1
-        else:
-            runs.append(1)
-    assert max(runs) <= MAX_TURN and len(runs) >= 3, (runs, engine.lora.quantum())
+    busy_both = seen[:14]
+    assert all(busy_both[i] != busy_both[i + 1] for i in range(len(busy_both) - 1)), seen
 
 
 def test_a_prefix_of_one_adapter_set_is_not_reused_by_another(engine: Engine) -> None:

@@ -12,13 +12,11 @@ but 0 for one that has a ``model`` id of its own). ``()`` is the base model.
 
 llama.cpp applies adapters to a whole context (``llama_set_adapters_lora``), not per
 sequence, so a step decodes the slots of ONE adapter set (``turn``): with several sets
-busy, the sets take turns (round robin over the sets, in their sorted order), and with one
-set busy (the usual case) every slot runs every step, as without adapters. Changing the
-context's adapters makes llama.cpp re-reserve its compute graph on the next decode, which
-costs more than a step on a CPU (docs/benchmarks.md), so a turn lasts ``quantum()`` steps:
-enough that switches take at most about a quarter of the time (from the measured step and
-switch times), at most ``MAX_TURN``. A request with no adapter thus waits at most one turn per
-other busy set, and nothing else.
+busy, the sets take steps in turn (round robin over the sets, in their sorted order), so a
+request with no adapter waits at most one step per other busy set, and with one set busy
+(the usual case) every slot runs every step, as without adapters. Changing the context's
+adapters makes llama.cpp re-reserve its compute graph on the next decode (measured in
+docs/benchmarks.md).
 
 A slot's KV is valid only for the adapter set it was computed under: ``slot_key[i]`` is the
 set of slot ``i``'s cache, and ``pick_slot`` reuses a cached prefix only from a slot of the
@@ -30,9 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import os
-import time
 from typing import Any
 
 import llama_cpp as ll
@@ -48,7 +44,6 @@ log = logging.getLogger("corral.worker.lora")
 
 LoraKey = tuple[tuple[int, float], ...]  # (adapter index, scale) with scale != 0, by index
 BASE: LoraKey = ()
-MAX_TURN = 16  # steps of one adapter set's turn at most while others wait
 
 
 class LoraAdapters:
@@ -65,11 +60,6 @@ class LoraAdapters:
         self.applied: LoraKey = BASE
         self.last_turn: LoraKey | None = None
         self.switches = 0  # times the context's adapters changed
-        self.turn_steps = 0  # steps of the current turn
-        self.step_s = 0.0  # a step's time (decayed mean, steps without a switch)
-        self.switch_s = 0.0  # what a switch adds to a step (decayed mean)
-        self._t_last: float | None = None
-        self._switched = False
         self._arrays = (ll.llama_adapter_lora_p_ctypes * max(1, len(handles)))(*handles)
         if self.default:
             self._apply(self.default)  # embeddings and anything outside turn() see the defaults
@@ -159,39 +149,15 @@ class LoraAdapters:
                 groups.setdefault(self.slot_key[s.index], []).append(s)
         if not groups:
             return slots
-        self._clock(bool(groups))
-        last = self.last_turn
         if len(groups) == 1:
             key = next(iter(groups))
-        elif last in groups and self.turn_steps < self.quantum():
-            key = last  # the turn goes on: a switch costs a graph reserve
         else:
             order = sorted(groups)
+            last = self.last_turn
             key = next((k for k in order if last is not None and k > last), order[0])
-        self.turn_steps = self.turn_steps + 1 if key == last else 1
         self.last_turn = key
-        self._switched = key != self.applied
         self._apply(key)
         return groups[key]
-
-    def quantum(self) -> int:
-        """Steps per turn while sets alternate: enough that the switches (a graph reserve each,
-        measured) take at most about a quarter of the time, at most MAX_TURN steps."""
-        if self.step_s <= 0.0:
-            return 1
-        return max(1, min(MAX_TURN, math.ceil(3.0 * self.switch_s / self.step_s)))
-
-    def _clock(self, busy: bool) -> None:
-        """Decayed means of a step's time and of what a switch adds, from the time between turns."""
-        now = time.perf_counter()
-        if self._t_last is not None and busy:
-            dt = now - self._t_last
-            if self._switched:
-                extra = max(0.0, dt - self.step_s) if self.step_s > 0 else 0.0
-                self.switch_s = extra if self.switch_s == 0.0 else 0.7 * self.switch_s + 0.3 * extra
-            else:
-                self.step_s = dt if self.step_s == 0.0 else 0.9 * self.step_s + 0.1 * dt
-        self._t_last = now if busy else None
 
     def _apply(self, key: LoraKey) -> None:
         if key == self.applied:
