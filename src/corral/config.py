@@ -17,6 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
+import msgspec
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, IPvAnyNetwork, PrivateAttr,
                       ValidationError, ValidationInfo, field_validator)
 
@@ -287,6 +288,10 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
         if m.settings.get("mmproj"):  # the projector file resolves like the model's ("": none)
             q = Path(m.settings["mmproj"]).expanduser()
             m.settings["mmproj"] = str(q if q.is_absolute() else base / q)
+    for table in (cfg.defaults, *(m.settings for m in cfg.models.values())):
+        if table.get("lora"):  # adapter files resolve like the model's path
+            table["lora"] = [msgspec.structs.replace(a, path=str(_resolve(Path(a.path), base)))
+                             for a in table["lora"]]
     for attr in ("models_dir", "log_dir", "keys_file", "state_dir"):
         p = getattr(cfg.server, attr)
         if p is not None:
@@ -297,6 +302,11 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
                                      for d in cfg.server.allowed_model_dirs]
     _check_model_files(cfg, name)
     return cfg
+
+
+def _resolve(p: Path, base: Path) -> Path:
+    p = p.expanduser()
+    return p if p.is_absolute() else base / p
 
 
 def _check_across(cfg: CorralConfig, name: str, *, options: bool = False) -> None:

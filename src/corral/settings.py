@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 import msgspec
 from msgspec import Meta
 
-__all__ = ["ModelSettings", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX",
+__all__ = ["ModelSettings", "LoraAdapter", "MAX_LORA", "LORA_SCALE_MAX", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX",
            "BYTE_FIELDS", "parse_size",
            "setting_names"]
 
@@ -41,6 +41,24 @@ KV_CACHE_TYPES: dict[str, tuple[int, int]] = {
     "f16": (2, 1), "f32": (4, 1), "bf16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32), "q4_1": (20, 32),
     "iq4_nl": (18, 32), "q5_0": (22, 32), "q5_1": (24, 32)}
 CacheType = Literal["f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+
+
+MAX_LORA = 32  # adapters per model
+LORA_SCALE_MAX = 100.0  # |scale| of an adapter, in the config and in a request
+
+
+class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A LoRA adapter GGUF of a model (llama-server's ``--lora-scaled FILE SCALE``), loaded
+    once per worker (worker/lora.py). ``id`` names it in requests (as does its position, which
+    is llama-server's integer id); ``scale`` is its default; ``model``: an extra model id that
+    is this model with only this adapter at ``scale`` (Ollama's ``ADAPTER``), served by the
+    same workers; such an adapter is then off by default for the model's own requests
+    (docs/internals/lora.md)."""
+
+    id: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    path: Annotated[str, Meta(min_length=1)]
+    scale: Annotated[float, Meta(ge=-LORA_SCALE_MAX, le=LORA_SCALE_MAX)] = 1.0
+    model: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
 
 
 class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -98,6 +116,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # vision: the multimodal projector GGUF (llama-server's --mmproj); None: one found next to
     # the model file by its name (``mmproj-*.gguf``), else none
     mmproj: str | None = None
+    # LoRA adapters (llama-server's --lora), each loaded once per worker; a request picks
+    # scales with "lora": [{id, scale}] (docs/internals/lora.md). Relative paths: as ``path``
+    lora: Annotated[list[LoraAdapter], Meta(max_length=MAX_LORA)] = []
     # speculative decoding (worker/speculate.py): "ngram" drafts from the slot's own prompt
     # and output, "draft" with a smaller model of the same vocabulary (worker/draft.py), both
     # verified in the step's one decode; "off": one token per slot and step.
@@ -172,6 +193,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                                            "leave flash_attn unset or set it to true"))
         if self.speculative == "draft" and not self.draft_model:
             errors.append(("draft_model", 'speculative = "draft" needs draft_model (the draft GGUF\'s path)'))
+        ids = [a.id for a in self.lora]
+        if len(set(ids)) != len(ids):
+            errors.append(("lora", f"adapter ids must be unique, got {ids}"))
         if errors:
             raise SettingsError(errors)
 

@@ -48,6 +48,7 @@ from corral.settings import INT32_MAX, ModelSettings
 from corral.wire_cache import PersistCache, PromptCacheDisk, PromptCacheStats
 from corral.wire_editors import Infill, InfillChunk, SlotState, TokenizerInfo
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
+from corral.wire_lora import LoraAdapterInfo, LoraScale
 from corral.wire_model import DraftInfo, ModelInfo
 from corral.wire_preempt import Paused, Preempt, Resume
 from corral.wire_slots import SlotFileAction, SlotFileDone, SlotFileError, SlotFileVerb, filename_problem
@@ -59,7 +60,7 @@ __all__ = [
     "TokenLogprob", "TopLogprob", "Usage", "Timings", "Finished", "RequestFailed", "Embeddings",
     "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",
     "FailureCode", "encode", "decode_to_worker", "decode_from_worker", "FrameDecoder",
-    "FrameTooLarge", "HEADER", "MAX_FRAME", "Infill", "InfillChunk", "SlotState",
+    "FrameTooLarge", "HEADER", "MAX_FRAME", "Infill", "InfillChunk", "SlotState", "LoraScale", "LoraAdapterInfo",
     "SlotFileAction", "SlotFileDone", "SlotFileError", "SlotFileVerb", "filename_problem",
     "PersistCache", "PromptCacheDisk", "PromptCacheStats", "Preempt", "Resume", "Paused",
 ]
@@ -189,6 +190,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     infill: Infill | None = None  # fill-in-the-middle: the prompt is built from the model's FIM tokens
     speculative: bool | None = None  # draft and verify (the model's ``speculative``); None: as the model says
     images: list[bytes] | None = None  # vision, with ``prompt``: the image files, in the order of its MEDIA_MARKERs
+    lora: list[LoraScale] | None = None  # adapter scales (wire_lora.py); None: the model's defaults
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):

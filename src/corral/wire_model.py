@@ -8,6 +8,7 @@ import msgspec
 
 from corral.wire_editors import TokenizerInfo
 from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, FitPlan
+from corral.wire_lora import LoraAdapterInfo
 
 __all__ = ["ModelInfo", "DraftInfo"]
 
@@ -52,3 +53,4 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     vision: bool = False  # a projector is loaded: messages and prompts may carry images
     mmproj_bytes: int = 0  # the projector file's size (held in memory beside the weights); 0 without one
     draft: DraftInfo | None = None  # speculative = "draft": the draft model (its bytes are in the two above)
+    lora: list[LoraAdapterInfo] = []  # the LoRA adapters loaded (their bytes are in model_bytes)

@@ -56,6 +56,8 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/props"): "key",  # one model's settings (visibility applies), as /api/show
     ("GET", "/slots"): "key",  # slot counts and states, never prompts
     ("POST", "/slots/{id_slot}"): "manage",  # writes/reads the server's slot files, changes a slot's cache
+    ("GET", "/lora-adapters"): "key",  # a model's adapters and their default scales, as /props
+    ("POST", "/lora-adapters"): "manage",  # sets the default scales of every request to the model
     ("GET", "/stats"): "manage",
     ("GET", "/metrics"): "manage",
     ("GET", "/models/events"): "manage",

@@ -29,6 +29,7 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker import draft, requests, sample_pool, sampling
+from corral.worker.lora import LoraAdapters
 from corral.worker.embed import Embedder
 from corral.worker.failures import RequestRejected
 from corral.worker.infill import slot_output
@@ -40,7 +41,7 @@ from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.reasoning_step import EngineReasoning
 from corral.worker.slot_output import SlotOutput
 from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, begin, check_params, finished_message,
-                                 free_samplers, pick_slot, release, slot_states)
+                                 free_samplers, release, slot_states)
 from corral.worker.templates import ChatTemplate, TemplateError, choose_template
 from corral.worker.tokens import Tokenizer
 from corral.worker.vision_prefill import VisionSteps
@@ -56,6 +57,8 @@ class Engine:
     def __init__(self, settings: wire.WorkerSettings) -> None:
         self.settings = settings
         self.m: LoadedModel = load_model(draft.main_settings(settings))  # room for a draft model's
+        self.lora = LoraAdapters.load(self.m, settings)  # adapters and each slot's adapter set (lora.py)
+        self.m.info = self.lora.report(self.m.info)
         self.vision = VisionSteps.load(settings, self.m)  # the projector, images in the step (vision_prefill.py)
         self.m.info = self.vision.model_info(self.m.info)
         self.spec = draft.speculator(settings, self.m)  # n-gram or draft-model drafts (speculate.py, draft.py)
@@ -159,6 +162,7 @@ class Engine:
         self.preempt.close()
         self.spec.close()
         free_samplers(self.slots, self.waiting)
+        self.lora.close()
         self.m.free()
 
     def fail_all(self, message: str) -> list[Outgoing]:
@@ -189,6 +193,7 @@ class Engine:
         tokens, plan = self.reasoning.prepare(req, self.prompts)
         check_params(req.params)
         requests.check_generation_fields(req, self.m.n_vocab)
+        self.lora.check(req, bool(getattr(tokens, "images", None)))  # an unknown adapter is a 400
         return PreparedRequest(req, tokens, requests.grammar_text(req), plan)
 
     # ------------------------------------------------------------------ scheduling
@@ -199,7 +204,7 @@ class Engine:
         free = [s for s in self.slots if not s.busy]
         while self.waiting and free:
             job = self.waiting.popleft()
-            best, best_n = pick_slot(free, job.tokens, self.m)
+            best, best_n = self.lora.pick_slot(free, job, self.m)  # a prefix of the job's adapter set
             free.remove(best)
             try:
                 best_n = self.prompt_cache.admit(best, job.tokens, best_n, job.req.echo and job.req.logprobs is not None)
@@ -258,9 +263,10 @@ class Engine:
         self._admit()
         self.vision.step(self.slots, self._fail)  # image encodes and pieces (vision_prefill.py)
         b = self._batch
-        n, outputs = self.spec.fill(b, self.slots, self.m)  # pending tokens and drafts (speculate.py)
+        turn = self.lora.turn(self.slots)  # the slots of one adapter set, in turn (lora.py)
+        n, outputs = self.spec.fill(b, turn, self.m)  # pending tokens and drafts (speculate.py)
         echo_chunks: list[EchoChunk] = []
-        n = fill_prompt_chunks(b, self.slots, n, outputs, echo_chunks)  # prefill.py
+        n = fill_prompt_chunks(b, turn, n, outputs, echo_chunks)  # prefill.py
         if n == 0:
             self.vision.wait()  # an image still encoding, nothing else to decode
             return self.take_output()

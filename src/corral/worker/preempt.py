@@ -41,6 +41,7 @@ from corral import wire
 from corral.worker import sampling
 from corral.worker.kv_store import HostKVStore, restore_seq, save_seq
 from corral.worker.model import LoadedModel
+from corral.worker.lora import BASE, LoraAdapters, LoraKey
 from corral.worker.slots import Batch, Job, Slot, aborted_in_queue, finished_message, pick_slot, release
 from corral.worker.speculate import SlotSpec, Speculator
 
@@ -64,6 +65,7 @@ class Engine(Protocol):
     waiting: deque[Job]
     out: list[wire.Delta | wire.Finished | wire.RequestFailed | wire.Embeddings | wire.Tokenized]
     spec: Speculator
+    lora: LoraAdapters
     tokens_prompt: int
     _by_id: dict[str, Job]
     _batch: Batch
@@ -77,6 +79,7 @@ class PausedJob:
     tokens: list[int]  # the tokens whose KV it had, at positions 0..len-1
     kept_kv: bool
     since: float
+    lora_key: LoraKey = BASE  # the adapter set its KV was computed under (worker/lora.py)
 
 
 class Preemption:
@@ -118,7 +121,8 @@ class Preemption:
         spec = e.spec.states[slot.index]
         e.spec.states[slot.index] = SlotSpec()
         release(slot)  # slot.cached (and its cells) stay: reusable, or resumed in place
-        self.paused[request_id] = PausedJob(job, saved, spec, tokens, kept, time.monotonic())
+        self.paused[request_id] = PausedJob(job, saved, spec, tokens, kept, time.monotonic(),
+                                            e.lora.slot_key[slot.index])
         self.pauses += 1
         self.kept += kept
         return wire.Paused(id=request_id, paused=True, kept_kv=kept, n_tokens=len(tokens),
@@ -158,9 +162,15 @@ class Preemption:
     def _into(self, p: PausedJob, free: list[Slot]) -> None:
         e, m = self.e, self.e.m
         entry = self.store.pop(store_key(p.job.req.id))
-        slot = next((s for s in free if s.cached == p.tokens), None)
+        key = p.lora_key  # only a slot of its adapter set serves its cells (worker/lora.py)
+        same = [s for s in free if e.lora.slot_key[s.index] == key]
+        slot = next((s for s in same if s.cached == p.tokens), None)
         if slot is None:
-            slot, reuse = pick_slot(free, p.tokens + [-1], m) if p.tokens else (free[0], 0)
+            slot, reuse = pick_slot(same or free, p.tokens + [-1], m) if p.tokens else (free[0], 0)
+            if e.lora.slot_key[slot.index] != key:
+                reuse = 0
+            e.lora.slot_key[slot.index] = key
+            e.lora.use(key)
             assert p.slot is not None
             reuse = max(0, min(reuse, p.slot.n_cached))  # the prompt's rest decodes as it first did
             restored = False

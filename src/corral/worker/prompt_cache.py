@@ -49,9 +49,12 @@ class PromptCache:
     def __init__(self, m: LoadedModel, settings: wire.WorkerSettings) -> None:
         self.m = m
         self.store = HostKVStore(0 if m.embedding else settings.prompt_cache_ram)
+        # with LoRA adapters a slot's cells depend on its adapter set, which the entries do not
+        # record yet: no cache (the store still holds paused sequences: worker/preempt.py)
+        self.enabled = not m.embedding and not settings.lora
         self.disk: DiskCache | None = None
         cfg = settings.prompt_cache_disk
-        if cfg is not None and cfg.max_bytes > 0 and not m.embedding:
+        if cfg is not None and cfg.max_bytes > 0 and self.enabled:
             try:
                 self.disk = DiskCache(cfg, model_key(m, settings), settings.model_id)
             except OSError as exc:
@@ -67,6 +70,8 @@ class PromptCache:
     def admit(self, slot: Slot, tokens: Sequence[int], reuse: int, echo: bool) -> int:
         """Save what ``slot`` is about to lose, then restore a longer prefix if one is kept;
         returns the tokens the slot serves now."""
+        if not self.enabled:
+            return reuse
         keep = 0 if echo else reuse
         if self.store.capacity > 0 and len(slot.cached) - keep >= MIN_SAVE_TOKENS:
             self.save(slot, keep)

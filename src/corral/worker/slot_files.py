@@ -164,7 +164,9 @@ class SlotFiles:
             state = state[_IO_HEAD.size:]  # the file holds what llama_state_seq_save_file writes
         data = _HEAD.pack(SEQ_MAGIC, SEQ_VERSION, len(tokens)) + array.array("i", tokens).tobytes() + state
         meta = json.dumps({"format": SIDECAR_FORMAT, "identity": self.identity(), "n_tokens": len(tokens),
-                           "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}).encode()
+                           "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                           # the adapter set the cells were computed under (worker/lora.py)
+                           "lora_key": [list(x) for x in self.engine.lora.slot_key[slot.index]]}).encode()
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         tag = f".{os.getpid()}.{time.monotonic_ns()}.tmp"
         tmp_data, tmp_meta = directory / f".{filename}{tag}", directory / f".{filename}.corral{tag}"
@@ -230,4 +232,5 @@ class SlotFiles:
             raise _Refused("invalid_file", "Unable to restore slot: No available space in KV cache or "
                                            "invalid slot save file")
         slot.cached = tokens
+        self.engine.lora.slot_key[slot.index] = tuple((int(i), float(v)) for i, v in meta.get("lora_key", []))
         return n, len(data)

@@ -7,9 +7,8 @@ here; Ollama, Anthropic and Responses translate onto it).
     async for event in stream.events(): ...      # ReasoningEvent | TextEvent | ToolCallEvent | FinishEvent
 
 A spec holds one ``wire.GenerateRequest`` per choice (``n`` > 1: each choice runs in its
-own slot, seeds derived from the request's). Errors are ``CorralError`` (400 naming the
-field, 404, 503...); every API maps them to its own error shape. A client that goes
-away aborts every choice's worker request.
+own slot, seeds derived from the request's). Errors are ``CorralError`` (400 naming the field,
+404, 503...), in each API's own error shape. A client that goes away aborts every choice.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from starlette.requests import Request
 from corral import wire
 from corral.api.core.chat_request import ChatCompletionRequest
 from corral.api.core.images import ImageRef, attach_images
+from corral.api.core.lora import generate_routed
 from corral.api.core.schemas import CompletionRequest
 from corral.api.http import app_part, plane_of
 from corral.control.plane import ControlPlane
@@ -128,7 +128,7 @@ def chat_spec(body: ChatCompletionRequest, endpoint: str = "chat") -> Generation
             id=rid if body.n == 1 else f"{rid}-{i}", messages=messages, params=p, grammar=grammar,
             json_schema=schema, tools=tools, parse_tool_calls=body.parses_tool_calls(),
             parallel_tool_calls=body.parallel_tool_calls is not False, logprobs=body.wire_logprobs(),
-            speculative=body.speculative, **body.wire_reasoning()))
+            speculative=body.speculative, lora=body.wire_lora(), **body.wire_reasoning()))
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix, body.image_refs())
 
@@ -154,7 +154,7 @@ def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> G
             reqs.append(wire.GenerateRequest(
                 id=rid if len(prompts) * body.n == 1 else f"{rid}-{i}", prompt=None if infill else text,
                 prompt_tokens=toks, params=p, grammar=grammar, json_schema=schema, logprobs=body.logprobs,
-                echo=body.echo, infill=infill, speculative=body.speculative))
+                echo=body.echo, infill=infill, speculative=body.speculative, lora=body.wire_lora()))
     first = prompts[0]
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, first if isinstance(first, str) else None)
 
@@ -285,7 +285,7 @@ async def submit(request: Request, name: str, endpoint: str, coros: list[Awaitab
 
 def _coros(request: Request, spec: GenerationSpec) -> list[Awaitable[RequestStream]]:
     plane = plane_of(request)
-    return [plane.generate(spec.model, r, spec.prefix) for r in spec.requests]
+    return [generate_routed(plane, spec.model, r, spec.prefix) for r in spec.requests]  # api/core/lora.py
 
 
 def _sum_usage(items: list[wire.Usage | None]) -> wire.Usage:

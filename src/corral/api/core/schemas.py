@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 
 from corral import wire
+from corral.api.core.lora import LoraList
 from corral.api.http import invalid_request
 from corral.errors import InvalidRequest, UnsupportedOption
 from corral.settings import ModelSettings, SettingsError
@@ -76,8 +77,13 @@ class SamplingFields(BaseModel):
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     ignore_eos: bool = False
     speculative: bool | None = None  # corral: draft and verify (the model's speculative setting)
+    lora: LoraList | None = None  # llama-server's [{id, scale}] (api/core/lora.py)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+
+    def wire_lora(self) -> list[wire.LoraScale] | None:
+        """The adapter scales as given (ids checked against the model in lora.route)."""
+        return None if self.lora is None else [wire.LoraScale(e.id, e.scale) for e in self.lora]
 
     def model_name(self) -> str:
         name = self.model or self.model_id

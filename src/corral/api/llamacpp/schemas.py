@@ -1,7 +1,7 @@
 """Bodies of llama-server's routes (/infill, /rerank, /apply-template) and the model they name.
 
 Unknown fields are ignored (editors send llama-server options corral has no use for:
-``samplers``, ``cache_prompt``, ``t_max_prompt_ms``, ``lora``...). Sampling fields have
+``samplers``, ``cache_prompt``, ``t_max_prompt_ms``...; ``lora`` is used). Sampling fields have
 llama-server's names (``n_predict``, ``top_k``...) and wire.SamplingParams's bounds.
 """
 
@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
+from corral.api.core.lora import LoraList
 from corral.api.http import model_or_only
 from corral.control.capabilities import can
 from corral.control.plane import ControlPlane
@@ -72,6 +73,7 @@ class InfillBody(BaseModel):
     seed: int | None = None
     stop: list[str] = []
     ignore_eos: bool = False
+    lora: LoraList | None = None  # [{id, scale}] (api/core/lora.py)
 
     def check(self) -> None:
         if self.input_prefix is None and self.input_suffix is None:
