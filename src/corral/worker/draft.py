@@ -39,7 +39,8 @@ import numpy as np
 from corral import wire
 from corral.draft_fit import draft_needs, draft_path
 from corral.gpu_fit import DEFAULT_MARGIN_BYTES, GGUFError, read_layout
-from corral.worker.model import _GGML_TYPES, LoadedModel, ModelLoadError, check_gguf_file, model_meta
+from corral.worker.model import (_GGML_TYPES, LoadedModel, ModelLoadError, check_gguf_file, free_context_and_model,
+                                 model_meta)
 from corral.worker.sampling import logits_at
 from corral.worker.slots import Batch, Slot
 from corral.worker.speculate import FAILS_BEFORE_PAUSE, MAX_PAUSE, Speculator
@@ -121,12 +122,7 @@ class DraftModel:
         self.positions = 0  # ... and the slot-positions they drafted (batched: more than decodes)
 
     def free(self) -> None:
-        if self.ctx:
-            ll.llama_free(self.ctx)
-            self.ctx = None  # type: ignore[assignment]
-        if self.model:
-            ll.llama_model_free(self.model)
-            self.model = None  # type: ignore[assignment]
+        free_context_and_model(self)
 
     def clear(self, seq: int) -> None:
         ll.llama_memory_seq_rm(self.memory, seq, -1, -1)

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import llama_cpp as ll
 import msgspec
@@ -125,12 +126,22 @@ class LoadedModel:
     def free(self) -> None:
         while self.extra_contexts:
             ll.llama_free(self.extra_contexts.pop())
-        if self.ctx:
-            ll.llama_free(self.ctx)
-            self.ctx = None  # type: ignore[assignment]
-        if self.model:
-            ll.llama_model_free(self.model)
-            self.model = None  # type: ignore[assignment]
+        free_context_and_model(self)
+
+
+class _ContextAndModel(Protocol):
+    ctx: ll.llama_context_p
+    model: ll.llama_model_p
+
+
+def free_context_and_model(holder: _ContextAndModel) -> None:
+    """Free ``holder``'s context, then its model (each once: set to None after)."""
+    if holder.ctx:
+        ll.llama_free(holder.ctx)
+        holder.ctx = None  # type: ignore[assignment]
+    if holder.model:
+        ll.llama_model_free(holder.model)
+        holder.model = None  # type: ignore[assignment]
 
 
 def model_meta(model: ll.llama_model_p, key: str) -> str | None:

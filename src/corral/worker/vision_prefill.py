@@ -25,7 +25,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ctypes
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import llama_cpp as ll
 import msgspec
@@ -125,23 +125,13 @@ class VisionSteps:
         self._collect(slots, fail, others)
         if self._debt > 0:
             return  # the other streams' turn
-        for slot in slots:
-            job = _vision_job(slot)
-            if job is None:
-                continue
-            toks = job.tokens
-            assert isinstance(toks, VisionTokens)
+        for slot, job, toks in _vision_slots(slots):
             for span in toks.images:
                 if span.end > slot.prompt_pos and span.embd is None and span not in self._pending:
                     self._encode_later(span, job)
                     if others:
                         break  # one at a time while others stream (each encode is owed for)
-        for slot in slots:
-            job = _vision_job(slot)
-            if job is None:
-                continue
-            toks = job.tokens
-            assert isinstance(toks, VisionTokens)
+        for slot, job, toks in _vision_slots(slots):
             at = toks.span_at(slot.prompt_pos)
             if at is not None and at.embd is not None:
                 t0 = time.perf_counter()
@@ -227,6 +217,15 @@ class VisionSteps:
 def _timed(encode: Callable[[ImageSpan], np.ndarray], span: ImageSpan) -> tuple[np.ndarray, float]:
     t0 = time.perf_counter()
     return encode(span), time.perf_counter() - t0
+
+
+def _vision_slots(slots: list[Slot]) -> Iterator[tuple[Slot, Job, VisionTokens]]:
+    """The slots whose prompt with images is still being prefilled, with the job and its tokens."""
+    for slot in slots:
+        job = _vision_job(slot)
+        if job is not None:
+            assert isinstance(job.tokens, VisionTokens)
+            yield slot, job, job.tokens
 
 
 def _vision_job(slot: Slot) -> Job | None:
