@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from corral.gguf_header import read_header
+
 __all__ = ["LORA_RANK", "write_lora", "write_bad_lora", "lora_targets"]
 
 LORA_RANK = 4
@@ -23,11 +25,8 @@ _TARGETS = ("attn_q", "attn_v")
 
 def lora_targets(base: Path) -> list[tuple[str, int, int]]:
     """``(tensor name, n_in, n_out)`` of every attn_q/attn_v weight of ``base``."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(base), "r")
     out = []
-    for t in reader.tensors:
+    for t in read_header(base).tensors:  # corral's header reader: skips the vocabulary (gguf's reads it all)
         parts = t.name.split(".")
         if len(parts) == 4 and parts[0] == "blk" and parts[2] in _TARGETS and parts[3] == "weight":
             n_in, n_out = (int(x) for x in t.shape[:2])  # ggml order: ne0 = inputs, ne1 = outputs
@@ -36,11 +35,7 @@ def lora_targets(base: Path) -> list[tuple[str, int, int]]:
 
 
 def _arch(base: Path) -> str:
-    import gguf
-
-    reader = gguf.GGUFReader(str(base), "r")
-    field = reader.fields[gguf.Keys.General.ARCHITECTURE]
-    return bytes(field.parts[field.data[0]]).decode()
+    return str(read_header(base, tensors=False).values["general.architecture"])
 
 
 def write_lora(base: Path, dst: Path, *, seed: int = 7, std_a: float = 0.08, std_b: float = 0.08,
