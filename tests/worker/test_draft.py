@@ -11,7 +11,6 @@ still the model's own. A draft with another vocabulary is refused at load.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +25,8 @@ from corral.worker.slots import Slot
 from support.draft_models import write_tiny_draft
 from support.gguf_models import write_reranker
 from worker.conftest import run_engine, settings_for
-from worker.test_speculation import PROMPTS, STORY, _batch_noise, _chi2_two_samples, _greedy_requests, _margin, _tokens
+from worker.test_speculation import (PROMPTS, _batch_noise, _greedy_requests, _margin, _tokens,
+                                     check_sampled_follows_target)
 
 
 @pytest.fixture(scope="module")
@@ -206,24 +206,4 @@ def test_a_request_can_turn_the_draft_off(selfdraft: Engine) -> None:
 
 
 def test_sampled_tokens_follow_the_target_distribution(plain: Engine, selfdraft: Engine) -> None:
-    params = dict(temperature=1.0, top_k=4, top_p=1.0, min_p=0.0, max_tokens=6)
-    prompt = "Copy: " + STORY + "\nCopy: " + STORY[:40]
-    n = 160
-
-    def run(engine: Engine, seed0: int) -> dict[str, list[int]]:
-        reqs = [wire.GenerateRequest(id=f"s{i}", prompt=prompt, logprobs=0,
-                                     params=wire.SamplingParams(seed=seed0 + i, **params))  # type: ignore[arg-type]
-                for i in range(n)]
-        _, _, deltas = run_engine(engine, reqs)
-        return {rid: [lp.id for lp in _tokens(d)] for rid, d in deltas.items()}
-
-    a = run(plain, 1_000)
-    s0 = selfdraft.stats()
-    b = run(selfdraft, 70_000)  # other seeds: a real two-sample test, not a replay
-    s1 = selfdraft.stats()
-    drafted, accepted = s1.spec_drafted - s0.spec_drafted, s1.spec_accepted - s0.spec_accepted
-    assert 0 < accepted < drafted, (accepted, drafted)  # both acceptance and the residual draw happened
-    for pos in range(1, 6):
-        ca = Counter(tuple(t[pos - 1: pos + 1]) for t in a.values() if len(t) > pos)
-        cb = Counter(tuple(t[pos - 1: pos + 1]) for t in b.values() if len(t) > pos)
-        assert _chi2_two_samples(ca, cb) > 1e-3, (pos, ca.most_common(6), cb.most_common(6))
+    check_sampled_follows_target(plain, selfdraft, 70_000)
