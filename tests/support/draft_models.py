@@ -12,24 +12,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .gguf_raw import read_kv
+
 __all__ = ["write_tiny_draft"]
 
-_TOKENIZERS: dict[Path, list[tuple[str, object, object, object]]] = {}  # gguf's reader is slow on 262k tokens
+_TOKENIZERS: dict[Path, list[tuple[str, object, int, int | None]]] = {}
 
 
-def _tokenizer_fields(src: Path) -> list[tuple[str, object, object, object]]:
+def _tokenizer_fields(src: Path) -> list[tuple[str, object, int, int | None]]:
     """``src``'s tokenizer keys as (name, value, type, sub_type), read once per file."""
-    import gguf
-
     if src not in _TOKENIZERS:
-        reader = gguf.GGUFReader(str(src), "r")
-        out = []
-        for field in reader.fields.values():
-            if field.name.startswith("tokenizer.") and not field.name.startswith("tokenizer.chat_template"):
-                val_type = field.types[0]
-                sub_type = field.types[-1] if val_type == gguf.GGUFValueType.ARRAY else None
-                out.append((field.name, field.contents(), val_type, sub_type))
-        _TOKENIZERS[src] = out
+        _TOKENIZERS[src] = [kv for kv in read_kv(src, "tokenizer.") if not kv[0].startswith("tokenizer.chat_template")]
     return _TOKENIZERS[src]
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .gguf_raw import UINT32, copy_with_kv
+
 __all__ = ["FIM_TOKEN_IDS", "RERANK_WORDS", "write_fim_model", "write_reranker"]
 
 # <unused0..5> in Gemma 3's vocabulary
@@ -24,19 +26,10 @@ FIM_TOKEN_IDS = {"fim_pre": 6, "fim_suf": 7, "fim_mid": 8, "fim_pad": 9, "fim_re
 def write_fim_model(src: Path, dst: Path, *, repo_level: bool = True) -> Path:
     """``src`` (a GGUF) copied to ``dst`` with the FIM token ids set; ``repo_level``:
     the repository and file-separator tokens too."""
-    import gguf
-    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
-
-    reader = gguf.GGUFReader(str(src), "r")
-    arch = reader.fields[gguf.Keys.General.ARCHITECTURE]
-    arch_name = bytes(arch.parts[arch.data[0]]).decode()
-    writer = gguf.GGUFWriter(str(dst), arch=arch_name, endianess=reader.endianess)
     ids = dict(FIM_TOKEN_IDS)
     if not repo_level:
         del ids["fim_rep"], ids["fim_sep"]
-    meta = {f"tokenizer.ggml.{k}_token_id": MetadataDetails(gguf.GGUFValueType.UINT32, v) for k, v in ids.items()}
-    copy_with_new_metadata(reader, writer, meta, [])
-    return dst
+    return copy_with_kv(src, dst, {f"tokenizer.ggml.{k}_token_id": (UINT32, v) for k, v in ids.items()})
 
 
 RERANK_WORDS = ("the a an of to in is and for on with that this it as are be by was from at or what which "
