@@ -30,12 +30,13 @@ def draft_path(s: ModelSettings, model_path: str | Path) -> Path | None:
 def draft_settings(s: ModelSettings) -> ModelSettings:
     """The settings the draft runs with: the model's own (slots, context per slot, batch,
     KV cache types, split), with ``draft_n_gpu_layers`` (None: all layers where the model
-    has GPU layers, else none)."""
+    has GPU layers, else none), and whole sliding windows (a rolled-back draft never costs
+    a cell: worker/draft.py)."""
     ngl = s.draft_n_gpu_layers
     if ngl is None:
         ngl = 0 if s.n_gpu_layers == 0 else -1
     fields = s.to_dict()
-    fields.update(n_gpu_layers=ngl, speculative="off", draft_model=None)
+    fields.update(n_gpu_layers=ngl, speculative="off", draft_model=None, swa_full=True)
     return ModelSettings(**fields)
 
 

@@ -38,10 +38,10 @@ Pure functions: tested with made-up devices and layouts.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import re
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from corral import wire
@@ -56,7 +56,7 @@ _CTX_STEP = 256
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ModelLayout:
     architecture: str
     n_layer: int
@@ -94,8 +94,11 @@ def kv_row_bytes(n: int, cache_type: str) -> int:
     return -(-n // block) * per_block
 
 
-def read_layout(path: str | Path) -> ModelLayout:
-    """The layout of a GGUF file (``GGUFError`` when it has no ``ARCH.block_count``)."""
+def read_layout(path: str | Path, *, swa_full: bool = False) -> ModelLayout:
+    """The layout of a GGUF file (``GGUFError`` when it has no ``ARCH.block_count``); with
+    ``swa_full`` (the setting) its KV is sized with no sliding window."""
+    if swa_full:
+        return dataclasses.replace(read_layout(path), sliding_window=0)
     header = read_header(path)
     meta = header.values
     arch = str(meta.get("general.architecture", ""))
@@ -140,7 +143,7 @@ class FitError(Exception):
     """Even the floor does not fit: ``str(exc)`` says what was needed and what was free."""
 
 
-@dataclass
+@dataclasses.dataclass
 class _Share:
     """One device's part: its repeating layers (``first`` and on), the output head or not."""
 
@@ -152,7 +155,7 @@ class _Share:
     compute: int = 0
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Sizes:
     layout: ModelLayout
     n_slots: int
@@ -341,6 +344,7 @@ def device_needs(layout: ModelLayout, settings: ModelSettings, *, budgets: Seque
     budget; the context and layers come down first); a number of layers takes what it takes."""
     n_ubatch = min(settings.n_batch, 512)
     ngl = settings.n_gpu_layers
+    layout = dataclasses.replace(layout, sliding_window=0) if settings.swa_full else layout
     shares = list(budgets if free is None else free)
     weights = router_split(settings, budgets, free)
     kv_types = (settings.cache_type_k, settings.cache_type_v)

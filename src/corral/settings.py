@@ -85,6 +85,10 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # more than the cores the thread governor finds free at that moment.
     sampling_threads: Annotated[int, Meta(ge=1, le=256)] | Literal["auto"] = "auto"
     flash_attn: bool | None = None  # None: llama.cpp decides
+    # sliding-window layers keep every position (llama-server's --swa-full): more KV memory
+    # (Gemma 3 270M at 2 x 8192 cells: 144 MiB, not 54), and a cached prefix is reusable at
+    # any length, not only while its last window is still there (a shared system prompt)
+    swa_full: bool = False
     # KV cache element types (llama-server's --cache-type-k/-v, Ollama's OLLAMA_KV_CACHE_TYPE):
     # q8_0 takes 53% of f16's memory, q4_0 28%; a quantized V cache needs flash attention
     # (with flash_attn unset llama.cpp turns it on; flash_attn = false is refused at load)

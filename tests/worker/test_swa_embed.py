@@ -43,6 +43,26 @@ def test_prefix_reuse_respects_sliding_window(model_path: Path) -> None:
         e.close()
 
 
+def test_swa_full_reuses_a_prefix_past_the_window(model_path: Path) -> None:
+    """With swa_full the sliding-window layers keep every position: after a sequence grew
+    past the window, its start is still reusable, and the answer is the fresh one."""
+    e = Engine(settings_for(model_path, n_parallel=1, ctx_len=2048, n_batch=256, swa_full=True))
+    try:
+        p = wire.SamplingParams(max_tokens=8, temperature=0.0)
+        short = "The lighthouse keeper wrote in his journal every night."
+        long_text = short + " " + " ".join(f"Entry {i}: the sea was calm." for i in range(100))
+        fresh, f1, _ = run_engine(e, [wire.GenerateRequest(id="short1", prompt=short, params=p)])
+        _, f2, _ = run_engine(e, [wire.GenerateRequest(id="long", prompt=long_text, params=p)])
+        assert f2["long"].usage.prompt_tokens > 700
+        short_tokens = e.tok.tokenize(short, add_special=True)
+        assert reuse_len(e.slots[0], short_tokens, e.m) == len(short_tokens) - 1
+        again, f3, _ = run_engine(e, [wire.GenerateRequest(id="short2", prompt=short, params=p)])
+        assert f3["short2"].usage.cached_tokens == len(short_tokens) - 1
+        assert again["short2"] == fresh["short1"]
+    finally:
+        e.close()
+
+
 @pytest.fixture(scope="module")
 def embedder(model_path: Path):
     e = Engine(settings_for(model_path, embedding=True, n_parallel=2, ctx_len=1024))
@@ -76,14 +96,32 @@ def test_embeddings_unnormalized_and_refusals(embedder: Engine) -> None:
     assert f["none"].code == "invalid_request"
 
 
-@pytest.mark.parametrize(("n_parallel", "ctx_len", "mib"), [(4, 4096, 72), (2, 8192, 54)])
-def test_kv_bytes_matches_llama_cpp(model_path: Path, n_parallel: int, ctx_len: int, mib: int) -> None:
+@pytest.mark.parametrize(("n_parallel", "ctx_len", "swa_full", "mib"),
+                         [(4, 4096, False, 72), (2, 8192, False, 54), (2, 8192, True, 144)])
+def test_kv_bytes_matches_llama_cpp(model_path: Path, n_parallel: int, ctx_len: int, swa_full: bool,
+                                    mib: int) -> None:
     """llama.cpp logs (Gemma 3 270M, f16): 3 full layers x all cells + 15 sliding-window
-    layers x min(slot cells, 512 + 512) per slot: 12 + 60 MiB and 24 + 30 MiB."""
+    layers x min(slot cells, 512 + 512) per slot: 12 + 60 MiB and 24 + 30 MiB; with
+    swa_full all 18 layers hold every cell: 144 MiB. The router's estimate (gpu_fit) agrees."""
+    from corral.gpu_fit import device_needs, placement, read_layout
+    from corral.settings import ModelSettings
     from corral.worker.model import load_model
 
-    m = load_model(settings_for(model_path, n_parallel=n_parallel, ctx_len=ctx_len))
+    m = load_model(settings_for(model_path, n_parallel=n_parallel, ctx_len=ctx_len, swa_full=swa_full))
     try:
         assert m.info.kv_bytes == mib * 2**20
     finally:
         m.free()
+    gpu = wire.DeviceInfo(index=0, name="GPU0", backend="GPU", kind="gpu", free_bytes=1 << 40, total_bytes=1 << 40)
+
+    def kv(full: bool) -> int:
+        return sum(d.kv_bytes for d in placement(read_layout(model_path, swa_full=full), gpus=[gpu], weights=None,
+                                                 ngl=-1, ctx=ctx_len, n_slots=n_parallel, n_ubatch=512,
+                                                 cache_types=("f16", "f16")))
+
+    def need(full: bool) -> int:
+        return device_needs(read_layout(model_path), ModelSettings(n_parallel=n_parallel, ctx_len=ctx_len,
+                                                                   swa_full=full, n_gpu_layers=-1), budgets=[1 << 40])[0]
+
+    assert kv(swa_full) == mib * 2**20
+    assert need(True) - need(False) == kv(True) - kv(False)  # 0 when a slot holds no more than a window

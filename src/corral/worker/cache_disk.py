@@ -79,7 +79,7 @@ def model_key(m: LoadedModel, s: wire.WorkerSettings, lora: Sequence[object] = (
         "n_ctx": m.n_ctx, "n_ctx_slot": m.n_ctx_slot, "n_slots": m.n_slots,
         "n_batch": m.n_batch, "n_ubatch": int(ll.llama_n_ubatch(m.ctx)),  # SWA layers keep n_swa + n_ubatch
         "cache_type_k": s.cache_type_k, "cache_type_v": s.cache_type_v,
-        "flash_attn": s.flash_attn, "kv_unified": s.speculative != "off", "swa_full": False,
+        "flash_attn": s.flash_attn, "kv_unified": s.speculative != "off", "swa_full": s.swa_full,
         "n_swa": m.n_swa, "gpu_layers": m.info.gpu_layers,
         "rope": None,  # no rope/yarn settings yet: their fields go here when added
         "lora": [str(a) for a in lora],  # the LoRA set (issue 25)

@@ -196,7 +196,7 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
         raise ModelLoadError(f"tensor_split has {len(s.tensor_split)} entries but this instance sees "
                              f"{len(gpus)} GPU(s) ({', '.join(d.name for d in gpus)}): give one per GPU of devices")
     try:
-        layout: ModelLayout | None = read_layout(s.model_path)
+        layout: ModelLayout | None = read_layout(s.model_path, swa_full=s.swa_full)
     except (GGUFError, OSError, ValueError):
         layout = None  # llama.cpp may still load it; no plan or placement then
     plan: wire.FitPlan | None = None
@@ -266,7 +266,7 @@ def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo],
     if not gpus:
         return None
     try:
-        layout = layout or read_layout(s.model_path)
+        layout = layout or read_layout(s.model_path, swa_full=s.swa_full)
     except (GGUFError, OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot plan GPU layers for {s.model_path}: {exc}") from exc
     margin = DEFAULT_MARGIN_BYTES if s.gpu_margin_bytes is None else s.gpu_margin_bytes
@@ -315,8 +315,8 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
         # unified cache, whose batches split in order (worker/speculate.py: sliding windows)
         p.kv_unified = s.speculative != "off"
         # Like llama-server: sliding-window layers keep only n_swa + n_ubatch cells per
-        # slot (the C default keeps all). Prefix reuse checks what is still there.
-        p.swa_full = False
+        # slot (the C default keeps all) unless swa_full. Prefix reuse checks what is there.
+        p.swa_full = s.swa_full
         p.no_perf = True
         p.type_k, p.type_v = _GGML_TYPES[s.cache_type_k], _GGML_TYPES[s.cache_type_v]
         if s.flash_attn is not None:

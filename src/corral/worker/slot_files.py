@@ -59,7 +59,7 @@ _HEAD = struct.Struct("<III")
 # llama_state_seq_get_data's buffer starts with (io_magic, seq id), which a state file has not
 _IO_HEAD = struct.Struct("<Ii")
 _IO_MAGIC = 0xAF143CD8
-_KV_SETTINGS = ("cache_type_k", "cache_type_v", "flash_attn", "mmproj", "lora", "loras", "adapters")
+_KV_SETTINGS = ("cache_type_k", "cache_type_v", "flash_attn", "swa_full", "mmproj", "lora", "loras", "adapters")
 
 
 class _Refused(Exception):
