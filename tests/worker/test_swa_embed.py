@@ -48,6 +48,7 @@ def test_swa_full_reuses_a_prefix_past_the_window(model_path: Path) -> None:
     past the window, its start is still reusable, and the answer is the fresh one."""
     e = Engine(settings_for(model_path, n_parallel=1, ctx_len=2048, n_batch=256, swa_full=True))
     try:
+        assert e.m.n_swa == 0  # no cell is dropped: no window to check
         p = wire.SamplingParams(max_tokens=8, temperature=0.0)
         short = "The lighthouse keeper wrote in his journal every night."
         long_text = short + " " + " ".join(f"Entry {i}: the sea was calm." for i in range(100))

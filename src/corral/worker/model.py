@@ -113,7 +113,7 @@ class LoadedModel:
     threads: int
     threads_batch: int
     n_vocab: int
-    n_swa: int
+    n_swa: int  # 0 without a window, or with swa_full (every cell kept)
     embedding: bool
     pooling: int
     add_bos: bool
@@ -341,7 +341,7 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
         pooling = ll.llama_pooling_type(ctx)
 
     vocab = ll.llama_model_get_vocab(model)
-    n_swa = ll.llama_model_n_swa(model)
+    n_swa = 0 if s.swa_full else ll.llama_model_n_swa(model)  # the window the cache drops cells behind
     desc = ctypes.create_string_buffer(256)
     ll.llama_model_desc(model, desc, 256)
     model_bytes = int(ll.llama_model_size(model))
