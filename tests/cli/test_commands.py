@@ -42,12 +42,13 @@ def test_serve_refuses_bad_cache_and_attention_options(args: list[str], want: st
 
 
 def test_serve_with_a_q8_0_kv_cache_as_llama_server_flags_say(tmp_path: Path) -> None:
-    srv = CorralServer(tmp_path, args=("-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"))
+    srv = CorralServer(tmp_path, args=("-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on", "--swa-full"))
     try:
         p = ("--port", str(srv.port))
         r = corral("run", "default", "One, two, three,", "--max-tokens", "4", *p)
         assert r.returncode == 0 and r.stdout.strip(), r.stderr
         (m,) = json.loads(corral("ps", "--json", *p).stdout)
+        assert m["settings"]["swa_full"] is True  # --swa-full (a slot of 1024 cells is one window: same KV)
         [host] = m["instances"][0]["placement"]
         # 2048 cells over 2 slots; 18 layers (3 full, 15 with a 512 + 512 cell window, all 1024 here),
         # each cell one 256-wide K and V head: 8 q8_0 blocks of 34 bytes each

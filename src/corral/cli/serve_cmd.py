@@ -38,6 +38,8 @@ def serve(
         None, "--cache-type-v", "-ctv", help="Every model: KV cache type for V; a quantized one needs flash attention."),
     flash_attn: Optional[str] = typer.Option(
         None, "--flash-attn", "-fa", help="Every model: flash attention on, off or auto [auto: llama.cpp decides]."),
+    swa_full: bool = typer.Option(
+        False, "--swa-full", help="Every model: sliding-window layers keep every cell (more KV, any prefix reusable)."),
     reasoning_format: Optional[str] = typer.Option(
         None, "--reasoning-format",
         help="Every model: thinking markup split from the answer (auto, none, deepseek, harmony, ...) [auto]."),
@@ -62,6 +64,7 @@ def serve(
         "n_gpu_layers": n_gpu_layers if n_gpu_layers in (None, "auto") else _int_or_text(n_gpu_layers),
         "cache_type_k": cache_type_k, "cache_type_v": cache_type_v,
         "reasoning_format": reasoning_format, "reasoning_budget": reasoning_budget,
+        "swa_full": True if swa_full else None,
     }
     if flash_attn not in (None, "on", "off", "auto"):
         typer.echo(f"corral serve: --flash-attn takes on, off or auto, not {flash_attn!r}", err=True)

@@ -109,7 +109,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
                      "instances": spec.instances, "n_gpu_layers": spec.n_gpu_layers, "devices": spec.devices,
                      "threads": spec.threads, "embedding": spec.embedding,
                      "ttl_s": spec.ttl_s, "pinned": spec.pinned, "speculative": spec.speculative,
-                     "draft_max": spec.draft_max, "draft_min": spec.draft_min},
+                     "draft_max": spec.draft_max, "draft_min": spec.draft_min, "swa_full": spec.swa_full},
         "queued": len(pool.waiters),
         "preemption": pool.preempt.stats.view(pool.preempt.paused),  # fair-share pauses (control/preempt.py)
         "last_used": pool.last_used or None,
