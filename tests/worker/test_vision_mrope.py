@@ -74,7 +74,8 @@ def tokens_of(deltas: dict[str, list[wire.Delta]], rid: str) -> list[int]:
 
 
 def reference(e: Engine, prompt: str, images: list[bytes], n: int = N_GEN) -> list[int]:
-    """Greedy tokens through libmtmd's helper (its positions), on the last slot's sequence."""
+    """Greedy tokens (end of generation banned) through libmtmd's helper (its positions), on the
+    last slot's sequence."""
     seq = e.slots[-1].index
     assert e.vision.proj is not None and not any(s.busy for s in e.slots)
     toks = e.vision.tokenize(prompt, images, add_special=True)
@@ -88,7 +89,9 @@ def reference(e: Engine, prompt: str, images: list[bytes], n: int = N_GEN) -> li
     out: list[int] = []
     try:
         for _ in range(n):
-            tok = int(np.argmax(np.asarray(logits_at(e.m.ctx, -1, e.m.n_vocab))))
+            x = np.array(logits_at(e.m.ctx, -1, e.m.n_vocab), dtype=np.float32)
+            x[list(e.tok.eog_tokens)] = -np.inf  # ignore_eos, as the requests
+            tok = int(np.argmax(x))
             out.append(tok)
             b.n_tokens = 1
             b.token[0], b.pos[0], b.n_seq_id[0], b.seq_id[0][0], b.logits[0] = tok, n_past.value, 1, seq, 1
@@ -161,3 +164,45 @@ def test_speculation_is_off_for_an_image_prompt(qwen_pair: tuple[Path, Path]) ->
         assert tokens_of(deltas, "s") == reference(e, prompt, img, 40)
     finally:
         e.close()
+
+
+LONG_PROMPT = f"look at this picture {M} and say in one line what the picture shows: the sky is red the sea is"
+
+
+def test_a_prompt_cache_restore_keeps_positions(qengine: Engine) -> None:
+    """A host-RAM entry with an image, restored into an empty slot and cut inside its text:
+    its cells keep their positions, the rest is decoded after them."""
+    img = picture(7)
+    _, _, _ = run_engine(qengine, [raw("c1", LONG_PROMPT, img)])
+    slot = next(s for s in qengine.slots if len(s.cached) > 64)
+    assert qengine.prompt_cache.save(slot, 0)
+    for s in qengine.slots:
+        qengine._clear_slot(s)
+    hits = qengine.prompt_cache.hits
+    other = LONG_PROMPT.replace("the sea is", "the tree is green the road")
+    _, finals, deltas = run_engine(qengine, [raw("c2", other, img)])
+    fin = finals["c2"]
+    assert isinstance(fin, wire.Finished) and qengine.prompt_cache.hits == hits + 1 and fin.usage.cached_tokens > 48
+    assert tokens_of(deltas, "c2") == reference(qengine, other, [img])
+
+
+def test_a_paused_image_request_resumes_with_its_positions(qengine: Engine) -> None:
+    img = picture(8)
+    n = 16
+    req = msgspec.structs.replace(raw("p", LONG_PROMPT, img),
+                                  params=wire.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+    qengine.submit(req)
+    got: list[int] = []
+    for _ in range(500):
+        for m in qengine.step():
+            if isinstance(m, wire.Delta):
+                got += [lp.id for lp in m.logprobs or []]
+        if len(got) >= 4:
+            break
+    assert qengine.preempt.pause("p").paused
+    for s in qengine.slots:  # its cells are gone from the context: resume restores them from the store
+        qengine._clear_slot(s)
+    qengine.preempt.resume("p")
+    _, finals, deltas = run_engine(qengine, [])
+    assert isinstance(finals["p"], wire.Finished), finals["p"]
+    assert got + tokens_of(deltas, "p") == reference(qengine, LONG_PROMPT, [img], n)
