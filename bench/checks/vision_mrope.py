@@ -1,8 +1,9 @@
 """M-RoPE vision check: corral's worker against llama-server ``--mmproj`` on a Qwen2-VL pair.
 
-    .venv/bin/python -m bench.checks.vision_mrope      # ~20 s on 2 cores
+    .venv/bin/python -m bench.checks.vision_mrope      # ~50 s on 2 cores
 
-The files: a tiny ``qwen2vl`` text model and a ``qwen2vl_merger`` projector written offline
+The files: a tiny ``qwen2vl`` text model and a ``qwen2vl_merger`` (Qwen2-VL) and a
+``qwen2.5vl_merger`` (Qwen2.5-VL: windowed attention) projector written offline
 (tests/support/gguf_qwen2vl.py; random weights: the words mean nothing, every step is real).
 Their images take 2-D positions (t/y/x) and advance the text after them by max(nx, ny), not
 by their token count, so a position slip anywhere changes the tokens. Each case is sent to
@@ -12,7 +13,7 @@ both, greedy, ``ignore_eos``; the token ids must be the same:
 - the next turn: that prompt with more text after it, on a warm cache (both reuse the image's
   cells and cut their KV after the common prefix);
 - two images of other shapes (a tall one) in one prompt;
-- a big image (28 x 20 = 560 tokens: two pieces of n_batch 512).
+- a big image (28 x 20 = 560 tokens: two pieces of n_batch 512; Qwen2.5-VL: 7 x 5 windows).
 
 corral is driven at its worker (bench/checks/vision.py's ``Worker``), llama-server over HTTP.
 """
@@ -41,6 +42,7 @@ CASES: list[tuple[str, str, list[tuple[int, tuple[int, int]]]]] = [
     ("next turn, cache warm", f"the picture {M} caption: the sky is red and the sea", [(1, (64, 48))]),
     ("two images, a tall one", f"one {M} and two {M} what is left:", [(2, (64, 48)), (3, (40, 72))]),
     ("a big image (2 pieces)", f"look {M} now:", [(4, (224, 160))]),
+    ("an image of whole windows (12 x 8)", f"see {M} it is", [(5, (96, 64))]),
 ]
 
 
@@ -114,20 +116,22 @@ def main(argv: list[str] | None = None) -> int:
     from support.gguf_qwen2vl import write_qwen2vl_mmproj, write_qwen2vl_model
 
     d = Path(tempfile.mkdtemp(prefix="corral-mrope-"))
-    model, mmproj = write_qwen2vl_model(d / "qwen2vl.gguf"), write_qwen2vl_mmproj(d / "mmproj-qwen2vl.gguf")
+    model = write_qwen2vl_model(d / "qwen2vl.gguf")
     cases = [(prompt, [picture(seed, size) for seed, size in imgs]) for _, prompt, imgs in CASES]
-    print("llama-server ...", file=sys.stderr, flush=True)
-    ls = run_llama_server(model, mmproj, cases)
-    print("corral ...", file=sys.stderr, flush=True)
-    co = run_corral(model, mmproj, cases)
-    print(f"Qwen2-VL pair (qwen2vl + qwen2vl_merger, random weights); {N_GEN} greedy tokens, ignore_eos; "
+    print(f"a qwen2vl text model with each projector (random weights); {N_GEN} greedy tokens, ignore_eos; "
           f"n_batch {vision.N_BATCH}, {THREADS} threads")
-    print("| case | llama-server tokens (cached) | corral tokens (cached) | same |\n|---|---|---|---|")
+    print("| projector | case | llama-server tokens (cached) | corral tokens (cached) | same |\n|---|---|---|---|---|")
     ok = True
-    for (name, _, _), (lt, _, lc), (ct, _, cc) in zip(CASES, ls, co):
-        same = lt == ct and len(ct) == N_GEN
-        ok &= same
-        print(f"| {name} | {lt[:6]}... ({lc}) | {ct[:6]}... ({cc}) | {'same' if same else 'DIFFERENT'} |")
+    for version, kind in (("2", "qwen2vl_merger"), ("2.5", "qwen2.5vl_merger")):
+        mmproj = write_qwen2vl_mmproj(d / f"mmproj-qwen{version}vl.gguf", version=version)
+        print(f"{kind}: llama-server ...", file=sys.stderr, flush=True)
+        ls = run_llama_server(model, mmproj, cases)
+        print(f"{kind}: corral ...", file=sys.stderr, flush=True)
+        co = run_corral(model, mmproj, cases)
+        for (name, _, _), (lt, _, lc), (ct, _, cc) in zip(CASES, ls, co):
+            same = lt == ct and len(ct) == N_GEN
+            ok &= same
+            print(f"| {kind} | {name} | {lt[:6]}... ({lc}) | {ct[:6]}... ({cc}) | {'same' if same else 'DIFFERENT'} |")
     return 0 if ok else 1
 
 

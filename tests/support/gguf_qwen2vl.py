@@ -5,8 +5,8 @@
   SentencePiece vocabulary llama.cpp accepts (the control tokens ``<|vision_start|>`` and
   ``<|vision_end|>`` that libmtmd puts around an image, byte fallback for any other text,
   a few hundred words and letters).
-- ``write_qwen2vl_mmproj``: a projector clip.cpp loads as ``qwen2vl_merger``: the two patch
-  convolutions, ``n_layer`` blocks with 2-D M-RoPE attention, a post-norm and the 2x2 merger
+- ``write_qwen2vl_mmproj``: a projector clip.cpp loads as ``qwen2vl_merger`` (or, with
+  ``version="2.5"``, ``qwen2.5vl_merger``): the two patch convolutions, ``n_layer`` blocks with 2-D M-RoPE attention, a post-norm and the 2x2 merger
   MLP onto the text model's width. Dynamic resolution: a W x H picture (resized to
   multiples of ``patch_size * 2``) is ``(W / p / 2) x (H / p / 2)`` image tokens, laid out
   nx wide; its text positions advance by max(nx, ny) (``n_pos``), not by its token count.
@@ -105,8 +105,11 @@ def write_qwen2vl_model(dst: Path, *, n_embd: int = 64, n_layer: int = 2, n_head
 
 
 def write_qwen2vl_mmproj(dst: Path, *, text_n_embd: int = 64, patch_size: int = PATCH, n_embd: int = 32,
-                         n_ff: int = 48, n_layer: int = 2, n_head: int = 2, seed: int = 4242) -> Path:
-    """A ``qwen2vl_merger`` projector for a text model of width ``text_n_embd``."""
+                         n_ff: int = 48, n_layer: int = 2, n_head: int = 2, seed: int = 4242,
+                         version: str = "2") -> Path:
+    """A ``qwen2vl_merger`` projector for a text model of width ``text_n_embd``; ``version``
+    "2.5": a ``qwen2.5vl_merger`` (RMS norms, a gated FFN, windowed attention in every block
+    but the last: windows of 4 x 4 image tokens)."""
     import gguf
     import numpy as np
 
@@ -118,8 +121,12 @@ def write_qwen2vl_mmproj(dst: Path, *, text_n_embd: int = 64, patch_size: int = 
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.has_audio_encoder", False)
-    w.add_string("clip.projector_type", "qwen2vl_merger")
-    w.add_bool("clip.use_gelu", True)
+    v25 = version == "2.5"
+    w.add_string("clip.projector_type", "qwen2.5vl_merger" if v25 else "qwen2vl_merger")
+    w.add_bool("clip.use_silu" if v25 else "clip.use_gelu", True)
+    if v25:
+        w.add_uint32("clip.vision.n_wa_pattern", n_layer)
+        w.add_uint32("clip.vision.window_size", patch_size * 2 * 4)
     w.add_uint32("clip.vision.image_size", 64)
     w.add_uint32("clip.vision.patch_size", patch_size)
     w.add_uint32("clip.vision.embedding_length", n_embd)
@@ -155,6 +162,9 @@ def write_qwen2vl_mmproj(dst: Path, *, text_n_embd: int = 64, patch_size: int = 
         t(f"{p}.ffn_up.bias", n_ff, scale=0.02)
         t(f"{p}.ffn_down.weight", n_ff, n_embd)
         t(f"{p}.ffn_down.bias", n_embd, scale=0.02)
+        if v25:
+            t(f"{p}.ffn_gate.weight", n_embd, n_ff)
+            t(f"{p}.ffn_gate.bias", n_ff, scale=0.02)
     ones("v.post_ln.weight", n_embd)
     t("v.post_ln.bias", n_embd, scale=0.02)
     t("mm.0.weight", n_embd * 4, n_embd * 4, scale=0.1)

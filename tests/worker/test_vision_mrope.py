@@ -206,3 +206,17 @@ def test_a_paused_image_request_resumes_with_its_positions(qengine: Engine) -> N
     _, finals, deltas = run_engine(qengine, [])
     assert isinstance(finals["p"], wire.Finished), finals["p"]
     assert got + tokens_of(deltas, "p") == reference(qengine, LONG_PROMPT, [img], n)
+
+
+def test_qwen25vl_windowed_projector_matches_libmtmd(qwen_pair: tuple[Path, Path],
+                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Qwen2.5-VL's projector (windowed attention in the tower): the same positions, the same tokens."""
+    mmproj = write_qwen2vl_mmproj(tmp_path_factory.mktemp("qwen25vl") / "mmproj.gguf", version="2.5")
+    e = _engine((qwen_pair[0], mmproj), n_parallel=2)
+    try:
+        assert e.vision.proj is not None and e.vision.proj.mrope
+        prompt, imgs = f"see {M} it is", [picture(9, (96, 64))]
+        _, _, deltas = run_engine(e, [raw("q25", prompt, *imgs)])
+        assert tokens_of(deltas, "q25") == reference(e, prompt, imgs)
+    finally:
+        e.close()
