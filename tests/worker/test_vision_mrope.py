@@ -25,7 +25,7 @@ from corral.worker.engine import Engine
 from corral.worker.sampling import logits_at
 from corral.worker.vision import VisionTokens
 from corral.worker.vision_mrope import kv_pos
-from support.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj, write_qwen2vl_model
+from support.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj
 
 from .conftest import run_engine, settings_for
 
@@ -44,9 +44,8 @@ def picture(seed: int, size: tuple[int, int] = (W, H)) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def qwen_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    d = tmp_path_factory.mktemp("qwen2vl")
-    return write_qwen2vl_model(d / "qwen2vl.gguf"), write_qwen2vl_mmproj(d / "qwen2vl-mmproj.gguf")
+def qwen_pair(qwen2vl_pair: tuple[Path, Path]) -> tuple[Path, Path]:
+    return qwen2vl_pair
 
 
 def _engine(pair: tuple[Path, Path], **kw: object) -> Engine:
