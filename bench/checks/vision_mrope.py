@@ -1,10 +1,12 @@
 """M-RoPE vision check: corral's worker against llama-server ``--mmproj`` on a Qwen2-VL pair.
 
-    .venv/bin/python -m bench.checks.vision_mrope      # ~50 s on 2 cores
+    .venv/bin/python -m bench.checks.vision_mrope      # ~80 s on 2 cores
 
-The files: a tiny ``qwen2vl`` text model and a ``qwen2vl_merger`` (Qwen2-VL) and a
-``qwen2.5vl_merger`` (Qwen2.5-VL: windowed attention) projector written offline
-(tests/support/gguf_qwen2vl.py; random weights: the words mean nothing, every step is real).
+The files, written offline (tests/support/gguf_qwen2vl.py; random weights: the words mean
+nothing, every step is real): a tiny ``qwen2vl`` text model with a ``qwen2vl_merger``
+(Qwen2-VL) and with a ``qwen2.5vl_merger`` (Qwen2.5-VL: windowed attention) projector, and a
+tiny ``qwen3vl`` text model with a ``qwen3vl_merger`` (Qwen3-VL: deepstack features, image
+embeddings twice the text width).
 Their images take 2-D positions (t/y/x) and advance the text after them by max(nx, ny), not
 by their token count, so a position slip anywhere changes the tokens. Each case is sent to
 both, greedy, ``ignore_eos``; the token ids must be the same:
@@ -116,13 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     from support.gguf_qwen2vl import write_qwen2vl_mmproj, write_qwen2vl_model
 
     d = Path(tempfile.mkdtemp(prefix="corral-mrope-"))
-    model = write_qwen2vl_model(d / "qwen2vl.gguf")
+    qwen2 = write_qwen2vl_model(d / "qwen2vl.gguf")
+    qwen3 = write_qwen2vl_model(d / "qwen3vl.gguf", arch="qwen3vl")
     cases = [(prompt, [picture(seed, size) for seed, size in imgs]) for _, prompt, imgs in CASES]
-    print(f"a qwen2vl text model with each projector (random weights); {N_GEN} greedy tokens, ignore_eos; "
+    print(f"tiny text models with each projector (random weights); {N_GEN} greedy tokens, ignore_eos; "
           f"n_batch {vision.N_BATCH}, {THREADS} threads")
-    print("| projector | case | llama-server tokens (cached) | corral tokens (cached) | same |\n|---|---|---|---|---|")
+    print("| pair | case | llama-server tokens (cached) | corral tokens (cached) | same |\n|---|---|---|---|---|")
     ok = True
-    for version, kind in (("2", "qwen2vl_merger"), ("2.5", "qwen2.5vl_merger")):
+    for version, model, kind in (("2", qwen2, "qwen2vl + qwen2vl_merger"), ("2.5", qwen2, "qwen2vl + qwen2.5vl_merger"),
+                                 ("3", qwen3, "qwen3vl + qwen3vl_merger")):
         mmproj = write_qwen2vl_mmproj(d / f"mmproj-qwen{version}vl.gguf", version=version)
         print(f"{kind}: llama-server ...", file=sys.stderr, flush=True)
         ls = run_llama_server(model, mmproj, cases)

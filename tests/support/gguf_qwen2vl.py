@@ -33,8 +33,11 @@ def image_grid(width: int, height: int, *, patch_size: int = PATCH) -> tuple[int
 
 
 def write_qwen2vl_model(dst: Path, *, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
-                        n_ff: int = 128, n_ctx_train: int = 4096, seed: int = 2024) -> Path:
-    """A ``qwen2vl`` text model with M-RoPE sections [2, 3, 3, 0] (head 16, n_rot 16)."""
+                        n_ff: int = 128, n_ctx_train: int = 4096, seed: int = 2024, arch: str = "qwen2vl") -> Path:
+    """A ``qwen2vl`` text model with M-RoPE sections [2, 3, 3, 0] (head 16, n_rot 16); ``arch``
+    "qwen3vl": Qwen3-VL's (q/k norms, no biases, one deepstack layer: its input embeddings are
+    2 x n_embd wide, the image features of one vision layer added after its first layer)."""
+    v3 = arch == "qwen3vl"
     import gguf
     import numpy as np
 
@@ -52,8 +55,10 @@ def write_qwen2vl_model(dst: Path, *, n_embd: int = 64, n_layer: int = 2, n_head
         scores.append(-1.0 - i * 0.01 if p.startswith("\u2581") and len(p) > 1 else -10.0 - i * 0.01)
     n_vocab = len(tokens)
 
-    w = gguf.GGUFWriter(str(dst), arch="qwen2vl")
-    w.add_name("corral-test-qwen2vl")
+    w = gguf.GGUFWriter(str(dst), arch=arch)
+    w.add_name(f"corral-test-{arch}")
+    if v3:
+        w.add_uint32(f"{arch}.n_deepstack_layers", 1)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(n_embd)
@@ -87,11 +92,15 @@ def write_qwen2vl_model(dst: Path, *, n_embd: int = 64, n_layer: int = 2, n_head
         p = f"blk.{i}"
         ones(f"{p}.attn_norm.weight", n_embd)
         t(f"{p}.attn_q.weight", n_embd, n_embd, scale=0.3)
-        t(f"{p}.attn_q.bias", n_embd, scale=0.1)
         t(f"{p}.attn_k.weight", n_embd, kv, scale=0.3)
-        t(f"{p}.attn_k.bias", kv, scale=0.1)
         t(f"{p}.attn_v.weight", n_embd, kv, scale=0.3)
-        t(f"{p}.attn_v.bias", kv, scale=0.1)
+        if v3:
+            ones(f"{p}.attn_q_norm.weight", head)
+            ones(f"{p}.attn_k_norm.weight", head)
+        else:
+            t(f"{p}.attn_q.bias", n_embd, scale=0.1)
+            t(f"{p}.attn_k.bias", kv, scale=0.1)
+            t(f"{p}.attn_v.bias", kv, scale=0.1)
         t(f"{p}.attn_output.weight", n_embd, n_embd, scale=0.2)
         ones(f"{p}.ffn_norm.weight", n_embd)
         t(f"{p}.ffn_gate.weight", n_embd, n_ff, scale=0.2)
@@ -121,8 +130,8 @@ def write_qwen2vl_mmproj(dst: Path, *, text_n_embd: int = 64, patch_size: int = 
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.has_audio_encoder", False)
-    v25 = version == "2.5"
-    w.add_string("clip.projector_type", "qwen2.5vl_merger" if v25 else "qwen2vl_merger")
+    v25, v3 = version == "2.5", version == "3"
+    w.add_string("clip.projector_type", {"2.5": "qwen2.5vl_merger", "3": "qwen3vl_merger"}.get(version, "qwen2vl_merger"))
     w.add_bool("clip.use_silu" if v25 else "clip.use_gelu", True)
     if v25:
         w.add_uint32("clip.vision.n_wa_pattern", n_layer)
@@ -147,9 +156,22 @@ def write_qwen2vl_mmproj(dst: Path, *, text_n_embd: int = 64, patch_size: int = 
 
     t("v.patch_embd.weight", patch_size, patch_size, 3, n_embd, scale=0.2)
     t("v.patch_embd.weight.1", patch_size, patch_size, 3, n_embd, scale=0.2)
+    if v3:
+        t("v.patch_embd.bias", n_embd, scale=0.02)
+        t("v.position_embd.weight", n_embd, (64 // patch_size) ** 2, scale=0.2)
     for i in range(n_layer):
         p = f"v.blk.{i}"
-        for part in ("q", "k", "v"):
+        if v3:  # one fused q/k/v; block 0's output also feeds a deepstack merger
+            t(f"{p}.attn_qkv.weight", n_embd, 3 * n_embd)
+            t(f"{p}.attn_qkv.bias", 3 * n_embd, scale=0.02)
+        if v3 and i == 0:
+            ones(f"v.deepstack.{i}.norm.weight", n_embd * 4)
+            t(f"v.deepstack.{i}.norm.bias", n_embd * 4, scale=0.02)
+            t(f"v.deepstack.{i}.fc1.weight", n_embd * 4, n_embd * 4, scale=0.1)
+            t(f"v.deepstack.{i}.fc1.bias", n_embd * 4, scale=0.02)
+            t(f"v.deepstack.{i}.fc2.weight", n_embd * 4, text_n_embd, scale=0.2)
+            t(f"v.deepstack.{i}.fc2.bias", text_n_embd, scale=0.02)
+        for part in () if v3 else ("q", "k", "v"):
             t(f"{p}.attn_{part}.weight", n_embd, n_embd)
             t(f"{p}.attn_{part}.bias", n_embd, scale=0.02)
         t(f"{p}.attn_out.weight", n_embd, n_embd)

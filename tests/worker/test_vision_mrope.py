@@ -25,7 +25,7 @@ from corral.worker.engine import Engine
 from corral.worker.sampling import logits_at
 from corral.worker.vision import VisionTokens
 from corral.worker.vision_mrope import kv_pos
-from support.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj
+from support.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj, write_qwen2vl_model
 
 from .conftest import run_engine, settings_for
 
@@ -217,5 +217,20 @@ def test_qwen25vl_windowed_projector_matches_libmtmd(qwen_pair: tuple[Path, Path
         prompt, imgs = f"see {M} it is", [picture(9, (96, 64))]
         _, _, deltas = run_engine(e, [raw("q25", prompt, *imgs)])
         assert tokens_of(deltas, "q25") == reference(e, prompt, imgs)
+    finally:
+        e.close()
+
+
+def test_qwen3vl_deepstack_embeddings_match_libmtmd(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Qwen3-VL: an image embedding is the text width times (1 + deepstack layers), all of it decoded."""
+    d = tmp_path_factory.mktemp("qwen3vl")
+    model = write_qwen2vl_model(d / "qwen3vl.gguf", arch="qwen3vl")
+    e = _engine((model, write_qwen2vl_mmproj(d / "mmproj.gguf", version="3")), n_parallel=2)
+    try:
+        assert e.vision.proj is not None and e.vision.proj.mrope
+        assert e.vision.proj.n_embd == 2 * ll.llama_model_n_embd(e.m.model)
+        prompt, imgs = f"see {M} it is", [picture(10, (96, 64))]
+        _, _, deltas = run_engine(e, [raw("q3", prompt, *imgs)])
+        assert tokens_of(deltas, "q3") == reference(e, prompt, imgs)
     finally:
         e.close()

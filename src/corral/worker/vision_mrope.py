@@ -1,4 +1,4 @@
-"""M-RoPE images (Qwen2-VL, Qwen2.5-VL; Qwen3-VL by the same positions, not checked): a slot's KV positions.
+"""M-RoPE images (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): a slot's KV positions once an image is in it.
 
 With a projector whose positions are M-RoPE (``mtmd_decode_use_mrope``) the text model takes
 4 position values per embedding (llama_batch's ``pos`` holds ``n_tokens * 4``, section-major:
