@@ -40,3 +40,13 @@ def mmproj_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from support.gguf_vision import write_gemma3_mmproj
 
     return write_gemma3_mmproj(tmp_path_factory.mktemp("mmproj") / "gemma3-mmproj.gguf")
+
+
+@pytest.fixture(scope="session")
+def qwen2vl_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny Qwen2-VL text model and its projector (M-RoPE images; random weights, 0.4 s):
+    tests/support/gguf_qwen2vl.py."""
+    from support.gguf_qwen2vl import write_qwen2vl_mmproj, write_qwen2vl_model
+
+    d = tmp_path_factory.mktemp("qwen2vl")
+    return write_qwen2vl_model(d / "qwen2vl.gguf"), write_qwen2vl_mmproj(d / "mmproj-qwen2vl.gguf")

@@ -224,7 +224,7 @@ class Engine:
         reuse = self.vision.snap(job.tokens, reuse)  # never part of an image
         if echo_lp:
             reuse = 0  # every prompt token's logits are needed
-        if reuse > 0 and ll.llama_memory_seq_rm(mem, slot.index, reuse, -1):
+        if reuse > 0 and ll.llama_memory_seq_rm(mem, slot.index, self.vision.kv_pos(job.tokens, reuse), -1):
             del slot.cached[reuse:]
         else:
             reuse = 0
@@ -242,7 +242,7 @@ class Engine:
             template_stops = list(self.template.stop_strings)
         slot.out = slot_output(req, list(p.stop), requests.tool_parser(req), template_stops=template_stops,
                                reasoning=slot.reasoning)
-        self.spec.start(slot, req, allowed=slot.reasoning is None)
+        self.spec.start(slot, req, allowed=slot.reasoning is None and self.vision.speculation_allowed(job.tokens))
         slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))

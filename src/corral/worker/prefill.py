@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from corral.worker.slots import Batch, Slot
 from corral.worker.vision import VisionTokens
+from corral.worker.vision_mrope import kv_pos
 
 __all__ = ["ECHO_CHUNK", "EchoChunk", "fill_prompt_chunks"]
 
@@ -34,7 +35,7 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
         if echo:
             take = min(take, ECHO_CHUNK)
             echo_chunks.append((slot, n, slot.prompt_pos, take))
-        start = len(slot.cached)
+        start = kv_pos(toks, len(slot.cached))  # after an M-RoPE image: less (vision_mrope.py)
         for k in range(take):
             b.token[n + k] = toks[slot.prompt_pos + k]
             b.pos[n + k] = start + k

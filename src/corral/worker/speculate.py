@@ -49,6 +49,7 @@ from corral import wire
 from corral.worker.model import LoadedModel
 from corral.worker.sample_pool import Drawn
 from corral.worker.slots import Batch, Slot
+from corral.worker.vision_mrope import kv_pos
 
 __all__ = ["Speculator", "SlotSpec", "find_draft", "NGRAM_MAX", "NGRAM_MIN"]
 
@@ -140,9 +141,10 @@ class Speculator:
             st = self.states[slot.index]
             st.draft = draft
             st.base = len(slot.cached)
+            at = kv_pos(slot.job.tokens, st.base) if slot.job is not None else st.base  # M-RoPE: vision_mrope.py
             for k, tok in enumerate([slot.pending, *st.draft]):
                 b.token[n + k] = tok
-                b.pos[n + k] = st.base + k
+                b.pos[n + k] = at + k
                 b.seq[n + k] = slot.index
                 b.logits[n + k] = 1
             outputs.append((slot, n))

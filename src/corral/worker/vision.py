@@ -3,8 +3,8 @@ projector, a request's images as prompt positions, and one image's encode.
 
 - ``load_projector(settings, m)``: the ``mmproj`` GGUF on the loaded text model (None
   without one). ``ModelLoadError`` for a file libmtmd refuses (not a projector, another
-  model's width), one without a vision encoder, or one whose positions are M-RoPE
-  (Qwen2-VL and kin: their image positions are 2-D, not a run of 1-D ones).
+  model's width) or one without a vision encoder. M-RoPE projectors (Qwen2-VL and kin:
+  2-D image positions, ``Projector.mrope``) are placed by ``vision_mrope.py``.
 - ``Projector.tokenize(text, images, ...)``: the rendered prompt, with one
   ``wire.MEDIA_MARKER`` per image, as ``VisionTokens``: a plain ``list[int]`` of the
   prompt's positions (text tokens, and for every image position a negative pseudo-id
@@ -62,6 +62,7 @@ class ImageSpan:
     chunk: mtmd.mtmd_input_chunk_p  # owned by ``owner``
     owner: _Chunks
     non_causal: bool
+    n_pos: int  # KV positions it advances: n_tokens, or max(nx, ny) for M-RoPE (vision_mrope.py)
     embd: npt.NDArray[np.float32] | None = None  # after the encode: n_tokens x n_embd
 
     @property
@@ -107,6 +108,7 @@ class Projector:
     n_embd: int
     path: str
     nbytes: int
+    mrope: bool = False  # 4 positions an embedding, images advance by n_pos (vision_mrope.py)
     encodes: int = 0  # images encoded (a cache hit is none)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -160,7 +162,8 @@ class Projector:
                 n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
                 digest = next(digests)
                 spans.append(ImageSpan(len(out), n, digest, chunk, chunks,
-                                       bool(mtmd.mtmd_decode_use_non_causal(self.ctx, chunk))))
+                                       bool(mtmd.mtmd_decode_use_non_causal(self.ctx, chunk)),
+                                       mtmd.mtmd_input_chunk_get_n_pos(chunk)))
                 out.extend(image_ids(digest, n))
             elif kind == 0:
                 count = ctypes.c_size_t(0)
@@ -221,8 +224,5 @@ def _load(s: wire.WorkerSettings, path: str, m: LoadedModel) -> Projector:
     if not mtmd.mtmd_support_vision(ctx):
         mtmd.mtmd_free(ctx)
         raise ModelLoadError(f"mmproj: {path} has no vision encoder (an audio projector is not supported)")
-    if mtmd.mtmd_decode_use_mrope(ctx):
-        mtmd.mtmd_free(ctx)
-        raise ModelLoadError(f"mmproj: {path} places image tokens with M-RoPE (2-D positions, Qwen2-VL and "
-                             "similar); corral does not support those projectors yet")
-    return Projector(ctx, ll.llama_model_n_embd(m.model), path, os.path.getsize(path))
+    return Projector(ctx, ll.llama_model_n_embd_inp(m.model), path, os.path.getsize(path),  # n_embd_inp: Qwen3-VL adds deepstack
+                     mrope=bool(mtmd.mtmd_decode_use_mrope(ctx)))

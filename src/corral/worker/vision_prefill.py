@@ -34,6 +34,7 @@ import numpy as np
 from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel
+from corral.worker import vision_mrope as mrope
 from corral.worker.slots import Job, Slot
 from corral.worker.vision import ImageSpan, Projector, VisionTokens, load_projector
 
@@ -49,11 +50,11 @@ IMAGE_SHARE = 0.15
 class EmbdBatch:
     """A llama_batch of embeddings over buffers we own (one sequence per piece)."""
 
-    def __init__(self, n: int, n_embd: int) -> None:
+    def __init__(self, n: int, n_embd: int, n_pos: int = 1) -> None:
         self.cap = n
         self.n_embd = n_embd
         self.embd = np.zeros(n * n_embd, dtype=np.float32)
-        self.pos = (ll.llama_pos * n)()
+        self.pos = (ll.llama_pos * (n * n_pos))()  # M-RoPE: 4 an embedding, section-major
         self.n_seq_id = (ctypes.c_int32 * n)(*([1] * n))
         self.seq = (ll.llama_seq_id * n)()
         self.seq_ptr = (ctypes.POINTER(ll.llama_seq_id) * n)()
@@ -74,6 +75,7 @@ class VisionSteps:
 
     def __init__(self, projector: Projector | None, m: LoadedModel, model_id: str) -> None:
         self.proj = projector
+        self.mrope = projector is not None and projector.mrope  # M-RoPE positions (vision_mrope.py)
         self.m = m
         self.model_id = model_id
         self.piece = max(1, min(m.n_batch, ll.llama_n_ubatch(m.ctx)))
@@ -105,6 +107,9 @@ class VisionSteps:
             raise RequestRejected("invalid_request", f"model {self.model_id} does not take images: it has no "
                                                      "multimodal projector (set mmproj for it)")
         return self.proj.tokenize(text, images, add_special=add_special)
+
+    kv_pos = staticmethod(mrope.kv_pos)  # a slot's KV position after M-RoPE images (vision_mrope.py)
+    speculation_allowed = staticmethod(mrope.speculation_allowed)
 
     @staticmethod
     def snap(tokens: list[int], reuse: int) -> int:
@@ -186,14 +191,16 @@ class VisionSteps:
     def _decode_piece(self, slot: Slot, job: Job, span: ImageSpan, fail: FailSlot) -> None:
         assert span.embd is not None
         if self._batch is None:
-            self._batch = EmbdBatch(self.piece, span.embd.shape[1])
+            self._batch = EmbdBatch(self.piece, span.embd.shape[1], mrope.N_POS_PER_EMBD if self.mrope else 1)
         b = self._batch
         off = slot.prompt_pos - span.start
         k = min(self.piece, span.n_tokens - off)
         b.embd[: k * b.n_embd] = span.embd[off: off + k].ravel()
-        start = len(slot.cached)
+        if self.mrope:  # t, y, x from the image's first position (vision_mrope.py)
+            mrope.write_positions(b.pos, span, mrope.kv_pos(job.tokens, span.start), off, k)
+        else:
+            b.pos[:k] = list(range(len(slot.cached), len(slot.cached) + k))
         for i in range(k):
-            b.pos[i] = start + i
             b.seq[i] = slot.index
             b.logits[i] = 0
         b.batch.n_tokens = k

@@ -1,0 +1,236 @@
+"""M-RoPE images in the engine (Qwen2-VL): a tiny ``qwen2vl`` text model and a ``qwen2vl_merger``
+projector written offline (tests/support/gguf_qwen2vl.py), real libmtmd, images made with Pillow.
+
+The reference is libmtmd's own path in the same context: ``mtmd_helper_eval_chunks`` (llama.cpp's
+positions: t/y/x for an image, text after it advanced by the image's n_pos) on a sequence no slot
+uses, then greedy single-token decodes. corral's greedy tokens must be the same; with the
+positions of a Gemma-style image (one a token) they are not (``test_wrong_positions_differ``)."""
+
+from __future__ import annotations
+
+import ctypes
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import llama_cpp as ll
+import llama_cpp.mtmd_cpp as mtmd
+import msgspec
+import numpy as np
+import pytest
+from PIL import Image
+
+from corral import wire
+from corral.worker.engine import Engine
+from corral.worker.sampling import logits_at
+from corral.worker.vision import VisionTokens
+from corral.worker.vision_mrope import kv_pos
+from support.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj, write_qwen2vl_model
+
+from .conftest import run_engine, settings_for
+
+pytestmark = pytest.mark.integration
+
+M = wire.MEDIA_MARKER
+W, H = 64, 48  # 8 x 6 image tokens, n_pos 8
+N_GEN = 8
+
+
+def picture(seed: int, size: tuple[int, int] = (W, H)) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def qwen_pair(qwen2vl_pair: tuple[Path, Path]) -> tuple[Path, Path]:
+    return qwen2vl_pair
+
+
+def _engine(pair: tuple[Path, Path], **kw: object) -> Engine:
+    model, mmproj = pair
+    # n_batch 16: a 48-token image goes in 3 pieces; 3 slots, the last one is the reference's sequence
+    base: dict[str, object] = dict(model_id="qwen2vl", n_parallel=3, ctx_len=3 * 512, n_batch=16, mmproj=str(mmproj))
+    return Engine(settings_for(model, **{**base, **kw}))
+
+
+@pytest.fixture(scope="module")
+def qengine(qwen_pair: tuple[Path, Path]) -> Iterator[Engine]:
+    e = _engine(qwen_pair)
+    yield e
+    e.close()
+
+
+def raw(rid: str, prompt: str, *images: bytes, **kw: object) -> wire.GenerateRequest:
+    return wire.GenerateRequest(id=rid, prompt=prompt, images=list(images),
+                                params=wire.SamplingParams(max_tokens=N_GEN, temperature=0.0, ignore_eos=True),
+                                logprobs=0, **kw)  # type: ignore[arg-type]
+
+
+def tokens_of(deltas: dict[str, list[wire.Delta]], rid: str) -> list[int]:
+    return [lp.id for d in deltas.get(rid, []) for lp in (d.logprobs or [])]
+
+
+def reference(e: Engine, prompt: str, images: list[bytes], n: int = N_GEN) -> list[int]:
+    """Greedy tokens (end of generation banned) through libmtmd's helper (its positions), on the
+    last slot's sequence."""
+    seq = e.slots[-1].index
+    assert e.vision.proj is not None and not any(s.busy for s in e.slots)
+    toks = e.vision.tokenize(prompt, images, add_special=True)
+    assert isinstance(toks, VisionTokens) and toks.images
+    e._clear_slot(e.slots[-1])
+    n_past = ll.llama_pos(0)
+    rc = mtmd.mtmd_helper_eval_chunks(e.vision.proj.ctx, e.m.ctx, toks.images[0].owner.ptr, 0, seq,
+                                      e.vision.piece, True, ctypes.byref(n_past))
+    assert rc == 0
+    b = ll.llama_batch_init(1, 0, 1)
+    out: list[int] = []
+    try:
+        for _ in range(n):
+            x = np.array(logits_at(e.m.ctx, -1, e.m.n_vocab), dtype=np.float32)
+            x[list(e.tok.eog_tokens)] = -np.inf  # ignore_eos, as the requests
+            tok = int(np.argmax(x))
+            out.append(tok)
+            b.n_tokens = 1
+            b.token[0], b.pos[0], b.n_seq_id[0], b.seq_id[0][0], b.logits[0] = tok, n_past.value, 1, seq, 1
+            assert ll.llama_decode(e.m.ctx, b) == 0
+            n_past.value += 1
+    finally:
+        ll.llama_batch_free(b)
+        e._clear_slot(e.slots[-1])
+    return out
+
+
+def test_an_mrope_projector_loads(qengine: Engine) -> None:
+    assert qengine.vision.proj is not None and qengine.vision.proj.mrope
+    assert qengine.info.vision is True
+
+
+def test_positions_advance_by_n_pos(qengine: Engine) -> None:
+    toks = qengine.prepare(raw("pos", f"the picture {M} caption:", picture(1))).tokens
+    assert isinstance(toks, VisionTokens) and len(toks.images) == 1
+    span = toks.images[0]
+    nx, ny = image_grid(W, H)
+    assert (span.n_tokens, span.n_pos) == (nx * ny, max(nx, ny))
+    assert kv_pos(toks, span.start) == span.start
+    assert kv_pos(toks, span.end) == span.start + max(nx, ny)
+    assert kv_pos(toks, len(toks) + 3) == len(toks) + 3 - (nx * ny - max(nx, ny))
+
+
+def test_greedy_tokens_match_libmtmd(qengine: Engine) -> None:
+    prompt, imgs = f"one {M} and two {M} what:", [picture(2), picture(3, (40, 72))]
+    _, finals, deltas = run_engine(qengine, [raw("g", prompt, *imgs)])
+    assert isinstance(finals["g"], wire.Finished), finals["g"]
+    assert tokens_of(deltas, "g") == reference(qengine, prompt, imgs)
+
+
+def test_reuse_cuts_the_kv_at_the_position(qengine: Engine) -> None:
+    img = picture(4)
+    first = f"look {M} the sky is"
+    run_engine(qengine, [raw("r1", first, img)])
+    # the same image and more text: the image is a prefix hit, the rest decoded after its n_pos
+    again = f"look {M} the sea is red"
+    _, finals, deltas = run_engine(qengine, [raw("r2", again, img)])
+    fin = finals["r2"]
+    assert isinstance(fin, wire.Finished) and fin.usage.cached_tokens > 48
+    assert tokens_of(deltas, "r2") == reference(qengine, again, [img])
+
+
+def test_wrong_positions_differ(qengine: Engine) -> None:
+    """The check has teeth: text after the image placed one position a token (as for Gemma)
+    instead of at the image's n_pos gives other tokens than libmtmd's."""
+    prompt, img = f"the picture {M} caption: the", [picture(5)]
+    right = reference(qengine, prompt, img)
+    qengine.submit(qengine.prepare(raw("w", prompt, *img)))
+    toks = qengine._by_id["w"].tokens
+    assert isinstance(toks, VisionTokens)
+    toks.images[0].n_pos = toks.images[0].n_tokens
+    _, _, deltas = run_engine(qengine, [])
+    assert len(tokens_of(deltas, "w")) == N_GEN and tokens_of(deltas, "w") != right
+
+
+def test_speculation_is_off_for_an_image_prompt(qwen_pair: tuple[Path, Path]) -> None:
+    """Drafts are rolled back by length: an M-RoPE image request does not draft (with drafts this
+    prompt's decode fails: the rollback leaves cells past the position)."""
+    e = _engine(qwen_pair, speculative="ngram", n_parallel=2)
+    long = wire.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    try:
+        prompt, img = f"the {M} the sky the sky the sky the sky the", [picture(6)]
+        _, finals, deltas = run_engine(e, [msgspec.structs.replace(raw("s", prompt, *img), params=long)])
+        assert isinstance(finals["s"], wire.Finished), finals["s"]
+        assert e.spec.drafted == 0
+        assert tokens_of(deltas, "s") == reference(e, prompt, img, 40)
+    finally:
+        e.close()
+
+
+LONG_PROMPT = f"look at this picture {M} and say in one line what the picture shows: the sky is red the sea is"
+
+
+def test_a_prompt_cache_restore_keeps_positions(qengine: Engine) -> None:
+    """A host-RAM entry with an image, restored into an empty slot and cut inside its text:
+    its cells keep their positions, the rest is decoded after them."""
+    img = picture(7)
+    _, _, _ = run_engine(qengine, [raw("c1", LONG_PROMPT, img)])
+    slot = next(s for s in qengine.slots if len(s.cached) > 64)
+    assert qengine.prompt_cache.save(slot, 0)
+    for s in qengine.slots:
+        qengine._clear_slot(s)
+    hits = qengine.prompt_cache.hits
+    other = LONG_PROMPT.replace("the sea is", "the tree is green the road")
+    _, finals, deltas = run_engine(qengine, [raw("c2", other, img)])
+    fin = finals["c2"]
+    assert isinstance(fin, wire.Finished) and qengine.prompt_cache.hits == hits + 1 and fin.usage.cached_tokens > 48
+    assert tokens_of(deltas, "c2") == reference(qengine, other, [img])
+
+
+def test_a_paused_image_request_resumes_with_its_positions(qengine: Engine) -> None:
+    img = picture(8)
+    n = 16
+    req = msgspec.structs.replace(raw("p", LONG_PROMPT, img),
+                                  params=wire.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+    qengine.submit(req)
+    got: list[int] = []
+    for _ in range(500):
+        for m in qengine.step():
+            if isinstance(m, wire.Delta):
+                got += [lp.id for lp in m.logprobs or []]
+        if len(got) >= 4:
+            break
+    assert qengine.preempt.pause("p").paused
+    for s in qengine.slots:  # its cells are gone from the context: resume restores them from the store
+        qengine._clear_slot(s)
+    qengine.preempt.resume("p")
+    _, finals, deltas = run_engine(qengine, [])
+    assert isinstance(finals["p"], wire.Finished), finals["p"]
+    assert got + tokens_of(deltas, "p") == reference(qengine, LONG_PROMPT, [img], n)
+
+
+def test_qwen25vl_windowed_projector_matches_libmtmd(qwen_pair: tuple[Path, Path],
+                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Qwen2.5-VL's projector (windowed attention in the tower): the same positions, the same tokens."""
+    mmproj = write_qwen2vl_mmproj(tmp_path_factory.mktemp("qwen25vl") / "mmproj.gguf", version="2.5")
+    e = _engine((qwen_pair[0], mmproj), n_parallel=2)
+    try:
+        assert e.vision.proj is not None and e.vision.proj.mrope
+        prompt, imgs = f"see {M} it is", [picture(9, (96, 64))]
+        _, _, deltas = run_engine(e, [raw("q25", prompt, *imgs)])
+        assert tokens_of(deltas, "q25") == reference(e, prompt, imgs)
+    finally:
+        e.close()
+
+
+def test_qwen3vl_deepstack_embeddings_match_libmtmd(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Qwen3-VL: an image embedding is the text width times (1 + deepstack layers), all of it decoded."""
+    d = tmp_path_factory.mktemp("qwen3vl")
+    model = write_qwen2vl_model(d / "qwen3vl.gguf", arch="qwen3vl")
+    e = _engine((model, write_qwen2vl_mmproj(d / "mmproj.gguf", version="3")), n_parallel=2)
+    try:
+        assert e.vision.proj is not None and e.vision.proj.mrope
+        assert e.vision.proj.n_embd == 2 * ll.llama_model_n_embd(e.m.model)
+        prompt, imgs = f"see {M} it is", [picture(10, (96, 64))]
+        _, _, deltas = run_engine(e, [raw("q3", prompt, *imgs)])
+        assert tokens_of(deltas, "q3") == reference(e, prompt, imgs)
+    finally:
+        e.close()
