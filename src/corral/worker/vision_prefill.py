@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,10 +39,11 @@ from corral.worker.kv_store import restore_seq, save_seq
 from corral.worker.model import LoadedModel
 from corral.worker.slots import Job, Slot
 from corral.worker.vision import ImageSpan, Projector, VisionTokens, load_projector
-from corral.worker.vision_side import ImageThreads, SideContext
+from corral.worker.vision_side import ImageThreads, SideContext, SideUnsupported
 
 __all__ = ["EmbdBatch", "VisionSteps", "decode_embd"]
 
+log = logging.getLogger("corral.worker.vision")
 FailSlot = Callable[[Slot, Job, str], None]
 # While other slots generate, image work (on the niced image thread, vision_side.py) gets at
 # least this share of the time: the engine waits for it share / (1 - share) of each step.
@@ -138,7 +140,7 @@ class VisionSteps:
             at = toks.span_at(slot.prompt_pos)
             if at is None or at.embd is None or at in self._side:
                 continue
-            if others:
+            if others and self.side.usable:
                 self._decode_beside(slot, job, at)
             else:
                 self._decode_piece(slot, job, at, fail)
@@ -224,6 +226,10 @@ class VisionSteps:
 
     def _take_side(self, slot: Slot, job: Job, span: ImageSpan, fut: cf.Future[bytes], fail: FailSlot) -> None:
         exc = fut.exception()
+        if isinstance(exc, SideUnsupported):  # the slot's KV is as it was: decode the image here
+            log.warning("images go on the engine's thread from now on: %s", exc)
+            self.side.usable = False
+            return
         if exc is not None:
             fail(slot, job, f"{type(exc).__name__}: {exc}")
             return

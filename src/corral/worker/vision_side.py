@@ -44,7 +44,7 @@ from corral.worker import model as model_mod
 from corral.worker.kv_store import restore_seq, save_seq
 from corral.worker.model import LoadedModel
 
-__all__ = ["BESIDE_NICE", "ImageThreads", "SideContext", "restream", "thread_nice"]
+__all__ = ["BESIDE_NICE", "ImageThreads", "SideContext", "SideUnsupported", "restream", "thread_nice"]
 
 BESIDE_NICE = 19  # the beside thread's nice: below every normal-priority thread
 THREAD_NAMES = ("corral-img", "corral-img-bg")  # alone, beside (comm: at most 15 bytes)
@@ -142,6 +142,10 @@ def _restream(state: bytes, n_stream: int, ext: int) -> bytes | None:
     return bytes(out)
 
 
+class SideUnsupported(RuntimeError):
+    """The slot's KV state is not in a layout ``restream`` knows: images go on the engine's thread."""
+
+
 class ImageThreads:
     """The ``alone`` and ``beside`` image threads, started on first use."""
 
@@ -171,6 +175,7 @@ class SideContext:
     def __init__(self, m: LoadedModel, s: wire.WorkerSettings, piece: int) -> None:
         self.m, self.s, self.piece = m, s, piece
         self.ctx: ll.llama_context_p | None = None
+        self.usable = True  # False after a SideUnsupported: images stay on the engine's thread
         self._lock = threading.Lock()
 
     def _open(self) -> ll.llama_context_p:
@@ -203,12 +208,14 @@ class SideContext:
             ll.llama_memory_seq_rm(mem, 0, -1, -1)
             try:
                 one = restream(state, 1) if state else b""
-                if one is None or (one and not restore_seq(self.ctx, 0, one)):
+                if one is None:
+                    raise SideUnsupported("the slot's KV state is not in a layout the image context reads")
+                if one and not restore_seq(self.ctx, 0, one):
                     raise RuntimeError("the slot's KV could not be copied into the image context")
                 work(self.ctx)
                 back = restream(save_seq(self.ctx, 0), n_stream)
                 if back is None:
-                    raise RuntimeError("the image's KV could not be read back from the image context")
+                    raise SideUnsupported("the image context's KV state is not in a layout restream knows")
                 return back
             finally:
                 ll.llama_memory_seq_rm(mem, 0, -1, -1)
