@@ -96,6 +96,7 @@ def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_t
     assert v.threads.submitted[True] - submitted[True] == 2  # the encode and the side decode, niced
     assert v.pieces == pieces and v.side_images - side == 1  # none of the image in the engine's steps
     assert beside == in_steps  # the side context's KV is what the engine's steps compute
+    assert v.kv_bytes > 0 and engine2.stats().kv_bytes == engine2.info.kv_bytes + v.kv_bytes  # counted
     niced = thread_nice()[BESIDE]
     base = os.getpriority(os.PRIO_PROCESS, 0)
     assert len(niced) >= 2, niced  # the image thread and the OpenMP thread its 2-thread graphs started

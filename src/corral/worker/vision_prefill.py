@@ -103,6 +103,11 @@ class VisionSteps:
         return msgspec.structs.replace(info, vision=True, mmproj_bytes=self.proj.nbytes)
 
     @property
+    def kv_bytes(self) -> int:
+        """The side context's buffers (0 until an image first went beside other streams)."""
+        return self.side.kv_bytes
+
+    @property
     def encodes(self) -> int:
         return self.proj.encodes if self.proj is not None else 0
 

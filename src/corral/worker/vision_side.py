@@ -18,7 +18,8 @@ slower). So:
   OpenMP threads inherit the name: ``thread_nice`` reads them back.
 - ``SideContext``: a second llama.cpp context on the same weights (one sequence of one
   slot's length, one micro-batch of the image piece's size, the model context's cache
-  types). While other slots generate, an image is decoded there on the ``beside``
+  types; created on the first image beside other streams, its KV and compute buffers
+  counted in ``Stats.kv_bytes`` from then on). While other slots generate, an image is decoded there on the ``beside``
   thread: the slot's KV up to the image is copied in (``kv_store.save_seq``), the image's
   pieces decoded exactly as the engine would (same pieces, same positions), and the
   sequence copied back into the slot when the engine next steps. The streams go on
@@ -41,6 +42,7 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker import model as model_mod
+from corral.worker.devices import logged_buffers
 from corral.worker.kv_store import restore_seq, save_seq
 from corral.worker.model import LoadedModel
 
@@ -176,6 +178,7 @@ class SideContext:
         self.m, self.s, self.piece = m, s, piece
         self.ctx: ll.llama_context_p | None = None
         self.usable = True  # False after a SideUnsupported: images stay on the engine's thread
+        self.kv_bytes = 0  # its KV cache and compute buffers, once created (counted in Stats.kv_bytes)
         self._lock = threading.Lock()
 
     def _open(self) -> ll.llama_context_p:
@@ -191,10 +194,14 @@ class SideContext:
         p.type_k, p.type_v = model_mod._GGML_TYPES[s.cache_type_k], model_mod._GGML_TYPES[s.cache_type_v]
         if s.flash_attn is not None:
             p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        before = list(model_mod._buffer_lines)
         ctx: ll.llama_context_p = ll.llama_init_from_model(m.model, p)
         if not ctx:
             raise RuntimeError(f"llama.cpp could not create a side context of {m.n_ctx_slot} cells for images")
         m.extra_contexts.append(ctx)  # freed with the model
+        after = list(model_mod._buffer_lines)
+        new = after[len(before):] if after[:len(before)] == before else after
+        self.kv_bytes = sum(b.bytes for b in logged_buffers(new) if b.kind in ("kv", "compute"))
         return ctx
 
     def run(self, state: bytes, work: Callable[[ll.llama_context_p], None], n_stream: int) -> bytes:
