@@ -4,15 +4,21 @@ A prompt with images is a ``VisionTokens`` list: runs of text tokens, which the 
 prompt chunks decode as always (``prefill.py`` stops each run at the next image), and
 image spans. For a slot whose prompt reaches an image, ``VisionSteps.step``:
 
-1. has the image encoded on the encoder thread (one thread, one image at a time; the
-   vision tower runs there while the engine thread goes on decoding every other slot,
-   so an encode never stalls the streams beside it). A slot waits at its image until
-   the embeddings are there; every upcoming image of a running prompt is queued at once.
-2. decodes the embeddings into the slot's sequence, one piece of at most
-   ``min(n_batch, n_ubatch)`` positions per step, in a llama_decode of its own
-   (a llama_batch carries tokens or embeddings, not both) just before the step's
-   batch of tokens; Gemma 3's image positions attend to one another (non-causal), so
-   causal attention is off for that decode only.
+1. has the image encoded on an image thread (``vision_side.ImageThreads``: one image
+   at a time; the vision tower runs there while the engine thread goes on decoding every
+   other slot). A slot waits at its image until the embeddings are there; every upcoming
+   image of a running prompt is queued at once (one at a time beside other streams).
+2. alone (no other slot generating): decodes the embeddings into the slot's sequence,
+   one piece of at most ``min(n_batch, n_ubatch)`` positions per step, in a llama_decode
+   of its own (a llama_batch carries tokens or embeddings, not both) just before the
+   step's batch of tokens; Gemma 3's image positions attend to one another
+   (non-causal), so causal attention is off for that decode only.
+3. beside other streams: the encode and the same pieces run on the niced image thread,
+   in the side context (``vision_side.SideContext``: the slot's KV copied in, the image
+   decoded, the KV copied back into the slot in a later step), and the engine waits for
+   that work ``IMAGE_SHARE`` of each step's time. A non-causal image is one decode of
+   all its positions (it cannot be split without changing its KV), so on the engine's
+   thread it would stall every stream for its whole length.
 
 Prefix reuse: the image positions' pseudo-ids come from the pixels' hash, so the same
 picture in the next turn matches the slot's cache and is neither encoded nor decoded
