@@ -54,7 +54,7 @@ FailSlot = Callable[[Slot, Job, str], None]
 # While other slots generate, image work (on the niced image thread, vision_side.py) gets at
 # least this share of the time: the engine waits for it share / (1 - share) of each step.
 # Alone, an image goes at full speed.
-IMAGE_SHARE = 0.15
+IMAGE_SHARE = 0.1
 
 
 class EmbdBatch:
