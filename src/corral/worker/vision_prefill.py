@@ -174,15 +174,19 @@ class VisionSteps:
 
     def _give_share(self, others: bool) -> None:
         """Beside other streams, image work in flight (niced: it gets only the cores the decode
-        threads leave) gets ``share`` of the time: the engine waits for it that long a step."""
-        now = time.perf_counter()
-        busy = max(0.0, now - self._last_step - self._waited)
-        self._waited = 0.0
+        threads leave) gets ``share`` of the time: the engine waits for it that long a step
+        (measured from the last step's own time; none at the first step of that work)."""
         futs: list[cf.Future[Any]] = [f for f, _ in self._pending.values()] + [f for f, _, _ in self._side.values()]
-        if others and futs and self._last_step > 0:
+        if not (others and futs):
+            self._last_step = self._waited = 0.0
+            return
+        now = time.perf_counter()
+        waited = 0.0
+        if self._last_step > 0:
+            busy = max(0.0, now - self._last_step - self._waited)
             cf.wait(futs, timeout=min(0.5, busy * self.share / (1 - self.share)), return_when=cf.FIRST_COMPLETED)
-            self._waited = time.perf_counter() - now
-        self._last_step = now
+            waited = time.perf_counter() - now
+        self._last_step, self._waited = now, waited
 
     def _encode_later(self, span: ImageSpan, job: Job, beside: bool) -> None:
         assert self.proj is not None
