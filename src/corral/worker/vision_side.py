@@ -98,7 +98,7 @@ def restream(state: bytes, n_stream: int) -> bytes | None:
     reads that one into the destination sequence's stream whatever its index. None when
     the bytes do not parse exactly as that layout (the caller keeps the image on the
     engine's thread)."""
-    for ext in (0, 8):  # 8: cells with 2-D positions (M-RoPE)
+    for ext in (0, 12):  # 12: cells with an llama_kv_cell_ext (M-RoPE's 2-D position, a token id)
         try:
             out = _restream(state, n_stream, ext)
         except (struct.error, ValueError):
