@@ -16,7 +16,10 @@ socketpair: the engine's side of images is measured here), llama-server over HTT
 3. Streams beside images: two streams generate (``ignore_eos``) alone, then while a third
    client sends image requests back to back (at most ``MAX_IMAGES_BESIDE``); each side's
    stream token rate with images over its rate alone (goal >= 0.8). A stream's rate is its
-   tokens over the time from sending it to its end (a stream kept waiting counts).
+   tokens over the time from sending it to its end (a stream kept waiting counts). Every
+   image sent beside the streams is a new picture (no cache hit: each is encoded and
+   decoded; until 2026-12-01 they cycled through the first-token rounds' pictures, which
+   both servers then had cached).
 """
 
 from __future__ import annotations
@@ -165,7 +168,8 @@ async def ls_run(c: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[
     return text, first or wall, timings.get("predicted_n", 0) / wall
 
 
-def check_llama_server(model: Path, mmproj: Path, imgs: list[bytes], stream_tokens: int) -> dict[str, Any]:
+def check_llama_server(model: Path, mmproj: Path, imgs: list[bytes], stream_tokens: int,
+                       beside: list[bytes]) -> dict[str, Any]:
     exe = find_llama_server()
     if exe is None:
         raise SystemExit("no llama-server (python -m bench.llama_server builds it)")
@@ -177,12 +181,12 @@ def check_llama_server(model: Path, mmproj: Path, imgs: list[bytes], stream_toke
              port, "/health")
     try:
         p.wait()
-        return asyncio.run(_ls_measure(p.url, imgs, stream_tokens))
+        return asyncio.run(_ls_measure(p.url, imgs, stream_tokens, beside))
     finally:
         p.stop()
 
 
-async def _ls_measure(url: str, imgs: list[bytes], stream_tokens: int) -> dict[str, Any]:
+async def _ls_measure(url: str, imgs: list[bytes], stream_tokens: int, beside_imgs: list[bytes]) -> dict[str, Any]:
     # no keep-alive: llama-server may close an idle connection the pool would reuse
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as c:
         await ls_run(c, url, ls_image_body(imgs[-1], 2))  # warm-up (the first graph)
@@ -200,7 +204,7 @@ async def _ls_measure(url: str, imgs: list[bytes], stream_tokens: int) -> dict[s
             async def images() -> int:
                 n = 0
                 while not done.is_set() and n < MAX_IMAGES_BESIDE:
-                    await ls_run(c, url, ls_image_body(imgs[1 + n % (len(imgs) - 2)], 1))
+                    await ls_run(c, url, ls_image_body(beside_imgs[n_img + n], 1))
                     n += 1
                 return n
 
@@ -212,7 +216,8 @@ async def _ls_measure(url: str, imgs: list[bytes], stream_tokens: int) -> dict[s
             "beside_tps": statistics.median(beside), "images_beside": n_img}
 
 
-def check_corral(model: Path, mmproj: Path, imgs: list[bytes], stream_tokens: int) -> dict[str, Any]:
+def check_corral(model: Path, mmproj: Path, imgs: list[bytes], stream_tokens: int,
+                 beside_imgs: list[bytes]) -> dict[str, Any]:
     w = Worker(model, mmproj)
     try:
         w.run(corral_image(-1, imgs[-1], 2))  # warm-up
@@ -228,7 +233,7 @@ def check_corral(model: Path, mmproj: Path, imgs: list[bytes], stream_tokens: in
 
             def images() -> None:
                 while not done.is_set() and sent[0] - first < MAX_IMAGES_BESIDE:
-                    w.run(corral_image(100 + sent[0], imgs[1 + sent[0] % (len(imgs) - 2)], 1))
+                    w.run(corral_image(100 + sent[0], beside_imgs[sent[0]], 1))
                     sent[0] += 1
 
             sender = threading.Thread(target=images)
@@ -271,10 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     mmproj = write_gemma3_mmproj(Path(tempfile.mkdtemp(prefix="corral-vision-")) / "mmproj-bench.gguf", **shape)
     rounds, stream_tokens = (3, 32) if a.quick else (7, 96)
     imgs = [picture(s) for s in range(rounds + 2)]  # greedy, the rounds, a warm-up
+    beside = [picture(100 + s) for s in range(STREAM_ROUNDS * MAX_IMAGES_BESIDE)]  # new ones, never cached
     print("llama-server ...", file=sys.stderr, flush=True)
-    ls = check_llama_server(model, mmproj, imgs, stream_tokens)
+    ls = check_llama_server(model, mmproj, imgs, stream_tokens, beside)
     print("corral ...", file=sys.stderr, flush=True)
-    co = check_corral(model, mmproj, imgs, stream_tokens)
+    co = check_corral(model, mmproj, imgs, stream_tokens, beside)
     print(f"projector: gemma3, {image_tokens(**shape)} positions an image; {THREADS} threads, "
           f"{N_PARALLEL} slots, n_batch {N_BATCH}")
     print("| check | llama-server | corral | ratio (goal) |\n|---|---|---|---|")

@@ -145,7 +145,7 @@ class Engine:
     def stats(self) -> wire.Stats:
         return wire.Stats(slots_busy=sum(1 for s in self.slots if s.busy), slots_total=len(self.slots),
                           waiting=len(self.waiting) + len(self.embed_waiting), rss_bytes=rss_bytes(),
-                          model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes,
+                          model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes + self.vision.kv_bytes,
                           tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt,
                           slots=slot_states(self.slots, self.m.n_ctx_slot), spec_drafted=self.spec.drafted,
                           spec_accepted=self.spec.accepted, gen_steps=self.spec.gen_steps,

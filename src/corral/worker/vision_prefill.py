@@ -4,15 +4,21 @@ A prompt with images is a ``VisionTokens`` list: runs of text tokens, which the 
 prompt chunks decode as always (``prefill.py`` stops each run at the next image), and
 image spans. For a slot whose prompt reaches an image, ``VisionSteps.step``:
 
-1. has the image encoded on the encoder thread (one thread, one image at a time; the
-   vision tower runs there while the engine thread goes on decoding every other slot,
-   so an encode never stalls the streams beside it). A slot waits at its image until
-   the embeddings are there; every upcoming image of a running prompt is queued at once.
-2. decodes the embeddings into the slot's sequence, one piece of at most
-   ``min(n_batch, n_ubatch)`` positions per step, in a llama_decode of its own
-   (a llama_batch carries tokens or embeddings, not both) just before the step's
-   batch of tokens; Gemma 3's image positions attend to one another (non-causal), so
-   causal attention is off for that decode only.
+1. has the image encoded on an image thread (``vision_side.ImageThreads``: one image
+   at a time; the vision tower runs there while the engine thread goes on decoding every
+   other slot). A slot waits at its image until the embeddings are there; every upcoming
+   image of a running prompt is queued at once (one at a time beside other streams).
+2. alone (no other slot generating): decodes the embeddings into the slot's sequence,
+   one piece of at most ``min(n_batch, n_ubatch)`` positions per step, in a llama_decode
+   of its own (a llama_batch carries tokens or embeddings, not both) just before the
+   step's batch of tokens; Gemma 3's image positions attend to one another
+   (non-causal), so causal attention is off for that decode only.
+3. beside other streams: the encode and the same pieces run on the niced image thread,
+   in the side context (``vision_side.SideContext``: the slot's KV copied in, the image
+   decoded, the KV copied back into the slot in a later step), and the engine waits for
+   that work ``IMAGE_SHARE`` of each step's time. A non-causal image is one decode of
+   all its positions (it cannot be split without changing its KV), so on the engine's
+   thread it would stall every stream for its whole length.
 
 Prefix reuse: the image positions' pseudo-ids come from the pixels' hash, so the same
 picture in the next turn matches the slot's cache and is neither encoded nor decoded
@@ -24,8 +30,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import ctypes
+import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import llama_cpp as ll
 import msgspec
@@ -33,18 +41,21 @@ import numpy as np
 
 from corral import wire
 from corral.worker.failures import RequestRejected
+from corral.worker.kv_store import restore_seq, save_seq
 from corral.worker.model import LoadedModel
 from corral.worker import vision_mrope as mrope
 from corral.worker.slots import Job, Slot
 from corral.worker.vision import ImageSpan, Projector, VisionTokens, load_projector
+from corral.worker.vision_side import ImageThreads, SideContext, SideUnsupported
 
-__all__ = ["EmbdBatch", "VisionSteps"]
+__all__ = ["EmbdBatch", "VisionSteps", "decode_embd"]
 
+log = logging.getLogger("corral.worker.vision")
 FailSlot = Callable[[Slot, Job, str], None]
-# While other slots generate, images (encodes and pieces) get about this share of the
-# engine's time: after image work of d seconds the others run (1/share - 1) * d seconds
-# of plain steps first. Alone, an image goes at full speed.
-IMAGE_SHARE = 0.15
+# While other slots generate, image work (on the niced image thread, vision_side.py) gets at
+# least this share of the time: the engine waits for it share / (1 - share) of each step.
+# Alone, an image goes at full speed.
+IMAGE_SHARE = 0.1
 
 
 class EmbdBatch:
@@ -73,28 +84,36 @@ class EmbdBatch:
 class VisionSteps:
     """The engine's images: the projector (or none) and the encodes and pieces of each step."""
 
-    def __init__(self, projector: Projector | None, m: LoadedModel, model_id: str) -> None:
+    def __init__(self, projector: Projector | None, m: LoadedModel, s: wire.WorkerSettings) -> None:
         self.proj = projector
         self.mrope = projector is not None and projector.mrope  # M-RoPE positions (vision_mrope.py)
         self.m = m
-        self.model_id = model_id
+        self.model_id = s.model_id
         self.piece = max(1, min(m.n_batch, ll.llama_n_ubatch(m.ctx)))
         self._batch: EmbdBatch | None = None
-        self._encoder: cf.ThreadPoolExecutor | None = None
-        self._pending: dict[ImageSpan, tuple[cf.Future[tuple[np.ndarray, float]], Job]] = {}
-        self.pieces = 0  # image pieces decoded (one per step at most)
+        self.threads = ImageThreads()  # encodes and side decodes: alone / beside (niced) other streams
+        self.side = SideContext(m, s, self.piece)
+        self._pending: dict[ImageSpan, tuple[cf.Future[np.ndarray], Job]] = {}
+        self._side: dict[ImageSpan, tuple[cf.Future[bytes], Job, int]] = {}  # decoding in the side context
+        self.pieces = 0  # image pieces decoded on the engine's thread (one per step at most)
+        self.side_images = 0  # images decoded in the side context and copied into their slot
         self.share = IMAGE_SHARE
-        self._debt = 0.0  # seconds of plain steps the other streams are owed before the next image work
         self._last_step = 0.0
+        self._waited = 0.0
 
     @classmethod
     def load(cls, s: wire.WorkerSettings, m: LoadedModel) -> VisionSteps:
-        return cls(load_projector(s, m), m, s.model_id)
+        return cls(load_projector(s, m), m, s)
 
     def model_info(self, info: wire.ModelInfo) -> wire.ModelInfo:
         if self.proj is None:
             return info
         return msgspec.structs.replace(info, vision=True, mmproj_bytes=self.proj.nbytes)
+
+    @property
+    def kv_bytes(self) -> int:
+        """The side context's buffers (0 until an image first went beside other streams)."""
+        return self.side.kv_bytes
 
     @property
     def encodes(self) -> int:
@@ -120,56 +139,65 @@ class VisionSteps:
 
     def step(self, slots: list[Slot], fail: FailSlot) -> None:
         """Start the encodes the slots' prompts need, collect finished ones, and decode one
-        image piece (before the step's batch of tokens)."""
-        if self.proj is None or not (self._pending or any(_vision_job(s) for s in slots)):
+        image piece (before the step's batch of tokens) or, beside other streams, hand the
+        image to the side context."""
+        if self.proj is None or not (self._pending or self._side or any(_vision_job(s) for s in slots)):
             return
-        now = time.perf_counter()
         others = any(s.job is not None and _vision_job(s) is None for s in slots)
-        self._debt = max(0.0, self._debt - (now - self._last_step)) if others else 0.0
-        self._last_step = now
-        self._collect(slots, fail, others)
-        if self._debt > 0:
-            return  # the other streams' turn
+        self._give_share(others)
+        self._collect(slots, fail)
         for slot, job, toks in _vision_slots(slots):
             for span in toks.images:
                 if span.end > slot.prompt_pos and span.embd is None and span not in self._pending:
-                    self._encode_later(span, job)
+                    self._encode_later(span, job, others)
                     if others:
-                        break  # one at a time while others stream (each encode is owed for)
+                        break  # one at a time while others stream
         for slot, job, toks in _vision_slots(slots):
             at = toks.span_at(slot.prompt_pos)
-            if at is not None and at.embd is not None:
-                t0 = time.perf_counter()
+            if at is None or at.embd is None or at in self._side:
+                continue
+            if others and self.side.usable and not self.mrope:  # M-RoPE: on the engine's thread
+                self._decode_beside(slot, job, at)
+            else:
                 self._decode_piece(slot, job, at, fail)
-                self._owe(time.perf_counter() - t0, others)
                 return
 
     def wait(self, timeout: float = 0.5) -> None:
-        """Nothing else to decode this step: wait for an encode instead of spinning."""
-        if self._pending:
-            cf.wait([f for f, _ in self._pending.values()], timeout=timeout, return_when=cf.FIRST_COMPLETED)
+        """Nothing else to decode this step: wait for an encode or side decode instead of spinning."""
+        futs: list[cf.Future[Any]] = [f for f, _ in self._pending.values()] + [f for f, _, _ in self._side.values()]
+        if futs:
+            cf.wait(futs, timeout=timeout, return_when=cf.FIRST_COMPLETED)
 
     def close(self) -> None:
-        if self._encoder is not None:
-            for fut, _ in self._pending.values():
-                fut.cancel()
-            self._encoder.shutdown(wait=True)
-            self._encoder = None
+        for fut, _ in self._pending.values():
+            fut.cancel()
+        self.threads.shutdown()
         self._pending.clear()
+        self._side.clear()
         if self.proj is not None:
             self.proj.free()
 
-    def _owe(self, seconds: float, others: bool) -> None:
-        if others:
-            self._debt += seconds * (1 / self.share - 1)
+    def _give_share(self, others: bool) -> None:
+        """Beside other streams, image work in flight (niced: it gets only the cores the decode
+        threads leave) gets ``share`` of the time: the engine waits for it that long a step
+        (measured from the last step's own time; none at the first step of that work)."""
+        futs: list[cf.Future[Any]] = [f for f, _ in self._pending.values()] + [f for f, _, _ in self._side.values()]
+        if not (others and futs):
+            self._last_step = self._waited = 0.0
+            return
+        now = time.perf_counter()
+        waited = 0.0
+        if self._last_step > 0:
+            busy = max(0.0, now - self._last_step - self._waited)
+            cf.wait(futs, timeout=min(0.5, busy * self.share / (1 - self.share)), return_when=cf.FIRST_COMPLETED)
+            waited = time.perf_counter() - now
+        self._last_step, self._waited = now, waited
 
-    def _encode_later(self, span: ImageSpan, job: Job) -> None:
+    def _encode_later(self, span: ImageSpan, job: Job, beside: bool) -> None:
         assert self.proj is not None
-        if self._encoder is None:
-            self._encoder = cf.ThreadPoolExecutor(1, thread_name_prefix="corral-vision")
-        self._pending[span] = (self._encoder.submit(_timed, self.proj.encode, span), job)
+        self._pending[span] = (self.threads.submit(beside, self.proj.encode, span), job)
 
-    def _collect(self, slots: list[Slot], fail: FailSlot, others: bool) -> None:
+    def _collect(self, slots: list[Slot], fail: FailSlot) -> None:
         running = {id(s.job): s for s in slots if s.job is not None}
         for span, (fut, job) in list(self._pending.items()):
             slot = running.get(id(job))
@@ -185,32 +213,64 @@ class VisionSteps:
             if exc is not None:
                 fail(slot, job, f"{type(exc).__name__}: {exc}")
             else:
-                span.embd, seconds = fut.result()
-                self._owe(seconds, others)
+                span.embd = fut.result()
+        for span, (sfut, job, pos) in list(self._side.items()):
+            slot = running.get(id(job))
+            if slot is None or slot.job is not job or slot.prompt_pos != pos:  # ended meanwhile
+                sfut.cancel()
+                if sfut.done() or sfut.cancelled():
+                    del self._side[span]
+                continue
+            if sfut.done():
+                del self._side[span]
+                self._take_side(slot, job, span, sfut, fail)
+
+    def _decode_beside(self, slot: Slot, job: Job, span: ImageSpan) -> None:
+        """Hand the rest of ``span`` to the side context (on the niced thread), from the slot's KV now."""
+        assert span.embd is not None
+        off = slot.prompt_pos - span.start
+        rows, start, non_causal, seq_len = span.embd[off:], len(slot.cached), span.non_causal, slot.prompt_pos
+        state = save_seq(self.m.ctx, slot.index)
+        batch = EmbdBatch(self.piece, rows.shape[1])
+
+        def work(ctx: ll.llama_context_p) -> None:
+            for at in range(0, rows.shape[0], self.piece):
+                piece = rows[at: at + self.piece]
+                rc = decode_embd(ctx, batch, piece, start + at, 0, non_causal)
+                if rc != 0:
+                    raise RuntimeError(f"decode of an image failed: llama_decode returned {rc}")
+
+        n_stream = 1 if self.side.s.speculative != "off" else self.m.n_slots  # kv_unified as in model.py
+        self._side[span] = (self.threads.submit(True, self.side.run, state if seq_len else b"", work, n_stream), job,
+                            slot.prompt_pos)
+
+    def _take_side(self, slot: Slot, job: Job, span: ImageSpan, fut: cf.Future[bytes], fail: FailSlot) -> None:
+        exc = fut.exception()
+        if isinstance(exc, SideUnsupported):  # the slot's KV is as it was: decode the image here
+            log.warning("images go on the engine's thread from now on: %s", exc)
+            self.side.usable = False
+            return
+        if exc is not None:
+            fail(slot, job, f"{type(exc).__name__}: {exc}")
+            return
+        ll.llama_memory_seq_rm(self.m.memory, slot.index, -1, -1)
+        if not restore_seq(self.m.ctx, slot.index, fut.result()):
+            fail(slot, job, "the image's KV could not be copied into its slot")
+            return
+        slot.cached.extend(job.tokens[slot.prompt_pos: span.end])
+        slot.prompt_pos = span.end
+        span.embd = None
+        self.side_images += 1
 
     def _decode_piece(self, slot: Slot, job: Job, span: ImageSpan, fail: FailSlot) -> None:
         assert span.embd is not None
         if self._batch is None:
             self._batch = EmbdBatch(self.piece, span.embd.shape[1], mrope.N_POS_PER_EMBD if self.mrope else 1)
-        b = self._batch
         off = slot.prompt_pos - span.start
         k = min(self.piece, span.n_tokens - off)
-        b.embd[: k * b.n_embd] = span.embd[off: off + k].ravel()
-        if self.mrope:  # t, y, x from the image's first position (vision_mrope.py)
-            mrope.write_positions(b.pos, span, mrope.kv_pos(job.tokens, span.start), off, k)
-        else:
-            b.pos[:k] = list(range(len(slot.cached), len(slot.cached) + k))
-        for i in range(k):
-            b.seq[i] = slot.index
-            b.logits[i] = 0
-        b.batch.n_tokens = k
-        if span.non_causal:
-            ll.llama_set_causal_attn(self.m.ctx, False)
-        try:
-            rc = ll.llama_decode(self.m.ctx, b.batch)
-        finally:
-            if span.non_causal:
-                ll.llama_set_causal_attn(self.m.ctx, True)
+        at = (span, mrope.kv_pos(job.tokens, span.start), off) if self.mrope else None
+        rc = decode_embd(self.m.ctx, self._batch, span.embd[off: off + k], len(slot.cached), slot.index,
+                         span.non_causal, mrope_at=at)
         if rc != 0:
             fail(slot, job, f"decode of an image failed: llama_decode returned {rc}")
             return
@@ -221,9 +281,29 @@ class VisionSteps:
             span.embd = None  # decoded: the floats are not needed again
 
 
-def _timed(encode: Callable[[ImageSpan], np.ndarray], span: ImageSpan) -> tuple[np.ndarray, float]:
-    t0 = time.perf_counter()
-    return encode(span), time.perf_counter() - t0
+def decode_embd(ctx: ll.llama_context_p, b: EmbdBatch, rows: np.ndarray, pos: int, seq: int, non_causal: bool,
+                *, mrope_at: tuple[ImageSpan, int, int] | None = None) -> int:
+    """One llama_decode of embedding ``rows`` at positions ``pos``.. of sequence ``seq``
+    (causal attention off for it when the image attends non-causally); llama_decode's code.
+    ``mrope_at``: (the image, its first position, the rows' offset in it): M-RoPE's t/y/x
+    positions instead (vision_mrope.py)."""
+    k = rows.shape[0]
+    b.embd[: k * b.n_embd] = rows.ravel()
+    if mrope_at is not None:
+        mrope.write_positions(b.pos, mrope_at[0], mrope_at[1], mrope_at[2], k)
+    else:
+        b.pos[:k] = list(range(pos, pos + k))
+    for i in range(k):
+        b.seq[i] = seq
+        b.logits[i] = 0
+    b.batch.n_tokens = k
+    if non_causal:
+        ll.llama_set_causal_attn(ctx, False)
+    try:
+        return int(ll.llama_decode(ctx, b.batch))
+    finally:
+        if non_causal:
+            ll.llama_set_causal_attn(ctx, True)
 
 
 def _vision_slots(slots: list[Slot]) -> Iterator[tuple[Slot, Job, VisionTokens]]:

@@ -1,0 +1,228 @@
+"""Image work beside other streams: two image threads and a side context.
+
+An image costs an encode (the vision tower) and a decode of its embeddings into the slot's
+sequence (Gemma 3: one non-causal batch of all its positions, which cannot be split
+without changing its KV). Done on the engine's thread, the decode stalls every other slot
+for its whole length (256 positions: about a second on two cores); done at normal priority
+on another thread, it fights the decode threads for the cores (ggml's threads spin at a
+barrier after every graph node, so a step with a thread short of a core gets many times
+slower). So:
+
+- ``ImageThreads``: two single-thread executors. ``alone`` runs at the process's priority
+  (an image with no other slot generating: it has the cores). ``beside`` runs at nice
+  ``BESIDE_NICE``: its thread is niced before its first ggml call, so the OpenMP threads
+  it starts for its graphs (libgomp keeps one team per calling thread; a new thread
+  inherits its creator's nice) are niced too, and the engine's decode threads win every
+  core they want. No priority is ever raised again (an unprivileged process cannot lower
+  a nice value), which is why there are two threads. Each names itself (``comm``), and its
+  OpenMP threads inherit the name: ``thread_nice`` reads them back.
+- ``SideContext``: a second llama.cpp context on the same weights (one sequence of one
+  slot's length, one micro-batch of the image piece's size, the model context's cache
+  types; created on the first image beside other streams, its KV and compute buffers
+  counted in ``Stats.kv_bytes`` from then on). While other slots generate, an image is decoded there on the ``beside``
+  thread: the slot's KV up to the image is copied in (``kv_store.save_seq``), the image's
+  pieces decoded exactly as the engine would (same pieces, same positions), and the
+  sequence copied back into the slot when the engine next steps. The streams go on
+  meanwhile; the image gets the cores they leave, and ``VisionSteps`` gives it a share
+  of each step's time (it waits for it, ``IMAGE_SHARE``) so it is never starved.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import ctypes
+import ctypes.util
+import os
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import llama_cpp as ll
+
+from corral import wire
+from corral.worker import model as model_mod
+from corral.worker.devices import logged_buffers
+from corral.worker.kv_store import restore_seq, save_seq
+from corral.worker.model import LoadedModel
+
+__all__ = ["BESIDE_NICE", "ImageThreads", "SideContext", "SideUnsupported", "restream", "thread_nice"]
+
+BESIDE_NICE = 19  # the beside thread's nice: below every normal-priority thread
+THREAD_NAMES = ("corral-img", "corral-img-bg")  # alone, beside (comm: at most 15 bytes)
+_PR_SET_NAME = 15
+
+
+def _name_thread(name: str) -> None:
+    """This OS thread's ``comm`` (the threads it creates inherit it)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the names only serve thread_nice
+
+
+def _start_thread(name: str, nice: int) -> None:
+    _name_thread(name)
+    if nice > 0 and hasattr(os, "setpriority"):
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+        except OSError:
+            pass  # the thread keeps the process's priority; the time share still holds
+
+
+def thread_nice() -> dict[str, list[int]]:
+    """The nice value of each of this process's threads by name (``comm``), from /proc."""
+    out: dict[str, list[int]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index(b"(") + 1: stat.rindex(b")")].decode(errors="replace")
+        rest = stat[stat.rindex(b")") + 2:].split()
+        out.setdefault(name, []).append(int(rest[16]))  # field 19: nice
+    return out
+
+
+def restream(state: bytes, n_stream: int) -> bytes | None:
+    """A sequence's KV state (``llama_state_seq_get_data``) rewritten for a cache of
+    ``n_stream`` streams: after an 8-byte header, each cache's block (two with sliding-window layers) lists every
+    stream with its cell count, only the sequence's own being non-empty, and llama.cpp
+    reads that one into the destination sequence's stream whatever its index. None when
+    the bytes do not parse exactly as that layout (the caller keeps the image on the
+    engine's thread)."""
+    for ext in (0, 12):  # 12: cells with an llama_kv_cell_ext (M-RoPE's 2-D position, a token id)
+        try:
+            out = _restream(state, n_stream, ext)
+        except (struct.error, ValueError):
+            continue
+        if out is not None:
+            return out
+    return None
+
+
+def _restream(state: bytes, n_stream: int, ext: int) -> bytes | None:
+    out, i = bytearray(state[:8]), 8  # the magic and the sequence id it was saved from
+    while i < len(state):
+        (n,) = struct.unpack_from("<I", state, i)
+        i += 4
+        payloads = []
+        for _ in range(n):
+            (count,) = struct.unpack_from("<I", state, i)
+            start, i = i, i + 4
+            if count == 0:
+                continue
+            for _ in range(count):  # pos, n_seq_id, [ext], seq ids
+                (nseq,) = struct.unpack_from("<I", state, i + 4)
+                i += 8 + ext + 4 * nseq
+            v_trans, n_layer = struct.unpack_from("<II", state, i)
+            if v_trans > 1 or n_layer > 4096:
+                return None
+            i += 8
+            for _ in range(n_layer):  # K rows: type, row size, rows
+                _, row = struct.unpack_from("<iQ", state, i)
+                i += 12 + count * row
+            for _ in range(n_layer):  # V: rows, or (transposed) element size, width, columns
+                if v_trans:
+                    _, el, width = struct.unpack_from("<iII", state, i)
+                    i += 12 + width * count * el
+                else:
+                    _, row = struct.unpack_from("<iQ", state, i)
+                    i += 12 + count * row
+            payloads.append(state[start:i])
+        if len(payloads) > 1 or i > len(state):
+            return None
+        out += struct.pack("<I", n_stream) + (payloads[0] if payloads else b"\0\0\0\0")
+        out += b"\0\0\0\0" * (n_stream - 1)
+    return bytes(out)
+
+
+class SideUnsupported(RuntimeError):
+    """The slot's KV state is not in a layout ``restream`` knows: images go on the engine's thread."""
+
+
+class ImageThreads:
+    """The ``alone`` and ``beside`` image threads, started on first use."""
+
+    def __init__(self) -> None:
+        self._pools: dict[bool, cf.ThreadPoolExecutor] = {}
+        self.submitted = {False: 0, True: 0}  # jobs run alone / beside other streams
+
+    def submit(self, beside: bool, fn: Callable[..., Any], *args: Any) -> cf.Future[Any]:
+        pool = self._pools.get(beside)
+        if pool is None:
+            name = THREAD_NAMES[beside]
+            pool = self._pools[beside] = cf.ThreadPoolExecutor(
+                1, thread_name_prefix=name, initializer=_start_thread, initargs=(name, BESIDE_NICE if beside else 0))
+        self.submitted[beside] += 1
+        return pool.submit(fn, *args)
+
+    def shutdown(self) -> None:
+        for pool in self._pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._pools.clear()
+
+
+class SideContext:
+    """A one-sequence context on the model's weights for decoding an image off the engine's
+    thread (the ``beside`` thread only). Created on first use; freed with the model."""
+
+    def __init__(self, m: LoadedModel, s: wire.WorkerSettings, piece: int) -> None:
+        self.m, self.s, self.piece = m, s, piece
+        self.ctx: ll.llama_context_p | None = None
+        self.usable = True  # False after a SideUnsupported: images stay on the engine's thread
+        self.kv_bytes = 0  # its KV cache and compute buffers, once created (counted in Stats.kv_bytes)
+        self._lock = threading.Lock()
+
+    def _open(self) -> ll.llama_context_p:
+        s, m = self.s, self.m
+        p = ll.llama_context_default_params()
+        p.n_ctx = m.n_ctx_slot
+        p.n_batch = p.n_ubatch = self.piece
+        p.n_seq_max = 1
+        p.n_threads = m.threads
+        p.n_threads_batch = m.threads_batch
+        p.swa_full = False
+        p.no_perf = True
+        p.type_k, p.type_v = model_mod._GGML_TYPES[s.cache_type_k], model_mod._GGML_TYPES[s.cache_type_v]
+        if s.flash_attn is not None:
+            p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        before = list(model_mod._buffer_lines)
+        ctx: ll.llama_context_p = ll.llama_init_from_model(m.model, p)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not create a side context of {m.n_ctx_slot} cells for images")
+        m.extra_contexts.append(ctx)  # freed with the model
+        after = list(model_mod._buffer_lines)
+        new = after[len(before):] if after[:len(before)] == before else after
+        self.kv_bytes = sum(b.bytes for b in logged_buffers(new) if b.kind in ("kv", "compute"))
+        return ctx
+
+    def run(self, state: bytes, work: Callable[[ll.llama_context_p], None], n_stream: int) -> bytes:
+        """The sequence ``state`` (from the model's context, ``n_stream`` KV streams) copied in
+        as sequence 0, ``work(ctx)`` (the image's pieces), and the sequence's new state, for
+        the model's context; the side context is left empty."""
+        with self._lock:
+            if self.ctx is None:
+                self.ctx = self._open()
+            mem = ll.llama_get_memory(self.ctx)
+            ll.llama_memory_seq_rm(mem, 0, -1, -1)
+            try:
+                one = restream(state, 1) if state else b""
+                if one is None:
+                    raise SideUnsupported("the slot's KV state is not in a layout the image context reads")
+                if one and not restore_seq(self.ctx, 0, one):
+                    raise RuntimeError("the slot's KV could not be copied into the image context")
+                work(self.ctx)
+                back = restream(save_seq(self.ctx, 0), n_stream)
+                if back is None:
+                    raise SideUnsupported("the image context's KV state is not in a layout restream knows")
+                return back
+            finally:
+                ll.llama_memory_seq_rm(mem, 0, -1, -1)

@@ -1,0 +1,119 @@
+"""Images beside other streams (worker/vision_side.py): the policy that keeps the streams'
+rate. Alone, an image is encoded on the normal-priority image thread and decoded on the
+engine's thread; beside a generating slot, both run on the niced image thread (its OpenMP
+threads niced with it) and the decode goes to the side context, whose KV is copied back
+into the slot: the same tokens as alone. Real engine, real libmtmd, two decode threads (so
+the image threads start OpenMP teams of their own)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import llama_cpp as ll
+import pytest
+
+from corral import wire
+from corral.worker.engine import Engine
+from corral.worker.kv_store import restore_seq, save_seq
+from corral.worker.vision_side import BESIDE_NICE, THREAD_NAMES, restream, thread_nice
+
+from .conftest import run_engine, settings_for
+from .test_vision_engine import GREEDY, M, chat, picture, user
+
+pytestmark = pytest.mark.integration
+
+ALONE, BESIDE = THREAD_NAMES
+STREAM = wire.SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine2(model_path: Path, mmproj_path: Path) -> Iterator[Engine]:
+    e = Engine(settings_for(model_path, n_parallel=2, ctx_len=2048, n_batch=8, threads=2, threads_batch=2,
+                            mmproj=str(mmproj_path)))
+    yield e
+    e.close()
+
+
+def _stream_running(e: Engine) -> None:
+    e.submit(wire.GenerateRequest(id="stream", prompt="Once upon a time", params=STREAM))
+    for _ in range(50):
+        e.step()
+        if any(s.job is not None and s.job.req.id == "stream" and s.n_gen > 0 for s in e.slots):
+            return
+    raise AssertionError("the stream never started generating")
+
+
+def _run_until(e: Engine, rid: str) -> str:
+    text = ""
+    for _ in range(2000):
+        for m in e.step():
+            if isinstance(m, wire.Delta) and m.id == rid:
+                text += m.text
+            elif isinstance(m, wire.RequestFailed) and m.id == rid:
+                raise AssertionError(m)
+            elif isinstance(m, wire.Finished) and m.id == rid:
+                return text
+    raise AssertionError(f"{rid} never finished")
+
+
+def test_an_image_alone_goes_on_the_engine_at_normal_priority(engine2: Engine) -> None:
+    v = engine2.vision
+    submitted, pieces, side = dict(v.threads.submitted), v.pieces, v.side_images
+    texts, _, _ = run_engine(engine2, [chat("alone", user(f"What is {M}?", picture(41)))])
+    assert v.threads.submitted[False] - submitted[False] == 1 and v.threads.submitted[True] == submitted[True]
+    assert v.pieces - pieces == 2 and v.side_images == side  # 16 positions, n_batch 8: two pieces, in the steps
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert thread_nice()[ALONE] and all(n == base for n in thread_nice()[ALONE])
+    assert texts["alone"]
+
+
+def _beside_a_stream(e: Engine, rid: str, *turns: wire.ChatMessage) -> str:
+    for slot in e.slots:  # no prefix hit: the image is encoded and decoded again
+        e._clear_slot(slot)
+    _stream_running(e)
+    e.submit(chat(rid, *turns))
+    text = _run_until(e, rid)
+    assert any(s.job is not None and s.job.req.id == "stream" for s in e.slots)  # still streaming
+    e.abort("stream")
+    run_engine(e, [])
+    return text
+
+
+def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_tokens(engine2: Engine) -> None:
+    req = (user(f"Describe {M} briefly.", picture(42)),)
+    v = engine2.vision
+    v.side.usable = False  # the reference: the same image beside the same stream, decoded in the steps
+    try:
+        pieces = v.pieces
+        in_steps = _beside_a_stream(engine2, "a", *req)
+        assert v.pieces - pieces == 2
+    finally:
+        v.side.usable = True
+    submitted, pieces, side = dict(v.threads.submitted), v.pieces, v.side_images
+    beside = _beside_a_stream(engine2, "b", *req)
+    assert v.threads.submitted[True] - submitted[True] == 2  # the encode and the side decode, niced
+    assert v.pieces == pieces and v.side_images - side == 1  # none of the image in the engine's steps
+    assert beside == in_steps  # the side context's KV is what the engine's steps compute
+    assert v.kv_bytes > 0 and engine2.stats().kv_bytes == engine2.info.kv_bytes + v.kv_bytes  # counted
+    niced = thread_nice()[BESIDE]
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert len(niced) >= 2, niced  # the image thread and the OpenMP thread its 2-thread graphs started
+    assert all(n == min(19, base + BESIDE_NICE) > base for n in niced), niced  # below the decode threads
+    assert all(n == base for n in thread_nice()[ALONE])  # the alone thread was never niced
+
+
+def test_a_state_restreamed_round_trips(engine2: Engine) -> None:
+    run_engine(engine2, [wire.GenerateRequest(id="r", prompt="Once upon a time there", params=GREEDY)])
+    slot = next(s for s in engine2.slots if s.cached)
+    state = save_seq(engine2.m.ctx, slot.index)
+    one = restream(state, 1)
+    assert one is not None and len(one) < len(state)  # the other slots' empty streams left out
+    back = restream(one, engine2.m.n_slots)
+    assert back is not None and len(back) == len(state)
+    pos_max = ll.llama_memory_seq_pos_max(engine2.m.memory, slot.index)
+    ll.llama_memory_seq_rm(engine2.m.memory, slot.index, -1, -1)
+    assert restore_seq(engine2.m.ctx, slot.index, back)  # the engine's context reads it back
+    assert ll.llama_memory_seq_pos_max(engine2.m.memory, slot.index) == pos_max == len(slot.cached) - 1
+    assert restream(state[:-3], 1) is None  # not the layout: refused, never guessed
