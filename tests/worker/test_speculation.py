@@ -110,11 +110,11 @@ def test_find_draft_takes_the_latest_longest_match() -> None:
 
 
 def test_drafts_are_as_long_as_they_pay() -> None:  # n-gram drafts: no draft cost (tests/worker/test_spec_cost.py)
-    assert 4 <= best_length(0.95, 1, 0.35, 0.0, 16) < 16  # a lone slot: long drafts, not endless ones
-    assert best_length(0.95, 4, 0.35, 0.0, 16) < best_length(0.95, 1, 0.35, 0.0, 16)  # 4 slots: shorter
-    assert best_length(0.95, 4, 0.35, 0.0, 16) < best_length(0.99, 4, 0.35, 0.0, 16)
-    assert best_length(0.6, 4, 0.5, 0.0, 16) == 0 and best_length(0.6, 1, 0.1, 0.0, 16) > 0  # cheap tokens: sooner
-    assert best_length(1.0, 8, 0.1, 0.0, 64) == 64
+    assert best_length(0.95, 1, 0.5, 0.0, 64) == 13  # 0.95^13 > 0.5 > 0.95^14
+    assert best_length(0.95, 4, 0.5, 0.0, 64) == 4  # four slots: the step's own tokens are cheap per token
+    assert best_length(0.95, 4, 0.5, 0.0, 64) < best_length(0.99, 4, 0.5, 0.0, 64)
+    assert best_length(0.6, 4, 0.5, 0.0, 64) == 0 and best_length(0.6, 1, 0.1, 0.0, 64) > 0  # cheap tokens: sooner
+    assert best_length(1.0, 8, 0.5, 0.0, 64) == 64 and best_length(0.95, 1, 0.5, 0.0, 8) == 8  # at most longest
 
 
 def test_a_slot_whose_drafts_fail_pauses_then_drafts_again() -> None:

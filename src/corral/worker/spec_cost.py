@@ -15,41 +15,34 @@ and draws one token):
   a quarter), ``StepCosts.draft`` after every ``DraftModel.propose``, over the one-token step
   time. 0 for n-gram drafts (a lookup costs next to nothing), and 0 until measured.
 
-``best_length`` chooses the draft length L (0: no draft this step) that maximizes the step's
-expected tokens per unit of time: with B slots generating, each drawing one token, a step
-costs 1 + token_cost * (B - 1) and yields B tokens; a draft of L tokens, the j-th accepted
-with probability r^j (r: the slot's recent per-token acceptance), adds r + r^2 + ... + r^L
-tokens and costs (token_cost + draft_cost) * L. With the model as its own draft on a CPU,
-draft_cost is about 1: no length pays, and the slot only probes now and then.
+``best_length`` chooses the draft length L (0: no draft this step) by tokens per unit of time:
+with B slots generating, each drawing one token, a step costs 1 + token_cost * (B - 1) and
+yields B tokens; the j-th token of a draft is accepted with probability r^j (r: the slot's
+recent per-token acceptance) and costs token_cost + draft_cost, so it is sent while its
+expected tokens per cost beat the step's without it: r^j / (token_cost + draft_cost) >
+B / (1 + token_cost * (B - 1)). With the model as its own draft on a CPU, draft_cost is about
+1: no token pays, and the slot does not draft.
 """
 
 from __future__ import annotations
 
-__all__ = ["StepCosts", "best_length", "expected_rate"]
+import math
+
+__all__ = ["StepCosts", "best_length"]
 
 _DECAY = 0.95  # per measured step (about the last 20 steps count)
 _MIN_VAR = 0.5  # tokens^2: below this spread in step sizes the slope is not fitted
-_COST_MIN, _COST_MAX = 0.01, 2.0
-
-
-def expected_rate(length: int, r: float, n_gen: int, token_cost: float, draft_cost: float) -> float:
-    """Expected tokens per one-token-step unit of time of a step in which one of ``n_gen``
-    generating slots sends a draft of ``length`` tokens."""
-    tokens = n_gen - 1 + sum(r ** j for j in range(length + 1))
-    cost = 1.0 + token_cost * (n_gen - 1) + (token_cost + draft_cost) * length
-    return tokens / cost
+_COST_MIN, _COST_MAX = 0.01, 0.95
 
 
 def best_length(r: float, n_gen: int, token_cost: float, draft_cost: float, longest: int) -> int:
-    """The draft length in 0..``longest`` with the most expected tokens per unit of time
-    (the shortest of equals; 0 when no draft beats none)."""
-    r = min(1.0, max(0.0, r))
-    best, best_rate = 0, expected_rate(0, r, n_gen, token_cost, draft_cost)
-    for length in range(1, max(0, longest) + 1):
-        rate = expected_rate(length, r, n_gen, token_cost, draft_cost)
-        if rate > best_rate * (1.0 + 1e-9):
-            best, best_rate = length, rate
-    return best
+    """The longest draft, at most ``longest``, whose every token pays (0: none does)."""
+    threshold = (token_cost + draft_cost) * n_gen / (1.0 + token_cost * (n_gen - 1))
+    if r <= 0.0 or r <= threshold:
+        return 0
+    if r >= 1.0:
+        return max(0, longest)
+    return max(0, min(longest, int(math.log(threshold) / math.log(r))))
 
 
 class StepCosts:
@@ -88,7 +81,7 @@ class StepCosts:
         if var >= _MIN_VAR:
             b = (nt / w - mean_n * mean_t) / var
             a = mean_t - b * mean_n
-            if b > 0.0 and a + b > 0.0:
+            if b > 0.0 and a > 0.0:  # (a <= 0: not a line through these steps)
                 return a + b, min(_COST_MAX, max(_COST_MIN, b / (a + b)))
         one = mean_t / (1.0 + self.prior * (mean_n - 1.0))
         return one, self.prior
@@ -107,4 +100,4 @@ class StepCosts:
         fit = self._fit()
         if fit is None or self._draft_p <= 0.0 or fit[0] <= 0.0:
             return 0.0
-        return min(_COST_MAX * 8, self._draft_s / self._draft_p / fit[0])
+        return min(16.0, self._draft_s / self._draft_p / fit[0])
