@@ -20,9 +20,9 @@ A slot without a draft decodes one token as before, so speculation never holds b
 others. How long a draft is worth it (``spec_cost.best_length``): the j-th draft token is
 accepted with probability r^j (r: the slot's recent per-token acceptance, a decayed count)
 and costs the target ``token_cost`` of a one-token step (measured as the worker runs: about
-0.3 on a CPU, where a decode's time grows with its tokens; far less on a GPU), plus, with a
-draft model, its own ``draft_cost`` (measured too: worker/spec_cost.py); the length chosen
-(0: none) is the one with the most expected tokens per unit of time of the step. So with
+0.3-0.5 on a CPU, where a decode's time grows with its tokens; far less on a GPU), plus, with a
+draft model, its own ``draft_cost`` (measured too: worker/spec_cost.py); a draft token is
+sent while its expected tokens per cost beat the step's without it (0: no draft). So with
 many slots only confident drafts are sent, and a draft model as slow as the model itself
 drafts hardly at all. A slot whose drafts do not pay (or keep failing) probes again with a
 short draft after a pause that doubles each time the probe fails or still does not pay.
@@ -184,7 +184,7 @@ class Speculator:
         return length if length >= self.draft_min else 0
 
     def _pays(self, st: SlotSpec, n_gen: int) -> int:
-        """The draft length with the most expected tokens per unit of time (spec_cost.py)."""
+        """The longest draft whose every token pays (spec_cost.py)."""
         return best_length(st.hits / st.tries, n_gen, self.costs.token_cost, self.costs.draft_cost, self.draft_max)
 
     def _hopeless(self, n_gen: int) -> bool:
