@@ -8,9 +8,11 @@ and the router's metrics list them. Imports nothing of corral.
 
 The header names the model key (the model file's identity and every load setting that
 changes the KV: ``corral.worker.cache_disk.model_key``), the model id (for people), the
-token count, the state's size and the lowest position the state holds (sliding-window
-layers keep only the last window). The sha256 covers everything before it: a truncated or
-bit-flipped file is refused (``CacheFileError``) and the caller drops it.
+token count, the state's size, the lowest position the state holds (sliding-window
+layers keep only the last window) and the LoRA adapter set the KV was computed under
+(``lora``: [[adapter index, scale], ...], [] for none; also part of the file's name). The
+sha256 covers everything before it: a truncated or bit-flipped file is refused
+(``CacheFileError``) and the caller drops it.
 """
 
 from __future__ import annotations
@@ -54,26 +56,32 @@ class CacheFile:
     state_bytes: int
     size: int  # the file's bytes
     mtime: float  # last written or used: eviction goes by it
+    lora: tuple[tuple[int, float], ...] = ()  # the adapter set the KV was computed under (() : none)
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
 
 
-def token_hash(tokens: Sequence[int]) -> str:
-    """The file name (without suffix) of the entry holding ``tokens``."""
-    return hashlib.sha256(struct.pack(f"<{len(tokens)}i", *tokens)).hexdigest()[:40]
+def token_hash(tokens: Sequence[int], lora: Sequence[tuple[int, float]] = ()) -> str:
+    """The file name (without suffix) of the entry holding ``tokens`` computed under the
+    LoRA adapter set ``lora`` ((adapter index, scale) pairs; none: the tokens alone)."""
+    h = hashlib.sha256(struct.pack(f"<{len(tokens)}i", *tokens))
+    if lora:
+        h.update(json.dumps([[int(i), float(v)] for i, v in lora]).encode())
+    return h.hexdigest()[:40]
 
 
 def write_entry(directory: Path, model_key: str, model_id: str, tokens: Sequence[int], pos_min: int,
-                state: bytes) -> Path:
+                state: bytes, lora: Sequence[tuple[int, float]] = ()) -> Path:
     """Write one entry atomically (temp file, fsync, rename, fsync of the directory)."""
     directory.mkdir(parents=True, exist_ok=True)
     header = json.dumps({"v": VERSION, "key": model_key, "model": model_id, "n_tokens": len(tokens),
-                         "pos_min": pos_min, "state_bytes": len(state), "created": time.time()}).encode()
+                         "pos_min": pos_min, "state_bytes": len(state), "created": time.time(),
+                         "lora": [[int(i), float(v)] for i, v in lora]}).encode()
     digest = hashlib.sha256()
     parts = [MAGIC, struct.pack("<I", len(header)), header, struct.pack(f"<{len(tokens)}i", *tokens), state]
-    final = directory / (token_hash(tokens) + SUFFIX)
+    final = directory / (token_hash(tokens, lora) + SUFFIX)
     tmp = directory / f"{_TMP_PREFIX}{os.getpid()}-{final.name}"
     try:
         with open(tmp, "wb") as f:
@@ -122,8 +130,9 @@ def read_header(path: Path) -> CacheFile:
         if st.st_size != want:
             raise CacheFileError(path, f"{st.st_size} bytes, its header says {want} (truncated?)")
         tokens = struct.unpack(f"<{n_tok}i", raw)
+        lora = tuple((int(i), float(v)) for i, v in meta.get("lora", []))
         return CacheFile(path, str(meta["key"]), str(meta.get("model", "")), tokens, int(meta["pos_min"]), n_state,
-                         st.st_size, st.st_mtime)
+                         st.st_size, st.st_mtime, lora)
     except CacheFileError:
         raise
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:

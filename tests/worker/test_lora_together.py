@@ -1,7 +1,7 @@
 """LoRA adapters with the other features that move or keep a slot's cells: a paused request
 resumes under its own adapter set (its KV restored, or recomputed under that set while the
-other slots decode without adapters), the prompt cache keeps nothing for a model with
-adapters, and images under an adapter set are refused."""
+other slots decode without adapters), and images under an adapter set are refused. The prompt
+cache under adapter sets: tests/worker/test_lora_prompt_cache.py."""
 
 from __future__ import annotations
 
@@ -67,20 +67,6 @@ def test_a_paused_adapter_request_resumes_under_its_set(model_path: Path, adapte
         assert run.texts["p1"] == want
         assert all(isinstance(run.finals[f"o{k}"], wire.Finished) for k in range(len(OTHER)))
         assert e.preempt.recomputed == (1 if ram == 0 else 0)
-    finally:
-        e.close()
-
-
-def test_no_prompt_cache_for_a_model_with_adapters(model_path: Path, adapter: Path) -> None:
-    e = _engine(model_path, adapter)
-    try:
-        long = " ".join(["The river runs through the old town and past the mill."] * 12)
-        run_engine(e, [wire.GenerateRequest(id="x", prompt=long, lora=A1, params=wire.SamplingParams(max_tokens=2))])
-        for k, p in enumerate(OTHER * 2):  # every slot overwritten by other prompts
-            run_engine(e, [wire.GenerateRequest(id=f"y{k}", prompt=p + long[:40],
-                                                params=wire.SamplingParams(max_tokens=2))])
-        assert not e.prompt_cache.enabled and len(e.prompt_cache.store) == 0
-        assert e.prompt_cache.stats().saves == 0
     finally:
         e.close()
 

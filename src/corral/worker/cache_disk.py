@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,11 +66,12 @@ def _store_sha256(path: Path, size: int) -> str | None:
     return sha.lower()
 
 
-def model_key(m: LoadedModel, s: wire.WorkerSettings, lora: Sequence[object] = ()) -> str:
+def model_key(m: LoadedModel, s: wire.WorkerSettings) -> str:
     """The identity a saved KV state is valid under (a hex digest).
 
-    ``lora``: the adapter set the KV was computed under (files and scales; issue 25 adds
-    it); images are part of the tokens' meaning and are keyed with the tokens instead."""
+    ``lora``: the model's adapter files in their order (an entry's adapter set names them by
+    index; the set itself is in each entry: ``CacheFile.lora``); images are part of the
+    tokens' meaning and are keyed with the tokens instead."""
     fields: dict[str, object] = {
         "format": KEY_FORMAT,
         "llama_cpp": getattr(ll, "__version__", ""),  # the state's byte layout
@@ -82,7 +82,9 @@ def model_key(m: LoadedModel, s: wire.WorkerSettings, lora: Sequence[object] = (
         "flash_attn": s.flash_attn, "kv_unified": s.speculative != "off", "swa_full": s.swa_full,
         "n_swa": m.n_swa, "gpu_layers": m.info.gpu_layers,
         "rope": None,  # no rope/yarn settings yet: their fields go here when added
-        "lora": [str(a) for a in lora],  # the LoRA set (issue 25)
+        # the adapter files an entry's set (its indices) refers to: a replaced file is another key
+        "lora": [{"path": a.path, "file": file_identity(a.path) if os.path.isfile(a.path) else None}
+                 for a in s.lora],
         "mmproj": file_identity(s.mmproj) if s.mmproj and os.path.isfile(s.mmproj) else s.mmproj,  # the projector
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
@@ -97,6 +99,7 @@ class Candidate:
     pos_min: int
     state: bytes
     last_used: float
+    lora: tuple[tuple[int, float], ...] = ()  # the adapter set the state was computed under
 
 
 class DiskCache:
@@ -160,7 +163,7 @@ class DiskCache:
             if time.monotonic() >= deadline:
                 log.warning("prompt cache: write stopped after %.1fs (%d files)", timeout_s, written)
                 break
-            name = cache_files.token_hash(c.tokens) + cache_files.SUFFIX
+            name = cache_files.token_hash(c.tokens, c.lora) + cache_files.SUFFIX
             used_at = time.time() - max(0.0, time.monotonic() - c.last_used)  # recency: the file's mtime
             if name in self.index:
                 cache_files.touch(self.index[name].path, used_at)
@@ -170,7 +173,8 @@ class DiskCache:
             if size > budget:
                 continue
             try:
-                path = cache_files.write_entry(self.dir, self.key, self.model_id, c.tokens, c.pos_min, c.state)
+                path = cache_files.write_entry(self.dir, self.key, self.model_id, c.tokens, c.pos_min, c.state,
+                                               c.lora)
                 cache_files.touch(path, used_at)
                 self.index[name] = cache_files.read_header(path)
             except (OSError, CacheFileError) as exc:

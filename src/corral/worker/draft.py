@@ -15,6 +15,11 @@ is the draft model's greedy chain; it stops where the draft's top probability fa
 ``draft_p_min`` (llama-server's ``--draft-p-min``), at the length ``Speculator._length``
 allows, or where a slot's draft would run out of context; one shorter than ``draft_min``
 is not sent, and counts as a failed draft for the pauses (three in a row pause the slot).
+The time of ``propose``'s decodes (and their top-probability checks) per slot-position
+drafted, but for decodes that also catch up a long history (a new prompt, the tokens of a
+pause), is the draft's cost in the length rule (``Speculator.costs.draft``,
+worker/spec_cost.py): with a draft as slow as the model itself (a self-draft on a CPU) no
+length pays, and slots do not even probe but once every ``RECHECK_STEPS``.
 
 Sliding-window draft models (Gemma 3): the context keeps one KV stream per sequence with
 full-size window caches (``swa_full``), so a rolled-back draft never costs a cell; each
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 
 import llama_cpp as ll
 import msgspec
@@ -120,6 +126,8 @@ class DraftModel:
         self.window_resets = 0  # sequences recomputed after their window lost a cell (should stay 0)
         self.decodes = 0  # decodes with draft positions (catch-ups alone not counted) ...
         self.positions = 0  # ... and the slot-positions they drafted (batched: more than decodes)
+        self.timed_s = 0.0  # seconds of the draft positions decoded without a long catch-up ...
+        self.timed_positions = 0  # ... and their slot-positions (the draft's cost per position)
 
     def free(self) -> None:
         free_context_and_model(self)
@@ -184,6 +192,7 @@ class DraftModel:
             items.extend((t, n + j, slot.index) for j, t in enumerate(slot.cached[n:]))
         items.extend((slots[k].pending, len(slots[k].cached), slots[k].index) for k in active)
         while active:
+            t0, timed = time.perf_counter(), len(items) <= 2 * len(active)  # not a catch-up of many tokens
             first = self.decode(items, len(active))
             if first is None:
                 return [[] for _ in slots]
@@ -196,6 +205,9 @@ class DraftModel:
                 drafts[k].append(top)
                 if len(drafts[k]) < lengths[k]:
                     still.append(k)
+            if timed:  # what a draft position costs (worker/spec_cost.py): the decode and the check
+                self.timed_s += time.perf_counter() - t0
+                self.timed_positions += len(active)
             active = still
             items = [(drafts[k][-1], len(self.cached[slots[k].index]), slots[k].index) for k in active]
         return drafts
@@ -216,7 +228,10 @@ class DraftSpeculator(Speculator):
             n = min(n, self.dm.n_ctx_slot - len(slot.cached) - 2)  # the draft's own context may be shorter
             lengths.append(n if n >= self.draft_min else 0)
             room -= lengths[-1]
-        drafts = [d if len(d) >= self.draft_min else [] for d in self.dm.propose(gen, lengths, self.p_min)]
+        dm, positions, seconds = self.dm, self.dm.timed_positions, self.dm.timed_s
+        proposed = dm.propose(gen, lengths, self.p_min)
+        self.costs.draft(dm.timed_positions - positions, dm.timed_s - seconds)  # its own cost (spec_cost.py)
+        drafts = [d if len(d) >= self.draft_min else [] for d in proposed]
         for slot, n, d in zip(gen, lengths, drafts):
             st = self.states[slot.index]
             if n and not d:  # the draft model was not sure enough: a failure for the pauses too

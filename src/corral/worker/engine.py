@@ -90,7 +90,7 @@ class Engine:
         self.tokens_generated = 0
         self.tokens_prompt = 0
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
-        self.prompt_cache = PromptCache(self.m, settings)  # RAM and disk (prompt_cache.py); .store: the KV store
+        self.prompt_cache = PromptCache(self.m, settings, self.lora)  # RAM, disk (prompt_cache.py); .store: KV store
         self.preempt = Preemption(self, self.prompt_cache.store)  # paused requests, pinned in that store (preempt.py)
 
     # ------------------------------------------------------------------ commands

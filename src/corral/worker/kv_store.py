@@ -72,6 +72,7 @@ class KVEntry:
     state: bytes
     pinned: bool = False
     pos_min: int = 0  # the lowest position the state holds (sliding-window layers keep the last window)
+    lora: tuple[tuple[int, float], ...] = ()  # the LoRA adapter set its KV was computed under (worker/lora.py)
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -103,9 +104,11 @@ class HostKVStore:
     def pinned_bytes(self) -> int:
         return sum(e.nbytes for e in self._entries.values() if e.pinned)
 
-    def put(self, key: str, tokens: Sequence[int], state: bytes, *, pinned: bool = False, pos_min: int = 0) -> bool:
+    def put(self, key: str, tokens: Sequence[int], state: bytes, *, pinned: bool = False, pos_min: int = 0,
+            lora: tuple[tuple[int, float], ...] = ()) -> bool:
         """Keep ``state`` under ``key`` (replacing an entry of that key), evicting least
-        recently used cache entries for room; False (and nothing kept) when it cannot fit."""
+        recently used cache entries for room; False (and nothing kept) when it cannot fit.
+        ``lora``: the adapter set the state was computed under, for the caller to compare."""
         self.pop(key)
         size = len(state)
         if not state or size > self.capacity - self.pinned_bytes:
@@ -117,7 +120,7 @@ class HostKVStore:
             self.evictions += 1
         if self.bytes_used + size > self.capacity:
             return False
-        self._entries[key] = KVEntry(key, tuple(tokens), state, pinned, pos_min)
+        self._entries[key] = KVEntry(key, tuple(tokens), state, pinned, pos_min, lora=lora)
         self.bytes_used += size
         return True
 

@@ -21,7 +21,9 @@ docs/benchmarks.md).
 A slot's KV is valid only for the adapter set it was computed under: ``slot_key[i]`` is the
 set of slot ``i``'s cache, and ``pick_slot`` reuses a cached prefix only from a slot of the
 job's own set (another slot's cache is cleared when the job starts there, as for a prefix of
-0). Anything else that restores KV into a slot (a prompt cache) must compare this key too.
+0). Anything else that restores KV into a slot must compare this key too: the prompt cache
+keys its entries by it (worker/prompt_cache.py; ``replaced_key`` is the set of the cells a
+chosen slot still holds until its job starts).
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class LoraAdapters:
         self.names = {s.name: s.id for s in specs}
         self.default = default
         self.slot_key: list[LoraKey] = [BASE] * model.n_slots
+        # the set of a slot's cells before pick_slot gave the slot to a job of another set (the
+        # cells stay until the job starts: what the prompt cache saves them under)
+        self.replaced_key: list[LoraKey] = [BASE] * model.n_slots
         self.applied: LoraKey = BASE
         self.last_turn: LoraKey | None = None
         self.switches = 0  # times the context's adapters changed
@@ -141,6 +146,7 @@ class LoraAdapters:
                 best, best_n = s, n
         if self.slot_key[best.index] != key:
             best_n = 0  # its cache is cleared when the job starts
+        self.replaced_key[best.index] = self.slot_key[best.index]
         self.slot_key[best.index] = key
         return best, best_n
 

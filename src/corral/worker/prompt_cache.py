@@ -34,6 +34,7 @@ from corral import cache_files, wire
 from corral.cache_files import CacheFile
 from corral.worker.cache_disk import Candidate, DiskCache, model_key
 from corral.worker.kv_store import HostKVStore, KVEntry, common_prefix, restore_seq, save_seq
+from corral.worker.lora import BASE, LoraAdapters, LoraKey
 from corral.worker.model import LoadedModel
 from corral.worker.slots import Slot, reuse_len
 
@@ -46,12 +47,11 @@ MIN_GAIN_TOKENS = 16  # restore only when it serves this many more tokens than t
 
 
 class PromptCache:
-    def __init__(self, m: LoadedModel, settings: wire.WorkerSettings) -> None:
+    def __init__(self, m: LoadedModel, settings: wire.WorkerSettings, lora: LoraAdapters | None = None) -> None:
         self.m = m
+        self.lora = lora  # each slot's adapter set: an entry serves only a job of its own set
         self.store = HostKVStore(0 if m.embedding else settings.prompt_cache_ram)
-        # with LoRA adapters a slot's cells depend on its adapter set, which the entries do not
-        # record yet: no cache (the store still holds paused sequences: worker/preempt.py)
-        self.enabled = not m.embedding and not settings.lora
+        self.enabled = not m.embedding
         self.disk: DiskCache | None = None
         cfg = settings.prompt_cache_disk
         if cfg is not None and cfg.max_bytes > 0 and self.enabled:
@@ -73,11 +73,14 @@ class PromptCache:
         if not self.enabled:
             return reuse
         keep = 0 if echo else reuse
+        # lora.pick_slot gave the slot the job's adapter set; its cells are still of the old one
+        was, now = (BASE, BASE) if self.lora is None else (
+            self.lora.replaced_key[slot.index], self.lora.slot_key[slot.index])
         if self.store.capacity > 0 and len(slot.cached) - keep >= MIN_SAVE_TOKENS:
-            self.save(slot, keep)
+            self.save(slot, keep if was == now else 0, was)
         if echo or len(tokens) < MIN_SAVE_TOKENS:
             return reuse
-        best = self._best(tokens, reuse + MIN_GAIN_TOKENS)
+        best = self._best(tokens, reuse + MIN_GAIN_TOKENS, now)
         if best is None:
             self.misses += 1
             return reuse
@@ -106,12 +109,13 @@ class PromptCache:
         self.restore_s += time.perf_counter() - t0
         return got
 
-    def save(self, slot: Slot, keep: int) -> bool:
-        """Keep the slot's cached prefix in the RAM store (a cache entry keyed by its tokens).
-        The slot is about to be overwritten from ``keep`` on."""
+    def save(self, slot: Slot, keep: int, lora: LoraKey = BASE) -> bool:
+        """Keep the slot's cached prefix in the RAM store (a cache entry keyed by its tokens
+        and ``lora``, the adapter set its cells were computed under). The slot is about to be
+        overwritten from ``keep`` on."""
         self._cut_to_last_prompt(slot, keep)
         tokens = tuple(slot.cached)
-        key = cache_files.token_hash(tokens)
+        key = cache_files.token_hash(tokens, lora)
         if key in self.store:
             self.store.get(key)
             return True
@@ -120,9 +124,10 @@ class PromptCache:
         pos_min = int(ll.llama_memory_seq_pos_min(self.m.memory, slot.index))
         if self.m.n_swa == 0:  # a longer entry serves every prefix of it: drop the shorter ones
             for e in self.store.entries():
-                if not e.pinned and len(e.tokens) < len(tokens) and tokens[: len(e.tokens)] == e.tokens:
+                if not e.pinned and e.lora == lora and len(e.tokens) < len(tokens) and \
+                        tokens[: len(e.tokens)] == e.tokens:
                     self.store.pop(e.key)
-        ok = self.store.put(key, tokens, state, pos_min=max(0, pos_min))
+        ok = self.store.put(key, tokens, state, pos_min=max(0, pos_min), lora=lora)
         self.save_s += time.perf_counter() - t0
         self.saves += ok
         return ok
@@ -145,13 +150,16 @@ class PromptCache:
             return 0
         return n
 
-    def _best(self, tokens: Sequence[int], at_least: int) -> tuple[KVEntry | CacheFile, int] | None:
+    def _best(self, tokens: Sequence[int], at_least: int, lora: LoraKey) -> tuple[KVEntry | CacheFile, int] | None:
+        """The entry of adapter set ``lora`` that serves most of ``tokens`` (at least ``at_least``)."""
         best: tuple[KVEntry | CacheFile, int] | None = None
         for e in self.store.entries():
-            if not e.pinned and (n := self._usable(e.tokens, e.pos_min, tokens)) >= at_least:
+            if not e.pinned and e.lora == lora and (n := self._usable(e.tokens, e.pos_min, tokens)) >= at_least:
                 if best is None or n > best[1]:
                     best = (e, n)
         for f in self.disk.entries() if self.disk is not None else ():
+            if f.lora != lora:
+                continue
             n = self._usable(f.tokens, f.pos_min, tokens)
             if n >= at_least and (best is None or n > best[1]):  # RAM wins a tie
                 best = (f, n)
@@ -214,16 +222,16 @@ class PromptCache:
         t0 = time.perf_counter()
         now = time.monotonic()
         cands: list[Candidate] = []
-        seen: set[tuple[int, ...]] = set()
+        seen: set[tuple[tuple[int, ...], LoraKey]] = set()
         for s in slots:
             self._cut_to_last_prompt(s, 0)  # (the worker unloads: its slots are not used again)
             if len(s.cached) >= MIN_SAVE_TOKENS:
-                toks = tuple(s.cached)
+                toks, lora = tuple(s.cached), BASE if self.lora is None else self.lora.slot_key[s.index]
                 pos_min = max(0, int(ll.llama_memory_seq_pos_min(self.m.memory, s.index)))
-                cands.append(Candidate(toks, pos_min, save_seq(self.m.ctx, s.index), now))
-                seen.add(toks)
-        cands += [Candidate(e.tokens, e.pos_min, e.state, e.last_used) for e in self.store.entries()
-                  if not e.pinned and e.tokens not in seen]
+                cands.append(Candidate(toks, pos_min, save_seq(self.m.ctx, s.index), now, lora))
+                seen.add((toks, lora))
+        cands += [Candidate(e.tokens, e.pos_min, e.state, e.last_used, e.lora) for e in self.store.entries()
+                  if not e.pinned and (e.tokens, e.lora) not in seen]
         limit = disk.cfg.write_bytes if msg.max_bytes is None else msg.max_bytes
         timeout = disk.cfg.write_s if msg.timeout_s is None else min(disk.cfg.write_s, msg.timeout_s)
         written, n_bytes = disk.persist(cands, limit, max(0.0, timeout - (time.perf_counter() - t0)))

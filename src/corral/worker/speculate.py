@@ -17,14 +17,15 @@ draft too: a draft token the grammar forbids is simply never drawn. ``settle`` r
 rejected tail from the KV cache (``llama_memory_seq_rm``) and from ``slot.cached``.
 
 A slot without a draft decodes one token as before, so speculation never holds back the
-others. How long a draft is worth it (``worth``): the j-th draft token is accepted with
-probability r^j (r: the slot's recent per-token acceptance, a decayed count) and costs
-``token_cost`` of a one-token step (about 0.35 on a CPU, where a decode's time grows with
-its tokens; far less on a GPU); with B slots generating, a draft token pays when
-r^j > token_cost * B / (1 + token_cost * (B - 1)), the tokens per unit of time of the step
-without it. So with many slots only confident drafts are sent. A slot whose drafts are not
-worth it (or keep failing) probes again with a short draft after a pause that doubles
-each time the probe fails.
+others. How long a draft is worth it (``spec_cost.best_length``): the j-th draft token is
+accepted with probability r^j (r: the slot's recent per-token acceptance, a decayed count)
+and costs the target ``token_cost`` of a one-token step (measured as the worker runs: about
+0.3-0.5 on a CPU, where a decode's time grows with its tokens; far less on a GPU), plus, with a
+draft model, its own ``draft_cost`` (measured too: worker/spec_cost.py); a draft token is
+sent while its expected tokens per cost beat the step's without it (0: no draft). So with
+many slots only confident drafts are sent, and a draft model as slow as the model itself
+drafts hardly at all. A slot whose drafts do not pay (or keep failing) probes again with a
+short draft after a pause that doubles each time the probe fails or still does not pay.
 
 Sliding-window attention (Gemma 3): the window's cells may be reused by llama.cpp once no
 position of their sequence needs them, judged from the sequence's newest position before
@@ -37,7 +38,7 @@ the first ubatch, so a rolled-back draft never cost a cell the next positions ne
 from __future__ import annotations
 
 import logging
-import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,6 +50,7 @@ from corral import wire
 from corral.worker.model import LoadedModel
 from corral.worker.sample_pool import Drawn
 from corral.worker.slots import Batch, Slot
+from corral.worker.spec_cost import StepCosts, best_length
 from corral.worker.vision_mrope import kv_pos
 
 __all__ = ["Speculator", "SlotSpec", "find_draft", "NGRAM_MAX", "NGRAM_MIN"]
@@ -60,19 +62,11 @@ NGRAM_MIN = 2  # the shortest
 FAILS_BEFORE_PAUSE = 3  # drafts in a row with nothing accepted
 PAUSE_STEPS = 16  # the first pause; doubles after each pause that did not help
 MAX_PAUSE = 256
-CPU_TOKEN_COST = 0.35  # a draft token's cost in one-token steps, no GPU layers (measured on 2 cores, Gemma 270M)
+RECHECK_STEPS = 1024  # slot-steps between probes while the costs say no draft can pay
+# priors of a draft token's cost to the target in one-token steps, until measured (spec_cost.py)
+CPU_TOKEN_COST = 0.35  # no GPU layers (measured on 2 cores, Gemma 270M)
 GPU_TOKEN_COST = 0.1  # with GPU layers (a decode of a few tokens costs about one)
 _DECAY = 0.8  # the acceptance counts' decay per verified draft
-
-
-def worth(r: float, n_gen: int, token_cost: float) -> int:
-    """The longest draft whose every token pays: r^j above the step's tokens per cost."""
-    threshold = token_cost * n_gen / (1.0 + token_cost * (n_gen - 1))
-    if r <= threshold or r <= 0.0:
-        return 0
-    if r >= 1.0:
-        return 1 << 20
-    return int(math.log(threshold) / math.log(r))
 
 
 @dataclass
@@ -88,6 +82,8 @@ class SlotSpec:
     fails: int = 0
     pause: int = 0  # steps left without drafting
     pause_len: int = PAUSE_STEPS
+    probing: bool = False  # this draft is a probe: no length paid (spec_cost.best_length)
+    n_gen: int = 1  # slots generating when the length was chosen
 
 
 def find_draft(history: npt.NDArray[np.int32], length: int, n_max: int = NGRAM_MAX,
@@ -114,7 +110,9 @@ class Speculator:
 
     def __init__(self, s: wire.WorkerSettings, n_slots: int, n_ubatch: int, gpu_layers: int = 0) -> None:
         self.mode = s.speculative
-        self.token_cost = GPU_TOKEN_COST if gpu_layers else CPU_TOKEN_COST
+        self.costs = StepCosts(GPU_TOKEN_COST if gpu_layers else CPU_TOKEN_COST)  # measured (spec_cost.py)
+        self._timing: tuple[Batch, int, float] | None = None  # this step's batch, tokens, end of fill
+        self._rechecked = 0  # gen_steps at the last probe made while no draft could pay
         self.draft_max = s.draft_max
         self.draft_min = min(s.draft_min, s.draft_max)
         self.states = [SlotSpec() for _ in range(n_slots)]
@@ -152,6 +150,7 @@ class Speculator:
             slot.cached.extend(st.draft)
             slot.pending = -1
             n += 1 + len(st.draft)
+        self._timing = (b, n, time.perf_counter()) if n else None
         return n, outputs
 
     def _drafts(self, gen: list[Slot], room: int, m: LoadedModel) -> list[list[int]]:
@@ -173,12 +172,33 @@ class Speculator:
         if st.pause > 0:
             st.pause -= 1
             return 0
-        pays = worth(st.hits / st.tries, n_gen, self.token_cost)
-        if pays < self.draft_min:  # a probe now, then a pause (doubling while probes fail)
+        st.n_gen = n_gen
+        pays = self._pays(st, n_gen)
+        st.probing = pays < self.draft_min
+        if st.probing and self._hopeless(n_gen):  # not even a draft always accepted would pay
+            if self.gen_steps - self._rechecked < RECHECK_STEPS:
+                return 0  # no probe: it would measure only what its decodes cost (a draft model's catch-up)
+            self._rechecked = self.gen_steps  # now and then one probe measures the costs again
+        if st.probing:  # a probe now, then a pause (doubling while probes fail or do not pay)
             pays = self.draft_min
             st.pause, st.pause_len = st.pause_len, min(MAX_PAUSE, st.pause_len * 2)
         length = min(st.cap, pays, room, slot.max_tokens - slot.n_gen - 1, m.n_ctx_slot - len(slot.cached) - 1)
         return length if length >= self.draft_min else 0
+
+    def _pays(self, st: SlotSpec, n_gen: int) -> int:
+        """The longest draft whose every token pays (spec_cost.py)."""
+        return best_length(st.hits / st.tries, n_gen, self.costs.token_cost, self.costs.draft_cost, self.draft_max)
+
+    def _hopeless(self, n_gen: int) -> bool:
+        c = self.costs
+        return best_length(1.0, n_gen, c.token_cost, c.draft_cost, self.draft_max) < self.draft_min
+
+    def _time_step(self) -> None:
+        """At the step's first settle: its decode and draws' time, for a batch of generating
+        tokens only (a prompt chunk in it would be counted as a draft token)."""
+        timing, self._timing = self._timing, None
+        if timing is not None and timing[0].batch.n_tokens == timing[1]:
+            self.costs.target(timing[1], time.perf_counter() - timing[2])
 
     def close(self) -> None:
         """Free what drafting holds (a draft model: worker/draft.py)."""
@@ -202,6 +222,7 @@ class Speculator:
         """After the slot's tokens were taken: counters, the rejected tail out of the KV
         cache, the slot's draft length and pause."""
         self.gen_steps += 1
+        self._time_step()
         st = self.states[slot.index]
         draft, st.draft = st.draft, []
         if not draft:
@@ -227,7 +248,8 @@ class Speculator:
             if st.fails >= FAILS_BEFORE_PAUSE:
                 st.pause, st.pause_len, st.fails = st.pause_len, min(MAX_PAUSE, st.pause_len * 2), 0
         else:
-            st.fails = st.pause = 0
-            st.pause_len = PAUSE_STEPS
+            st.fails = 0
+            if not st.probing or self._pays(st, st.n_gen) >= self.draft_min:  # else the pause stands
+                st.pause, st.pause_len = 0, PAUSE_STEPS
             if k == len(draft):
                 st.cap = min(self.draft_max, st.cap * 2)

@@ -26,6 +26,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral import wire
+from corral.api.core.adapter_models import find_adapter_model
 from corral.control.plane import ControlPlane
 from corral.control.pool import ModelPool
 from corral.control.stream import RequestStream
@@ -75,12 +76,10 @@ def to_wire(pool: ModelPool, entries: list[LoraIn]) -> list[wire.LoraScale]:
 
 
 def adapter_model(plane: ControlPlane, name: str) -> tuple[ModelPool, int] | None:
-    """The base model and adapter position an adapter model id names, if one does."""
-    for pool in plane.visible_pools():
-        for i, a in enumerate(pool.spec.lora):
-            if a.model == name:
-                return pool, i
-    return None
+    """The base model and adapter position an adapter model id names, if one does and the
+    request's key may use it (corral.api.core.adapter_models)."""
+    found = find_adapter_model(plane, name)
+    return None if found is None else (found.base, found.position)
 
 
 def _pool(plane: ControlPlane, name: str) -> tuple[ModelPool, list[wire.LoraScale] | None]:

@@ -2,7 +2,8 @@
 
     GET  /models                 every model: id, aliases, status.value (unloaded, loading,
                                  loaded, failed, downloading) and per instance: state, pid,
-                                 slots busy/total, memory, last used, failure reason, exit code
+                                 slots busy/total, memory, last used, failure reason, exit code;
+                                 adapter model ids too, with ``adapter.base`` (api/core/adapter_models.py)
     GET  /models/events          SSE: every EventBus event as data: {"event", "model", ...}
     POST /models/load            {"model": ID} -> {"success": true} once loaded
     POST /models/unload          {"model": ID} -> {"success": true}; cancels a download
@@ -23,6 +24,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
+from corral.api.core.adapter_models import AdapterModel, adapter_models
 from corral.api.http import app_part, json_response, path_policy, plane_of, sse_data
 from corral.api.core.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitro_settings,
                                 parse_body)
@@ -67,6 +69,8 @@ async def list_models(request: Request) -> Response:
             entry["status"]["value"] = "downloading"
             entry["status"]["progress"] = progress
         data.append(entry)
+    by_id = {d["id"]: d for d in data}
+    data += [_adapter_entry(m, by_id[m.base.spec.id]) for m in adapter_models(plane)]
     known = {d["id"] for d in data}
     if dm is not None:
         for h in dm.active():
@@ -80,6 +84,18 @@ async def list_models(request: Request) -> Response:
     gpus = plane.admission.gpus
     return json_response({"object": "list", "data": data,
                           "gpus": gpus.describe(visible) if gpus is not None else []})
+
+
+def _adapter_entry(m: AdapterModel, base: dict[str, Any]) -> dict[str, Any]:
+    """An adapter model id (api/core/adapter_models.py): the base's status and settings, its
+    ``adapter`` (base, id, index, scale, path); no instances of its own (the base's run it)."""
+    return {"id": m.id, "object": "model", "owned_by": "corral", "created": base["created"], "aliases": [],
+            "path": m.adapter.path, "source": base["source"],
+            "in_cache": base["in_cache"] and Path(m.adapter.path).exists(),
+            "vision": False, "mmproj": None, "adapter": m.describe(),
+            "status": {k: v for k, v in base["status"].items() if k != "progress"},  # the base's download's
+            "settings": base["settings"], "queued": 0, "last_used": base["last_used"], "memory_bytes": 0,
+            "instances": []}
 
 
 @router.get("/models/events")

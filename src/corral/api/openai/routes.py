@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from corral import wire
+from corral.api.core.adapter_models import AdapterModel, adapter_models, find_adapter_model
 from corral.api.core.chat_request import ChatCompletionRequest
 from corral.api.core.generation import (FinishEvent, GenerationResult, GenerationStream, ReasoningEvent, TextEvent,
                                         ToolCallEvent, chat_spec, completion_spec, generate, observe, open_stream,
@@ -28,7 +29,7 @@ from corral.api.http import json_response, plane_of, sse_data, sse_stream
 from corral.api.core.schemas import CompletionRequest, EmbeddingRequest, parse_body
 from corral.control.capabilities import can
 from corral.control.plane import ControlPlane
-from corral.errors import CorralError
+from corral.errors import CorralError, ModelNotFound
 
 __all__ = ["router", "usage_body", "timings_body"]
 
@@ -234,14 +235,28 @@ def _openai_model(plane: ControlPlane, pool: Any) -> dict[str, Any]:
             "status": {"value": pool.status()}, "vision": can(pool, "vision")}
 
 
+def _openai_adapter_model(plane: ControlPlane, m: AdapterModel) -> dict[str, Any]:
+    """An adapter model id (api/core/adapter_models.py): ``parent`` is its base (as vLLM
+    lists LoRA modules); images are refused under an adapter, so no vision."""
+    return {"id": m.id, "object": "model", "created": int(plane.started_at), "owned_by": "corral",
+            "aliases": [], "parent": m.base.spec.id, "adapter": m.describe(),
+            "status": {"value": m.base.status()}, "vision": False}
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> Response:
     plane = plane_of(request)
     return json_response({"object": "list",
-                          "data": [_openai_model(plane, p) for p in plane.visible_pools()]})
+                          "data": [_openai_model(plane, p) for p in plane.visible_pools()]
+                          + [_openai_adapter_model(plane, m) for m in adapter_models(plane)]})
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> Response:
     plane = plane_of(request)
-    return json_response(_openai_model(plane, plane.pool(model_id)))
+    try:
+        return json_response(_openai_model(plane, plane.pool(model_id)))
+    except ModelNotFound:
+        if (m := find_adapter_model(plane, model_id)) is None:
+            raise
+        return json_response(_openai_adapter_model(plane, m))

@@ -96,14 +96,18 @@
     const s = m.settings || {};
     const live = liveNumbers(m.id);
     card.root.className = "model st-" + st;
-    const bits = [m.source || "", s.ctx_len ? "ctx " + s.ctx_len : "", s.n_parallel ? s.n_parallel + " slots" : "",
+    // an adapter model id runs on its base's workers: the base's card loads and unloads them
+    const bits = [m.adapter ? "adapter " + m.adapter.id + " of " + m.adapter.base : "", m.source || "",
+      s.ctx_len ? "ctx " + s.ctx_len : "", s.n_parallel ? s.n_parallel + " slots" : "",
       s.instances > 1 ? s.instances + " instances" : "", m.memory_bytes ? C.bytes(m.memory_bytes) : "",
       s.ttl_s ? "ttl " + C.duration(s.ttl_s) : "", s.pinned ? "pinned" : "", s.embedding ? "embedding" : "", m.vision ? "vision" : ""].filter(Boolean);
     const acts = [];
-    if (st === "unloaded" || st === "failed") acts.push(button(m, "load", "Load"));
-    if (st === "loaded" || st === "loading") acts.push(button(m, "unload", "Unload", "ghost"));
-    if (st === "downloading") acts.push(button(m, "cancel", "Cancel download", "danger"));
-    if (m.source === "store" && st !== "downloading") acts.push(button(m, "delete", "Delete", "danger"));
+    if (!m.adapter) { // an adapter model has no actions of its own
+      if (st === "unloaded" || st === "failed") acts.push(button(m, "load", "Load"));
+      if (st === "loaded" || st === "loading") acts.push(button(m, "unload", "Unload", "ghost"));
+      if (st === "downloading") acts.push(button(m, "cancel", "Cancel download", "danger"));
+      if (m.source === "store" && st !== "downloading") acts.push(button(m, "delete", "Delete", "danger"));
+    }
     const err = errors.get(m.id);
     card.body.replaceChildren(...[
       el("div", { class: "model-head" },
