@@ -1,6 +1,7 @@
 """Urgent starts in the real engine (worker/urgent.py): the request sent behind a Preempt
 aborts the running decode, which is undone exactly (the streams are the ones a run without
-the abort gives), and its prompt is prefilled before any other."""
+the abort gives), and its prompt is prefilled alone: no other prompt, no other decode in its
+step; the others go on in the next."""
 
 from __future__ import annotations
 
@@ -50,10 +51,15 @@ def _scenario(engine: Engine, *, abort: bool) -> Run:
         _behind_a_preempt(engine, urgent_req)
     u.take("u")  # the engine loop takes it out of the inbox
     engine.submit(urgent_req)
+    before = dict(run.tokens)
     run.take(engine.step())
     d = next(s for s in engine.slots if s.job is not None and s.job.req.id == "d")
     assert d.prompt_pos == d.n_cached  # its prompt waited: the urgent one went alone
     assert run.tokens.get("u") == 1  # the urgent request's first token, from its first step
+    assert {k: run.tokens[k] for k in "ab"} == {k: before[k] for k in "ab"}  # nothing else decoded in it
+    run.take(engine.step())
+    assert all(run.tokens[k] == before[k] + 1 for k in "ab")  # then they go on, and d's prompt joins
+    assert d.prompt_pos == len(d.job.tokens) if d.job else False
     run.to_end()
     return run
 

@@ -260,10 +260,11 @@ class Engine:
         self.vision.step(self.slots, self._fail)  # image encodes and pieces (vision_prefill.py)
         b = self._batch
         turn = self.lora.turn(self.slots)  # the slots of one adapter set, in turn (lora.py)
-        undo, urgent = self.preempt.urgent.before(turn), self.preempt.urgent  # urgent.py: an abort undoes the fill
-        n, outputs = self.spec.fill(b, turn, self.m)  # pending tokens and drafts (speculate.py)
+        urgent = self.preempt.urgent  # urgent.py: a request that preempted a slot first; an aborted decode undone
+        undo, (decoding, prompts) = urgent.before(turn), urgent.plan(turn, self._by_id, b.cap)
+        n, outputs = self.spec.fill(b, decoding, self.m)  # pending tokens and drafts (speculate.py)
         echo_chunks: list[EchoChunk] = []
-        n = fill_prompt_chunks(b, urgent.prompt_slots(turn, self._by_id), n, outputs, echo_chunks)  # prefill.py
+        n = fill_prompt_chunks(b, prompts, n, outputs, echo_chunks)  # prefill.py
         if n == 0:
             self.vision.wait()  # an image still encoding, nothing else to decode
             return self.take_output()

@@ -15,9 +15,12 @@ other prompts prefilled in its own step. So:
   step decodes the same tokens with the new prompt. Nothing was drawn, so no stream
   changes: each slot's next token is drawn from its own next decode, as it would have been.
 - **its prompt goes first**: while an urgent request's prompt prefills, no other prompt
-  chunk joins the batch (the generating slots' tokens do). A prompt deferred so waits at
-  most as many steps as the urgent prompt has chunks, and urgent requests are bounded by
-  preemption itself (one per paused sequence), so nobody starves.
+  chunk joins the batch, and the step that takes its last chunk decodes nothing else:
+  the generating slots' tokens (and their logits: a row over the whole vocabulary each)
+  wait for the next step. So its first token comes from a step the size of its prompt, as
+  when the model is idle. The generating slots lose one step per urgent request, a prompt
+  deferred waits at most as many steps as the urgent prompt has chunks, and urgent
+  requests are bounded by preemption itself (one per paused sequence): nobody starves.
 
 The callback is libc's ``strlen`` on a two-byte buffer (``b"\\x01\\0"``: length 1, true;
 ``b"\\0\\0"``: 0, false): a C function that reads a byte, so ggml's compute thread never
@@ -129,23 +132,32 @@ class UrgentStarts:
     def _set(self) -> None:  # under the lock
         self._flag[0] = b"\x01" if self._armed and self._unread else b"\x00"
 
-    def prompt_slots(self, slots: list[Slot], live: Container[str]) -> list[Slot]:
-        """The slots whose prompt chunks may join this step: the urgent ones while any
-        prefills, else all. ``live``: the engine's request ids (an urgent one still waiting
-        for a slot stays urgent)."""
+    def plan(self, slots: list[Slot], live: Container[str], cap: int) -> tuple[list[Slot], list[Slot]]:
+        """The slots whose tokens this step decodes, and those whose prompt chunks it may
+        take: while an urgent request's prompt prefills, only its chunks; the step that takes
+        its last chunk decodes nothing else (its first token is not held up by the other
+        slots' decodes and their logits; they decode in the next step: once per urgent
+        request). ``live``: the engine's request ids (an urgent one still waiting for a slot
+        stays urgent); ``cap``: the batch's room."""
         if not self.ids:
-            return slots
+            return slots, slots
         prefilling: list[Slot] = []
         started: set[str] = set()
+        last = 0
         for s in slots:
             job = s.job
             if job is not None and job.req.id in self.ids:
                 if s.n_gen == 0 and s.prompt_pos < len(job.tokens):
                     prefilling.append(s)
+                    if not isinstance(job.tokens, VisionTokens):
+                        last += len(job.tokens) - s.prompt_pos
                 else:
                     started.add(job.req.id)
         self.ids = {i for i in self.ids if i in live and i not in started}
-        return prefilling or slots
+        if not prefilling:
+            return slots, slots
+        alone = 0 < last <= cap and all(not isinstance(s.job.tokens, VisionTokens) for s in prefilling if s.job)
+        return ([] if alone else slots), prefilling
 
     def before(self, slots: list[Slot]) -> list[_Before]:
         """What the step's fill changes, to put back after an abort."""
