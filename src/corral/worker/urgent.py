@@ -1,5 +1,5 @@
 """Urgent starts: a request that takes the slot a preemption just freed starts at once
-(docs/internals/fair-share.md, "Preemption: the first token").
+(docs/internals/fair-share.md, "The first token: urgent starts").
 
 The router sends ``Preempt(victim)`` and, right behind it, the waiting key's request that
 gets the victim's slot. Measured (docs/benchmarks.md, fairness), that request's first token
