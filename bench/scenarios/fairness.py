@@ -1,10 +1,12 @@
 """Scenario ``fairness``: a heavy key at c=16 with long generations and a light key at c=1
 with short ones, on one model with 4 slots.
 
-Per server, the light key alone first (its TTFT), then with the heavy key running: the
-heavy clients fill the slots and the queue, the light client starts after a ramp and
-sends its requests one after another; the heavy clients stop starting new requests
-when the light one is done. Reported: the light key's TTFT p50/p95 with the heavy key
+Per server, the light key alone (its TTFT), then with the heavy key running, then alone
+again (alone is the requests of both, so a drift of the shared machine's load between the
+phases does not bias the ratio): the heavy clients, in a process of their own
+(bench/clients/background_load.py), fill the slots and the queue, the light client starts
+after a ramp and sends its requests one after another; the heavy clients stop when the
+light one is done. Reported: the light key's TTFT p50/p95 with the heavy key
 against alone (goal <= 1.5x p50, <= 2x p95), and the aggregate tok/s of both keys.
 
 Servers, in one run: corral with two keys and preemption (the fair queue,
@@ -17,11 +19,13 @@ corral without keys (one anonymous key: its queue is FIFO; the tok/s reference, 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
 import httpx
 
+from bench.clients.background_load import BackgroundLoad
 from bench.clients.loadgen import RequestResult, completion_body, fmt, one_request, pct
 from bench.context import SLOT_CTX, Ctx, log, start
 from bench.report import Table
@@ -29,7 +33,9 @@ from bench.servers import Server, corral_cmd, free_port, llama_server_cmd
 from corral.keys_file import KeySpec, hash_secret, write_keys
 
 HEAVY_C, SLOTS = 16, 4
-PER_SERVER_S = 200  # x0.6 with --quick: a server past it gets a row saying so, the others keep theirs
+# x0.6 with --quick: a server past it gets a row saying so, the others keep theirs. A FIFO server's light
+# requests wait behind the whole heavy queue: on a loaded machine llama-server needs more (the env var)
+PER_SERVER_S = int(os.environ.get("CORRAL_BENCH_FAIRNESS_SERVER_S", "200"))
 SECRETS = {"heavy": "crl_bench-heavy-0123456789abcdef0123", "light": "crl_bench-light-0123456789abcdef0123"}
 
 
@@ -53,33 +59,26 @@ async def _light(client: httpx.AsyncClient, url: str, model: str | None, n: int,
 
 async def _contended(base: str, model: str | None, secrets: tuple[str | None, str | None], n_light: int,
                      light_tokens: int, heavy_tokens: int, ramp_s: float, budget_s: float) -> dict[str, Any]:
+    """The light client here, the heavy ones in a process of their own (bench/clients/background_load.py):
+    16 heavy streams parsed in this event loop would delay the moment the light client reads its first chunk."""
     url = base + "/v1/completions"
-    heavy_c, light_c = _client(secrets[0], HEAVY_C), _client(secrets[1], 1)
-    stop = asyncio.Event()
-    heavy: list[RequestResult] = []
-    counter = iter(range(10**6))
-
-    async def heavy_worker() -> None:
-        while not stop.is_set():
-            res = RequestResult(ok=False)
-            heavy.append(res)
-            await one_request(heavy_c, url, completion_body(model, 100_000 + next(counter), heavy_tokens), 600, res)
-
+    light_c = _client(secrets[1], 1)
     t0 = time.perf_counter()
-    workers = [asyncio.ensure_future(heavy_worker()) for _ in range(HEAVY_C)]
+    heavy = await asyncio.to_thread(BackgroundLoad.start, url, secrets[0], concurrency=HEAVY_C,
+                                    max_tokens=heavy_tokens, first_index=100_000, model=model)
+    summary: dict[str, Any] = {"requests": 0, "completion_tokens": 0, "errors": 0}
     try:
         await asyncio.sleep(ramp_s)  # the slots and the queue fill with heavy requests
         light = await _light(light_c, url, model, n_light, light_tokens, 500_000, budget_s)
     finally:  # the window ends here: running heavy requests are cut, their tokens count
-        stop.set()
-        wall = time.perf_counter() - t0
-        for w in workers:
-            w.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        await heavy_c.aclose()
-        await light_c.aclose()
-    toks = sum(r.completion_tokens for r in heavy + light)
-    return {"light": light, "heavy": heavy, "wall_s": wall, "tok_s": toks / wall if wall else 0.0}
+        try:
+            summary = await asyncio.to_thread(heavy.stop)
+        finally:
+            heavy.kill()
+            wall = time.perf_counter() - t0
+            await light_c.aclose()
+    toks = summary["completion_tokens"] + sum(r.completion_tokens for r in light)
+    return {"light": light, "heavy": summary, "wall_s": wall, "tok_s": toks / wall if wall else 0.0}
 
 
 def _ttft(results: list[RequestResult]) -> tuple[float | None, float | None]:
@@ -119,17 +118,23 @@ async def sc_fairness(ctx: Ctx) -> list[Table]:
         log(f"fairness: {name} light with heavy")
         c = await _contended(srv.base_url, model, secrets, n_light, light_tokens, heavy_tokens, ramp_s=2.0,
                              budget_s=ctx.n(150, 30))
+        log(f"fairness: {name} light alone again")  # the machine's load drifts: alone is both sides of it
+        light_c = _client(secrets[1], 1)
+        try:
+            alone += await _light(light_c, srv.base_url + "/v1/completions", model, n_light, light_tokens, 1000)
+        finally:
+            await light_c.aclose()
         a50, a95 = _ttft(alone)
         h50, h95 = _ttft(c["light"])
-        errors = sum(r.error is not None for r in alone + c["light"] + c["heavy"])
+        errors = sum(r.error is not None for r in alone + c["light"]) + c["heavy"]["errors"]
         if name.startswith("corral FIFO"):
             fifo_tok_s = c["tok_s"]
         vs = f"{c['tok_s'] / fifo_tok_s:.2f}x" if fifo_tok_s and not name.startswith("corral FIFO") else "–"
         t.rows.append([name, fmt(a50, 0), fmt(a95, 0), str(len(c["light"])), fmt(h50, 0), fmt(h95, 0),
                        _ratio(h50, a50),
-                       _ratio(h95, a95), str(len(c["heavy"])), str(errors), fmt(c["tok_s"]), vs])
+                       _ratio(h95, a95), str(c["heavy"]["requests"]), str(errors), fmt(c["tok_s"]), vs])
         data[name] = {"alone_ttft_ms": [a50, a95], "with_heavy_ttft_ms": [h50, h95], "tok_s": c["tok_s"],
-                      "wall_s": c["wall_s"], "heavy_requests": len(c["heavy"]), "errors": errors}
+                      "wall_s": c["wall_s"], "heavy_requests": c["heavy"]["requests"], "errors": errors}
 
     async def corral(name: str, keyed: bool, preempt: bool = True) -> None:
         port, srv = free_port(), None
@@ -166,8 +171,8 @@ async def sc_fairness(ctx: Ctx) -> list[Table]:
         finally:
             if srv:
                 srv.stop()
-    t.notes.append("TTFT of the light key's requests; 'with heavy' starts after a 2 s ramp in which the heavy "
-                   "clients fill the slots and the queue; the light client starts no request after "
+    t.notes.append("TTFT of the light key's requests; alone: before and after the contended phase; 'with heavy' starts after a 2 s ramp in which the heavy "
+                   "clients (a process of their own) fill the slots and the queue; the light client starts no request after "
                    f"{ctx.n(150, 30)} s of it (at least two). Aggregate tok/s: both keys' completion tokens streamed in the "
                    "contended phase (heavy requests still running at its end are cut). Without preemption a light request waits for the first heavy "
                    "generation to end, then takes its slot ahead of the queued heavy ones; with it, a heavy "

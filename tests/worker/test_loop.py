@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from types import SimpleNamespace
 
 from corral import wire
 from corral.worker import process
@@ -19,6 +20,7 @@ class _Engine:
         self.steps_seen: list[list[str]] = []
         self.steps = steps
         self.pool = SamplePool(1)  # the loop sets its cap from the governor
+        self.preempt = SimpleNamespace(urgent=SimpleNamespace(take=lambda rid: None))  # worker/urgent.py
 
     @property
     def has_work(self) -> bool:

@@ -243,15 +243,11 @@ class Engine:
         slot.out = slot_output(req, list(p.stop), requests.tool_parser(req), template_stops=template_stops,
                                reasoning=slot.reasoning)
         self.spec.start(slot, req, allowed=slot.reasoning is None and self.vision.speculation_allowed(job.tokens))
-        slot.echo_logprobs = [wire.TokenLogprob(self._special_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
+        slot.echo_logprobs = [wire.TokenLogprob(self.tok.prompt_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))
         if slot.max_tokens == 0 and not echo_lp:
             self._finish(slot, "length")
-
-    def _special_piece(self, token: int) -> bytes:
-        """A prompt token's bytes for echo; control tokens (BOS) by their text."""
-        return self.tok.piece(token) or self.tok.special_text(token).encode("utf-8")
 
     # ------------------------------------------------------------------ the step
 
@@ -264,14 +260,15 @@ class Engine:
         self.vision.step(self.slots, self._fail)  # image encodes and pieces (vision_prefill.py)
         b = self._batch
         turn = self.lora.turn(self.slots)  # the slots of one adapter set, in turn (lora.py)
-        n, outputs = self.spec.fill(b, turn, self.m)  # pending tokens and drafts (speculate.py)
+        urgent = self.preempt.urgent  # urgent.py: a request that preempted a slot first; an aborted decode undone
+        undo, (decoding, prompts) = urgent.before(turn), urgent.plan(turn, self._by_id, b.cap)
+        n, outputs = self.spec.fill(b, decoding, self.m)  # pending tokens and drafts (speculate.py)
         echo_chunks: list[EchoChunk] = []
-        n = fill_prompt_chunks(b, turn, n, outputs, echo_chunks)  # prefill.py
+        n = fill_prompt_chunks(b, prompts, n, outputs, echo_chunks)  # prefill.py
         if n == 0:
             self.vision.wait()  # an image still encoding, nothing else to decode
             return self.take_output()
-        b.batch.n_tokens = n
-        rc = ll.llama_decode(self.m.ctx, b.batch)
+        rc = urgent.decode(b, n, undo, outputs, echo_chunks)  # aborted for an urgent request: 0, undone, nothing to draw
         if rc != 0:
             self._decode_failed(rc)
             return self.take_output()
@@ -316,7 +313,7 @@ class Engine:
             if pos + j + 1 < len(toks):
                 nxt = toks[pos + j + 1]
                 logits = sampling.logits_at(self.m.ctx, at + j, self.m.n_vocab)
-                lps.append(sampling.token_logprobs(logits, nxt, k, self._special_piece))
+                lps.append(sampling.token_logprobs(logits, nxt, k, self.tok.prompt_piece))
         if pos + count == len(toks):
             self.out.append(wire.Delta(job.req.id, requests.echo_text(self.tok, job.req, toks), 0, lps))
             slot.echo_logprobs = None

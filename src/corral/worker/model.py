@@ -34,6 +34,8 @@ _backend_ready = False
 _log_lines: collections.deque[str] = collections.deque(maxlen=20)
 _buffer_lines: collections.deque[str] = collections.deque(maxlen=64)  # llama.cpp's "... buffer size = X MiB"
 _log_verbose = False
+aborting = [False]  # True while a decode may be aborted on purpose (worker/urgent.py): its error lines are not errors
+_ABORT_LINES = ("failed with error 1", "compute status: 1", "ret = 2")  # GGML_STATUS_ABORTED, llama_decode's 2
 
 
 class ModelLoadError(Exception):
@@ -49,6 +51,8 @@ def _log_message(level: int, text: bytes | None, _user: ctypes.c_void_p) -> None
         _log_lines.append(line.rstrip())
     elif "buffer size =" in line:
         _buffer_lines.append(line.rstrip())
+    if level == 4 and aborting[0] and line.rstrip().endswith(_ABORT_LINES):
+        return  # a decode aborted on purpose (worker/urgent.py), not an error
     if _log_verbose or level == 4:
         sys.stderr.write(line)
 

@@ -44,6 +44,8 @@ from corral.worker.model import LoadedModel
 from corral.worker.lora import BASE, LoraAdapters, LoraKey
 from corral.worker.slots import Batch, Job, Slot, aborted_in_queue, finished_message, pick_slot, release
 from corral.worker.speculate import SlotSpec, Speculator
+from corral.worker.urgent import UrgentStarts
+from corral.worker.draft import DraftSpeculator
 
 __all__ = ["Preemption", "PausedJob", "store_key"]
 
@@ -93,6 +95,8 @@ class Preemption:
         self.pauses = 0
         self.kept = 0
         self.recomputed = 0  # resumes that prefilled their tokens again (some or all)
+        # the request that takes a paused slot starts at once (urgent.py); a draft model's drafts cannot be undone
+        self.urgent = UrgentStarts(engine.m, abort=not isinstance(engine.spec, DraftSpeculator))
 
     def pause(self, request_id: str) -> wire.Paused:
         e = self.e

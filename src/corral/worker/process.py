@@ -39,6 +39,7 @@ from corral.worker.cpu import ThreadGovernor, parent_running
 
 if TYPE_CHECKING:
     from corral.worker.engine import Engine
+    from corral.worker.urgent import UrgentStarts
 
 __all__ = ["main", "serve"]
 
@@ -59,7 +60,8 @@ def _die_with_parent() -> None:
 
 
 def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]",
-            prepare: Callable[[wire.GenerateRequest], object] | None = None) -> None:
+            prepare: Callable[[wire.GenerateRequest], object] | None = None,
+            urgent: "UrgentStarts | None" = None) -> None:
     dec = wire.FrameDecoder()
     try:
         while True:
@@ -69,9 +71,13 @@ def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]",
             for body in dec.feed(data):
                 try:
                     msg: object = wire.decode_to_worker(body)
+                    rid = msg.id if isinstance(msg, wire.GenerateRequest) else None
                     if prepare is not None and isinstance(msg, wire.GenerateRequest):
                         msg = prepare(msg)  # tokenized here, in wire order, not in the decode loop
-                    inbox.put(msg)
+                    if urgent is not None:  # a request behind a Preempt aborts the running decode
+                        urgent.put(inbox, msg, rid)
+                    else:
+                        inbox.put(msg)
                 except msgspec.DecodeError as exc:
                     # A message we cannot read is a router bug; say so, answer it if it
                     # names a request id (so nobody waits for it), and go on.
@@ -149,7 +155,7 @@ def serve(sock: socket.socket, settings: wire.WorkerSettings) -> int:
     out.send([wire.Ready(os.getpid(), engine.info)])
 
     inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
-    threading.Thread(target=_reader, args=(sock, inbox, _preparer(engine)), name="corral-reader",
+    threading.Thread(target=_reader, args=(sock, inbox, _preparer(engine), engine.preempt.urgent), name="corral-reader",
                      daemon=True).start()
     governor = ThreadGovernor(engine.m.threads, engine.set_threads, parent_running=parent_running)
     governor.enabled = governor.enabled and os.environ.get("CORRAL_ADAPTIVE_THREADS", "1") != "0"
@@ -197,6 +203,8 @@ def _loop(engine: "Engine", inbox: "queue.SimpleQueue[object]", out: _Writer,
                 log.info("router closed the socket; exiting")
                 return 0
             if isinstance(msg, (PreparedRequest, wire.GenerateRequest, wire.EmbedRequest, wire.TokenizeRequest)):
+                if isinstance(msg, (PreparedRequest, wire.GenerateRequest)):
+                    engine.preempt.urgent.take(msg.req.id if isinstance(msg, PreparedRequest) else msg.id)
                 engine.submit(msg)
             elif isinstance(msg, wire.Abort):
                 engine.abort(msg.id)

@@ -39,6 +39,10 @@ class Tokenizer:
             self._pieces[token] = p
         return p
 
+    def prompt_piece(self, token: int) -> bytes:
+        """A prompt token's bytes for echo; control tokens (BOS) by their text."""
+        return self.piece(token) or self.special_text(token).encode("utf-8")
+
     def special_text(self, token: int) -> str:
         if token < 0:
             return ""
