@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .gguf_vision import RandomTensors
+
 __all__ = ["QWEN_WORDS", "image_grid", "write_qwen2vl_mmproj", "write_qwen2vl_model"]
 
 QWEN_WORDS = ("the a of to in is and picture image caption what this shows cat dog red green blue sky "
@@ -78,11 +80,8 @@ def write_qwen2vl_model(dst: Path, *, n_embd: int = 64, n_layer: int = 2, n_head
     w.add_unk_token_id(0)
     w.add_add_bos_token(False)
 
-    def t(name: str, *ne: int, scale: float = 0.1) -> None:
-        w.add_tensor(name, (rng.standard_normal(ne[::-1]) * scale).astype(np.float32))
-
-    def ones(name: str, n: int) -> None:
-        w.add_tensor(name, (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32))
+    r = RandomTensors(w, rng)
+    t, ones = r.t, r.ones
 
     t("token_embd.weight", n_embd, n_vocab, scale=0.5)
     ones("output_norm.weight", n_embd)
@@ -148,11 +147,8 @@ def write_qwen2vl_mmproj(dst: Path, *, text_n_embd: int = 64, patch_size: int = 
     w.add_array("clip.vision.image_mean", [0.48, 0.46, 0.41])
     w.add_array("clip.vision.image_std", [0.27, 0.26, 0.28])
 
-    def t(name: str, *ne: int, scale: float = 0.1) -> None:
-        w.add_tensor(name, (rng.standard_normal(ne[::-1]) * scale).astype(np.float32))
-
-    def ones(name: str, n: int) -> None:
-        w.add_tensor(name, (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32))
+    r = RandomTensors(w, rng)
+    t, ones = r.t, r.ones
 
     t("v.patch_embd.weight", patch_size, patch_size, 3, n_embd, scale=0.2)
     t("v.patch_embd.weight.1", patch_size, patch_size, 3, n_embd, scale=0.2)
@@ -171,19 +167,7 @@ def write_qwen2vl_mmproj(dst: Path, *, text_n_embd: int = 64, patch_size: int = 
             t(f"v.deepstack.{i}.fc1.bias", n_embd * 4, scale=0.02)
             t(f"v.deepstack.{i}.fc2.weight", n_embd * 4, text_n_embd, scale=0.2)
             t(f"v.deepstack.{i}.fc2.bias", text_n_embd, scale=0.02)
-        for part in () if v3 else ("q", "k", "v"):
-            t(f"{p}.attn_{part}.weight", n_embd, n_embd)
-            t(f"{p}.attn_{part}.bias", n_embd, scale=0.02)
-        t(f"{p}.attn_out.weight", n_embd, n_embd)
-        t(f"{p}.attn_out.bias", n_embd, scale=0.02)
-        ones(f"{p}.ln1.weight", n_embd)
-        t(f"{p}.ln1.bias", n_embd, scale=0.02)
-        ones(f"{p}.ln2.weight", n_embd)
-        t(f"{p}.ln2.bias", n_embd, scale=0.02)
-        t(f"{p}.ffn_up.weight", n_embd, n_ff)
-        t(f"{p}.ffn_up.bias", n_ff, scale=0.02)
-        t(f"{p}.ffn_down.weight", n_ff, n_embd)
-        t(f"{p}.ffn_down.bias", n_embd, scale=0.02)
+        r.vit_block(p, n_embd, n_ff, separate_qkv=not v3)
         if v25:
             t(f"{p}.ffn_gate.weight", n_embd, n_ff)
             t(f"{p}.ffn_gate.bias", n_ff, scale=0.02)

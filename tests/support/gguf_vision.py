@@ -19,8 +19,44 @@ Needs only the PyPI ``gguf`` package and numpy, no network.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-__all__ = ["image_tokens", "write_gemma3_mmproj"]
+__all__ = ["RandomTensors", "image_tokens", "write_gemma3_mmproj"]
+
+
+class RandomTensors:
+    """f32 tensors of random weights from one generator, added to a ``gguf.GGUFWriter``;
+    shapes in ggml's ne order (the reverse of numpy's)."""
+
+    def __init__(self, writer: Any, rng: Any) -> None:
+        self.w, self.rng = writer, rng
+
+    def t(self, name: str, *ne: int, scale: float = 0.1) -> None:
+        import numpy as np
+
+        self.w.add_tensor(name, (self.rng.standard_normal(ne[::-1]) * scale).astype(np.float32))
+
+    def ones(self, name: str, n: int) -> None:
+        import numpy as np
+
+        self.w.add_tensor(name, (1.0 + 0.05 * self.rng.standard_normal(n)).astype(np.float32))
+
+    def vit_block(self, p: str, n_embd: int, n_ff: int, *, separate_qkv: bool = True) -> None:
+        """One vision-tower block as clip.cpp names it (``p``: ``v.blk.N``): q/k/v (unless the
+        caller wrote them fused), attention output, the two layer norms, up and down."""
+        for part in ("q", "k", "v") if separate_qkv else ():
+            self.t(f"{p}.attn_{part}.weight", n_embd, n_embd)
+            self.t(f"{p}.attn_{part}.bias", n_embd, scale=0.02)
+        self.t(f"{p}.attn_out.weight", n_embd, n_embd)
+        self.t(f"{p}.attn_out.bias", n_embd, scale=0.02)
+        self.ones(f"{p}.ln1.weight", n_embd)
+        self.t(f"{p}.ln1.bias", n_embd, scale=0.02)
+        self.ones(f"{p}.ln2.weight", n_embd)
+        self.t(f"{p}.ln2.bias", n_embd, scale=0.02)
+        self.t(f"{p}.ffn_up.weight", n_embd, n_ff)
+        self.t(f"{p}.ffn_up.bias", n_ff, scale=0.02)
+        self.t(f"{p}.ffn_down.weight", n_ff, n_embd)
+        self.t(f"{p}.ffn_down.bias", n_embd, scale=0.02)
 
 
 def image_tokens(*, image_size: int = 64, patch_size: int = 8, n_merge: int = 2) -> int:
@@ -62,31 +98,14 @@ def write_gemma3_mmproj(dst: Path, *, text_n_embd: int = 640, image_size: int = 
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
 
-    def t(name: str, *ne: int, scale: float = 0.1) -> None:
-        # ggml's ne order is the reverse of numpy's shape
-        w.add_tensor(name, (rng.standard_normal(ne[::-1]) * scale).astype(np.float32))
-
-    def ones(name: str, n: int) -> None:
-        w.add_tensor(name, (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32))
+    r = RandomTensors(w, rng)
+    t, ones = r.t, r.ones
 
     t("v.patch_embd.weight", patch_size, patch_size, 3, n_embd, scale=0.2)
     t("v.patch_embd.bias", n_embd, scale=0.02)
     t("v.position_embd.weight", n_embd, n_patches, scale=0.2)
     for i in range(n_layer):
-        p = f"v.blk.{i}"
-        for part in ("q", "k", "v"):
-            t(f"{p}.attn_{part}.weight", n_embd, n_embd)
-            t(f"{p}.attn_{part}.bias", n_embd, scale=0.02)
-        t(f"{p}.attn_out.weight", n_embd, n_embd)
-        t(f"{p}.attn_out.bias", n_embd, scale=0.02)
-        ones(f"{p}.ln1.weight", n_embd)
-        t(f"{p}.ln1.bias", n_embd, scale=0.02)
-        ones(f"{p}.ln2.weight", n_embd)
-        t(f"{p}.ln2.bias", n_embd, scale=0.02)
-        t(f"{p}.ffn_up.weight", n_embd, n_ff)
-        t(f"{p}.ffn_up.bias", n_ff, scale=0.02)
-        t(f"{p}.ffn_down.weight", n_ff, n_embd)
-        t(f"{p}.ffn_down.bias", n_embd, scale=0.02)
+        r.vit_block(f"v.blk.{i}", n_embd, n_ff)
     ones("v.post_ln.weight", n_embd)
     t("v.post_ln.bias", n_embd, scale=0.02)
     ones("mm.soft_emb_norm.weight", n_embd)
