@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,19 @@ from .conftest import run_engine, settings_for
 pytestmark = pytest.mark.integration
 
 
+SHORT = "The lighthouse keeper wrote in his journal every night."
+GREEDY8 = wire.SamplingParams(max_tokens=8, temperature=0.0)
+
+
+def _short_then_long(e: Engine, entries: int) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
+    """SHORT alone, then a prompt that starts with it and goes on for ``entries`` lines: the
+    short one's texts and finals, and the long one's finals."""
+    long_text = SHORT + " " + " ".join(f"Entry {i}: the sea was calm." for i in range(entries))
+    fresh, f1, _ = run_engine(e, [wire.GenerateRequest(id="short1", prompt=SHORT, params=GREEDY8)])
+    _, f2, _ = run_engine(e, [wire.GenerateRequest(id="long", prompt=long_text, params=GREEDY8)])
+    return fresh, f1, f2
+
+
 def test_prefix_reuse_respects_sliding_window(model_path: Path) -> None:
     """Gemma 3 keeps only the last n_swa (512) positions in its sliding-window layers
     (the SWA cache holds n_swa + n_ubatch cells per slot). After a sequence grew past
@@ -23,21 +37,17 @@ def test_prefix_reuse_respects_sliding_window(model_path: Path) -> None:
     e = Engine(settings_for(model_path, n_parallel=1, ctx_len=2048, n_batch=256))
     try:
         assert e.m.n_swa == 512
-        p = wire.SamplingParams(max_tokens=8, temperature=0.0)
-        short = "The lighthouse keeper wrote in his journal every night."
-        long_text = short + " " + " ".join(f"Entry {i}: the sea was calm." for i in range(150))
-        fresh, f1, _ = run_engine(e, [wire.GenerateRequest(id="short1", prompt=short, params=p)])
-        _, f2, _ = run_engine(e, [wire.GenerateRequest(id="long", prompt=long_text, params=p)])
+        fresh, f1, f2 = _short_then_long(e, 150)
         assert f2["long"].usage.prompt_tokens > 1100
         # The long request reused the short prompt (its window was intact).
         assert f2["long"].usage.cached_tokens >= f1["short1"].usage.prompt_tokens - 1
         # The cache now starts well past position 0: the short prefix's window is gone.
-        assert reuse_len(e.slots[0], e.tok.tokenize(short, add_special=True), e.m) == 0
-        again, f3, _ = run_engine(e, [wire.GenerateRequest(id="short2", prompt=short, params=p)])
+        assert reuse_len(e.slots[0], e.tok.tokenize(SHORT, add_special=True), e.m) == 0
+        again, f3, _ = run_engine(e, [wire.GenerateRequest(id="short2", prompt=SHORT, params=GREEDY8)])
         assert f3["short2"].usage.cached_tokens == 0
         assert again["short2"] == fresh["short1"]
         # Right after a short request the prefix is reusable again.
-        _, f4, _ = run_engine(e, [wire.GenerateRequest(id="short3", prompt=short, params=p)])
+        _, f4, _ = run_engine(e, [wire.GenerateRequest(id="short3", prompt=SHORT, params=GREEDY8)])
         assert f4["short3"].usage.cached_tokens == f4["short3"].usage.prompt_tokens - 1
     finally:
         e.close()
@@ -49,15 +59,11 @@ def test_swa_full_reuses_a_prefix_past_the_window(model_path: Path) -> None:
     e = Engine(settings_for(model_path, n_parallel=1, ctx_len=2048, n_batch=256, swa_full=True))
     try:
         assert e.m.n_swa == 0  # no cell is dropped: no window to check
-        p = wire.SamplingParams(max_tokens=8, temperature=0.0)
-        short = "The lighthouse keeper wrote in his journal every night."
-        long_text = short + " " + " ".join(f"Entry {i}: the sea was calm." for i in range(100))
-        fresh, f1, _ = run_engine(e, [wire.GenerateRequest(id="short1", prompt=short, params=p)])
-        _, f2, _ = run_engine(e, [wire.GenerateRequest(id="long", prompt=long_text, params=p)])
+        fresh, f1, f2 = _short_then_long(e, 100)
         assert f2["long"].usage.prompt_tokens > 700
-        short_tokens = e.tok.tokenize(short, add_special=True)
+        short_tokens = e.tok.tokenize(SHORT, add_special=True)
         assert reuse_len(e.slots[0], short_tokens, e.m) == len(short_tokens) - 1
-        again, f3, _ = run_engine(e, [wire.GenerateRequest(id="short2", prompt=short, params=p)])
+        again, f3, _ = run_engine(e, [wire.GenerateRequest(id="short2", prompt=SHORT, params=GREEDY8)])
         assert f3["short2"].usage.cached_tokens == len(short_tokens) - 1
         assert again["short2"] == fresh["short1"]
     finally:
