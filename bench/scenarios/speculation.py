@@ -104,6 +104,27 @@ async def _spec_stats(base: str) -> dict[str, Any] | None:
     return None
 
 
+async def run_rounds(ctx: Ctx, servers: dict[str, Server], models: dict[str, str | None], rounds: int,
+                     label: str) -> dict[tuple[str, str, int], list[LoadResult]]:
+    """Warm every server up, then ``rounds`` rounds of each (workload, c) over the servers in
+    turn: each server's result per (name, workload, c), one a round."""
+    for name, srv in servers.items():
+        for w in WORKLOADS:
+            await _load(srv.base_url, models[name], w, 2, 2, 900_000, f"warm {name}", max_tokens=16)
+    results: dict[tuple[str, str, int], list[LoadResult]] = {}
+    idx = 0
+    for rnd in range(rounds):
+        for w in WORKLOADS:
+            for c in C_LIST:
+                n = ctx.n(2, 1) * c
+                for name, srv in servers.items():
+                    r = await _load(srv.base_url, models[name], w, c, n, idx, f"{name} {w} c={c}")
+                    results.setdefault((name, w, c), []).append(r)
+                    log(f"{label} round {rnd + 1}/{rounds}: {name} {w} c={c}: {r.tok_s:.1f} tok/s, {r.errors} errors")
+                idx += n
+    return results
+
+
 async def sc_speculation(ctx: Ctx) -> list[Table]:
     rounds = ctx.n(2, 1)
     t = Table("Speculative decoding (n-gram): /v1/completions, stream, ignore_eos, 4 slots each; edit = "
@@ -126,21 +147,7 @@ async def sc_speculation(ctx: Ctx) -> list[Table]:
         port = free_port()
         cfg = ctx.corral_config("speculation-plain", {"bench": ctx.corral_model(N_SLOTS, speculative="off")})
         servers["corral-plain"] = start("corral-plain", corral_cmd(cfg, port), port)
-        for name, srv in servers.items():  # warm up
-            for w in WORKLOADS:
-                await _load(srv.base_url, models[name], w, 2, 2, 900_000, f"warm {name}", max_tokens=16)
-        results: dict[tuple[str, str, int], list[LoadResult]] = {}
-        idx = 0
-        for rnd in range(rounds):
-            for w in WORKLOADS:
-                for c in C_LIST:
-                    n = ctx.n(2, 1) * c
-                    for name, srv in servers.items():
-                        r = await _load(srv.base_url, models[name], w, c, n, idx, f"{name} {w} c={c}")
-                        results.setdefault((name, w, c), []).append(r)
-                        log(f"speculation round {rnd + 1}/{rounds}: {name} {w} c={c}: {r.tok_s:.1f} tok/s, "
-                            f"{r.errors} errors")
-                    idx += n
+        results = await run_rounds(ctx, servers, models, rounds, "speculation")
         spec = await _spec_stats(servers["corral"].base_url)
     finally:
         for s in servers.values():

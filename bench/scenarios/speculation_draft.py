@@ -23,10 +23,10 @@ import os
 import statistics
 from typing import Any
 
-from bench.clients.loadgen import LoadResult, fmt
-from bench.context import SLOT_CTX, Ctx, log, start
+from bench.clients.loadgen import fmt
+from bench.context import SLOT_CTX, Ctx, start
 from bench.report import Table
-from bench.scenarios.speculation import C_LIST, N_SLOTS, WORKLOADS, _load, _spec_stats
+from bench.scenarios.speculation import C_LIST, N_SLOTS, WORKLOADS, _spec_stats, run_rounds
 from bench.servers import Server, corral_cmd, free_port, llama_server_cmd
 
 __all__ = ["sc_speculation_draft", "DRAFT_ARGS"]
@@ -46,7 +46,6 @@ async def sc_speculation_draft(ctx: Ctx) -> list[Table]:
                "vs llama-server draft", "vs corral plain", "errors"])
     servers: dict[str, Server] = {}
     models: dict[str, str | None] = {"corral": "bench", "ls-draft": None, "corral-plain": "bench"}
-    results: dict[tuple[str, str, int], list[LoadResult]] = {}
     try:
         port = free_port()
         cfg = ctx.corral_config("speculation-draft", {"bench": ctx.corral_model(
@@ -60,20 +59,7 @@ async def sc_speculation_draft(ctx: Ctx) -> list[Table]:
         port = free_port()
         cfg = ctx.corral_config("speculation-draft-plain", {"bench": ctx.corral_model(N_SLOTS, speculative="off")})
         servers["corral-plain"] = start("corral-plain", corral_cmd(cfg, port), port)
-        for name, srv in servers.items():  # warm up
-            for w in WORKLOADS:
-                await _load(srv.base_url, models[name], w, 2, 2, 900_000, f"warm {name}", max_tokens=16)
-        idx = 0
-        for rnd in range(rounds):
-            for w in WORKLOADS:
-                for c in C_LIST:
-                    n = ctx.n(2, 1) * c
-                    for name, srv in servers.items():
-                        r = await _load(srv.base_url, models[name], w, c, n, idx, f"{name} {w} c={c}")
-                        results.setdefault((name, w, c), []).append(r)
-                        log(f"speculation-draft round {rnd + 1}/{rounds}: {name} {w} c={c}: {r.tok_s:.1f} tok/s, "
-                            f"{r.errors} errors")
-                    idx += n
+        results = await run_rounds(ctx, servers, models, rounds, "speculation-draft")
         spec = await _spec_stats(servers["corral"].base_url)
     finally:
         for s in servers.values():
