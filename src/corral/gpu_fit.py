@@ -83,6 +83,10 @@ class ModelLayout:
     def weight_bytes(self) -> int:
         return sum(self.layer_bytes) + self.output_bytes + self.input_bytes
 
+    def kv_sized(self, swa_full: bool) -> ModelLayout:
+        """The layout as its KV cache is sized: with ``swa_full`` no layer keeps only a window."""
+        return dataclasses.replace(self, sliding_window=0) if swa_full else self
+
     def kv_bytes_per_cell(self, type_k: str = "f16", type_v: str = "f16") -> int:
         """K and V of one cell in one layer, for these cache types (``KV_CACHE_TYPES``)."""
         return self.n_head_kv * (kv_row_bytes(self.head_dim_k, type_k) + kv_row_bytes(self.head_dim_v, type_v))
@@ -94,11 +98,8 @@ def kv_row_bytes(n: int, cache_type: str) -> int:
     return -(-n // block) * per_block
 
 
-def read_layout(path: str | Path, *, swa_full: bool = False) -> ModelLayout:
-    """The layout of a GGUF file (``GGUFError`` when it has no ``ARCH.block_count``); with
-    ``swa_full`` (the setting) its KV is sized with no sliding window."""
-    if swa_full:
-        return dataclasses.replace(read_layout(path), sliding_window=0)
+def read_layout(path: str | Path) -> ModelLayout:
+    """The layout of a GGUF file (``GGUFError`` when it has no ``ARCH.block_count``)."""
     header = read_header(path)
     meta = header.values
     arch = str(meta.get("general.architecture", ""))
@@ -344,7 +345,7 @@ def device_needs(layout: ModelLayout, settings: ModelSettings, *, budgets: Seque
     budget; the context and layers come down first); a number of layers takes what it takes."""
     n_ubatch = min(settings.n_batch, 512)
     ngl = settings.n_gpu_layers
-    layout = dataclasses.replace(layout, sliding_window=0) if settings.swa_full else layout
+    layout = layout.kv_sized(settings.swa_full)
     shares = list(budgets if free is None else free)
     weights = router_split(settings, budgets, free)
     kv_types = (settings.cache_type_k, settings.cache_type_v)

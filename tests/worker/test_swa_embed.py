@@ -122,7 +122,7 @@ def test_kv_bytes_matches_llama_cpp(model_path: Path, n_parallel: int, ctx_len: 
     gpu = wire.DeviceInfo(index=0, name="GPU0", backend="GPU", kind="gpu", free_bytes=1 << 40, total_bytes=1 << 40)
 
     def kv(full: bool) -> int:
-        return sum(d.kv_bytes for d in placement(read_layout(model_path, swa_full=full), gpus=[gpu], weights=None,
+        return sum(d.kv_bytes for d in placement(read_layout(model_path).kv_sized(full), gpus=[gpu], weights=None,
                                                  ngl=-1, ctx=ctx_len, n_slots=n_parallel, n_ubatch=512,
                                                  cache_types=("f16", "f16")))
 
