@@ -92,3 +92,41 @@ async def test_a_key_that_may_not_see_the_adapter_model_gets_the_unknown_models_
             assert hidden.status_code == missing.status_code == 404, (who, path, hidden.text)
             assert hidden.text.replace("gemma-poet", "X") == missing.text.replace("no-such-mode", "X"), (who, path)
     assert harness.requests_seen("gemma") == []
+
+
+async def test_loading_and_unloading_an_adapter_model_act_on_its_base_and_ps_lists_it(harness: Harness) -> None:
+    secrets = await _start(harness)
+    c = harness.client
+    assert c is not None
+    root, alice = bearer(secrets["root"]), bearer(secrets["alice"])
+
+    async def ps(h: dict[str, str]) -> dict[str, dict]:
+        return {m["name"]: m for m in (await c.get("/api/ps", headers=h)).json()["models"]}
+
+    async def status(model: str) -> str:
+        return {m["id"]: m for m in (await c.get("/models", headers=root)).json()["data"]}[model]["status"]["value"]
+
+    assert await ps(root) == {}
+    r = await c.post("/models/load", json={"model": "gemma-poet"}, headers=root)
+    assert r.status_code == 200 and r.json() == {"success": True, "base": "gemma"}, r.text
+    assert await status("gemma") == "loaded" and await status("other") == "unloaded"
+    listed = await ps(alice)
+    assert set(listed) == {"gemma", "gemma-poet"}
+    assert listed["gemma-poet"]["details"]["parent_model"] == "gemma"
+    assert listed["gemma-poet"]["size"] == listed["gemma"]["size"] > 0
+    assert set(await ps(bearer(secrets["bob"]))) == {"gemma"}
+    r = await c.post("/models/unload", json={"model": "gemma-poet"}, headers=root)
+    assert r.status_code == 200 and r.json() == {"success": True, "base": "gemma"}, r.text
+    assert await status("gemma") == "unloaded" and await ps(root) == {}
+
+    # Ollama's load and unload: an empty prompt, then keep_alive 0, both named by the adapter id
+    r = await c.post("/api/generate", json={"model": "gemma-poet"}, headers=alice)
+    assert r.status_code == 200 and r.json()["model"] == "gemma-poet" and r.json()["done_reason"] == "load", r.text
+    assert await status("gemma") == "loaded"
+    r = await c.post("/api/generate", json={"model": "gemma-poet", "keep_alive": 0}, headers=alice)
+    assert r.status_code == 200 and r.json()["done_reason"] == "unload", r.text
+    assert await status("gemma") == "unloaded"
+
+    r = await c.post("/models/load", json={"model": "gemma-nope"}, headers=root)
+    assert r.status_code == 404, r.text
+    assert harness.requests_seen("gemma") == []  # nothing was generated on the way

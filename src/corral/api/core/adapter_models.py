@@ -2,7 +2,9 @@
 [{id, path, scale, model = "base-ft"}]``, Ollama's ``ADAPTER`` models). Such an id is served
 by the base's workers with only that adapter at its scale (corral.api.core.lora.route), and
 listed by every model list next to the catalog's models (``GET /v1/models``, ``/api/tags``,
-``GET /models``, the page) with its base named.
+``GET /models``, the page) with its base named. Loading, unloading and keeping alive one
+(``POST /models/load|unload``, Ollama's empty-prompt load and ``keep_alive``) act on its base;
+``/api/ps`` lists it while its base is loaded.
 
 Who sees one: a key sees an adapter model when one of its ``models`` patterns matches the
 adapter's id and it sees the base (the request runs on the base's workers, and may name its
@@ -23,7 +25,7 @@ from corral.control.pool import ModelPool
 from corral.errors import ModelNotFound
 from corral.settings import LoraAdapter
 
-__all__ = ["AdapterModel", "adapter_models", "find_adapter_model", "adapter_file_size"]
+__all__ = ["AdapterModel", "adapter_models", "find_adapter_model", "serving_model", "adapter_file_size"]
 
 
 class AdapterModel(NamedTuple):
@@ -62,6 +64,17 @@ def find_adapter_model(plane: ControlPlane, name: str) -> AdapterModel | None:
     request's key may use it."""
     bare = name[:-7] if name.endswith(":latest") else name
     return next((m for m in adapter_models(plane) if m.id in (name, bare)), None)
+
+
+def serving_model(plane: ControlPlane, name: str) -> str:
+    """The catalog model that serves ``name``: ``name`` itself for a catalog model or alias,
+    the base's id for an adapter model the request's key may use (loading, unloading or
+    keeping alive an adapter model is doing it to its base's workers), else ``name`` (the
+    caller's lookup gives the 404 of an unknown name)."""
+    if _is_catalog_name(plane, name):
+        return name
+    found = find_adapter_model(plane, name)
+    return name if found is None else found.base.spec.id
 
 
 def adapter_file_size(m: AdapterModel) -> tuple[int, float]:

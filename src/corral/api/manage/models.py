@@ -5,8 +5,10 @@
                                  slots busy/total, memory, last used, failure reason, exit code;
                                  adapter model ids too, with ``adapter.base`` (api/core/adapter_models.py)
     GET  /models/events          SSE: every EventBus event as data: {"event", "model", ...}
-    POST /models/load            {"model": ID} -> {"success": true} once loaded
-    POST /models/unload          {"model": ID} -> {"success": true}; cancels a download
+    POST /models/load            {"model": ID} -> {"success": true} once loaded (an adapter
+                                 model id loads its base: ``"base"`` names it)
+    POST /models/unload          {"model": ID} -> {"success": true}; cancels a download; an
+                                 adapter model id unloads its base
     POST /models/reload          re-read the config file and models_dir
     POST /inferences/llamacpp/loadmodel    Nitro: load a model that is not in the config
     POST /inferences/llamacpp/unloadmodel  Nitro: {"model_id": ID} (GET: 405, no state change on GET)
@@ -24,7 +26,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from corral.api.core.adapter_models import AdapterModel, adapter_models
+from corral.api.core.adapter_models import AdapterModel, adapter_models, serving_model
 from corral.api.http import app_part, json_response, path_policy, plane_of, sse_data
 from corral.api.core.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitro_settings,
                                 parse_body)
@@ -126,8 +128,9 @@ async def load_model(request: Request) -> Response:
     if pull is not None and body.model not in plane_of(request).pools:
         raise Conflict(f"model {body.model!r} is still downloading ({pull.pull_id}); load it when "
                        "the download has finished", param="model")
-    await plane_of(request).load(body.model)
-    return json_response({"success": True})
+    served = serving_model(plane_of(request), body.model)
+    await plane_of(request).load(served)
+    return json_response({"success": True, **_base_of(body.model, served)})
 
 
 @router.post("/models/unload")
@@ -138,8 +141,14 @@ async def unload_model(request: Request) -> Response:
     if h is not None:
         await dm.cancel(h.pull_id)
         return json_response({"success": True, "cancelled": h.pull_id})
-    await plane_of(request).unload(body.model)
-    return json_response({"success": True})
+    served = serving_model(plane_of(request), body.model)
+    await plane_of(request).unload(served)
+    return json_response({"success": True, **_base_of(body.model, served)})
+
+
+def _base_of(asked: str, served: str) -> dict[str, str]:
+    """``{"base": id}`` when an adapter model id was asked for and its base was acted on."""
+    return {"base": served} if served != asked else {}
 
 
 @router.post("/models/reload")

@@ -110,10 +110,15 @@ async def tags(request: Request) -> Response:
 
 @router.get("/api/ps")
 async def ps(request: Request) -> Response:
-    pools = [p for p in plane_of(request).visible_pools() if p.status() == "loaded"]
+    """The loaded models, and the adapter models whose base is loaded (each entry the base's
+    memory: they run on its workers)."""
+    plane = plane_of(request)
+    pools = [p for p in plane.visible_pools() if p.status() == "loaded"]
+    adapters = [a for a in adapter_models(plane) if a.base.status() == "loaded"]
     shas = _store_sha(request)
+    bases = pools + [a.base for a in adapters]
     out = []
-    for pool, meta in zip(pools, await _metas(pools)):
+    for pool, meta in zip(bases, await _metas(bases)):
         ttl = pool.ttl_s
         size, size_vram = _sizes(pool)
         slot = next((i.info.n_ctx_slot for i in pool.instances if i.info is not None),
@@ -121,7 +126,9 @@ async def ps(request: Request) -> Response:
         out.append({**_entry(pool, meta, shas), "size": size, "size_vram": size_vram,
                     "expires_at": _iso(pool.last_used + ttl) if ttl is not None else _FOREVER,
                     "context_length": slot})
-    return json_response({"models": out})
+    return json_response({"models": out[:len(pools)] + [
+        {**_adapter_entry(a, e), "size": e["size"], "size_vram": e["size_vram"]}
+        for a, e in zip(adapters, out[len(pools):])]})
 
 
 def _sizes(pool: ModelPool) -> tuple[int, int]:

@@ -25,6 +25,7 @@ from starlette.responses import Response, StreamingResponse
 from corral import wire
 from corral.api.core.dialect import (Generation, Outcome, ReasoningEvent, TextEvent, ToolCallEvent, build_spec,
                                      parse_arguments, run_embedding, run_generation)
+from corral.api.core.adapter_models import serving_model
 from corral.api.http import json_response, ndjson_line, plane_of
 from corral.api.ollama.schemas import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                        OllamaGenerateRequest, parse_keep_alive, sampling_from_options)
@@ -59,13 +60,14 @@ async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
                           body: dict[str, Any]) -> Response:
     """An empty prompt / no messages: load the model (or unload it with keep_alive 0)."""
     plane = plane_of(request)
-    model = plane.resolve(name)
+    served = serving_model(plane, name)  # an adapter model: its base's workers
+    model = plane.resolve(served) if served == name else name
     if keep_alive == 0:
-        await plane.unload(name, "unloaded by request (keep_alive 0)")
+        await plane.unload(served, "unloaded by request (keep_alive 0)")
         reason = "unload"
     else:
-        await plane.load(name)
-        plane.keep_alive(name, keep_alive)
+        await plane.load(served)
+        plane.keep_alive(served, keep_alive)
         reason = "load"
     return json_response({"model": model, "created_at": created_at(), **body, "done": True,
                             "done_reason": reason})
@@ -73,7 +75,7 @@ async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
 
 def _keep_alive_hook(request: Request, name: str, keep_alive: float | None) -> Callable[[], None]:
     plane = plane_of(request)
-    return lambda: plane.keep_alive(name, keep_alive)
+    return lambda: plane.keep_alive(serving_model(plane, name), keep_alive)
 
 
 def _calls(calls: list[wire.ToolCall]) -> list[dict[str, Any]]:
