@@ -15,6 +15,7 @@ import llama_cpp as ll
 import pytest
 
 from corral import wire
+from corral.worker import vision_side
 from corral.worker.engine import Engine
 from corral.worker.kv_store import restore_seq, save_seq
 from corral.worker.vision_side import BESIDE_NICE, THREAD_NAMES, restream, thread_nice
@@ -102,6 +103,27 @@ def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_t
     assert len(niced) >= 2, niced  # the image thread and the OpenMP thread its 2-thread graphs started
     assert all(n == min(19, base + BESIDE_NICE) > base for n in niced), niced  # below the decode threads
     assert all(n == base for n in thread_nice()[ALONE])  # the alone thread was never niced
+
+
+def test_a_side_context_that_cannot_be_created_leaves_the_image_to_the_engine(
+        engine2: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    req = (user(f"Name {M}.", picture(43)),)
+    v = engine2.vision
+    v.side.usable = False
+    try:
+        in_steps = _beside_a_stream(engine2, "ref", *req)
+    finally:
+        v.side.usable = True
+    kept, v.side.ctx = v.side.ctx, None  # as before the first image beside a stream
+    monkeypatch.setattr(vision_side.ll, "llama_init_from_model", lambda *a: None)  # no room for it
+    try:
+        pieces, side = v.pieces, v.side_images
+        text = _beside_a_stream(engine2, "no-room", *req)
+        assert not v.side.usable and v.side.ctx is None
+    finally:
+        v.side.ctx, v.side.usable = kept, True
+    assert text == in_steps  # the request did not fail: the engine's steps decoded the image
+    assert v.pieces - pieces == 2 and v.side_images == side
 
 
 def test_a_state_restreamed_round_trips(engine2: Engine) -> None:

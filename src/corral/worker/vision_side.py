@@ -145,7 +145,8 @@ def _restream(state: bytes, n_stream: int, ext: int) -> bytes | None:
 
 
 class SideUnsupported(RuntimeError):
-    """The slot's KV state is not in a layout ``restream`` knows: images go on the engine's thread."""
+    """The slot's KV state is not in a layout ``restream`` knows, or the side context could not
+    be created (no room for it): images go on the engine's thread from then on."""
 
 
 class ImageThreads:
@@ -210,7 +211,10 @@ class SideContext:
         the model's context; the side context is left empty."""
         with self._lock:
             if self.ctx is None:
-                self.ctx = self._open()
+                try:
+                    self.ctx = self._open()
+                except RuntimeError as exc:  # no room for it (a GPU that is full): the engine's thread decodes
+                    raise SideUnsupported(str(exc)) from None
             mem = ll.llama_get_memory(self.ctx)
             ll.llama_memory_seq_rm(mem, 0, -1, -1)
             try:
