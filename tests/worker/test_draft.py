@@ -26,8 +26,8 @@ from corral.worker.speculate import CPU_TOKEN_COST
 from support.draft_models import write_tiny_draft
 from support.gguf_models import write_reranker
 from worker.conftest import run_engine, settings_for
-from worker.test_speculation import (PROMPTS, _batch_noise, _greedy_requests, _margin, _tokens,
-                                     check_sampled_follows_target)
+from worker.test_speculation import (PROMPTS, _greedy_requests, _margin, _tokens, check_sampled_follows_target,
+                                     noise, plain)  # noqa: F401 - noise, plain: the same engine fixtures
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +36,6 @@ def tiny_drafts(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> t
     d = tmp_path_factory.mktemp("drafts")
     return (write_tiny_draft(model_path, d / "tiny.gguf"),
             write_tiny_draft(model_path, d / "renamed.gguf", rename=(70001,)))
-
-
-@pytest.fixture(scope="module")
-def plain(model_path: Path) -> Iterator[Engine]:
-    e = Engine(settings_for(model_path, speculative="off", n_parallel=4, ctx_len=4096))
-    yield e
-    e.close()
 
 
 @pytest.fixture(scope="module")
@@ -55,16 +48,6 @@ def selfdraft(model_path: Path) -> Iterator[Engine]:
     e.spec.costs.fixed = (CPU_TOKEN_COST, 0.0)
     yield e
     e.close()
-
-
-@pytest.fixture(scope="module")
-def noise(model_path: Path) -> float:
-    """The batch-shape noise of the model (a unified KV cache, as a speculating target's)."""
-    e = Engine(settings_for(model_path, speculative="ngram", n_parallel=1, ctx_len=1024))
-    try:
-        return _batch_noise(e)
-    finally:
-        e.close()
 
 
 def _requests() -> list[wire.GenerateRequest]:

@@ -164,8 +164,7 @@ class VisionSteps:
 
     def wait(self, timeout: float = 0.5) -> None:
         """Nothing else to decode this step: wait for an encode or side decode instead of spinning."""
-        futs: list[cf.Future[Any]] = [f for f, _ in self._pending.values()] + [f for f, _, _ in self._side.values()]
-        if futs:
+        if futs := self._in_flight():
             cf.wait(futs, timeout=timeout, return_when=cf.FIRST_COMPLETED)
 
     def close(self) -> None:
@@ -181,7 +180,7 @@ class VisionSteps:
         """Beside other streams, image work in flight (niced: it gets only the cores the decode
         threads leave) gets ``share`` of the time: the engine waits for it that long a step
         (measured from the last step's own time; none at the first step of that work)."""
-        futs: list[cf.Future[Any]] = [f for f, _ in self._pending.values()] + [f for f, _, _ in self._side.values()]
+        futs = self._in_flight()
         if not (others and futs):
             self._last_step = self._waited = 0.0
             return
@@ -192,6 +191,10 @@ class VisionSteps:
             cf.wait(futs, timeout=min(0.5, busy * self.share / (1 - self.share)), return_when=cf.FIRST_COMPLETED)
             waited = time.perf_counter() - now
         self._last_step, self._waited = now, waited
+
+    def _in_flight(self) -> list[cf.Future[Any]]:
+        """The encodes and side decodes not collected yet."""
+        return [f for f, _ in self._pending.values()] + [f for f, _, _ in self._side.values()]
 
     def _encode_later(self, span: ImageSpan, job: Job, beside: bool) -> None:
         assert self.proj is not None
