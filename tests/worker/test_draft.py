@@ -26,8 +26,10 @@ from corral.worker.speculate import CPU_TOKEN_COST
 from support.draft_models import write_tiny_draft
 from support.gguf_models import write_reranker
 from worker.conftest import run_engine, settings_for
-from worker.test_speculation import (PROMPTS, _greedy_requests, _margin, _tokens, check_sampled_follows_target,
-                                     noise, plain)  # noqa: F401 - noise, plain: the same engine fixtures
+from worker import test_speculation
+from worker.test_speculation import PROMPTS, _greedy_requests, _margin, _tokens, check_sampled_follows_target
+
+plain, noise = test_speculation.plain, test_speculation.noise  # the same engine fixtures (one each here)
 
 
 @pytest.fixture(scope="module")
