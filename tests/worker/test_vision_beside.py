@@ -37,6 +37,17 @@ def engine2(model_path: Path, mmproj_path: Path) -> Iterator[Engine]:
     e.close()
 
 
+def _policies(name: str) -> list[int]:
+    """The scheduling policy of each of this process's threads named ``name`` (/proc stat field 41)."""
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+            stat = f.read()
+        if stat[stat.index(b"(") + 1: stat.rindex(b")")].decode(errors="replace") == name:
+            out.append(int(stat[stat.rindex(b")") + 2:].split()[38]))
+    return out
+
+
 def _stream_running(e: Engine) -> None:
     e.submit(wire.GenerateRequest(id="stream", prompt="Once upon a time", params=STREAM))
     for _ in range(50):
@@ -102,6 +113,8 @@ def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_t
     base = os.getpriority(os.PRIO_PROCESS, 0)
     assert len(niced) >= 2, niced  # the image thread and the OpenMP thread its 2-thread graphs started
     assert all(n == min(19, base + BESIDE_NICE) > base for n in niced), niced  # below the decode threads
+    assert set(_policies(BESIDE)) == {os.SCHED_IDLE}  # and only on a core the decode threads leave
+    assert set(_policies(ALONE)) == {os.SCHED_OTHER}
     assert all(n == base for n in thread_nice()[ALONE])  # the alone thread was never niced
 
 

@@ -10,10 +10,13 @@ slower). So:
 
 - ``ImageThreads``: two single-thread executors. ``alone`` runs at the process's priority
   (an image with no other slot generating: it has the cores). ``beside`` runs at nice
-  ``BESIDE_NICE``: its thread is niced before its first ggml call, so the OpenMP threads
-  it starts for its graphs (libgomp keeps one team per calling thread; a new thread
-  inherits its creator's nice) are niced too, and the engine's decode threads win every
-  core they want. No priority is ever raised again (an unprivileged process cannot lower
+  ``BESIDE_NICE`` and in the ``SCHED_IDLE`` policy: its thread is set so before its first
+  ggml call, so the OpenMP threads it starts for its graphs (libgomp keeps one team per
+  calling thread; a new thread inherits its creator's nice and policy) are too, and the
+  engine's decode threads win every core they want. Nice 19 alone was not enough: it
+  still takes a core now and then from a decode thread, whose partners then spin at
+  ggml's barrier (streams beside images 0.72-0.76x of their rate alone on an AMD EPYC
+  with 2 cores; 0.87-1.00x with ``SCHED_IDLE``, bench/checks/vision.py). No priority is ever raised again (an unprivileged process cannot lower
   a nice value), which is why there are two threads. Each names itself (``comm``), and its
   OpenMP threads inherit the name: ``thread_nice`` reads them back.
 - ``SideContext``: a second llama.cpp context on the same weights (one sequence of one
@@ -70,6 +73,11 @@ def _start_thread(name: str, nice: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
         except OSError:
             pass  # the thread keeps the process's priority; the time share still holds
+        if hasattr(os, "SCHED_IDLE"):
+            try:  # runs only on a core nothing else wants (an unprivileged thread may lower itself to it)
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            except OSError:
+                pass
 
 
 def thread_nice() -> dict[str, list[int]]:
