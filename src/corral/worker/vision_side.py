@@ -188,6 +188,7 @@ class SideContext:
         self.ctx: ll.llama_context_p | None = None
         self.usable = True  # False after a SideUnsupported: images stay on the engine's thread
         self.kv_bytes = 0  # its KV cache and compute buffers, once created (counted in Stats.kv_bytes)
+        self.compute_bytes = 0  # of which its compute buffers
         self._lock = threading.Lock()
 
     def _open(self) -> ll.llama_context_p:
@@ -195,6 +196,7 @@ class SideContext:
         p = ll.llama_context_default_params()
         p.n_ctx = m.n_ctx_slot
         p.n_batch = p.n_ubatch = self.piece
+        p.n_outputs_max = 1  # it never draws: no logits room for a whole micro-batch (Gemma 3: 512 MiB of 560)
         p.n_seq_max = 1
         p.n_threads = m.threads
         p.n_threads_batch = m.threads_batch
@@ -210,7 +212,9 @@ class SideContext:
         m.extra_contexts.append(ctx)  # freed with the model
         after = list(model_mod._buffer_lines)
         new = after[len(before):] if after[:len(before)] == before else after
-        self.kv_bytes = sum(b.bytes for b in logged_buffers(new) if b.kind in ("kv", "compute"))
+        bufs = logged_buffers(new)
+        self.kv_bytes = sum(b.bytes for b in bufs if b.kind in ("kv", "compute"))
+        self.compute_bytes = sum(b.bytes for b in bufs if b.kind == "compute")
         return ctx
 
     def run(self, state: bytes, work: Callable[[ll.llama_context_p], None], n_stream: int) -> bytes:
