@@ -23,6 +23,7 @@ from PIL import Image
 from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.sampling import logits_at
+from corral.worker.slots import Slot
 from corral.worker.vision import VisionTokens
 from corral.worker.vision_mrope import kv_pos
 from support.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj, write_qwen2vl_model
@@ -150,17 +151,48 @@ def test_wrong_positions_differ(qengine: Engine) -> None:
     assert len(tokens_of(deltas, "w")) == N_GEN and tokens_of(deltas, "w") != right
 
 
-def test_speculation_is_off_for_an_image_prompt(qwen_pair: tuple[Path, Path]) -> None:
-    """Drafts are rolled back by length: an M-RoPE image request does not draft (with drafts this
-    prompt's decode fails: the rollback leaves cells past the position)."""
+def test_an_image_request_drafts_and_its_rollback_cuts_by_position(qwen_pair: tuple[Path, Path]) -> None:
+    """Drafts after an M-RoPE image: every step a draft of the next three greedy tokens with
+    the third one wrong, so two are accepted and a tail of two rejected each time. The tail is
+    cut at its KV position (cut at its length, as for a text prompt, the rejected cells stay in
+    the KV and the next decode fails); each step the slot's last cell is where its cached
+    length says, and the tokens are libmtmd's greedy ones."""
     e = _engine(qwen_pair, speculative="ngram", n_parallel=2)
-    long = wire.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    n = 40
+    long = wire.SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     try:
-        prompt, img = f"the {M} the sky the sky the sky the sky the", [picture(6)]
-        _, finals, deltas = run_engine(e, [msgspec.structs.replace(raw("s", prompt, *img), params=long)])
-        assert isinstance(finals["s"], wire.Finished), finals["s"]
-        assert e.spec.drafted == 0
-        assert tokens_of(deltas, "s") == reference(e, prompt, img, 40)
+        prompt, img = f"the {M} the sky the", [picture(6)]
+        ref = reference(e, prompt, img, n + 4)
+        vocab = e.m.n_vocab
+
+        sent: list[list[int]] = []
+
+        def drafts(gen: list[Slot], room: int, m: object) -> list[list[int]]:
+            out = []
+            for slot in gen:  # the slot's pending token is ref[n_gen - 1]
+                k = slot.n_gen
+                out.append([ref[k], ref[k + 1], (ref[k + 2] + 1) % vocab][: max(0, slot.max_tokens - k - 1)])
+            sent.extend(d for d in out if d)
+            return out
+
+        e.spec._drafts = drafts  # type: ignore[method-assign]
+        e.submit(e.prepare(msgspec.structs.replace(raw("s", prompt, *img), params=long)))
+        deltas: list[wire.Delta] = []
+        fin = None
+        while fin is None:
+            for msg in e.step():
+                if isinstance(msg, wire.Delta):
+                    deltas.append(msg)
+                elif isinstance(msg, (wire.Finished, wire.RequestFailed)):
+                    fin = msg
+            slot = e.slots[0]
+            if slot.job is not None and slot.n_gen > 0:
+                assert ll.llama_memory_seq_pos_max(e.m.memory, slot.index) == \
+                    kv_pos(slot.job.tokens, len(slot.cached)) - 1
+        assert isinstance(fin, wire.Finished), fin
+        assert len(sent) > 10 and e.spec.drafted == sum(map(len, sent))
+        assert e.spec.accepted == sum(min(2, len(d)) for d in sent)  # the wrong third token never
+        assert tokens_of({"s": deltas}, "s") == ref[:n]
     finally:
         e.close()
 

@@ -242,7 +242,7 @@ class Engine:
             template_stops = list(self.template.stop_strings)
         slot.out = slot_output(req, list(p.stop), requests.tool_parser(req), template_stops=template_stops,
                                reasoning=slot.reasoning)
-        self.spec.start(slot, req, allowed=slot.reasoning is None and self.vision.speculation_allowed(job.tokens))
+        self.spec.start(slot, req, allowed=slot.reasoning is None)
         slot.echo_logprobs = [wire.TokenLogprob(self.tok.prompt_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))
@@ -345,7 +345,7 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
             log.exception("sampling failed for %s", job.req.id)
             self._fail(slot, job, f"{type(exc).__name__}: {exc}")
-        self.spec.settle(slot, drawn, self.m)
+        self.spec.settle(slot, drawn, self.m, job.tokens)
 
     def _next_token(self, slot: Slot, out: SlotOutput, tok: int | None, lp: wire.TokenLogprob | None) -> None:
         now = time.perf_counter()

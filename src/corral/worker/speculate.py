@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import llama_cpp as ll
@@ -218,9 +218,10 @@ class Speculator:
                 break
         return out
 
-    def settle(self, slot: Slot, drawn: list[Drawn], m: LoadedModel) -> None:
+    def settle(self, slot: Slot, drawn: list[Drawn], m: LoadedModel, prompt: Sequence[int] = ()) -> None:
         """After the slot's tokens were taken: counters, the rejected tail out of the KV
-        cache, the slot's draft length and pause."""
+        cache (cut by position: ``prompt``, the request's tokens, may hold M-RoPE images), the
+        slot's draft length and pause."""
         self.gen_steps += 1
         self._time_step()
         st = self.states[slot.index]
@@ -236,10 +237,11 @@ class Speculator:
         st.tries = st.tries * _DECAY + k + (1 if k < len(draft) else 0)
         keep = st.base + 1 + k
         if len(slot.cached) > keep:  # (a failed slot's cache is already cleared)
-            ll.llama_memory_seq_rm(m.memory, slot.index, keep, -1)  # partial removal: always done for a KV cache
+            at = kv_pos(prompt, keep)  # the position of entry ``keep`` (vision_mrope.py)
+            ll.llama_memory_seq_rm(m.memory, slot.index, at, -1)  # partial removal: always done for a KV cache
             del slot.cached[keep:]
             if m.n_swa > 0 and slot.cached and \
-                    ll.llama_memory_seq_pos_min(m.memory, slot.index) > max(0, keep - m.n_swa):
+                    ll.llama_memory_seq_pos_min(m.memory, slot.index) > max(0, at - m.n_swa):
                 self.window_broken += 1
                 log.warning("slot %d: the sliding window lost cells after a rollback", slot.index)
         if k == 0:

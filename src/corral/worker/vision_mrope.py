@@ -19,8 +19,8 @@ count. So the KV position of a slot's n-th entry is no longer n after an image:
 - prefix reuse (``engine._start``): the KV is cut at ``kv_pos`` of the reused length (a reuse
   never ends inside an image: ``VisionTokens.snap``), which also trims what a prompt-cache
   restore (``prompt_cache._restore`` cuts at the entry's length) left beyond it;
-- speculation: off for a request whose prompt holds such an image (``speculation_allowed``):
-  its rollback (``speculate.settle``) cuts the KV at a length.
+- speculation: a draft's tokens at ``kv_pos`` of the slot's cached length on (``speculate.fill``),
+  a rejected tail cut at ``kv_pos`` of the kept length (``speculate.settle``);
 
 Everything else is unchanged: a host-RAM entry or a paused request's state restores its
 cells with their positions (``llama_state_seq_*`` keeps them); context checks count cells
@@ -37,7 +37,7 @@ import llama_cpp.mtmd_cpp as mtmd
 
 from corral.worker.vision import ImageSpan, VisionTokens
 
-__all__ = ["N_POS_PER_EMBD", "kv_pos", "shifts", "speculation_allowed", "write_positions"]
+__all__ = ["N_POS_PER_EMBD", "kv_pos", "write_positions"]
 
 N_POS_PER_EMBD = 4  # llama.cpp's M-RoPE: positions per embedding (the 4th section unused by Qwen2-VL)
 
@@ -48,17 +48,6 @@ def kv_pos(tokens: Sequence[int], n: int) -> int:
     if not isinstance(tokens, VisionTokens):
         return n
     return n - sum(s.n_tokens - s.n_pos for s in tokens.images if s.end <= n)
-
-
-def shifts(tokens: Sequence[int]) -> bool:
-    """Whether some image of ``tokens`` takes fewer positions than tokens (M-RoPE)."""
-    return isinstance(tokens, VisionTokens) and any(s.n_pos != s.n_tokens for s in tokens.images)
-
-
-def speculation_allowed(tokens: Sequence[int]) -> bool:
-    """Drafts are verified and rolled back by length; a prompt with an M-RoPE image has no
-    speculation (its other requests do)."""
-    return not shifts(tokens)
 
 
 def write_positions(pos: ctypes.Array[ctypes.c_int32], span: ImageSpan, p0: int, off: int, k: int) -> None:

@@ -128,7 +128,6 @@ class VisionSteps:
         return self.proj.tokenize(text, images, add_special=add_special)
 
     kv_pos = staticmethod(mrope.kv_pos)  # a slot's KV position after M-RoPE images (vision_mrope.py)
-    speculation_allowed = staticmethod(mrope.speculation_allowed)
 
     @staticmethod
     def snap(tokens: list[int], reuse: int) -> int:
