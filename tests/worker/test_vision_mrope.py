@@ -197,6 +197,46 @@ def test_an_image_request_drafts_and_its_rollback_cuts_by_position(qwen_pair: tu
         e.close()
 
 
+def _beside_a_stream(e: Engine, rid: str, prompt: str, img: bytes) -> list[int]:
+    """The image request's greedy tokens while a text stream generates in another slot."""
+    for slot in e.slots:  # no prefix hit: the image is encoded and decoded again
+        e._clear_slot(slot)
+    stream = wire.SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
+    e.submit(wire.GenerateRequest(id=f"{rid}-stream", prompt="the sky is", params=stream))
+    while not any(s.job is not None and s.n_gen > 0 for s in e.slots):
+        e.step()
+    e.submit(e.prepare(raw(rid, prompt, img)))
+    deltas: list[wire.Delta] = []
+    for _ in range(3000):
+        out = e.step()
+        deltas += [m for m in out if isinstance(m, wire.Delta) and m.id == rid]
+        if any(isinstance(m, (wire.Finished, wire.RequestFailed)) and m.id == rid for m in out):
+            break
+    assert any(s.job is not None and s.job.req.id == f"{rid}-stream" for s in e.slots)  # still streaming
+    e.abort(f"{rid}-stream")
+    run_engine(e, [])
+    return tokens_of({rid: deltas}, rid)
+
+
+def test_an_image_beside_a_stream_decodes_in_the_side_context_at_its_positions(qengine: Engine) -> None:
+    """Beside a generating slot an M-RoPE image is decoded in the side context with its 2-D
+    positions (vision_side.py), and the KV copied back gives the tokens the engine's own steps
+    give beside the same stream."""
+    v = qengine.vision
+    prompt, img = f"the picture {M} caption: the", picture(8)
+    v.side.usable = False  # the reference: the image decoded in the steps beside the same stream
+    try:
+        pieces = v.pieces
+        in_steps = _beside_a_stream(qengine, "mr-a", prompt, img)
+        assert v.pieces > pieces
+    finally:
+        v.side.usable = True
+    pieces, side = v.pieces, v.side_images
+    beside = _beside_a_stream(qengine, "mr-b", prompt, img)
+    assert v.side.usable and v.side_images == side + 1 and v.pieces == pieces  # none of it in the steps
+    assert len(beside) == N_GEN and beside == in_steps
+
+
 LONG_PROMPT = f"look at this picture {M} and say in one line what the picture shows: the sky is red the sea is"
 
 

@@ -155,7 +155,7 @@ class VisionSteps:
             at = toks.span_at(slot.prompt_pos)
             if at is None or at.embd is None or at in self._side:
                 continue
-            if others and self.side.usable and not self.mrope:  # M-RoPE: on the engine's thread
+            if others and self.side.usable:
                 self._decode_beside(slot, job, at)
             else:
                 self._decode_piece(slot, job, at, fail)
@@ -233,12 +233,14 @@ class VisionSteps:
         off = slot.prompt_pos - span.start
         rows, start, non_causal, seq_len = span.embd[off:], len(slot.cached), span.non_causal, slot.prompt_pos
         state = save_seq(self.m.ctx, slot.index)
-        batch = EmbdBatch(self.piece, rows.shape[1])
+        batch = EmbdBatch(self.piece, rows.shape[1], mrope.N_POS_PER_EMBD if self.mrope else 1)
+        p0 = mrope.kv_pos(job.tokens, span.start) if self.mrope else 0  # M-RoPE: the image's first position
 
         def work(ctx: ll.llama_context_p) -> None:
             for at in range(0, rows.shape[0], self.piece):
                 piece = rows[at: at + self.piece]
-                rc = decode_embd(ctx, batch, piece, start + at, 0, non_causal)
+                rc = decode_embd(ctx, batch, piece, start + at, 0, non_causal,
+                                 mrope_at=(span, p0, off + at) if self.mrope else None)
                 if rc != 0:
                     raise RuntimeError(f"decode of an image failed: llama_decode returned {rc}")
 
