@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import llama_cpp as ll
 import pytest
 
 from corral import wire
@@ -304,3 +305,30 @@ def test_set_threads_reaches_the_context(model_path: Path) -> None:
         assert isinstance(f["t"], wire.Finished)
     finally:
         e.close()
+
+
+def test_the_compute_buffer_holds_the_rows_asked_for_not_a_micro_batch(engine: Engine) -> None:
+    """llama.cpp sizes the compute buffer for a micro-batch of logits unless told fewer
+    (model.outputs_max): the engine's is for its slots and ECHO_CHUNK prompt rows. Two
+    requests asking for their prompts' logprobs at once (more rows than ECHO_CHUNK each)
+    share those rows step by step and each gets a logprob for every prompt token after the first."""
+    from corral.worker.model import ECHO_CHUNK, outputs_max
+
+    m = engine.m
+    compute = sum(b.bytes for b in engine.info.buffers if b.kind == "compute")
+    rows = outputs_max(engine.settings, m.n_slots)
+    assert rows == m.n_slots + ECHO_CHUNK
+    micro = ll.llama_n_ubatch(m.ctx)
+    assert 4 * rows * m.n_vocab <= compute < 4 * micro * m.n_vocab // 2, (compute, rows, micro)
+    long = " ".join(f"word{i}" for i in range(60))
+    reqs = [wire.GenerateRequest(id=f"echo{i}", prompt=f"{long} {i}", params=wire.SamplingParams(max_tokens=1, temperature=0.0),
+                                 echo=True, logprobs=1) for i in range(2)]
+    n_prompt = [len(engine.tok.tokenize(r.prompt, add_special=True)) for r in reqs]
+    assert min(n_prompt) > ECHO_CHUNK
+    _, finals, deltas = run_engine(engine, reqs)
+    for r, n in zip(reqs, n_prompt):
+        assert isinstance(finals[r.id], wire.Finished), finals[r.id]
+        echoed = deltas[r.id][0]
+        lps = echoed.logprobs
+        assert lps is not None and len(lps) == n and lps[0].logprob is None  # the first has none
+        assert all(lp.logprob is not None for lp in lps[1:])

@@ -4,13 +4,12 @@ it never stalls the streams that decode beside it)."""
 
 from __future__ import annotations
 
+from corral.worker.model import ECHO_CHUNK
 from corral.worker.slots import Batch, Slot
 from corral.worker.vision import VisionTokens
 from corral.worker.vision_mrope import kv_pos
 
-__all__ = ["ECHO_CHUNK", "EchoChunk", "fill_prompt_chunks"]
-
-ECHO_CHUNK = 32  # prompt tokens per step when each needs its logits (echo + logprobs)
+__all__ = ["EchoChunk", "fill_prompt_chunks"]
 
 EchoChunk = tuple[Slot, int, int, int]  # slot, batch index, prompt pos, count
 
@@ -20,6 +19,7 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
     """Add prompt tokens after the ``n`` already in ``b``; a slot whose prompt ends in this
     batch asks for its last token's logits (appended to ``outputs``). Returns the new count."""
     budget = b.cap - n
+    echo_room = ECHO_CHUNK  # the echo slots' logits rows this step, all together (model.outputs_max)
     for slot in slots:
         if budget <= 0:
             break
@@ -33,7 +33,10 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
             continue
         echo = slot.echo_logprobs is not None
         if echo:
-            take = min(take, ECHO_CHUNK)
+            take = min(take, echo_room)
+            if take <= 0:
+                continue
+            echo_room -= take
             echo_chunks.append((slot, n, slot.prompt_pos, take))
         start = kv_pos(toks, len(slot.cached))  # after an M-RoPE image: less (vision_mrope.py)
         for k in range(take):
