@@ -23,9 +23,10 @@ import msgspec
 from corral import reasoning_format, wire
 from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, placement, plan_fit,
                              read_layout, split_weights)
+from corral.worker.batch_rows import outputs_max
 from corral.worker.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
 
-__all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes", "ECHO_CHUNK", "outputs_max"]
+__all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes"]
 
 GGUF_MAGIC = b"GGUF"
 
@@ -177,7 +178,6 @@ def tokenizer_info(vocab: ll.llama_vocab_p, chat_template: str | None) -> wire.T
 
 
 # ggml's enum ggml_type for the KV cache types (corral.settings.KV_CACHE_TYPES)
-ECHO_CHUNK = 32  # prompt tokens a step whose logits are asked for (echo + logprobs), all slots together
 _GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 
 
@@ -284,15 +284,6 @@ def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo],
                         cache_types=(s.cache_type_k, s.cache_type_v))
     except FitError as exc:
         raise ModelLoadError(str(exc)) from exc
-
-
-def outputs_max(s: wire.WorkerSettings, n_slots: int) -> int:
-    """The logits rows a batch may ask for, which llama.cpp sizes the compute buffer by (its
-    default: a whole micro-batch; Gemma 3's 262,144-entry vocabulary at 512 rows is 512 MiB)
-    and aborts beyond: a token a slot, a verifying batch's drafts with speculation, and
-    ``ECHO_CHUNK`` prompt tokens of the slots whose prompt logprobs are asked for (prefill.py
-    keeps them to that). 0 (the default) for an embedding model."""
-    return 0 if s.embedding else n_slots * (1 + (s.draft_max if s.speculative != "off" else 0)) + ECHO_CHUNK
 
 
 def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *, gpu_layers: int,

@@ -4,7 +4,7 @@ it never stalls the streams that decode beside it)."""
 
 from __future__ import annotations
 
-from corral.worker.model import ECHO_CHUNK
+from corral.worker.batch_rows import ECHO_CHUNK
 from corral.worker.slots import Batch, Slot
 from corral.worker.vision import VisionTokens
 from corral.worker.vision_mrope import kv_pos
@@ -19,7 +19,7 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
     """Add prompt tokens after the ``n`` already in ``b``; a slot whose prompt ends in this
     batch asks for its last token's logits (appended to ``outputs``). Returns the new count."""
     budget = b.cap - n
-    echo_room = ECHO_CHUNK  # the echo slots' logits rows this step, all together (model.outputs_max)
+    echo_room = ECHO_CHUNK  # the echo slots' logits rows this step, all together (batch_rows.outputs_max)
     for slot in slots:
         if budget <= 0:
             break
