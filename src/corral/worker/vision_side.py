@@ -16,8 +16,9 @@ slower). So:
   engine's decode threads win every core they want. Nice 19 alone was not enough: it
   still takes a core now and then from a decode thread, whose partners then spin at
   ggml's barrier (streams beside images 0.72-0.76x of their rate alone on an AMD EPYC
-  with 2 cores; 0.87-1.00x with ``SCHED_IDLE``, bench/checks/vision.py). No priority is ever raised again (an unprivileged process cannot lower
-  a nice value), which is why there are two threads. Each names itself (``comm``), and its
+  with 2 cores; 0.87-1.00x with ``SCHED_IDLE``, bench/checks/vision.py). No priority is
+  ever raised again (an unprivileged thread cannot lower a nice value or leave
+  ``SCHED_IDLE``), which is why there are two threads. Each names itself (``comm``), and its
   OpenMP threads inherit the name: ``thread_nice`` reads them back.
 - ``SideContext``: a second llama.cpp context on the same weights (one sequence of one
   slot's length, one micro-batch of the image piece's size, the model context's cache
