@@ -332,3 +332,15 @@ def test_the_compute_buffer_holds_the_rows_asked_for_not_a_micro_batch(engine: E
         lps = echoed.logprobs
         assert lps is not None and len(lps) == n and lps[0].logprob is None  # the first has none
         assert all(lp.logprob is not None for lp in lps[1:])
+
+
+def test_the_context_computes_on_a_persistent_threadpool(engine: Engine) -> None:
+    """As llama-server's (worker/threadpool.py): attached for the context's life."""
+    assert engine.threadpool is not None and engine.threadpool.pool
+    engine.set_threads(1)
+    try:
+        texts, _, _ = run_engine(engine, [gen("tp1")])
+    finally:
+        engine.set_threads(engine.m.threads)
+    texts2, _, _ = run_engine(engine, [gen("tp2")])
+    assert texts["tp1"] and texts["tp1"] == texts2["tp2"]  # the same greedy text on fewer threads

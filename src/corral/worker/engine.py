@@ -28,7 +28,7 @@ from typing import Union
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import draft, requests, sample_pool, sampling
+from corral.worker import draft, requests, sample_pool, sampling, threadpool
 from corral.worker.lora import LoraAdapters
 from corral.worker.embed import Embedder
 from corral.worker.failures import RequestRejected
@@ -57,6 +57,7 @@ class Engine:
     def __init__(self, settings: wire.WorkerSettings) -> None:
         self.settings = settings
         self.m: LoadedModel = load_model(draft.main_settings(settings))  # room for a draft model's
+        self.threadpool = threadpool.attach(self.m.ctx, max(self.m.threads, self.m.threads_batch))  # as llama-server
         self.lora = LoraAdapters.load(self.m, settings)  # adapters and each slot's adapter set (lora.py)
         self.m.info = self.lora.report(self.m.info)
         self.vision = VisionSteps.load(settings, self.m)  # the projector, images in the step (vision_prefill.py)
@@ -164,6 +165,8 @@ class Engine:
         free_samplers(self.slots, self.waiting)
         self.lora.close()
         self.m.free()
+        if self.threadpool is not None:
+            self.threadpool.free()
 
     def fail_all(self, message: str) -> list[Outgoing]:
         """End every accepted request with RequestFailed(internal); the engine stays usable."""
