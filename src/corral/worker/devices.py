@@ -23,7 +23,7 @@ from pathlib import Path
 
 from corral import wire
 
-__all__ = ["list_devices", "FAKE_DEVICES_ENV", "gpu_devices", "offload_devices", "logged_buffers",
+__all__ = ["list_devices", "llama_cpp_lib", "FAKE_DEVICES_ENV", "gpu_devices", "offload_devices", "logged_buffers",
            "host_available_bytes"]
 
 FAKE_DEVICES_ENV = "CORRAL_FAKE_DEVICES"
@@ -50,7 +50,8 @@ def _fake() -> list[wire.DeviceInfo] | None:
     return [gpus[k] for k in dict.fromkeys(order) if k < len(gpus)] + [d for d in devs if d.kind != "gpu"]
 
 
-def _lib(name: str) -> ctypes.CDLL | None:
+def llama_cpp_lib(name: str) -> ctypes.CDLL | None:
+    """One of llama-cpp-python's libraries (``ggml``, ``ggml-cpu``, ``llama``...), or None."""
     import llama_cpp
 
     libdir = Path(llama_cpp.__file__).parent / "lib"
@@ -73,7 +74,7 @@ def list_devices() -> list[wire.DeviceInfo]:
     fake = _fake()
     if fake is not None:
         return fake
-    ggml = _lib("ggml")
+    ggml = llama_cpp_lib("ggml")
     if ggml is None:
         return []
     try:

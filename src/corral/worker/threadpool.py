@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 
 import llama_cpp as ll
+
+from corral.worker.devices import llama_cpp_lib
 
 __all__ = ["POLL", "ThreadPool", "attach"]
 
@@ -45,24 +46,21 @@ class ThreadPool:
             self.pool = 0
 
 
-def _libs() -> tuple[ctypes.CDLL, ctypes.CDLL, ctypes.CDLL]:
-    d = os.path.join(os.path.dirname(ll.__file__), "lib")
-    return (ctypes.CDLL(os.path.join(d, "libggml-base.so")), ctypes.CDLL(os.path.join(d, "libggml-cpu.so")),
-            ctypes.CDLL(os.path.join(d, "libllama.so")))
-
-
 def attach(ctx: ll.llama_context_p, n_threads: int) -> ThreadPool | None:
     """A pool of ``n_threads`` attached to ``ctx`` for its decodes and batches; None where the
     libraries do not offer one."""
+    base, cpu, llama = llama_cpp_lib("ggml-base"), llama_cpp_lib("ggml-cpu"), llama_cpp_lib("llama")
+    if base is None or cpu is None or llama is None:
+        log.info("no persistent threadpool (llama-cpp-python's libraries not found): ggml's own per graph")
+        return None
     try:
-        base, cpu, llama = _libs()
         default = getattr(base, "ggml_threadpool_params_default", None) or cpu.ggml_threadpool_params_default
         default.restype, default.argtypes = _Params, [ctypes.c_int]
         cpu.ggml_threadpool_new.restype, cpu.ggml_threadpool_new.argtypes = ctypes.c_void_p, [ctypes.POINTER(_Params)]
         cpu.ggml_threadpool_free.restype, cpu.ggml_threadpool_free.argtypes = None, [ctypes.c_void_p]
         llama.llama_attach_threadpool.restype = None
         llama.llama_attach_threadpool.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    except (OSError, AttributeError) as exc:
+    except AttributeError as exc:  # a build without them
         log.info("no persistent threadpool (%s): ggml's own per graph", exc)
         return None
     params = default(max(1, n_threads))
