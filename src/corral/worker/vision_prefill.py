@@ -195,6 +195,10 @@ class VisionSteps:
         """The encodes and side decodes not collected yet."""
         return [f for f, _ in self._pending.values()] + [f for f, _, _ in self._side.values()]
 
+    def _embd_batch(self, n_embd: int) -> EmbdBatch:
+        """A batch for image pieces: 4 positions an embedding with M-RoPE."""
+        return EmbdBatch(self.piece, n_embd, mrope.N_POS_PER_EMBD if self.mrope else 1)
+
     def _encode_later(self, span: ImageSpan, job: Job, beside: bool) -> None:
         assert self.proj is not None
         self._pending[span] = (self.threads.submit(beside, self.proj.encode, span), job)
@@ -233,7 +237,7 @@ class VisionSteps:
         off = slot.prompt_pos - span.start
         rows, start, non_causal, seq_len = span.embd[off:], len(slot.cached), span.non_causal, slot.prompt_pos
         state = save_seq(self.m.ctx, slot.index)
-        batch = EmbdBatch(self.piece, rows.shape[1], mrope.N_POS_PER_EMBD if self.mrope else 1)
+        batch = self._embd_batch(rows.shape[1])
         p0 = mrope.kv_pos(job.tokens, span.start) if self.mrope else 0  # M-RoPE: the image's first position
 
         def work(ctx: ll.llama_context_p) -> None:
@@ -269,7 +273,7 @@ class VisionSteps:
     def _decode_piece(self, slot: Slot, job: Job, span: ImageSpan, fail: FailSlot) -> None:
         assert span.embd is not None
         if self._batch is None:
-            self._batch = EmbdBatch(self.piece, span.embd.shape[1], mrope.N_POS_PER_EMBD if self.mrope else 1)
+            self._batch = self._embd_batch(span.embd.shape[1])
         off = slot.prompt_pos - span.start
         k = min(self.piece, span.n_tokens - off)
         at = (span, mrope.kv_pos(job.tokens, span.start), off) if self.mrope else None
