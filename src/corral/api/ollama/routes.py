@@ -74,8 +74,8 @@ async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
 
 
 def _keep_alive_hook(request: Request, name: str, keep_alive: float | None) -> Callable[[], None]:
-    plane = plane_of(request)
-    return lambda: plane.keep_alive(serving_model(plane, name), keep_alive)
+    plane, served = plane_of(request), serving_model(plane_of(request), name)  # under the request's key
+    return lambda: plane.keep_alive(served, keep_alive)
 
 
 def _calls(calls: list[wire.ToolCall]) -> list[dict[str, Any]]:
