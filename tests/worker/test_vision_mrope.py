@@ -29,6 +29,7 @@ from corral.worker.vision_mrope import kv_pos
 from support.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj, write_qwen2vl_model
 
 from .conftest import run_engine, settings_for
+from .test_vision_beside import _stream_running
 
 pytestmark = pytest.mark.integration
 
@@ -201,10 +202,7 @@ def _beside_a_stream(e: Engine, rid: str, prompt: str, img: bytes) -> list[int]:
     """The image request's greedy tokens while a text stream generates in another slot."""
     for slot in e.slots:  # no prefix hit: the image is encoded and decoded again
         e._clear_slot(slot)
-    stream = wire.SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
-    e.submit(wire.GenerateRequest(id=f"{rid}-stream", prompt="the sky is", params=stream))
-    while not any(s.job is not None and s.n_gen > 0 for s in e.slots):
-        e.step()
+    _stream_running(e)
     e.submit(e.prepare(raw(rid, prompt, img)))
     deltas: list[wire.Delta] = []
     for _ in range(3000):
@@ -212,8 +210,8 @@ def _beside_a_stream(e: Engine, rid: str, prompt: str, img: bytes) -> list[int]:
         deltas += [m for m in out if isinstance(m, wire.Delta) and m.id == rid]
         if any(isinstance(m, (wire.Finished, wire.RequestFailed)) and m.id == rid for m in out):
             break
-    assert any(s.job is not None and s.job.req.id == f"{rid}-stream" for s in e.slots)  # still streaming
-    e.abort(f"{rid}-stream")
+    assert any(s.job is not None and s.job.req.id == "stream" for s in e.slots)  # still streaming
+    e.abort("stream")
     run_engine(e, [])
     return tokens_of({rid: deltas}, rid)
 
