@@ -1,6 +1,6 @@
 """GPU memory of a model, by layer, and ``n_gpu_layers = "auto"``'s fit plan.
 
-Neutral (imports only ``wire`` and ``gguf_header``): the worker plans its load with it
+Neutral (imports only ``wire``, ``settings``, ``batch_rows`` and ``gguf_header``): the worker plans its load with it
 (``plan_fit``), the router estimates an instance's device memory before it starts
 (``device_need``) with the same math, for placement and the per-device budget.
 
@@ -29,7 +29,9 @@ Neutral (imports only ``wire`` and ``gguf_header``): the worker plans its load w
 Memory per layer comes from the GGUF tensor table (``read_layout``); KV per cell and layer
 is ``n_head_kv * (head_dim_k + head_dim_v)`` elements of the cache types (f16: 2 bytes) (a sliding-window layer
 holds at most ``n_swa + n_ubatch`` cells per slot); the compute buffer is an estimate
-(logits and activations of one micro-batch) that the margin absorbs where it is short: with
+(the logits rows the context asks for, ``batch_rows.outputs_max``, and activations of one
+micro-batch) that the margin absorbs where it is short; a model with a vision projector
+keeps room for its side context as well (one more slot's KV, its own compute buffer). With
 several devices, the one holding the last offloaded unit gets all of it, each other device
 holding layers the activations (llama.cpp gives every device its own compute buffer).
 Pure functions: tested with made-up devices and layouts.
@@ -45,11 +47,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from corral import wire
+from corral.batch_rows import outputs_max
 from corral.gguf_header import GGUFError, array_len, read_header
 from corral.settings import KV_CACHE_TYPES, ModelSettings
 
 __all__ = ["ModelLayout", "read_layout", "FitError", "plan_fit", "device_need", "device_needs", "layer_shares",
-           "split_weights", "router_split", "placement", "kv_row_bytes", "split_by_weights", "DEFAULT_MARGIN_BYTES", "GGUFError"]
+           "split_weights", "router_split", "placement", "kv_row_bytes", "split_by_weights", "DEFAULT_MARGIN_BYTES", "GGUFError",
+           "has_side_context"]
 
 DEFAULT_MARGIN_BYTES = 512 * 1024 * 1024
 _CTX_STEP = 256
@@ -96,6 +100,13 @@ def kv_row_bytes(n: int, cache_type: str) -> int:
     """Bytes of ``n`` elements of a cache type (rounded up to whole blocks, as ggml stores them)."""
     per_block, block = KV_CACHE_TYPES[cache_type]
     return -(-n // block) * per_block
+
+
+def has_side_context(s: ModelSettings) -> bool:
+    """Whether a worker with these settings keeps room for the vision side context (a
+    projector on a model that generates): one slot's KV and its compute buffers, created on
+    the first image beside other streams and planned for from the start."""
+    return bool(s.mmproj) and not s.embedding
 
 
 def read_layout(path: str | Path) -> ModelLayout:
@@ -163,24 +174,38 @@ class _Sizes:
     n_ubatch: int
     shares: tuple[float, ...] = (1.0,)  # each device's cumulative share of the GPU layers (llama.cpp's splits)
     cache_types: tuple[str, str] = ("f16", "f16")  # K and V
+    outputs: int = 0  # the context's logits rows (batch_rows.outputs_max; 0: a whole micro-batch, llama.cpp's default)
+    side: bool = False  # a vision projector: the side context for images beside streams (worker/vision_side.py)
 
     def kv_layer(self, layer: int, ctx: int) -> int:
         """KV bytes of one layer with ``ctx`` cells asked for in all, sized as llama.cpp
         sizes a cache of one stream per slot (``llama_context``, ``llama_kv_cache_iswa``):
         each slot's share padded to 256 cells; a sliding-window layer's to at most
-        ``n_swa + n_ubatch``, padded to 256 too."""
+        ``n_swa + n_ubatch``, padded to 256 too. With ``side``, one more slot's cells: the
+        side context's one sequence (``n_ctx`` one slot's share, padded the same way)."""
         lo = self.layout
         seq = _pad256(_pad256(ctx // self.n_slots * self.n_slots) // self.n_slots)
+        side = _pad256(ctx // self.n_slots) if self.side else 0
         if lo.sliding_window > 0 and lo.swa_pattern > 1 and (layer + 1) % lo.swa_pattern != 0:
             seq = _pad256(min(seq, lo.sliding_window + self.n_ubatch))
-        return lo.kv_bytes_per_cell(*self.cache_types) * seq * self.n_slots
+            side = _pad256(min(side, lo.sliding_window + self.n_ubatch)) if side else 0
+        return lo.kv_bytes_per_cell(*self.cache_types) * (seq * self.n_slots + side)
 
     def logits(self) -> int:
-        return 4 * self.n_ubatch * self.layout.n_vocab
+        """The main context's logits rows in its compute buffer (``n_outputs_max`` of them, at
+        most a micro-batch)."""
+        rows = min(self.n_ubatch, self.outputs) if self.outputs > 0 else self.n_ubatch
+        return 4 * rows * self.layout.n_vocab
 
     def compute(self, ctx: int) -> int:
-        lo = self.layout
-        return self.logits() + 4 * self.n_ubatch * 16 * lo.n_embd + 4 * self.n_ubatch * min(ctx, 4096)
+        """The compute buffers of the device holding the last offloaded unit: the main
+        context's (its logits and one micro-batch's activations) and, with ``side``, the side
+        context's (activations over one slot's cells, one row of logits)."""
+        return self.logits() + self._activations(ctx) + (
+            self._activations(ctx // self.n_slots) + 4 * self.layout.n_vocab if self.side else 0)
+
+    def _activations(self, ctx: int) -> int:
+        return 4 * self.n_ubatch * 16 * self.layout.n_embd + 4 * self.n_ubatch * min(ctx, 4096)
 
     def detail(self, ngl: int, ctx: int) -> list[_Share]:
         """What each device holds with ``ngl`` layers offloaded, split as llama.cpp's
@@ -210,7 +235,7 @@ class _Sizes:
             if k == dev:
                 d.compute = self.compute(ctx)
             elif d.weights > 0:
-                d.compute = self.compute(ctx) - self.logits()
+                d.compute = self.compute(ctx) - self.logits() - (4 * lo.n_vocab if self.side else 0)
         return out
 
     def per_device(self, ngl: int, ctx: int) -> list[int]:
@@ -280,14 +305,16 @@ def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
              devices: Sequence[wire.DeviceInfo] = (), limits: Sequence[int | None] = (), ctx_len: int,
              n_slots: int, ctx_floor_per_slot: int, n_ubatch: int = 512, margin_bytes: int = DEFAULT_MARGIN_BYTES,
              host_available_bytes: int | None = None, tensor_split: Sequence[float] | None = None,
-             cache_types: tuple[str, str] = ("f16", "f16")) -> wire.FitPlan:
+             cache_types: tuple[str, str] = ("f16", "f16"), outputs: int = 0, side: bool = False) -> wire.FitPlan:
     """The largest placement on ``device`` or on ``devices`` (see the module docstring).
 
     With several devices the GPU layers are apportioned to them by ``tensor_split`` (else
     by their free memory, as llama.cpp does by itself), and every device must hold its
     share within its free memory less the margin (a device that gets nothing is not
     asked to). ``limits[k]``: at most this much of
-    device ``k`` (the router's share; None: its free memory less the margin)."""
+    device ``k`` (the router's share; None: its free memory less the margin). ``outputs``:
+    the context's logits rows (``batch_rows.outputs_max``; 0: a micro-batch); ``side``: room
+    for the vision side context too (``_Sizes``)."""
     devs = list(devices) if devices else ([device] if device is not None else [])
     if not devs:
         raise ValueError("plan_fit needs a device")
@@ -296,7 +323,7 @@ def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
     caps = [f - margin_bytes for f in free]
     weights = split_weights(len(devs), tensor_split)
     s = _Sizes(layout, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in devs]),
-               cache_types)
+               cache_types, outputs, side)
     names = ",".join(d.name for d in devs)
 
     def fits(ngl: int, ctx: int) -> bool:
@@ -349,14 +376,17 @@ def device_needs(layout: ModelLayout, settings: ModelSettings, *, budgets: Seque
     shares = list(budgets if free is None else free)
     weights = router_split(settings, budgets, free)
     kv_types = (settings.cache_type_k, settings.cache_type_v)
+    outputs, side = outputs_max(settings, max(1, settings.n_parallel)), has_side_context(settings)
     if ngl == "auto":
         devs = [wire.DeviceInfo(index=k, name=f"GPU{k}", backend="GPU", kind="gpu", free_bytes=max(0, f),
                                 total_bytes=max(0, f)) for k, f in enumerate(shares)]
         plan = plan_fit(layout, devices=devs, limits=[max(0, b) for b in budgets], ctx_len=settings.ctx_len,
                         n_slots=settings.n_parallel, ctx_floor_per_slot=settings.fit_ctx_floor,
-                        n_ubatch=n_ubatch, margin_bytes=0, tensor_split=weights, cache_types=kv_types)
+                        n_ubatch=n_ubatch, margin_bytes=0, tensor_split=weights, cache_types=kv_types,
+                        outputs=outputs, side=side)
         return [d.bytes for d in plan.devices] or [plan.device_bytes]
-    s = _Sizes(layout, max(1, settings.n_parallel), max(1, n_ubatch), layer_shares(weights or shares), kv_types)
+    s = _Sizes(layout, max(1, settings.n_parallel), max(1, n_ubatch), layer_shares(weights or shares), kv_types,
+               outputs, side)
     return s.per_device(layout.n_layer + 1 if ngl < 0 else ngl, settings.ctx_len)
 
 
@@ -366,15 +396,16 @@ def device_need(layout: ModelLayout, settings: ModelSettings, *, budget_bytes: i
 
 
 def placement(layout: ModelLayout, *, gpus: Sequence[wire.DeviceInfo], weights: Sequence[float] | None,
-              ngl: int, ctx: int, n_slots: int, n_ubatch: int,
-              cache_types: tuple[str, str] = ("f16", "f16")) -> list[wire.DevicePlacement]:
+              ngl: int, ctx: int, n_slots: int, n_ubatch: int, cache_types: tuple[str, str] = ("f16", "f16"),
+              outputs: int = 0, side: bool = False) -> list[wire.DevicePlacement]:
     """Where a loaded model's parts are, by llama.cpp's rules: each GPU that holds any
     (split by ``weights``, else by the GPUs' free memory), then the host ("CPU"). ``ngl``
-    as given to llama.cpp (negative: all)."""
+    as given to llama.cpp (negative: all). With ``side`` the room kept for the vision side
+    context is counted with the layers' KV and the compute, as ``plan_fit`` planned it."""
     lo = layout
     act = 0 if not gpus else lo.n_layer + 1 if ngl < 0 else min(ngl, lo.n_layer + 1)
     s = _Sizes(lo, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in gpus]),
-               cache_types)
+               cache_types, outputs, side)
     out = [wire.DevicePlacement(device=g.name, first_layer=d.first, layers=d.layers, output=d.output,
                                 weight_bytes=d.weights, kv_bytes=d.kv, compute_bytes=d.compute)
            for g, d in zip(gpus, s.detail(act, ctx)) if d.weights > 0]

@@ -124,11 +124,11 @@ async def test_two_models_spread_over_two_gpus_and_a_third_evicts_the_lru_one(
 
 async def test_auto_over_two_gpus_plans_more_and_charges_both(
         harness: Harness, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two 800 MiB GPUs: one alone holds all 19 layers only with 1536 cells of context (the
-    head, a copy of Gemma's 170 MiB token embeddings, and 512 MiB of logits take most of
-    it); pinned to both, the layers split over them (by free memory, as llama.cpp splits)
-    and the context grows to 24576. GET /models charges each GPU its share."""
-    fake(monkeypatch, 800 * MiB, 800 * MiB)
+    """Two 350 MiB GPUs: one alone holds all 19 layers only with 7680 cells of context (the
+    head, a copy of Gemma's 170 MiB token embeddings, takes half of it); pinned to both, the
+    layers split over them (by free memory, as llama.cpp splits) and the context is the
+    32768 asked for. GET /models charges each GPU its share."""
+    fake(monkeypatch, 350 * MiB, 350 * MiB)
     settings = {"path": str(model_path), "ctx_len": 32768, "n_parallel": 2, "threads": 1, "fit_ctx_floor": 512}
     cfg = harness.config({"two": {**settings, "devices": [0, 1]}, "one": {**settings, "devices": [0]}},
                          worker_command=None, gpu_memory_margin=0, max_loaded_models=1)
@@ -138,7 +138,7 @@ async def test_auto_over_two_gpus_plans_more_and_charges_both(
     fit = two["fit"]
     assert [d["name"] for d in two["devices"]] == ["CUDA0", "CUDA1"] and fit["device"] == "CUDA0,CUDA1"
     assert [(d["index"], d["name"]) for d in fit["devices"]] == [(0, "CUDA0"), (1, "CUDA1")]
-    assert all(0 < d["bytes"] <= 800 * MiB for d in fit["devices"])
+    assert all(0 < d["bytes"] <= 350 * MiB for d in fit["devices"])
     r = await harness.client.get("/models")  # type: ignore[union-attr]
     used = [g["used_bytes"] for g in r.json()["gpus"]]
     assert used == [d["bytes"] for d in fit["devices"]] and sum(used) == fit["device_bytes"]
@@ -149,6 +149,6 @@ async def test_auto_over_two_gpus_plans_more_and_charges_both(
 
     one = await instance(harness, "one")  # evicts "two" (max_loaded_models = 1)
     assert one["fit"]["device"] == "CUDA0" and one["fit"]["devices"] == []
-    assert (one["fit"]["n_gpu_layers"], one["fit"]["ctx_len"]) == (19, 1536)
-    assert (fit["n_gpu_layers"], fit["ctx_len"]) == (19, 24576)  # more context on two
+    assert (one["fit"]["n_gpu_layers"], one["fit"]["ctx_len"]) == (19, 7680)
+    assert (fit["n_gpu_layers"], fit["ctx_len"]) == (19, 32768)  # more context on two
     assert two["gpu_layers"] == 19 and one["gpu_layers"] == 19

@@ -312,7 +312,7 @@ def test_the_compute_buffer_holds_the_rows_asked_for_not_a_micro_batch(engine: E
     (batch_rows.outputs_max): the engine's is for its slots and ECHO_CHUNK prompt rows. Two
     requests asking for their prompts' logprobs at once (more rows than ECHO_CHUNK each)
     share those rows step by step and each gets a logprob for every prompt token after the first."""
-    from corral.worker.batch_rows import ECHO_CHUNK, outputs_max
+    from corral.batch_rows import ECHO_CHUNK, outputs_max
 
     m = engine.m
     compute = sum(b.bytes for b in engine.info.buffers if b.kind == "compute")

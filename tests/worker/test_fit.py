@@ -169,7 +169,8 @@ def test_the_routers_estimate_splits_the_same_way() -> None:
     a, b = device_needs(LAYOUT, fixed, budgets=[GiB, GiB])
     assert a > 0 and b > 0 and a + b == one + 4 * 512 * (16 * LAYOUT.n_embd + 4096)  # GPU 0's activations
     auto = ModelSettings(ctx_len=65536, n_parallel=4, fit_ctx_floor=1024)
-    plan = plan_fit(LAYOUT, devices=gpus(GiB, GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024, margin_bytes=0)
+    plan = plan_fit(LAYOUT, devices=gpus(GiB, GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024, margin_bytes=0,
+                    outputs=4 + 32)  # batch_rows.outputs_max: a row a slot, 32 echo rows
     assert device_needs(LAYOUT, auto, budgets=[GiB, GiB]) == [d.bytes for d in plan.devices]
 
 
@@ -185,7 +186,7 @@ def test_the_worker_plans_over_every_gpu_it_sees_within_the_routers_budgets() ->
     plan = _fit(s, [*gpus(80 * GiB, 80 * GiB), wire.DeviceInfo(index=2, name="CPU", backend="CPU", kind="cpu",
                                                                    free_bytes=GiB, total_bytes=GiB)])
     assert plan is not None and [d.name for d in plan.devices] == ["CUDA0", "CUDA1"]
-    assert (plan.n_gpu_layers, plan.ctx_len) == (19, 24576)  # as on two 800 MiB GPUs
+    assert (plan.n_gpu_layers, plan.ctx_len) == (19, 32768)  # all of it on two 800 MiB GPUs (34 rows of logits)
     assert plan.tensor_split == []  # none given: llama.cpp splits by free memory (as the plan did)
     # settings from before per-GPU budgets (one int): the first GPU's
     old = msgspec.json.decode(msgspec.json.encode({**base, "gpu_budget_bytes": 600 * MiB}), type=wire.WorkerSettings)
@@ -237,6 +238,7 @@ def test_the_worker_plans_what_the_router_charged() -> None:
     """An "auto" model pinned to two GPUs, one of them half taken by another model: the
     router estimates its need on the whole budgets and sends that split as tensor_split;
     the worker, planning within what is left of each budget, places the same bytes."""
+    from corral.batch_rows import outputs_max
     from corral.gpu_fit import device_needs, router_split
     from corral.settings import ModelSettings
 
@@ -247,10 +249,12 @@ def test_the_worker_plans_what_the_router_charged() -> None:
     assert split == [4.0 * GiB, 2.0 * GiB]
     room = [3 * GiB, need[1]]  # GPU 0 has another model on it, GPU 1 just enough
     real = gpus(room[0] + 512 * MiB, 2 * GiB + 512 * MiB)  # the worker sees the other model's memory as used
+    rows = outputs_max(auto, 4)  # as the worker's _fit plans
     plan = plan_fit(LAYOUT, devices=real, limits=room, ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024,
-                    tensor_split=split)
+                    tensor_split=split, outputs=rows)
     assert [d.bytes for d in plan.devices] == need and plan.ctx_len == 65536
-    unsplit = plan_fit(LAYOUT, devices=real, limits=room, ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024)
+    unsplit = plan_fit(LAYOUT, devices=real, limits=room, ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024,
+                       outputs=rows)
     assert [d.bytes for d in unsplit.devices] != need  # by free memory it would not be what was charged
     fixed = ModelSettings(ctx_len=8192, n_parallel=2, n_gpu_layers=-1, devices=[0, 1])
     assert router_split(fixed, budgets, [60, 20]) == [60.0, 20.0]  # a fixed count: by free memory, as llama.cpp
@@ -357,3 +361,35 @@ def test_kv_cells_are_padded_as_llama_cpp_pads_them() -> None:
     assert s.kv_layer(5, 4096) == cell * 1536 * 3  # 4096 // 3 = 1365 per slot, padded to 1536
     assert s.kv_layer(0, 4096) == cell * 1024 * 3  # a window layer: min(1536, 512 + 512)
     assert _Sizes(swa, 3, 300).kv_layer(0, 4096) == cell * 1024 * 3  # 812 cells, padded to 1024
+
+
+def test_the_estimate_counts_the_logits_rows_asked_for_and_a_projectors_side_context() -> None:
+    """The compute buffer holds the logits rows the worker's context may ask for
+    (batch_rows.outputs_max: a token a slot, the drafts with speculation, the echo rows),
+    not a whole micro-batch's; a model with a vision projector keeps room for the side
+    context from the start (one more slot's KV with every layer, its activations and one
+    row of logits), where the worker creates it on the first image beside other streams."""
+    import msgspec
+
+    from corral.batch_rows import ECHO_CHUNK
+    from corral.gpu_fit import device_need
+    from corral.settings import ModelSettings
+
+    plain = ModelSettings(ctx_len=8192, n_parallel=4, n_gpu_layers=-1)
+    need = device_need(LAYOUT, plain, budget_bytes=80 * GiB)
+    row = 4 * LAYOUT.n_vocab
+    activations = 4 * 512 * (16 * LAYOUT.n_embd + 4096)
+    assert need == LAYOUT.weight_bytes - LAYOUT.input_bytes + 22 * LAYOUT.kv_bytes_per_cell() * 8192 + (
+        (4 + ECHO_CHUNK) * row + activations)  # 36 rows of logits, not 512
+    spec = msgspec.structs.replace(plain, speculative="ngram", draft_max=8)
+    assert device_need(LAYOUT, spec, budget_bytes=80 * GiB) - need == 4 * 8 * row  # each slot's drafts
+    vision = msgspec.structs.replace(plain, mmproj="mmproj-x.gguf")
+    side = 22 * LAYOUT.kv_bytes_per_cell() * 2048 + 4 * 512 * (16 * LAYOUT.n_embd + 2048) + row
+    assert device_need(LAYOUT, vision, budget_bytes=80 * GiB) - need == side
+    embeds = msgspec.structs.replace(vision, embedding=True)  # no side context, and a micro-batch of rows
+    assert device_need(LAYOUT, embeds, budget_bytes=80 * GiB) - need == (512 - 4 - ECHO_CHUNK) * row
+    # auto: the worker's plan keeps the same room (the same numbers on both sides)
+    auto = msgspec.structs.replace(vision, n_gpu_layers="auto", fit_ctx_floor=1024)
+    plan = plan_fit(LAYOUT, device=gpu(80 * GiB), ctx_len=8192, n_slots=4, ctx_floor_per_slot=1024, margin_bytes=0,
+                    outputs=4 + ECHO_CHUNK, side=True)
+    assert device_need(LAYOUT, auto, budget_bytes=80 * GiB) == plan.device_bytes == need + side

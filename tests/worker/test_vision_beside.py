@@ -15,6 +15,7 @@ import llama_cpp as ll
 import pytest
 
 from corral import wire
+from corral.gpu_fit import _Sizes, read_layout
 from corral.worker import vision_side
 from corral.worker.engine import Engine
 from corral.worker.kv_store import restore_seq, save_seq
@@ -94,7 +95,8 @@ def _beside_a_stream(e: Engine, rid: str, *turns: wire.ChatMessage) -> str:
     return text
 
 
-def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_tokens(engine2: Engine) -> None:
+def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_tokens(engine2: Engine,
+                                                                                     model_path: Path) -> None:
     req = (user(f"Describe {M} briefly.", picture(42)),)
     v = engine2.vision
     v.side.usable = False  # the reference: the same image beside the same stream, decoded in the steps
@@ -111,6 +113,12 @@ def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_t
     assert beside == in_steps  # the side context's KV is what the engine's steps compute
     assert v.kv_bytes > 0 and engine2.stats().kv_bytes == engine2.info.kv_bytes + v.kv_bytes  # counted
     assert 0 < v.side.compute_bytes < 4 * engine2.m.n_vocab * v.piece  # no room for a micro-batch's logits
+    # the room the router's estimate and the fit plan keep for it from the start (gpu_fit): its KV to the byte
+    lo = read_layout(model_path)
+    ctx = engine2.m.n_ctx_slot * engine2.m.n_slots
+    planned, main = (_Sizes(lo, engine2.m.n_slots, v.piece, side=side) for side in (True, False))
+    side_kv = sum(planned.kv_layer(i, ctx) - main.kv_layer(i, ctx) for i in range(lo.n_layer))
+    assert side_kv == v.side.kv_bytes - v.side.compute_bytes
     niced = thread_nice()[BESIDE]
     base = os.getpriority(os.PRIO_PROCESS, 0)
     assert len(niced) >= 2, niced  # the image thread and the OpenMP thread its 2-thread graphs started

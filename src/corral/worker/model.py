@@ -21,9 +21,9 @@ import llama_cpp as ll
 import msgspec
 
 from corral import reasoning_format, wire
-from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, placement, plan_fit,
-                             read_layout, split_weights)
-from corral.worker.batch_rows import outputs_max
+from corral.batch_rows import outputs_max
+from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, has_side_context, placement,
+                            plan_fit, read_layout, split_weights)
 from corral.worker.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
 
 __all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes"]
@@ -259,7 +259,8 @@ def _placement(s: wire.WorkerSettings, layout: ModelLayout, m: LoadedModel, offl
     """Where the layers and KV went (``ModelInfo.placement``), with the context's real
     size and micro-batch."""
     return placement(layout, gpus=offload, weights=weights, ngl=n_gpu_layers, ctx=ll.llama_n_ctx_seq(m.ctx) * m.n_slots,
-                     n_slots=m.n_slots, n_ubatch=ll.llama_n_ubatch(m.ctx), cache_types=(s.cache_type_k, s.cache_type_v))
+                     n_slots=m.n_slots, n_ubatch=ll.llama_n_ubatch(m.ctx), cache_types=(s.cache_type_k, s.cache_type_v),
+                     outputs=outputs_max(s, m.n_slots), side=has_side_context(s))
 
 
 def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo],
@@ -281,7 +282,8 @@ def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo],
         return plan_fit(layout, devices=gpus, limits=limits, ctx_len=s.ctx_len, n_slots=s.n_parallel,
                         ctx_floor_per_slot=s.fit_ctx_floor, n_ubatch=min(s.n_batch, 512), margin_bytes=margin,
                         host_available_bytes=host_available_bytes(), tensor_split=s.tensor_split,
-                        cache_types=(s.cache_type_k, s.cache_type_v))
+                        cache_types=(s.cache_type_k, s.cache_type_v), outputs=outputs_max(s, s.n_parallel),
+                        side=has_side_context(s))
     except FitError as exc:
         raise ModelLoadError(str(exc)) from exc
 

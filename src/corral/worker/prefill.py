@@ -4,7 +4,7 @@ it never stalls the streams that decode beside it)."""
 
 from __future__ import annotations
 
-from corral.worker.batch_rows import ECHO_CHUNK
+from corral.batch_rows import ECHO_CHUNK
 from corral.worker.slots import Batch, Slot
 from corral.worker.vision import VisionTokens
 from corral.worker.vision_mrope import kv_pos

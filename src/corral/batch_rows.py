@@ -5,18 +5,21 @@ micro-batch (Gemma 3's 262,144-entry vocabulary at 512 rows: 512 MiB), and abort
 that asks for more. The engine asks for a token a slot, a verifying batch's drafts with
 speculation, and ``ECHO_CHUNK`` prompt rows for the slots that want their prompts' logprobs
 (``prefill.fill_prompt_chunks`` shares them among those slots each step).
+
+Neutral (imports only ``settings``): the worker sizes its context with it, and
+``gpu_fit`` estimates the compute buffer's logits with the same rows (router and worker).
 """
 
 from __future__ import annotations
 
-from corral import wire
+from corral.settings import ModelSettings
 
 __all__ = ["ECHO_CHUNK", "outputs_max"]
 
 ECHO_CHUNK = 32  # prompt tokens a step whose logits are asked for (echo + logprobs), all slots together
 
 
-def outputs_max(s: wire.WorkerSettings, n_slots: int) -> int:
+def outputs_max(s: ModelSettings, n_slots: int) -> int:
     """The logits rows a batch may ask for, which llama.cpp sizes the compute buffer by (its
     default: a whole micro-batch; Gemma 3's 262,144-entry vocabulary at 512 rows is 512 MiB)
     and aborts beyond: a token a slot, a verifying batch's drafts with speculation, and
