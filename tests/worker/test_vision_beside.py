@@ -8,6 +8,7 @@ the image threads start OpenMP teams of their own)."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,14 +20,14 @@ from corral.gpu_fit import _Sizes, read_layout
 from corral.worker import vision_side
 from corral.worker.engine import Engine
 from corral.worker.kv_store import restore_seq, save_seq
-from corral.worker.vision_side import BESIDE_NICE, THREAD_NAMES, restream, thread_nice
+from corral.worker.vision_side import BESIDE_NICE, BESIDE_THREAD, restream, thread_nice
 
 from .conftest import run_engine, settings_for
 from .test_vision_engine import GREEDY, M, chat, picture, user
 
 pytestmark = pytest.mark.integration
 
-ALONE, BESIDE = THREAD_NAMES
+BESIDE = BESIDE_THREAD
 STREAM = wire.SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
 
 
@@ -71,15 +72,27 @@ def _run_until(e: Engine, rid: str) -> str:
     raise AssertionError(f"{rid} never finished")
 
 
-def test_an_image_alone_goes_on_the_engine_at_normal_priority(engine2: Engine) -> None:
+def test_an_image_alone_goes_on_the_engines_thread(engine2: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Alone, the encode runs on the engine's own thread (its OpenMP team), as llama-server's:
+    no second team of OpenMP threads comes to life (vision_side.py: libgomp would make every
+    team's barriers sleep while the teams outnumber the CPUs)."""
     v = engine2.vision
     submitted, pieces, side = dict(v.threads.submitted), v.pieces, v.side_images
+    threads: list[int] = []
+    encode = v.proj.encode  # type: ignore[union-attr]
+
+    def on_this_thread(span: object) -> object:
+        threads.append(threading.get_native_id())
+        return encode(span)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(v.proj, "encode", on_this_thread)
+    run_engine(engine2, [wire.GenerateRequest(id="warm", prompt="Hi", params=GREEDY)])  # the engine's team
+    before = len(os.listdir("/proc/self/task"))
     texts, _, _ = run_engine(engine2, [chat("alone", user(f"What is {M}?", picture(41)))])
     assert v.threads.submitted[False] - submitted[False] == 1 and v.threads.submitted[True] == submitted[True]
+    assert threads == [threading.get_native_id()]  # the engine's (the test's) thread
     assert v.pieces - pieces == 2 and v.side_images == side  # 16 positions, n_batch 8: two pieces, in the steps
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    assert thread_nice()[ALONE] and all(n == base for n in thread_nice()[ALONE])
-    assert set(_policies(ALONE)) == {os.SCHED_OTHER}
+    assert len(os.listdir("/proc/self/task")) <= before  # no image thread, no OpenMP team of its own
     assert texts["alone"]
 
 
@@ -95,8 +108,8 @@ def _beside_a_stream(e: Engine, rid: str, *turns: wire.ChatMessage) -> str:
     return text
 
 
-def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_tokens(engine2: Engine,
-                                                                                     model_path: Path) -> None:
+def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_tokens(
+        engine2: Engine, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     req = (user(f"Describe {M} briefly.", picture(42)),)
     v = engine2.vision
     v.side.usable = False  # the reference: the same image beside the same stream, decoded in the steps
@@ -107,6 +120,16 @@ def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_t
     finally:
         v.side.usable = True
     submitted, pieces, side = dict(v.threads.submitted), v.pieces, v.side_images
+    seen: tuple[list[int], list[int]] = ([], [])
+    run = v.side.run
+
+    def run_and_look(*args: object) -> bytes:  # on the beside thread, its OpenMP team still there
+        out = run(*args)  # type: ignore[arg-type]
+        seen[0].extend(thread_nice()[BESIDE])
+        seen[1].extend(_policies(BESIDE))
+        return out
+
+    monkeypatch.setattr(v.side, "run", run_and_look)
     beside = _beside_a_stream(engine2, "b", *req)
     assert v.threads.submitted[True] - submitted[True] == 2  # the encode and the side decode, niced
     assert v.pieces == pieces and v.side_images - side == 1  # none of the image in the engine's steps
@@ -119,12 +142,13 @@ def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_t
     planned, main = (_Sizes(lo, engine2.m.n_slots, v.piece, side=side) for side in (True, False))
     side_kv = sum(planned.kv_layer(i, ctx) - main.kv_layer(i, ctx) for i in range(lo.n_layer))
     assert side_kv == v.side.kv_bytes - v.side.compute_bytes
-    niced = thread_nice()[BESIDE]
+    niced, policies = seen
     base = os.getpriority(os.PRIO_PROCESS, 0)
     assert len(niced) >= 2, niced  # the image thread and the OpenMP thread its 2-thread graphs started
     assert all(n == min(19, base + BESIDE_NICE) > base for n in niced), niced  # below the decode threads
-    assert set(_policies(BESIDE)) == {os.SCHED_IDLE}  # and only on a core the decode threads leave
-    assert all(n == base for n in thread_nice().get(ALONE, []))  # the alone thread (if started) was never niced
+    assert set(policies) == {os.SCHED_IDLE}  # and only on a core the decode threads leave
+    # after the job its OpenMP team is gone (omp_pause_resource_all): the image thread alone is left
+    assert len(thread_nice()[BESIDE]) == 1 and _policies(BESIDE) == [os.SCHED_IDLE]
 
 
 def test_a_side_context_that_cannot_be_created_leaves_the_image_to_the_engine(

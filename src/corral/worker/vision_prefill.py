@@ -4,10 +4,11 @@ A prompt with images is a ``VisionTokens`` list: runs of text tokens, which the 
 prompt chunks decode as always (``prefill.py`` stops each run at the next image), and
 image spans. For a slot whose prompt reaches an image, ``VisionSteps.step``:
 
-1. has the image encoded on an image thread (``vision_side.ImageThreads``: one image
-   at a time; the vision tower runs there while the engine thread goes on decoding every
-   other slot). A slot waits at its image until the embeddings are there; every upcoming
-   image of a running prompt is queued at once (one at a time beside other streams).
+1. has the image encoded (``vision_side.ImageThreads``): alone on the engine's thread, as
+   llama-server does (nothing else is generating; a second OpenMP team would make every
+   team's barriers sleep, vision_side.py); beside other streams on the niced image thread,
+   one image at a time, while the engine thread goes on decoding every other slot. A slot
+   waits at its image until the embeddings are there.
 2. alone (no other slot generating): decodes the embeddings into the slot's sequence,
    one piece of at most ``min(n_batch, n_ubatch)`` positions per step, in a llama_decode
    of its own (a llama_batch carries tokens or embeddings, not both) just before the
@@ -91,7 +92,7 @@ class VisionSteps:
         self.model_id = s.model_id
         self.piece = max(1, min(m.n_batch, ll.llama_n_ubatch(m.ctx)))
         self._batch: EmbdBatch | None = None
-        self.threads = ImageThreads()  # encodes and side decodes: alone / beside (niced) other streams
+        self.threads = ImageThreads()  # encodes and side decodes: here alone, niced beside other streams
         self.side = SideContext(m, s, self.piece)
         self._pending: dict[ImageSpan, tuple[cf.Future[np.ndarray], Job]] = {}
         self._side: dict[ImageSpan, tuple[cf.Future[bytes], Job, int]] = {}  # decoding in the side context
@@ -151,6 +152,8 @@ class VisionSteps:
                     self._encode_later(span, job, others)
                     if others:
                         break  # one at a time while others stream
+        if not others:
+            self._collect(slots, fail)  # encoded here and now: decoded in this step
         for slot, job, toks in _vision_slots(slots):
             at = toks.span_at(slot.prompt_pos)
             if at is None or at.embd is None or at in self._side:

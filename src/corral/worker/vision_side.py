@@ -8,18 +8,27 @@ on another thread, it fights the decode threads for the cores (ggml's threads sp
 barrier after every graph node, so a step with a thread short of a core gets many times
 slower). So:
 
-- ``ImageThreads``: two single-thread executors. ``alone`` runs at the process's priority
-  (an image with no other slot generating: it has the cores). ``beside`` runs at nice
-  ``BESIDE_NICE`` and in the ``SCHED_IDLE`` policy: its thread is set so before its first
-  ggml call, so the OpenMP threads it starts for its graphs (libgomp keeps one team per
-  calling thread; a new thread inherits its creator's nice and policy) are too, and the
-  engine's decode threads win every core they want. Nice 19 alone was not enough: it
-  still takes a core now and then from a decode thread, whose partners then spin at
-  ggml's barrier (streams beside images 0.72-0.76x of their rate alone on an AMD EPYC
-  with 2 cores; 0.87-1.00x with ``SCHED_IDLE``, bench/checks/vision.py). No priority is
-  ever raised again (an unprivileged thread cannot lower a nice value or leave
-  ``SCHED_IDLE``), which is why there are two threads. Each names itself (``comm``), and its
-  OpenMP threads inherit the name: ``thread_nice`` reads them back.
+- ``ImageThreads``: where image work runs. Alone (no other slot generating) it runs on the
+  engine's thread itself, as llama-server encodes on its one loop thread: the engine has
+  nothing else to decode meanwhile, and its OpenMP team computes the graphs. Beside other
+  streams it runs on one niced thread, ``beside``: nice ``BESIDE_NICE`` and the
+  ``SCHED_IDLE`` policy, set before its first ggml call, so the OpenMP threads it starts
+  for its graphs (libgomp keeps one team per calling thread; a new thread inherits its
+  creator's nice and policy) are too, and the engine's decode threads win every core
+  they want. Nice 19 alone was not enough: it still takes a core now and then from a
+  decode thread, whose partners then spin at ggml's barrier (streams beside images
+  0.72-0.76x of their rate alone on an AMD EPYC with 2 cores; 0.87-1.00x with
+  ``SCHED_IDLE``, bench/checks/vision.py). No priority is ever raised again (an
+  unprivileged thread cannot lower a nice value or leave ``SCHED_IDLE``). The thread names
+  itself (``comm``), and its OpenMP threads inherit the name: ``thread_nice`` reads them
+  back.
+  After each job the beside thread gives its OpenMP team back (``omp_pause_resource_all``).
+  libgomp counts every team's threads, and while they outnumber the CPUs it spins at most
+  100 times at a barrier before it sleeps in a futex (its "throttled" spin count), in
+  every team: a second team left alive made each of the engine's decodes sleep and wake
+  at hundreds of barriers (3,800 voluntary context switches for 8 image requests, against
+  llama-server's 20; 64 with the encode on the engine's thread, and image to first token
+  from 0.83-0.88x to ahead of llama-server's).
 - ``SideContext``: a second llama.cpp context on the same weights (one sequence of one
   slot's length, one micro-batch of the image piece's size, the model context's cache
   types; created on the first image beside other streams, its KV and compute buffers
@@ -50,10 +59,11 @@ from corral.worker.devices import logged_buffers
 from corral.worker.kv_store import restore_seq, save_seq
 from corral.worker.model import LoadedModel
 
-__all__ = ["BESIDE_NICE", "ImageThreads", "SideContext", "SideUnsupported", "restream", "thread_nice"]
+__all__ = ["BESIDE_NICE", "BESIDE_THREAD", "ImageThreads", "SideContext", "SideUnsupported", "restream",
+           "thread_nice"]
 
 BESIDE_NICE = 19  # the beside thread's nice: below every normal-priority thread
-THREAD_NAMES = ("corral-img", "corral-img-bg")  # alone, beside (comm: at most 15 bytes)
+BESIDE_THREAD = "corral-img-bg"  # the beside thread's comm (at most 15 bytes)
 _PR_SET_NAME = 15
 
 
@@ -158,26 +168,60 @@ class SideUnsupported(RuntimeError):
     be created (no room for it): images go on the engine's thread from then on."""
 
 
+def _release_omp_team() -> None:
+    """This thread's OpenMP team back to libgomp (the threads end), where libgomp is loaded."""
+    if _gomp_pause is not None:
+        _gomp_pause(1)  # omp_pause_soft: frees the calling thread's pool
+
+
+def _find_gomp_pause() -> Callable[[int], int] | None:
+    try:  # the libgomp llama.cpp's CPU backend already loaded; none without OpenMP
+        lib = ctypes.CDLL("libgomp.so.1", mode=getattr(os, "RTLD_NOLOAD", 0))
+        fn = lib.omp_pause_resource_all
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
+    return fn
+
+
+_gomp_pause: Callable[[int], int] | None = None
+
+
 class ImageThreads:
-    """The ``alone`` and ``beside`` image threads, started on first use."""
+    """Image work: alone on the calling (engine) thread, beside other streams on the niced
+    ``beside`` thread (started on first use), whose OpenMP team ends after each job."""
 
     def __init__(self) -> None:
-        self._pools: dict[bool, cf.ThreadPoolExecutor] = {}
+        global _gomp_pause
+        self._pool: cf.ThreadPoolExecutor | None = None
         self.submitted = {False: 0, True: 0}  # jobs run alone / beside other streams
+        _gomp_pause = _gomp_pause or _find_gomp_pause()
 
     def submit(self, beside: bool, fn: Callable[..., Any], *args: Any) -> cf.Future[Any]:
-        pool = self._pools.get(beside)
-        if pool is None:
-            name = THREAD_NAMES[beside]
-            pool = self._pools[beside] = cf.ThreadPoolExecutor(
-                1, thread_name_prefix=name, initializer=_start_thread, initargs=(name, BESIDE_NICE if beside else 0))
         self.submitted[beside] += 1
-        return pool.submit(fn, *args)
+        if not beside:
+            fut: cf.Future[Any] = cf.Future()
+            try:
+                fut.set_result(fn(*args))
+            except Exception as exc:  # noqa: BLE001 - the caller fails that request only
+                fut.set_exception(exc)
+            return fut
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix=BESIDE_THREAD, initializer=_start_thread,
+                                               initargs=(BESIDE_THREAD, BESIDE_NICE))
+        return self._pool.submit(_then_release, fn, *args)
 
     def shutdown(self) -> None:
-        for pool in self._pools.values():
-            pool.shutdown(wait=True, cancel_futures=True)
-        self._pools.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def _then_release(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    finally:
+        _release_omp_team()
 
 
 class SideContext:
