@@ -121,14 +121,21 @@ def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_t
         v.side.usable = True
     submitted, pieces, side = dict(v.threads.submitted), v.pieces, v.side_images
     seen: tuple[list[int], list[int]] = ([], [])
-    run = v.side.run
+    in_side: list[int] = []
+    encode, run = v.proj.encode, v.side.run  # type: ignore[union-attr]
 
-    def run_and_look(*args: object) -> bytes:  # on the beside thread, its OpenMP team still there
-        out = run(*args)  # type: ignore[arg-type]
+    def encode_and_look(span: object) -> object:  # on the beside thread, its OpenMP team still there
+        out = encode(span)  # type: ignore[arg-type]
         seen[0].extend(thread_nice()[BESIDE])
         seen[1].extend(_policies(BESIDE))
         return out
 
+    def run_and_look(*args: object) -> bytes:
+        out = run(*args)  # type: ignore[arg-type]
+        in_side.append(len(thread_nice()[BESIDE]))
+        return out
+
+    monkeypatch.setattr(v.proj, "encode", encode_and_look)
     monkeypatch.setattr(v.side, "run", run_and_look)
     beside = _beside_a_stream(engine2, "b", *req)
     assert v.threads.submitted[True] - submitted[True] == 2  # the encode and the side decode, niced
@@ -144,7 +151,8 @@ def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_t
     assert side_kv == v.side.kv_bytes - v.side.compute_bytes
     niced, policies = seen
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    assert len(niced) >= 2, niced  # the image thread and the OpenMP thread its 2-thread graphs started
+    assert len(niced) >= 2, niced  # the image thread and the OpenMP thread its 2-thread encode started
+    assert in_side == [1]  # the side decode on one thread: no OpenMP team beside the engine's
     assert all(n == min(19, base + BESIDE_NICE) > base for n in niced), niced  # below the decode threads
     assert set(policies) == {os.SCHED_IDLE}  # and only on a core the decode threads leave
     # after the job its OpenMP team is gone (omp_pause_resource_all): the image thread alone is left

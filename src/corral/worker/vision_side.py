@@ -28,7 +28,11 @@ slower). So:
   every team: a second team left alive made each of the engine's decodes sleep and wake
   at hundreds of barriers (3,800 voluntary context switches for 8 image requests, against
   llama-server's 20; 64 with the encode on the engine's thread, and image to first token
-  from 0.83-0.88x to ahead of llama-server's).
+  from 0.83-0.88x to ahead of llama-server's). For the same reason the side context
+  decodes on one thread (no team at all): with two, every decode step of the streams
+  beside it took 15% longer, with one 8% (the niced thread's leftover cores); the
+  encode beside streams still starts a team (libmtmd's thread count is fixed at load),
+  for the encode only.
 - ``SideContext``: a second llama.cpp context on the same weights (one sequence of one
   slot's length, one micro-batch of the image piece's size, the model context's cache
   types; created on the first image beside other streams, its KV and compute buffers
@@ -243,8 +247,9 @@ class SideContext:
         p.n_batch = p.n_ubatch = self.piece
         p.n_outputs_max = 1  # it never draws: no logits room for a whole micro-batch (Gemma 3: 512 MiB of 560)
         p.n_seq_max = 1
-        p.n_threads = m.threads
-        p.n_threads_batch = m.threads_batch
+        # one thread: no OpenMP team of its own beside the engine's, whose barriers libgomp
+        # would throttle for the whole decode (see the module docstring)
+        p.n_threads = p.n_threads_batch = 1
         p.swa_full = False
         p.no_perf = True
         p.type_k, p.type_v = model_mod._GGML_TYPES[s.cache_type_k], model_mod._GGML_TYPES[s.cache_type_v]
