@@ -9,11 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from corral import wire
+from corral.batch_rows import outputs_max
 from corral.control.catalog import ModelSpec
 from corral.control.gpus import _need
 from corral.control.metrics import Metrics
 from corral.control.views import speculation
 from corral.draft_fit import draft_needs, draft_path, draft_settings
+from corral.gpu_fit import read_layout
 from corral.settings import ModelSettings, SettingsError
 
 
@@ -43,7 +45,11 @@ def test_the_gpu_need_adds_the_draft_models(model_path: Path) -> None:
     own = _need(SimpleNamespace(spec=plain), budgets, free)  # type: ignore[arg-type]
     both = _need(SimpleNamespace(spec=drafted), budgets, free)  # type: ignore[arg-type]
     assert own[0] > 100 << 20
-    assert both == [2 * own[0]]  # the same file as its own draft, all layers on the GPU: twice the need
+    # the same file as its own draft, all layers on the GPU: twice the need, and the main
+    # context's logits rows for the drafts it verifies (batch_rows.outputs_max)
+    drafts_rows = outputs_max(drafted, drafted.n_parallel) - outputs_max(plain, plain.n_parallel)
+    assert drafts_rows == drafted.n_parallel * drafted.draft_max
+    assert both == [2 * own[0] + 4 * read_layout(model_path).n_vocab * drafts_rows]
     assert draft_needs(drafted, model_path, budgets=budgets) == own
     cpu_draft = _spec(model_path, n_gpu_layers=-1, speculative="draft", draft_model=str(model_path), draft_n_gpu_layers=0)
     assert draft_needs(cpu_draft, model_path, budgets=budgets)[0] < own[0] // 4  # no weights there, only buffers
