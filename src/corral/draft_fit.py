@@ -4,7 +4,7 @@ by ``corral.gpu_fit``'s math). The router adds it to a model's estimated need be
 an instance (``corral.control.gpus``); the worker keeps that much out of the main model's
 ``n_gpu_layers = "auto"`` plan (``worker/draft.py``), so both fit on the GPU they share.
 
-Imports only ``corral.settings`` and ``corral.gpu_fit`` (leaves both sides use).
+Imports only ``corral.settings``, ``corral.gpu_fit`` and ``corral.gpu_split`` (leaves both sides use).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from corral.gpu_fit import GGUFError, device_needs, read_layout, split_by_weights
+from corral.gpu_fit import GGUFError, device_needs, read_layout
+from corral.gpu_split import split_by_weights
 from corral.settings import ModelSettings
 
 __all__ = ["draft_path", "draft_settings", "draft_needs"]

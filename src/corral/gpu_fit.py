@@ -42,18 +42,17 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import re
-import struct
 from collections.abc import Sequence
 from pathlib import Path
 
 from corral import wire
 from corral.batch_rows import outputs_max
 from corral.gguf_header import GGUFError, array_len, read_header
+from corral.gpu_split import f32, layer_shares, router_split, split_weights
 from corral.settings import KV_CACHE_TYPES, ModelSettings
 
-__all__ = ["ModelLayout", "read_layout", "FitError", "plan_fit", "device_need", "device_needs", "layer_shares",
-           "split_weights", "router_split", "placement", "kv_row_bytes", "split_by_weights", "DEFAULT_MARGIN_BYTES", "GGUFError",
-           "has_side_context"]
+__all__ = ["ModelLayout", "read_layout", "FitError", "plan_fit", "device_need", "device_needs", "placement",
+           "kv_row_bytes", "DEFAULT_MARGIN_BYTES", "GGUFError", "has_side_context"]
 
 DEFAULT_MARGIN_BYTES = 512 * 1024 * 1024
 _CTX_STEP = 256
@@ -224,7 +223,7 @@ class _Sizes:
         units = list(range(lo.n_layer + 1 - act, lo.n_layer)) + [lo.n_layer]
         dev = 0
         for u, il in enumerate(units):
-            dev = min(bisect.bisect_right(self.shares, _f32(_f32(u) / act)), len(out) - 1)
+            dev = min(bisect.bisect_right(self.shares, f32(f32(u) / act)), len(out) - 1)
             d = out[dev]
             if il == lo.n_layer:
                 d.output, d.weights = True, d.weights + lo.head_bytes
@@ -261,44 +260,6 @@ class _Sizes:
 
 def _pad256(n: int) -> int:
     return -(-n // 256) * 256
-
-
-def _f32(x: float) -> float:
-    return float(struct.unpack("f", struct.pack("f", x))[0])
-
-
-def layer_shares(weights: Sequence[float]) -> tuple[float, ...]:
-    """llama.cpp's split points for devices with these split weights (its
-    ``tensor_split``, or without one their free bytes): the cumulative fractions, summed
-    and divided in float32 as ``llama_model_base::load_tensors`` does."""
-    acc, cum = 0.0, []
-    for f in weights:
-        acc = _f32(acc + _f32(float(max(0, f))))
-        cum.append(acc)
-    if acc <= 0:  # no device reports free memory: equal shares
-        return tuple(_f32((k + 1) / len(cum)) for k in range(len(cum)))
-    return tuple(_f32(c / acc) for c in cum)
-
-
-def split_weights(n: int, tensor_split: Sequence[float] | None,
-                  otherwise: Sequence[float] | None = None) -> list[float] | None:
-    """The proportions to give llama.cpp for ``n`` devices, as float32 values: the
-    ``tensor_split`` (padded with zeros, as llama-server pads ``-ts``), else ``otherwise``;
-    None (one device, or nothing given): llama.cpp splits by free memory."""
-    for given in (tensor_split, otherwise):
-        if n >= 2 and given and any(x > 0 for x in given):
-            head = [_f32(max(0.0, float(x))) for x in given[:n]]
-            return head + [0.0] * (n - len(head))
-    return None
-
-
-def router_split(settings: ModelSettings, budgets: Sequence[int], free: Sequence[int] | None = None
-                 ) -> list[float] | None:
-    """The split the router estimates an instance pinned to several GPUs with, and gives
-    its worker as ``tensor_split``: the model's own, else for ``"auto"`` the GPUs' whole
-    budgets, else (a fixed ``n_gpu_layers``) their free memory, as llama.cpp would."""
-    fallback = budgets if settings.n_gpu_layers == "auto" or free is None else free
-    return split_weights(len(budgets), settings.tensor_split, fallback)
 
 
 def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
@@ -413,17 +374,6 @@ def placement(layout: ModelLayout, *, gpus: Sequence[wire.DeviceInfo], weights: 
     out.append(wire.DevicePlacement(device="CPU", first_layer=0 if first else -1, layers=first, output=act == 0,
                                     weight_bytes=host_weights, input_bytes=lo.input_bytes, kv_bytes=kv,
                                     compute_bytes=0))
-    return out
-
-
-def split_by_weights(total: int, weights: Sequence[float]) -> list[int]:
-    """``total`` bytes apportioned to devices in proportion to ``weights`` (their free
-    memory, or a split; an estimate for a file whose layers are unknown)."""
-    if len(weights) <= 1:
-        return [total] * len(weights)
-    whole = sum(max(0, w) for w in weights)
-    out = [int(total * max(0, w) // whole) if whole else total // len(weights) for w in weights]
-    out[-1] += total - sum(out)
     return out
 
 

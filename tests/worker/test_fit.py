@@ -239,7 +239,8 @@ def test_the_worker_plans_what_the_router_charged() -> None:
     router estimates its need on the whole budgets and sends that split as tensor_split;
     the worker, planning within what is left of each budget, places the same bytes."""
     from corral.batch_rows import outputs_max
-    from corral.gpu_fit import device_needs, router_split
+    from corral.gpu_fit import device_needs
+    from corral.gpu_split import router_split
     from corral.settings import ModelSettings
 
     auto = ModelSettings(ctx_len=65536, n_parallel=4, fit_ctx_floor=1024, devices=[0, 1])

@@ -44,7 +44,8 @@ from corral.config import ServerConfig
 from corral.control.gpu_slot import GpuSlot
 from corral.errors import LoadFailed
 from corral.draft_fit import draft_needs
-from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout, router_split, split_by_weights
+from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout
+from corral.gpu_split import router_split, split_by_weights
 from corral.settings import VISIBLE_DEVICES_VARS
 
 if TYPE_CHECKING:

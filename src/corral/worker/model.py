@@ -23,7 +23,8 @@ import msgspec
 from corral import reasoning_format, wire
 from corral.batch_rows import outputs_max
 from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, has_side_context, placement,
-                            plan_fit, read_layout, split_weights)
+                            plan_fit, read_layout)
+from corral.gpu_split import split_weights
 from corral.worker.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
 
 __all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes"]
