@@ -241,3 +241,22 @@ def test_malformed_request_is_answered_and_worker_goes_on(worker: WorkerClient) 
     _, _, fin = worker.generate(wire.GenerateRequest(id="after-broken", prompt="Hi",
                                                      params=wire.SamplingParams(max_tokens=2)))
     assert isinstance(fin, wire.Finished)
+
+
+def test_a_worker_with_a_projector_keeps_libgomps_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The short OpenMP spin for every worker, libgomp's own for one with a vision projector
+    (its SCHED_IDLE image thread would take a core at each decode thread's sleep), and
+    whatever the environment already says wins."""
+    from corral.worker.process import VISION_SPINCOUNT, _cpu_wait_policy
+
+    plain = wire.WorkerSettings(model_id="m", model_path="/m.gguf")
+    vision = wire.WorkerSettings(model_id="m", model_path="/m.gguf", mmproj="/p.gguf")
+    for s, want in ((plain, "20000"), (vision, VISION_SPINCOUNT),
+                    (wire.WorkerSettings(model_id="m", model_path="/m.gguf", mmproj="/p.gguf", embedding=True), "20000")):
+        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        _cpu_wait_policy(s)
+        assert os.environ["GOMP_SPINCOUNT"] == want
+    monkeypatch.setenv("GOMP_SPINCOUNT", "5")
+    _cpu_wait_policy(vision)
+    assert os.environ["GOMP_SPINCOUNT"] == "5"
