@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from corral import wire
+from corral.gpu_fit import has_side_context  # neutral: no llama_cpp (the policy must precede it)
 from corral.worker.cpu import ThreadGovernor, parent_running
 
 if TYPE_CHECKING:
@@ -291,7 +292,7 @@ def _cpu_wait_policy(settings: wire.WorkerSettings) -> None:
     PASSIVE 70 / 100, 0.2 ms spin without the governor 4 / 23.
     """
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = VISION_SPINCOUNT if settings.mmproj and not settings.embedding else "20000"
+        os.environ["GOMP_SPINCOUNT"] = VISION_SPINCOUNT if has_side_context(settings) else "20000"
 
 
 VISION_SPINCOUNT = "300000"  # libgomp's default

@@ -49,6 +49,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ctypes
 import ctypes.util
+import functools
 import os
 import struct
 import threading
@@ -174,11 +175,13 @@ class SideUnsupported(RuntimeError):
 
 def _release_omp_team() -> None:
     """This thread's OpenMP team back to libgomp (the threads end), where libgomp is loaded."""
-    if _gomp_pause is not None:
-        _gomp_pause(1)  # omp_pause_soft: frees the calling thread's pool
+    pause = _gomp_pause()
+    if pause is not None:
+        pause(1)  # omp_pause_soft: frees the calling thread's pool
 
 
-def _find_gomp_pause() -> Callable[[int], int] | None:
+@functools.cache
+def _gomp_pause() -> Callable[[int], int] | None:
     try:  # the libgomp llama.cpp's CPU backend already loaded; none without OpenMP
         lib = ctypes.CDLL("libgomp.so.1", mode=getattr(os, "RTLD_NOLOAD", 0))
         fn = lib.omp_pause_resource_all
@@ -188,18 +191,13 @@ def _find_gomp_pause() -> Callable[[int], int] | None:
     return fn
 
 
-_gomp_pause: Callable[[int], int] | None = None
-
-
 class ImageThreads:
     """Image work: alone on the calling (engine) thread, beside other streams on the niced
     ``beside`` thread (started on first use), whose OpenMP team ends after each job."""
 
     def __init__(self) -> None:
-        global _gomp_pause
         self._pool: cf.ThreadPoolExecutor | None = None
         self.submitted = {False: 0, True: 0}  # jobs run alone / beside other streams
-        _gomp_pause = _gomp_pause or _find_gomp_pause()
 
     def submit(self, beside: bool, fn: Callable[..., Any], *args: Any) -> cf.Future[Any]:
         self.submitted[beside] += 1
