@@ -42,7 +42,9 @@ else
 	. $(GPU_ENV) && $(VENV)/bin/corral serve --host $(HOST) --port $(PORT)
 endif
 
-# The GPU test group (tests/gpu) runs on the Vulkan build, on Mesa's lavapipe here
+# The GPU test group (tests/gpu) runs on the GPU_BACKEND build: Vulkan (on Mesa's lavapipe where
+# there is no GPU), or cuda on a machine with one
+GPU_BACKEND ?= vulkan
 vulkan: $(VENV)/llama-cpp-vulkan/.installed
 
 # The web page's tests drive Debian's chromium (Playwright's own download is not used).
@@ -52,8 +54,8 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
 	  else sudo -n apt-get update -qq && sudo -n apt-get install -y -qq chromium; fi; }
 
-test: install chromium vulkan
-	$(PY) -m pytest -q -ra --durations=30
+test: install chromium $(VENV)/llama-cpp-$(GPU_BACKEND)/.installed
+	CORRAL_GPU_BACKEND=$(GPU_BACKEND) $(PY) -m pytest -q -ra --durations=30
 
 # The long reliability run (30 minutes, two models, faults under load; see tests/reliability/soak.py).
 soak: install
