@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "from corral.store.embedded import embedded_model_path; print('default model:', embedded_model_path())"
 	touch $@
 
-# A GPU build (about 40 minutes on 2 cores for Vulkan, shaders included; kept in .whl/, never in pip's cache)
+# A GPU build (Vulkan: 847 s measured on 2 shared cores, shaders included; kept in .whl/, never in pip's cache)
 $(VENV)/llama-cpp-%/.installed: $(VENV)/.installed bench/gpu/build_wheel.sh bench/gpu/install_backend.sh
 	PY=$(PY) bench/gpu/install_backend.sh $* $(VENV)/llama-cpp-$*
 	touch $@
