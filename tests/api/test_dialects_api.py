@@ -173,7 +173,7 @@ async def test_ids_with_slash_and_colon_in_every_route(harness: Harness) -> None
     r = await c.post("/api/copy", json={"source": mid, "destination": "short"})
     assert r.status_code == 200 and plane.resolve("short") == mid
     r = await c.post("/api/copy", json={"source": mid, "destination": "../x"})
-    assert r.status_code == 400 and "destination" in r.json()["error"] or "invalid" in r.json()["error"]
+    assert r.status_code == 400 and ("destination" in r.json()["error"] or "invalid" in r.json()["error"])
     assert (await c.post("/v1/messages", json={"model": "short", "max_tokens": 3, "messages": [
         {"role": "user", "content": "x"}]})).json()["model"] == mid
     # the worker's log file is named by the id's safe file stem, not by the id

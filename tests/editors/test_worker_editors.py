@@ -1,5 +1,5 @@
 """Infill, reranking and embeddings of a generative model in the real engine (in-process),
-on the offline test models (tests/support/gguf_models.py)."""
+on the offline test models (testkit/gguf_models.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.gguf_models import FIM_TOKEN_IDS
+from testkit.gguf_models import FIM_TOKEN_IDS
 from worker.conftest import run_engine, settings_for
 
 from corral import wire

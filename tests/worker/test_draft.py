@@ -5,7 +5,7 @@ equal those without speculation except where the model's margin at the parting t
 inside the batch-shape noise (measured as in test_speculation.py), over 8 prompts on 4 slots
 with grammar-constrained requests among them. Sampled: the tokens follow the target
 distribution (a two-sample chi-square test over a top-4 slice, fixed seeds). A tiny random
-draft with the same vocabulary (tests/support/draft_models.py): most drafts fail, the text is
+draft with the same vocabulary (testkit/draft_models.py): most drafts fail, the text is
 still the model's own. A draft with another vocabulary is refused at load.
 """
 
@@ -23,8 +23,8 @@ from corral.worker.engine import Engine
 from corral.worker.model import ModelLoadError
 from corral.worker.slots import Slot
 from corral.worker.speculate import CPU_TOKEN_COST
-from support.draft_models import write_tiny_draft
-from support.gguf_models import write_reranker
+from testkit.draft_models import write_tiny_draft
+from testkit.gguf_models import write_reranker
 from worker.conftest import run_engine, settings_for
 from worker import test_speculation
 from worker.test_speculation import PROMPTS, _greedy_requests, _margin, _tokens, check_sampled_follows_target
