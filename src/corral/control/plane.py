@@ -215,7 +215,8 @@ class ControlPlane:
                       prefix: str | None) -> RequestStream:
         frame = _encode(msg)  # before a slot is taken: what cannot be sent takes none
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.server.queue_timeout_s
+        bound = self.config.server.request_queue_timeout_s  # None: waits while its client does
+        deadline = None if bound is None else loop.time() + bound
         while True:
             pool = self.pool(name)
             stream = RequestStream(msg.id, pool.spec.id, _input_param(msg))
@@ -225,7 +226,7 @@ class ControlPlane:
                     try:
                         await self._ensure_loaded(pool)
                     except ModelUnloaded:  # another request unloaded it meanwhile: autoload again
-                        if loop.time() >= deadline:
+                        if deadline is not None and loop.time() >= deadline:
                             raise
                         continue
                     inst = pool.try_acquire(prefix)
@@ -233,7 +234,7 @@ class ControlPlane:
                     inst = await pool.wait_slot(prefix, max_queue=self.config.server.max_queue,
                                                 deadline=deadline)
                     if inst is None:  # the model went away; start over
-                        if loop.time() >= deadline:
+                        if deadline is not None and loop.time() >= deadline:
                             raise CapacityTimeout(f"model {name!r} is not available", retry_after_s=1)
                         continue
             sent = False
