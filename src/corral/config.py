@@ -140,6 +140,12 @@ class ServerConfig(_NoBoolNumbers):
     image_url_timeout_s: float = Field(10.0, gt=0)
     max_image_bytes: ByteSize = 20 * 1024 * 1024  # one image, encoded
     max_image_pixels: int = Field(50_000_000, ge=1)  # width x height, checked before decoding
+    # a request's images together, checked before anything is fetched or decoded where the
+    # sizes are known (count, inline bytes), else as soon as the sum is (fetched bytes while
+    # streaming, pixels from each header): the worker decodes all of a request's bitmaps at once
+    max_images_per_request: int = Field(32, ge=1)
+    max_image_bytes_per_request: ByteSize = 50 * 1024 * 1024  # encoded: inline and fetched
+    max_image_pixels_per_request: int = Field(100_000_000, ge=1)
     log_dir: Path | None = None  # worker stderr logs; None: a temporary directory
     worker_command: list[str] | None = None  # advanced/tests: argv prefix instead of python -m corral.worker
     # Ray cluster for model instances ("auto", "HOST:PORT", "ray://HOST:10001"); None: local processes
