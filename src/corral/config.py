@@ -111,12 +111,9 @@ class ServerConfig(_NoBoolNumbers):
     allowed_hosts: list[str] = []
     header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must arrive within this
     load_timeout_s: float = Field(300.0, gt=0)
-    # a load's wait for room (admission's capacity wait), and a key's wait for a place among
-    # its own requests in flight (its concurrency limit)
-    queue_timeout_s: float = Field(60.0, gt=0)
-    # a request's wait in a model's queue for a slot; absent: it waits as long as its client
-    # does (a disconnect removes it), like llama-server, vLLM and Ollama. Shedding is max_queue's
-    # immediate 503 + Retry-After at admission, not a failure after the wait.
+    queue_timeout_s: float = Field(60.0, gt=0)  # a load's wait for room; a key's for its concurrency
+    # a request's wait for a slot; absent: as long as its client waits (like llama-server, vLLM,
+    # Ollama); shedding is max_queue's immediate 503 + Retry-After (docs/internals/fair-share.md)
     request_queue_timeout_s: float | None = Field(None, gt=0)
     # the fair queue (control/fair_queue.py): waiting this long raises a request's priority by one
     priority_aging_s: float = Field(10.0, gt=0)
@@ -132,20 +129,14 @@ class ServerConfig(_NoBoolNumbers):
     max_restarts: int = Field(3, ge=0)  # consecutive failures before an instance stays failed
     restart_backoff_s: float = Field(1.0, ge=0)  # doubles per consecutive failure, max 30 s
     max_body_bytes: ByteSize = 8 * 1024 * 1024
-    # images in requests (api/core/images.py): http(s) image URLs are fetched by the router only
-    # when allowed; loopback/link-local/private addresses only when allow_private_image_urls is
-    # true (any) or a list of networks (CIDR) that may be fetched from
-    allow_image_urls: bool = False
-    allow_private_image_urls: bool | list[IPvAnyNetwork] = False
+    allow_image_urls: bool = False  # images in requests: api/core/image_fetch.py, docs/internals/vision.md
+    allow_private_image_urls: bool | list[IPvAnyNetwork] = False  # true (any), or CIDR networks
     image_url_timeout_s: float = Field(10.0, gt=0)
     max_image_bytes: ByteSize = 20 * 1024 * 1024  # one image, encoded
     max_image_pixels: int = Field(50_000_000, ge=1)  # width x height, checked before decoding
-    # a request's images together, checked before anything is fetched or decoded where the
-    # sizes are known (count, inline bytes), else as soon as the sum is (fetched bytes while
-    # streaming, pixels from each header): the worker decodes all of a request's bitmaps at once
     max_images_per_request: int = Field(32, ge=1)
     max_image_bytes_per_request: ByteSize = 50 * 1024 * 1024  # encoded: inline and fetched
-    max_image_pixels_per_request: int = Field(100_000_000, ge=1)
+    max_image_pixels_per_request: int = Field(100_000_000, ge=1)  # all of a request's, from headers
     log_dir: Path | None = None  # worker stderr logs; None: a temporary directory
     worker_command: list[str] | None = None  # advanced/tests: argv prefix instead of python -m corral.worker
     # Ray cluster for model instances ("auto", "HOST:PORT", "ray://HOST:10001"); None: local processes
