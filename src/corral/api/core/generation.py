@@ -30,7 +30,7 @@ from corral.api.core.schemas import CompletionRequest
 from corral.api.http import app_part, plane_of
 from corral.control.plane import ControlPlane
 from corral.control.stream import RequestStream
-from corral.errors import CorralError, ModelDownloading, ModelNotFound
+from corral.errors import ClientDisconnected, CorralError, ModelDownloading, ModelNotFound
 
 __all__ = ["GenerationSpec", "Choice", "GenerationResult", "TextEvent", "ReasoningEvent", "ToolCallEvent",
            "FinishEvent", "Event", "GenerationStream", "chat_spec", "completion_spec", "generate",
@@ -266,21 +266,35 @@ async def submit(request: Request, name: str, endpoint: str, coros: list[Awaitab
                 streams.append(await watch.run(t))
             for s in streams:
                 await watch.run(s.wait_done() if wait_all else s.wait_started())
-        except BaseException:
+        except BaseException as exc:
             for t in tasks:
                 t.cancel()
                 if t.done() and not t.cancelled() and t.exception() is None and t.result() not in streams:
                     streams.append(t.result())
             for s in streams:
                 s.abort()
+            if watch.gone and isinstance(exc, asyncio.CancelledError):
+                _left(plane, endpoint, streams)
+                raise ClientDisconnected("the client closed the connection before the answer began") from None
             raise
     except CorralError as exc:
-        plane.metrics.observe_request(_label(plane, name), None, endpoint, exc.status)
+        if not (isinstance(exc, ClientDisconnected) and streams):  # those were counted each
+            plane.metrics.observe_request(_label(plane, name), None, endpoint, exc.status)
         _raise_if_downloading(request, name, exc)
         raise
     finally:
         watch.close()
     return streams
+
+
+def _left(plane: ControlPlane, endpoint: str, streams: list[RequestStream]) -> None:
+    """The client left while its request queued, loaded or prefilled: 499, and the task that
+    the watch cancelled runs on (to answer nobody) instead of ending in a traceback."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    for s in streams:
+        observe(plane, s, endpoint, 499)
 
 
 def _coros(request: Request, spec: GenerationSpec) -> list[Awaitable[RequestStream]]:
