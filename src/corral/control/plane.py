@@ -208,8 +208,31 @@ class ControlPlane:
         return await self._submit(name, msg, None)
 
     async def tokenize(self, name: str, msg: wire.TokenizeRequest) -> RequestStream:
-        """Tokenize or detokenize with the model's vocabulary (answered by ``Tokenized``)."""
-        return await self._submit(name, msg, None)
+        """Tokenize, detokenize or render a chat with the model's vocabulary and template
+        (answered by ``Tokenized``). It takes no slot and waits behind no generation (the
+        worker answers it between decode steps): only a model that is not loaded is
+        loaded first, within the queue timeout."""
+        frame = _encode(msg)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.server.queue_timeout_s
+        while True:
+            pool = self.pool(name)
+            ready = [i for i in pool.instances if i.accepting]
+            if not ready:
+                if pool.has_ready or loop.time() >= deadline:  # ready but its channel is closing: no wait
+                    raise CapacityTimeout(f"model {name!r} is not available", retry_after_s=1)
+                if loop.time() >= deadline:
+                    raise CapacityTimeout(f"model {name!r} is not available", retry_after_s=1)
+                try:
+                    await self._ensure_loaded(pool)
+                except ModelUnloaded:
+                    pass
+                continue
+            inst = min(ready, key=pool.busy)
+            stream = RequestStream(msg.id, pool.spec.id, _input_param(msg))
+            if inst.submit(msg.id, frame, stream, slotted=False):
+                self.access.track(stream)
+                return stream
 
     async def _submit(self, name: str, msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest,
                       prefix: str | None) -> RequestStream:

@@ -265,7 +265,7 @@ async def submit(request: Request, name: str, endpoint: str, coros: list[Awaitab
             for t in tasks:
                 streams.append(await watch.run(t))
             for s in streams:
-                await watch.run(s.wait_done() if wait_all else s.wait_started())
+                await watch.run(s.wait_done() if wait_all else _first_output(s))
         except BaseException as exc:
             for t in tasks:
                 t.cancel()
@@ -285,6 +285,20 @@ async def submit(request: Request, name: str, endpoint: str, coros: list[Awaitab
     finally:
         watch.close()
     return streams
+
+
+FIRST_OUTPUT_WAIT_S = 1.0  # a stream's headers wait this long for its first output, no longer
+
+
+async def _first_output(s: RequestStream) -> None:
+    """Until the stream's first output, so that an error before it still gets its HTTP
+    status; but at most ``FIRST_OUTPUT_WAIT_S`` once a worker has it: a long prefill then
+    goes on behind headers already sent (clients log a slow first byte, or give up), and an
+    error after that comes in the stream, in the dialect's shape."""
+    try:
+        await asyncio.wait_for(s.wait_started(), FIRST_OUTPUT_WAIT_S)
+    except TimeoutError:
+        return
 
 
 def _left(plane: ControlPlane, endpoint: str, streams: list[RequestStream]) -> None:
