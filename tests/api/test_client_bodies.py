@@ -92,3 +92,27 @@ async def test_background_response_runs_without_the_connection(harness: Harness)
     assert (await c.get(f"/v1/responses/{rid}")).json()["status"] == "cancelled"
     r = await c.post("/v1/responses", json={"model": "a", "input": "x", "background": True, "stream": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "background"
+
+
+def _recorded(client: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(p.stem, json.loads(p.read_text())) for p in sorted((FIXTURES / client).glob("*.json"))]
+
+
+@pytest.mark.parametrize("client", ["litellm", "aider"])
+async def test_ollama_bodies_without_a_json_content_type_are_served(harness: Harness, client: str) -> None:
+    """LiteLLM 1.81.10's ``ollama/`` and ``ollama_chat/`` providers (and so aider 0.86.2) send
+    JSON with no Content-Type (async: application/octet-stream); aider sends
+    ``options.num_ctx`` = prompt x 1.25 + 8192, over the slot's 1,024 tokens here."""
+    await harness.start(harness.config({"gemma": {"path": str(harness.script("a"))}}))
+    c = harness.client
+    assert c is not None
+    for name, rec in _recorded(client):
+        headers = {"content-type": rec["content_type"]} if rec["content_type"] else {}
+        content = json.dumps(rec["body"]).encode()
+        r = await c.request(rec["method"], rec["path"], content=content, headers=headers)
+        assert r.status_code == 200, (name, r.text)
+        if rec["path"] == "/api/chat":
+            last = json.loads(r.text.strip().splitlines()[-1])
+            assert last["done"] is True, (name, r.text)
+            if not rec["body"].get("stream", True):
+                assert last["message"]["content"] == "Hello, world!"
