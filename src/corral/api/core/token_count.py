@@ -13,7 +13,7 @@ from starlette.requests import Request
 
 from corral import wire
 from corral.api.core.chat_request import ChatCompletionRequest
-from corral.api.core.generation import observe, submit
+from corral.api.core.submit import observe, submit
 from corral.api.http import invalid_request, plane_of
 from corral.errors import InvalidRequest
 

@@ -183,8 +183,7 @@ class Instance:
             await self._owner
 
     def submit(self, request_id: str, frame: bytes, stream: RequestStream, slotted: bool = True) -> bool:
-        """Send an encoded request (sync). False when the instance cannot take it now.
-        ``slotted=False``: it holds no slot (tokenizing)."""
+        """Send an encoded request (sync; ``slotted=False``: it holds no slot). False when it cannot now."""
         link = self.ready_link
         return link is not None and link.submit(request_id, frame, stream, self.index, slotted)
 
