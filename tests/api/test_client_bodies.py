@@ -90,6 +90,11 @@ async def test_background_response_runs_without_the_connection(harness: Harness)
     r = await c.post(f"/v1/responses/{rid}/cancel")
     assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
     assert (await c.get(f"/v1/responses/{rid}")).json()["status"] == "cancelled"
+    # a streamed response is stored when its stream ends
+    async with c.stream("POST", "/v1/responses", json={"model": "a", "input": "hi", "stream": True}) as r:
+        last = [line async for line in r.aiter_lines() if line.startswith("data: ")][-1]
+    rid = json.loads(last[6:])["response"]["id"]
+    assert (await c.get(f"/v1/responses/{rid}")).json()["output"][0]["content"][0]["text"] == "Hello, world!"
     r = await c.post("/v1/responses", json={"model": "a", "input": "x", "background": True, "stream": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "background"
 

@@ -143,12 +143,7 @@ async def create_response(request: Request) -> Response:
         response = shape.response(status_of(gen), _output(shape, gen), gen)
         await remember(gen.text, gen.tool_calls, gen.reasoning, response)
         return Response(_json.encode(response), media_type="application/json")
-    pending: list[asyncio.Task[None]] = []
-
-    def remember_later(text: str, calls: list[wire.ToolCall], thought: str, response: dict[str, Any]) -> None:
-        pending.append(asyncio.ensure_future(remember(text, calls, thought, response)))
-
-    return StreamingResponse(events(gen, shape, remember_later), media_type="text/event-stream",
+    return StreamingResponse(events(gen, shape, remember), media_type="text/event-stream",
                              headers=_SSE_HEADERS)
 
 

@@ -61,8 +61,11 @@ class ResponseStore:
         self.max_age_s = max_age_s
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
+        self._closed = False
 
     def _open(self) -> sqlite3.Connection:
+        if self._closed:
+            raise sqlite3.ProgrammingError("the response store is closed")
         if self._db is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))  # created 0600 (sqlite's -wal copies it)
@@ -142,6 +145,7 @@ class ResponseStore:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._db is not None:
                 self._db.close()
                 self._db = None

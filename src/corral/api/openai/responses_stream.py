@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -90,7 +90,7 @@ def status_of(gen: Generation) -> str:
     return "incomplete" if gen.outcome().finish_reason == "length" else "completed"
 
 
-Remember = Callable[[str, list[wire.ToolCall], str, dict[str, Any]], None]
+Remember = Callable[[str, list[wire.ToolCall], str, dict[str, Any]], Awaitable[None]]
 
 
 async def events(gen: Generation, shape: Shape, remember: Remember) -> AsyncIterator[bytes]:
@@ -192,5 +192,5 @@ async def _chunks(gen: Generation, shape: Shape, remember: Remember) -> AsyncIte
             yield line
     final = status_of(gen)
     response = shape.response(final, done, gen)
-    remember("".join(pieces), calls, "".join(thoughts), response)
+    await remember("".join(pieces), calls, "".join(thoughts), response)
     yield ev(f"response.{final}", {"response": response})
