@@ -103,9 +103,13 @@ async def test_openai_responses_client(harness: Harness, model_path: Path) -> No
     follow = await client.responses.create(model="gemma", previous_response_id=r.id, max_output_tokens=4,
                                            input=[{"role": "user", "content": "And another?"}])
     assert follow.usage.input_tokens > r.usage.input_tokens  # the earlier turn came along
-    with pytest.raises(openai.BadRequestError) as bi:
+    with pytest.raises(openai.NotFoundError) as bi:
         await client.responses.create(model="gemma", input="x", previous_response_id="resp_unknown")
     assert bi.value.param == "previous_response_id" and "no stored response" in bi.value.message
+    assert (await client.responses.retrieve(r.id)).output_text == r.output_text
+    counted = await client.responses.input_tokens.count(model="gemma", input="Name a color.",
+                                                        instructions="Answer briefly.")
+    assert counted.input_tokens == r.usage.input_tokens
 
     types, deltas = [], []
     async with client.responses.stream(model="gemma", input="Count: one, two,", max_output_tokens=10,

@@ -10,8 +10,9 @@ after the stream began is an ``error`` event. Input tokens are known when the wo
 finishes, so ``message_start`` reports 0 and ``message_delta`` the real count (the SDKs
 take input_tokens from message_delta when present).
 
-count_tokens runs the request with max_tokens 0 on the same path: the worker renders
-and tokenizes it exactly as it would for generation and answers without decoding.
+count_tokens renders and tokenizes the request without a generation slot
+(corral.api.core.token_count), so it never waits behind generations; with images it runs
+the request with max_tokens 0 on the generation path (the worker counts the image tokens).
 
 Errors (``corral.api.http``): ``{"type": "error", "error": {"type", "message"}}``; a
 full queue or no capacity is 529 ``overloaded_error`` (with Retry-After).
@@ -35,6 +36,7 @@ from corral.api.anthropic.schemas import (AnthropicCountTokensRequest, Anthropic
 from corral.api.core.dialect import (Generation, ReasoningEvent, TextEvent, ToolCallEvent, build_spec,
                                      parse_arguments, run_generation)
 from corral.api.core.generation import GenerationSpec
+from corral.api.core.token_count import count_chat_tokens
 from corral.api.http import error_body
 from corral.api.core.schemas import parse_body
 from corral.errors import CorralError
@@ -173,7 +175,15 @@ def _close_thinking(index: int, thoughts: list[str]) -> list[bytes]:
 async def count_tokens(request: Request) -> Response:
     body = await parse_body(request, AnthropicCountTokensRequest)
     body.check()
-    spec = _spec(body, "anthropic_count_tokens", wire.SamplingParams(max_tokens=0))
+    spec = _spec(body, "anthropic_count_tokens", wire.SamplingParams(max_tokens=0))  # checks it all
+    messages = body.openai_messages()
+    images = any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
+                 for m in messages)
+    if not images:  # no slot taken
+        tools = body.openai_chat().get("tools")
+        _, n = await count_chat_tokens(request, {"model": body.model, "messages": messages,
+                                                 **({"tools": tools} if tools else {})}, "anthropic_count_tokens")
+        return Response(_json.encode({"input_tokens": n}), media_type="application/json")
     gen = await run_generation(request, spec, stream=False)
     return Response(_json.encode({"input_tokens": gen.outcome().prompt_tokens}),
                     media_type="application/json")
