@@ -107,3 +107,13 @@ def test_templates_without_tools_get_the_generic_tool_prompt(template: object) -
     assert '{"name": "get_weather", "arguments": {"city": "Oslo"}}' in text  # the call in the history
     assert "Tool result (get_weather): -4 C" in text
     assert text.index("Be brief.") < text.index("Weather in Oslo?") < text.index("Tool result")
+
+
+def test_generic_tool_prompt_lists_the_tools_before_the_system_text() -> None:
+    """A new system text (another session, a subagent) keeps the tools' prefix."""
+    t = PlainTemplate()
+    a = render_chat(t, HISTORY, [WEATHER])
+    b = render_chat(t, [wire.ChatMessage("system", "Be thorough."), *HISTORY[1:]], [WEATHER])
+    assert a.index(GENERIC_TOOL_INSTRUCTIONS) < a.index("Be brief.")
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert common >= a.index(GENERIC_TOOL_INSTRUCTIONS) + len(GENERIC_TOOL_INSTRUCTIONS)
