@@ -1,25 +1,31 @@
 """Anthropic Messages API request bodies and their translation to corral's wire request.
 
-``system`` (a string or text blocks) becomes the system message; each message's text
-blocks are joined; ``max_tokens`` is required (as Anthropic requires it);
+``system`` (a string or text blocks) becomes the system message, less a leading
+``x-anthropic-billing-header:`` attribution line (Claude Code's, different in every session:
+it means nothing to a local model and would end every prefix reuse there); ``role:
+"system"`` messages anywhere in ``messages`` stay where they are (the worker's template
+renders them in place or joins them to the system text: ``worker/templates.render_chat``);
+each message's text blocks are joined; ``max_tokens`` is required (as Anthropic requires it);
 ``stop_sequences``, ``temperature`` (0-1), ``top_p``, ``top_k`` map onto sampling.
 ``tools`` / ``tool_choice`` (auto, any, tool, none) and ``tool_use`` / ``tool_result``
 blocks become OpenAI tool calls and tool messages for the request core.
 ``output_config.format`` (``{"type": "json_schema", "schema": ...}``, what current SDKs
 send for structured output; ``output_format`` is the older beta spelling) becomes OpenAI's
 ``response_format`` json_schema: the same schema check and grammar.
-``thinking: {"type": "enabled", "budget_tokens": N}`` turns a reasoning model's thinking
-on with that budget (without it, or ``disabled``, the model does not think); ``thinking``
+``thinking``: ``enabled`` thinks with ``budget_tokens``, ``adaptive`` as the model is set
+(or at ``output_config.effort``'s level: low, medium, high are the model's
+``reasoning_levels``; xhigh and max its own budget), ``disabled`` or absent not at all; a
+preference (``thinking_optional``): a model that cannot think ignores it. ``thinking``
 blocks of earlier assistant turns reach templates that render them, ``redacted_thinking``
-blocks are dropped.
+blocks are dropped. ``context_management`` edits: ``context_edits``.
 
-Top-level fields: those that only describe the request (``metadata``, ``service_tier``,
-``inference_geo``, ``speed``, ``cache_control`` -- corral's prefix cache is automatic --,
-``diagnostics``, ``user_profile_id``, ``workspace_id``) are ignored, ``priority`` is the
-fair queue's (read by corral.api.access); any other field is a
-400 that names it, as are documents, ``output_config.effort`` and the
-server-side features (``container``, ``mcp_servers``, ``context_management``): never an
-answer that silently leaves out what was asked.
+Top-level fields that only describe the request (``metadata``, ``service_tier``,
+``inference_geo``, ``speed``, ``cache_control`` -- corral's prefix cache is automatic, and a
+breakpoint anywhere only makes usage report cache creation --, ``diagnostics``,
+``user_profile_id``, ``workspace_id``) are ignored, ``priority`` is the fair queue's (read by
+corral.api.access); any other field is a 400 that names it, as are documents and the
+server-side features (``container``, ``mcp_servers``): never an answer that silently leaves
+out what was asked.
 """
 
 from __future__ import annotations
