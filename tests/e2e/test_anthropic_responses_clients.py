@@ -65,9 +65,10 @@ async def test_anthropic_client(harness: Harness, model_path: Path) -> None:
                                                messages=[{"role": "user", "content": "Name a color."}])
     short = await client.messages.count_tokens(model="gemma", messages=[{"role": "user", "content": "Hi"}])
     assert count.input_tokens > short.input_tokens > 0
-    assert count.input_tokens == (await client.messages.create(
-        model="gemma", max_tokens=1, system="Be brief.",
-        messages=[{"role": "user", "content": "Name a color."}])).usage.input_tokens
+    u = (await client.messages.create(model="gemma", max_tokens=1, system="Be brief.",
+                                      messages=[{"role": "user", "content": "Name a color."}])).usage
+    # Anthropic's usage: the prompt is input + cache read + cache creation
+    assert count.input_tokens == u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
 
     with pytest.raises(anthropic.NotFoundError) as nf:
         await client.messages.create(model="nope", max_tokens=4, messages=[{"role": "user", "content": "x"}])

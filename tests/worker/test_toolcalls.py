@@ -131,3 +131,13 @@ def test_json_that_cannot_be_a_call_streams_at_once(text: str, streamed: str) ->
 def test_a_call_shaped_start_is_held(start: str) -> None:
     p = ToolCallParser()
     assert p.push(start) == ("", [])
+
+
+def test_generic_tool_prompt_lists_the_tools_before_the_system_text() -> None:
+    """A new system text (another session, a subagent) keeps the tools' prefix."""
+    t = PlainTemplate()
+    a = render_chat(t, HISTORY, [WEATHER])
+    b = render_chat(t, [wire.ChatMessage("system", "Be thorough."), *HISTORY[1:]], [WEATHER])
+    assert a.index(GENERIC_TOOL_INSTRUCTIONS) < a.index("Be brief.")
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert common >= a.index(GENERIC_TOOL_INSTRUCTIONS) + len(GENERIC_TOOL_INSTRUCTIONS)
