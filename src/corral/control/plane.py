@@ -213,7 +213,8 @@ class ControlPlane:
         answers between decode steps); a model not loaded is loaded first."""
         frame = encode_request(msg)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.server.queue_timeout_s
+        bound = self.config.server.request_queue_timeout_s  # None: waits while its client does
+        deadline = None if bound is None else loop.time() + bound
         while True:
             pool = self.pool(name)
             ready = [i for i in pool.instances if i.accepting]
@@ -245,7 +246,7 @@ class ControlPlane:
                     try:
                         await self._ensure_loaded(pool)
                     except ModelUnloaded:  # another request unloaded it meanwhile: autoload again
-                        if loop.time() >= deadline:
+                        if deadline is not None and loop.time() >= deadline:
                             raise
                         continue
                     inst = pool.try_acquire(prefix)
@@ -253,7 +254,7 @@ class ControlPlane:
                     inst = await pool.wait_slot(prefix, max_queue=self.config.server.max_queue,
                                                 deadline=deadline)
                     if inst is None:  # the model went away; start over
-                        if loop.time() >= deadline:
+                        if deadline is not None and loop.time() >= deadline:
                             raise CapacityTimeout(f"model {name!r} is not available", retry_after_s=1)
                         continue
             sent = False
