@@ -111,12 +111,9 @@ class ServerConfig(_NoBoolNumbers):
     allowed_hosts: list[str] = []
     header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must arrive within this
     load_timeout_s: float = Field(300.0, gt=0)
-    # a load's wait for room (admission's capacity wait), and a key's wait for a place among
-    # its own requests in flight (its concurrency limit)
-    queue_timeout_s: float = Field(60.0, gt=0)
-    # a request's wait in a model's queue for a slot; absent: it waits as long as its client
-    # does (a disconnect removes it), like llama-server, vLLM and Ollama. Shedding is max_queue's
-    # immediate 503 + Retry-After at admission, not a failure after the wait.
+    queue_timeout_s: float = Field(60.0, gt=0)  # a load's wait for room; a key's for its concurrency
+    # a request's wait for a slot; absent: as long as its client waits (like llama-server, vLLM,
+    # Ollama); shedding is max_queue's immediate 503 + Retry-After (docs/internals/fair-share.md)
     request_queue_timeout_s: float | None = Field(None, gt=0)
     # the fair queue (control/fair_queue.py): waiting this long raises a request's priority by one
     priority_aging_s: float = Field(10.0, gt=0)

@@ -213,8 +213,7 @@ class ControlPlane:
         answers between decode steps); a model not loaded is loaded first."""
         frame = encode_request(msg)
         loop = asyncio.get_running_loop()
-        bound = self.config.server.request_queue_timeout_s  # None: waits while its client does
-        deadline = None if bound is None else loop.time() + bound
+        deadline = loop.time() + self.config.server.queue_timeout_s  # the load's bound (no slot to wait for)
         while True:
             pool = self.pool(name)
             ready = [i for i in pool.instances if i.accepting]
@@ -236,7 +235,8 @@ class ControlPlane:
                       prefix: str | None) -> RequestStream:
         frame = encode_request(msg)  # before a slot is taken: what cannot be sent takes none
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.server.queue_timeout_s
+        bound = self.config.server.request_queue_timeout_s  # None: waits while its client does
+        deadline = None if bound is None else loop.time() + bound
         while True:
             pool = self.pool(name)
             stream = RequestStream(msg.id, pool.spec.id, input_param(msg))
