@@ -6,8 +6,14 @@ PY := $(VENV)/bin/python
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 HOST ?= 127.0.0.1
 PORT ?= 8080
+# The llama.cpp backend `make serve` runs workers on: cpu (the bindings' own build in the venv),
+# vulkan or cuda: the same llama-cpp-python version built for it once per machine (.whl/), its
+# libraries beside the CPU ones in $(VENV)/llama-cpp-BACKEND/ and loaded through LLAMA_CPP_LIB_PATH
+# (bench/gpu/install_backend.sh). `make install BACKEND=vulkan` remembers the choice.
+BACKEND ?= $(shell cat $(VENV)/corral-backend 2>/dev/null || echo cpu)
+GPU_ENV = $(VENV)/llama-cpp-$(BACKEND)/env.sh
 
-.PHONY: install serve test soak typecheck lint bench clean chromium
+.PHONY: install serve test soak typecheck lint bench clean chromium backend vulkan
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,10 +22,28 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "from corral.store.embedded import embedded_model_path; print('default model:', embedded_model_path())"
 	touch $@
 
-install: $(VENV)/.installed
+# A GPU build (Vulkan: 847 s measured on 2 shared cores, shaders included; kept in .whl/, never in pip's cache)
+$(VENV)/llama-cpp-%/.installed: $(VENV)/.installed bench/gpu/build_wheel.sh bench/gpu/install_backend.sh
+	PY=$(PY) bench/gpu/install_backend.sh $* $(VENV)/llama-cpp-$*
+	touch $@
+
+backend: $(VENV)/.installed
+ifneq ($(BACKEND),cpu)
+backend: $(VENV)/llama-cpp-$(BACKEND)/.installed
+endif
+
+install: $(VENV)/.installed backend
+	echo $(BACKEND) > $(VENV)/corral-backend
 
 serve: install
+ifeq ($(BACKEND),cpu)
 	$(VENV)/bin/corral serve --host $(HOST) --port $(PORT)
+else
+	. $(GPU_ENV) && $(VENV)/bin/corral serve --host $(HOST) --port $(PORT)
+endif
+
+# The GPU test group (tests/gpu) runs on the Vulkan build, on Mesa's lavapipe here
+vulkan: $(VENV)/llama-cpp-vulkan/.installed
 
 # The web page's tests drive Debian's chromium (Playwright's own download is not used).
 chromium:
@@ -47,4 +71,4 @@ bench: install
 	$(PY) -m bench.run $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache  # .whl/ and .gl/ (the GPU builds) stay

@@ -28,6 +28,7 @@
     │   ├── MethodNotAllowed         405
     │   ├── Conflict                 409 (e.g. rm of a loaded model without --force)
     │   ├── PayloadTooLarge          413
+    │   ├── ClientDisconnected       499 code=client_closed_request (nobody reads the answer)
     │   └── RateLimited              429 code=rate_limit_exceeded + Retry-After, x-ratelimit-*
     ├── Unavailable                  503 + Retry-After      try again later
     │   ├── ModelUnloaded            503 code=model_unloaded   (unloaded while this one waited)
@@ -79,6 +80,7 @@ __all__ = [
     "NotFound",
     "Conflict",
     "PayloadTooLarge",
+    "ClientDisconnected",
     "Unavailable",
     "ModelUnloaded",
     "QueueFull",
@@ -249,6 +251,13 @@ class MethodNotAllowed(RequestError):
 class PayloadTooLarge(RequestError):
     status = 413
     code = "payload_too_large"
+
+
+class ClientDisconnected(RequestError):
+    """The client closed the connection before the answer began (nginx's 499): counted,
+    never logged as a failure; the response sent for it goes nowhere."""
+    status = 499
+    code = "client_closed_request"
 
 
 class RateLimited(RequestError):

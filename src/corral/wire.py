@@ -186,6 +186,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     think: bool | None = None
     thinking_budget: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
     reasoning_effort: str | None = None
+    # thinking asked as a preference (Anthropic's ``thinking``): a model without a reasoning
+    # format ignores it instead of refusing, and a budget above the model's cap runs at the cap
+    thinking_optional: bool = False
     template_kwargs: dict[str, Any] | None = None
     infill: Infill | None = None  # fill-in-the-middle: the prompt is built from the model's FIM tokens
     speculative: bool | None = None  # draft and verify (the model's ``speculative``); None: as the model says

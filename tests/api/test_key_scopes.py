@@ -48,7 +48,7 @@ def _url(path: str) -> str:
     if path == "/slots/{id_slot}":
         return "/slots/0?action=erase&model=no-such-model"
     return (path.replace("{model_id:path}", "no-such-model").replace("{pull_id}", "pull-x")
-            .replace("{name}", "app.js"))
+            .replace("{name}", "app.js").replace("{response_id}", "resp_x"))
 
 
 # The decision, written out once more here (a change of scope must be made twice, on purpose).
@@ -62,6 +62,8 @@ infer   POST /v1/chat/completions | POST /chat/completions | POST /v1/completion
         POST /v1/responses | POST /api/chat | POST /api/generate | POST /api/embed | POST /api/embeddings
         POST /tokenize | POST /detokenize | GET /tokenizer_info
         POST /infill | POST /v1/rerank | POST /rerank | POST /v1/reranking | POST /reranking | POST /apply-template
+        POST /v1/responses/input_tokens | GET /v1/responses/{response_id} | DELETE /v1/responses/{response_id}
+        POST /v1/responses/{response_id}/cancel
 manage  GET /stats | GET /metrics | GET /models/events | GET /models/sse | POST /models/load
         POST /models/unload | POST /models/reload | POST /models | POST /models/pull
         GET /models/pull/{pull_id} | DELETE /models/pull/{pull_id} | POST /api/pull | POST /api/copy

@@ -30,7 +30,7 @@ Scope = Literal["public", "key", "infer", "manage", "admin"]
 
 _INFER_POSTS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
                 "/v1/embeddings", "/embeddings", "/v1/messages", "/v1/messages/count_tokens",
-                "/v1/responses", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
+                "/v1/responses", "/v1/responses/input_tokens", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
                 "/tokenize", "/detokenize",
                 # llama-server's own (api/llamacpp): infill, rerank, the chat as a template renders it
                 "/infill", "/v1/rerank", "/rerank", "/v1/reranking", "/reranking", "/apply-template")
@@ -41,6 +41,10 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/ui/{name}"): "public",
     **{("POST", p): "infer" for p in _INFER_POSTS},
     ("GET", "/tokenizer_info"): "infer",  # loads the model, like a request
+    # a key's own stored responses (api/openai/responses.py): another key's are 404
+    ("GET", "/v1/responses/{response_id}"): "infer",
+    ("DELETE", "/v1/responses/{response_id}"): "infer",
+    ("POST", "/v1/responses/{response_id}/cancel"): "infer",
     ("POST", "/api/show"): "key",
     ("GET", "/v1/models"): "key",
     ("GET", "/v1/models/{model_id:path}"): "key",

@@ -86,7 +86,10 @@ def _locked(path: Path) -> Iterator[dict[str, KeySpec]]:
         before = dict(keys)
         yield keys
         if keys != before:
-            write_keys(path, keys)
+            try:
+                write_keys(path, keys)
+            except ConfigError as exc:
+                fail(exc.message)
 
 
 def _scopes(raw: str) -> tuple[str, ...]:

@@ -46,8 +46,9 @@ from corral.control.metrics import Metrics
 from corral.control.pool import ModelPool
 from corral.control.instance.restart import RestartPolicy
 from corral.control.keys import detached_context
+from corral.control.request_frame import encode_request, input_param
 from corral.control.stream import RequestStream
-from corral.errors import (CapacityTimeout, ConfigError, Conflict, CorralError, InvalidRequest, LoadFailed,
+from corral.errors import (CapacityTimeout, ConfigError, Conflict, CorralError, LoadFailed,
                            ModelNotFound, ModelNotLoaded, ModelUnloaded, Unavailable)
 
 if TYPE_CHECKING:
@@ -208,18 +209,37 @@ class ControlPlane:
         return await self._submit(name, msg, None)
 
     async def tokenize(self, name: str, msg: wire.TokenizeRequest) -> RequestStream:
-        """Tokenize or detokenize with the model's vocabulary (answered by ``Tokenized``)."""
-        return await self._submit(name, msg, None)
+        """Tokenize, detokenize or render a chat (``Tokenized``): no slot, no queue (the worker
+        answers between decode steps); a model not loaded is loaded first."""
+        frame = encode_request(msg)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.server.queue_timeout_s  # the load's bound (no slot to wait for)
+        while True:
+            pool = self.pool(name)
+            ready = [i for i in pool.instances if i.accepting]
+            if not ready:
+                if pool.has_ready or loop.time() >= deadline:  # ready but its channel is closing: no wait
+                    raise CapacityTimeout(f"model {name!r} is not available", retry_after_s=1)
+                try:
+                    await self._ensure_loaded(pool)
+                except ModelUnloaded:
+                    pass
+                continue
+            inst = min(ready, key=pool.busy)
+            stream = RequestStream(msg.id, pool.spec.id, input_param(msg))
+            if inst.submit(msg.id, frame, stream, slotted=False):
+                self.access.track(stream)
+                return stream
 
     async def _submit(self, name: str, msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest,
                       prefix: str | None) -> RequestStream:
-        frame = _encode(msg)  # before a slot is taken: what cannot be sent takes none
+        frame = encode_request(msg)  # before a slot is taken: what cannot be sent takes none
         loop = asyncio.get_running_loop()
         bound = self.config.server.request_queue_timeout_s  # None: waits while its client does
         deadline = None if bound is None else loop.time() + bound
         while True:
             pool = self.pool(name)
-            stream = RequestStream(msg.id, pool.spec.id, _input_param(msg))
+            stream = RequestStream(msg.id, pool.spec.id, input_param(msg))
             inst = pool.try_acquire(prefix)
             if inst is None:
                 if not pool.has_ready and not pool.draining:
@@ -375,27 +395,3 @@ def _ray_cluster(config: CorralConfig, bus: EventBus, log_dir: Path) -> RayClust
                           "pip install 'corral[ray]'")
     return RayCluster(srv.ray_address, srv.ray_namespace, bus=bus, log_dir=log_dir,
                       worker_command=srv.worker_command, place_timeout_s=srv.load_timeout_s)
-
-
-def _encode(msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest) -> bytes:
-    """The request's frame, checked against the wire's bounds (the routes check the
-    fields they own with their own names first)."""
-    bad = wire.invalid_field(msg)
-    if bad is not None:
-        path, text = bad
-        raise InvalidRequest(f"{path}: {text}", param=path.split(".")[-1] or None)
-    try:
-        return wire.encode(msg)
-    except (OverflowError, ValueError, TypeError) as exc:  # bounds are checked before; belt and braces
-        raise InvalidRequest(f"the request cannot be sent to the worker: {exc}") from None
-
-
-def _input_param(msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest) -> str:
-    """The OpenAI body field that held this request's input, for error messages."""
-    if isinstance(msg, wire.EmbedRequest):
-        return "input" if msg.query is None else "documents"
-    if isinstance(msg, wire.TokenizeRequest):
-        return "content" if msg.text is not None else "tokens" if msg.tokens is not None else "messages"
-    if msg.infill is not None:
-        return "input_prefix"
-    return "messages" if msg.messages is not None else "prompt"

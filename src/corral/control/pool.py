@@ -294,7 +294,7 @@ class ModelPool:
         self.release(inst)
 
     async def wait_slot(self, prefix: str | None, *, max_queue: int, deadline: float | None) -> Instance | None:
-        """Queue for a slot (no deadline: until cancelled). Returns the instance (slot reserved) or None: retry."""
+        """Queue for a slot (no ``deadline``: until its client leaves). The instance (slot reserved) or None: retry."""
         if len(self.waiters) >= max_queue:
             raise QueueFull(f"model {self.spec.id!r} has {len(self.waiters)} requests waiting "
                             f"(max_queue={max_queue}); try again later", retry_after_s=1)
@@ -309,7 +309,7 @@ class ModelPool:
         try:
             return await asyncio.wait_for(fut, remaining)
         except asyncio.TimeoutError:
-            raise CapacityTimeout(f"no free slot on model {self.spec.id!r} within request_queue_timeout_s",
+            raise CapacityTimeout(f"no free slot on model {self.spec.id!r} within [server] request_queue_timeout_s",
                                   retry_after_s=1) from None
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:

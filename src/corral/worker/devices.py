@@ -27,6 +27,8 @@ __all__ = ["list_devices", "llama_cpp_lib", "FAKE_DEVICES_ENV", "gpu_devices", "
            "host_available_bytes"]
 
 FAKE_DEVICES_ENV = "CORRAL_FAKE_DEVICES"
+# llama-cpp-python's own setting: the directory its bindings load libllama (and so ggml) from
+LIB_PATH_ENV = "LLAMA_CPP_LIB_PATH"
 
 # enum ggml_backend_dev_type
 _KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
@@ -51,10 +53,13 @@ def _fake() -> list[wire.DeviceInfo] | None:
 
 
 def llama_cpp_lib(name: str) -> ctypes.CDLL | None:
-    """One of llama-cpp-python's libraries (``ggml``, ``ggml-cpu``, ``llama``...), or None."""
+    """One of llama-cpp-python's libraries (``ggml``, ``ggml-cpu``, ``llama``...), or None:
+    from the directory the bindings loaded ``libllama`` from (``LLAMA_CPP_LIB_PATH``, a GPU
+    build beside the CPU one: ``make install BACKEND=vulkan``), else the package's own."""
     import llama_cpp
 
-    libdir = Path(llama_cpp.__file__).parent / "lib"
+    override = os.environ.get(LIB_PATH_ENV)
+    libdir = Path(override) if override else Path(llama_cpp.__file__).parent / "lib"
     for cand in (libdir / f"lib{name}.so", libdir / f"lib{name}.dylib", libdir / f"{name}.dll"):
         if cand.exists():
             try:

@@ -233,7 +233,7 @@ class Engine:
             reuse = 0
             self._clear_slot(slot)
         p = job.req.params
-        begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter())
+        begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter(), self.settings.default_max_tokens)
         requested, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
         grammar = self.reasoning.start(slot, job, requested)  # None while a reasoning slot holds it
         seed = sampling.resolve_seed(p, self.settings.seed)

@@ -53,16 +53,18 @@ class Slot:
         return self.job is not None
 
 
-def begin(slot: Slot, job: Job, reuse: int, room: int, now: float) -> None:
+def begin(slot: Slot, job: Job, reuse: int, room: int, now: float, default_max: int | None = None) -> None:
     """Reset ``slot`` for ``job``, whose first ``reuse`` prompt tokens are in its cache and
-    which has ``room`` cells left after the prompt."""
+    which has ``room`` cells left after the prompt; ``default_max``: the model's limit for a
+    request that sets none."""
     p = job.req.params
     slot.job = job
     slot.prompt_pos = reuse
     slot.n_cached = reuse
     slot.pending = -1
     slot.n_gen = 0
-    slot.max_tokens = room if p.max_tokens is None else min(p.max_tokens, room)
+    limit = p.max_tokens if p.max_tokens is not None else default_max
+    slot.max_tokens = room if limit is None else min(limit, room)
     slot.ignore_eos = p.ignore_eos
     slot.logprobs = job.req.logprobs
     slot.t_start = now

@@ -27,9 +27,9 @@ from starlette.requests import Request
 from corral import wire
 from corral.api.core.chat_request import ChatCompletionRequest
 from corral.api.core.generation import (Event, FinishEvent, GenerationSpec, GenerationStream, ReasoningEvent,
-                                        TextEvent, ToolCallEvent, chat_spec, finish_reason, generate, observe,
-                                        open_stream,
-                                        submit)
+                                        TextEvent, ToolCallEvent, chat_spec, finish_reason, generate,
+                                        open_stream)
+from corral.api.core.submit import observe, submit
 from corral.api.http import invalid_request, plane_of
 from corral.control.stream import RequestStream
 

@@ -27,6 +27,7 @@ from corral.api.core.dialect import (Generation, Outcome, ReasoningEvent, TextEv
                                      parse_arguments, run_embedding, run_generation)
 from corral.api.core.adapter_models import serving_model
 from corral.api.http import json_response, ndjson_line, plane_of
+from corral.api.ollama.context import fit_num_ctx
 from corral.api.ollama.schemas import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                        OllamaGenerateRequest, parse_keep_alive, sampling_from_options)
 from corral.api.core.schemas import parse_body
@@ -117,8 +118,14 @@ def _ndjson(gen: Generation, text_line: Callable[[str, str], bytes],
 
 async def _run(request: Request, body: OllamaChatRequest | OllamaGenerateRequest, endpoint: str,
                messages: list[dict[str, Any]], prompt: str | None, ka: float | None) -> Generation:
-    params = sampling_from_options(body.options, _slot_context(plane_of(request), body.model))
+    slot_ctx = _slot_context(plane_of(request), body.model)
+    params = sampling_from_options(body.options, slot_ctx)
     tools = body.tools if isinstance(body, OllamaChatRequest) else None
+    num_ctx = body.options.num_ctx if body.options is not None else None
+    if isinstance(body, OllamaChatRequest) and num_ctx is not None:
+        messages, cap = await fit_num_ctx(request, body.model, messages, tools, num_ctx, slot_ctx, body.truncate)
+        if cap is not None and (params.max_tokens is None or params.max_tokens > cap):
+            params = msgspec.structs.replace(params, max_tokens=cap)
     spec = build_spec(body.model, endpoint, messages, params, prompt=prompt, tools=tools,
                       response_format=body.response_format(), reasoning=body.reasoning())
     if isinstance(body, OllamaGenerateRequest) and body.suffix is not None:  # fill-in-the-middle

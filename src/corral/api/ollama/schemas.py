@@ -2,8 +2,9 @@
 
 ``options`` map onto ``wire.SamplingParams`` (num_predict, temperature, top_k, top_p,
 min_p, seed, stop, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty);
-``num_ctx`` may be at most the slot's context (a slot's context cannot grow per request;
-a smaller value is accepted and does not shrink it). Options corral has no use for
+``num_ctx`` sizes a chat's context within the slot's (corral.api.ollama.context: the
+oldest turns dropped to fit unless ``truncate`` is false; generation capped to what is left);
+on /api/generate a larger value is taken as the slot's. Options corral has no use for
 (num_gpu, num_thread, mirostat, ...) are ignored, as Ollama ignores options a runner
 does not support. ``keep_alive`` is a Go duration ("5m", "1h30m", "0") or seconds. ``format`` ("json" or a
 JSON schema) and ``tools`` go through corral's structured output and tool calling.
@@ -76,10 +77,6 @@ def sampling_from_options(opts: OllamaOptions | None, slot_ctx: int) -> wire.Sam
     """``options`` -> sampling parameters; ``slot_ctx``: the context one slot holds."""
     if opts is None:
         return wire.SamplingParams()
-    if opts.num_ctx is not None and opts.num_ctx > slot_ctx:
-        raise InvalidRequest(f"options.num_ctx: {opts.num_ctx} is more than this model's slot context "
-                             f"({slot_ctx} tokens: ctx_len / n_parallel in its config)",
-                             param="options.num_ctx")
     kw: dict[str, Any] = {}
     for name in ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
                  "presence_penalty", "frequency_penalty"):
@@ -154,6 +151,7 @@ class OllamaMessage(BaseModel):
 class OllamaChatRequest(_Generating):
     messages: list[OllamaMessage] = []
     tools: list[dict[str, Any]] | None = None
+    truncate: bool = True  # with options.num_ctx: drop the oldest turns to fit (false: refuse)
 
     def check(self) -> None:
         self.check_common()
