@@ -194,6 +194,10 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     speculative: bool | None = None  # draft and verify (the model's ``speculative``); None: as the model says
     images: list[bytes] | None = None  # vision, with ``prompt``: the image files, in the order of its MEDIA_MARKERs
     lora: list[LoraScale] | None = None  # adapter scales (wire_lora.py); None: the model's defaults
+    # whose prompt cache this request may reuse and fill (the router's corral.control.cache_tenant:
+    # a digest of the key or its cache_group and the body's cache_salt; "": the one tenant of a
+    # server without keys). The worker reuses a slot's prefix or a saved entry only of the same tenant.
+    cache_tenant: str = ""
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):

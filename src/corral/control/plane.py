@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral import wire
 from corral.config import CorralConfig
-from corral.control import views
+from corral.control import cache_tenant, views
 from corral.control.access import Access
 from corral.control.admission import Admission
 from corral.control.gpus import GpuBudget
@@ -45,7 +45,7 @@ from corral.control.transport.local import LocalSpawner
 from corral.control.metrics import Metrics
 from corral.control.pool import ModelPool
 from corral.control.instance.restart import RestartPolicy
-from corral.control.keys import detached_context
+from corral.control.keys import current_caller, detached_context
 from corral.control.request_frame import encode_request, input_param
 from corral.control.stream import RequestStream
 from corral.errors import (CapacityTimeout, ConfigError, Conflict, CorralError, LoadFailed,
@@ -201,9 +201,9 @@ class ControlPlane:
         """The models the request's key may use (every model outside a request)."""
         return [p for p in self.pools.values() if self.access.visible(p.spec)]
 
-    async def generate(self, name: str, msg: wire.GenerateRequest, prefix: str | None) -> RequestStream:
-        """Slot taken and request sent; read the result from the returned stream."""
-        return await self._submit(name, msg, prefix)
+    async def generate(self, name: str, msg: wire.GenerateRequest, prefix: str | None,
+                       cache_salt: str | None = None) -> RequestStream:  # tenant: control/cache_tenant.py
+        return await self._submit(name, cache_tenant.with_tenant(msg, current_caller(), cache_salt), prefix)
 
     async def embed(self, name: str, msg: wire.EmbedRequest) -> RequestStream:
         return await self._submit(name, msg, None)

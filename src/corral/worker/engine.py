@@ -210,7 +210,8 @@ class Engine:
             best, best_n = self.lora.pick_slot(free, job, self.m)  # a prefix of the job's adapter set
             free.remove(best)
             try:
-                best_n = self.prompt_cache.admit(best, job.tokens, best_n, job.req.echo and job.req.logprobs is not None)
+                best_n = self.prompt_cache.admit(best, job.tokens, best_n, job.req.echo and job.req.logprobs is not None,
+                                                 job.req.cache_tenant)
                 self._start(best, job, best_n)
             except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
                 log.exception("request %s failed to start", job.req.id)

@@ -51,7 +51,8 @@ __all__ = ["Preemption", "PausedJob", "store_key"]
 
 log = logging.getLogger("corral.worker.preempt")
 
-_KEPT_FIELDS = [f.name for f in fields(Slot) if f.name not in ("index", "cached")]
+# what a slot holds besides its KV (the cells, ``cached``, and whose they are, ``tenant``)
+_KEPT_FIELDS = [f.name for f in fields(Slot) if f.name not in ("index", "cached", "tenant")]
 
 
 def store_key(request_id: str) -> str:
@@ -167,12 +168,14 @@ class Preemption:
         e, m = self.e, self.e.m
         entry = self.store.pop(store_key(p.job.req.id))
         key = p.lora_key  # only a slot of its adapter set serves its cells (worker/lora.py)
-        same = [s for s in free if e.lora.slot_key[s.index] == key]
+        tenant = p.job.req.cache_tenant  # and only one of its cache tenant
+        same = [s for s in free if e.lora.slot_key[s.index] == key and s.tenant == tenant]
         slot = next((s for s in same if s.cached == p.tokens), None)
         if slot is None:
-            slot, reuse = pick_slot(same or free, p.tokens + [-1], m) if p.tokens else (free[0], 0)
-            if e.lora.slot_key[slot.index] != key:
+            slot, reuse = pick_slot(same or free, p.tokens + [-1], m, tenant) if p.tokens else (free[0], 0)
+            if e.lora.slot_key[slot.index] != key or slot.tenant != tenant:
                 reuse = 0
+            slot.tenant = tenant
             e.lora.slot_key[slot.index] = key
             e.lora.use(key)
             assert p.slot is not None

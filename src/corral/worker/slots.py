@@ -33,6 +33,7 @@ class Job:
 class Slot:
     index: int
     cached: list[int] = field(default_factory=list)  # tokens whose KV is in the cache, in order
+    tenant: str = ""  # the cache tenant whose requests computed those cells: only its jobs reuse them
     job: Job | None = None
     prompt_pos: int = 0  # next prompt token to decode
     n_cached: int = 0  # prompt tokens reused from the cache
@@ -165,12 +166,13 @@ def reuse_len(slot: Slot, tokens: list[int], m: LoadedModel) -> int:
     return n
 
 
-def pick_slot(free: list[Slot], tokens: list[int], m: LoadedModel) -> tuple[Slot, int]:
+def pick_slot(free: list[Slot], tokens: list[int], m: LoadedModel, tenant: str = "") -> tuple[Slot, int]:
     """The free slot whose cache serves the longest valid prefix of ``tokens`` (ties:
-    the shortest cache), and that prefix's length."""
+    the shortest cache), and that prefix's length. Only a slot of cache tenant ``tenant``
+    serves a prefix (another tenant's cells serve 0)."""
     best, best_n = free[0], -1
     for s in free:
-        n = reuse_len(s, tokens, m)
+        n = reuse_len(s, tokens, m) if s.tenant == tenant else 0
         if n > best_n or (n == best_n and len(s.cached) < len(best.cached)):
             best, best_n = s, n
     return best, best_n
