@@ -29,7 +29,7 @@ import msgspec
 from corral import wire
 from corral.control.keys import ANONYMOUS_NAME, Caller
 
-__all__ = ["tenant_of", "with_tenant"]
+__all__ = ["affinity_prefix", "tenant_of", "with_tenant"]
 
 
 @lru_cache(maxsize=4096)
@@ -58,3 +58,12 @@ def with_tenant(msg: wire.GenerateRequest, caller: Caller | None, cache_salt: st
     """``msg`` with its ``cache_tenant`` set (whatever it held before is replaced)."""
     tenant = tenant_of(caller, cache_salt)
     return msg if msg.cache_tenant == tenant else msgspec.structs.replace(msg, cache_tenant=tenant)
+
+
+def affinity_prefix(msg: wire.GenerateRequest, prefix: str | None) -> str | None:
+    """The balancer's prompt prefix for ``msg``: its tenant first, so that an instance counts
+    as holding the prefix only for the tenant whose requests sent it there (another tenant's
+    would not be served it, and the pick would say which instance holds whose prompts)."""
+    if prefix is None or not msg.cache_tenant:
+        return prefix
+    return msg.cache_tenant + "\0" + prefix

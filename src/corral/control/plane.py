@@ -203,7 +203,8 @@ class ControlPlane:
 
     async def generate(self, name: str, msg: wire.GenerateRequest, prefix: str | None,
                        cache_salt: str | None = None) -> RequestStream:  # tenant: control/cache_tenant.py
-        return await self._submit(name, cache_tenant.with_tenant(msg, current_caller(), cache_salt), prefix)
+        msg = cache_tenant.with_tenant(msg, current_caller(), cache_salt)
+        return await self._submit(name, msg, cache_tenant.affinity_prefix(msg, prefix))
 
     async def embed(self, name: str, msg: wire.EmbedRequest) -> RequestStream:
         return await self._submit(name, msg, None)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
 from corral.api.core.lora import LoraList
+from corral.api.core.schemas import CacheSalt
 from corral.api.http import model_or_only
 from corral.control.capabilities import can
 from corral.control.plane import ControlPlane
@@ -74,6 +75,7 @@ class InfillBody(BaseModel):
     stop: list[str] = []
     ignore_eos: bool = False
     lora: LoraList | None = None  # [{id, scale}] (api/core/lora.py)
+    cache_salt: CacheSalt | None = None  # shares the prompt cache only with the same salt
 
     def check(self) -> None:
         if self.input_prefix is None and self.input_suffix is None:

@@ -127,7 +127,7 @@ async def _run(request: Request, body: OllamaChatRequest | OllamaGenerateRequest
         if cap is not None and (params.max_tokens is None or params.max_tokens > cap):
             params = msgspec.structs.replace(params, max_tokens=cap)
     spec = build_spec(body.model, endpoint, messages, params, prompt=prompt, tools=tools,
-                      response_format=body.response_format(), reasoning=body.reasoning())
+                      response_format=body.response_format(), reasoning=body.reasoning(), cache_salt=body.cache_salt)
     if isinstance(body, OllamaGenerateRequest) and body.suffix is not None:  # fill-in-the-middle
         fim = wire.Infill(prefix=body.prompt, suffix=body.suffix)
         spec.requests = [msgspec.structs.replace(r, prompt=None, infill=fim) for r in spec.requests]
