@@ -219,6 +219,11 @@ class ImageUrlNotAllowed(Forbidden):
     code = "image_url_not_allowed"
 
 
+class NameNotAllowed(Forbidden):
+    """A key named a model (an alias, a Nitro model_id) its ``models`` patterns do not cover."""
+    code = "name_not_allowed"
+
+
 class ScopeDenied(Forbidden):
     """The key is valid but its scopes do not cover the route (see corral.api.scopes)."""
     code = "insufficient_scope"

@@ -194,6 +194,8 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     speculative: bool | None = None  # draft and verify (the model's ``speculative``); None: as the model says
     images: list[bytes] | None = None  # vision, with ``prompt``: the image files, in the order of its MEDIA_MARKERs
     lora: list[LoraScale] | None = None  # adapter scales (wire_lora.py); None: the model's defaults
+    # the most prompt + completion tokens it may use (the key's reservation, control/limits.py)
+    token_budget: Annotated[int, Meta(ge=0, le=INT32_MAX)] | None = None
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):
@@ -244,6 +246,7 @@ FailureCode = Literal[
     "context_length_exceeded",  # prompt does not fit the slot's context
     "invalid_request",  # e.g. embeddings asked of a generation-only model
     "internal",  # the engine failed on this request; the worker goes on
+    "over_token_budget",  # the prompt alone is more than the request's token_budget
 ]
 
 

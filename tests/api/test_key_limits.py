@@ -67,7 +67,7 @@ async def test_tokens_per_minute_and_per_day(harness: Harness) -> None:
     c = harness.client
     assert c is not None
     h = bearer(secrets["t"])
-    r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)  # 1 prompt + 4 completion tokens
+    r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)  # 1 prompt + 2 completion tokens: its budget
     assert r.status_code == 200 and r.headers["x-ratelimit-limit-tokens"] == "3"
     await _until(lambda: harness.plane.access.limiter.headers("t", KeySpec(hash="", tpm=3))
                  ["x-ratelimit-remaining-tokens"] == "0")
@@ -149,6 +149,10 @@ def test_buckets_refill_and_format() -> None:
     assert info.value.headers()["Retry-After"] == "1"
     now[0] += 1.0  # one request per second comes back
     lim.admit("k", spec)
-    lim.charge("k", spec, 1200)  # the bucket goes below zero: two minutes to refill
-    assert lim.headers("k", spec)["x-ratelimit-reset-tokens"] == "2m0s"
+    held = lim.reserve("k", spec, 1200)  # at most what is left: the whole bucket
+    assert held.tokens == 600 and lim.headers("k", spec)["x-ratelimit-reset-tokens"] == "1m0s"
+    with pytest.raises(RateLimited, match="TPM"):
+        lim.reserve("k", spec, 1)
+    lim.settle(held, 300)  # 300 unused come back
+    assert lim.headers("k", spec)["x-ratelimit-remaining-tokens"] == "300"
     assert [format_reset(s) for s in (0, 0.02, 1, 61.2, 3723)] == ["0s", "20ms", "1s", "1m2s", "1h2m3s"]

@@ -82,7 +82,9 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("DELETE", "/models/{model_id:path}"): "admin",
 }
 
-MODEL_ROUTES = frozenset(("POST", p) for p in _INFER_POSTS)
+# every route that runs work on a model (and may load it) is admitted the same way; GET /props,
+# /slots and /lora-adapters only read (they never load), so they are not among them
+MODEL_ROUTES = frozenset([*(("POST", p) for p in _INFER_POSTS), ("GET", "/tokenizer_info")])
 
 
 def app_routes(routes: list[Any], prefix: str = "") -> list[tuple[str, str]]:
