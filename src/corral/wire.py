@@ -198,6 +198,8 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     # a digest of the key or its cache_group and the body's cache_salt; "": the one tenant of a
     # server without keys). The worker reuses a slot's prefix or a saved entry only of the same tenant.
     cache_tenant: str = ""
+    # the most prompt + completion tokens it may use (the key's reservation, control/limits.py)
+    token_budget: Annotated[int, Meta(ge=0, le=INT32_MAX)] | None = None
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):
@@ -248,6 +250,7 @@ FailureCode = Literal[
     "context_length_exceeded",  # prompt does not fit the slot's context
     "invalid_request",  # e.g. embeddings asked of a generation-only model
     "internal",  # the engine failed on this request; the worker goes on
+    "over_token_budget",  # the prompt alone is more than the request's token_budget
 ]
 
 

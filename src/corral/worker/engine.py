@@ -195,7 +195,7 @@ class Engine:
                                   f"model {self.settings.model_id} is loaded for embeddings only")
         tokens, plan = self.reasoning.prepare(req, self.prompts)
         check_params(req.params)
-        requests.check_generation_fields(req, self.m.n_vocab)
+        requests.check_generation_fields(req, self.m.n_vocab, len(tokens))
         self.lora.check(req, bool(getattr(tokens, "images", None)))  # an unknown adapter is a 400
         return PreparedRequest(req, tokens, requests.grammar_text(req), plan)
 

@@ -59,6 +59,8 @@ def begin(slot: Slot, job: Job, reuse: int, room: int, now: float, default_max: 
     which has ``room`` cells left after the prompt; ``default_max``: the model's limit for a
     request that sets none."""
     p = job.req.params
+    if job.req.token_budget is not None:  # the key's reservation bounds prompt + completion
+        room = min(room, max(0, job.req.token_budget - len(job.tokens)))
     slot.job = job
     slot.prompt_pos = reuse
     slot.n_cached = reuse
