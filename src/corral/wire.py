@@ -198,6 +198,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     # a digest of the key or its cache_group and the body's cache_salt; "": the one tenant of a
     # server without keys). The worker reuses a slot's prefix or a saved entry only of the same tenant.
     cache_tenant: str = ""
+    # llama-server's generation time limit: end with "length" at a new line once generating
+    # (from the first token) took longer than this many ms; 0: none (worker/time_limit/)
+    t_max_predict_ms: Annotated[int, Meta(ge=0, le=1 << 40)] = 0
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):
