@@ -42,3 +42,22 @@ def test_a_request_ends_with_length_at_the_first_line_after_its_limit(engine: En
     assert full.startswith(cut) and "\n" in cut and len(cut) < len(full)
     assert fin.usage.completion_tokens < GREEDY.max_tokens  # type: ignore[operator]
     assert engine.slots[fin.slot].features == ()  # the slot is free, its features with it
+
+
+def test_the_dialects_pass_it_on_and_bound_it() -> None:
+    from pydantic import ValidationError
+
+    from corral.api.core.chat_request import ChatCompletionRequest
+    from corral.api.core.generation import chat_spec, completion_spec
+    from corral.api.core.schemas import CompletionRequest
+    from corral.api.llamacpp.schemas import InfillBody
+
+    chat = chat_spec(ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "t_max_predict_ms": 250}))
+    comp = completion_spec(CompletionRequest.model_validate({"model": "m", "prompt": "x", "t_max_predict_ms": 9}))
+    assert [r.t_max_predict_ms for r in chat.requests + comp.requests] == [250, 9]
+    assert completion_spec(CompletionRequest.model_validate({"model": "m", "prompt": "x"})).requests[0].t_max_predict_ms == 0
+    for bad in (-1, 1 << 41):
+        with pytest.raises(ValidationError, match="t_max_predict_ms"):
+            CompletionRequest.model_validate({"model": "m", "prompt": "x", "t_max_predict_ms": bad})
+    assert InfillBody.model_validate({"input_prefix": "a", "t_max_predict_ms": 5}).t_max_predict_ms == 5
