@@ -355,7 +355,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
     tokens_generated: int  # since start
     tokens_prompt: int
     slots: list[SlotState] = []  # each slot's state (GET /slots)
-    spec_drafted: int = 0  # draft tokens verified (worker/speculate.py)
+    spec_drafted: int = 0  # draft tokens verified (worker/speculation/speculator.py)
     spec_accepted: int = 0  # of them accepted
     gen_steps: int = 0  # slot-steps that emitted tokens; tokens_generated / gen_steps: tokens per step
     prompt_cache: PromptCacheStats | None = None  # None: no prompt cache (wire_cache.py)

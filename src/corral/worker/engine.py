@@ -8,7 +8,7 @@
 A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) -> FREE. Each ``step()``:
 
 1. gives waiting requests a free slot: the one whose cache holds the longest valid prefix (slots.reuse_len);
-2. builds ONE batch: the last token of every generating slot (and its draft: speculate.py), then prompt chunks;
+2. builds ONE batch: the last token of every generating slot (and its draft: speculation/), then prompt chunks;
 3. runs one ``llama_decode`` (C, releases the GIL);
 4. draws the next token of every slot whose logits were computed, side by side on the ``sampling_threads``
    (sample_pool.py; or a token the thinking's budget forces: reasoning_step.py), then per slot in batch
@@ -28,7 +28,8 @@ from typing import Union
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import draft, requests, sample_pool, sampling, threadpool
+from corral.worker import requests, sample_pool, sampling, threadpool
+from corral.worker.speculation import draft
 from corral.worker.lora import LoraAdapters
 from corral.worker.embed import Embedder
 from corral.worker.features import step_features
@@ -63,7 +64,7 @@ class Engine:
         self.m.info = self.lora.report(self.m.info)
         self.vision = VisionSteps.load(settings, self.m)  # the projector, images in the step (vision_prefill.py)
         self.m.info = self.vision.model_info(self.m.info)
-        self.spec = draft.speculator(settings, self.m)  # n-gram or draft-model drafts (speculate.py, draft.py)
+        self.spec = draft.speculator(settings, self.m)  # n-gram or draft-model drafts (speculation/)
         self.info = self.m.info
         self.tok = Tokenizer(self.m)
         self.template: ChatTemplate | None = None
@@ -269,7 +270,7 @@ class Engine:
         turn = self.lora.turn(self.slots)  # the slots of one adapter set, in turn (lora.py)
         urgent = self.preempt.urgent  # urgent.py: a request that preempted a slot first; an aborted decode undone
         undo, (decoding, prompts) = urgent.before(turn), urgent.plan(turn, self._by_id, b.cap)
-        n, outputs = self.spec.fill(b, decoding, self.m)  # pending tokens and drafts (speculate.py)
+        n, outputs = self.spec.fill(b, decoding, self.m)  # pending tokens and drafts (speculation/)
         echo_chunks: list[EchoChunk] = []
         n = fill_prompt_chunks(b, prompts, n, outputs, echo_chunks)  # prefill.py
         if n == 0:

@@ -49,6 +49,7 @@ from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel
 from corral.worker.reasoning import ReasoningPlan, SlotReasoning
 from corral.worker.slot_output import SlotOutput
+from corral.worker.speculation.state import SlotSpec
 from corral.worker.time_limit.state import TimeLimit
 
 __all__ = ["CELL_FIELDS", "Job", "Slot", "StepFeature", "Batch", "begin", "check_params", "finished_message", "release", "reuse_len",
@@ -85,6 +86,7 @@ class Slot:
     t_first: float = 0.0
     features: tuple[StepFeature, ...] = ()  # the engine's features this slot's request uses
     # one field a feature: its state while the slot's request uses it
+    spec: SlotSpec = field(default_factory=SlotSpec)  # its drafts (worker/speculation/; off: on=False)
     time_limit: TimeLimit | None = None  # t_max_predict_ms (worker/time_limit/)
 
     @property
