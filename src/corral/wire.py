@@ -200,6 +200,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     cache_tenant: str = ""
     # the most prompt + completion tokens it may use (the key's reservation, control/limits.py)
     token_budget: Annotated[int, Meta(ge=0, le=INT32_MAX)] | None = None
+    # llama-server's generation time limit: end with "length" at a new line once generating
+    # (from the first token) took longer than this many ms; 0: none (worker/time_limit/)
+    t_max_predict_ms: Annotated[int, Meta(ge=0, le=1 << 40)] = 0
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):
@@ -355,7 +358,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
     tokens_generated: int  # since start
     tokens_prompt: int
     slots: list[SlotState] = []  # each slot's state (GET /slots)
-    spec_drafted: int = 0  # draft tokens verified (worker/speculate.py)
+    spec_drafted: int = 0  # draft tokens verified (worker/speculation/speculator.py)
     spec_accepted: int = 0  # of them accepted
     gen_steps: int = 0  # slot-steps that emitted tokens; tokens_generated / gen_steps: tokens per step
     prompt_cache: PromptCacheStats | None = None  # None: no prompt cache (wire_cache.py)

@@ -130,7 +130,8 @@ def chat_spec(body: ChatCompletionRequest, endpoint: str = "chat") -> Generation
             id=rid if body.n == 1 else f"{rid}-{i}", messages=messages, params=p, grammar=grammar,
             json_schema=schema, tools=tools, parse_tool_calls=body.parses_tool_calls(),
             parallel_tool_calls=body.parallel_tool_calls is not False, logprobs=body.wire_logprobs(),
-            speculative=body.speculative, lora=body.wire_lora(), **body.wire_reasoning()))
+            speculative=body.speculative, lora=body.wire_lora(), t_max_predict_ms=body.t_max_predict_ms,
+            **body.wire_reasoning()))
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix, body.image_refs(), body.cache_salt)
 
@@ -156,7 +157,8 @@ def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> G
             reqs.append(wire.GenerateRequest(
                 id=rid if len(prompts) * body.n == 1 else f"{rid}-{i}", prompt=None if infill else text,
                 prompt_tokens=toks, params=p, grammar=grammar, json_schema=schema, logprobs=body.logprobs,
-                echo=body.echo, infill=infill, speculative=body.speculative, lora=body.wire_lora()))
+                echo=body.echo, infill=infill, speculative=body.speculative, lora=body.wire_lora(),
+                t_max_predict_ms=body.t_max_predict_ms))
     first = prompts[0]
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, first if isinstance(first, str) else None,
                           cache_salt=body.cache_salt)

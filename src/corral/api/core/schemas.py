@@ -85,6 +85,7 @@ class SamplingFields(BaseModel):
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     ignore_eos: bool = False
     speculative: bool | None = None  # corral: draft and verify (the model's speculative setting)
+    t_max_predict_ms: int = Field(0, ge=0, le=1 << 40)  # llama-server's generation time limit (ms; 0: none)
     lora: LoraList | None = None  # llama-server's [{id, scale}] (api/core/lora.py)
     logit_bias: dict[str, float] | None = None
     user: str | None = None

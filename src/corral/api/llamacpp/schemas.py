@@ -86,7 +86,7 @@ class InfillBody(BaseModel):
     def infill(self) -> wire.Infill:
         return wire.Infill(prefix=self.input_prefix or "", suffix=self.input_suffix or "",
                            extra=[wire.InfillChunk(c.filename, c.text) for c in self.input_extra],
-                           n_indent=self.n_indent, t_max_predict_ms=self.t_max_predict_ms)
+                           n_indent=self.n_indent)
 
     def sampling(self) -> wire.SamplingParams:
         n = self.n_predict if self.n_predict is not None else self.max_tokens
