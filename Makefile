@@ -65,9 +65,9 @@ soak: install
 typecheck: install
 	$(PY) -m mypy
 
-# ruff on src/, tests/ and bench/ (settings in pyproject.toml [tool.ruff])
+# ruff on src/, tests/, bench/ and testkit/ (settings in pyproject.toml [tool.ruff])
 lint: install
-	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff check src tests bench testkit
 
 bench: install
 	$(PY) -m bench.run $(BENCH_ARGS)

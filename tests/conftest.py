@@ -36,8 +36,8 @@ def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def mmproj_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Gemma 3 projector for the embedded model (random weights, 16 tokens an image):
-    tests/support/gguf_vision.py."""
-    from support.gguf_vision import write_gemma3_mmproj
+    testkit/gguf_vision.py."""
+    from testkit.gguf_vision import write_gemma3_mmproj
 
     return write_gemma3_mmproj(tmp_path_factory.mktemp("mmproj") / "gemma3-mmproj.gguf")
 
@@ -45,8 +45,8 @@ def mmproj_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def qwen2vl_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tiny Qwen2-VL text model and its projector (M-RoPE images; random weights, 0.4 s):
-    tests/support/gguf_qwen2vl.py."""
-    from support.gguf_qwen2vl import write_qwen2vl_mmproj, write_qwen2vl_model
+    testkit/gguf_qwen2vl.py."""
+    from testkit.gguf_qwen2vl import write_qwen2vl_mmproj, write_qwen2vl_model
 
     d = tmp_path_factory.mktemp("qwen2vl")
     return write_qwen2vl_model(d / "qwen2vl.gguf"), write_qwen2vl_mmproj(d / "mmproj-qwen2vl.gguf")

@@ -1,5 +1,6 @@
-"""The docs say what the code is: docs/architecture.md stays short and names only modules
-and tests that exist, README's links lead somewhere, and the two drawings in docstrings
+"""The docs say what the code is: docs/architecture.md stays short, names only modules
+and tests that exist and names every package and internals page, docs/benchmarks.md's index
+lists every dated log, README's links lead somewhere, and the two drawings in docstrings
 (the exception tree in corral/errors.py, the event list in corral/events.py) match the
 classes and events in the code. Each checker is also run on a made-up mismatch, so a
 class or an event added without its drawing is caught."""
@@ -31,7 +32,7 @@ CURRENT_DOCS = [ARCHITECTURE, DOCS / "benchmarks.md",
 # Dotted names in the docs that start with "corral." but are not Python.
 NOT_MODULES = {"corral.apiKey"}  # the web page's localStorage key
 
-_PATH = re.compile(r"(?<![\w./-])((?:src|tests|docs)/[\w./-]*[\w/])(?:::(\w+))?")
+_PATH = re.compile(r"(?<![\w./-])((?:src|tests|docs|testkit)/[\w./-]*[\w/])(?:::(\w+))?")
 _MODULE = re.compile(r"(?<![\w./-])corral(?:\.[A-Za-z_]\w*)+")
 _SHORT_PY = re.compile(r"`((?:[\w]+/)+[\w]+\.py)(?:::\w+)?`")
 
@@ -97,7 +98,7 @@ def stale_names(text: str) -> list[str]:
             problems.append(why)
     for m in _SHORT_PY.finditer(text):
         short = m.group(1)
-        if short.split("/")[0] in {"src", "tests", "docs", "bench"}:
+        if short.split("/")[0] in {"src", "tests", "docs", "bench", "testkit"}:
             continue  # checked above (bench/ is being reorganised and is not checked)
         if not (SRC / "corral" / short).is_file() and not (SRC / short).is_file():
             problems.append(f"{short}: not under src/corral/")
@@ -193,6 +194,86 @@ def test_the_link_check_can_fail(tmp_path: Path) -> None:
     doc.write_text("[x](a.md#a-title) [y](a.md#code-and-more) [z](a.md#gone) [w](none.md) "
                    "[v](https://example.com/x)", encoding="utf-8")
     assert broken_links(doc) == ["a.md#gone", "none.md"]
+
+
+# ----------------------------------------------------------------- complete lists
+
+# The packages docs/architecture.md must name: every directory with an __init__.py under these.
+PACKAGE_ROOTS = [SRC / "corral", ROOT / "testkit", ROOT / "bench"]
+BENCHMARKS = DOCS / "benchmarks.md"
+
+
+def packages(roots: Iterable[Path]) -> list[str]:
+    """The dotted name of every package (a directory with an ``__init__.py``) under the roots,
+    each root included (``corral``, ``corral.api.core``, ``bench.gpu``)."""
+    return [".".join(init.parent.relative_to(root.parent).parts)
+            for root in roots for init in sorted(root.rglob("__init__.py"))]
+
+
+def unnamed_packages(text: str, names: Iterable[str]) -> list[str]:
+    """The packages a text names neither by dotted name (alone or as the start of a module's:
+    ``corral.api.core.dialect`` names ``corral.api.core``) nor by path (``bench/gpu/``)."""
+    return [n for n in names
+            if not re.search(rf"(?<![\w.]){re.escape(n)}(?!\w)", text)
+            and n.replace(".", "/") + "/" not in text]
+
+
+def unnamed_pages(text: str, pages: Iterable[Path]) -> list[str]:
+    """The pages (``internals/x.md``) a text does not name by their path in docs/."""
+    return [name for page in pages
+            if (name := f"{page.parent.name}/{page.name}") not in text]
+
+
+def unlisted_logs(text: str, logs: Iterable[Path]) -> list[str]:
+    """The dated logs that the "Dated logs" section of docs/benchmarks.md does not link."""
+    index = text.split("\n## Dated logs\n", 1)[1] if "\n## Dated logs\n" in text else ""
+    index = re.split(r"^## ", index, flags=re.MULTILINE)[0]
+    return [log.name for log in logs if f"(benchmarks/{log.name})" not in index]
+
+
+def test_architecture_names_every_package_and_internals_page() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    names = packages(PACKAGE_ROOTS)
+    assert {"corral", "corral.api.core", "corral.control.transport.ray", "testkit",
+            "bench.gpu"} <= set(names)
+    assert unnamed_packages(text, names) == []
+    pages = sorted((DOCS / "internals").glob("*.md"))
+    assert len(pages) >= 10
+    assert unnamed_pages(text, pages) == []
+
+
+def test_benchmarks_index_lists_every_dated_log() -> None:
+    logs = sorted((DOCS / "benchmarks").glob("*.md"))
+    assert len(logs) >= 10
+    assert unlisted_logs(BENCHMARKS.read_text(encoding="utf-8"), logs) == []
+
+
+def test_the_completeness_checks_can_fail(tmp_path: Path) -> None:
+    for d in ["pkg", "pkg/sub", "pkg/sub/deeper", "pkg/data"]:
+        (tmp_path / d).mkdir()
+    for d in ["pkg", "pkg/sub", "pkg/sub/deeper"]:
+        (tmp_path / d / "__init__.py").write_text("", encoding="utf-8")
+    names = packages([tmp_path / "pkg"])
+    assert names == ["pkg", "pkg.sub", "pkg.sub.deeper"]  # pkg/data has no __init__.py
+    assert unnamed_packages("`pkg.sub.mod`", names) == ["pkg.sub.deeper"]
+    assert unnamed_packages("pkg.sub, pkg/sub/deeper/", names) == []
+
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    without = text.replace("bench.gpu", "bench.GPU").replace("bench/gpu/", "bench/GPU/")
+    assert without != text
+    assert unnamed_packages(without, packages(PACKAGE_ROOTS)) == ["bench.gpu"]
+    pages = sorted((DOCS / "internals").glob("*.md"))
+    assert unnamed_pages(text.replace("internals/clients.md", "internals/"), pages) == [
+        "internals/clients.md"]
+
+    index = BENCHMARKS.read_text(encoding="utf-8")
+    logs = sorted((DOCS / "benchmarks").glob("*.md"))
+    dropped = re.sub(r"^- \[2026-11-30-soak\.md\]\(benchmarks/2026-11-30-soak\.md\).*\n", "",
+                     index, flags=re.MULTILINE)
+    assert dropped != index
+    assert unlisted_logs(dropped, logs) == ["2026-11-30-soak.md"]
+    assert unlisted_logs(index + "\n## After\n", [*logs, tmp_path / "2099-01-01-x.md"]) == [
+        "2099-01-01-x.md"]
 
 
 # ----------------------------------------------------------------- the exception tree

@@ -138,3 +138,27 @@ def test_the_cycle_check_sees_every_kind_of_import(tmp_path: Path) -> None:
     assert import_cycles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
     (pkg / "c.py").write_text("C = 1\n")
     assert import_cycles(import_graph(pkg)) == []
+
+
+def _top_imports(root: Path) -> dict[str, set[str]]:
+    """Each file under ``root`` -> the top-level names it imports (any import, anywhere)."""
+    out: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+        out[str(path.relative_to(root.parent))] = names
+    return out
+
+
+def test_bench_and_tests_share_testkit_and_import_not_each_other() -> None:
+    repo = SRC.parents[1]
+    bench = {f: n & {"tests", "support"} for f, n in _top_imports(repo / "bench").items()}
+    kit = {f: n & {"tests", "support", "bench"} for f, n in _top_imports(repo / "testkit").items()}
+    assert {f: n for f, n in bench.items() if n} == {} and {f: n for f, n in kit.items() if n} == {}
+    bench_src = "\n".join(p.read_text(encoding="utf-8") for p in (repo / "bench").rglob("*.py"))
+    assert "sys.path.insert" not in bench_src  # no reaching into another tree by path
+    assert any("testkit" in n for n in _top_imports(repo / "bench").values())  # it did parse bench

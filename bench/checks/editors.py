@@ -4,7 +4,7 @@
 
 (about 3 minutes on 2 cores; short runs are dominated by noise on a shared machine)
 
-Makes the offline test models (tests/support/gguf_models.py: the embedded Gemma with FIM
+Makes the offline test models (testkit/gguf_models.py: the embedded Gemma with FIM
 tokens, a tiny BERT reranker) under ~/.cache/corral-bench/editors/, then for each check
 starts llama-server (~/.cache/corral-bench/bin/llama-server, bench/llama_server.py builds
 it) and corral on the same file with the same context, batch and threads, one after the
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if not LLAMA_SERVER.exists():
         print(f"llama-server not found at {LLAMA_SERVER} (bench/llama_server.py builds it)", file=sys.stderr)
         return 2
-    from tests.support.gguf_models import write_fim_model, write_reranker
+    from testkit.gguf_models import write_fim_model, write_reranker
 
     from corral.store.embedded import embedded_model_path
 

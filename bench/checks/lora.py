@@ -3,7 +3,7 @@
     PYTHONPATH=src:tests .venv/bin/python -m bench.checks.lora [--tokens 24] [--concurrency 8] [--json OUT]
 
 (about 3 minutes on 2 cores.) Makes two rank-4 adapters for the embedded Gemma
-(tests/support/gguf_lora.py) under ~/.cache/corral-bench/lora/, then starts llama-server
+(testkit/gguf_lora.py) under ~/.cache/corral-bench/lora/, then starts llama-server
 (``--lora a --lora b``) and corral (``lora = [a, b]``) on the same files with the same context,
 batch and threads, one after the other, and measures:
 
@@ -44,8 +44,7 @@ CASES = {"none": None, "a": [{"id": 0, "scale": 1.0}], "b": [{"id": 1, "scale": 
 
 
 def _adapters(model: Path) -> tuple[Path, Path]:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from support.gguf_lora import write_lora
+    from testkit.gguf_lora import write_lora
 
     WORK.mkdir(parents=True, exist_ok=True)
     a, b = WORK / "lora-a.gguf", WORK / "lora-b.gguf"

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.checks.vision --quick    # fewer rounds
 
 The files: the embedded Gemma 3 270M and a Gemma 3 projector for it written offline
-(tests/support/gguf_vision.py; for the bench 224 px images, patch 14, no pooling: 256
+(testkit/gguf_vision.py; for the bench 224 px images, patch 14, no pooling: 256
 image positions, as many as a real Gemma 3 image). Random weights: the words mean nothing,
 every step is real. Images are made with Pillow; each round uses new pictures (no cache hit
 on either side). corral is driven at its worker (the process the router starts, over its
@@ -289,9 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="5 first-token rounds, 32-token streams")
     a = ap.parse_args(argv)
-    sys.path.insert(0, str(ROOT / "tests"))
     from corral.store.embedded import embedded_model_path
-    from support.gguf_vision import image_tokens, write_gemma3_mmproj
+    from testkit.gguf_vision import image_tokens, write_gemma3_mmproj
 
     model = embedded_model_path()
     shape = dict(image_size=224, patch_size=14, n_merge=1)

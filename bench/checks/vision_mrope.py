@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.checks.vision_mrope      # ~80 s on 2 cores
 
-The files, written offline (tests/support/gguf_qwen2vl.py; random weights: the words mean
+The files, written offline (testkit/gguf_qwen2vl.py; random weights: the words mean
 nothing, every step is real): a tiny ``qwen2vl`` text model with a ``qwen2vl_merger``
 (Qwen2-VL) and with a ``qwen2.5vl_merger`` (Qwen2.5-VL: windowed attention) projector, and a
 tiny ``qwen3vl`` text model with a ``qwen3vl_merger`` (Qwen3-VL: deepstack features, image
@@ -114,8 +114,7 @@ def run_corral(model: Path, mmproj: Path, cases: list[tuple[str, list[bytes]]]) 
 
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)
-    sys.path.insert(0, str(vision.ROOT / "tests"))
-    from support.gguf_qwen2vl import write_qwen2vl_mmproj, write_qwen2vl_model
+    from testkit.gguf_qwen2vl import write_qwen2vl_mmproj, write_qwen2vl_model
 
     d = Path(tempfile.mkdtemp(prefix="corral-mrope-"))
     qwen2 = write_qwen2vl_model(d / "qwen2vl.gguf")

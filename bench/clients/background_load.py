@@ -5,12 +5,14 @@ moment it reads its own first chunk.
 
     proc = BackgroundLoad.start(url, secret, concurrency=16, max_tokens=32, first_index=100_000, model="bench")
     ...                      # measure something else meanwhile
-    summary = proc.stop()    # {"requests": N, "completion_tokens": N, "errors": N, "wall_s": S}
+    summary = proc.stop()    # {"requests": N, "completed": N, "completion_tokens": N, "errors": N,
+                             #  "refused": N, "wall_s": S}
 
 The child (``python -m bench.clients.background_load``, JSON settings on argv) runs
 ``concurrency`` clients, each sending one request after another, until its stdin closes;
 then it cuts the running requests (their streamed tokens count) and prints the summary as
-one JSON line. The wall time is the child's own, from its first request to the stop.
+one JSON line: ``completed`` ended with their answer, ``errors`` failed (of them ``refused``:
+a 503, e.g. a queue wait that timed out), the rest were cut at the stop. The wall time is the child's own, from its first request to the stop.
 """
 
 from __future__ import annotations
@@ -90,8 +92,10 @@ async def _run(s: dict[str, Any]) -> dict[str, Any]:
         w.cancel()
     await asyncio.gather(*workers, return_exceptions=True)
     await client.aclose()
-    return {"requests": len(results), "completion_tokens": sum(r.completion_tokens for r in results),
-            "errors": sum(r.error is not None for r in results), "wall_s": wall}
+    return {"requests": len(results), "completed": sum(r.ok for r in results),
+            "completion_tokens": sum(r.completion_tokens for r in results),
+            "errors": sum(r.error is not None for r in results),
+            "refused": sum(r.status == 503 for r in results), "wall_s": wall}
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ray.local_cluster import LocalCluster, loopback_only
+from testkit.ray_cluster import LocalCluster, loopback_only
 from bench.ray.serve_scenarios import sc_compare
 from bench.ray.wire_scenarios import log, sc_relay
 from bench.servers import LOGS, RESULTS, ROOT

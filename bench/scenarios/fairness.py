@@ -7,7 +7,10 @@ phases does not bias the ratio): the heavy clients, in a process of their own
 (bench/clients/background_load.py), fill the slots and the queue, the light client starts
 after a ramp and sends its requests one after another; the heavy clients stop when the
 light one is done. Reported: the light key's TTFT p50/p95 with the heavy key
-against alone (goal <= 1.5x p50, <= 2x p95), and the aggregate tok/s of both keys.
+against alone (goal <= 1.5x p50, <= 2x p95), the aggregate tok/s of both keys, and the heavy
+key's requests: sent, completed, refused (503): the heavy key is to be slowed, never failed
+(a queued request waits while its client does; the scenario runs with the default
+``queue_timeout_s``, not the bench's long one, so a queue wait bounded by it would show).
 
 Servers, in one run: corral with two keys and preemption (the fair queue,
 corral.control.fair_queue, and a heavy sequence paused for the light key:
@@ -97,7 +100,8 @@ async def sc_fairness(ctx: Ctx) -> list[Table]:
               f"tokens (up to {n_light} requests), one model with {SLOTS} slots",
               ["server", "light TTFT p50 ms alone", "p95 alone", "light requests with heavy", "p50 with heavy",
                "p95 with heavy",
-               "p50 ratio (goal <= 1.5x)", "p95 ratio (goal <= 2x)", "heavy requests", "errors",
+               "p50 ratio (goal <= 1.5x)", "p95 ratio (goal <= 2x)", "heavy requests",
+               "heavy completed / refused (503) (goal: none refused)", "errors",
                "aggregate tok/s", "tok/s vs corral FIFO"])
     data: dict[str, Any] = {}
     fifo_tok_s: float | None = None
@@ -132,14 +136,18 @@ async def sc_fairness(ctx: Ctx) -> list[Table]:
         vs = f"{c['tok_s'] / fifo_tok_s:.2f}x" if fifo_tok_s and not name.startswith("corral FIFO") else "–"
         t.rows.append([name, fmt(a50, 0), fmt(a95, 0), str(len(c["light"])), fmt(h50, 0), fmt(h95, 0),
                        _ratio(h50, a50),
-                       _ratio(h95, a95), str(c["heavy"]["requests"]), str(errors), fmt(c["tok_s"]), vs])
+                       _ratio(h95, a95), str(c["heavy"]["requests"]),
+                       f'{c["heavy"].get("completed", 0)} / {c["heavy"].get("refused", 0)}', str(errors),
+                       fmt(c["tok_s"]), vs])
         data[name] = {"alone_ttft_ms": [a50, a95], "with_heavy_ttft_ms": [h50, h95], "tok_s": c["tok_s"],
-                      "wall_s": c["wall_s"], "heavy_requests": c["heavy"]["requests"], "errors": errors}
+                      "wall_s": c["wall_s"], "heavy_requests": c["heavy"]["requests"],
+                      "heavy_completed": c["heavy"].get("completed", 0),
+                      "heavy_refused": c["heavy"].get("refused", 0), "errors": errors}
 
     async def corral(name: str, keyed: bool, preempt: bool = True) -> None:
         port, srv = free_port(), None
         try:
-            server: dict[str, Any] = {"preempt": preempt}
+            server: dict[str, Any] = {"preempt": preempt, "queue_timeout_s": 60.0}  # the default
             if keyed:
                 path = ctx.tmp / "fairness-keys.toml"
                 write_keys(path, {k: KeySpec(hash=hash_secret(s)) for k, s in SECRETS.items()})
@@ -149,7 +157,7 @@ async def sc_fairness(ctx: Ctx) -> list[Table]:
             async with asyncio.timeout(PER_SERVER_S * (0.6 if ctx.quick else 1)):
                 await one(name, srv, "bench", (SECRETS["heavy"], SECRETS["light"]) if keyed else (None, None))
         except Exception as e:  # noqa: BLE001
-            t.rows.append([name, "FAILED" if not isinstance(e, TimeoutError) else "TIMED OUT"] + ["–"] * 10 + [(str(e).splitlines() or [type(e).__name__])[0][:90]])
+            t.rows.append([name, "FAILED" if not isinstance(e, TimeoutError) else "TIMED OUT"] + ["–"] * 11 + [(str(e).splitlines() or [type(e).__name__])[0][:90]])
         finally:
             if srv:
                 srv.stop()
@@ -167,7 +175,7 @@ async def sc_fairness(ctx: Ctx) -> list[Table]:
             async with asyncio.timeout(PER_SERVER_S * (0.6 if ctx.quick else 1)):
                 await one(f"llama-server -np {SLOTS} (FIFO)", srv, None, (None, None))
         except Exception as e:  # noqa: BLE001
-            t.rows.append(["llama-server", "FAILED" if not isinstance(e, TimeoutError) else "TIMED OUT"] + ["–"] * 10 + [(str(e).splitlines() or [type(e).__name__])[0][:90]])
+            t.rows.append(["llama-server", "FAILED" if not isinstance(e, TimeoutError) else "TIMED OUT"] + ["–"] * 11 + [(str(e).splitlines() or [type(e).__name__])[0][:90]])
         finally:
             if srv:
                 srv.stop()

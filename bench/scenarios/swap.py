@@ -3,7 +3,7 @@
 part and the prompt part.
 
 The two models are the embedded Gemma 3 270M and its FIM variant (another file: the same
-weights with FIM token ids, tests/support/gguf_models.py), one slot each. Each visit is the
+weights with FIM token ids, testkit/gguf_models.py), one slot each. Each visit is the
 next turn of that model's conversation: its prompt is the conversation so far (system
 prompt, earlier questions and answers) plus a new question, as chat clients send it.
 (With Gemma 3's sliding window a saved state serves only a prompt that continues all of
@@ -156,7 +156,7 @@ def model_files(ctx: Ctx) -> dict[str, Path]:
     if not a.exists():
         os.symlink(os.path.abspath(ctx.model), a)
     if not b.exists():
-        from tests.support.gguf_models import write_fim_model
+        from testkit.gguf_models import write_fim_model
 
         write_fim_model(Path(ctx.model), b)
     return {IDS[0]: a, IDS[1]: b}

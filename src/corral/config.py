@@ -111,7 +111,10 @@ class ServerConfig(_NoBoolNumbers):
     allowed_hosts: list[str] = []
     header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must arrive within this
     load_timeout_s: float = Field(300.0, gt=0)
-    queue_timeout_s: float = Field(60.0, gt=0)  # wait for a slot or for room to load
+    queue_timeout_s: float = Field(60.0, gt=0)  # a load's wait for room; a key's for its concurrency
+    # a request's wait for a slot; absent: as long as its client waits (like llama-server, vLLM,
+    # Ollama); shedding is max_queue's immediate 503 + Retry-After (docs/internals/fair-share.md)
+    request_queue_timeout_s: float | None = Field(None, gt=0)
     # the fair queue (control/fair_queue.py): waiting this long raises a request's priority by one
     priority_aging_s: float = Field(10.0, gt=0)
     # at max_loaded_models, a loaded model keeps its place this long after loading (an idle one
@@ -126,14 +129,14 @@ class ServerConfig(_NoBoolNumbers):
     max_restarts: int = Field(3, ge=0)  # consecutive failures before an instance stays failed
     restart_backoff_s: float = Field(1.0, ge=0)  # doubles per consecutive failure, max 30 s
     max_body_bytes: ByteSize = 8 * 1024 * 1024
-    # images in requests (api/core/images.py): http(s) image URLs are fetched by the router only
-    # when allowed; loopback/link-local/private addresses only when allow_private_image_urls is
-    # true (any) or a list of networks (CIDR) that may be fetched from
-    allow_image_urls: bool = False
-    allow_private_image_urls: bool | list[IPvAnyNetwork] = False
+    allow_image_urls: bool = False  # images in requests: api/core/image_fetch.py, docs/internals/vision.md
+    allow_private_image_urls: bool | list[IPvAnyNetwork] = False  # true (any), or CIDR networks
     image_url_timeout_s: float = Field(10.0, gt=0)
     max_image_bytes: ByteSize = 20 * 1024 * 1024  # one image, encoded
     max_image_pixels: int = Field(50_000_000, ge=1)  # width x height, checked before decoding
+    max_images_per_request: int = Field(32, ge=1)
+    max_image_bytes_per_request: ByteSize = 50 * 1024 * 1024  # encoded: inline and fetched
+    max_image_pixels_per_request: int = Field(100_000_000, ge=1)  # all of a request's, from headers
     log_dir: Path | None = None  # worker stderr logs; None: a temporary directory
     worker_command: list[str] | None = None  # advanced/tests: argv prefix instead of python -m corral.worker
     # Ray cluster for model instances ("auto", "HOST:PORT", "ray://HOST:10001"); None: local processes

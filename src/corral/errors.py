@@ -21,6 +21,7 @@
     │   │   ├── HostNotAllowed       403 code=host_not_allowed
     │   │   ├── OriginNotAllowed     403 code=origin_not_allowed
     │   │   ├── ImageUrlNotAllowed   403 code=image_url_not_allowed (off, or a private address)
+    │   │   ├── NameNotAllowed       403 code=name_not_allowed (a name outside the key's models)
     │   │   └── ScopeDenied          403 code=insufficient_scope (the key lacks the route's scope)
     │   ├── ModelNotFound            404 code=model_not_found
     │   ├── NotFound                 404 (a pull id, a route object)
@@ -28,6 +29,7 @@
     │   ├── MethodNotAllowed         405
     │   ├── Conflict                 409 (e.g. rm of a loaded model without --force)
     │   ├── PayloadTooLarge          413
+    │   ├── ClientDisconnected       499 code=client_closed_request (nobody reads the answer)
     │   └── RateLimited              429 code=rate_limit_exceeded + Retry-After, x-ratelimit-*
     ├── Unavailable                  503 + Retry-After      try again later
     │   ├── ModelUnloaded            503 code=model_unloaded   (unloaded while this one waited)
@@ -67,6 +69,7 @@ __all__ = [
     "PathNotAllowed",
     "HostNotAllowed",
     "OriginNotAllowed",
+    "NameNotAllowed",
     "ScopeDenied",
     "InvalidImage",
     "VisionNotSupported",
@@ -79,6 +82,7 @@ __all__ = [
     "NotFound",
     "Conflict",
     "PayloadTooLarge",
+    "ClientDisconnected",
     "Unavailable",
     "ModelUnloaded",
     "QueueFull",
@@ -217,6 +221,11 @@ class ImageUrlNotAllowed(Forbidden):
     code = "image_url_not_allowed"
 
 
+class NameNotAllowed(Forbidden):
+    """A key named a model (an alias, a Nitro model_id) its ``models`` patterns do not cover."""
+    code = "name_not_allowed"
+
+
 class ScopeDenied(Forbidden):
     """The key is valid but its scopes do not cover the route (see corral.api.scopes)."""
     code = "insufficient_scope"
@@ -249,6 +258,13 @@ class MethodNotAllowed(RequestError):
 class PayloadTooLarge(RequestError):
     status = 413
     code = "payload_too_large"
+
+
+class ClientDisconnected(RequestError):
+    """The client closed the connection before the answer began (nginx's 499): counted,
+    never logged as a failure; the response sent for it goes nowhere."""
+    status = 499
+    code = "client_closed_request"
 
 
 class RateLimited(RequestError):

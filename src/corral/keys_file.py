@@ -14,6 +14,7 @@ One TOML file (``[server] keys_file``), one table per key, written by ``corral k
     queue = 8                      # requests waiting for one of those (absent: no bound)
     weight = 1.0                   # fair share (stored; used by the scheduler to come)
     max_priority = 0               # the highest ``priority`` a request may ask for
+    cache_group = "team-a"         # share the prompt cache with the group's keys (absent: the key's own)
     created = "2026-12-01T10:00:00Z"
 
 Absent limits are unlimited. Parsing is strict (an unknown key is an error naming the
@@ -33,6 +34,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import tempfile
 import time
 import tomllib
@@ -78,13 +80,14 @@ class KeySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     queue: int | None = None
     weight: float = 1.0
     max_priority: int = 0
+    cache_group: str | None = None  # keys of one group share their prompt cache (control/cache_tenant.py)
     created: str = ""
 
 
 def name_problem(name: str) -> str | None:
     if name in RESERVED_NAMES:
         return f"{name!r} is reserved"
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):  # fullmatch: '$' would let a trailing newline through
         return "a key name is 1-64 letters, digits, '.', '_', '@' or '-', starting with a letter or digit"
     return None
 
@@ -113,6 +116,8 @@ def _problem(spec: KeySpec) -> str | None:
         return "weight must be > 0"
     if any(not p for p in spec.models):
         return "models: an empty pattern"
+    if spec.cache_group is not None and not _NAME_RE.match(spec.cache_group):
+        return "cache_group: 1-64 letters, digits, '.', '_', '@' or '-', starting with a letter or digit"
     return None
 
 
@@ -157,7 +162,12 @@ def read_keys(path: Path) -> dict[str, KeySpec]:
         return {}
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the keys file: {exc.strerror}") from None
-    return parse_keys(text, str(path))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: the keys file is not UTF-8 text (byte {exc.start})") from None
+    try:
+        return parse_keys(text, str(path))
+    except RecursionError:
+        raise ConfigError(f"{path}: the keys file nests too deep to be a keys file") from None
 
 
 def _toml(value: Any) -> str:
@@ -180,18 +190,38 @@ def render_keys(keys: dict[str, KeySpec]) -> str:
     return "\n".join(lines)
 
 
+def _owner_and_mode(path: Path) -> tuple[int, int, int]:
+    """(uid, gid, mode) the rewritten file must have: the existing file's, so a server that
+    reads it as its owner still can; a new file: 0600, owned like its directory."""
+    try:
+        st = os.stat(path)
+        return st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
+    except FileNotFoundError:
+        st = os.stat(path.parent)
+        return st.st_uid, st.st_gid, 0o600
+
+
 def write_keys(path: Path, keys: dict[str, KeySpec]) -> None:
-    """Atomically replace ``path`` (0600): a temporary file in its directory, fsync, rename."""
+    """Atomically replace ``path``: a temporary file in its directory (created 0600), given
+    the original's owner, group and mode (a new file: 0600, its directory's owner), fsync,
+    rename. ConfigError, and the file untouched, when the owner cannot be kept (not root)."""
     text = render_keys(keys)
     parse_keys(text, str(path))  # what is written reads back
     path.parent.mkdir(parents=True, exist_ok=True)
+    uid, gid, mode = _owner_and_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            try:
+                if (uid, gid) != (os.geteuid(), os.getegid()):
+                    os.fchown(f.fileno(), uid, gid)
+            except PermissionError:
+                raise ConfigError(f"{path}: cannot keep the keys file's owner (uid {uid}, gid {gid}); "
+                                  "run `corral keys` as that user or as root") from None
+            os.fchmod(f.fileno(), mode)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

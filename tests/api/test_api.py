@@ -102,7 +102,14 @@ async def test_bad_input_gets_clear_4xx(harness: Harness) -> None:
     await err(await c.post("/v1/chat/completions", content=b'{"model": "a",', headers=js), 400)
     await err(await c.post("/v1/chat/completions", content=b"", headers=js), 400)
     await err(await c.post("/v1/chat/completions", content=b"[1,2]", headers=js), 400)
-    await err(await c.post("/v1/chat/completions", content=b'{"model": "a"}'), 415, "unsupported_media_type")
+    # a JSON body without a JSON type (LiteLLM's ollama providers) is read as JSON; a browser's
+    # cross-site types are refused
+    await err(await c.post("/v1/chat/completions", content=b'{"model": "a"}'), 400, param="messages")
+    await err(await c.post("/v1/chat/completions", content=b'{"model": "a"}',
+                           headers={"content-type": "application/octet-stream"}), 400, param="messages")
+    for cross_site in ("text/plain; charset=utf-8", "application/x-www-form-urlencoded", "multipart/form-data"):
+        await err(await c.post("/v1/chat/completions", content=b'{"model": "a"}',
+                               headers={"content-type": cross_site}), 415, "unsupported_media_type")
     e = await err(await c.post("/v1/chat/completions", json={"model": "a", "messages": "hi"}), 400,
                   param="messages")
     assert "messages" in e["message"]

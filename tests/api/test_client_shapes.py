@@ -87,9 +87,9 @@ async def test_anthropic_output_config_becomes_the_schema(harness: Harness) -> N
 @pytest.mark.parametrize("extra, param", [
     ({"container": "c1"}, "container"),
     ({"mcp_servers": [{"type": "url", "url": "http://127.0.0.1:1", "name": "x"}]}, "mcp_servers"),
-    ({"context_management": {"edits": []}}, "context_management"),
+    ({"context_management": {"edits": [{"type": "clear_everything_20990101"}]}}, "context_management"),
     ({"no_such_field": 1}, "no_such_field"),
-    ({"output_config": {"effort": "high"}}, "output_config.effort"),
+    ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
     ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "integer", "minimum": 0}}}},
      "response_format.json_schema.schema.minimum"),
 ])

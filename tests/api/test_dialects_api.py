@@ -50,7 +50,6 @@ async def test_malformed_bodies_get_4xx_in_each_apis_shape(harness: Harness) -> 
 
 @pytest.mark.parametrize(("path", "body", "words"), [
     ("/api/generate", {"model": "a", "prompt": "x", "keep_alive": "5 minutes"}, "keep_alive"),
-    ("/api/generate", {"model": "a", "prompt": "x", "options": {"num_ctx": 100000}}, "num_ctx"),
     ("/api/generate", {"model": "a", "prompt": "x", "images": ["aGk="]}, "images"),
     ("/api/generate", {"model": "a", "prompt": "x", "template": "{{ .Prompt }}"}, "template"),
     ("/api/chat", {"model": "a", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "images"),
@@ -173,8 +172,38 @@ async def test_ids_with_slash_and_colon_in_every_route(harness: Harness) -> None
     r = await c.post("/api/copy", json={"source": mid, "destination": "short"})
     assert r.status_code == 200 and plane.resolve("short") == mid
     r = await c.post("/api/copy", json={"source": mid, "destination": "../x"})
-    assert r.status_code == 400 and "destination" in r.json()["error"] or "invalid" in r.json()["error"]
+    assert r.status_code == 400 and ("destination" in r.json()["error"] or "invalid" in r.json()["error"])
     assert (await c.post("/v1/messages", json={"model": "short", "max_tokens": 3, "messages": [
         {"role": "user", "content": "x"}]})).json()["model"] == mid
     # the worker's log file is named by the id's safe file stem, not by the id
     assert (harness.tmp / "logs" / "org%2Fmodel-GGUF%3AQ4_K_M.0.log").exists()
+
+
+async def test_ollama_num_ctx_sizes_the_chat_as_ollama_does(harness: Harness) -> None:
+    """aider sends num_ctx = prompt x 1.25 + 8192: taken within the slot, never a 400; a chat
+    over it loses its oldest turns (system and last message kept), or is refused with
+    truncate: false; a context under the slot caps the tokens generated."""
+    await harness.start(harness.config({"a": {"path": str(harness.script("a")), "ctx_len": 4096, "n_parallel": 1}}))
+    c = harness.client
+    turns = [{"role": "system", "content": "be brief"}]
+    for i in range(6):
+        turns += [{"role": "user", "content": f"question {i} " + "word " * 10},
+                  {"role": "assistant", "content": f"answer {i} " + "word " * 10}]
+    turns.append({"role": "user", "content": "last one"})
+    body = {"model": "a", "stream": False, "messages": turns}
+    r = await c.post("/api/chat", json={**body, "options": {"num_ctx": 100000}})
+    assert r.status_code == 200, r.text
+    assert len(harness.requests_seen("a")[-1]["messages"]) == len(turns)
+    r = await c.post("/api/chat", json={**body, "options": {"num_ctx": 40, "num_predict": 500}})
+    assert r.status_code == 200, r.text
+    seen = [x for x in harness.requests_seen("a") if "messages" in x and "params" in x][-1]
+    contents = [m["content"] for m in seen["messages"]]
+    assert contents[0] == "be brief" and contents[-1] == "last one" and len(contents) < len(turns)
+    assert "question 0" not in " ".join(contents)  # the oldest went first
+    n_prompt = len(" ".join(contents).split())  # the fake worker's tokens: words
+    assert n_prompt < 40 and seen["params"]["max_tokens"] == 40 - n_prompt
+    r = await c.post("/api/chat", json={**body, "truncate": False, "options": {"num_ctx": 40}})
+    assert r.status_code == 400 and "40 tokens" in r.json()["error"], r.text
+    r = await c.post("/api/chat", json={"model": "a", "stream": False, "options": {"num_ctx": 3},
+                                        "messages": [{"role": "user", "content": "far too many words here"}]})
+    assert r.status_code == 400 and "last message" in r.json()["error"], r.text

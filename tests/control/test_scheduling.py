@@ -29,8 +29,10 @@ async def test_queue_fifo_then_full_503(harness: Harness) -> None:
     assert [x["prompt"] for x in harness.requests_seen("a")] == ["SLOW 1", "SLOW 2", "SLOW 3"]
 
 
-async def test_queue_timeout_503(harness: Harness) -> None:
-    cfg = harness.config({"a": {"path": str(harness.script("a")), "n_parallel": 1}}, queue_timeout_s=0.3)
+async def test_request_queue_timeout_503(harness: Harness) -> None:
+    """The opt-in bound on a request's wait for a slot (absent: it waits while its client does)."""
+    cfg = harness.config({"a": {"path": str(harness.script("a")), "n_parallel": 1}},
+                         request_queue_timeout_s=0.3)
     plane = await harness.start(cfg)
     c = harness.client
     async with c.stream("POST", "/v1/completions", json={"model": "a", "prompt": "FOREVER", "stream": True}):

@@ -65,9 +65,10 @@ async def test_anthropic_client(harness: Harness, model_path: Path) -> None:
                                                messages=[{"role": "user", "content": "Name a color."}])
     short = await client.messages.count_tokens(model="gemma", messages=[{"role": "user", "content": "Hi"}])
     assert count.input_tokens > short.input_tokens > 0
-    assert count.input_tokens == (await client.messages.create(
-        model="gemma", max_tokens=1, system="Be brief.",
-        messages=[{"role": "user", "content": "Name a color."}])).usage.input_tokens
+    u = (await client.messages.create(model="gemma", max_tokens=1, system="Be brief.",
+                                      messages=[{"role": "user", "content": "Name a color."}])).usage
+    # Anthropic's usage: the prompt is input + cache read + cache creation
+    assert count.input_tokens == u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens
 
     with pytest.raises(anthropic.NotFoundError) as nf:
         await client.messages.create(model="nope", max_tokens=4, messages=[{"role": "user", "content": "x"}])
@@ -103,9 +104,13 @@ async def test_openai_responses_client(harness: Harness, model_path: Path) -> No
     follow = await client.responses.create(model="gemma", previous_response_id=r.id, max_output_tokens=4,
                                            input=[{"role": "user", "content": "And another?"}])
     assert follow.usage.input_tokens > r.usage.input_tokens  # the earlier turn came along
-    with pytest.raises(openai.BadRequestError) as bi:
+    with pytest.raises(openai.NotFoundError) as bi:
         await client.responses.create(model="gemma", input="x", previous_response_id="resp_unknown")
     assert bi.value.param == "previous_response_id" and "no stored response" in bi.value.message
+    assert (await client.responses.retrieve(r.id)).output_text == r.output_text
+    counted = await client.responses.input_tokens.count(model="gemma", input="Name a color.",
+                                                        instructions="Answer briefly.")
+    assert counted.input_tokens == r.usage.input_tokens
 
     types, deltas = [], []
     async with client.responses.stream(model="gemma", input="Count: one, two,", max_output_tokens=10,

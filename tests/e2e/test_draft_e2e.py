@@ -10,7 +10,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from support.gguf_models import write_reranker
+from testkit.gguf_models import write_reranker
 from support.harness import Harness
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from support.gguf_lora import write_bad_lora, write_lora
+from testkit.gguf_lora import write_bad_lora, write_lora
 from support.harness import Harness
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """The official openai, ollama and anthropic clients send images to corral and get answers:
 the router's translations and checks (api/core/images.py) in front of a real worker with the
-embedded Gemma 3 and a real (random-weight) Gemma 3 projector (tests/support/gguf_vision.py),
+embedded Gemma 3 and a real (random-weight) Gemma 3 projector (testkit/gguf_vision.py),
 real libmtmd. The words are meaningless (random weights); that the image reached the
 model shows in the prompt's token count (an image is ``image_tokens()`` positions)."""
 
@@ -19,7 +19,7 @@ import openai
 import pytest
 from PIL import Image
 
-from support.gguf_vision import image_tokens
+from testkit.gguf_vision import image_tokens
 from support.harness import Harness
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
 """Fixtures of the editor and RAG tests: small GGUF models made offline, once per session
-(tests/support/gguf_models.py): the embedded Gemma with FIM tokens, a tiny BERT reranker."""
+(testkit/gguf_models.py): the embedded Gemma with FIM tokens, a tiny BERT reranker."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from support.fixtures import harness  # noqa: F401 - the fixture, shared
-from support.gguf_models import write_fim_model, write_reranker
+from testkit.gguf_models import write_fim_model, write_reranker
 from worker.conftest import engine  # noqa: F401 - the embedded Gemma in-process (no FIM tokens)
 
 

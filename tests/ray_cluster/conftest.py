@@ -11,7 +11,7 @@ message). To run them by hand: ``sudo unshare -n sh -c 'ip link set lo up && pyt
 
 from __future__ import annotations
 
-from bench.ray.local_cluster import loopback_only
+from testkit.ray_cluster import loopback_only
 
 if loopback_only():
     collect_ignore = ["test_ray_group.py"]
@@ -37,7 +37,7 @@ class Nodes:
     custom resource named after each node."""
 
     def __init__(self, base: Path) -> None:
-        from bench.ray.local_cluster import LocalCluster
+        from testkit.ray_cluster import LocalCluster
 
         self.cluster = LocalCluster(base)
         self.cluster.add_node("node_a", num_cpus=1, memory=NODE_MEMORY)
@@ -89,7 +89,7 @@ def corral_workers(tag: str = TAG) -> list[int]:
 @pytest.fixture(scope="session")
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     pytest.importorskip("ray")
-    from bench.ray.local_cluster import loopback_only
+    from testkit.ray_cluster import loopback_only
 
     assert loopback_only(), "the Ray tests must run in a network namespace with only lo"
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -141,7 +141,7 @@ class RayRouter:
     """`corral serve -c FILE` with `ray_address` set, in its own session."""
 
     def __init__(self, tmp: Path, nodes: Nodes, models: dict[str, dict[str, Any]], **server: Any) -> None:
-        from bench.ray.local_cluster import free_port
+        from testkit.ray_cluster import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

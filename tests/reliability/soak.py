@@ -65,8 +65,10 @@ async def dribblers(r: RouterProcess) -> float:
     await timed_completion(r, "a")
     idle = [await timed_completion(r, "a") for _ in range(7)]
     cut: list[float] = []
-    tasks = [asyncio.create_task(dribble(r.port, cut)) for _ in range(200)]
-    await asyncio.sleep(0.5)
+    connected = asyncio.Semaphore(0)
+    tasks = [asyncio.create_task(dribble(r.port, cut, connected.release)) for _ in range(200)]
+    for _ in tasks:  # every dribbler holds its connection before the busy round
+        await asyncio.wait_for(connected.acquire(), 60)
     busy = [await timed_completion(r, "a") for _ in range(7)]
     await asyncio.gather(*tasks)
     return statistics.median(busy) / statistics.median(idle)

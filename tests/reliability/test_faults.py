@@ -38,6 +38,7 @@ class Tally:
     problems: list[str] = field(default_factory=list)
     kills: int = 0
     comebacks: int = 0
+    served: dict[str, asyncio.Event] = field(default_factory=dict)  # a stream of the model ended [DONE]
 
 
 async def one_stream(c: httpx.AsyncClient, model: str, t: Tally) -> None:
@@ -67,6 +68,7 @@ async def one_stream(c: httpx.AsyncClient, model: str, t: Tally) -> None:
         return
     if last == "[DONE]":
         t.ends["done"] += 1
+        t.served.setdefault(model, asyncio.Event()).set()
     elif last is not None and "error" in json.loads(last):
         t.ends["error event " + str(json.loads(last)["error"].get("code"))] += 1
     else:
@@ -121,7 +123,12 @@ async def run_faults(r: RouterProcess, models: list[str], kills: int, interval_s
             assert (await c.post("/models/load", json={"model": m})).status_code == 200
     clients = [asyncio.create_task(client(m)) for m in models for _ in range(streams)]
     await asyncio.gather(*(killer(m) for m in models))
-    await asyncio.sleep(min(interval_s, 10))  # let the model serve again after the last kill
+    for m in models:  # each model serves a whole stream again after its last kill
+        event = t.served[m] = asyncio.Event()
+        try:
+            await asyncio.wait_for(event.wait(), 120)
+        except TimeoutError:
+            t.problems.append(f"{m} served no whole stream after the last kill")
     stop.set()
     await asyncio.wait_for(asyncio.gather(*clients), 300)
     return t

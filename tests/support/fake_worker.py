@@ -25,6 +25,7 @@ Preempt pauses a generation before its next piece (answered by Paused, kept_kv t
 Resume continues it; Abort of a paused one ends it with Finished(abort). A prompt
 containing "NOPAUSE" is never paused (Paused with paused false).
 A model given an ``mmproj`` reports ``vision`` (it sees images; the images reach it as bytes).
+A TokenizeRequest is answered at once, with a token per word (a chat: its contents).
 Every request it receives is appended to ``<script>.log`` (one JSON line), and the
 settings of its last spawn are in ``<script>.settings``, so tests can see what reached the worker.
 """
@@ -104,6 +105,13 @@ class Fake:
         pieces = list(self.script["tokens"])
         forever = "FOREVER" in text
         limit = req.params.max_tokens
+        n_prompt = len(text.split()) or 1
+        if req.token_budget is not None:  # as the engine: the prompt must fit, then it bounds the rest
+            if n_prompt > req.token_budget:
+                self.send(wire.RequestFailed(req.id, "over_token_budget", f"the prompt has {n_prompt} tokens"))
+                self.tasks.pop(req.id, None)
+                return
+            limit = min(limit if limit is not None else n_prompt + req.token_budget, req.token_budget - n_prompt)
         n = 0
         reason = "stop"
         t0 = time.perf_counter()
@@ -129,7 +137,7 @@ class Fake:
         except asyncio.CancelledError:
             reason = "abort"
         ms = (time.perf_counter() - t0) * 1000
-        self.send(wire.Finished(req.id, reason, wire.Usage(len(text.split()) or 1, n),
+        self.send(wire.Finished(req.id, reason, wire.Usage(n_prompt, n),
                                 wire.Timings(1.0, ms, 1000.0, n / max(ms, 1e-3) * 1000)))
         self.tasks.pop(req.id, None)
 
@@ -154,6 +162,11 @@ class Fake:
                 dim = self.script["embedding_dim"]
                 data = [[float(len(t) + k) for k in range(dim)] for t in msg.inputs]
                 self.send(wire.Embeddings(msg.id, data, sum(len(t.split()) for t in msg.inputs)))
+        elif isinstance(msg, wire.TokenizeRequest):  # a chat renders as its contents; a word is a token
+            self.record(msg)
+            text = msg.text if msg.text is not None else " ".join(m.content for m in msg.messages or [])
+            words = text.split() if msg.tokens is None else [str(t) for t in msg.tokens]
+            self.send(wire.Tokenized(msg.id, list(range(len(words))), [w.encode() for w in words], text))
         elif isinstance(msg, wire.Abort):
             self.record(msg)
             t = self.tasks.get(msg.id)

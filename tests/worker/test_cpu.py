@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 from corral.worker import cpu
@@ -232,4 +234,25 @@ def test_wake_leaves_out_the_router_that_hands_over_the_work() -> None:
 
 
 def test_parent_running_reads_proc() -> None:
-    assert cpu.parent_running() in (0, 1)
+    """A child asks about us while we wait blocked on its output (it sees 0 once we are in the
+    read), then 200 times while we spin without a blocking call (1 every time)."""
+    code = ("import sys, time; from corral.worker import cpu\n"
+            "end = time.monotonic() + 20\n"
+            "while cpu.parent_running() and time.monotonic() < end: pass\n"
+            "print(cpu.parent_running(), flush=True); sys.stdin.readline()\n"
+            "print(min(cpu.parent_running() for _ in range(200)), flush=True)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    blocked = child.stdout.readline()  # we sleep in read() while it looks
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    fd = child.stdout.fileno()
+    os.set_blocking(fd, False)
+    spun = b""
+    while not spun.endswith(b"\n"):  # runnable the whole time
+        try:
+            spun += os.read(fd, 16)
+        except BlockingIOError:
+            pass
+    child.wait(30)
+    assert (blocked.strip(), spun.decode().strip()) == ("0", "1")

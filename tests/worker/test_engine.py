@@ -140,6 +140,19 @@ def test_max_tokens_none_runs_to_slot_context(engine: Engine) -> None:
     assert f.usage.prompt_tokens + f.usage.completion_tokens == engine.info.n_ctx_slot
 
 
+def test_the_models_default_max_tokens_caps_a_request_that_sets_none(model_path: Path) -> None:
+    e = Engine(settings_for(model_path, n_parallel=1, ctx_len=256, default_max_tokens=5))
+    try:
+        unlimited = wire.SamplingParams(max_tokens=None, temperature=0.0, ignore_eos=True)
+        _, finals, _ = run_engine(e, [gen("capped", params=unlimited),
+                                      gen("asked", params=wire.SamplingParams(max_tokens=9, temperature=0.0,
+                                                                              ignore_eos=True))])
+        assert (finals["capped"].finish_reason, finals["capped"].usage.completion_tokens) == ("length", 5)
+        assert finals["asked"].usage.completion_tokens == 9  # a request's own limit wins
+    finally:
+        e.close()
+
+
 def test_non_ascii_streams_as_whole_characters(engine: Engine) -> None:
     texts, finals, deltas = run_engine(
         engine, [gen("ja", prompt="日本の首都は東京です。東京は", params=wire.SamplingParams(max_tokens=24, temperature=0.0))]

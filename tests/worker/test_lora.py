@@ -1,5 +1,5 @@
 """LoRA adapters (worker/lora.py) with the real engine, model and two generated adapters
-(tests/support/gguf_lora.py: rank 4 on attn_q/attn_v, random weights)."""
+(testkit/gguf_lora.py: rank 4 on attn_q/attn_v, random weights)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from corral import settings as cs
 from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.model import ModelLoadError
-from support.gguf_lora import write_bad_lora, write_lora
+from testkit.gguf_lora import write_bad_lora, write_lora
 from worker.conftest import run_engine, settings_for
 
 PROMPT = "The capital of France is"

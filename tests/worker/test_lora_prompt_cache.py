@@ -16,7 +16,7 @@ from corral import settings as cs
 from corral import wire
 from corral.worker.cache_disk import model_key
 from corral.worker.engine import Engine
-from support.gguf_lora import write_lora
+from testkit.gguf_lora import write_lora
 from worker.conftest import run_engine, settings_for
 from worker.test_prompt_cache import LONG, OTHER
 

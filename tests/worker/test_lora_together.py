@@ -14,7 +14,7 @@ from corral import settings as cs
 from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.failures import RequestRejected
-from support.gguf_lora import write_lora
+from testkit.gguf_lora import write_lora
 from worker.conftest import run_engine, settings_for
 from worker.test_preempt_engine import OTHER, Run
 

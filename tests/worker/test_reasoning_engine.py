@@ -105,7 +105,7 @@ def test_a_schema_constrains_the_answer_not_the_thinking(opened: Engine) -> None
 
 def test_forced_tool_call_after_thinking(opened: Engine) -> None:
     schema = json.dumps({"type": "object", "properties": {"name": {"const": "add"}, "arguments": {
-        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}},
+        "type": "object", "properties": {"a": {"type": "integer", "enum": [1, 2, 5, 10]}}, "required": ["a"]}},
         "required": ["name", "arguments"]})
     _, _, deltas = run_engine(opened, [chat("t", json_schema=schema, parse_tool_calls=True,
                                                  tools=[{"type": "function", "function": {"name": "add"}}])])
@@ -142,9 +142,10 @@ def test_bad_thinking_requests_are_refused(opened: Engine, engine: Engine) -> No
     assert "does not support thinking" in f2["plain"].message
 
 
-def test_parallel_sampling_threads_give_the_same_split(model_path: Path, opened: Engine) -> None:
+def test_parallel_sampling_threads_give_the_same_split(model_path: Path) -> None:
     reqs = [chat("p0", thinking_budget=3), chat("p1", json_schema=SCHEMA), chat("p2")]
-    _, _, seq = run_engine(opened, reqs)
+    for e in _engine(model_path, OPENED, reasoning_budget_max=64):  # fresh too: no prefix reused from other tests
+        _, _, seq = run_engine(e, reqs)
     for e in _engine(model_path, OPENED, reasoning_budget_max=64, sampling_threads=3):
         _, _, par = run_engine(e, reqs)
         assert {k: split(v) for k, v in par.items()} == {k: split(v) for k, v in seq.items()}

@@ -262,3 +262,14 @@ def test_control_tokens_of_the_tags_render_for_splitting_slots_only() -> None:
     splitting.reasoning = slot_reasoning()
     assert er.piece(splitting, 7) == b"<|channel|>" and er.piece(plain, 7) == b""
     assert er.piece(plain, ord("a") + 100) == b"a"
+
+
+def test_optional_thinking_is_ignored_without_a_format_and_clamped_to_the_cap() -> None:
+    """Anthropic's thinking (``thinking_optional``): a preference, never a refusal."""
+    assert reasoning.wanted(None, ws(), gr(think=True, thinking_budget=31999, thinking_optional=True)) is None
+    assert reasoning.wanted(None, ws(), gr(reasoning_effort="high", thinking_optional=True)) is None
+    assert reasoning.wanted(DS, ws(reasoning_budget_max=10), gr(think=True, thinking_budget=31999,
+                                                                thinking_optional=True)) == \
+        reasoning.Thinking(True, 10, None)
+    with pytest.raises(RequestRejected, match="not a level"):  # a level the model lacks is still a 400
+        reasoning.wanted(DS, ws(), gr(reasoning_effort="huge", thinking_optional=True))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from corral import wire
-from corral.worker.templates import JinjaTemplate, PlainTemplate, TemplateError, choose_template
+from corral.worker.templates import JinjaTemplate, PlainTemplate, TemplateError, choose_template, render_chat
 
 M = wire.ChatMessage
 
@@ -106,3 +106,24 @@ def test_choose_template_override_wins() -> None:
     t = choose_template(s2, "{{ 'model template' }}", "", "")
     assert t.render([M("user", "x")]) == "model template"
     assert isinstance(choose_template(s2, None, "", ""), PlainTemplate)
+
+
+MID_SYSTEM = [M("system", "S."), M("user", "Hi"), M("system", "Agents: a, b."), M("assistant", "Hey"),
+              M("user", "Bye"), M("system", "Be terse.")]
+
+
+def test_system_messages_stay_in_place_where_the_template_renders_them() -> None:
+    t = JinjaTemplate(CHATML)
+    assert t.system_in_place
+    out = render_chat(t, MID_SYSTEM, None)
+    assert out.index("user\nHi") < out.index("system\nAgents: a, b.") < out.index("assistant\nHey")
+    assert out.index("user\nBye") < out.index("system\nBe terse.")
+
+
+def test_system_messages_join_the_system_text_in_order_where_the_template_refuses_them() -> None:
+    t = JinjaTemplate(GEMMA_LIKE, bos_token="<bos>")
+    assert not t.system_in_place  # its role alternation refuses a system turn after the model's
+    out = render_chat(t, MID_SYSTEM, None)
+    assert out.startswith("<bos><start_of_turn>user\nS.\n\nAgents: a, b.\n\nBe terse.\n\nHi<end_of_turn>")
+    plain = render_chat(PlainTemplate(), MID_SYSTEM, None)
+    assert plain.startswith("S.\n\nAgents: a, b.\n\nBe terse.\nUser: Hi\nAssistant: Hey\nUser: Bye")

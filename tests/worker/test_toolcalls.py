@@ -107,3 +107,37 @@ def test_templates_without_tools_get_the_generic_tool_prompt(template: object) -
     assert '{"name": "get_weather", "arguments": {"city": "Oslo"}}' in text  # the call in the history
     assert "Tool result (get_weather): -4 C" in text
     assert text.index("Be brief.") < text.index("Weather in Oslo?") < text.index("Tool result")
+
+
+@pytest.mark.parametrize("text, streamed", [
+    ("[1, 2, 3] are the numbers", "[1, 2, 3] are the numbers"),
+    ("[see below] and more", "[see below] and more"),
+    ('{"answer": 42, "why": "because"}', '{"answer": 42, "why": "because"}'),
+    ('[{"city": "Oslo"}]', '[{"city": "Oslo"}]'),
+])
+def test_json_that_cannot_be_a_call_streams_at_once(text: str, streamed: str) -> None:
+    """Only a call-shaped start is held to the end; the rest streams as it comes."""
+    p = ToolCallParser()
+    out = ""
+    for i in range(0, len(text), 2):
+        out += p.push(text[i:i + 2])[0]
+    assert out == streamed[: len(out)] and len(out) >= len(streamed) - 2  # all but what a marker could start
+    rest, calls = p.finish()
+    assert out + rest == text and calls == []
+
+
+@pytest.mark.parametrize("start", ['{"name": "f", "argu', '[{"name"', '{"arguments": {"a"', '{"type": "function"',
+                                   '  {"na', "[", "{"])
+def test_a_call_shaped_start_is_held(start: str) -> None:
+    p = ToolCallParser()
+    assert p.push(start) == ("", [])
+
+
+def test_generic_tool_prompt_lists_the_tools_before_the_system_text() -> None:
+    """A new system text (another session, a subagent) keeps the tools' prefix."""
+    t = PlainTemplate()
+    a = render_chat(t, HISTORY, [WEATHER])
+    b = render_chat(t, [wire.ChatMessage("system", "Be thorough."), *HISTORY[1:]], [WEATHER])
+    assert a.index(GENERIC_TOOL_INSTRUCTIONS) < a.index("Be brief.")
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert common >= a.index(GENERIC_TOOL_INSTRUCTIONS) + len(GENERIC_TOOL_INSTRUCTIONS)

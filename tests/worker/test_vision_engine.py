@@ -1,5 +1,5 @@
 """Images in the engine: the embedded Gemma 3 with a real (random-weight) Gemma 3 projector
-(tests/support/gguf_vision.py), real libmtmd, images made with Pillow."""
+(testkit/gguf_vision.py), real libmtmd, images made with Pillow."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from PIL import Image
 from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.kv_store import common_prefix
-from corral.worker.speculate import find_draft
+from corral.worker.speculation.speculator import find_draft
 from corral.worker.vision import VisionTokens, image_ids
-from support.gguf_vision import image_tokens
+from testkit.gguf_vision import image_tokens
 
 from .conftest import run_engine, settings_for
 

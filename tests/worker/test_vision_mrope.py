@@ -1,5 +1,5 @@
 """M-RoPE images in the engine (Qwen2-VL): a tiny ``qwen2vl`` text model and a ``qwen2vl_merger``
-projector written offline (tests/support/gguf_qwen2vl.py), real libmtmd, images made with Pillow.
+projector written offline (testkit/gguf_qwen2vl.py), real libmtmd, images made with Pillow.
 
 The reference is libmtmd's own path in the same context: ``mtmd_helper_eval_chunks`` (llama.cpp's
 positions: t/y/x for an image, text after it advanced by the image's n_pos) on a sequence no slot
@@ -26,7 +26,7 @@ from corral.worker.sampling import logits_at
 from corral.worker.slots import Slot
 from corral.worker.vision import VisionTokens
 from corral.worker.vision_mrope import kv_pos
-from support.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj, write_qwen2vl_model
+from testkit.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj, write_qwen2vl_model
 
 from .conftest import run_engine, settings_for
 from .test_vision_beside import _stream_running

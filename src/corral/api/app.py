@@ -123,6 +123,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         app.state.store = store
         app.state.downloads = downloads
         app.state.metrics = metrics
+        responses_routes.open_store(app.state, config.server.state_dir)
         await plane.start()
         app.state.stats = live_stats.StatsRecorder(plane)
         app.state.stats.start()
@@ -139,6 +140,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
                 with contextlib.suppress(Exception):
                     await downloads.close()
             await plane.close()
+            app.state.responses.close()
 
     app = FastAPI(title="corral", version="0.1.0", lifespan=lifespan,
                   docs_url="/docs", redoc_url=None)

@@ -20,9 +20,11 @@ A pure ASGI middleware (not BaseHTTPMiddleware: it must not buffer streams). In 
    request runs with its ``Caller`` set (``corral.control.keys.CALLER``), and requests to
    a model go through the key's priority bound and limits (``corral.api.access``).
    Refusals use the error shape of the API the path belongs to (``corral.api.http``).
-4. **Content-Type**: a request with a body must say ``application/json`` (415
-   otherwise): a browser can send ``text/plain`` or form bodies cross-site without a
-   preflight, never JSON.
+4. **Content-Type**: a body sent as ``text/plain``, ``application/x-www-form-urlencoded``
+   or ``multipart/form-data`` is refused (415): those are the types a browser may send
+   cross-site without a preflight. Any other type, or none, is read as JSON (every route
+   that takes a body takes JSON), as Ollama does: LiteLLM's ``ollama/`` providers send
+   JSON with no Content-Type, or ``application/octet-stream``.
 5. **Body size**: ``Content-Length`` over ``max_body_bytes`` -> 413 at once; a chunked
    body is counted as it streams in. Over the limit before the response started: 413;
    after (a stream already running): the request ends as if the client had left.
@@ -135,11 +137,14 @@ def _open_path(scope: Scope) -> bool:
     return path in _OPEN_PATHS or (scope["method"] in ("GET", "HEAD") and is_public_path(path))
 
 
-def _is_json(content_type: bytes | None) -> bool:
+_SIMPLE_TYPES = frozenset({b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"})
+
+
+def _cross_site_type(content_type: bytes | None) -> bool:
+    """Whether a body's type is one a browser sends cross-site without a CORS preflight."""
     if content_type is None:
         return False
-    mime = content_type.split(b";", 1)[0].strip().lower()
-    return mime == b"application/json" or (mime.startswith(b"application/") and mime.endswith(b"+json"))
+    return content_type.split(b";", 1)[0].strip().lower() in _SIMPLE_TYPES
 
 
 class GuardMiddleware:
@@ -225,9 +230,10 @@ class GuardMiddleware:
 
     def _media_refusal(self, scope: Scope) -> CorralError | None:
         if scope["method"] in _BODY_METHODS and self._has_body(scope) \
-                and not _is_json(_header(scope, b"content-type")):
+                and _cross_site_type(_header(scope, b"content-type")):
             return UnsupportedMediaType(
-                "the request body must be JSON sent with 'Content-Type: application/json' "
+                "the request body must be JSON, not a text/plain or form body (a browser sends those "
+                "cross-site without asking); send 'Content-Type: application/json' "
                 "(curl: -H 'Content-Type: application/json')")
         return None
 

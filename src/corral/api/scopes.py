@@ -8,8 +8,9 @@
              (they name every model and key)
     admin    deleting models; every key's usage. An admin key has every scope.
 
-``MODEL_ROUTES`` are the requests that reach a model: the key's limits (rpm, tpm, tpd,
-concurrency, queue) and its ``max_priority`` apply to those.
+``MODEL_ROUTES`` are the requests that reach a model (every ``infer`` route, GET
+/tokenizer_info too): the key's limits (rpm, tpm, tpd, concurrency, queue) and its
+``max_priority`` apply to those.
 
 ``RouteScopes`` finds a request's route (the app's own routes, compiled once) and
 answers its scope; a route missing from ``ROUTE_SCOPES`` needs ``admin`` (closed by
@@ -30,7 +31,7 @@ Scope = Literal["public", "key", "infer", "manage", "admin"]
 
 _INFER_POSTS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
                 "/v1/embeddings", "/embeddings", "/v1/messages", "/v1/messages/count_tokens",
-                "/v1/responses", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
+                "/v1/responses", "/v1/responses/input_tokens", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
                 "/tokenize", "/detokenize",
                 # llama-server's own (api/llamacpp): infill, rerank, the chat as a template renders it
                 "/infill", "/v1/rerank", "/rerank", "/v1/reranking", "/reranking", "/apply-template")
@@ -41,6 +42,10 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/ui/{name}"): "public",
     **{("POST", p): "infer" for p in _INFER_POSTS},
     ("GET", "/tokenizer_info"): "infer",  # loads the model, like a request
+    # a key's own stored responses (api/openai/responses.py): another key's are 404
+    ("GET", "/v1/responses/{response_id}"): "infer",
+    ("DELETE", "/v1/responses/{response_id}"): "infer",
+    ("POST", "/v1/responses/{response_id}/cancel"): "infer",
     ("POST", "/api/show"): "key",
     ("GET", "/v1/models"): "key",
     ("GET", "/v1/models/{model_id:path}"): "key",
@@ -78,7 +83,9 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("DELETE", "/models/{model_id:path}"): "admin",
 }
 
-MODEL_ROUTES = frozenset(("POST", p) for p in _INFER_POSTS)
+# the infer routes are those that run work on a model (and may load it): all admitted the same
+# way. GET /props, /slots and /lora-adapters only read (they never load): scope "key".
+MODEL_ROUTES = frozenset(route for route, scope in ROUTE_SCOPES.items() if scope == "infer")
 
 
 def app_routes(routes: list[Any], prefix: str = "") -> list[tuple[str, str]]:

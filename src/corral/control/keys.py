@@ -10,7 +10,9 @@ The file is re-read when it changes (its inode, size or mtime differ from the la
 read: checked on every authentication, so a removed or rotated key is refused from
 the very next request; requests already running finish) and on ``reload`` (SIGHUP,
 ``POST /models/reload``). A file that does not parse changes nothing: the old keys
-stay, the error is logged and published as ``keys_reload_failed``.
+stay, the error is logged and published as ``keys_reload_failed``, and the file is read
+again every ``RETRY_S`` (and on any change of its owner, mode or ctime, not only its mtime:
+a ``chown`` back makes it readable again without a SIGHUP).
 
 Auth is required when either ``api_key`` or ``keys_file`` is set (a keys file with no
 keys refuses everyone but ``/health`` and the page). Without both, every request is
@@ -28,6 +30,7 @@ import hashlib
 import hmac
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -48,6 +51,7 @@ __all__ = [
 
 log = logging.getLogger("corral.keys")
 
+RETRY_S = 1.0  # a keys file that could not be read or parsed is read again this often
 API_KEY_NAME = "api_key"
 ANONYMOUS_NAME = "-"
 
@@ -125,7 +129,8 @@ class KeyRing:
         self._bus = bus
         self._keys: dict[bytes, Key] = {}
         self._by_name: dict[str, Key] = {}
-        self._seen: tuple[str, int, int, int] | None = None  # path, inode, size, mtime_ns
+        self._seen: tuple[object, ...] | None = None  # path, inode, size, mtime, ctime, owner, mode
+        self._failed_at: float | None = None  # when the last read failed (retried every RETRY_S)
         self.last_error: str | None = None
         self._admin_digest: bytes | None = None
         self._admin_key: Key | None = None
@@ -133,12 +138,14 @@ class KeyRing:
 
     # ------------------------------------------------------------------ reading
 
-    def _stamp(self, path: Path) -> tuple[str, int, int, int]:
+    def _stamp(self, path: Path) -> tuple[object, ...]:
+        """What changes when the file does: a chown or chmod (ctime, owner, mode) too."""
         try:
             st = os.stat(path)
         except OSError:
             return (str(path), 0, -1, 0)
-        return (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+        return (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_uid, st.st_gid,
+                st.st_mode)
 
     def refresh(self, *, force: bool = False, why: str = "changed") -> None:
         """Re-read the keys file if it changed (or ``force``)."""
@@ -148,23 +155,26 @@ class KeyRing:
                 self._install({}, None, why)
             return
         stamp = self._stamp(path)
-        if not force and stamp == self._seen:
+        retry = self._failed_at is not None and time.monotonic() - self._failed_at >= RETRY_S
+        if not force and stamp == self._seen and not retry:
             return
         self._seen = stamp
         try:
             specs = read_keys(path)
         except ConfigError as exc:
+            self._failed_at = time.monotonic()
             self.last_error = exc.message
             log.error("keys file %s: %s; the previous keys stay", path, exc.message)
             self._bus.publish(EventName.KEYS_RELOAD_FAILED, None, reason=exc.message)
             return
         self._install(specs, stamp, why)
 
-    def _install(self, specs: dict[str, KeySpec], stamp: tuple[str, int, int, int] | None, why: str) -> None:
+    def _install(self, specs: dict[str, KeySpec], stamp: tuple[object, ...] | None, why: str) -> None:
         old = set(self._by_name)
         keys = {name: Key(name, spec) for name, spec in specs.items()}
         by_digest = {bytes.fromhex(k.spec.hash.removeprefix("sha256:")): k for k in keys.values()}
         self._keys, self._by_name, self._seen = by_digest, keys, stamp
+        self._failed_at = None
         self.last_error = None
         if stamp is not None or old:
             added, removed = sorted(set(keys) - old), sorted(old - set(keys))

@@ -293,14 +293,14 @@ class ModelPool:
         self.waiters.ended(current_key()[0], 0)
         self.release(inst)
 
-    async def wait_slot(self, prefix: str | None, *, max_queue: int, deadline: float) -> Instance | None:
-        """Queue for a slot. Returns the instance (slot reserved) or None: retry from the top."""
+    async def wait_slot(self, prefix: str | None, *, max_queue: int, deadline: float | None) -> Instance | None:
+        """Queue for a slot (no ``deadline``: until its client leaves). The instance (slot reserved) or None: retry."""
         if len(self.waiters) >= max_queue:
             raise QueueFull(f"model {self.spec.id!r} has {len(self.waiters)} requests waiting "
                             f"(max_queue={max_queue}); try again later", retry_after_s=1)
         loop = asyncio.get_running_loop()
-        remaining = deadline - loop.time()
-        if remaining <= 0:
+        remaining = None if deadline is None else deadline - loop.time()
+        if remaining is not None and remaining <= 0:
             raise CapacityTimeout(f"no free slot on model {self.spec.id!r} in time", retry_after_s=1)
         fut: asyncio.Future[Instance | None] = loop.create_future()
         key, weight, priority = current_key()
@@ -309,7 +309,7 @@ class ModelPool:
         try:
             return await asyncio.wait_for(fut, remaining)
         except asyncio.TimeoutError:
-            raise CapacityTimeout(f"no free slot on model {self.spec.id!r} within the queue timeout",
+            raise CapacityTimeout(f"no free slot on model {self.spec.id!r} within [server] request_queue_timeout_s",
                                   retry_after_s=1) from None
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:

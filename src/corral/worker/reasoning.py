@@ -8,7 +8,9 @@ At prepare (``wanted`` -> template variables -> ``plan``):
   ``template_kwargs["enable_thinking"]`` with the model's ``reasoning_budget`` (default),
   ``reasoning_budget_max`` (cap) and ``reasoning_levels`` (effort -> budget) give
   (on, budget). A budget below 0 or above the cap, an unknown level, or thinking asked of
-  a model without a reasoning format is refused (``RequestRejected``).
+  a model without a reasoning format is refused (``RequestRejected``), except for a request
+  whose thinking is ``thinking_optional`` (Anthropic's): ignored by a model that cannot think,
+  a budget above the cap clamped to it (``Finished.reasoning_budget`` says what it ran with).
 - templates that take ``enable_thinking`` (Qwen3) or ``reasoning_effort`` (gpt-oss) get
   them; then the rendered prompt says where generation starts: inside the thinking (the
   template opened it), after it (the template closed it) or before it.
@@ -67,6 +69,8 @@ def wanted(fmt: ReasoningFormat | None, s: wire.WorkerSettings, req: wire.Genera
     cap = s.reasoning_budget_max
     if budget is not None and budget < 0:
         raise RequestRejected("invalid_request", f"thinking_budget_tokens: {budget} is below 0")
+    if budget is not None and cap is not None and budget > cap and req.thinking_optional:
+        budget = cap
     if budget is not None and cap is not None and budget > cap:
         raise RequestRejected("invalid_request", f"thinking_budget_tokens: {budget} is above this model's "
                                                  f"cap ({cap}, its reasoning_budget_max)")
@@ -76,7 +80,7 @@ def wanted(fmt: ReasoningFormat | None, s: wire.WorkerSettings, req: wire.Genera
                                                  f"knows ({known})")
     asked = req.think is True or enable is True or bool(budget) or (effort not in (None, "none"))
     if fmt is None:
-        if asked:
+        if asked and not req.thinking_optional:
             raise RequestRejected("invalid_request", f'"{s.model_id}" does not support thinking')
         return None
     if req.think is not None:

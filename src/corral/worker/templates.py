@@ -53,6 +53,9 @@ class ChatTemplate(Protocol):
     # The template's text ("" for the plain prompt): where it takes variables such as
     # enable_thinking, the worker sets them (worker/reasoning.py).
     source: str
+    # Whether it renders a system message where it stands (after a user turn and after an
+    # assistant turn); if not, later system messages join the first (``render_chat``).
+    system_in_place: bool
 
     def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None,
                extra: dict[str, Any] | None = None) -> str: ...
@@ -62,10 +65,40 @@ def render_chat(template: ChatTemplate, messages: Sequence[wire.ChatMessage],
                 tools: list[dict[str, Any]] | None, extra: dict[str, Any] | None = None) -> str:
     """Render a conversation; tools and tool turns go through the generic tool prompt
     when the template knows no tools (``tool_prompt``). ``extra``: more template variables
-    (chat_template_kwargs; they never replace messages, tools or the special tokens)."""
+    (chat_template_kwargs; they never replace messages, tools or the special tokens).
+    System messages after the first message join the system text, in order, unless the
+    template renders them in place."""
     if (tools or uses_tool_fields(messages)) and not template.supports_tools:
-        return template.render(generic_tool_messages(messages, tools), None, extra)
+        messages, tools = generic_tool_messages(messages, tools), None
+    if not template.system_in_place:
+        messages = merge_system(messages)
     return template.render(messages, tools, extra)
+
+
+def merge_system(messages: Sequence[wire.ChatMessage]) -> Sequence[wire.ChatMessage]:
+    """One system message first, holding every system message's text in order (blank
+    lines between); the other messages as they were."""
+    system = [m.content for m in messages if m.role == "system"]
+    if len(system) < 2 and (not system or messages[0].role == "system"):
+        return messages
+    return [wire.ChatMessage("system", "\n\n".join(system)), *(m for m in messages if m.role != "system")]
+
+
+def _renders_system_in_place(template: "JinjaTemplate") -> bool:
+    """Probe: a system message after a user turn and after an assistant turn, rendered
+    (no raise_exception) with its text."""
+    def msg(role: str, text: str) -> wire.ChatMessage:
+        return wire.ChatMessage(role, text)
+    for probe in ([msg("system", "s0"), msg("user", "u1"), msg("system", "MIDSYS"), msg("assistant", "a1"),
+                   msg("user", "u2")],
+                  [msg("system", "s0"), msg("user", "u1"), msg("assistant", "a1"), msg("system", "MIDSYS"),
+                   msg("user", "u2")]):
+        try:
+            if "MIDSYS" not in template.render(probe):
+                return False
+        except TemplateError:
+            return False
+    return True
 
 
 def _hf_message(m: wire.ChatMessage) -> dict[str, Any]:
@@ -117,6 +150,7 @@ class JinjaTemplate:
         self.eos_token = eos_token
         self.supports_tools = "tools" in source
         self.source = source
+        self.system_in_place = _renders_system_in_place(self)
 
     def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None,
                extra: dict[str, Any] | None = None) -> str:
@@ -147,6 +181,7 @@ def _tojson(value: object, indent: int | None = None) -> str:
 class PlainTemplate:
     supports_tools = False
     source = ""
+    system_in_place = False  # all system text opens the prompt
 
     def __init__(
         self,

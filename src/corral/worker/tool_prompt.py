@@ -5,8 +5,10 @@ variable; assistant ``tool_calls`` and ``role: "tool"`` messages as they are). A
 template (and the plain prompt of template-less base models) gets the conversation
 rewritten into plain turns:
 
-- a system message (before the request's own system text) that lists the tools, one
-  JSON object per line, and says how to call them (``GENERIC_TOOL_INSTRUCTIONS``);
+- a system message that lists the tools, one JSON object per line, and says how to call
+  them (``GENERIC_TOOL_INSTRUCTIONS``), and after them the request's own system text: an
+  agent whose system text changes (a new session, a subagent) still shares the tools'
+  prefix with its last prompt;
 - an assistant turn that called tools: its calls as JSON lines
   ``{"name": ..., "arguments": {...}}`` (after its text, if any);
 - a tool result: a user turn ``Tool result (<name>): <content>``; consecutive user turns
@@ -60,7 +62,7 @@ def generic_tool_messages(messages: Sequence[wire.ChatMessage],
         out.append(wire.ChatMessage("system", f"You can use these tools:\n{listing}\n{GENERIC_TOOL_INSTRUCTIONS}"))
     for m in messages:
         if m.role == "system" and out and out[0].role == "system" and len(out) == 1:
-            out[0] = wire.ChatMessage("system", m.content + "\n\n" + out[0].content)
+            out[0] = wire.ChatMessage("system", out[0].content + "\n\n" + m.content)
             continue
         if m.role == "tool":
             label = f" ({m.name})" if m.name else ""

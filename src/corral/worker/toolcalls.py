@@ -11,9 +11,12 @@ Formats recognized (whichever the model writes; no per-model configuration):
   is a JSON object (or a list of them) with ``name`` and ``arguments``/``parameters``;
   also OpenAI's own ``{"type": "function", "function": {...}}`` shape.
 
-An answer that starts with ``{`` or ``[`` is held back until the end (only then is it
-known to be a call); if it is not a call after all it is released as text. Text that
-could be the start of a marker is held back like a stop string.
+An answer that starts with ``{`` or ``[`` is held back while it can still be a call: its
+first key must be one a call has (``name``, ``arguments``, ``parameters``, ``type``,
+``function``, ``id``; a list must hold objects). ``[1, 2]``, ``[see below]`` or
+``{"answer": ...}`` stream as text as soon as that is clear; a call-like answer is held to the
+end (only then is it known to be a call) and released as text if it is not one after all.
+Text that could be the start of a marker is held back like a stop string.
 """
 
 from __future__ import annotations
@@ -33,6 +36,31 @@ _MISTRAL = "[TOOL_CALLS]"
 _PYTHON_TAG = "<|python_tag|>"
 _MARKERS = (_HERMES_OPEN, _MISTRAL, _PYTHON_TAG)
 _MISTRAL_NAMED = re.compile(r"\s*([A-Za-z0-9_.\-]+)\[ARGS\]", re.S)
+
+
+_CALL_KEYS = ("name", "arguments", "parameters", "type", "function", "id")
+
+
+def _could_be_call(held: str) -> bool | None:
+    """Whether a bare JSON answer's start can still be a tool call (None: too short to say)."""
+    s = held.lstrip()
+    if s.startswith("["):
+        s = s[1:].lstrip()
+        if not s:
+            return None
+        if s[0] != "{":
+            return False
+    s = s[1:].lstrip()
+    if not s:
+        return None
+    if s[0] == "}":
+        return None  # an empty object: decided at the end
+    if s[0] != '"':
+        return False
+    end = s.find('"', 1)
+    if end < 0:
+        return None if any(k.startswith(s[1:]) for k in _CALL_KEYS) else False
+    return s[1:end] in _CALL_KEYS
 
 
 def _new_id() -> str:
@@ -98,6 +126,7 @@ class ToolCallParser:
         self._held = ""  # undecided text (a possible marker start, or a JSON answer)
         self._mode = "start"  # start | text | hermes | rest (hold everything to the end)
         self._rest_marker = ""  # the marker that started "rest" mode ("" for a bare JSON answer)
+        self._json_call = False  # a bare JSON answer whose start is a call's
 
     def _keep(self, calls: list[wire.ToolCall]) -> list[wire.ToolCall]:
         if not self.parallel:
@@ -152,6 +181,12 @@ class ToolCallParser:
                     calls.extend(self._keep(found))
                 self._mode = "text"
             if self._mode == "rest":
+                if not self._rest_marker and not self._json_call:
+                    verdict = _could_be_call(buf)
+                    if verdict is False:  # no call can start so: it is text
+                        self._mode = "text"
+                        continue
+                    self._json_call = verdict is True
                 self._held = buf
                 break
         return "".join(out), calls

@@ -10,8 +10,9 @@ after the stream began is an ``error`` event. Input tokens are known when the wo
 finishes, so ``message_start`` reports 0 and ``message_delta`` the real count (the SDKs
 take input_tokens from message_delta when present).
 
-count_tokens runs the request with max_tokens 0 on the same path: the worker renders
-and tokenizes it exactly as it would for generation and answers without decoding.
+count_tokens renders and tokenizes the request without a generation slot
+(corral.api.core.token_count), so it never waits behind generations; with images it runs
+the request with max_tokens 0 on the generation path (the worker counts the image tokens).
 
 Errors (``corral.api.http``): ``{"type": "error", "error": {"type", "message"}}``; a
 full queue or no capacity is 529 ``overloaded_error`` (with Retry-After).
@@ -23,6 +24,7 @@ import base64
 import hashlib
 import secrets
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -30,11 +32,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from corral import wire
+from corral.api.anthropic.context_edits import apply_context_edits
 from corral.api.anthropic.schemas import (AnthropicCountTokensRequest, AnthropicMessagesRequest,
                                           stop_reason)
 from corral.api.core.dialect import (Generation, ReasoningEvent, TextEvent, ToolCallEvent, build_spec,
                                      parse_arguments, run_generation)
 from corral.api.core.generation import GenerationSpec
+from corral.api.core.token_count import count_chat_tokens
 from corral.api.http import error_body
 from corral.api.core.schemas import parse_body
 from corral.errors import CorralError
@@ -50,10 +54,15 @@ def _event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + _json.encode(data) + b"\n\n"
 
 
-def _usage(gen: Generation) -> dict[str, Any]:
+def _usage(gen: Generation, cache: bool) -> dict[str, Any]:
+    """Anthropic's usage: the prompt is input + cache read + cache creation. Read: the
+    prefix reused from a slot or the prompt cache; creation (when the request carries
+    ``cache_control``): the rest, evaluated and kept for the next request; input: what
+    was evaluated without being asked to be kept."""
     o = gen.outcome()
-    return {"input_tokens": o.prompt_tokens, "output_tokens": o.completion_tokens,
-            "cache_read_input_tokens": o.cached_tokens, "cache_creation_input_tokens": 0}
+    fresh = max(0, o.prompt_tokens - o.cached_tokens)
+    return {"input_tokens": 0 if cache else fresh, "output_tokens": o.completion_tokens,
+            "cache_read_input_tokens": o.cached_tokens, "cache_creation_input_tokens": fresh if cache else 0}
 
 
 def _tool_use(call: wire.ToolCall) -> dict[str, Any]:
@@ -61,8 +70,9 @@ def _tool_use(call: wire.ToolCall) -> dict[str, Any]:
 
 
 def _spec(body: AnthropicCountTokensRequest, endpoint: str, params: wire.SamplingParams) -> GenerationSpec:
+    salt = body.cache_salt if isinstance(body, AnthropicMessagesRequest) else None
     return build_spec(body.model, endpoint, body.openai_messages(), params, reasoning=body.reasoning(),
-                      **body.openai_chat())
+                      cache_salt=salt, **body.openai_chat())
 
 
 def signature(thinking: str) -> str:
@@ -74,9 +84,12 @@ def signature(thinking: str) -> str:
 async def messages(request: Request) -> Response:
     body = await parse_body(request, AnthropicMessagesRequest)
     body.check()
+    edits = apply_context_edits(body)
     spec = _spec(body, "anthropic_messages", body.sampling())
     mid = "msg_" + secrets.token_hex(12)
     gen = await run_generation(request, spec, stream=body.stream)
+    tail = _Tail(body.stop_sequences, body.asks_cache(),
+                 None if edits is None else {"context_management": {"applied_edits": edits}})
     if not body.stream:
         o = gen.outcome()
         reason, seq = stop_reason(o.finish_reason, o.stop_string, body.stop_sequences)
@@ -86,21 +99,29 @@ async def messages(request: Request) -> Response:
         content += [_tool_use(c) for c in gen.tool_calls]
         return Response(_json.encode({
             "id": mid, "type": "message", "role": "assistant", "model": gen.model, "content": content,
-            "stop_reason": reason, "stop_sequence": seq, "usage": _usage(gen)}),
+            "stop_reason": reason, "stop_sequence": seq, "usage": _usage(gen, tail.cache), **(tail.extra or {})}),
             media_type="application/json")
-    return StreamingResponse(_stream(gen, mid, body.stop_sequences), media_type="text/event-stream",
-                             headers=_SSE_HEADERS)
+    return StreamingResponse(_stream(gen, mid, tail), media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
-async def _stream(gen: Generation, mid: str, stops: list[str] | None) -> AsyncIterator[bytes]:
+@dataclass(frozen=True, slots=True)
+class _Tail:
+    """What the end of an answer needs from its request."""
+
+    stops: list[str] | None  # the request's stop_sequences
+    cache: bool  # it carries cache_control (usage: cache creation)
+    extra: dict[str, Any] | None  # more fields of the message (context_management)
+
+
+async def _stream(gen: Generation, mid: str, tail: _Tail) -> AsyncIterator[bytes]:
     try:
-        async for chunk in _chunks(gen, mid, stops):
+        async for chunk in _chunks(gen, mid, tail):
             yield chunk
     finally:
         gen.close()
 
 
-async def _chunks(gen: Generation, mid: str, stops: list[str] | None) -> AsyncIterator[bytes]:
+async def _chunks(gen: Generation, mid: str, tail: _Tail) -> AsyncIterator[bytes]:
     yield _event("message_start", {"type": "message_start", "message": {
         "id": mid, "type": "message", "role": "assistant", "model": gen.model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})
@@ -157,9 +178,9 @@ async def _chunks(gen: Generation, mid: str, stops: list[str] | None) -> AsyncIt
     if text_open:
         yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
     o = gen.outcome()
-    reason, seq = stop_reason(o.finish_reason, o.stop_string, stops)
+    reason, seq = stop_reason(o.finish_reason, o.stop_string, tail.stops)
     yield _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
-                                   "usage": _usage(gen)})
+                                   "usage": _usage(gen, tail.cache), **(tail.extra or {})})
     yield _event("message_stop", {"type": "message_stop"})
 
 
@@ -173,7 +194,16 @@ def _close_thinking(index: int, thoughts: list[str]) -> list[bytes]:
 async def count_tokens(request: Request) -> Response:
     body = await parse_body(request, AnthropicCountTokensRequest)
     body.check()
-    spec = _spec(body, "anthropic_count_tokens", wire.SamplingParams(max_tokens=0))
+    apply_context_edits(body)
+    spec = _spec(body, "anthropic_count_tokens", wire.SamplingParams(max_tokens=0))  # checks it all
+    messages = body.openai_messages()
+    images = any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
+                 for m in messages)
+    if not images:  # no slot taken
+        tools = body.openai_chat().get("tools")
+        _, n = await count_chat_tokens(request, {"model": body.model, "messages": messages,
+                                                 **({"tools": tools} if tools else {})}, "anthropic_count_tokens")
+        return Response(_json.encode({"input_tokens": n}), media_type="application/json")
     gen = await run_generation(request, spec, stream=False)
     return Response(_json.encode({"input_tokens": gen.outcome().prompt_tokens}),
                     media_type="application/json")

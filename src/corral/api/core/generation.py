@@ -27,14 +27,15 @@ from corral.api.core.chat_request import ChatCompletionRequest
 from corral.api.core.images import ImageRef, attach_images
 from corral.api.core.lora import generate_routed
 from corral.api.core.schemas import CompletionRequest
-from corral.api.http import app_part, plane_of
+from corral.api.core.submit import observe, submit
+from corral.api.http import plane_of
 from corral.control.plane import ControlPlane
 from corral.control.stream import RequestStream
-from corral.errors import CorralError, ModelDownloading, ModelNotFound
+from corral.errors import CorralError
 
 __all__ = ["GenerationSpec", "Choice", "GenerationResult", "TextEvent", "ReasoningEvent", "ToolCallEvent",
            "FinishEvent", "Event", "GenerationStream", "chat_spec", "completion_spec", "generate",
-           "open_stream", "submit", "observe", "ClientWatch", "finish_reason"]
+           "open_stream", "finish_reason"]
 
 
 @dataclass
@@ -46,6 +47,7 @@ class GenerationSpec:
     requests: list[wire.GenerateRequest]
     prefix: str | None = None  # for the balancer: text that starts the prompt
     images: list[list[ImageRef]] | None = None  # each message's images, loaded by attach_images at submit
+    cache_salt: str | None = None  # the body's cache_salt: ControlPlane.generate's tenant (control/cache_tenant.py)
 
 
 @dataclass
@@ -128,9 +130,10 @@ def chat_spec(body: ChatCompletionRequest, endpoint: str = "chat") -> Generation
             id=rid if body.n == 1 else f"{rid}-{i}", messages=messages, params=p, grammar=grammar,
             json_schema=schema, tools=tools, parse_tool_calls=body.parses_tool_calls(),
             parallel_tool_calls=body.parallel_tool_calls is not False, logprobs=body.wire_logprobs(),
-            speculative=body.speculative, lora=body.wire_lora(), **body.wire_reasoning()))
+            speculative=body.speculative, lora=body.wire_lora(), t_max_predict_ms=body.t_max_predict_ms,
+            **body.wire_reasoning()))
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
-    return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix, body.image_refs())
+    return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix, body.image_refs(), body.cache_salt)
 
 
 def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> GenerationSpec:
@@ -154,138 +157,21 @@ def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> G
             reqs.append(wire.GenerateRequest(
                 id=rid if len(prompts) * body.n == 1 else f"{rid}-{i}", prompt=None if infill else text,
                 prompt_tokens=toks, params=p, grammar=grammar, json_schema=schema, logprobs=body.logprobs,
-                echo=body.echo, infill=infill, speculative=body.speculative, lora=body.wire_lora()))
+                echo=body.echo, infill=infill, speculative=body.speculative, lora=body.wire_lora(),
+                t_max_predict_ms=body.t_max_predict_ms))
     first = prompts[0]
-    return GenerationSpec(body.model_name(), endpoint, rid, reqs, first if isinstance(first, str) else None)
+    return GenerationSpec(body.model_name(), endpoint, rid, reqs, first if isinstance(first, str) else None,
+                          cache_salt=body.cache_salt)
 
 
 def _fields(p: wire.SamplingParams) -> dict[str, Any]:
     return {f: getattr(p, f) for f in p.__struct_fields__}
 
 
-# ------------------------------------------------------------------ submitting
-
-
-class ClientWatch:
-    """Ends the parts of a request Starlette does not cancel on disconnect (queueing,
-    loading, non-streamed results) when the client goes away: a watcher reads the
-    connection, and its end cancels the task that awaits in ``run``. Awaiting in ``run``
-    costs nothing more than a plain await (no task, no ``asyncio.wait`` per await); call
-    ``close()`` before the task moves on to other work."""
-
-    __slots__ = ("_request", "_watcher", "_task", "gone")
-
-    def __init__(self, request: Request) -> None:
-        self._request = request
-        self._watcher: asyncio.Future[None] | None = None
-        self._task: asyncio.Task[Any] | None = None
-        self.gone = False
-
-    async def run(self, aw: Awaitable[Any]) -> Any:
-        if self._watcher is None:
-            self._task = asyncio.current_task()
-            self._watcher = asyncio.ensure_future(_disconnected(self._request))
-            self._watcher.add_done_callback(self._on_watcher_done)
-        if self.gone:
-            if asyncio.isfuture(aw):
-                aw.cancel()
-            elif asyncio.iscoroutine(aw):
-                aw.close()
-            raise asyncio.CancelledError("client disconnected")
-        return await aw
-
-    def _on_watcher_done(self, watcher: asyncio.Future[None]) -> None:
-        if watcher.cancelled() or watcher.exception() is not None or self._task is None:
-            return
-        self.gone = True
-        self._task.cancel("client disconnected")
-
-    def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.remove_done_callback(self._on_watcher_done)
-            self._watcher.cancel()
-        self._task = None
-
-
-async def _disconnected(request: Request) -> None:
-    while True:
-        msg = await request.receive()
-        if msg["type"] == "http.disconnect":
-            return
-
-
-def _label(plane: ControlPlane, name: str) -> str:
-    """A metrics label: the model id, never a raw client string (bounded cardinality)."""
-    try:
-        return plane.resolve(name)
-    except CorralError:
-        return "unknown"
-
-
-def _raise_if_downloading(request: Request, name: str, exc: CorralError) -> None:
-    """A model that is still being pulled is not "not found": 503 with its progress."""
-    dm = app_part(request, "downloads")
-    if not isinstance(exc, ModelNotFound) or dm is None:
-        return
-    pull = dm.find_by_model(name)
-    if pull is not None:
-        p = pull.progress()
-        done = f"{p['done']} of {p['total']} bytes" if p.get("total") else f"{p['done']} bytes"
-        raise ModelDownloading(f"model {name!r} is still downloading ({done}); try again later",
-                               retry_after_s=5) from None
-
-
-def observe(plane: ControlPlane, stream: RequestStream, endpoint: str, status: int) -> None:
-    fin = stream.finished
-    inst = stream.instance_index
-    end = stream.ended or time.perf_counter()
-    plane.metrics.observe_request(
-        stream.model, inst, endpoint, status,
-        prompt_tokens=fin.usage.prompt_tokens if fin else 0,
-        completion_tokens=fin.usage.completion_tokens if fin else 0,
-        ttft_s=(stream.first_token - stream.created) if stream.first_token else None,
-        latency_s=end - stream.created)
-
-
-async def submit(request: Request, name: str, endpoint: str, coros: list[Awaitable[RequestStream]],
-                 *, wait_all: bool) -> list[RequestStream]:
-    """Submit requests (one per choice) and wait for each one's first output
-    (``wait_all=False``: so an error before any output still gets its HTTP status) or for
-    its end. A failure, or the client leaving, aborts the others. Failures before the
-    request runs are counted in the metrics; a model still being pulled says so."""
-    plane = plane_of(request)
-    watch = ClientWatch(request)
-    streams: list[RequestStream] = []
-    try:
-        # one choice: awaited in place; several: submitted side by side
-        tasks = [asyncio.ensure_future(c) for c in coros] if len(coros) > 1 else []
-        try:
-            if not tasks and coros:
-                streams.append(await watch.run(coros[0]))
-            for t in tasks:
-                streams.append(await watch.run(t))
-            for s in streams:
-                await watch.run(s.wait_done() if wait_all else s.wait_started())
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-                if t.done() and not t.cancelled() and t.exception() is None and t.result() not in streams:
-                    streams.append(t.result())
-            for s in streams:
-                s.abort()
-            raise
-    except CorralError as exc:
-        plane.metrics.observe_request(_label(plane, name), None, endpoint, exc.status)
-        _raise_if_downloading(request, name, exc)
-        raise
-    finally:
-        watch.close()
-    return streams
-
-
 def _coros(request: Request, spec: GenerationSpec) -> list[Awaitable[RequestStream]]:
     plane = plane_of(request)
-    return [generate_routed(plane, spec.model, r, spec.prefix) for r in spec.requests]  # api/core/lora.py
+    return [generate_routed(plane, spec.model, r, spec.prefix, spec.cache_salt)  # api/core/lora.py
+            for r in spec.requests]
 
 
 def _sum_usage(items: list[wire.Usage | None]) -> wire.Usage:

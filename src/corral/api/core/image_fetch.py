@@ -9,8 +9,9 @@ Only with ``[server] allow_image_urls = true`` (else 403 ``image_url_not_allowed
   header and the TLS server name, so certificates are checked against it): a second DNS
   answer cannot move it elsewhere (no DNS rebinding);
 - redirects are followed by hand, at most ``_MAX_REDIRECTS``, each target checked the same way;
-- the body may be at most ``max_image_bytes`` (a bigger ``Content-Length`` is refused before
-  reading, a longer body when it gets there: 413), the whole fetch (redirects included) at most
+- the body may be at most ``max_image_bytes``, or what the request's other images leave of
+  ``max_image_bytes_per_request`` (a bigger ``Content-Length`` is refused before reading, a
+  longer body when it gets there: 413), the whole fetch (redirects included) at most
   ``image_url_timeout_s``;
 - no proxy from the environment, no cookies, nothing but GET.
 """
@@ -67,17 +68,19 @@ async def _checked_address(url: httpx.URL, where: str, private: bool | Sequence[
 
 
 async def fetch_image(url: str, where: str, *, private: bool | Sequence[Network], max_bytes: int,
-                      timeout_s: float) -> bytes:
-    """The bytes at ``url`` (an http(s) URL), fetched by the rules above."""
+                      timeout_s: float, limit_name: str = "max_image_bytes") -> bytes:
+    """The bytes at ``url`` (an http(s) URL), fetched by the rules above; ``limit_name``:
+    the setting ``max_bytes`` comes from, for the 413."""
     try:
         async with asyncio.timeout(timeout_s):
-            return await _fetch(url, where, private, max_bytes)
+            return await _fetch(url, where, private, max_bytes, limit_name)
     except TimeoutError:
         raise InvalidImage(f"{where}: fetching the image at {_short(url)} took longer than {timeout_s:g} s "
                            "(image_url_timeout_s)", param=where) from None
 
 
-async def _fetch(url: str, where: str, private: bool | Sequence[Network], max_bytes: int) -> bytes:
+async def _fetch(url: str, where: str, private: bool | Sequence[Network], max_bytes: int,
+                 limit_name: str) -> bytes:
     async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=None) as client:
         for _hop in range(_MAX_REDIRECTS + 1):
             try:
@@ -99,15 +102,15 @@ async def _fetch(url: str, where: str, private: bool | Sequence[Network], max_by
                     if resp.status_code != 200:
                         raise InvalidImage(f"{where}: the image URL {_short(str(target))} answered HTTP "
                                            f"{resp.status_code}", param=where)
-                    return await _body(resp, where, max_bytes)
+                    return await _body(resp, where, max_bytes, limit_name)
             except httpx.HTTPError as exc:
                 raise InvalidImage(f"{where}: cannot fetch the image at {_short(str(target))} ({exc})",
                                    param=where) from None
     raise InvalidImage(f"{where}: the image URL redirected more than {_MAX_REDIRECTS} times", param=where)
 
 
-async def _body(resp: httpx.Response, where: str, max_bytes: int) -> bytes:
-    too_big = PayloadTooLarge(f"{where}: the image at the URL is larger than {max_bytes} bytes (max_image_bytes)",
+async def _body(resp: httpx.Response, where: str, max_bytes: int, limit_name: str) -> bytes:
+    too_big = PayloadTooLarge(f"{where}: the image at the URL is larger than {max_bytes} bytes ({limit_name})",
                               param=where)
     length = resp.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > max_bytes:

@@ -10,10 +10,18 @@ field it came from). Before the request is submitted (no slot taken, no model lo
 
 1. checks that the model reads images (``corral.control.capabilities``: a loaded instance
    says, else its projector): 400 ``vision_not_supported`` otherwise;
-2. decodes each ``data:`` URL (base64; a payload over ``max_image_bytes`` is a 413) or fetches
-   each http(s) URL (``image_fetch``: off unless allowed, no private addresses);
-3. checks each image with Pillow (``image_check``: format, pixel limit, truncation);
-4. checks that the text holds exactly one marker per image (a marker typed into a message
+2. bounds the request's images together before any is fetched or decoded: at most
+   ``max_images_per_request`` (400), and the inline ones' bytes (known from their base64)
+   within ``max_image_bytes_per_request`` (413);
+3. fetches each http(s) URL, one after another (``image_fetch``: off unless allowed, no
+   private addresses), each within what is left of ``max_image_bytes_per_request`` (and
+   ``max_image_bytes``): the stream stops at the bound (413), so 30 URLs of 19 MiB cost the
+   router at most the bound, not 570 MiB;
+4. decodes each ``data:`` URL (base64; a payload over ``max_image_bytes`` is a 413) and checks
+   each image with Pillow, one at a time (``image_check``: the allowed formats, the pixel
+   limits of one image and of the request's images together, read from each header before
+   it is decoded, truncation);
+5. checks that the text holds exactly one marker per image (a marker typed into a message
    would misplace every image after it: 400), and puts the bytes on the messages.
 
 Errors name the image by its field (``messages.1.content.2``) in every dialect's shape.
@@ -30,7 +38,7 @@ import msgspec
 from starlette.requests import Request
 
 from corral import wire
-from corral.api.core.image_check import checked_image
+from corral.api.core.image_check import PixelBudget, checked_image
 from corral.api.core.image_fetch import fetch_image
 from corral.api.http import plane_of
 from corral.config import ServerConfig
@@ -72,8 +80,35 @@ def decode_data_url(url: str, where: str, max_bytes: int) -> bytes:
     return data
 
 
-async def _fetched(ref: ImageRef, srv: ServerConfig) -> bytes | None:
-    """An http(s) image's bytes; None for a data: URL (decoded with the checks, in a thread)."""
+def _is_inline(ref: ImageRef) -> bool:
+    return ref.url[:5].lower() == "data:"
+
+
+def _check_totals(refs: list[ImageRef], srv: ServerConfig) -> int:
+    """Refuse a request over its image bounds before anything is fetched or decoded;
+    returns the bytes its inline images hold (at most: from their base64's length)."""
+    if len(refs) > srv.max_images_per_request:
+        where = refs[srv.max_images_per_request].where
+        raise InvalidRequest(f"{where}: the request has {len(refs)} images, more than the "
+                             f"{srv.max_images_per_request} allowed (max_images_per_request)", param=where)
+    inline = 0
+    for ref in refs:
+        if _is_inline(ref):
+            text = "".join(ref.url.partition(",")[2].split())
+            inline += len(text) // 4 * 3 - len(text[-2:]) + len(text[-2:].rstrip("="))  # its bytes
+            if inline > srv.max_image_bytes_per_request:
+                raise _over_total(ref.where, srv.max_image_bytes_per_request)
+    return inline
+
+
+def _over_total(where: str, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"{where}: the request's images hold more than {limit} bytes together "
+                           "(max_image_bytes_per_request)", param=where)
+
+
+async def _fetched(ref: ImageRef, srv: ServerConfig, left: int) -> bytes | None:
+    """An http(s) image's bytes (at most ``left``, what the request's byte bound leaves);
+    None for a data: URL (decoded with the checks, in a thread)."""
     scheme = ref.url[:8].lower()
     if scheme.startswith("data:"):
         return None
@@ -81,8 +116,12 @@ async def _fetched(ref: ImageRef, srv: ServerConfig) -> bytes | None:
         if not srv.allow_image_urls:
             raise ImageUrlNotAllowed(f"{ref.where}: this server does not fetch image URLs (allow_image_urls "
                                      "is off); send the image inline as a data: URL (base64)", param=ref.where)
+        if left < srv.max_image_bytes:
+            limit, name = max(left, 0), "max_image_bytes_per_request: what the request's other images leave"
+        else:
+            limit, name = srv.max_image_bytes, "max_image_bytes"
         return await fetch_image(ref.url, ref.where, private=srv.allow_private_image_urls,
-                                 max_bytes=srv.max_image_bytes, timeout_s=srv.image_url_timeout_s)
+                                 max_bytes=limit, limit_name=name, timeout_s=srv.image_url_timeout_s)
     raise InvalidImage(f"{ref.where}: an image URL is a data: URL (base64) or an http(s) URL", param=ref.where)
 
 
@@ -107,11 +146,20 @@ async def attach_images(request: Request, model: str, requests: list[wire.Genera
             f"{first.where}: model {pool.spec.id!r} does not read images: it has no vision projector (set mmproj "
             "in its [models] table, or put its mmproj-*.gguf next to the model file)", param=first.where)
     srv = plane.config.server
-    fetched = [[await _fetched(ref, srv) for ref in rs] for rs in refs]
+    total = srv.max_image_bytes_per_request
+    used = _check_totals([r for rs in refs for r in rs], srv)
+    fetched: list[list[bytes | None]] = []
+    for rs in refs:  # one after another: each within what the others left
+        fetched.append([])
+        for ref in rs:
+            data = await _fetched(ref, srv, total - used)
+            fetched[-1].append(data)
+            used += len(data or b"")
+    budget = PixelBudget(srv.max_image_pixels, srv.max_image_pixels_per_request)
 
     def check(data: bytes | None, ref: ImageRef) -> bytes:
         raw = decode_data_url(ref.url, ref.where, srv.max_image_bytes) if data is None else data
-        return checked_image(raw, ref.where, srv.max_image_pixels)
+        return checked_image(raw, ref.where, budget)
 
     images = await asyncio.to_thread(lambda: [[check(d, ref) for d, ref in zip(ds, rs)] for ds, rs in zip(fetched, refs)])
     out = []

@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from corral import __version__, wire
 from corral.api.core.chat_request import ChatCompletionRequest
-from corral.api.core.generation import observe, submit
+from corral.api.core.submit import observe, submit
 from corral.api.core.schemas import parse_body
 from corral.api.http import invalid_request, json_response, plane_of
 from corral.api.llamacpp.schemas import ApplyTemplateBody, model_for

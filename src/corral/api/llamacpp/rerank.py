@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from corral import wire
-from corral.api.core.generation import observe, submit
+from corral.api.core.submit import observe, submit
 from corral.api.core.schemas import parse_body
 from corral.api.http import json_response, plane_of
 from corral.api.llamacpp.schemas import RerankBody, model_that

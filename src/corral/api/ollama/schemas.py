@@ -2,8 +2,9 @@
 
 ``options`` map onto ``wire.SamplingParams`` (num_predict, temperature, top_k, top_p,
 min_p, seed, stop, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty);
-``num_ctx`` may be at most the slot's context (a slot's context cannot grow per request;
-a smaller value is accepted and does not shrink it). Options corral has no use for
+``num_ctx`` sizes a chat's context within the slot's (corral.api.ollama.context: the
+oldest turns dropped to fit unless ``truncate`` is false; generation capped to what is left);
+on /api/generate a larger value is taken as the slot's. Options corral has no use for
 (num_gpu, num_thread, mirostat, ...) are ignored, as Ollama ignores options a runner
 does not support. ``keep_alive`` is a Go duration ("5m", "1h30m", "0") or seconds. ``format`` ("json" or a
 JSON schema) and ``tools`` go through corral's structured output and tool calling.
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
 from corral.api.core.images import data_url
+from corral.api.core.schemas import CacheSalt
 from corral.errors import InvalidRequest, UnsupportedOption
 
 __all__ = ["OllamaOptions", "OllamaChatRequest", "OllamaGenerateRequest", "OllamaEmbedRequest",
@@ -76,10 +78,6 @@ def sampling_from_options(opts: OllamaOptions | None, slot_ctx: int) -> wire.Sam
     """``options`` -> sampling parameters; ``slot_ctx``: the context one slot holds."""
     if opts is None:
         return wire.SamplingParams()
-    if opts.num_ctx is not None and opts.num_ctx > slot_ctx:
-        raise InvalidRequest(f"options.num_ctx: {opts.num_ctx} is more than this model's slot context "
-                             f"({slot_ctx} tokens: ctx_len / n_parallel in its config)",
-                             param="options.num_ctx")
     kw: dict[str, Any] = {}
     for name in ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
                  "presence_penalty", "frequency_penalty"):
@@ -106,6 +104,7 @@ class _Generating(BaseModel):
     # thinking models: true/false, or a level (a budget from the model's reasoning_levels);
     # unset: the model's default. ``message.thinking`` / ``thinking`` carry the thoughts.
     think: bool | Literal["low", "medium", "high"] | None = None
+    cache_salt: CacheSalt | None = None  # corral's extension (vLLM's name): share the prompt cache only with it
 
     def check_common(self) -> None:
         pass
@@ -154,6 +153,7 @@ class OllamaMessage(BaseModel):
 class OllamaChatRequest(_Generating):
     messages: list[OllamaMessage] = []
     tools: list[dict[str, Any]] | None = None
+    truncate: bool = True  # with options.num_ctx: drop the oldest turns to fit (false: refuse)
 
     def check(self) -> None:
         self.check_common()

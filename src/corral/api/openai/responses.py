@@ -1,110 +1,90 @@
-"""OpenAI's Responses API: POST /v1/responses (create, and stream with typed events).
+"""OpenAI's Responses API: create, stream, retrieve, cancel and delete responses, and count
+their input tokens.
 
-A translation onto corral's one request path (``corral.api.core.dialect``). A reasoning model's
-thinking is a ``reasoning`` output item (its text in ``content`` as ``reasoning_text``;
-streamed as ``response.reasoning_text.delta`` / ``.done``) before the message; a
-``reasoning`` input item reaches the template with the assistant turn after it. A
-streamed response sends ``response.created``, ``response.in_progress``, ``response.output_item.added``
-and ``response.content_part.added`` for the assistant message, one
-``response.output_text.delta`` per piece of text, ``response.output_text.done``,
-``response.content_part.done``, ``response.output_item.done``; for each tool call a
-``function_call`` item (``response.output_item.added``,
-``response.function_call_arguments.delta`` / ``.done``, ``response.output_item.done``); then
-``response.completed`` (or ``response.incomplete`` when max_output_tokens cut it),
-each with its ``sequence_number``. An error after the stream began is an ``error``
-event followed by ``response.failed``. Errors are OpenAI-shaped, as on /v1/chat/completions.
+    POST   /v1/responses                   create (``stream``: typed events, corral.api.openai.responses_stream)
+    GET    /v1/responses/{id}              a stored response (``background``: its status while it runs)
+    POST   /v1/responses/{id}/cancel       cancel a background response
+    DELETE /v1/responses/{id}              forget a stored response
+    POST   /v1/responses/input_tokens      {"object": "response.input_tokens", "input_tokens": N}
+
+A translation onto corral's one request path (``corral.api.core.dialect``). A reasoning
+model's thinking is a ``reasoning`` output item (its text in ``content`` as ``reasoning_text``)
+before the message; a ``reasoning`` input item reaches the template with the assistant turn
+after it. Tools: corral.api.openai.responses_tools (hosted tools are left out, with
+``warnings`` in the response).
+
+``store`` (default true, as OpenAI's) keeps the response and its conversation in
+corral.api.openai.responses_store, for the key that made it only; ``previous_response_id``
+continues it (404 for an id this key has no response under). ``background: true``
+(needs ``store``, not ``stream``) answers at once with status ``queued``; the generation runs
+on without the connection, in the key's fair share of the model's queue, at most
+``MAX_BACKGROUND`` per key at a time (429 beyond); GET shows ``in_progress``, then the
+result; cancel ends it (``cancelled``). ``input_tokens`` renders and tokenizes the request
+without taking a generation slot. Errors are OpenAI-shaped, as on /v1/chat/completions.
 """
 
 from __future__ import annotations
 
-import secrets
-import time
-from collections.abc import AsyncIterator, Callable
+import asyncio
+import contextlib
 from typing import Any
 
 import msgspec
 from fastapi import APIRouter, Request
+from starlette.requests import Request as StarletteRequest
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Message
 
 from corral import wire
-from corral.api.core.dialect import (Generation, ReasoningEvent, TextEvent, ToolCallEvent, build_spec,
-                                     run_generation)
-from corral.api.http import app_part
-from corral.api.openai.responses_schemas import ResponsesRequest, ResponseStore
+from corral.api.core.dialect import Generation, build_spec, run_generation
+from corral.api.core.generation import GenerationSpec
 from corral.api.core.schemas import parse_body
-from corral.errors import CorralError
+from corral.api.core.token_count import count_chat_tokens
+from corral.api.http import app_part, json_response
+from corral.api.openai.responses_schemas import ResponsesRequest
+from corral.api.openai.responses_store import ResponseStore, StoredResponse
+from corral.api.openai.responses_stream import Shape, events, status_of
+from corral.api.openai.responses_tools import Toolbox
+from corral.control.keys import ANONYMOUS_NAME, current_caller
+from corral.errors import CorralError, InvalidRequest, RateLimited, UnsupportedOption
+from corral.state_paths import state_dir
 
-__all__ = ["router"]
+__all__ = ["router", "MAX_BACKGROUND", "open_store"]
 
 router = APIRouter()
 _json = msgspec.json.Encoder()
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+MAX_BACKGROUND = 8  # running background responses per key
 
 
-def _store(request: Request) -> ResponseStore:
-    store: ResponseStore | None = app_part(request, "responses")
-    if store is None:
-        store = request.app.state.responses = ResponseStore()
-    return store
+class _Responses:
+    """The stored responses and the background generations still running, by id."""
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+        self.running: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> (owner, task)
+
+    def close(self) -> None:
+        for _, task in self.running.values():
+            task.cancel()
+        self.store.close()
 
 
-class _Shape:
-    """The ids and fixed fields of one response, for its objects and events."""
-
-    def __init__(self, body: ResponsesRequest, model: str) -> None:
-        self.body = body
-        self.id = "resp_" + secrets.token_hex(16)
-        self.item_id = "msg_" + secrets.token_hex(16)
-        self.reasoning_id = "rs_" + secrets.token_hex(16)
-        self.created = int(time.time())
-        self.model = model
-        self.seq = 0
-
-    def message(self, text: str, status: str) -> dict[str, Any]:
-        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
-        return {"id": self.item_id, "type": "message", "status": status, "role": "assistant",
-                "content": content if status == "completed" else []}
-
-    def thinking(self, text: str, status: str) -> dict[str, Any]:
-        return {"id": self.reasoning_id, "type": "reasoning", "status": status, "summary": [],
-                "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
-
-    @staticmethod
-    def call(call: wire.ToolCall, status: str) -> dict[str, Any]:
-        return {"id": "fc_" + call.id, "type": "function_call", "status": status, "call_id": call.id,
-                "name": call.name, "arguments": call.arguments if status == "completed" else ""}
-
-    def response(self, status: str, output: list[dict[str, Any]], gen: Generation | None) -> dict[str, Any]:
-        b = self.body
-        usage = None
-        incomplete = None
-        if gen is not None and status in ("completed", "incomplete"):
-            o = gen.outcome()
-            usage = {"input_tokens": o.prompt_tokens, "input_tokens_details": {"cached_tokens": o.cached_tokens},
-                     "output_tokens": o.completion_tokens,
-                     "output_tokens_details": {"reasoning_tokens": o.reasoning_tokens},
-                     "total_tokens": o.prompt_tokens + o.completion_tokens}
-            if status == "incomplete":
-                incomplete = {"reason": "max_output_tokens"}
-        fmt = b.text.format.type if b.text and b.text.format else "text"
-        return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
-                "model": self.model, "output": output, "instructions": b.instructions,
-                "max_output_tokens": b.max_output_tokens, "temperature": b.temperature, "top_p": b.top_p,
-                "previous_response_id": b.previous_response_id, "store": b.store,
-                "tools": b.tools or [], "tool_choice": b.tool_choice or "auto",
-                "parallel_tool_calls": b.parallel_tool_calls is not False,
-                "text": {"format": {"type": fmt}}, "truncation": "disabled", "metadata": b.metadata or {},
-                "reasoning": {"effort": b.reasoning.effort if b.reasoning else None, "summary": None},
-                "error": None, "incomplete_details": incomplete, "usage": usage}
-
-    def event(self, etype: str, data: dict[str, Any]) -> bytes:
-        data = {"type": etype, "sequence_number": self.seq, **data}
-        self.seq += 1
-        return b"event: " + etype.encode() + b"\ndata: " + _json.encode(data) + b"\n\n"
+def open_store(app_state: Any, configured_dir: Any) -> None:
+    """Called by the app's lifespan: the store in ``state_dir``; ``close_store`` at the end."""
+    app_state.responses = _Responses(ResponseStore(state_dir(configured_dir)))
 
 
-def _status(gen: Generation) -> str:
-    return "incomplete" if gen.outcome().finish_reason == "length" else "completed"
+def _responses(request: Request) -> _Responses:
+    parts: _Responses | None = app_part(request, "responses")
+    if parts is None:
+        raise CorralError("the response store is not open")
+    return parts
+
+
+def _owner() -> str:
+    caller = current_caller()
+    return caller.name if caller is not None else ANONYMOUS_NAME
 
 
 def _assistant(text: str, calls: list[wire.ToolCall], thought: str) -> dict[str, Any]:
@@ -118,131 +98,138 @@ def _assistant(text: str, calls: list[wire.ToolCall], thought: str) -> dict[str,
     return msg
 
 
+async def _prepare(request: Request, body: ResponsesRequest, owner: str) -> tuple[
+        Toolbox, list[dict[str, Any]], dict[str, Any]]:
+    """The request's tools, its conversation (earlier turns included) and chat fields."""
+    tools = Toolbox(body.tools)
+    history: list[dict[str, Any]] = []
+    if body.previous_response_id:
+        prev = await _responses(request).store.get(body.previous_response_id, owner, param="previous_response_id")
+        history = prev.conversation
+    conversation = history + body.input_messages(tools.warnings)
+    return tools, conversation, body.openai_chat(tools)
+
+
+def _spec(body: ResponsesRequest, conversation: list[dict[str, Any]], chat: dict[str, Any]) -> GenerationSpec:
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    return build_spec(body.model, "responses", system + conversation, body.sampling(),
+                      reasoning=body.wire_reasoning(), cache_salt=body.cache_salt, **chat)
+
+
+def _output(shape: Shape, gen: Generation) -> list[dict[str, Any]]:
+    output = [shape.thinking(gen.reasoning, "completed")] if gen.reasoning else []
+    output += [shape.message(gen.text, "completed")] if gen.text or not gen.tool_calls else []
+    return output + [shape.call(c, "completed") for c in gen.tool_calls]
+
+
 @router.post("/v1/responses")
 async def create_response(request: Request) -> Response:
     body = await parse_body(request, ResponsesRequest)
-    body.check()
-    store = _store(request)
-    history = store.get(body.previous_response_id) if body.previous_response_id else []
-    conversation = history + body.input_messages()
-    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    spec = build_spec(body.model, "responses", system + conversation, body.sampling(),
-                      reasoning=body.wire_reasoning(), **body.openai_chat())
+    owner = _owner()
+    parts = _responses(request)
+    tools, conversation, chat = await _prepare(request, body, owner)
+    spec = _spec(body, conversation, chat)
+    if body.background:
+        return await _start_background(request, parts, body, owner, tools, conversation, spec)
     gen = await run_generation(request, spec, stream=body.stream)
-    shape = _Shape(body, gen.model)
+    shape = Shape(body, gen.model, tools)
 
-    def remember(text: str, calls: list[wire.ToolCall], thought: str) -> None:
+    async def remember(text: str, calls: list[wire.ToolCall], thought: str, response: dict[str, Any]) -> None:
         if body.store:
-            store.put(shape.id, gen.model, conversation + [_assistant(text, calls, thought)])
+            await parts.store.put(StoredResponse(shape.id, owner, response,
+                                                 conversation + [_assistant(text, calls, thought)]))
 
     if not body.stream:
-        remember(gen.text, gen.tool_calls, gen.reasoning)
-        output = [shape.thinking(gen.reasoning, "completed")] if gen.reasoning else []
-        output += [shape.message(gen.text, "completed")] if gen.text or not gen.tool_calls else []
-        output += [shape.call(c, "completed") for c in gen.tool_calls]
-        return Response(_json.encode(shape.response(_status(gen), output, gen)), media_type="application/json")
-    return StreamingResponse(_events(gen, shape, remember), media_type="text/event-stream",
+        response = shape.response(status_of(gen), _output(shape, gen), gen)
+        await remember(gen.text, gen.tool_calls, gen.reasoning, response)
+        return Response(_json.encode(response), media_type="application/json")
+    return StreamingResponse(events(gen, shape, remember), media_type="text/event-stream",
                              headers=_SSE_HEADERS)
 
 
-Remember = Callable[[str, list[wire.ToolCall], str], None]
+async def _start_background(request: Request, parts: _Responses, body: ResponsesRequest, owner: str,
+                            tools: Toolbox, conversation: list[dict[str, Any]], spec: GenerationSpec) -> Response:
+    if body.stream:
+        raise UnsupportedOption("background responses are not streamed here: create it, then GET it",
+                                param="background")
+    if not body.store:
+        raise InvalidRequest("background responses must be stored (store: true)", param="store")
+    if sum(1 for o, _ in parts.running.values() if o == owner) >= MAX_BACKGROUND:
+        raise RateLimited(f"this key already runs {MAX_BACKGROUND} background responses; wait for one to end",
+                          retry_after_s=5)
+    shape = Shape(body, spec.model, tools)
+    await parts.store.put(StoredResponse(shape.id, owner, shape.response("queued", [], None), conversation))
+    detached = StarletteRequest(request.scope, _never_disconnects)  # the run outlives this connection
+
+    async def run() -> None:
+        try:
+            await parts.store.put(StoredResponse(shape.id, owner, shape.response("in_progress", [], None),
+                                                 conversation))
+            gen = await run_generation(detached, spec, stream=False)
+            shape.model = gen.model
+            response = shape.response(status_of(gen), _output(shape, gen), gen)
+            convo = conversation + [_assistant(gen.text, gen.tool_calls, gen.reasoning)]
+        except asyncio.CancelledError:
+            response, convo = shape.response("cancelled", [], None), conversation
+        except CorralError as exc:
+            response, convo = shape.response("failed", [], None), conversation
+            response["error"] = {"code": exc.code or "server_error", "message": exc.message}
+        finally:
+            parts.running.pop(shape.id, None)
+        with contextlib.suppress(Exception):
+            await asyncio.shield(parts.store.put(StoredResponse(shape.id, owner, response, convo)))
+
+    parts.running[shape.id] = (owner, asyncio.ensure_future(run()))
+    return json_response(shape.response("queued", [], None))
 
 
-async def _events(gen: Generation, shape: _Shape, remember: Remember) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in _chunks(gen, shape, remember):
-            yield chunk
-    finally:
-        gen.close()
+async def _never_disconnects() -> Message:
+    await asyncio.Event().wait()
+    return {"type": "http.disconnect"}
 
 
-async def _chunks(gen: Generation, shape: _Shape, remember: Remember) -> AsyncIterator[bytes]:
-    ev = shape.event
-    yield ev("response.created", {"response": shape.response("in_progress", [], None)})
-    yield ev("response.in_progress", {"response": shape.response("in_progress", [], None)})
-    pieces: list[str] = []
-    calls: list[wire.ToolCall] = []
-    done: list[dict[str, Any]] = []  # finished output items
-    text_index: int | None = None
-    thoughts: list[str] = []
-    thinking_index: int | None = None
-    enc = _json.encode
-    head = b""
+@router.get("/v1/responses/{response_id}")
+async def get_response(request: Request, response_id: str) -> Response:
+    item = await _responses(request).store.get(response_id, _owner())
+    return json_response(item.response)
 
-    def close_thinking() -> list[bytes]:
-        text = "".join(thoughts)
-        item = shape.thinking(text, "completed")
-        done.append(item)
-        return [ev("response.reasoning_text.done", {"item_id": shape.reasoning_id, "output_index": thinking_index,
-                                                    "content_index": 0, "text": text}),
-                ev("response.output_item.done", {"output_index": thinking_index, "item": item})]
 
-    def close_text() -> list[bytes]:
-        text = "".join(pieces)
-        where = {"item_id": shape.item_id, "output_index": text_index, "content_index": 0}
-        item = shape.message(text, "completed")
-        done.append(item)
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        return [ev("response.output_text.done", {**where, "text": text, "logprobs": []}),
-                ev("response.content_part.done", {**where, "part": part}),
-                ev("response.output_item.done", {"output_index": text_index, "item": item})]
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(request: Request, response_id: str) -> Response:
+    parts = _responses(request)
+    owner = _owner()
+    item = await parts.store.get(response_id, owner)
+    running = parts.running.get(response_id)
+    if running is None:
+        if item.response.get("background"):
+            return json_response(item.response)  # already over: cancelling it again changes nothing
+        raise InvalidRequest("only a background response can be cancelled", param="response_id")
+    task = running[1]
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.shield(task)
+    return json_response((await parts.store.get(response_id, owner)).response)
 
-    try:
-        async for e in gen.events():
-            if isinstance(e, ReasoningEvent):
-                if thinking_index is None:
-                    thinking_index = len(done)
-                    yield ev("response.output_item.added", {"output_index": thinking_index,
-                                                            "item": shape.thinking("", "in_progress")})
-                thoughts.append(e.text)
-                yield ev("response.reasoning_text.delta", {"item_id": shape.reasoning_id, "output_index":
-                                                           thinking_index, "content_index": 0, "delta": e.text})
-                continue
-            if thinking_index is not None and len(done) == thinking_index:
-                for line in close_thinking():
-                    yield line
-            if isinstance(e, TextEvent) and e.text:
-                if text_index is None:
-                    text_index = len(done)
-                    where = {"item_id": shape.item_id, "output_index": text_index, "content_index": 0}
-                    yield ev("response.output_item.added", {"output_index": text_index,
-                                                            "item": shape.message("", "in_progress")})
-                    yield ev("response.content_part.added", {**where, "part": {
-                        "type": "output_text", "text": "", "annotations": [], "logprobs": []}})
-                    head = _json.encode(where)[1:-1]
-                pieces.append(e.text)
-                yield (b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
-                       b'"sequence_number":' + str(shape.seq).encode() + b"," + head
-                       + b',"delta":' + enc(e.text) + b',"logprobs":[]}\n\n')
-                shape.seq += 1
-            elif isinstance(e, ToolCallEvent):
-                if text_index is not None and len(done) == text_index:
-                    for line in close_text():
-                        yield line
-                calls.append(e.call)
-                index = len(done)
-                item_id = "fc_" + e.call.id
-                yield ev("response.output_item.added", {"output_index": index,
-                                                        "item": shape.call(e.call, "in_progress")})
-                yield ev("response.function_call_arguments.delta", {"item_id": item_id, "output_index": index,
-                                                                    "delta": e.call.arguments})
-                yield ev("response.function_call_arguments.done", {"item_id": item_id, "output_index": index,
-                                                                   "arguments": e.call.arguments})
-                item = shape.call(e.call, "completed")
-                done.append(item)
-                yield ev("response.output_item.done", {"output_index": index, "item": item})
-    except CorralError as exc:
-        yield ev("error", {"code": exc.code, "message": exc.message, "param": exc.param})
-        failed = shape.response("failed", [], None)
-        failed["error"] = {"code": exc.code or "server_error", "message": exc.message}
-        yield ev("response.failed", {"response": failed})
-        return
-    if thinking_index is not None and len(done) == thinking_index:
-        for line in close_thinking():
-            yield line
-    if text_index is not None and len(done) == text_index:
-        for line in close_text():
-            yield line
-    remember("".join(pieces), calls, "".join(thoughts))
-    final = _status(gen)
-    yield ev(f"response.{final}", {"response": shape.response(final, done, gen)})
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> Response:
+    parts = _responses(request)
+    owner = _owner()
+    running = parts.running.get(response_id)
+    await parts.store.delete(response_id, owner)
+    if running is not None and running[0] == owner:
+        running[1].cancel()
+    return json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.post("/v1/responses/input_tokens")
+async def input_tokens(request: Request) -> Response:
+    body = await parse_body(request, ResponsesRequest)
+    _, conversation, chat = await _prepare(request, body, _owner())
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    chat = {k: v for k, v in chat.items() if k in ("tools",) and v is not None}
+    _, n = await count_chat_tokens(request, {"model": body.model, "messages": system + conversation, **chat},
+                                   "responses_input_tokens")
+    return json_response({"object": "response.input_tokens", "input_tokens": n})
+
+

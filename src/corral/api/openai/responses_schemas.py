@@ -1,32 +1,34 @@
-"""OpenAI Responses API request bodies, their translation to corral's wire request, and
-the bounded in-memory store behind ``previous_response_id``.
+"""OpenAI Responses API request bodies and their translation to corral's wire request.
 
 ``input`` is a string or a list of items: messages (roles user, system, developer,
-assistant; content a string or input_text / output_text / input_image parts), ``function_call`` and
-``function_call_output``; ``instructions`` is the system message; ``max_output_tokens``,
-``temperature``, ``top_p`` map onto sampling; ``tools`` (function), ``tool_choice`` and
-``text.format`` (json_schema, json_object) go through the request core's tool calling
-and structured output.
-``store`` (default true, as OpenAI's) keeps the conversation of a finished response in
-memory so a later request can continue it with ``previous_response_id``: at most
-``ResponseStore.max_items`` responses and ``max_chars`` characters of conversation, the
-oldest forgotten first, nothing on disk, nothing kept across a restart. An unknown or
-forgotten id is a 400 that says so.
+assistant; content a string or input_text / output_text / input_image parts), ``reasoning``,
+``function_call`` and ``function_call_output`` (its output a string or parts),
+``custom_tool_call`` / ``custom_tool_call_output`` and ``local_shell_call`` /
+``local_shell_call_output``; items of OpenAI's hosted tools (``web_search_call``, ...) are
+left out with a warning. ``instructions`` is the system message; ``max_output_tokens``,
+``temperature``, ``top_p`` map onto sampling; ``tools`` (corral.api.openai.responses_tools),
+``tool_choice`` and ``text.format`` (json_schema, json_object) go through the request core's
+tool calling and structured output. ``include``, ``prompt_cache_key``, ``client_metadata``,
+``service_tier`` and other fields corral has no use for are ignored.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
+from corral.api.core.schemas import CacheSalt
+from corral.api.openai.responses_tools import SHELL, Toolbox, call_message
 from corral.errors import InvalidRequest, UnsupportedOption
 
-__all__ = ["ResponsesRequest", "ResponseStore"]
+__all__ = ["ResponsesRequest"]
 
 _LENIENT = ConfigDict(extra="ignore")
+_CALLS = frozenset({"function_call", "custom_tool_call", "local_shell_call"})
+_RESULTS = frozenset({"function_call_output", "custom_tool_call_output", "local_shell_call_output"})
 
 
 class _Part(BaseModel):
@@ -43,10 +45,13 @@ class _Item(BaseModel):
     role: Literal["user", "system", "developer", "assistant"] | None = None
     content: str | list[_Part] | None = None
     summary: list[_Part] | None = None  # reasoning
-    call_id: str | None = None  # function_call, function_call_output
+    id: str | None = None
+    call_id: str | None = None  # function_call, function_call_output, custom_tool_call, local_shell_call
     name: str | None = None
     arguments: str | None = None
-    output: str | None = None
+    input: str | None = None  # custom_tool_call
+    action: dict[str, Any] | None = None  # local_shell_call
+    output: str | list[_Part] | None = None
 
 
 class _TextFormat(BaseModel):
@@ -72,6 +77,7 @@ class ResponsesRequest(BaseModel):
     model_config = _LENIENT
     model: str = Field(min_length=1)
     input: str | list[_Item]
+    background: bool = False
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -86,6 +92,7 @@ class ResponsesRequest(BaseModel):
     reasoning: _Reasoning | None = None
     metadata: dict[str, str] | None = None
     ignore_eos: bool = False  # corral's extension (as on its OpenAI routes): generate every token
+    cache_salt: CacheSalt | None = None  # vLLM's: shares the prompt cache only with the same salt
 
     def wire_reasoning(self) -> dict[str, Any] | None:
         """``reasoning.effort`` as the worker's field (a level's budget is the model's
@@ -93,16 +100,10 @@ class ResponsesRequest(BaseModel):
         effort = self.reasoning.effort if self.reasoning is not None else None
         return {"reasoning_effort": effort} if effort is not None else None
 
-    def check(self) -> None:
-        for i, t in enumerate(self.tools or []):
-            if t.get("type") != "function":
-                raise UnsupportedOption(f"tools of type {t.get('type')!r} are not supported (function only)",
-                                        param=f"tools.{i}.type")
-
-    def input_messages(self) -> list[dict[str, Any]]:
+    def input_messages(self, warnings: list[str]) -> list[dict[str, Any]]:
         """This request's own messages in OpenAI's chat shape (without instructions or
-        earlier responses): message items, function_call items (the assistant's calls) and
-        function_call_output items (tool results)."""
+        earlier responses): message items, the assistant's tool calls and their results.
+        Items of hosted tools are left out, with a line in ``warnings``."""
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
         out: list[dict[str, Any]] = []
@@ -117,36 +118,41 @@ class ResponsesRequest(BaseModel):
                 if item.role == "assistant" and thought:
                     msg["reasoning_content"], thought = thought, ""
                 out.append(msg)
-            elif item.type == "function_call" and item.name and item.call_id:
-                call = {"id": item.call_id, "type": "function",
-                        "function": {"name": item.name, "arguments": item.arguments or "{}"}}
-                if out and out[-1]["role"] == "assistant" and not out[-1]["content"]:
+            elif item.type in _CALLS:
+                if item.type == "local_shell_call":
+                    call = call_message(item.call_id or item.id, SHELL, json.dumps(item.action or {}))
+                elif item.type == "custom_tool_call":
+                    call = call_message(item.call_id, item.name or "", json.dumps({"input": item.input or ""}))
+                else:
+                    call = call_message(item.call_id, item.name or "", item.arguments or "{}")
+                if not call["function"]["name"]:
+                    raise InvalidRequest(f"input.{i}.name: a {item.type} item needs a name", param=f"input.{i}.name")
+                if out and out[-1]["role"] == "assistant" and (not out[-1]["content"] or "tool_calls" in out[-1]):
                     out[-1].setdefault("tool_calls", []).append(call)
                 else:
                     out.append({"role": "assistant", "content": "", "tool_calls": [call]})
                 if thought:
                     out[-1]["reasoning_content"], thought = thought, ""
-            elif item.type == "function_call_output" and item.call_id:
-                out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output or ""})
+            elif item.type in _RESULTS:
+                output = item.output if isinstance(item.output, str) or item.output is None \
+                    else _text(item.output, f"input.{i}.output")
+                out.append({"role": "tool", "tool_call_id": item.call_id or item.id or "", "content": output or ""})
+            elif item.type.endswith("_call") or item.type in ("compaction", "item_reference"):
+                warnings.append(f"input.{i}: items of type {item.type!r} are not available here; left out")
             else:
                 raise UnsupportedOption(f"input items of type {item.type!r} are not supported "
-                                        "(message, function_call, function_call_output, reasoning)",
-                                        param=f"input.{i}.type")
+                                        "(message, reasoning, function_call, function_call_output, custom_tool_call, "
+                                        "local_shell_call and their outputs)", param=f"input.{i}.type")
         if not out:
             raise InvalidRequest("input: must not be empty", param="input")
         return out
 
-    def openai_chat(self) -> dict[str, Any]:
+    def openai_chat(self, tools: Toolbox) -> dict[str, Any]:
         """tools, tool_choice, parallel_tool_calls, response_format in OpenAI chat's shape."""
         out: dict[str, Any] = {}
-        if self.tools:
-            out["tools"] = [{"type": "function", "function": {
-                "name": t.get("name"), "description": t.get("description"), "parameters": t.get("parameters"),
-                "strict": t.get("strict")}} for t in self.tools]
-            tc = self.tool_choice
-            if isinstance(tc, dict) and tc.get("type") == "function":
-                tc = {"type": "function", "function": {"name": tc.get("name")}}
-            out["tool_choice"] = tc
+        if tools.functions:
+            out["tools"] = tools.functions
+            out["tool_choice"] = tools.tool_choice(self.tool_choice)
             out["parallel_tool_calls"] = self.parallel_tool_calls
         fmt = self.text.format if self.text else None
         if fmt is not None and fmt.type == "json_schema":
@@ -187,37 +193,3 @@ def _text(content: str | list[_Part] | None, where: str) -> str | list[dict[str,
     if all(part["type"] == "text" for part in out):
         return "".join(part["text"] for part in out)
     return out
-
-
-class ResponseStore:
-    """Conversations of stored responses, by response id: bounded, in memory, LRU."""
-
-    def __init__(self, max_items: int = 256, max_chars: int = 16 * 1024 * 1024) -> None:
-        self.max_items = max_items
-        self.max_chars = max_chars
-        self._items: OrderedDict[str, tuple[str, list[dict[str, Any]]]] = OrderedDict()
-        self._chars = 0
-
-    @staticmethod
-    def _size(msgs: list[dict[str, Any]]) -> int:
-        return sum(len(str(m)) for m in msgs)
-
-    def put(self, response_id: str, model: str, conversation: list[dict[str, Any]]) -> None:
-        size = self._size(conversation)
-        if size > self.max_chars:
-            return
-        self._items[response_id] = (model, conversation)
-        self._chars += size
-        while len(self._items) > self.max_items or self._chars > self.max_chars:
-            _, (_, old) = self._items.popitem(last=False)
-            self._chars -= self._size(old)
-
-    def get(self, response_id: str) -> list[dict[str, Any]]:
-        item = self._items.get(response_id)
-        if item is None:
-            raise InvalidRequest(
-                f"previous_response_id: no stored response {response_id!r}; corral keeps the last "
-                f"{self.max_items} responses created with store=true in memory (not across restarts)",
-                param="previous_response_id")
-        self._items.move_to_end(response_id)
-        return list(item[1])

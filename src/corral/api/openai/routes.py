@@ -22,8 +22,8 @@ from corral import wire
 from corral.api.core.adapter_models import AdapterModel, adapter_models, find_adapter_model
 from corral.api.core.chat_request import ChatCompletionRequest
 from corral.api.core.generation import (FinishEvent, GenerationResult, GenerationStream, ReasoningEvent, TextEvent,
-                                        ToolCallEvent, chat_spec, completion_spec, generate, observe, open_stream,
-                                        submit)
+                                        ToolCallEvent, chat_spec, completion_spec, generate, open_stream)
+from corral.api.core.submit import observe, submit
 from corral.api.core.logprob_shapes import chat_logprobs, completion_logprobs
 from corral.api.http import json_response, plane_of, sse_data, sse_stream
 from corral.api.core.schemas import CompletionRequest, EmbeddingRequest, parse_body

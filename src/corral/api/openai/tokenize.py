@@ -33,7 +33,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from corral import wire
-from corral.api.core.generation import observe, submit
+from corral.api.core.submit import observe, submit
 from corral.api.http import json_response, model_or_only, plane_of
 from corral.api.core.schemas import parse_body
 from corral.control.stream import RequestStream

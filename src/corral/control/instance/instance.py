@@ -182,10 +182,10 @@ class Instance:
         with contextlib.suppress(asyncio.CancelledError):
             await self._owner
 
-    def submit(self, request_id: str, frame: bytes, stream: RequestStream) -> bool:
-        """Send an encoded request (sync). False when the instance cannot take it now."""
+    def submit(self, request_id: str, frame: bytes, stream: RequestStream, slotted: bool = True) -> bool:
+        """Send an encoded request (sync; ``slotted=False``: it holds no slot). False when it cannot now."""
         link = self.ready_link
-        return link is not None and link.submit(request_id, frame, stream, self.index)
+        return link is not None and link.submit(request_id, frame, stream, self.index, slotted)
 
     async def fetch_stats(self, timeout_s: float = 2.0) -> wire.Stats | None:
         link = self.ready_link

@@ -112,6 +112,7 @@ class WorkerLink(abc.ABC):
         self.stats: wire.Stats | None = None
         self._requests: dict[str, RequestStream] = {}
         self._stopping: set[str] = set()  # failed by a router error, still running on the worker
+        self._unslotted: set[str] = set()  # running requests that hold no slot (tokenizing)
         self._stats_waiters: list[asyncio.Future[wire.Stats]] = []
         self._slot_files: dict[str, asyncio.Future[wire.SlotFileDone]] = {}  # POST /slots/{id} by action id
         self._decoder = wire.FrameDecoder()
@@ -190,7 +191,10 @@ class WorkerLink(abc.ABC):
                 except Exception as exc:  # noqa: BLE001 - a router error fails this request only (logged)
                     self._router_failed(msg.id, r, exc)
                 finally:
-                    self._owner.link_request_ended(self)
+                    if msg.id in self._unslotted:
+                        self._unslotted.discard(msg.id)
+                    else:
+                        self._owner.link_request_ended(self)
             elif msg.id in self._stopping:
                 self._stopping.discard(msg.id)
                 self._owner.link_request_ended(self)
@@ -260,10 +264,14 @@ class WorkerLink(abc.ABC):
             log.warning("worker %s: still running; killing it", self.placement)
             self.kill()
 
-    def submit(self, request_id: str, frame: bytes, stream: RequestStream, instance_index: int) -> bool:
-        """Send an encoded request (sync). False when the channel is closed."""
+    def submit(self, request_id: str, frame: bytes, stream: RequestStream, instance_index: int,
+               slotted: bool = True) -> bool:
+        """Send an encoded request (sync). False when the channel is closed. ``slotted=False``:
+        a request that holds no slot (tokenizing), so its end frees none."""
         if not self.is_open:
             return False
+        if not slotted:
+            self._unslotted.add(request_id)
         self._requests[request_id] = stream
         stream.bind(instance_index, self.abort)
         stream.send = self._send_for
@@ -315,6 +323,7 @@ class WorkerLink(abc.ABC):
         """End every request still running on this worker with ``exc``."""
         reqs, self._requests = self._requests, {}
         self._stopping.clear()
+        self._unslotted.clear()
         for r in reqs.values():
             r.fail(exc)
         waiters, self._stats_waiters = self._stats_waiters, []
