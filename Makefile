@@ -7,9 +7,10 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 # The llama.cpp backend `make serve` runs workers on: cpu (the bindings' own build in the venv),
-# vulkan or cuda: the same llama-cpp-python version built for it once per machine (.whl/), its
+# vulkan or cuda: the same llama-cpp-python version built for it once per machine, its
 # libraries beside the CPU ones in $(VENV)/llama-cpp-BACKEND/ and loaded through LLAMA_CPP_LIB_PATH
 # (bench/gpu/install_backend.sh). `make install BACKEND=vulkan` remembers the choice.
+export CORRAL_GPU_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/corral-gpu
 BACKEND ?= $(shell cat $(VENV)/corral-backend 2>/dev/null || echo cpu)
 GPU_ENV = $(VENV)/llama-cpp-$(BACKEND)/env.sh
 
@@ -22,7 +23,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "from corral.store.embedded import embedded_model_path; print('default model:', embedded_model_path())"
 	touch $@
 
-# A GPU build (Vulkan: 847 s measured on 2 shared cores, shaders included; kept in .whl/, never in pip's cache)
+# A GPU build (Vulkan: 847 s measured on 2 shared cores, shaders included), kept outside the checkout
+# as pip keeps the CPU wheel: in $(CORRAL_GPU_CACHE)/whl/ (never in pip's cache, which does not key
+# on CMAKE_ARGS), with Mesa's lavapipe and its shader cache beside it (bench/gpu/build_wheel.sh)
 $(VENV)/llama-cpp-%/.installed: $(VENV)/.installed bench/gpu/build_wheel.sh bench/gpu/install_backend.sh
 	PY=$(PY) bench/gpu/install_backend.sh $* $(VENV)/llama-cpp-$*
 	touch $@
@@ -73,4 +76,4 @@ bench: install
 	$(PY) -m bench.run $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache  # .whl/ and .gl/ (the GPU builds) stay
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache  # $(CORRAL_GPU_CACHE) (the GPU builds) stays
