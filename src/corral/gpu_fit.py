@@ -86,6 +86,20 @@ class ModelLayout:
     def weight_bytes(self) -> int:
         return sum(self.layer_bytes) + self.output_bytes + self.input_bytes
 
+    def on_devices(self, gpus: Sequence[wire.DeviceInfo]) -> ModelLayout:
+        """The layout as llama.cpp places it on these GPUs: the head stays on the host when
+        the GPU that would hold it (the last one) refuses a matrix that large
+        (``DeviceInfo.max_tensor_bytes``; llama.cpp's ``select_weight_buft`` asks the device's
+        ``supports_op``). A tied head then shares the host's mapping of the token embeddings
+        (no bytes of its own); an ``output.weight`` counts on the host."""
+        limit = gpus[-1].max_tensor_bytes if gpus else 0
+        head = self.tied_output_bytes or self.output_bytes
+        if limit <= 0 or head <= limit:
+            return self
+        if self.tied_output_bytes:
+            return dataclasses.replace(self, tied_output_bytes=0)
+        return dataclasses.replace(self, output_bytes=0, input_bytes=self.input_bytes + self.output_bytes)
+
     def kv_sized(self, swa_full: bool) -> ModelLayout:
         """The layout as its KV cache is sized: with ``swa_full`` no layer keeps only a window."""
         return dataclasses.replace(self, sliding_window=0) if swa_full else self

@@ -12,17 +12,22 @@ about a token a second: one router, three worker starts, a few tokens each.
   device (by memory: max_loaded_models allows all three).
 - A plan that cannot fit (a fixed n_gpu_layers with too large a context) fails with the
   reason naming the device; the others keep serving.
+- A busy model is never evicted: with both loaded models decoding, a third load waits for
+  room and fails 503 ``capacity_timeout`` naming the device and the bytes.
+- ``max_loaded_models = 1`` swaps on the device, and the prompt cache survives the swap.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from corral.control.gpus import probe_devices
 from corral.gpu_fit import device_need, read_layout
 from corral.settings import ModelSettings
 from support.harness import Harness
@@ -35,6 +40,8 @@ MiB = 1024 * 1024
 SETTINGS = {"ctx_len": 512, "n_parallel": 1, "threads": 2}
 PROMPT = "One, two, three,"
 TOKENS = 4
+# 64 tokens or more: the prompt cache keeps it (worker/prompt_cache.py MIN_SAVE_TOKENS)
+LONG_PROMPT = " ".join(f"Rule {i}: the {('red', 'blue', 'green')[i % 3]} stone goes to box {i % 5}." for i in range(6))
 
 
 async def stream(h: Harness, model: str, seen: list[tuple[str, int]]) -> str:
@@ -71,14 +78,15 @@ def instance(models: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 async def test_the_seeds_cases_on_one_device(harness: Harness, model_path: Path) -> None:
-    layout = read_layout(model_path)
+    [gpu0] = [d for d in probe_devices([sys.executable, "-m", "corral.worker"]) if d.kind == "gpu"]
+    layout = read_layout(model_path).on_devices([gpu0])  # lavapipe: the 170 MiB tied head stays on the host
     layers = layout.n_layer  # 18 for the embedded Gemma 3 270M, and its head: 19 units to offload
     need = device_need(layout, ModelSettings(**SETTINGS), budget_bytes=1 << 40)
     budget = 2 * need + need // 2  # two models fit, three do not
     models = {m: {"path": str(model_path), **SETTINGS} for m in ("a", "b", "c")}
     models["too_big"] = {"path": str(model_path), **SETTINGS, "n_gpu_layers": layers + 1, "ctx_len": 1 << 20}
     cfg = harness.config(models, worker_command=None, gpu_memory_margin=0, gpu_memory_budget=[budget],
-                         max_loaded_models=3, load_timeout_s=1800, queue_timeout_s=1800)
+                         max_loaded_models=3, load_timeout_s=1800, queue_timeout_s=5)
     plane = await harness.start(cfg)
 
     # auto: every layer and the head on the device, as planned and as llama.cpp allocated
@@ -135,7 +143,70 @@ async def test_the_seeds_cases_on_one_device(harness: Harness, model_path: Path)
     r = await harness.client.post("/models/load", json={"model": "too_big"})  # type: ignore[union-attr]
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed", r.text
     assert device in r.json()["error"]["message"]
+
+    # a busy model is never evicted: with b and c both decoding, loading a waits for room
+    # (queue_timeout_s), then fails 503 naming the device and the bytes; both keep serving
+    started = {m: asyncio.Event() for m in ("b", "c")}
+    release = asyncio.Event()
+    holds = [asyncio.create_task(hold(harness, m, started[m], release)) for m in ("b", "c")]
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started.values())), 1800)
+    r = await harness.client.post("/models/load", json={"model": "a"}, timeout=1800)  # type: ignore[union-attr]
+    release.set()
+    await asyncio.gather(*holds)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "capacity_timeout", r.text
+    message = r.json()["error"]["message"]
+    assert f"GPU 0 ({device})" in message and "free of its budget" in message and "needs" in message, message
+    assert not plane.pools["a"].occupies and plane.pools["b"].occupies and plane.pools["c"].occupies
+    assert all(plane.pools[m].instances[0].restarts == 0 for m in ("b", "c"))
     assert await stream(harness, "c", []) == alone_a
+
+
+async def test_a_swap_on_the_device_keeps_the_prompt_cache(harness: Harness, model_path: Path,
+                                                           tmp_path: Path) -> None:
+    """``max_loaded_models = 1``: a second model swaps the first off the device (its bytes
+    freed there), and the first one's prefix comes back from the prompt cache on disk when it
+    returns, with the greedy tokens a fresh prefill gave."""
+    models = {m: {"path": str(model_path), **SETTINGS} for m in ("m1", "m2")}
+    cfg = harness.config(models, worker_command=None, max_loaded_models=1, state_dir=str(tmp_path / "state"),
+                         load_timeout_s=1800, queue_timeout_s=1800)
+    plane = await harness.start(cfg)
+    fresh, n_prompt, cached = await complete(harness, "m1", LONG_PROMPT)
+    assert cached == 0
+    m1 = instance(await view(harness), "m1")
+    assert m1["gpu"]["devices"] == [0] and m1["gpu_layers"] == m1["fit"]["n_layers"]
+    await complete(harness, "m2", PROMPT)  # m1 off the device
+    state = await view(harness)
+    assert not plane.pools["m1"].occupies
+    assert state["gpus"][0]["used_bytes"] == instance(state, "m2")["fit"]["device_bytes"]
+    again, _, cached = await complete(harness, "m1", LONG_PROMPT)  # m2 off, m1 back
+    assert (again, cached) == (fresh, n_prompt - 1)
+    await plane.pools["m1"].instances[0].fetch_stats()
+    m1 = instance(await view(harness), "m1")
+    assert m1["gpu"]["devices"] == [0] and m1["prompt_cache"]["disk_hits"] == 1
+    assert (await view(harness))["gpus"][0]["used_bytes"] == m1["fit"]["device_bytes"]
+
+
+async def complete(h: Harness, model: str, prompt: str) -> tuple[str, int, int]:
+    """A greedy completion: its text, prompt tokens and cached prompt tokens."""
+    r = await h.client.post("/v1/completions", json={  # type: ignore[union-attr]
+        "model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0}, timeout=1800)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    usage = body["usage"]
+    return body["choices"][0]["text"], usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+
+
+async def hold(h: Harness, model: str, started: asyncio.Event, release: asyncio.Event) -> None:
+    """A long greedy stream, kept open (the model busy) from its first token until ``release``;
+    then dropped (the router cancels it)."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 512, "temperature": 0, "stream": True}
+    async with h.client.stream("POST", "/v1/completions", json=body, timeout=1800) as r:  # type: ignore[union-attr]
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                break
+        started.set()
+        await release.wait()
 
 
 async def _drain(q: "asyncio.Queue[Any]") -> Any:

@@ -202,7 +202,7 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
         raise ModelLoadError(f"tensor_split has {len(s.tensor_split)} entries but this instance sees "
                              f"{len(gpus)} GPU(s) ({', '.join(d.name for d in gpus)}): give one per GPU of devices")
     try:
-        layout: ModelLayout | None = read_layout(s.model_path).kv_sized(s.swa_full)
+        layout: ModelLayout | None = read_layout(s.model_path).kv_sized(s.swa_full).on_devices(gpus)
     except (GGUFError, OSError, ValueError):
         layout = None  # llama.cpp may still load it; no plan or placement then
     plan: wire.FitPlan | None = None
@@ -273,7 +273,7 @@ def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo],
     if not gpus:
         return None
     try:
-        layout = layout or read_layout(s.model_path).kv_sized(s.swa_full)
+        layout = layout or read_layout(s.model_path).kv_sized(s.swa_full).on_devices(gpus)
     except (GGUFError, OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot plan GPU layers for {s.model_path}: {exc}") from exc
     margin = DEFAULT_MARGIN_BYTES if s.gpu_margin_bytes is None else s.gpu_margin_bytes
