@@ -225,9 +225,10 @@ class GpuBudget:
                                         [self.known[k] for k in ks])
         for k, n, top in zip(ks, needs, tops):
             if n > top:
-                where = f"GPU {k} ({self.known[k].name})" if pinned else "the largest GPU"
+                where = f"GPU {k} ({self.known[k].name})"
                 raise LoadFailed(
-                    f"model {pool.spec.id!r} needs about {fmt_bytes(n)} of GPU memory on {where} (n_gpu_layers="
+                    f"model {pool.spec.id!r} needs about {fmt_bytes(n)} of GPU memory on {where}"
+                    f"{'' if pinned else ', the largest GPU'} (n_gpu_layers="
                     f"{pool.spec.n_gpu_layers}, ctx_len={pool.spec.ctx_len}) but {where} has a budget of "
                     f"{fmt_bytes(top)} (free memory less gpu_memory_margin): lower n_gpu_layers or ctx_len, or "
                     "use n_gpu_layers = \"auto\"")
