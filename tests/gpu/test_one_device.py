@@ -147,12 +147,14 @@ async def test_the_seeds_cases_on_one_device(harness: Harness, model_path: Path)
     # a busy model is never evicted: with b and c both decoding, loading a waits for room
     # (queue_timeout_s), then fails 503 naming the device and the bytes; both keep serving
     started = {m: asyncio.Event() for m in ("b", "c")}
-    release = asyncio.Event()
-    holds = [asyncio.create_task(hold(harness, m, started[m], release)) for m in ("b", "c")]
+    lines: dict[str, list[str]] = {"b": [], "c": []}
+    holds = [asyncio.create_task(hold(harness, m, started[m], lines[m])) for m in ("b", "c")]
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started.values())), 1800)
     r = await harness.client.post("/models/load", json={"model": "a"}, timeout=1800)  # type: ignore[union-attr]
-    release.set()
-    await asyncio.gather(*holds)
+    assert not any(t.done() for t in holds), lines  # still decoding when the wait ended
+    for t in holds:
+        t.cancel()
+    await asyncio.gather(*holds, return_exceptions=True)
     assert r.status_code == 503 and r.json()["error"]["code"] == "capacity_timeout", r.text
     message = r.json()["error"]["message"]
     assert f"GPU 0 ({device})" in message and "free of its budget" in message and "needs" in message, message
@@ -196,17 +198,16 @@ async def complete(h: Harness, model: str, prompt: str) -> tuple[str, int, int]:
     return body["choices"][0]["text"], usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
 
 
-async def hold(h: Harness, model: str, started: asyncio.Event, release: asyncio.Event) -> None:
-    """A long greedy stream, kept open (the model busy) from its first token until ``release``;
-    then dropped (the router cancels it)."""
-    body = {"model": model, "prompt": PROMPT, "max_tokens": 512, "temperature": 0, "stream": True}
+async def hold(h: Harness, model: str, started: asyncio.Event, seen: list[str]) -> None:
+    """A long greedy stream that keeps the model busy (``started`` at its first token) until
+    it is cancelled (then dropped: the router cancels it); its lines go to ``seen``."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 400, "temperature": 0, "stream": True}
     async with h.client.stream("POST", "/v1/completions", json=body, timeout=1800) as r:  # type: ignore[union-attr]
         assert r.status_code == 200, await r.aread()
         async for line in r.aiter_lines():
-            if line.startswith("data: {"):
-                break
-        started.set()
-        await release.wait()
+            if line.startswith("data: "):
+                seen.append(line)
+                started.set()
 
 
 async def _drain(q: "asyncio.Queue[Any]") -> Any:

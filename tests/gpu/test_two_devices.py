@@ -17,6 +17,7 @@ the free memory each reports says nothing about the other's).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from corral.settings import ModelSettings
 from support.harness import Harness
 
 from .conftest import BACKEND, DEVICE
-from .test_one_device import MiB, SETTINGS, complete, instance, load, view, PROMPT
+from .test_one_device import PROMPT, SETTINGS, MiB, complete, instance, load, view
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 
@@ -59,7 +60,7 @@ async def test_spread_pin_and_split_over_two_devices(two_devices: None, harness:
     names = [f"{DEVICE}0", f"{DEVICE}1"]
 
     # spread: one instance on each GPU, each with every unit there
-    state = await load(harness, "spread")
+    state = await load_all(harness, plane, "spread")
     assert [g["name"] for g in state["gpus"]] == names
     spread = next(m for m in state["data"] if m["id"] == "spread")["instances"]
     assert [i["gpu"]["devices"] for i in spread] == [[0], [1]]
@@ -82,7 +83,7 @@ async def test_spread_pin_and_split_over_two_devices(two_devices: None, harness:
     state = await load(harness, "split")
     split = instance(state, "split")
     assert split["gpu"]["devices"] == [0, 1] and split["gpu_layers"] == units
-    assert split["fit"]["tensor_split"] == pytest.approx([0.75, 0.25])
+    assert split["fit"]["tensor_split"] == [3.0, 1.0]  # given to llama.cpp as the weights
     on = {p["device"]: p for p in split["placement"] if p["device"] in names}
     assert list(on) == names and on[names[0]]["layers"] > 2 * on[names[1]]["layers"] > 0, split["placement"]
     assert on[names[0]]["first_layer"] == 0 and on[names[1]]["first_layer"] == on[names[0]]["layers"]
@@ -96,3 +97,12 @@ async def test_spread_pin_and_split_over_two_devices(two_devices: None, harness:
     assert used == [per_gpu[0], per_gpu[1] + pinned["fit"]["device_bytes"]]
     assert (await complete(harness, "split", PROMPT))[0] == text
     assert all(i.restarts == 0 for m in ("pinned", "split") for i in plane.pools[m].instances)
+
+
+async def load_all(h: Harness, plane: Any, model: str) -> dict[str, Any]:
+    """Load ``model`` and wait for every instance to be ready (the load returns at the first)."""
+    async with plane.bus.subscribe() as q:
+        await load(h, model)
+        while not all(i.state.value == "ready" for i in plane.pools[model].instances):
+            await asyncio.wait_for(q.get(), 1800)
+    return await view(h)
