@@ -57,7 +57,17 @@ export MESA_SHADER_CACHE_DIR="\${MESA_SHADER_CACHE_DIR:-$(dirname "$PREFIX")/mes
 export MESA_SHADER_CACHE_MAX_SIZE="\${MESA_SHADER_CACHE_MAX_SIZE:-4G}"
 ENV
 ls "$APT/debs" > "$PREFIX/debs.txt"
-missing=$(LD_LIBRARY_PATH="$lib" ldd "$lib/libvulkan_lvp.so" "$PREFIX/usr/bin/glslc" | grep 'not found' || true)
+missing() { LD_LIBRARY_PATH="$lib" ldd "$lib/libvulkan_lvp.so" "$PREFIX/usr/bin/glslc" | grep 'not found' || true; }
+# what lavapipe and glslc load from the system (Debian 12's packages; chromium's dependencies
+# bring most of them): installed through apt, as the Makefile installs chromium
+runtime=(libllvm15 libz3-4 libxcb-dri3-0 libxcb-present0 libxcb-randr0 libxcb-shm0 libxcb-sync1 libxcb-xfixes0
+         libx11-xcb1 libxshmfence1 libwayland-client0 libzstd1 libexpat1)
+if [ -n "$(missing)" ]; then
+  echo "installing lavapipe's libraries (apt): ${runtime[*]}" >&2
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "${runtime[@]}" >&2 || true
+  else sudo -n apt-get update -qq && sudo -n apt-get install -y -qq "${runtime[@]}" >&2 || true; fi
+fi
+missing=$(missing)
 if [ -n "$missing" ]; then
   echo "vulkan_debs.sh: libraries the unpacked packages need are not installed:" >&2
   echo "$missing" >&2
