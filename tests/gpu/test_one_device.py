@@ -15,6 +15,17 @@ about a token a second: one router, three worker starts, a few tokens each.
 - A busy model is never evicted: with both loaded models decoding, a third load waits for
   room and fails 503 ``capacity_timeout`` naming the device and the bytes.
 - ``max_loaded_models = 1`` swaps on the device, and the prompt cache survives the swap.
+
+Each check fails with its mutation (done by hand on lavapipe, 2026-12-03): ``GpuBudget.place``
+ignoring what is used (the budget ignored: c loads, nothing stopped); the eviction skipped in
+``Admission`` (c's load 503s); a busy model evictable (``ModelPool.evictable`` without
+``idle``: the held stream fails); ``ModelLayout.on_devices`` ignoring the device's largest
+matrix (planned weights 235 MiB against the 65 MiB llama.cpp logged on Vulkan0); the swap
+with ``prompt_cache_disk = 0`` (0 cached tokens instead of 78).
+
+Warm (the shader cache kept), the group takes about a minute; cold, the pipelines of each
+new batch shape compile at the first prompt that needs them (the 7-token and the 84-token
+prompts: 30 and 24 minutes on 2 shared cores): docs/benchmarks/2026-12-03-vulkan-lavapipe.md.
 """
 
 from __future__ import annotations

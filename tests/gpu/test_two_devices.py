@@ -13,6 +13,9 @@ the free memory each reports says nothing about the other's).
   them (the plan's per-device weights and KV against the buffers llama.cpp logged on
   ``Vulkan0`` and ``Vulkan1``), charged on both, and it decodes the greedy tokens of the
   one-device instances.
+
+Mutations that fail it (by hand, 2026-12-03): ``GpuBudget.place`` putting every unpinned
+instance on GPU 0 (spread ``[[0], [0]]``); a pinned model charged on GPU 0 (``[0]``, not ``[1]``).
 """
 
 from __future__ import annotations
