@@ -218,3 +218,45 @@ def test_keys_commands_as_root_keep_the_files_owner(tmp_path: Path, umask_022: N
     st, lock = path.stat(), path.with_name(path.name + ".lock").stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (*service, 0o640)
     assert (lock.st_uid, lock.st_gid, stat.S_IMODE(lock.st_mode)) == (*service, 0o600)
+
+
+def test_the_server_rereads_a_keys_file_it_could_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`corral keys rm` as root once left the file root's: the server (another user) could not
+    read it and kept the removed key; after a `chown` back it kept it until SIGHUP. Being root
+    here, "cannot read" is the file system's answer played by ``read_keys`` for a file that is
+    not the server's user's (uid 0 here); the ring must notice the chown back, and retry."""
+    from corral.control import keys as keyring
+    from corral.events import EventBus
+
+    path = tmp_path / "keys.toml"
+    write_keys_file(path, alice={}, bob={})
+    real = keyring.read_keys
+
+    def as_the_server(p: Path) -> dict[str, Any]:
+        if p.stat().st_uid != 0:
+            raise ConfigError(f"{p}: cannot read the keys file: Permission denied")
+        return real(p)
+
+    monkeypatch.setattr(keyring, "read_keys", as_the_server)
+    now = [1000.0]
+    monkeypatch.setattr(keyring.time, "monotonic", lambda: now[0])
+    ring = keyring.KeyRing(lambda: path, lambda: None, EventBus())
+    assert ring.names() == ["alice", "bob"]
+    text = path.read_text()
+    write_keys_file(path, alice={})  # bob removed...
+    os.chown(path, 4321, 4321)  # ...and the file left to another user
+    ring.refresh()
+    assert ring.names() == ["alice", "bob"] and ring.last_error is not None  # the old keys stay meanwhile
+    os.chown(path, 0, 0)  # the owner put back: nothing else changes
+    ring.refresh()
+    assert ring.names() == ["alice"] and ring.last_error is None
+    os.chown(path, 4321, 4321)
+    path.write_text(text)  # bob back, unreadable, then readable with the stamp the ring last saw
+    ring.refresh()
+    assert ring.names() == ["alice"] and ring.last_error is not None
+    monkeypatch.setattr(keyring, "read_keys", real)  # readable now, and nothing about the file changes
+    ring.refresh()
+    assert ring.names() == ["alice"]  # not yet: a failed read is retried every RETRY_S
+    now[0] += keyring.RETRY_S
+    ring.refresh()
+    assert ring.names() == ["alice", "bob"]
