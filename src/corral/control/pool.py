@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from corral.config import ServerConfig
 from corral.control.catalog import ModelSpec
-from corral.control.fair_queue import DEFAULT_AGING_S, FairQueue, Waiter, current_key
+from corral.control.fair_queue import ANONYMOUS, DEFAULT_AGING_S, FairQueue, Requester, Waiter
 from corral.control.gpu_slot import GpuSlot
 from corral.control.instance.instance import Instance, InstanceState, Transition
 from corral.control.preempt import Preemptor
@@ -271,29 +271,29 @@ class ModelPool:
         self._on_capacity()
 
     # ------------------------------------------------------------------ slots
-    def try_acquire(self, prefix: str | None) -> Instance | None:
+    def try_acquire(self, prefix: str | None, who: Requester = ANONYMOUS) -> Instance | None:
         """A reserved slot now, or None (no free slot, queue not empty, or draining); it
-        counts for the current key until ``track``'s stream ends (or ``unreserve``)."""
+        counts for ``who`` until ``track``'s stream ends (or ``unreserve``)."""
         if self.draining or self.waiters:
             return None
         inst = self._pick(prefix)
         if inst is not None:
-            key, weight, _ = current_key()
-            self.waiters.started(key, weight)
+            self.waiters.started(who.key, who.weight)
         return inst
 
-    def track(self, stream: RequestStream, inst: Instance | None = None) -> None:
-        """At the end of the key's request: a busy slot less, its tokens served (``inst``: preemptible)."""
-        self.waiters.track(stream, current_key()[0])
+    def track(self, stream: RequestStream, who: Requester, inst: Instance | None = None) -> None:
+        """At the end of ``who``'s request: a busy slot less, its tokens served (``inst``: preemptible)."""
+        self.waiters.track(stream, who.key)
         if inst is not None:
-            self.preempt.track(stream, inst)
+            self.preempt.track(stream, inst, who)
 
-    def unreserve(self, inst: Instance) -> None:
-        """A slot taken for the current key was not used (the send failed)."""
-        self.waiters.ended(current_key()[0], 0)
+    def unreserve(self, inst: Instance, who: Requester = ANONYMOUS) -> None:
+        """A slot taken for ``who`` was not used (the send failed)."""
+        self.waiters.ended(who.key, 0)
         self.release(inst)
 
-    async def wait_slot(self, prefix: str | None, *, max_queue: int, deadline: float | None) -> Instance | None:
+    async def wait_slot(self, prefix: str | None, who: Requester, *, max_queue: int,
+                        deadline: float | None) -> Instance | None:
         """Queue for a slot (no ``deadline``: until its client leaves). The instance (slot reserved) or None: retry."""
         if len(self.waiters) >= max_queue:
             raise QueueFull(f"model {self.spec.id!r} has {len(self.waiters)} requests waiting "
@@ -303,8 +303,7 @@ class ModelPool:
         if remaining is not None and remaining <= 0:
             raise CapacityTimeout(f"no free slot on model {self.spec.id!r} in time", retry_after_s=1)
         fut: asyncio.Future[Instance | None] = loop.create_future()
-        key, weight, priority = current_key()
-        entry = self.waiters.push(fut, prefix, key, weight, priority)
+        entry = self.waiters.push(fut, prefix, who.key, who.weight, who.priority)
         self.preempt.check_soon()
         try:
             return await asyncio.wait_for(fut, remaining)
@@ -315,7 +314,7 @@ class ModelPool:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 got = fut.result()
                 if got is not None:
-                    self.unreserve(got)
+                    self.unreserve(got, who)
             raise
         finally:
             if fut.cancelled():  # timed out or the caller left: still queued (served ones were popped)
