@@ -55,6 +55,7 @@ from corral.errors import (CapacityTimeout, Conflict, CorralError, LoadFailed,
 
 if TYPE_CHECKING:
     from corral.control.transport.ray.cluster import RayCluster
+    from corral.store.local import ModelStore
 
 __all__ = ["ControlPlane"]
 
@@ -63,7 +64,7 @@ log = logging.getLogger("corral.plane")
 
 class ControlPlane:
     def __init__(self, config: CorralConfig, *, bus: EventBus | None = None,
-                 metrics: Metrics | None = None, store: Any = None,
+                 metrics: Metrics | None = None, store: ModelStore | None = None,
                  config_loader: Callable[[], CorralConfig] | None = None,
                  embedded: Embedded | None = None, spawner: Spawner | None = None) -> None:
         self.config = config
