@@ -18,15 +18,16 @@ in NAME_MAX.
 
 from __future__ import annotations
 
-import json
 import secrets
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
 from corral import wire
+from corral.api.core.schemas import parse_body
 from corral.api.http import json_response, plane_of
 from corral.api.llamacpp.schemas import model_for
 from corral.control.instance.instance import Instance
@@ -63,13 +64,13 @@ def _target(plane: ControlPlane, model: str, id_slot: int) -> tuple[Instance, in
                          param="id_slot")
 
 
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    filename: Any = None  # checked below, in llama-server's words
+
+
 async def _filename(request: Request) -> str:
-    raw = await request.body()
-    try:
-        body: Any = json.loads(raw) if raw.strip() else {}
-    except ValueError:
-        raise InvalidRequest("the body is not valid JSON") from None
-    name = body.get("filename") if isinstance(body, dict) else None
+    name = (await parse_body(request, _Body, empty_ok=True)).filename
     if not isinstance(name, str) or wire.filename_problem(name) is not None:
         why = wire.filename_problem(name) if isinstance(name, str) else "filename: a string is required"
         raise InvalidRequest(f"Invalid filename ({why})", param="filename")
