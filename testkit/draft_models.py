@@ -1,4 +1,4 @@
-"""Draft models made offline for the draft-model speculation tests (worker/draft.py):
+"""Draft models made offline for the draft-model speculation tests (worker/speculation/draft.py):
 
 ``write_tiny_draft(src, dst)``: a tiny Llama (2 layers, n_embd 64, random weights from a
 fixed seed) with ``src``'s whole tokenizer (every ``tokenizer.*`` key: tokens, scores,

@@ -2,7 +2,7 @@
 
 Four servers up at once (idle ones use no CPU), same model, threads and client, 4 slots each:
 
-- corral with ``speculative = "ngram"`` (worker/speculate.py);
+- corral with ``speculative = "ngram"`` (worker/speculation/speculator.py);
 - llama-server with ``--spec-type ngram-simple`` and short n-grams (``--spec-ngram-simple-size-n 3
   --spec-ngram-simple-size-m 16``: on this workload better than the defaults 12/48, which
   rarely find a 12-token match to draft from);

@@ -3,7 +3,7 @@ speculative decoding, corral vs llama-server, with the speculation scenario's wo
 
 Three servers up at once, same model, threads and client, 4 slots each:
 
-- corral with ``speculative = "draft"`` and ``draft_model`` (worker/draft.py);
+- corral with ``speculative = "draft"`` and ``draft_model`` (worker/speculation/draft.py);
 - llama-server with the same draft (``-md``, ``--spec-draft-n-max 16 --spec-draft-n-min 2
   --spec-draft-p-min 0.75``: corral's defaults; ``CORRAL_BENCH_DRAFT_P_MIN`` sets both servers');
 - corral without speculation.

@@ -9,8 +9,9 @@ and the router's metrics list them. Imports nothing of corral.
 The header names the model key (the model file's identity and every load setting that
 changes the KV: ``corral.worker.cache_disk.model_key``), the model id (for people), the
 token count, the state's size, the lowest position the state holds (sliding-window
-layers keep only the last window) and the LoRA adapter set the KV was computed under
-(``lora``: [[adapter index, scale], ...], [] for none; also part of the file's name). The
+layers keep only the last window), the LoRA adapter set the KV was computed under
+(``lora``: [[adapter index, scale], ...], [] for none) and the cache tenant whose requests
+computed it (``tenant``, a digest; "" on a server without keys); both are part of the file's name. The
 sha256 covers everything before it: a truncated or bit-flipped file is refused
 (``CacheFileError``) and the caller drops it.
 """
@@ -57,31 +58,35 @@ class CacheFile:
     size: int  # the file's bytes
     mtime: float  # last written or used: eviction goes by it
     lora: tuple[tuple[int, float], ...] = ()  # the adapter set the KV was computed under (() : none)
+    tenant: str = ""  # whose requests computed it (wire.GenerateRequest.cache_tenant); restored only for them
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
 
 
-def token_hash(tokens: Sequence[int], lora: Sequence[tuple[int, float]] = ()) -> str:
+def token_hash(tokens: Sequence[int], lora: Sequence[tuple[int, float]] = (), tenant: str = "") -> str:
     """The file name (without suffix) of the entry holding ``tokens`` computed under the
-    LoRA adapter set ``lora`` ((adapter index, scale) pairs; none: the tokens alone)."""
+    LoRA adapter set ``lora`` ((adapter index, scale) pairs) for the cache tenant ``tenant``
+    (none of either: the tokens alone)."""
     h = hashlib.sha256(struct.pack(f"<{len(tokens)}i", *tokens))
     if lora:
         h.update(json.dumps([[int(i), float(v)] for i, v in lora]).encode())
+    if tenant:
+        h.update(b"\0tenant:" + tenant.encode())
     return h.hexdigest()[:40]
 
 
 def write_entry(directory: Path, model_key: str, model_id: str, tokens: Sequence[int], pos_min: int,
-                state: bytes, lora: Sequence[tuple[int, float]] = ()) -> Path:
+                state: bytes, lora: Sequence[tuple[int, float]] = (), tenant: str = "") -> Path:
     """Write one entry atomically (temp file, fsync, rename, fsync of the directory)."""
     directory.mkdir(parents=True, exist_ok=True)
     header = json.dumps({"v": VERSION, "key": model_key, "model": model_id, "n_tokens": len(tokens),
                          "pos_min": pos_min, "state_bytes": len(state), "created": time.time(),
-                         "lora": [[int(i), float(v)] for i, v in lora]}).encode()
+                         "lora": [[int(i), float(v)] for i, v in lora], "tenant": tenant}).encode()
     digest = hashlib.sha256()
     parts = [MAGIC, struct.pack("<I", len(header)), header, struct.pack(f"<{len(tokens)}i", *tokens), state]
-    final = directory / (token_hash(tokens, lora) + SUFFIX)
+    final = directory / (token_hash(tokens, lora, tenant) + SUFFIX)
     tmp = directory / f"{_TMP_PREFIX}{os.getpid()}-{final.name}"
     try:
         with open(tmp, "wb") as f:
@@ -132,7 +137,7 @@ def read_header(path: Path) -> CacheFile:
         tokens = struct.unpack(f"<{n_tok}i", raw)
         lora = tuple((int(i), float(v)) for i, v in meta.get("lora", []))
         return CacheFile(path, str(meta["key"]), str(meta.get("model", "")), tokens, int(meta["pos_min"]), n_state,
-                         st.st_size, st.st_mtime, lora)
+                         st.st_size, st.st_mtime, lora, str(meta.get("tenant", "")))
     except CacheFileError:
         raise
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:

@@ -2,7 +2,7 @@
 it runs with, and its memory on each GPU (weights of its GPU layers + its KV cache + compute,
 by ``corral.gpu_fit``'s math). The router adds it to a model's estimated need before placing
 an instance (``corral.control.gpus``); the worker keeps that much out of the main model's
-``n_gpu_layers = "auto"`` plan (``worker/draft.py``), so both fit on the GPU they share.
+``n_gpu_layers = "auto"`` plan (``worker/speculation/draft.py``), so both fit on the GPU they share.
 
 Imports only ``corral.settings``, ``corral.gpu_fit`` and ``corral.gpu_split`` (leaves both sides use).
 """
@@ -32,7 +32,7 @@ def draft_settings(s: ModelSettings) -> ModelSettings:
     """The settings the draft runs with: the model's own (slots, context per slot, batch,
     KV cache types, split), with ``draft_n_gpu_layers`` (None: all layers where the model
     has GPU layers, else none), and whole sliding windows (a rolled-back draft never costs
-    a cell: worker/draft.py)."""
+    a cell: worker/speculation/draft.py)."""
     ngl = s.draft_n_gpu_layers
     if ngl is None:
         ngl = 0 if s.n_gpu_layers == 0 else -1

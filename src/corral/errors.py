@@ -21,6 +21,7 @@
     │   │   ├── HostNotAllowed       403 code=host_not_allowed
     │   │   ├── OriginNotAllowed     403 code=origin_not_allowed
     │   │   ├── ImageUrlNotAllowed   403 code=image_url_not_allowed (off, or a private address)
+    │   │   ├── NameNotAllowed       403 code=name_not_allowed (a name outside the key's models)
     │   │   └── ScopeDenied          403 code=insufficient_scope (the key lacks the route's scope)
     │   ├── ModelNotFound            404 code=model_not_found
     │   ├── NotFound                 404 (a pull id, a route object)
@@ -68,6 +69,7 @@ __all__ = [
     "PathNotAllowed",
     "HostNotAllowed",
     "OriginNotAllowed",
+    "NameNotAllowed",
     "ScopeDenied",
     "InvalidImage",
     "VisionNotSupported",
@@ -217,6 +219,11 @@ class OriginNotAllowed(Forbidden):
 
 class ImageUrlNotAllowed(Forbidden):
     code = "image_url_not_allowed"
+
+
+class NameNotAllowed(Forbidden):
+    """A key named a model (an alias, a Nitro model_id) its ``models`` patterns do not cover."""
+    code = "name_not_allowed"
 
 
 class ScopeDenied(Forbidden):

@@ -14,6 +14,7 @@ One TOML file (``[server] keys_file``), one table per key, written by ``corral k
     queue = 8                      # requests waiting for one of those (absent: no bound)
     weight = 1.0                   # fair share (stored; used by the scheduler to come)
     max_priority = 0               # the highest ``priority`` a request may ask for
+    cache_group = "team-a"         # share the prompt cache with the group's keys (absent: the key's own)
     created = "2026-12-01T10:00:00Z"
 
 Absent limits are unlimited. Parsing is strict (an unknown key is an error naming the
@@ -79,6 +80,7 @@ class KeySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     queue: int | None = None
     weight: float = 1.0
     max_priority: int = 0
+    cache_group: str | None = None  # keys of one group share their prompt cache (control/cache_tenant.py)
     created: str = ""
 
 
@@ -114,6 +116,8 @@ def _problem(spec: KeySpec) -> str | None:
         return "weight must be > 0"
     if any(not p for p in spec.models):
         return "models: an empty pattern"
+    if spec.cache_group is not None and not _NAME_RE.match(spec.cache_group):
+        return "cache_group: 1-64 letters, digits, '.', '_', '@' or '-', starting with a letter or digit"
     return None
 
 

@@ -126,8 +126,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # LoRA adapters (llama-server's --lora), each loaded once per worker; a request picks
     # scales with "lora": [{id, scale}] (docs/internals/lora.md). Relative paths: as ``path``
     lora: Annotated[list[LoraAdapter], Meta(max_length=MAX_LORA)] = []
-    # speculative decoding (worker/speculate.py): "ngram" drafts from the slot's own prompt
-    # and output, "draft" with a smaller model of the same vocabulary (worker/draft.py), both
+    # speculative decoding (worker/speculation/speculator.py): "ngram" drafts from the slot's own prompt
+    # and output, "draft" with a smaller model of the same vocabulary (worker/speculation/draft.py), both
     # verified in the step's one decode; "off": one token per slot and step.
     # Requests may turn it off (or on, where the model has it) with "speculative".
     speculative: Literal["ngram", "draft", "off"] = "off"

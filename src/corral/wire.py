@@ -194,6 +194,15 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     speculative: bool | None = None  # draft and verify (the model's ``speculative``); None: as the model says
     images: list[bytes] | None = None  # vision, with ``prompt``: the image files, in the order of its MEDIA_MARKERs
     lora: list[LoraScale] | None = None  # adapter scales (wire_lora.py); None: the model's defaults
+    # whose prompt cache this request may reuse and fill (the router's corral.control.cache_tenant:
+    # a digest of the key or its cache_group and the body's cache_salt; "": the one tenant of a
+    # server without keys). The worker reuses a slot's prefix or a saved entry only of the same tenant.
+    cache_tenant: str = ""
+    # the most prompt + completion tokens it may use (the key's reservation, control/limits.py)
+    token_budget: Annotated[int, Meta(ge=0, le=INT32_MAX)] | None = None
+    # llama-server's generation time limit: end with "length" at a new line once generating
+    # (from the first token) took longer than this many ms; 0: none (worker/time_limit/)
+    t_max_predict_ms: Annotated[int, Meta(ge=0, le=1 << 40)] = 0
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):
@@ -244,6 +253,7 @@ FailureCode = Literal[
     "context_length_exceeded",  # prompt does not fit the slot's context
     "invalid_request",  # e.g. embeddings asked of a generation-only model
     "internal",  # the engine failed on this request; the worker goes on
+    "over_token_budget",  # the prompt alone is more than the request's token_budget
 ]
 
 
@@ -348,7 +358,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
     tokens_generated: int  # since start
     tokens_prompt: int
     slots: list[SlotState] = []  # each slot's state (GET /slots)
-    spec_drafted: int = 0  # draft tokens verified (worker/speculate.py)
+    spec_drafted: int = 0  # draft tokens verified (worker/speculation/speculator.py)
     spec_accepted: int = 0  # of them accepted
     gen_steps: int = 0  # slot-steps that emitted tokens; tokens_generated / gen_steps: tokens per step
     prompt_cache: PromptCacheStats | None = None  # None: no prompt cache (wire_cache.py)

@@ -23,14 +23,13 @@ class InfillChunk(msgspec.Struct, frozen=True):
 class Infill(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A fill-in-the-middle request: the worker builds the prompt from the model's FIM
     tokens (``worker/infill.py``); the request's ``prompt`` (if any) follows the middle
-    token. ``n_indent``: stop at a line indented less (after the first); ``t_max_predict_ms``:
-    stop at a new line once generating took longer than this (0: no limit)."""
+    token. ``n_indent``: stop at a line indented less (after the first); the time limit is
+    ``GenerateRequest.t_max_predict_ms`` (any request's)."""
 
     prefix: str = ""
     suffix: str = ""
     extra: list[InfillChunk] = []
     n_indent: Annotated[int, Meta(ge=0, le=1 << 20)] = 0
-    t_max_predict_ms: Annotated[int, Meta(ge=0, le=1 << 40)] = 0
 
 
 class SlotState(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,7 +14,7 @@ __all__ = ["ModelInfo", "DraftInfo"]
 
 
 class DraftInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """The draft model of ``speculative = "draft"`` (worker/draft.py): counted in its
+    """The draft model of ``speculative = "draft"`` (worker/speculation/draft.py): counted in its
     ModelInfo's ``model_bytes`` and ``kv_bytes`` too."""
 
     path: str

@@ -124,6 +124,8 @@ async def test_loading_and_unloading_an_adapter_model_act_on_its_base_and_ps_lis
     assert r.status_code == 200 and r.json()["model"] == "gemma-poet" and r.json()["done_reason"] == "load", r.text
     assert await status("gemma") == "loaded"
     r = await c.post("/api/generate", json={"model": "gemma-poet", "keep_alive": 0}, headers=alice)
+    assert r.json()["done_reason"] == "load" and await status("gemma") == "loaded"  # unloading needs manage
+    r = await c.post("/api/generate", json={"model": "gemma-poet", "keep_alive": 0}, headers=root)
     assert r.status_code == 200 and r.json()["done_reason"] == "unload", r.text
     assert await status("gemma") == "unloaded"
 

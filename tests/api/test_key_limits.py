@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -67,7 +68,7 @@ async def test_tokens_per_minute_and_per_day(harness: Harness) -> None:
     c = harness.client
     assert c is not None
     h = bearer(secrets["t"])
-    r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)  # 1 prompt + 4 completion tokens
+    r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)  # 1 prompt + 2 completion tokens: its budget
     assert r.status_code == 200 and r.headers["x-ratelimit-limit-tokens"] == "3"
     await _until(lambda: harness.plane.access.limiter.headers("t", KeySpec(hash="", tpm=3))
                  ["x-ratelimit-remaining-tokens"] == "0")
@@ -149,6 +150,74 @@ def test_buckets_refill_and_format() -> None:
     assert info.value.headers()["Retry-After"] == "1"
     now[0] += 1.0  # one request per second comes back
     lim.admit("k", spec)
-    lim.charge("k", spec, 1200)  # the bucket goes below zero: two minutes to refill
-    assert lim.headers("k", spec)["x-ratelimit-reset-tokens"] == "2m0s"
+    held = lim.reserve("k", spec, 1200)  # at most what is left: the whole bucket
+    assert held.tokens == 600 and lim.headers("k", spec)["x-ratelimit-reset-tokens"] == "1m0s"
+    with pytest.raises(RateLimited, match="TPM"):
+        lim.reserve("k", spec, 1)
+    lim.settle(held, 300)  # 300 unused come back
+    assert lim.headers("k", spec)["x-ratelimit-remaining-tokens"] == "300"
     assert [format_reset(s) for s in (0, 0.02, 1, 61.2, 3723)] == ["0s", "20ms", "1s", "1m2s", "1h2m3s"]
+
+
+def test_reservations_are_hard_and_settle_what_was_not_used() -> None:
+    now = [1000.0]
+    lim = Limiter(clock=lambda: now[0])
+    spec = KeySpec(hash="", tpm=100, tpd=250)
+    held = [lim.reserve("k", spec, 40) for _ in range(2)]
+    assert [h.tokens for h in held] == [40, 40]
+    third = lim.reserve("k", spec, 40)
+    assert third.tokens == 20  # what is left, not what it wanted: together never above the limit
+    with pytest.raises(RateLimited, match="TPM"):
+        lim.reserve("k", spec, 1)
+    for h in (*held, third):
+        lim.settle(h, 10)  # each used 10: the rest comes back at once
+    assert lim.headers("k", spec)["x-ratelimit-remaining-tokens"] == "70"
+    assert lim._states["k"].day_tokens == 30
+    now[0] += 120.0  # the minute refills; the day does not
+    big = lim.reserve("k", spec, 1000)
+    assert big.tokens == 100
+    lim.settle(big, 100)
+    now[0] += 120.0
+    lim.settle(lim.reserve("k", spec, 1000), 100)  # 230 used today
+    now[0] += 120.0
+    assert lim.reserve("k", spec, 1000).tokens == 20  # the day's last 20, though the minute has 100
+    with pytest.raises(RateLimited, match="per day"):
+        lim.reserve("k", spec, 1)
+    assert lim.reserve("other", spec, 5).tokens == 5  # keys do not share
+
+
+def test_token_need_bounds_what_a_request_may_use() -> None:
+    from corral import wire
+    from corral.control.access import token_need
+
+    def gen(**kw: Any) -> wire.GenerateRequest:
+        return wire.GenerateRequest(id="r", **kw)
+
+    assert token_need(gen(prompt_tokens=[1, 2, 3], params=wire.SamplingParams(max_tokens=5)), 512) == 9
+    small = token_need(gen(prompt="hi", params=wire.SamplingParams(max_tokens=1)), 512)
+    assert 3 < small < 512  # the encoded request bounds its prompt
+    assert token_need(gen(prompt="hi"), 512) == 512  # no max_tokens: the slot's context
+    img = [wire.ChatMessage("user", "<__media__>", images=[b"x"])]
+    assert token_need(gen(messages=img, params=wire.SamplingParams(max_tokens=1)), 512) == 512
+    assert token_need(wire.EmbedRequest(id="e", inputs=["abc", "de"]), 512) == 3 + 2 + 16
+    assert token_need(wire.TokenizeRequest(id="t", text="abc"), 512) == 0
+
+
+async def test_a_request_holds_its_reservation_until_it_ends_and_gets_the_rest_back(harness: Harness) -> None:
+    secrets = await _start(harness, k={"tpm": 100000})
+    c = harness.client
+    assert c is not None
+    limiter = harness.plane.access.limiter
+    frozen = time.time()
+    limiter._clock = lambda: frozen  # no refill while it runs: what comes back is exactly the unused rest
+    spec = KeySpec(hash="", tpm=100000)
+    h = bearer(secrets["k"])
+    async with c.stream("POST", "/v1/chat/completions", json=chat("a", "FOREVER", stream=True), headers=h) as s:
+        assert (await anext(s.aiter_lines())).startswith("data: ")
+        held = 100000 - int(limiter.headers("k", spec)["x-ratelimit-remaining-tokens"])
+        assert held >= 512  # no max_tokens: a whole slot's context is held while it runs
+    await _until(lambda: limiter.in_flight("k") == 0 and sum(
+        r["completion_tokens"] for r in harness.plane.access.usage.query(key="k")) > 0)
+    used = sum(r["prompt_tokens"] + r["completion_tokens"] for r in harness.plane.access.usage.query(key="k"))
+    left = 100000 - int(limiter.headers("k", spec)["x-ratelimit-remaining-tokens"])
+    assert left == used < held  # what it did not use came back

@@ -168,3 +168,35 @@ async def test_an_empty_keys_file_refuses_everyone(harness: Harness) -> None:
     assert c is not None
     assert (await c.get("/v1/models")).status_code == 401
     assert (await c.get("/health")).status_code == 200
+
+
+def test_every_infer_route_is_admitted_as_a_model_request() -> None:
+    """Each route that runs work on a model (or loads it) gets the key's limits; the GETs
+    that only read a model's state are not among them (they never load it)."""
+    from corral.api.scopes import MODEL_ROUTES
+
+    assert {("GET", "/tokenizer_info"), ("POST", "/v1/chat/completions"), ("POST", "/api/generate")} <= MODEL_ROUTES
+    assert MODEL_ROUTES == {r for r, s in ROUTE_SCOPES.items() if s == "infer"}
+    assert not {("GET", "/props"), ("GET", "/slots"), ("GET", "/lora-adapters")} & MODEL_ROUTES
+
+
+async def test_keep_alive_needs_manage_and_an_open_server_keeps_it(harness: Harness) -> None:
+    secrets = await _start(harness)
+    c = harness.client
+    assert c is not None
+    body = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "stream": False, "keep_alive": -1}
+    r = await c.post("/api/chat", json=body, headers=bearer(secrets["inferrer"]))
+    assert r.status_code == 200 and "manage scope" in r.headers["x-corral-keep-alive-ignored"]
+    assert not harness.plane.pools["a"].pinned
+    r = await c.post("/api/chat", json=body, headers=bearer(secrets["both"]))
+    assert r.status_code == 200 and "x-corral-keep-alive-ignored" not in r.headers
+    assert harness.plane.pools["a"].pinned
+
+
+async def test_without_keys_keep_alive_applies(harness: Harness) -> None:
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    c = harness.client
+    assert c is not None
+    r = await c.post("/api/generate", json={"model": "a", "prompt": "hi", "stream": False, "keep_alive": "-1"})
+    assert r.status_code == 200 and "x-corral-keep-alive-ignored" not in r.headers
+    assert harness.plane.pools["a"].pinned

@@ -152,7 +152,7 @@ def test_tokens_per_day_count_what_the_database_kept(tmp_path: Path) -> None:
     try:
         lim = Limiter(day_tokens=again.day_tokens)
         lim.admit("k", KeySpec(hash="", tpd=101))  # 100 used today: one more request may start
-        lim.charge("k", KeySpec(hash="", tpd=101), 1)
+        lim.settle(lim.reserve("k", KeySpec(hash="", tpd=101), 5), 1)  # 1 of the 1 left
         with pytest.raises(RateLimited, match="per day"):
             lim.admit("k", KeySpec(hash="", tpd=101))
         lim.admit("other", KeySpec(hash="", tpd=101))

@@ -112,7 +112,7 @@ def test_a_model_without_fim_tokens_is_refused_by_name(engine) -> None:
 
 
 def test_n_indent_cuts_the_first_line_indented_less() -> None:
-    out = InfillOutput("r", [], None, n_indent=4, t_max_predict_ms=0)
+    out = InfillOutput("r", [], None, n_indent=4)
     sent = ""
     for piece in [b"x = 1\n", b"    y", b" = 2\n", b"  ", b"z = 3\n"]:
         d = out.token(piece, None)
@@ -121,16 +121,6 @@ def test_n_indent_cuts_the_first_line_indented_less() -> None:
             break
     assert out.stopped and sent == "x = 1\n    y = 2\n  "  # cut where the short line's text starts
     assert out.finish() is None
-
-
-def test_t_max_predict_ms_stops_at_a_new_line_once_over_time() -> None:
-    out = InfillOutput("r", [], None, n_indent=0, t_max_predict_ms=1)
-    out.token(b"a", None)
-    out.t_start -= 1.0  # generating started a second ago
-    out.token(b"b", None)
-    assert not out.stopped  # no new line yet
-    out.token(b"c\n", None)
-    assert out.stopped
 
 
 def test_rerank_scores_are_deterministic_and_batched_across_requests(rank_engine) -> None:

@@ -105,6 +105,13 @@ class Fake:
         pieces = list(self.script["tokens"])
         forever = "FOREVER" in text
         limit = req.params.max_tokens
+        n_prompt = len(text.split()) or 1
+        if req.token_budget is not None:  # as the engine: the prompt must fit, then it bounds the rest
+            if n_prompt > req.token_budget:
+                self.send(wire.RequestFailed(req.id, "over_token_budget", f"the prompt has {n_prompt} tokens"))
+                self.tasks.pop(req.id, None)
+                return
+            limit = min(limit if limit is not None else n_prompt + req.token_budget, req.token_budget - n_prompt)
         n = 0
         reason = "stop"
         t0 = time.perf_counter()
@@ -130,7 +137,7 @@ class Fake:
         except asyncio.CancelledError:
             reason = "abort"
         ms = (time.perf_counter() - t0) * 1000
-        self.send(wire.Finished(req.id, reason, wire.Usage(len(text.split()) or 1, n),
+        self.send(wire.Finished(req.id, reason, wire.Usage(n_prompt, n),
                                 wire.Timings(1.0, ms, 1000.0, n / max(ms, 1e-3) * 1000)))
         self.tasks.pop(req.id, None)
 

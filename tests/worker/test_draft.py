@@ -1,4 +1,4 @@
-"""Draft-model speculation (worker/draft.py) with the real engine and model.
+"""Draft-model speculation (worker/speculation/draft.py) with the real engine and model.
 
 The embedded Gemma as its own draft: acceptance near 100% with greedy sampling, the texts
 equal those without speculation except where the model's margin at the parting token lies
@@ -18,11 +18,11 @@ import msgspec
 import pytest
 
 from corral import wire
-from corral.worker.draft import DraftSpeculator, main_settings
+from corral.worker.speculation.draft import DraftSpeculator, main_settings
 from corral.worker.engine import Engine
 from corral.worker.model import ModelLoadError
 from corral.worker.slots import Slot
-from corral.worker.speculate import CPU_TOKEN_COST
+from corral.worker.speculation.speculator import CPU_TOKEN_COST
 from testkit.draft_models import write_tiny_draft
 from testkit.gguf_models import write_reranker
 from worker.conftest import run_engine, settings_for
@@ -45,7 +45,7 @@ def selfdraft(model_path: Path) -> Iterator[Engine]:
     e = Engine(settings_for(model_path, speculative="draft", draft_model=str(model_path), n_parallel=4,
                             ctx_len=4096, draft_max=8))
     # the model as its own draft costs a whole decode a draft token, so the measured costs would
-    # stop it drafting (worker/spec_cost.py): these tests check what its drafts give, with the
+    # stop it drafting (worker/speculation/cost.py): these tests check what its drafts give, with the
     # draft's cost taken as 0 (the rule itself: tests/worker/test_spec_cost.py)
     e.spec.costs.fixed = (CPU_TOKEN_COST, 0.0)
     yield e

@@ -208,16 +208,16 @@ def test_speculation_state_survives_a_pause(model_path: Path) -> None:
         e.submit(req)
         run.until(lambda: run.tokens.get("s", 0) >= 8)
         slot = next(s for s in e.slots if s.busy)
-        spec = e.spec.states[slot.index]
+        spec = slot.spec
         assert spec.on
         assert e.preempt.pause("s").paused
-        assert e.spec.states[slot.index] is not spec
+        assert slot.spec is not spec
         e.submit(gen("o", OTHER[0], wire.SamplingParams(max_tokens=20, temperature=0.0)))
         run.until(lambda: slot.busy)  # the other request took the paused one's slot
         e.preempt.resume("s")
         run.until(lambda: any(s.busy and s.job is not None and s.job.req.id == "s" for s in e.slots))
         now = next(s for s in e.slots if s.job is not None and s.job.req.id == "s")
-        assert now is not slot and e.spec.states[now.index] is spec
+        assert now is not slot and now.spec is spec
         run.to_end()
         assert run.texts["s"] == want
         _idle_and_clean(e)

@@ -1,4 +1,4 @@
-"""The draft length rule and its measured costs (worker/spec_cost.py), pure: no engine."""
+"""The draft length rule and its measured costs (worker/speculation/cost.py), pure: no engine."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from corral import wire
 from corral.worker.sample_pool import Drawn
 from corral.worker.slots import Slot
-from corral.worker.spec_cost import StepCosts, best_length
-from corral.worker.speculate import PAUSE_STEPS, RECHECK_STEPS, Speculator
+from corral.worker.speculation.cost import StepCosts, best_length
+from corral.worker.speculation.speculator import PAUSE_STEPS, RECHECK_STEPS, Speculator
 
 
 def test_a_draft_model_as_slow_as_the_model_does_not_draft() -> None:
@@ -50,7 +50,7 @@ def test_step_costs_fit_the_target_and_the_draft() -> None:
 
 
 def _speculator() -> tuple[Speculator, Slot, object]:
-    sp = Speculator(wire.WorkerSettings(model_id="m", model_path="x", speculative="draft", draft_max=8), 1, 512)
+    sp = Speculator(wire.WorkerSettings(model_id="m", model_path="x", speculative="draft", draft_max=8), 512)
     slot = Slot(0)
     slot.max_tokens = 100
     sp.start(slot, wire.GenerateRequest(id="r", prompt="x"))
@@ -59,7 +59,7 @@ def _speculator() -> tuple[Speculator, Slot, object]:
 
 def test_a_draft_that_cannot_pay_is_not_even_probed_but_now_and_then() -> None:
     sp, slot, m = _speculator()
-    st = sp.states[0]
+    st = slot.spec
     sp.costs.fixed = (0.35, 1.0)  # a draft as slow as the model: not even always accepted drafts pay
     assert sp._length(slot, st, 512, m, 1) == 0 and st.pause == 0  # type: ignore[arg-type]
     sp.gen_steps = RECHECK_STEPS  # a while later: one probe measures the costs again
@@ -70,7 +70,7 @@ def test_a_draft_that_cannot_pay_is_not_even_probed_but_now_and_then() -> None:
 
 def test_a_probe_that_is_accepted_but_does_not_pay_keeps_the_pause() -> None:
     sp, slot, m = _speculator()
-    st = sp.states[0]
+    st = slot.spec
     sp.costs.fixed = (0.35, 0.3)
     st.hits, st.tries = 1.0, 4.0  # drafts seldom accepted: none pays, a probe may tell
     assert sp._length(slot, st, 512, m, 1) == 2 and st.probing  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""Speculative decoding (worker/speculate.py) with the real engine and model.
+"""Speculative decoding (worker/speculation/speculator.py) with the real engine and model.
 
 Greedy: with speculation every emitted token is the model's top choice in the verifying
 batch, and the texts equal those without speculation except where the model's margin at
@@ -21,8 +21,8 @@ import pytest
 
 from corral import wire
 from corral.worker.engine import Engine
-from corral.worker.spec_cost import best_length
-from corral.worker.speculate import CPU_TOKEN_COST, FAILS_BEFORE_PAUSE, PAUSE_STEPS, Speculator, find_draft
+from corral.worker.speculation.cost import best_length
+from corral.worker.speculation.speculator import CPU_TOKEN_COST, FAILS_BEFORE_PAUSE, PAUSE_STEPS, Speculator, find_draft
 from corral.worker.sampling import logits_at
 from corral.worker.slots import Batch, Slot
 from corral.worker.sample_pool import Drawn
@@ -124,10 +124,10 @@ def test_drafts_are_as_long_as_they_pay() -> None:  # n-gram drafts: no draft co
 
 
 def test_a_slot_whose_drafts_fail_pauses_then_drafts_again() -> None:
-    sp = Speculator(wire.WorkerSettings(model_id="m", model_path="x", speculative="ngram", draft_max=8), 1, 512)
+    sp = Speculator(wire.WorkerSettings(model_id="m", model_path="x", speculative="ngram", draft_max=8), 512)
     slot = Slot(0)
     sp.start(slot, wire.GenerateRequest(id="r", prompt="x"))
-    st = sp.states[0]
+    st = slot.spec
     for i in range(FAILS_BEFORE_PAUSE):
         st.draft, st.base = [5, 6, 7], 10  # slot.cached is empty: no KV to trim
         sp.settle(slot, [Drawn(token=1)], None)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from PIL import Image
 from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.kv_store import common_prefix
-from corral.worker.speculate import find_draft
+from corral.worker.speculation.speculator import find_draft
 from corral.worker.vision import VisionTokens, image_ids
 from testkit.gguf_vision import image_tokens
 

@@ -12,7 +12,8 @@ every request is the anonymous caller ``-``.
   400. Otherwise it is the ``Caller``'s priority, which orders the key's requests in
   the model's fair queue (corral.control.fair_queue). The body of a POST is read here
   and replayed to the route unchanged;
-- the key's rpm/tpm/tpd (``Limiter.admit``), then its concurrency and queue
+- the key's rpm and whether tpm/tpd have tokens left (``Limiter.admit``; each worker
+  request then reserves what it may use: corral.control.access), then its concurrency and queue
   (``Limiter.enter``, released when the response is over, streams included): 429
   with Retry-After and x-ratelimit-* headers in the dialect's error shape;
 - x-ratelimit-* headers on the response of a key with rpm or tpm.
@@ -55,7 +56,8 @@ def authorize(access: Access, routes: RouteScopes, scope: Scope, presented: list
     if needed in ("infer", "manage", "admin") and not key.allows(needed):
         raise ScopeDenied(f"key {key.name!r} lacks the {needed!r} scope that {method} {template} needs "
                           f"(its scopes: {', '.join(sorted(key.scopes)) or 'none'})")
-    return Caller(key), template is not None and (method, template) in MODEL_ROUTES
+    routed = "GET" if method == "HEAD" else method  # a HEAD runs the GET route
+    return Caller(key), template is not None and (routed, template) in MODEL_ROUTES
 
 
 def _priority(body: bytes, max_priority: int) -> int | InvalidRequest:
@@ -113,7 +115,8 @@ class ModelRequest:
 
         async def send_with_limits(msg: Message) -> None:
             if msg["type"] == "http.response.start" and headers:
-                msg = {**msg, "headers": [*msg.get("headers", []), *headers]}
+                have = {k.lower() for k, _ in msg.get("headers", [])}  # a 429 of the route has its own
+                msg = {**msg, "headers": [*msg.get("headers", []), *(h for h in headers if h[0] not in have)]}
             await send(msg)
 
         try:

@@ -8,8 +8,9 @@
              (they name every model and key)
     admin    deleting models; every key's usage. An admin key has every scope.
 
-``MODEL_ROUTES`` are the requests that reach a model: the key's limits (rpm, tpm, tpd,
-concurrency, queue) and its ``max_priority`` apply to those.
+``MODEL_ROUTES`` are the requests that reach a model (every ``infer`` route, GET
+/tokenizer_info too): the key's limits (rpm, tpm, tpd, concurrency, queue) and its
+``max_priority`` apply to those.
 
 ``RouteScopes`` finds a request's route (the app's own routes, compiled once) and
 answers its scope; a route missing from ``ROUTE_SCOPES`` needs ``admin`` (closed by
@@ -82,7 +83,9 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("DELETE", "/models/{model_id:path}"): "admin",
 }
 
-MODEL_ROUTES = frozenset(("POST", p) for p in _INFER_POSTS)
+# the infer routes are those that run work on a model (and may load it): all admitted the same
+# way. GET /props, /slots and /lora-adapters only read (they never load): scope "key".
+MODEL_ROUTES = frozenset(route for route, scope in ROUTE_SCOPES.items() if scope == "infer")
 
 
 def app_routes(routes: list[Any], prefix: str = "") -> list[tuple[str, str]]:

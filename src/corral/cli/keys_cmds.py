@@ -111,7 +111,9 @@ def add(name: str = typer.Argument(..., help="the key's name (usage and metrics 
         queue: int | None = typer.Option(None, "--queue", min=0,
                                             help="requests waiting for a place (default: no bound)"),
         weight: float = typer.Option(1.0, "--weight", help="fair-share weight (> 0)"),
-        max_priority: int = typer.Option(0, "--max-priority", help="highest request priority allowed")) -> None:
+        max_priority: int = typer.Option(0, "--max-priority", help="highest request priority allowed"),
+        cache_group: str | None = typer.Option(None, "--cache-group",
+                                               help="share the prompt cache with this group's keys")) -> None:
     """Add a key; prints its secret (once) on the last line."""
     problem = name_problem(name)
     if problem is not None:
@@ -122,7 +124,7 @@ def add(name: str = typer.Argument(..., help="the key's name (usage and metrics 
     secret = new_secret()
     spec = KeySpec(hash=hash_secret(secret), prefix=secret[:8], scopes=_scopes(scopes), models=tuple(models),
                    rpm=rpm, tpm=tpm, tpd=tpd, concurrency=concurrency, queue=queue, weight=weight,
-                   max_priority=max_priority, created=now_iso())
+                   max_priority=max_priority, cache_group=cache_group, created=now_iso())
     with _locked(path) as keys:
         if name in keys:
             fail(f"key {name!r} already exists in {path}; `corral keys rotate {name}` gives it a new secret")

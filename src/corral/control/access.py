@@ -4,8 +4,10 @@
 (corral.control.limits) and the ``UsageBook`` (corral.control.usage). The guard
 (corral.api.guard) authenticates through it and sets the request's ``Caller``; the
 plane calls ``visible`` when it resolves a model name (a model the key may not use is
-"not found", in every dialect and list) and ``track`` on every worker request it sends:
-when that request ends, its tokens are counted (usage, metrics, the key's tpm/tpd).
+"not found", in every dialect and list), ``reserve`` before it sends a worker request
+(the tokens it may use, taken from the key's tpm/tpd: ``token_need``) and ``track`` once
+it is sent: when that request ends, its tokens are counted (usage, metrics) and the
+reservation settled (what it did not use goes back to the key).
 
 Usage is counted per (key, model, UTC day): one request per HTTP request and model
 (the choices of ``n > 1`` are one request), prompt and completion tokens of every
@@ -18,12 +20,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import msgspec
+
+from corral import wire
 from corral.config import CorralConfig
 from corral.control.keys import CALLER, Caller, KeyRing
-from corral.control.limits import Limiter
+from corral.control.limits import Limiter, Reservation
 from corral.control.metrics import Metrics
 from corral.control.usage import UsageBook, state_dir
-from corral.errors import ModelNotFound
+from corral.errors import ModelNotFound, RateLimited
 from corral.events import EventBus
 
 if TYPE_CHECKING:
@@ -31,9 +36,28 @@ if TYPE_CHECKING:
     from corral.control.pool import ModelPool
     from corral.control.stream import RequestStream
 
-__all__ = ["Access"]
+__all__ = ["Access", "token_need"]
 
 log = logging.getLogger("corral.access")
+
+Msg = wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest
+_TEMPLATE_ROOM = 64  # what a chat template may add beyond the messages (BOS, a default system turn)
+
+
+def token_need(msg: Msg, n_ctx_slot: int) -> int:
+    """The most prompt + completion tokens ``msg`` may use, known before a worker tokenizes
+    it. A token is at least one byte of text, so the encoded request bounds its prompt;
+    images (their tokens depend on the model) and no max_tokens: the slot's context."""
+    if isinstance(msg, wire.TokenizeRequest):
+        return 0  # counts no tokens
+    if isinstance(msg, wire.EmbedRequest):
+        extra = len(msg.query.encode()) + 8 if msg.query is not None else 8
+        return sum(len(t.encode()) + extra for t in msg.inputs)
+    max_tokens = msg.params.max_tokens
+    if max_tokens is None or msg.images or any(m.images for m in msg.messages or ()):
+        return n_ctx_slot
+    prompt = len(msg.prompt_tokens) + 1 if msg.prompt_tokens is not None else len(wire.encode(msg)) + _TEMPLATE_ROOM
+    return min(n_ctx_slot, prompt + max_tokens)
 
 
 class Access:
@@ -72,22 +96,52 @@ class Access:
         caller = CALLER.get()
         return caller is None or caller.key.sees(model_id)
 
-    def track(self, stream: RequestStream) -> None:
-        """Count ``stream`` for the current request's key when it ends."""
+    def reserve(self, msg: Msg, pool: ModelPool) -> tuple[Msg, Reservation | None]:
+        """Take the tokens ``msg`` may use from the current key's tpm/tpd (RateLimited when
+        none are left): a generation runs within what it got (``token_budget``, enforced by
+        the worker), embeddings need all of theirs. None: nothing to hold."""
+        caller = CALLER.get()
+        if caller is None or (caller.key.spec.tpm is None and caller.key.spec.tpd is None):
+            return msg, None
+        want = token_need(msg, _slot_context(pool))
+        if want <= 0:
+            return msg, None
+        try:
+            held = self.limiter.reserve(caller.name, caller.key.spec, want)
+        except RateLimited as exc:
+            self.metrics.rate_limited.labels(caller.name, exc.type).inc()
+            raise
+        if isinstance(msg, wire.GenerateRequest):
+            return msgspec.structs.replace(msg, token_budget=held.tokens), held
+        if held.tokens < want:
+            self.limiter.settle(held, 0)
+            self.metrics.rate_limited.labels(caller.name, "tokens").inc()
+            raise RateLimited(f"key {caller.name!r} has {held.tokens} tokens left of its token limits "
+                              f"(tpm/tpd); these inputs may need {want}", retry_after_s=60.0, kind="tokens")
+        return msg, held
+
+    def release(self, held: Reservation | None) -> None:
+        """A reservation whose request was never sent."""
+        if held is not None:
+            self.limiter.settle(held, 0)
+
+    def track(self, stream: RequestStream, held: Reservation | None = None) -> None:
+        """Count ``stream`` for the current request's key when it ends (and settle ``held``)."""
         caller = CALLER.get()
         if caller is None:
+            self.release(held)
             return
         first = stream.model not in caller.counted
         caller.counted.add(stream.model)
-        stream.on_finish = lambda s: self._finished(caller, s, first)
+        stream.on_finish = lambda s: self._finished(caller, s, first, held)
 
-    def _finished(self, caller: Caller, stream: RequestStream, first: bool) -> None:
+    def _finished(self, caller: Caller, stream: RequestStream, first: bool, held: Reservation | None) -> None:
         try:  # called by the worker link's reader: nothing may escape into it
-            self._count(caller, stream, first)
+            self._count(caller, stream, first, held)
         except Exception:
             log.exception("counting the usage of request %s failed", stream.id)
 
-    def _count(self, caller: Caller, stream: RequestStream, first: bool) -> None:
+    def _count(self, caller: Caller, stream: RequestStream, first: bool, held: Reservation | None) -> None:
         prompt, completion = _tokens(stream)
         key, model = caller.name, stream.model
         self.usage.record(key, model, requests=int(first), prompt_tokens=prompt, completion_tokens=completion)
@@ -97,8 +151,8 @@ class Access:
             self.metrics.key_prompt_tokens.labels(key, model).inc(prompt)
         if completion:
             self.metrics.key_completion_tokens.labels(key, model).inc(completion)
-        if caller.key.limited:
-            self.limiter.charge(key, caller.key.spec, prompt + completion)
+        if held is not None:
+            self.limiter.settle(held, prompt + completion)
 
 
 def _tokens(stream: RequestStream) -> tuple[int, int]:
@@ -108,3 +162,9 @@ def _tokens(stream: RequestStream) -> tuple[int, int]:
     if stream.embeddings is not None:
         return stream.embeddings.prompt_tokens, 0
     return 0, stream.n_tokens  # failed or aborted: what was generated
+
+
+def _slot_context(pool: ModelPool) -> int:
+    """A slot's context in tokens: as a loaded instance reports it, else as configured."""
+    loaded = next((i.info.n_ctx_slot for i in pool.instances if i.info is not None), None)
+    return int(loaded) if loaded is not None else max(1, pool.spec.ctx_len // max(1, pool.spec.n_parallel))

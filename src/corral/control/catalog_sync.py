@@ -8,6 +8,9 @@ models_dir are read again), Nitro's loadmodel (``add_model``), a finished pull
 - models whose worker settings changed restart through admission (drain, stop, load
   again within the budget); requests arriving meanwhile queue for the new workers;
 - alias/ttl/pinned changes apply live;
+- a name a request gives a model (Ollama's copy, Nitro's model_id: ``check_new_name``)
+  must be one the request's key may use, and never an adapter model's id (it would
+  shadow the adapter for every key);
 - new models appear (and load if ``load_on_startup``).
 
 A pool is added in one place (``add``), which also publishes ``model_added``.
@@ -28,7 +31,8 @@ from corral.control.admission import Admission
 from corral.control.catalog import Catalog, ModelSpec, specs_from_config
 from corral.events import EventBus, EventName
 from corral.control.pool import ModelPool
-from corral.errors import Conflict, InvalidRequest, ModelNotFound
+from corral.control.keys import current_caller
+from corral.errors import Conflict, InvalidRequest, ModelNotFound, NameNotAllowed
 from corral.model_ids import id_problem
 
 __all__ = ["CatalogSync"]
@@ -73,12 +77,29 @@ class CatalogSync:
                 a for a, mid in self._copies.items() if mid == s.id and a not in taken)) for s in specs]
         return specs
 
+    def adapter_ids(self) -> set[str]:
+        """Every adapter model id (a ``lora`` entry's ``model``), whoever may see it."""
+        return {a.model for p in self.pools.values() for a in p.spec.lora if a.model is not None}
+
+    def check_new_name(self, name: str, param: str) -> None:
+        """NameNotAllowed (403) unless the request's key may use ``name`` (its ``models``
+        patterns cover it: a name outside them may be another key's model); Conflict (409)
+        if it is an adapter model's id, bare or with Ollama's ``:latest``."""
+        caller = current_caller()
+        if caller is not None and not caller.key.sees(name):
+            raise NameNotAllowed(f"{param}: {name!r} is not among the models key {caller.name!r} may use "
+                                 f"({', '.join(caller.key.patterns)}); a key may name only those", param=param)
+        if name in self.adapter_ids() or name.removesuffix(":latest") in self.adapter_ids():
+            raise Conflict(f"{param}: {name!r} is already the name of a model; choose another", param=param)
+
     def add_alias(self, model_id: str, alias: str) -> str:
         """Make ``alias`` another name of ``model_id`` (Ollama's copy); returns the id.
-        InvalidRequest for an invalid name, Conflict if it already names another model."""
+        InvalidRequest for an invalid name, NameNotAllowed or Conflict (``check_new_name``)
+        for a name the key may not give, Conflict if it already names another model."""
         problem = id_problem(alias)
         if problem is not None:
             raise InvalidRequest(f"invalid model name {alias!r}: {problem}", param="destination")
+        self.check_new_name(alias, "destination")
         try:
             other = self.catalog.resolve_id(alias)
         except ModelNotFound:

@@ -3,12 +3,14 @@ and waiting.
 
 - **rpm**: a token bucket of ``rpm`` requests refilled at rpm/60 per second; a request
   takes one when it arrives.
-- **tpm**: a bucket of ``tpm`` tokens, refilled likewise. A request's tokens are known
-  only when it ends, so a request is admitted while the bucket is above zero and its
-  prompt + completion tokens are charged when it ends (the bucket may go below zero:
-  the next requests wait until it has refilled).
-- **tpd**: prompt + completion tokens of the current UTC day; at the limit, requests
-  are refused until midnight UTC. Seeded at startup from the usage kept on disk.
+- **tpm**: a bucket of ``tpm`` tokens, refilled likewise. **tpd**: prompt + completion
+  tokens of the current UTC day; at the limit, requests are refused until midnight UTC.
+  Seeded at startup from the usage kept on disk. Both are hard: an HTTP request is
+  admitted while both have tokens left (``admit``), and each worker request it sends
+  first ``reserve``s what it may use (at most what is left of both, so requests in
+  flight together can never take more than the limit); the worker is told that budget
+  (``GenerateRequest.token_budget``) and stops there. When it ends, ``settle`` gives
+  back what it did not use.
 - **concurrency**: requests in flight. One more waits (first come, first served) for a
   place, at most ``queue`` of them (absent: no bound but ``[server] queue_timeout_s``);
   past that, or after the wait, 429.
@@ -30,7 +32,7 @@ from collections.abc import Callable
 from corral.errors import RateLimited
 from corral.keys_file import KeySpec
 
-__all__ = ["Limiter", "format_reset", "utc_day"]
+__all__ = ["Limiter", "Reservation", "format_reset", "utc_day"]
 
 
 def utc_day(now: float | None = None) -> str:
@@ -53,6 +55,19 @@ def format_reset(seconds: float) -> str:
     if h:
         return f"{h}h{m}m{s}s"
     return f"{m}m{s}s" if m else f"{s}s"
+
+
+class Reservation:
+    """Tokens a worker request of key ``name`` holds of its tpm and tpd (``day``: the UTC
+    day they were taken from)."""
+
+    __slots__ = ("day", "name", "spec", "tokens")
+
+    def __init__(self, name: str, spec: KeySpec, tokens: int, day: str) -> None:
+        self.name = name
+        self.spec = spec
+        self.tokens = tokens
+        self.day = day
 
 
 class _Bucket:
@@ -151,14 +166,37 @@ class Limiter:
                                    "minute (RPM)", st.requests.wait_for(1.0), "requests")
             st.requests.level -= 1
 
-    def charge(self, name: str, spec: KeySpec, tokens: int) -> None:
-        """A request of the key ended having used ``tokens`` (prompt + completion)."""
-        if tokens <= 0 or (spec.tpm is None and spec.tpd is None):
-            return
-        st = self._state(name, spec, self._clock())
+    def reserve(self, name: str, spec: KeySpec, want: int) -> Reservation:
+        """Take up to ``want`` tokens (at least 1) of the key's tpm and tpd ahead of a worker
+        request, or raise RateLimited (nothing taken). In memory only: no disk on this path."""
+        now = self._clock()
+        st = self._state(name, spec, now)
+        grant = want
+        if spec.tpd is not None:
+            grant = min(grant, spec.tpd - st.day_tokens)
+            if grant < 1:
+                raise self._refuse(name, spec, f"key {name!r} used or holds its {spec.tpd} tokens per day "
+                                   "(TPD); the limit resets at midnight UTC", _to_midnight(now), "tokens")
         if st.tokens is not None:
-            st.tokens.level -= tokens
-        st.day_tokens += tokens
+            grant = min(grant, math.floor(st.tokens.level))
+            if grant < 1:
+                raise self._refuse(name, spec, f"key {name!r} used or holds its {spec.tpm} tokens per minute "
+                                   "(TPM)", st.tokens.wait_for(1.0), "tokens")
+            st.tokens.level -= grant
+        st.day_tokens += grant
+        return Reservation(name, spec, grant, st.day)
+
+    def settle(self, held: Reservation, used: int) -> None:
+        """The worker request that held ``held`` ended having used ``used`` tokens: what
+        it did not use goes back (never more than was taken)."""
+        st = self._state(held.name, held.spec, self._clock())
+        back = held.tokens - max(0, used)
+        if st.tokens is not None:
+            st.tokens.level = min(float(st.tokens.capacity), st.tokens.level + back)
+        if st.day == held.day:
+            st.day_tokens -= back
+        else:  # the day turned meanwhile: the usage is counted on the new day
+            st.day_tokens += max(0, used)
 
     # ------------------------------------------------------------------ concurrency
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral import wire
 from corral.config import CorralConfig
-from corral.control import views
+from corral.control import cache_tenant, views
 from corral.control.access import Access
 from corral.control.admission import Admission
 from corral.control.gpus import GpuBudget
@@ -45,10 +45,11 @@ from corral.control.transport.local import LocalSpawner
 from corral.control.metrics import Metrics
 from corral.control.pool import ModelPool
 from corral.control.instance.restart import RestartPolicy
-from corral.control.keys import detached_context
+from corral.control.keys import current_caller, detached_context
+from corral.control.limits import Reservation
 from corral.control.request_frame import encode_request, input_param
 from corral.control.stream import RequestStream
-from corral.errors import (CapacityTimeout, ConfigError, Conflict, CorralError, LoadFailed,
+from corral.errors import (CapacityTimeout, Conflict, CorralError, LoadFailed,
                            ModelNotFound, ModelNotLoaded, ModelUnloaded, Unavailable)
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ class ControlPlane:
         self.spawner: Spawner = spawner or self._local
         self.ray: RayCluster | None = None  # a RayCluster when [server] ray_address is set (Ray is imported only then)
         if spawner is None and config.server.ray_address:
-            self.ray = _ray_cluster(config, self.bus, self._log_dir(config))
+            from corral.control.transport.ray.cluster import RayCluster  # imported only with Ray in use
+            self.ray = RayCluster.from_config(config.server, self.bus, self._log_dir(config))
             self.spawner = self.ray
         self._tasks: set[asyncio.Task[None]] = set()
         self._housekeeper: asyncio.Task[None] | None = None
@@ -201,9 +203,10 @@ class ControlPlane:
         """The models the request's key may use (every model outside a request)."""
         return [p for p in self.pools.values() if self.access.visible(p.spec)]
 
-    async def generate(self, name: str, msg: wire.GenerateRequest, prefix: str | None) -> RequestStream:
-        """Slot taken and request sent; read the result from the returned stream."""
-        return await self._submit(name, msg, prefix)
+    async def generate(self, name: str, msg: wire.GenerateRequest, prefix: str | None,
+                       cache_salt: str | None = None) -> RequestStream:  # tenant: control/cache_tenant.py
+        msg = cache_tenant.with_tenant(msg, current_caller(), cache_salt)
+        return await self._submit(name, msg, cache_tenant.affinity_prefix(msg, prefix))
 
     async def embed(self, name: str, msg: wire.EmbedRequest) -> RequestStream:
         return await self._submit(name, msg, None)
@@ -234,6 +237,15 @@ class ControlPlane:
     async def _submit(self, name: str, msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest,
                       prefix: str | None) -> RequestStream:
         frame = encode_request(msg)  # before a slot is taken: what cannot be sent takes none
+        sent_msg, held = self.access.reserve(msg, self.pool(name))  # the key's tokens ahead (limits.py)
+        try:
+            return await self._send(name, sent_msg, frame if sent_msg is msg else encode_request(sent_msg), prefix, held)
+        except BaseException:
+            self.access.release(held)
+            raise
+
+    async def _send(self, name: str, msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest,
+                    frame: bytes, prefix: str | None, held: Reservation | None) -> RequestStream:
         loop = asyncio.get_running_loop()
         bound = self.config.server.request_queue_timeout_s  # None: waits while its client does
         deadline = None if bound is None else loop.time() + bound
@@ -264,7 +276,7 @@ class ControlPlane:
                 if not sent:  # it died just now, or the write failed: the slot goes back
                     pool.unreserve(inst)
             if sent:
-                self.access.track(stream)  # its tokens count for the request's key when it ends
+                self.access.track(stream, held)  # its tokens count for the request's key when it ends
                 pool.track(stream, inst if isinstance(msg, wire.GenerateRequest) else None)  # its fair share
                 return stream
 
@@ -382,16 +394,3 @@ class ControlPlane:
     def describe(self, pool: ModelPool) -> dict[str, Any]:
         return views.describe(pool, created=int(self.started_at))
 
-
-def _ray_cluster(config: CorralConfig, bus: EventBus, log_dir: Path) -> RayCluster:
-    import importlib.util
-
-    from corral.control.transport.ray.cluster import RayCluster
-
-    srv = config.server
-    assert srv.ray_address is not None
-    if importlib.util.find_spec("ray") is None:
-        raise ConfigError(f"[server] ray_address = {srv.ray_address!r} needs Ray, which is not installed: "
-                          "pip install 'corral[ray]'")
-    return RayCluster(srv.ray_address, srv.ray_namespace, bus=bus, log_dir=log_dir,
-                      worker_command=srv.worker_command, place_timeout_s=srv.load_timeout_s)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from corral import wire
-from corral.errors import ContextLengthExceeded, CorralError, InvalidRequest, WorkerRequestFailed
+from corral.errors import ContextLengthExceeded, CorralError, InvalidRequest, RateLimited, WorkerRequestFailed
 
 __all__ = ["RequestStream", "StreamPiece", "failure_to_error"]
 
@@ -27,6 +27,8 @@ def failure_to_error(msg: wire.RequestFailed, input_param: str = "messages") -> 
         return ContextLengthExceeded(msg.message, param=input_param)
     if msg.code == "invalid_request":
         return InvalidRequest(msg.message)
+    if msg.code == "over_token_budget":
+        return RateLimited(msg.message, retry_after_s=60.0, kind="tokens")
     return WorkerRequestFailed(f"the model failed on this request: {msg.message}")
 
 

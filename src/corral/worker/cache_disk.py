@@ -100,6 +100,7 @@ class Candidate:
     state: bytes
     last_used: float
     lora: tuple[tuple[int, float], ...] = ()  # the adapter set the state was computed under
+    tenant: str = ""  # the cache tenant whose requests computed it (recorded in the file's header)
 
 
 class DiskCache:
@@ -163,7 +164,7 @@ class DiskCache:
             if time.monotonic() >= deadline:
                 log.warning("prompt cache: write stopped after %.1fs (%d files)", timeout_s, written)
                 break
-            name = cache_files.token_hash(c.tokens, c.lora) + cache_files.SUFFIX
+            name = cache_files.token_hash(c.tokens, c.lora, c.tenant) + cache_files.SUFFIX
             used_at = time.time() - max(0.0, time.monotonic() - c.last_used)  # recency: the file's mtime
             if name in self.index:
                 cache_files.touch(self.index[name].path, used_at)
@@ -174,7 +175,7 @@ class DiskCache:
                 continue
             try:
                 path = cache_files.write_entry(self.dir, self.key, self.model_id, c.tokens, c.pos_min, c.state,
-                                               c.lora)
+                                               c.lora, c.tenant)
                 cache_files.touch(path, used_at)
                 self.index[name] = cache_files.read_header(path)
             except (OSError, CacheFileError) as exc:

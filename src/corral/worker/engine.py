@@ -8,7 +8,7 @@
 A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) -> FREE. Each ``step()``:
 
 1. gives waiting requests a free slot: the one whose cache holds the longest valid prefix (slots.reuse_len);
-2. builds ONE batch: the last token of every generating slot (and its draft: speculate.py), then prompt chunks;
+2. builds ONE batch: the last token of every generating slot (and its draft: speculation/), then prompt chunks;
 3. runs one ``llama_decode`` (C, releases the GIL);
 4. draws the next token of every slot whose logits were computed, side by side on the ``sampling_threads``
    (sample_pool.py; or a token the thinking's budget forces: reasoning_step.py), then per slot in batch
@@ -28,14 +28,16 @@ from typing import Union
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import draft, requests, sample_pool, sampling, threadpool
+from corral.worker import requests, sample_pool, sampling, threadpool
+from corral.worker.speculation import draft
 from corral.worker.lora import LoraAdapters
 from corral.worker.embed import Embedder
+from corral.worker.features import step_features
 from corral.worker.failures import RequestRejected
 from corral.worker.infill import slot_output
 from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.preempt import Preemption
-from corral.worker.prefill import EchoChunk, fill_prompt_chunks
+from corral.worker.prefill import EchoChunk, fill_prompt_chunks, prompt_logprobs
 from corral.worker.prompt_cache import PromptCache
 from corral.worker.prompts import PreparedRequest, PromptPreparer
 from corral.worker.reasoning_step import EngineReasoning
@@ -62,7 +64,7 @@ class Engine:
         self.m.info = self.lora.report(self.m.info)
         self.vision = VisionSteps.load(settings, self.m)  # the projector, images in the step (vision_prefill.py)
         self.m.info = self.vision.model_info(self.m.info)
-        self.spec = draft.speculator(settings, self.m)  # n-gram or draft-model drafts (speculate.py, draft.py)
+        self.spec = draft.speculator(settings, self.m)  # n-gram or draft-model drafts (speculation/)
         self.info = self.m.info
         self.tok = Tokenizer(self.m)
         self.template: ChatTemplate | None = None
@@ -93,6 +95,7 @@ class Engine:
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
         self.prompt_cache = PromptCache(self.m, settings, self.lora)  # RAM, disk (prompt_cache.py); .store: KV store
         self.preempt = Preemption(self, self.prompt_cache.store)  # paused requests, pinned in that store (preempt.py)
+        self.features = step_features(settings)  # the step features turned on (features.py)
 
     # ------------------------------------------------------------------ commands
 
@@ -195,7 +198,7 @@ class Engine:
                                   f"model {self.settings.model_id} is loaded for embeddings only")
         tokens, plan = self.reasoning.prepare(req, self.prompts)
         check_params(req.params)
-        requests.check_generation_fields(req, self.m.n_vocab)
+        requests.check_generation_fields(req, self.m.n_vocab, len(tokens))
         self.lora.check(req, bool(getattr(tokens, "images", None)))  # an unknown adapter is a 400
         return PreparedRequest(req, tokens, requests.grammar_text(req), plan)
 
@@ -210,7 +213,8 @@ class Engine:
             best, best_n = self.lora.pick_slot(free, job, self.m)  # a prefix of the job's adapter set
             free.remove(best)
             try:
-                best_n = self.prompt_cache.admit(best, job.tokens, best_n, job.req.echo and job.req.logprobs is not None)
+                best_n = self.prompt_cache.admit(best, job.tokens, best_n, job.req.echo and job.req.logprobs is not None,
+                                                 job.req.cache_tenant)
                 self._start(best, job, best_n)
             except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
                 log.exception("request %s failed to start", job.req.id)
@@ -246,6 +250,7 @@ class Engine:
         slot.out = slot_output(req, list(p.stop), requests.tool_parser(req), template_stops=template_stops,
                                reasoning=slot.reasoning)
         self.spec.start(slot, req, allowed=slot.reasoning is None)
+        slot.features = tuple(f for f in self.features if f.admitted(slot, job))
         slot.echo_logprobs = [wire.TokenLogprob(self.tok.prompt_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))
@@ -265,7 +270,7 @@ class Engine:
         turn = self.lora.turn(self.slots)  # the slots of one adapter set, in turn (lora.py)
         urgent = self.preempt.urgent  # urgent.py: a request that preempted a slot first; an aborted decode undone
         undo, (decoding, prompts) = urgent.before(turn), urgent.plan(turn, self._by_id, b.cap)
-        n, outputs = self.spec.fill(b, decoding, self.m)  # pending tokens and drafts (speculate.py)
+        n, outputs = self.spec.fill(b, decoding, self.m)  # pending tokens and drafts (speculation/)
         echo_chunks: list[EchoChunk] = []
         n = fill_prompt_chunks(b, prompts, n, outputs, echo_chunks)  # prefill.py
         if n == 0:
@@ -275,8 +280,11 @@ class Engine:
         if rc != 0:
             self._decode_failed(rc)
             return self.take_output()
-        for slot, at, pos, count in echo_chunks:
-            self._prompt_logprobs(slot, at, pos, count)
+        for slot, at, pos, count in echo_chunks:  # prompt logprobs (echo: prefill.py)
+            if (echo := prompt_logprobs(slot, at, pos, count, self.m, self.tok)) is not None:
+                self.out.append(echo)
+                if slot.max_tokens == 0:
+                    self._finish(slot, "length")
         todo = [(slot, idx) for slot, idx in outputs if slot.job is not None]
         if todo:  # draws side by side (sample_pool.py), the rest in batch order here
             sample_pool.presync(self.m.ctx)
@@ -305,23 +313,6 @@ class Engine:
             release(slot)
             self._clear_slot(slot)
         self.out.append(wire.RequestFailed(job.req.id, "internal", message))
-
-    def _prompt_logprobs(self, slot: Slot, at: int, pos: int, count: int) -> None:
-        """Logprobs of the prompt tokens after each of these positions (echo)."""
-        job, lps = slot.job, slot.echo_logprobs
-        assert job is not None and lps is not None
-        toks = job.tokens
-        k = slot.logprobs or 0
-        for j in range(count):
-            if pos + j + 1 < len(toks):
-                nxt = toks[pos + j + 1]
-                logits = sampling.logits_at(self.m.ctx, at + j, self.m.n_vocab)
-                lps.append(sampling.token_logprobs(logits, nxt, k, self.tok.prompt_piece))
-        if pos + count == len(toks):
-            self.out.append(wire.Delta(job.req.id, requests.echo_text(self.tok, job.req, toks), 0, lps))
-            slot.echo_logprobs = None
-            if slot.max_tokens == 0:
-                self._finish(slot, "length")
 
     def _draw(self, item: tuple[Slot, int]) -> list[sample_pool.Drawn]:
         """On any sampling thread: touches only this slot's sampler (a draw per verified draft token)."""
@@ -366,8 +357,11 @@ class Engine:
         if delta is not None:
             self.out.append(delta)
         self.reasoning.after_token(slot, self.m.n_vocab)
-        if out.stopped:
-            self._finish(slot, "stop")
+        why: wire.FinishReason | None = "stop" if out.stopped else None
+        for f in slot.features:
+            why = why or f.token_accepted(slot, tok, delta)
+        if why is not None:
+            self._finish(slot, why)
         elif slot.n_gen >= slot.max_tokens:
             self._finish(slot, "length")
         else:
@@ -384,6 +378,8 @@ class Engine:
         self.tokens_prompt += n_eval
         fin = finished_message(slot, job, reason, time.perf_counter())
         self.prompt_cache.finished(fin)
+        for f in slot.features:
+            f.finished(slot, fin)
         self.out.append(fin)
         self._by_id.pop(job.req.id, None)
         release(slot)

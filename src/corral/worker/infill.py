@@ -14,13 +14,11 @@ with its default n_predict of -1), keeping their end, and never the room the req
 generates in. Text is tokenized without special tokens.
 
 ``InfillOutput`` adds llama-server's ``n_indent`` (stop at a line, after the first, that
-is indented less; the line is cut) and ``t_max_predict_ms`` (stop at a new line once
-generating took longer) to a slot's output.
+is indented less; the line is cut) to a slot's output; its ``t_max_predict_ms`` is any
+request's (a step feature: worker/time_limit/).
 """
 
 from __future__ import annotations
-
-import time
 
 import llama_cpp as ll
 
@@ -81,11 +79,9 @@ def infill_tokens(tok: Tokenizer, model_id: str, req: wire.GenerateRequest, *, n
 
 class InfillOutput(SlotOutput):
     def __init__(self, request_id: str, stops: list[str], tool_parser: ToolCallParser | None,
-                 n_indent: int, t_max_predict_ms: int) -> None:
+                 n_indent: int) -> None:
         super().__init__(request_id, stops, tool_parser)
         self.n_indent = n_indent
-        self.t_max_s = t_max_predict_ms / 1000.0
-        self.t_start = 0.0  # the first token's time (llama-server's t_gen)
         self.text = ""  # sent so far
         self.limited = False
 
@@ -94,8 +90,6 @@ class InfillOutput(SlotOutput):
         return self.limited or self.stop.stopped
 
     def token(self, piece: bytes, logprob: wire.TokenLogprob | None) -> wire.Delta | None:
-        if not self.t_start:
-            self.t_start = time.perf_counter()
         d = super().token(piece, logprob)
         if d is None or self.limited:
             return d
@@ -107,8 +101,6 @@ class InfillOutput(SlotOutput):
             if cut is not None:
                 self.limited = True
                 return wire.Delta(d.id, text[:max(0, cut - start)], d.n_tokens, d.logprobs, d.tool_calls)
-        if "\n" in text and self.t_max_s > 0 and time.perf_counter() - self.t_start > self.t_max_s:
-            self.limited = True
         return d
 
     def _indent_cut(self) -> int | None:
@@ -130,9 +122,9 @@ class InfillOutput(SlotOutput):
 
 def slot_output(req: wire.GenerateRequest, stops: list[str], parser: ToolCallParser | None, *,
                 template_stops: list[str] | None = None, reasoning: SlotReasoning | None = None) -> SlotOutput:
-    """The slot's output: an infill request's with n_indent or t_max_predict_ms (a plain text
-    prompt: no template stops, no thinking), else the plain one."""
+    """The slot's output: an infill request's with n_indent (a plain text prompt: no template
+    stops, no thinking), else the plain one."""
     inf = req.infill
-    if inf is None or (inf.n_indent == 0 and inf.t_max_predict_ms == 0):
+    if inf is None or inf.n_indent == 0:
         return SlotOutput(req.id, stops, parser, template_stops=template_stops, reasoning=reasoning)
-    return InfillOutput(req.id, stops, parser, inf.n_indent, inf.t_max_predict_ms)
+    return InfillOutput(req.id, stops, parser, inf.n_indent)

@@ -73,6 +73,7 @@ class KVEntry:
     pinned: bool = False
     pos_min: int = 0  # the lowest position the state holds (sliding-window layers keep the last window)
     lora: tuple[tuple[int, float], ...] = ()  # the LoRA adapter set its KV was computed under (worker/lora.py)
+    tenant: str = ""  # the cache tenant whose request computed it (wire.GenerateRequest.cache_tenant)
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -105,10 +106,11 @@ class HostKVStore:
         return sum(e.nbytes for e in self._entries.values() if e.pinned)
 
     def put(self, key: str, tokens: Sequence[int], state: bytes, *, pinned: bool = False, pos_min: int = 0,
-            lora: tuple[tuple[int, float], ...] = ()) -> bool:
+            lora: tuple[tuple[int, float], ...] = (), tenant: str = "") -> bool:
         """Keep ``state`` under ``key`` (replacing an entry of that key), evicting least
         recently used cache entries for room; False (and nothing kept) when it cannot fit.
-        ``lora``: the adapter set the state was computed under, for the caller to compare."""
+        ``lora``: the adapter set the state was computed under, ``tenant`` whose request computed
+        it, for the caller to compare."""
         self.pop(key)
         size = len(state)
         if not state or size > self.capacity - self.pinned_bytes:
@@ -120,7 +122,7 @@ class HostKVStore:
             self.evictions += 1
         if self.bytes_used + size > self.capacity:
             return False
-        self._entries[key] = KVEntry(key, tuple(tokens), state, pinned, pos_min, lora=lora)
+        self._entries[key] = KVEntry(key, tuple(tokens), state, pinned, pos_min, lora=lora, tenant=tenant)
         self.bytes_used += size
         return True
 

@@ -136,15 +136,17 @@ class LoraAdapters:
                                                      "\"lora\": [{\"id\": 0, \"scale\": 0}] (no adapter) with them")
 
     def pick_slot(self, free: list[Slot], job: Job, m: LoadedModel) -> tuple[Slot, int]:
-        """``slots.pick_slot`` over the free slots whose KV is of ``job``'s adapter set (a slot of
-        another set serves no prefix); the slot's KV is of that set from now on."""
+        """``slots.pick_slot`` over the free slots whose KV is of ``job``'s adapter set and cache
+        tenant (a slot of another set or tenant serves no prefix); the slot's KV is of that set
+        from now on (its tenant changes in ``PromptCache.admit``, which saves the old cells first)."""
         key = self.key_of(job.req) if self.specs else BASE
+        tenant = job.req.cache_tenant  # and of the job's cache tenant (docs/internals/prompt-cache.md)
         best, best_n = free[0], -1
         for s in free:
-            n = reuse_len(s, job.tokens, m) if self.slot_key[s.index] == key else 0
+            n = reuse_len(s, job.tokens, m) if self.slot_key[s.index] == key and s.tenant == tenant else 0
             if n > best_n or (n == best_n and len(s.cached) < len(best.cached)):
                 best, best_n = s, n
-        if self.slot_key[best.index] != key:
+        if self.slot_key[best.index] != key or best.tenant != tenant:
             best_n = 0  # its cache is cleared when the job starts
         self.replaced_key[best.index] = self.slot_key[best.index]
         self.slot_key[best.index] = key

@@ -295,7 +295,7 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
         p.embeddings = s.embedding
         p.pooling_type = pooling
         # one KV stream per slot: attention only over its own cells; with speculation one
-        # unified cache, whose batches split in order (worker/speculate.py: sliding windows)
+        # unified cache, whose batches split in order (worker/speculation/speculator.py: sliding windows)
         p.kv_unified = s.speculative != "off"
         # Like llama-server: sliding-window layers keep only n_swa + n_ubatch cells per
         # slot (the C default keeps all) unless swa_full. Prefix reuse checks what is there.

@@ -7,8 +7,9 @@ preemption; the router decides who: docs/internals/fair-share.md, "Preemption").
 A paused request keeps everything its slot held that is not the KV cache: the job, the
 slot's sampler (and its grammar, RNG, penalties' history), the output's stop matcher,
 tool-call parser and detokenizer (``SlotOutput``), the reasoning split and budget
-(``SlotReasoning``), the speculation state, and the counters (tokens generated, limits,
-timings). Its KV, the cells of the tokens in ``slot.cached``, is saved into the worker's
+(``SlotReasoning``), every step feature's state (one field of the slot each: speculation's,
+the time limit's, ...), and the counters (tokens generated, limits, timings): the slot's
+request fields, every field but ``slots.CELL_FIELDS``, moved as they are. Its KV, the cells of the tokens in ``slot.cached``, is saved into the worker's
 host-RAM store (``worker/kv_store.py``) as a pinned entry; where the store has no room it
 is dropped, and recomputed on resume before the slot joins the next batch (the prompt
 in batches, from any prefix a free slot still holds, then one decode per token generated
@@ -42,16 +43,17 @@ from corral.worker import sampling
 from corral.worker.kv_store import HostKVStore, restore_seq, save_seq
 from corral.worker.model import LoadedModel
 from corral.worker.lora import BASE, LoraAdapters, LoraKey
-from corral.worker.slots import Batch, Job, Slot, aborted_in_queue, finished_message, pick_slot, release
-from corral.worker.speculate import SlotSpec, Speculator
+from corral.worker.slots import CELL_FIELDS, Batch, Job, Slot, aborted_in_queue, finished_message, pick_slot, release
+from corral.worker.speculation.speculator import Speculator
 from corral.worker.urgent import UrgentStarts
-from corral.worker.draft import DraftSpeculator
+from corral.worker.speculation.draft import DraftSpeculator
 
 __all__ = ["Preemption", "PausedJob", "store_key"]
 
 log = logging.getLogger("corral.worker.preempt")
 
-_KEPT_FIELDS = [f.name for f in fields(Slot) if f.name not in ("index", "cached")]
+# a slot's request fields: what moves with a paused request (the rest are its cells')
+_KEPT_FIELDS = [f.name for f in fields(Slot) if f.name not in CELL_FIELDS]
 
 
 def store_key(request_id: str) -> str:
@@ -76,8 +78,7 @@ class Engine(Protocol):
 @dataclass(eq=False)
 class PausedJob:
     job: Job
-    slot: Slot | None  # the slot's state (a detached copy); None: paused before it had a slot
-    spec: SlotSpec | None
+    slot: Slot | None  # the slot's request fields (a detached copy); None: paused before it had a slot
     tokens: list[int]  # the tokens whose KV it had, at positions 0..len-1
     kept_kv: bool
     since: float
@@ -106,7 +107,7 @@ class Preemption:
         slot = next((s for s in e.slots if s.job is job), None)
         if slot is None:  # accepted, not started yet: nothing to keep
             e.waiting.remove(job)
-            self.paused[request_id] = PausedJob(job, None, None, [], False, time.monotonic())
+            self.paused[request_id] = PausedJob(job, None, [], False, time.monotonic())
             self.pauses += 1
             return wire.Paused(id=request_id, paused=True)
         images = bool(getattr(job.tokens, "images", None))  # placeholders: their KV cannot be recomputed
@@ -117,15 +118,14 @@ class Preemption:
         kept = bool(state) and self.store.put(store_key(request_id), tokens, state, pinned=True)
         if images and not kept:
             return wire.Paused(id=request_id, paused=False)
-        saved = Slot(slot.index)
-        for name in _KEPT_FIELDS:
+        for f in slot.features:
+            f.paused(slot)
+        saved, empty = Slot(slot.index), Slot(slot.index)
+        for name in _KEPT_FIELDS:  # the objects now belong to the paused job: release() frees nothing
             setattr(saved, name, getattr(slot, name))
-        # the objects now belong to the paused job: detach them so release() frees nothing
-        slot.sampler, slot.out, slot.reasoning, slot.echo_logprobs = None, None, None, None
-        spec = e.spec.states[slot.index]
-        e.spec.states[slot.index] = SlotSpec()
+            setattr(slot, name, getattr(empty, name))
         release(slot)  # slot.cached (and its cells) stay: reusable, or resumed in place
-        self.paused[request_id] = PausedJob(job, saved, spec, tokens, kept, time.monotonic(),
+        self.paused[request_id] = PausedJob(job, saved, tokens, kept, time.monotonic(),
                                             e.lora.slot_key[slot.index])
         self.pauses += 1
         self.kept += kept
@@ -167,12 +167,14 @@ class Preemption:
         e, m = self.e, self.e.m
         entry = self.store.pop(store_key(p.job.req.id))
         key = p.lora_key  # only a slot of its adapter set serves its cells (worker/lora.py)
-        same = [s for s in free if e.lora.slot_key[s.index] == key]
+        tenant = p.job.req.cache_tenant  # and only one of its cache tenant
+        same = [s for s in free if e.lora.slot_key[s.index] == key and s.tenant == tenant]
         slot = next((s for s in same if s.cached == p.tokens), None)
         if slot is None:
-            slot, reuse = pick_slot(same or free, p.tokens + [-1], m) if p.tokens else (free[0], 0)
-            if e.lora.slot_key[slot.index] != key:
+            slot, reuse = pick_slot(same or free, p.tokens + [-1], m, tenant) if p.tokens else (free[0], 0)
+            if e.lora.slot_key[slot.index] != key or slot.tenant != tenant:
                 reuse = 0
+            slot.tenant = tenant
             e.lora.slot_key[slot.index] = key
             e.lora.use(key)
             assert p.slot is not None
@@ -189,8 +191,8 @@ class Preemption:
         assert p.slot is not None
         for name in _KEPT_FIELDS:
             setattr(slot, name, getattr(p.slot, name))
-        if p.spec is not None:
-            e.spec.states[slot.index] = p.spec
+        for f in slot.features:
+            f.resumed(slot)
 
     def _recompute(self, slot: Slot, tokens: list[int], reuse: int, n_prompt: int) -> None:
         """Decode ``tokens`` into ``slot`` again (its first ``reuse`` are there), as they were

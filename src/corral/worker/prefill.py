@@ -4,12 +4,16 @@ it never stalls the streams that decode beside it)."""
 
 from __future__ import annotations
 
+from corral import wire
 from corral.batch_rows import ECHO_CHUNK
+from corral.worker import requests, sampling
+from corral.worker.model import LoadedModel
 from corral.worker.slots import Batch, Slot
+from corral.worker.tokens import Tokenizer
 from corral.worker.vision import VisionTokens
 from corral.worker.vision_mrope import kv_pos
 
-__all__ = ["EchoChunk", "fill_prompt_chunks"]
+__all__ = ["EchoChunk", "fill_prompt_chunks", "prompt_logprobs"]
 
 EchoChunk = tuple[Slot, int, int, int]  # slot, batch index, prompt pos, count
 
@@ -52,3 +56,20 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
             b.logits[n - 1] = 1
             outputs.append((slot, n - 1))
     return n
+
+
+def prompt_logprobs(slot: Slot, at: int, pos: int, count: int, m: LoadedModel, tok: Tokenizer) -> wire.Delta | None:
+    """Logprobs of the prompt tokens after each of these positions (echo, batch index ``at`` on);
+    once the prompt's last has them, the echo ``Delta`` (the prompt and its logprobs)."""
+    job, lps = slot.job, slot.echo_logprobs
+    assert job is not None and lps is not None
+    toks = job.tokens
+    k = slot.logprobs or 0
+    for j in range(count):
+        if pos + j + 1 < len(toks):
+            logits = sampling.logits_at(m.ctx, at + j, m.n_vocab)
+            lps.append(sampling.token_logprobs(logits, toks[pos + j + 1], k, tok.prompt_piece))
+    if pos + count < len(toks):
+        return None
+    slot.echo_logprobs = None
+    return wire.Delta(job.req.id, requests.echo_text(tok, job.req, toks), 0, lps)

@@ -67,9 +67,11 @@ class PromptCache:
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, slot: Slot, tokens: Sequence[int], reuse: int, echo: bool) -> int:
-        """Save what ``slot`` is about to lose, then restore a longer prefix if one is kept;
-        returns the tokens the slot serves now."""
+    def admit(self, slot: Slot, tokens: Sequence[int], reuse: int, echo: bool, tenant: str = "") -> int:
+        """Save what ``slot`` is about to lose, then restore a longer prefix of cache tenant
+        ``tenant`` (the job's) if one is kept; returns the tokens the slot serves now. The
+        slot is the job's tenant's from here on (``pick_slot`` gave another tenant's slot 0)."""
+        was_tenant, slot.tenant = slot.tenant, tenant
         if not self.enabled:
             return reuse
         keep = 0 if echo else reuse
@@ -77,10 +79,10 @@ class PromptCache:
         was, now = (BASE, BASE) if self.lora is None else (
             self.lora.replaced_key[slot.index], self.lora.slot_key[slot.index])
         if self.store.capacity > 0 and len(slot.cached) - keep >= MIN_SAVE_TOKENS:
-            self.save(slot, keep if was == now else 0, was)
+            self.save(slot, keep if was == now and was_tenant == tenant else 0, was, was_tenant)
         if echo or len(tokens) < MIN_SAVE_TOKENS:
             return reuse
-        best = self._best(tokens, reuse + MIN_GAIN_TOKENS, now)
+        best = self._best(tokens, reuse + MIN_GAIN_TOKENS, now, tenant)
         if best is None:
             self.misses += 1
             return reuse
@@ -109,13 +111,13 @@ class PromptCache:
         self.restore_s += time.perf_counter() - t0
         return got
 
-    def save(self, slot: Slot, keep: int, lora: LoraKey = BASE) -> bool:
-        """Keep the slot's cached prefix in the RAM store (a cache entry keyed by its tokens
-        and ``lora``, the adapter set its cells were computed under). The slot is about to be
-        overwritten from ``keep`` on."""
+    def save(self, slot: Slot, keep: int, lora: LoraKey = BASE, tenant: str = "") -> bool:
+        """Keep the slot's cached prefix in the RAM store (a cache entry keyed by its tokens,
+        ``lora``, the adapter set its cells were computed under, and ``tenant``, the cache
+        tenant whose requests computed them). The slot is about to be overwritten from ``keep`` on."""
         self._cut_to_last_prompt(slot, keep)
         tokens = tuple(slot.cached)
-        key = cache_files.token_hash(tokens, lora)
+        key = cache_files.token_hash(tokens, lora, tenant)
         if key in self.store:
             self.store.get(key)
             return True
@@ -124,10 +126,10 @@ class PromptCache:
         pos_min = int(ll.llama_memory_seq_pos_min(self.m.memory, slot.index))
         if self.m.n_swa == 0:  # a longer entry serves every prefix of it: drop the shorter ones
             for e in self.store.entries():
-                if not e.pinned and e.lora == lora and len(e.tokens) < len(tokens) and \
+                if not e.pinned and e.lora == lora and e.tenant == tenant and len(e.tokens) < len(tokens) and \
                         tokens[: len(e.tokens)] == e.tokens:
                     self.store.pop(e.key)
-        ok = self.store.put(key, tokens, state, pos_min=max(0, pos_min), lora=lora)
+        ok = self.store.put(key, tokens, state, pos_min=max(0, pos_min), lora=lora, tenant=tenant)
         self.save_s += time.perf_counter() - t0
         self.saves += ok
         return ok
@@ -150,15 +152,18 @@ class PromptCache:
             return 0
         return n
 
-    def _best(self, tokens: Sequence[int], at_least: int, lora: LoraKey) -> tuple[KVEntry | CacheFile, int] | None:
-        """The entry of adapter set ``lora`` that serves most of ``tokens`` (at least ``at_least``)."""
+    def _best(self, tokens: Sequence[int], at_least: int, lora: LoraKey,
+              tenant: str) -> tuple[KVEntry | CacheFile, int] | None:
+        """The entry of adapter set ``lora`` and cache tenant ``tenant`` that serves most of
+        ``tokens`` (at least ``at_least``): another tenant's entries are never considered."""
         best: tuple[KVEntry | CacheFile, int] | None = None
         for e in self.store.entries():
-            if not e.pinned and e.lora == lora and (n := self._usable(e.tokens, e.pos_min, tokens)) >= at_least:
+            if not e.pinned and e.lora == lora and e.tenant == tenant and \
+                    (n := self._usable(e.tokens, e.pos_min, tokens)) >= at_least:
                 if best is None or n > best[1]:
                     best = (e, n)
         for f in self.disk.entries() if self.disk is not None else ():
-            if f.lora != lora:
+            if f.lora != lora or f.tenant != tenant:
                 continue
             n = self._usable(f.tokens, f.pos_min, tokens)
             if n >= at_least and (best is None or n > best[1]):  # RAM wins a tie
@@ -222,16 +227,16 @@ class PromptCache:
         t0 = time.perf_counter()
         now = time.monotonic()
         cands: list[Candidate] = []
-        seen: set[tuple[tuple[int, ...], LoraKey]] = set()
+        seen: set[tuple[tuple[int, ...], LoraKey, str]] = set()
         for s in slots:
             self._cut_to_last_prompt(s, 0)  # (the worker unloads: its slots are not used again)
             if len(s.cached) >= MIN_SAVE_TOKENS:
                 toks, lora = tuple(s.cached), BASE if self.lora is None else self.lora.slot_key[s.index]
                 pos_min = max(0, int(ll.llama_memory_seq_pos_min(self.m.memory, s.index)))
-                cands.append(Candidate(toks, pos_min, save_seq(self.m.ctx, s.index), now, lora))
-                seen.add((toks, lora))
-        cands += [Candidate(e.tokens, e.pos_min, e.state, e.last_used, e.lora) for e in self.store.entries()
-                  if not e.pinned and (e.tokens, e.lora) not in seen]
+                cands.append(Candidate(toks, pos_min, save_seq(self.m.ctx, s.index), now, lora, s.tenant))
+                seen.add((toks, lora, s.tenant))
+        cands += [Candidate(e.tokens, e.pos_min, e.state, e.last_used, e.lora, e.tenant) for e in self.store.entries()
+                  if not e.pinned and (e.tokens, e.lora, e.tenant) not in seen]
         limit = disk.cfg.write_bytes if msg.max_bytes is None else msg.max_bytes
         timeout = disk.cfg.write_s if msg.timeout_s is None else min(disk.cfg.write_s, msg.timeout_s)
         written, n_bytes = disk.persist(cands, limit, max(0.0, timeout - (time.perf_counter() - t0)))

@@ -32,7 +32,11 @@ def check_tokens(tokens: list[int], n_vocab: int, field: str) -> list[int]:
     return list(tokens)
 
 
-def check_generation_fields(req: wire.GenerateRequest, n_vocab: int) -> None:
+def check_generation_fields(req: wire.GenerateRequest, n_vocab: int, n_prompt: int = 0) -> None:
+    """The fields only a worker can check; ``n_prompt``: the prompt's tokens (its token_budget)."""
+    if req.token_budget is not None and n_prompt > req.token_budget:
+        raise RequestRejected("over_token_budget", f"the prompt has {n_prompt} tokens, more than the "
+                              f"{req.token_budget} left of this key's token limits (tpm/tpd)")
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
         raise RequestRejected("invalid_request", f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
     if req.grammar is not None and req.json_schema is not None:

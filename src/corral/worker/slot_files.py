@@ -166,7 +166,8 @@ class SlotFiles:
         meta = json.dumps({"format": SIDECAR_FORMAT, "identity": self.identity(), "n_tokens": len(tokens),
                            "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                            # the adapter set the cells were computed under (worker/lora.py)
-                           "lora_key": [list(x) for x in self.engine.lora.slot_key[slot.index]]}).encode()
+                           "lora_key": [list(x) for x in self.engine.lora.slot_key[slot.index]],
+                           "tenant": slot.tenant}).encode()  # whose cells: only its requests reuse them
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         tag = f".{os.getpid()}.{time.monotonic_ns()}.tmp"
         tmp_data, tmp_meta = directory / f".{filename}{tag}", directory / f".{filename}.corral{tag}"
@@ -232,5 +233,7 @@ class SlotFiles:
             raise _Refused("invalid_file", "Unable to restore slot: No available space in KV cache or "
                                            "invalid slot save file")
         slot.cached = tokens
+        tenant = meta.get("tenant", "")
+        slot.tenant = tenant if isinstance(tenant, str) else ""  # the cells stay their tenant's (prompt-cache.md)
         self.engine.lora.slot_key[slot.index] = tuple((int(i), float(v)) for i, v in meta.get("lora_key", []))
         return n, len(data)

@@ -1,11 +1,45 @@
-"""A slot's state, the batch buffers, and the messages a slot's end produces: the
-plain data the engine (``corral.worker.engine``) works on."""
+"""A slot's state, the step features that run on it, the batch buffers, and the messages a
+slot's end produces: the plain data the engine (``corral.worker.engine``) works on.
+
+The step-feature interface (``StepFeature``): what a per-request feature of the step implements.
+
+A feature (a time limit, speculation, reasoning, LoRA, vision, ...) is a ``StepFeature``
+subclass in its own folder under ``corral/worker/`` that overrides the moments it needs;
+the others are no-ops. The engine (``corral.worker.engine``) holds the features the model's
+settings turn on (``Engine.features``; a feature turned off is not in the list, so it costs
+nothing), and each slot holds the features its request uses (``Slot.features``, chosen at
+``admitted``): the per-token moments run only for those, so a request that does not use a
+feature never pays for it either.
+
+    moment          when, on which thread                         what it may do
+    admitted        a job has just taken a slot (engine thread)   set its state on the slot; True: run for it
+    before_batch    before the step's batch is built (engine)     narrow the slots that decode this step
+    after_logits    a slot's logits are ready (a sampling thread) force a token instead of the draw
+    token_accepted  a drawn token went into the output (engine)   end the request ("stop", "length")
+    paused          the slot's request is paused (preemption)     drop what is not on the slot
+    resumed         it resumes, maybe into another slot           rebuild what is not on the slot
+    finished        the request ended, before the slot is freed   free what it holds, count it
+
+A feature's per-slot state is ONE typed field of ``Slot`` (``corral.worker.slots``), named
+after the feature and ``None`` (or its empty value) while no request uses it. Pausing copies a
+slot's request fields (every field but the cell fields, ``slots.CELL_FIELDS``) into the
+paused job and back into the slot it resumes in, and the prompt cache keys a slot's cells by
+its cell fields: a feature whose state is on the slot is carried by both without a line of
+its own. Only a feature that keeps state outside the slot (a second context's sequence)
+needs ``paused``/``resumed``.
+
+The recipe ("adding a step feature", docs/architecture.md): a folder
+``corral/worker/<feature>/`` with the subclass, its state's field on ``Slot``, one line in
+``engine.step_features``, the request field in ``corral.wire`` (and the dialects that take
+it), a test in ``tests/worker/``. No other feature's files change.
+"""
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import llama_cpp as ll
 
@@ -15,8 +49,10 @@ from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel
 from corral.worker.reasoning import ReasoningPlan, SlotReasoning
 from corral.worker.slot_output import SlotOutput
+from corral.worker.speculation.state import SlotSpec
+from corral.worker.time_limit.state import TimeLimit
 
-__all__ = ["Job", "Slot", "Batch", "begin", "check_params", "finished_message", "release", "reuse_len",
+__all__ = ["CELL_FIELDS", "Job", "Slot", "StepFeature", "Batch", "begin", "check_params", "finished_message", "release", "reuse_len",
            "aborted_in_queue", "free_samplers", "pick_slot", "slot_states"]
 
 
@@ -33,6 +69,7 @@ class Job:
 class Slot:
     index: int
     cached: list[int] = field(default_factory=list)  # tokens whose KV is in the cache, in order
+    tenant: str = ""  # the cache tenant whose requests computed those cells: only its jobs reuse them
     job: Job | None = None
     prompt_pos: int = 0  # next prompt token to decode
     n_cached: int = 0  # prompt tokens reused from the cache
@@ -47,10 +84,55 @@ class Slot:
     echo_logprobs: list[wire.TokenLogprob] | None = None  # prompt logprobs being collected
     t_start: float = 0.0
     t_first: float = 0.0
+    features: tuple[StepFeature, ...] = ()  # the engine's features this slot's request uses
+    # one field a feature: its state while the slot's request uses it
+    spec: SlotSpec = field(default_factory=SlotSpec)  # its drafts (worker/speculation/; off: on=False)
+    time_limit: TimeLimit | None = None  # t_max_predict_ms (worker/time_limit/)
 
     @property
     def busy(self) -> bool:
         return self.job is not None
+
+
+# a slot's cell fields: its KV cells and what they were computed under; every other field is
+# the request's, and moves with it when it is paused (worker/preempt.py)
+CELL_FIELDS = ("index", "cached", "tenant")
+
+
+class StepFeature:
+    """One per-request feature of the step; every moment is a no-op until overridden."""
+
+    name: ClassVar[str]  # the feature's folder, and the name its state has on ``Slot``
+
+    def admitted(self, slot: Slot, job: Job) -> bool:
+        """``job`` has taken ``slot`` (its counters reset, its sampler and output made);
+        set the feature's state on the slot. True: the slot runs this feature's per-token
+        moments (it joins ``slot.features``)."""
+        return False
+
+    def before_batch(self, slots: list[Slot]) -> list[Slot]:
+        """The slots that decode this step, out of ``slots`` (every feature of the engine,
+        in order; the next one sees what this one returns)."""
+        return slots
+
+    def after_logits(self, slot: Slot) -> int | None:
+        """On a sampling thread, touching only ``slot``: a token to take instead of the
+        draw (None: draw as usual)."""
+        return None
+
+    def token_accepted(self, slot: Slot, token: int, delta: wire.Delta | None) -> wire.FinishReason | None:
+        """``token`` (and the text it released, ``delta``) went into the slot's output; a
+        reason ends the request with it (None: go on)."""
+        return None
+
+    def paused(self, slot: Slot) -> None:
+        """The slot's request is being paused; its request fields move with it."""
+
+    def resumed(self, slot: Slot) -> None:
+        """A paused request's fields are in ``slot`` again (maybe not the slot it left)."""
+
+    def finished(self, slot: Slot, fin: wire.Finished) -> None:
+        """The slot's request ended with ``fin`` (sent next); the slot is freed after."""
 
 
 def begin(slot: Slot, job: Job, reuse: int, room: int, now: float, default_max: int | None = None) -> None:
@@ -58,6 +140,8 @@ def begin(slot: Slot, job: Job, reuse: int, room: int, now: float, default_max: 
     which has ``room`` cells left after the prompt; ``default_max``: the model's limit for a
     request that sets none."""
     p = job.req.params
+    if job.req.token_budget is not None:  # the key's reservation bounds prompt + completion
+        room = min(room, max(0, job.req.token_budget - len(job.tokens)))
     slot.job = job
     slot.prompt_pos = reuse
     slot.n_cached = reuse
@@ -133,6 +217,7 @@ def release(slot: Slot) -> None:
     are appended as they are decoded), so what is there stays reusable."""
     slot.job = None
     slot.pending = -1
+    slot.features = ()
     if slot.sampler is not None:
         slot.sampler.free()
         slot.sampler = None
@@ -165,12 +250,13 @@ def reuse_len(slot: Slot, tokens: list[int], m: LoadedModel) -> int:
     return n
 
 
-def pick_slot(free: list[Slot], tokens: list[int], m: LoadedModel) -> tuple[Slot, int]:
+def pick_slot(free: list[Slot], tokens: list[int], m: LoadedModel, tenant: str = "") -> tuple[Slot, int]:
     """The free slot whose cache serves the longest valid prefix of ``tokens`` (ties:
-    the shortest cache), and that prefix's length."""
+    the shortest cache), and that prefix's length. Only a slot of cache tenant ``tenant``
+    serves a prefix (another tenant's cells serve 0)."""
     best, best_n = free[0], -1
     for s in free:
-        n = reuse_len(s, tokens, m)
+        n = reuse_len(s, tokens, m) if s.tenant == tenant else 0
         if n > best_n or (n == best_n and len(s.cached) < len(best.cached)):
             best, best_n = s, n
     return best, best_n

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
 from corral.api.core.images import data_url
+from corral.api.core.schemas import CacheSalt
 from corral.errors import InvalidRequest, UnsupportedOption
 
 __all__ = ["AnthropicMessagesRequest", "AnthropicCountTokensRequest", "stop_reason"]
@@ -221,7 +222,7 @@ _DESCRIPTIVE = frozenset({"metadata", "service_tier", "inference_geo", "speed", 
                           "priority"})  # the fair queue's (vLLM's name), read and bounded by corral.api.access
 # count_tokens also takes a whole Messages body: its generation fields change no count
 _COUNT_ALSO_IGNORES = _DESCRIPTIVE | {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
-                                      "ignore_eos"}
+                                      "ignore_eos", "cache_salt"}
 
 
 class AnthropicCountTokensRequest(BaseModel):
@@ -321,6 +322,7 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest):
     stream: bool = False
     metadata: dict[str, Any] | None = None
     ignore_eos: bool = False  # corral's extension (as on its OpenAI routes): generate every token
+    cache_salt: CacheSalt | None = None  # corral's extension (vLLM's name): share the prompt cache only with it
 
     def check(self) -> None:
         super().check()

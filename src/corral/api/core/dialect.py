@@ -49,7 +49,7 @@ def parse_arguments(call: wire.ToolCall) -> dict[str, Any]:
 def build_spec(model: str, endpoint: str, messages: list[dict[str, Any]], params: wire.SamplingParams, *,
                prompt: str | None = None, reasoning: dict[str, Any] | None = None, **chat: Any) -> GenerationSpec:
     """A spec on the one request path: ``messages`` (OpenAI chat shape) and ``chat`` (tools,
-    tool_choice, response_format, parallel_tool_calls) are validated by the OpenAI chat
+    tool_choice, response_format, parallel_tool_calls, cache_salt) are validated by the OpenAI chat
     request; ``params`` (the dialect's sampling) replace its sampling. ``prompt``: a raw
     prompt sent as it is instead of the rendered messages (Ollama's raw generate).
     ``reasoning``: the dialect's thinking as wire fields (think, thinking_budget,

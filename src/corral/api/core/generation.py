@@ -47,6 +47,7 @@ class GenerationSpec:
     requests: list[wire.GenerateRequest]
     prefix: str | None = None  # for the balancer: text that starts the prompt
     images: list[list[ImageRef]] | None = None  # each message's images, loaded by attach_images at submit
+    cache_salt: str | None = None  # the body's cache_salt: ControlPlane.generate's tenant (control/cache_tenant.py)
 
 
 @dataclass
@@ -129,9 +130,10 @@ def chat_spec(body: ChatCompletionRequest, endpoint: str = "chat") -> Generation
             id=rid if body.n == 1 else f"{rid}-{i}", messages=messages, params=p, grammar=grammar,
             json_schema=schema, tools=tools, parse_tool_calls=body.parses_tool_calls(),
             parallel_tool_calls=body.parallel_tool_calls is not False, logprobs=body.wire_logprobs(),
-            speculative=body.speculative, lora=body.wire_lora(), **body.wire_reasoning()))
+            speculative=body.speculative, lora=body.wire_lora(), t_max_predict_ms=body.t_max_predict_ms,
+            **body.wire_reasoning()))
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
-    return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix, body.image_refs())
+    return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix, body.image_refs(), body.cache_salt)
 
 
 def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> GenerationSpec:
@@ -155,9 +157,11 @@ def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> G
             reqs.append(wire.GenerateRequest(
                 id=rid if len(prompts) * body.n == 1 else f"{rid}-{i}", prompt=None if infill else text,
                 prompt_tokens=toks, params=p, grammar=grammar, json_schema=schema, logprobs=body.logprobs,
-                echo=body.echo, infill=infill, speculative=body.speculative, lora=body.wire_lora()))
+                echo=body.echo, infill=infill, speculative=body.speculative, lora=body.wire_lora(),
+                t_max_predict_ms=body.t_max_predict_ms))
     first = prompts[0]
-    return GenerationSpec(body.model_name(), endpoint, rid, reqs, first if isinstance(first, str) else None)
+    return GenerationSpec(body.model_name(), endpoint, rid, reqs, first if isinstance(first, str) else None,
+                          cache_salt=body.cache_salt)
 
 
 def _fields(p: wire.SamplingParams) -> dict[str, Any]:
@@ -166,7 +170,8 @@ def _fields(p: wire.SamplingParams) -> dict[str, Any]:
 
 def _coros(request: Request, spec: GenerationSpec) -> list[Awaitable[RequestStream]]:
     plane = plane_of(request)
-    return [generate_routed(plane, spec.model, r, spec.prefix) for r in spec.requests]  # api/core/lora.py
+    return [generate_routed(plane, spec.model, r, spec.prefix, spec.cache_salt)  # api/core/lora.py
+            for r in spec.requests]
 
 
 def _sum_usage(items: list[wire.Usage | None]) -> wire.Usage:

@@ -124,7 +124,7 @@ def current_scales(plane: ControlPlane, pool: ModelPool) -> list[float]:
 
 
 async def generate_routed(plane: ControlPlane, name: str, req: wire.GenerateRequest,
-                          prefix: str | None) -> RequestStream:
+                          prefix: str | None, cache_salt: str | None = None) -> RequestStream:
     """``plane.generate`` after ``route``: adapter scales, adapter model ids."""
     name, req = route(plane, name, req)
-    return await plane.generate(name, req, prefix)
+    return await plane.generate(name, req, prefix, cache_salt)

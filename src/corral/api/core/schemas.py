@@ -21,6 +21,8 @@ from corral.settings import ModelSettings, SettingsError
 
 __all__ = [
     "parse_body",
+    "CacheSalt",
+    "MAX_CACHE_SALT_CHARS",
     "SamplingFields",
     "StreamOptions",
     "CompletionRequest",
@@ -54,6 +56,12 @@ class StreamOptions(BaseModel):
 
 MAX_CHOICES = 16  # n (times the prompts of a completions request)
 
+MAX_CACHE_SALT_CHARS = 256
+# vLLM's and llama-server's ``cache_salt``: only requests of the same key (or cache_group) and
+# the same salt share cached prompt prefixes (control/cache_tenant.py). A string (not coerced
+# from a number), 1-256 characters; anything else is a 400 naming ``cache_salt``.
+CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS, strict=True)]
+
 
 class SamplingFields(BaseModel):
     """The sampling fields chat and completions share (and their checks)."""
@@ -77,9 +85,11 @@ class SamplingFields(BaseModel):
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     ignore_eos: bool = False
     speculative: bool | None = None  # corral: draft and verify (the model's speculative setting)
+    t_max_predict_ms: int = Field(0, ge=0, le=1 << 40)  # llama-server's generation time limit (ms; 0: none)
     lora: LoraList | None = None  # llama-server's [{id, scale}] (api/core/lora.py)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    cache_salt: CacheSalt | None = None  # shares the prompt cache only with the same salt
 
     def wire_lora(self) -> list[wire.LoraScale] | None:
         """The adapter scales as given (ids checked against the model in lora.route)."""

@@ -67,8 +67,10 @@ async def infill(request: Request) -> Response:
     model = await model_that(plane_of(request), body.model, "infill")
     rid = "infill-" + secrets.token_hex(12)
     lora = None if body.lora is None else [wire.LoraScale(e.id, e.scale) for e in body.lora]
-    req = wire.GenerateRequest(id=rid, prompt=body.prompt, params=params, infill=body.infill(), lora=lora)
-    spec = GenerationSpec(model, "infill", rid, [req], prefix=body.input_prefix or body.input_suffix)
+    req = wire.GenerateRequest(id=rid, prompt=body.prompt, params=params, infill=body.infill(), lora=lora,
+                               t_max_predict_ms=body.t_max_predict_ms)
+    spec = GenerationSpec(model, "infill", rid, [req], prefix=body.input_prefix or body.input_suffix,
+                          cache_salt=body.cache_salt)
     gen = await run_generation(request, spec, stream=body.stream)
     if not body.stream:
         return json_response(_final(gen, gen.text, params))

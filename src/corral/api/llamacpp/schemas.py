@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
 from corral.api.core.lora import LoraList
+from corral.api.core.schemas import CacheSalt
 from corral.api.http import model_or_only
 from corral.control.capabilities import can
 from corral.control.plane import ControlPlane
@@ -74,6 +75,7 @@ class InfillBody(BaseModel):
     stop: list[str] = []
     ignore_eos: bool = False
     lora: LoraList | None = None  # [{id, scale}] (api/core/lora.py)
+    cache_salt: CacheSalt | None = None  # shares the prompt cache only with the same salt
 
     def check(self) -> None:
         if self.input_prefix is None and self.input_suffix is None:
@@ -84,7 +86,7 @@ class InfillBody(BaseModel):
     def infill(self) -> wire.Infill:
         return wire.Infill(prefix=self.input_prefix or "", suffix=self.input_suffix or "",
                            extra=[wire.InfillChunk(c.filename, c.text) for c in self.input_extra],
-                           n_indent=self.n_indent, t_max_predict_ms=self.t_max_predict_ms)
+                           n_indent=self.n_indent)
 
     def sampling(self) -> wire.SamplingParams:
         n = self.n_predict if self.n_predict is not None else self.max_tokens

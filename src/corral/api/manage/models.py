@@ -189,6 +189,7 @@ async def nitro_load(request: Request) -> Response:
     body = await parse_body(request, NitroLoadModel)
     plane = plane_of(request)
     validate_model_id(body.model_id, param="model_id")
+    plane.sync.check_new_name(body.model_id, "model_id")  # the key's own names, never an adapter's id
     path = _confined_model_file(request, body.llama_model_path)
     try:
         owner = plane.catalog.resolve_id(body.model_id)

@@ -7,6 +7,11 @@ and errors as /v1/chat/completions. Errors are ``{"error": "..."}`` with corral'
 status (404 for an unknown model); an error after streaming began is a last
 ``{"error": ...}`` line, which the ollama client raises as ``ResponseError``.
 
+``keep_alive`` changes a model every key shares (0 unloads it, a negative value pins it
+against eviction, a duration sets its idle unload), so it needs the ``manage`` scope: a key
+without it is served as if it sent none, and the answer carries
+``X-Corral-Keep-Alive-Ignored`` saying so (docs/internals/keys.md).
+
 The final object carries Ollama's statistics in nanoseconds: total_duration (arrival
 to end), load_duration (arrival until a worker took it: autoload and queueing),
 prompt_eval_count/duration and eval_count/duration (from the worker's timings).
@@ -31,6 +36,7 @@ from corral.api.ollama.context import fit_num_ctx
 from corral.api.ollama.schemas import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                        OllamaGenerateRequest, parse_keep_alive, sampling_from_options)
 from corral.api.core.schemas import parse_body
+from corral.control.keys import current_caller
 from corral.control.plane import ControlPlane
 from corral.errors import CorralError
 
@@ -39,6 +45,7 @@ __all__ = ["router", "created_at"]
 router = APIRouter()
 _json = msgspec.json.Encoder()
 _NDJSON = "application/x-ndjson"
+KEEP_ALIVE_IGNORED = "X-Corral-Keep-Alive-Ignored"
 
 
 def created_at() -> str:
@@ -55,6 +62,22 @@ def _slot_context(plane: ControlPlane, name: str) -> int:
         if inst.info is not None:
             return int(inst.info.n_ctx_slot)
     return max(1, pool.spec.ctx_len // pool.spec.n_parallel)
+
+
+def _allowed_keep_alive(keep_alive: float | None) -> tuple[float | None, str | None]:
+    """The keep_alive the request's key may apply, and why the asked one was ignored (None: it
+    was not): changing a shared model's lifetime needs the manage scope."""
+    caller = current_caller()
+    if keep_alive is None or caller is None or caller.key.allows("manage"):
+        return keep_alive, None
+    return None, (f"keep_alive {keep_alive:g}s needs the manage scope; the model keeps its configured "
+                  "lifetime")
+
+
+def _noted(response: Response, ignored: str | None) -> Response:
+    if ignored is not None:
+        response.headers[KEEP_ALIVE_IGNORED] = ignored
+    return response
 
 
 async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
@@ -127,7 +150,7 @@ async def _run(request: Request, body: OllamaChatRequest | OllamaGenerateRequest
         if cap is not None and (params.max_tokens is None or params.max_tokens > cap):
             params = msgspec.structs.replace(params, max_tokens=cap)
     spec = build_spec(body.model, endpoint, messages, params, prompt=prompt, tools=tools,
-                      response_format=body.response_format(), reasoning=body.reasoning())
+                      response_format=body.response_format(), reasoning=body.reasoning(), cache_salt=body.cache_salt)
     if isinstance(body, OllamaGenerateRequest) and body.suffix is not None:  # fill-in-the-middle
         fim = wire.Infill(prefix=body.prompt, suffix=body.suffix)
         spec.requests = [msgspec.structs.replace(r, prompt=None, infill=fim) for r in spec.requests]
@@ -142,9 +165,10 @@ async def _run(request: Request, body: OllamaChatRequest | OllamaGenerateRequest
 async def chat(request: Request) -> Response:
     body = await parse_body(request, OllamaChatRequest)
     body.check()
-    ka = body.keep_alive_s()
+    ka, ignored = _allowed_keep_alive(body.keep_alive_s())
     if not body.messages:
-        return await _load_or_unload(request, body.model, ka, {"message": {"role": "assistant", "content": ""}})
+        return _noted(await _load_or_unload(request, body.model, ka,
+                                            {"message": {"role": "assistant", "content": ""}}), ignored)
     gen = await _run(request, body, "ollama_chat", body.openai_messages(), None, ka)
     if not body.stream:
         message: dict[str, Any] = {"role": "assistant", "content": gen.text}
@@ -152,8 +176,8 @@ async def chat(request: Request) -> Response:
             message["thinking"] = gen.reasoning
         if gen.tool_calls:
             message["tool_calls"] = _calls(gen.tool_calls)
-        return json_response({"model": gen.model, "created_at": created_at(), "message": message,
-                                "done": True, **_stats(gen.outcome())})
+        return _noted(json_response({"model": gen.model, "created_at": created_at(), "message": message,
+                                     "done": True, **_stats(gen.outcome())}), ignored)
     enc = _json.encode
     model = enc(gen.model)
 
@@ -170,7 +194,7 @@ async def chat(request: Request) -> Response:
         return {"model": gen.model, "created_at": created_at(),
                 "message": {"role": "assistant", "content": ""}, "done": True, **_stats(o)}
 
-    return _ndjson(gen, text_line, calls_line, final)
+    return _noted(_ndjson(gen, text_line, calls_line, final), ignored)
 
 
 # ------------------------------------------------------------------------ generate
@@ -180,15 +204,16 @@ async def chat(request: Request) -> Response:
 async def generate(request: Request) -> Response:
     body = await parse_body(request, OllamaGenerateRequest)
     body.check()
-    ka = body.keep_alive_s()
+    ka, ignored = _allowed_keep_alive(body.keep_alive_s())
     if not body.prompt and not body.system and body.suffix is None and not body.images:
-        return await _load_or_unload(request, body.model, ka, {"response": ""})
+        return _noted(await _load_or_unload(request, body.model, ka, {"response": ""}), ignored)
     prompt, messages = (body.prompt, []) if body.suffix is not None else body.openai_input()
     gen = await _run(request, body, "ollama_generate", messages, prompt, ka)
     if not body.stream:
         thinking = {"thinking": gen.reasoning} if gen.reasoning else {}
-        return json_response({"model": gen.model, "created_at": created_at(),
-                              "response": gen.text, **thinking, "done": True, **_stats(gen.outcome())})
+        return _noted(json_response({"model": gen.model, "created_at": created_at(),
+                                     "response": gen.text, **thinking, "done": True, **_stats(gen.outcome())}),
+                      ignored)
     enc = _json.encode
     model = enc(gen.model)
 
@@ -200,7 +225,7 @@ async def generate(request: Request) -> Response:
     def final(o: Outcome) -> dict[str, Any]:
         return {"model": gen.model, "created_at": created_at(), "response": "", "done": True, **_stats(o)}
 
-    return _ndjson(gen, text_line, lambda calls: b"", final)
+    return _noted(_ndjson(gen, text_line, lambda calls: b"", final), ignored)
 
 
 # ------------------------------------------------------------------------ embeddings
@@ -210,21 +235,21 @@ async def generate(request: Request) -> Response:
 async def embed(request: Request) -> Response:
     body = await parse_body(request, OllamaEmbedRequest)
     inputs = body.inputs()
-    ka = parse_keep_alive(body.keep_alive)
+    ka, ignored = _allowed_keep_alive(parse_keep_alive(body.keep_alive))
     rs, emb = await run_embedding(request, body.model, "ollama_embed", inputs,
                                   on_close=_keep_alive_hook(request, body.model, ka), truncate=body.truncate)
     o = Outcome.of(rs)
-    return json_response({"model": rs.model, "embeddings": emb.data, "total_duration": _ns(o.total_s),
-                            "load_duration": _ns(o.load_s), "prompt_eval_count": emb.prompt_tokens})
+    return _noted(json_response({"model": rs.model, "embeddings": emb.data, "total_duration": _ns(o.total_s),
+                                 "load_duration": _ns(o.load_s), "prompt_eval_count": emb.prompt_tokens}), ignored)
 
 
 @router.post("/api/embeddings")
 async def embeddings(request: Request) -> Response:
     """The legacy single-prompt route: one vector, not normalized (as Ollama's)."""
     body = await parse_body(request, OllamaEmbeddingsRequest)
-    ka = parse_keep_alive(body.keep_alive)
+    ka, ignored = _allowed_keep_alive(parse_keep_alive(body.keep_alive))
     if not body.prompt:
-        return json_response({"embedding": []})
+        return _noted(json_response({"embedding": []}), ignored)
     _, emb = await run_embedding(request, body.model, "ollama_embed", [body.prompt],
                                  on_close=_keep_alive_hook(request, body.model, ka), normalize=False)
-    return json_response({"embedding": emb.data[0]})
+    return _noted(json_response({"embedding": emb.data[0]}), ignored)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
 from corral.api.core.images import data_url
+from corral.api.core.schemas import CacheSalt
 from corral.errors import InvalidRequest, UnsupportedOption
 
 __all__ = ["OllamaOptions", "OllamaChatRequest", "OllamaGenerateRequest", "OllamaEmbedRequest",
@@ -103,6 +104,7 @@ class _Generating(BaseModel):
     # thinking models: true/false, or a level (a budget from the model's reasoning_levels);
     # unset: the model's default. ``message.thinking`` / ``thinking`` carry the thoughts.
     think: bool | Literal["low", "medium", "high"] | None = None
+    cache_salt: CacheSalt | None = None  # corral's extension (vLLM's name): share the prompt cache only with it
 
     def check_common(self) -> None:
         pass

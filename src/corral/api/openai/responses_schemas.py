@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
+from corral.api.core.schemas import CacheSalt
 from corral.api.openai.responses_tools import SHELL, Toolbox, call_message
 from corral.errors import InvalidRequest, UnsupportedOption
 
@@ -91,6 +92,7 @@ class ResponsesRequest(BaseModel):
     reasoning: _Reasoning | None = None
     metadata: dict[str, str] | None = None
     ignore_eos: bool = False  # corral's extension (as on its OpenAI routes): generate every token
+    cache_salt: CacheSalt | None = None  # vLLM's: shares the prompt cache only with the same salt
 
     def wire_reasoning(self) -> dict[str, Any] | None:
         """``reasoning.effort`` as the worker's field (a level's budget is the model's

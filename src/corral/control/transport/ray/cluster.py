@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import itertools
 import logging
 import os
@@ -26,8 +27,9 @@ from typing import Any
 import msgspec
 
 from corral import wire
+from corral.config import ServerConfig
 from corral.control.transport.ray import messages as m
-from corral.errors import ClusterUnreachable
+from corral.errors import ClusterUnreachable, ConfigError
 from corral.events import EventBus, EventName
 from corral.exits import describe_exit
 from corral.frames import FrameDecoder, FrameTooLarge
@@ -83,6 +85,16 @@ class RayCluster:
         self._failures = 0
 
     # ------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def from_config(cls, srv: ServerConfig, bus: EventBus, log_dir: Path) -> RayCluster:
+        """The cluster ``[server] ray_address`` names (ConfigError when Ray is not installed)."""
+        assert srv.ray_address is not None
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError(f"[server] ray_address = {srv.ray_address!r} needs Ray, which is not installed: "
+                              "pip install 'corral[ray]'")
+        return cls(srv.ray_address, srv.ray_namespace, bus=bus, log_dir=log_dir,
+                   worker_command=srv.worker_command, place_timeout_s=srv.load_timeout_s)
 
     async def start(self, wait_s: float = _CONNECT_TIMEOUT_S) -> None:
         """Start connecting (and keep reconnecting); wait up to ``wait_s`` for the first

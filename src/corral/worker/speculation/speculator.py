@@ -17,11 +17,11 @@ draft too: a draft token the grammar forbids is simply never drawn. ``settle`` r
 rejected tail from the KV cache (``llama_memory_seq_rm``) and from ``slot.cached``.
 
 A slot without a draft decodes one token as before, so speculation never holds back the
-others. How long a draft is worth it (``spec_cost.best_length``): the j-th draft token is
+others. How long a draft is worth it (``cost.best_length``): the j-th draft token is
 accepted with probability r^j (r: the slot's recent per-token acceptance, a decayed count)
 and costs the target ``token_cost`` of a one-token step (measured as the worker runs: about
 0.3-0.5 on a CPU, where a decode's time grows with its tokens; far less on a GPU), plus, with a
-draft model, its own ``draft_cost`` (measured too: worker/spec_cost.py); a draft token is
+draft model, its own ``draft_cost`` (measured too: worker/speculation/cost.py); a draft token is
 sent while its expected tokens per cost beat the step's without it (0: no draft). So with
 many slots only confident drafts are sent, and a draft model as slow as the model itself
 drafts hardly at all. A slot whose drafts do not pay (or keep failing) probes again with a
@@ -40,7 +40,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import llama_cpp as ll
 import numpy as np
@@ -50,40 +49,23 @@ from corral import wire
 from corral.worker.model import LoadedModel
 from corral.worker.sample_pool import Drawn
 from corral.worker.slots import Batch, Slot
-from corral.worker.spec_cost import StepCosts, best_length
+from corral.worker.speculation.cost import StepCosts, best_length
+from corral.worker.speculation.state import PAUSE_STEPS, SlotSpec
 from corral.worker.vision_mrope import kv_pos
 
-__all__ = ["Speculator", "SlotSpec", "find_draft", "NGRAM_MAX", "NGRAM_MIN"]
+__all__ = ["Speculator", "SlotSpec", "find_draft", "NGRAM_MAX", "NGRAM_MIN", "PAUSE_STEPS"]
 
-log = logging.getLogger("corral.worker.speculate")
+log = logging.getLogger("corral.worker.speculation.speculator")
 
 NGRAM_MAX = 4  # the longest suffix looked up
 NGRAM_MIN = 2  # the shortest
 FAILS_BEFORE_PAUSE = 3  # drafts in a row with nothing accepted
-PAUSE_STEPS = 16  # the first pause; doubles after each pause that did not help
 MAX_PAUSE = 256
 RECHECK_STEPS = 1024  # slot-steps between probes while the costs say no draft can pay
-# priors of a draft token's cost to the target in one-token steps, until measured (spec_cost.py)
+# priors of a draft token's cost to the target in one-token steps, until measured (cost.py)
 CPU_TOKEN_COST = 0.35  # no GPU layers (measured on 2 cores, Gemma 270M)
 GPU_TOKEN_COST = 0.1  # with GPU layers (a decode of a few tokens costs about one)
 _DECAY = 0.8  # the acceptance counts' decay per verified draft
-
-
-@dataclass
-class SlotSpec:
-    """One slot's speculation state."""
-
-    on: bool = False
-    cap: int = 0  # the longest draft tried now (adapts between draft_min and draft_max)
-    hits: float = 3.0  # decayed count of accepted draft tokens ...
-    tries: float = 4.0  # ... and of draft tokens judged (accepted, or the first rejected)
-    draft: list[int] = field(default_factory=list)  # this step's draft
-    base: int = 0  # the pending token's position this step
-    fails: int = 0
-    pause: int = 0  # steps left without drafting
-    pause_len: int = PAUSE_STEPS
-    probing: bool = False  # this draft is a probe: no length paid (spec_cost.best_length)
-    n_gen: int = 1  # slots generating when the length was chosen
 
 
 def find_draft(history: npt.NDArray[np.int32], length: int, n_max: int = NGRAM_MAX,
@@ -108,14 +90,13 @@ def find_draft(history: npt.NDArray[np.int32], length: int, n_max: int = NGRAM_M
 class Speculator:
     """The engine's drafts and their bookkeeping; one per engine."""
 
-    def __init__(self, s: wire.WorkerSettings, n_slots: int, n_ubatch: int, gpu_layers: int = 0) -> None:
+    def __init__(self, s: wire.WorkerSettings, n_ubatch: int, gpu_layers: int = 0) -> None:
         self.mode = s.speculative
-        self.costs = StepCosts(GPU_TOKEN_COST if gpu_layers else CPU_TOKEN_COST)  # measured (spec_cost.py)
+        self.costs = StepCosts(GPU_TOKEN_COST if gpu_layers else CPU_TOKEN_COST)  # measured (cost.py)
         self._timing: tuple[Batch, int, float] | None = None  # this step's batch, tokens, end of fill
         self._rechecked = 0  # gen_steps at the last probe made while no draft could pay
         self.draft_max = s.draft_max
         self.draft_min = min(s.draft_min, s.draft_max)
-        self.states = [SlotSpec() for _ in range(n_slots)]
         self.room = n_ubatch  # every generating token of a step stays in the first ubatch
         self.drafted = 0  # draft tokens verified
         self.accepted = 0
@@ -127,7 +108,7 @@ class Speculator:
         is split: a forced close, or the grammar taking over at the answer, would come in the
         middle of a draft drawn by the sampler before it)."""
         want = allowed and (True if req.speculative is None else req.speculative)
-        self.states[slot.index] = SlotSpec(on=self.mode != "off" and want, cap=self.draft_max)
+        slot.spec = SlotSpec(on=self.mode != "off" and want, cap=self.draft_max)
 
     def fill(self, b: Batch, slots: list[Slot], m: LoadedModel) -> tuple[int, list[tuple[Slot, int]]]:
         """Write every generating slot's pending token, and its draft, at the batch's start;
@@ -136,7 +117,7 @@ class Speculator:
         n = 0
         outputs: list[tuple[Slot, int]] = []
         for slot, draft in zip(gen, self._drafts(gen, min(b.cap, self.room) - len(gen), m)):
-            st = self.states[slot.index]
+            st = slot.spec
             st.draft = draft
             st.base = len(slot.cached)
             at = kv_pos(slot.job.tokens, st.base) if slot.job is not None else st.base  # M-RoPE: vision_mrope.py
@@ -155,10 +136,10 @@ class Speculator:
 
     def _drafts(self, gen: list[Slot], room: int, m: LoadedModel) -> list[list[int]]:
         """Each generating slot's draft, ``room`` tokens in all at most: n-gram lookups
-        (a draft model's in worker/draft.py)."""
+        (a draft model's in worker/speculation/draft.py)."""
         out: list[list[int]] = []
         for slot in gen:
-            length = self._length(slot, self.states[slot.index], room, m, len(gen))
+            length = self._length(slot, slot.spec, room, m, len(gen))
             hist = np.fromiter(slot.cached, dtype=np.int32, count=len(slot.cached)) if length else None
             draft = [] if hist is None else find_draft(np.append(hist, np.int32(slot.pending)), length)
             out.append(draft if len(draft) >= self.draft_min else [])
@@ -186,7 +167,7 @@ class Speculator:
         return length if length >= self.draft_min else 0
 
     def _pays(self, st: SlotSpec, n_gen: int) -> int:
-        """The longest draft whose every token pays (spec_cost.py)."""
+        """The longest draft whose every token pays (cost.py)."""
         return best_length(st.hits / st.tries, n_gen, self.costs.token_cost, self.costs.draft_cost, self.draft_max)
 
     def _hopeless(self, n_gen: int) -> bool:
@@ -201,13 +182,13 @@ class Speculator:
             self.costs.target(timing[1], time.perf_counter() - timing[2])
 
     def close(self) -> None:
-        """Free what drafting holds (a draft model: worker/draft.py)."""
+        """Free what drafting holds (a draft model: worker/speculation/draft.py)."""
 
     def draws(self, slot: Slot, first: int, draw: Callable[[int], Drawn], ends_on_eog: bool,
               is_eog: Callable[[int], bool]) -> list[Drawn]:
         """On a sampling thread: the slot's draws from batch index ``first`` on, one per
         position while the drawn token confirms the draft (one draw without a draft)."""
-        draft = self.states[slot.index].draft
+        draft = slot.spec.draft
         out: list[Drawn] = []
         for j in range(len(draft) + 1):
             d = draw(first + j)
@@ -224,7 +205,7 @@ class Speculator:
         slot's draft length and pause."""
         self.gen_steps += 1
         self._time_step()
-        st = self.states[slot.index]
+        st = slot.spec
         draft, st.draft = st.draft, []
         if not draft:
             return

@@ -1,6 +1,6 @@
 """Draft-model speculation (``speculative = "draft"``): a smaller GGUF with the model's
 vocabulary proposes each generating slot's draft; the step's one target decode verifies it
-(worker/speculate.py: the draws, the acceptance rule, the rollback, the adaptive lengths).
+(worker/speculation/speculator.py: the draws, the acceptance rule, the rollback, the adaptive lengths).
 
 The draft model is loaded in the same worker with its own context: one sequence per slot
 (sequence i mirrors slot i), the model's context per slot, on the model's GPUs (the worker
@@ -18,7 +18,7 @@ is not sent, and counts as a failed draft for the pauses (three in a row pause t
 The time of ``propose``'s decodes (and their top-probability checks) per slot-position
 drafted, but for decodes that also catch up a long history (a new prompt, the tokens of a
 pause), is the draft's cost in the length rule (``Speculator.costs.draft``,
-worker/spec_cost.py): with a draft as slow as the model itself (a self-draft on a CPU) no
+worker/speculation/cost.py): with a draft as slow as the model itself (a self-draft on a CPU) no
 length pays, and slots do not even probe but once every ``RECHECK_STEPS``.
 
 Sliding-window draft models (Gemma 3): the context keeps one KV stream per sequence with
@@ -50,11 +50,11 @@ from corral.worker.model import (_GGML_TYPES, LoadedModel, ModelLoadError, check
                                  model_meta)
 from corral.worker.sampling import logits_at
 from corral.worker.slots import Batch, Slot
-from corral.worker.speculate import FAILS_BEFORE_PAUSE, MAX_PAUSE, Speculator
+from corral.worker.speculation.speculator import FAILS_BEFORE_PAUSE, MAX_PAUSE, Speculator
 
 __all__ = ["DraftModel", "DraftSpeculator", "load_draft", "main_settings", "speculator", "vocab_mismatch"]
 
-log = logging.getLogger("corral.worker.draft")
+log = logging.getLogger("corral.worker.speculation.draft")
 
 
 
@@ -82,7 +82,7 @@ def speculator(s: wire.WorkerSettings, m: LoadedModel) -> Speculator:
     ``ModelLoadError`` (the model freed) when the draft cannot serve."""
     n_ubatch = ll.llama_n_ubatch(m.ctx)
     if s.speculative != "draft" or m.embedding:
-        return Speculator(s, m.n_slots, n_ubatch, m.info.gpu_layers)
+        return Speculator(s, n_ubatch, m.info.gpu_layers)
     try:
         dm = load_draft(s, m)
     except BaseException:
@@ -206,7 +206,7 @@ class DraftModel:
                 drafts[k].append(top)
                 if len(drafts[k]) < lengths[k]:
                     still.append(k)
-            if timed:  # what a draft position costs (worker/spec_cost.py): the decode and the check
+            if timed:  # what a draft position costs (worker/speculation/cost.py): the decode and the check
                 self.timed_s += time.perf_counter() - t0
                 self.timed_positions += len(active)
             active = still
@@ -218,23 +218,23 @@ class DraftSpeculator(Speculator):
     """``Speculator`` whose drafts come from a draft model (``DraftModel.propose``)."""
 
     def __init__(self, s: wire.WorkerSettings, m: LoadedModel, dm: DraftModel, n_ubatch: int) -> None:
-        super().__init__(s, m.n_slots, n_ubatch, m.info.gpu_layers)
+        super().__init__(s, n_ubatch, m.info.gpu_layers)
         self.dm = dm
         self.p_min = s.draft_p_min
 
     def _drafts(self, gen: list[Slot], room: int, m: LoadedModel) -> list[list[int]]:
         lengths = []
         for slot in gen:
-            n = self._length(slot, self.states[slot.index], room, m, len(gen))
+            n = self._length(slot, slot.spec, room, m, len(gen))
             n = min(n, self.dm.n_ctx_slot - len(slot.cached) - 2)  # the draft's own context may be shorter
             lengths.append(n if n >= self.draft_min else 0)
             room -= lengths[-1]
         dm, positions, seconds = self.dm, self.dm.timed_positions, self.dm.timed_s
         proposed = dm.propose(gen, lengths, self.p_min)
-        self.costs.draft(dm.timed_positions - positions, dm.timed_s - seconds)  # its own cost (spec_cost.py)
+        self.costs.draft(dm.timed_positions - positions, dm.timed_s - seconds)  # its own cost (cost.py)
         drafts = [d if len(d) >= self.draft_min else [] for d in proposed]
         for slot, n, d in zip(gen, lengths, drafts):
-            st = self.states[slot.index]
+            st = slot.spec
             if n and not d:  # the draft model was not sure enough: a failure for the pauses too
                 st.fails += 1
                 if st.fails >= FAILS_BEFORE_PAUSE:
