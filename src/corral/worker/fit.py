@@ -10,6 +10,8 @@ small machine. A ``ctx_len`` that fits is kept as given.
 
 from __future__ import annotations
 
+import logging
+
 from corral import wire
 from corral.batch_rows import outputs_max
 from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, has_side_context, placement,
@@ -19,6 +21,7 @@ from corral.worker.devices import host_available_bytes, offload_devices
 __all__ = ["FitLoadError", "fit_gpus", "fit_host_ctx", "split_gpus"]
 
 _CTX_STEP = 256
+log = logging.getLogger("corral.worker.fit")
 
 
 class FitLoadError(Exception):
@@ -73,6 +76,10 @@ def fit_host_ctx(s: wire.WorkerSettings, layout: ModelLayout | None, available: 
 
     step = _CTX_STEP * n
     floor = min(ctx, max(step, s.fit_ctx_floor * n))
+    want = ctx
     while ctx > floor and host_bytes(ctx) > available // 2:
         ctx = max(floor, (ctx - 1) // step * step)
+    if ctx < want:
+        log.warning("context %d -> %d cells (%d a slot): weights and KV within half of the host's %d MiB "
+                    "available", want, ctx, ctx // n, available >> 20)
     return ctx
