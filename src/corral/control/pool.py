@@ -22,13 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from corral import wire
 from corral.config import ServerConfig
 from corral.control.catalog import ModelSpec
 from corral.control.fair_queue import ANONYMOUS, DEFAULT_AGING_S, FairQueue, Requester, Waiter
 from corral.control.gpu_slot import GpuSlot
 from corral.control.instance.instance import Instance, InstanceState, Transition
 from corral.control.preempt import Preemptor
-from corral.control.prefixes import MIN_PREFIX, PREFIX_KEY_CHARS, common_prefix_len
+from corral.control.prefixes import MIN_PREFIX, PREFIX_KEY_CHARS, best_for_prefix, common_prefix_len
 from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, ModelUnloaded, QueueFull
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class ModelPool:
         # Ollama's keep_alive from the latest request: None = spec.ttl_s, 0 = unload when
         # idle, > 0 = idle seconds before unloading, < 0 = stay loaded. Reset on each load.
         self.keep_alive_s: float | None = None
+        self.lora_defaults: list[wire.LoraScale] | None = None  # POST /lora-adapters' (api/core/lora.py)
         self._changed: asyncio.Future[None] | None = None
         self._idle: asyncio.Future[None] | None = None
 
@@ -369,24 +371,10 @@ class ModelPool:
         return inst
 
     def _pick(self, prefix: str | None) -> Instance | None:
-        best: Instance | None = None
-        best_key: tuple[int, int] = (-1, 0)
         candidates = [i for i in self.instances if self._free_slots(i) > 0]
         if not candidates:
             return None
-        if len(candidates) == 1 or not prefix:
-            best = min(candidates, key=lambda i: self._slots[i].busy)
-        else:
-            for inst in candidates:
-                p = 0
-                for seen in self._slots[inst].recent:
-                    n = common_prefix_len(prefix, seen)
-                    if n > p:
-                        p = n
-                key = (p if p >= MIN_PREFIX else 0, -self._slots[inst].busy)
-                if key > best_key:
-                    best, best_key = inst, key
-        assert best is not None
+        best = best_for_prefix(candidates, prefix, lambda i: self._slots[i].busy, lambda i: self._slots[i].recent)
         slots = self._slots[best]
         slots.busy += 1
         if prefix:

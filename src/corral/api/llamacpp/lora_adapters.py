@@ -33,7 +33,7 @@ class _Body(RootModel[LoraList]):
 async def get_lora_adapters(request: Request, model: str | None = None) -> Response:
     plane = plane_of(request)
     pool = plane.pool(model_for(plane, model))
-    scales = current_scales(plane, pool)
+    scales = current_scales(pool)
     return json_response([{"id": i, "path": a.path, "scale": scales[i], "task_name": "", "prompt_prefix": "",
                            "name": a.id, **({"model": a.model} if a.model else {})}
                           for i, a in enumerate(pool.spec.lora)])
@@ -47,5 +47,5 @@ async def post_lora_adapters(request: Request, model: str | None = None) -> Resp
     if not pool.spec.lora:
         raise InvalidRequest(f"model {pool.spec.id!r} has no LoRA adapters (its lora setting is empty)",
                              param="model")
-    set_defaults(plane, pool, to_wire(pool, entries))
+    set_defaults(pool, to_wire(pool, entries))
     return json_response({"success": True})
