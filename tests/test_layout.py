@@ -27,11 +27,16 @@ def test_cli_imports_nothing_of_the_control_plane() -> None:
     assert not {m for m in mods if m.startswith("corral.control")}
 
 
-def test_wire_imports_only_its_leaf_modules() -> None:
+def test_wire_imports_only_its_own_modules_and_two_leaves() -> None:
     mods = _imported_after("import corral.wire")
-    leaves = {m for m in mods if m.startswith("corral.wire_")}  # wire_<topic>.py: its own types
-    assert mods - leaves <= {"corral", "corral.wire", "corral.frames", "corral.settings"}
-    assert {"corral.wire_gpu", "corral.wire_editors", "corral.wire_model"} <= leaves
+    own = {m for m in mods if m.startswith("corral.wire.")}  # corral/wire/<topic>.py: its own types
+    assert mods - own <= {"corral", "corral.wire", "corral.frames", "corral.settings"}
+    assert {"corral.wire.gpu", "corral.wire.editors", "corral.wire.model"} <= own
+
+
+def test_fit_imports_nothing_of_either_side() -> None:
+    mods = _imported_after("import corral.fit.plan, corral.fit.draft, corral.fit.rows, corral.fit.split")
+    assert not {m for m in mods if m.startswith(("corral.control", "corral.worker", "corral.api"))}
 
 
 def test_fetch_child_and_wire_share_one_frame_codec() -> None:

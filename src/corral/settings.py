@@ -77,7 +77,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     instances: Annotated[int, Meta(ge=1, le=64)] = 1  # worker processes of this model
     n_batch: _Positive32 = 512  # max tokens per llama_decode
     # layers on the GPU: a number (-1: all), or "auto": fit layers and context to the
-    # device's free memory (corral/gpu_fit.py's plan_fit); with no GPU, auto is 0
+    # device's free memory (corral/fit/plan.py's plan_fit); with no GPU, auto is 0
     n_gpu_layers: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | Literal["auto"] = "auto"
     # GPUs of each instance (CUDA_VISIBLE_DEVICES and the HIP/Vulkan equivalents); None: all
     devices: list[Annotated[int, Meta(ge=0, le=1023)]] | None = None

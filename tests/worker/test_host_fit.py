@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from corral import wire
-from corral.batch_rows import outputs_max
-from corral.gpu_fit import ModelLayout, placement
+from corral.fit.rows import outputs_max
+from corral.fit.plan import ModelLayout, placement
 from corral.settings import DEFAULT_SLOT_CTX, ModelSettings
 from corral.worker.fit import fit_host_ctx
 

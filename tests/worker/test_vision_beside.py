@@ -16,7 +16,7 @@ import llama_cpp as ll
 import pytest
 
 from corral import wire
-from corral.gpu_fit import _Sizes, read_layout
+from corral.fit.plan import _Sizes, read_layout
 from corral.worker import vision_side
 from corral.worker.engine import Engine
 from corral.worker.kv_store import restore_seq, save_seq
@@ -143,7 +143,7 @@ def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_t
     assert beside == in_steps  # the side context's KV is what the engine's steps compute
     assert v.kv_bytes > 0 and engine2.stats().kv_bytes == engine2.info.kv_bytes + v.kv_bytes  # counted
     assert 0 < v.side.compute_bytes < 4 * engine2.m.n_vocab * v.piece  # no room for a micro-batch's logits
-    # the room the router's estimate and the fit plan keep for it from the start (gpu_fit): its KV to the byte
+    # the room the router's estimate and the fit plan keep for it from the start (fit.plan): its KV to the byte
     lo = read_layout(model_path)
     ctx = engine2.m.n_ctx_slot * engine2.m.n_slots
     planned, main = (_Sizes(lo, engine2.m.n_slots, v.piece, side=side) for side in (True, False))

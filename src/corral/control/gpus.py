@@ -12,9 +12,9 @@ what the probe saw free, less ``[server] gpu_memory_margin``, capped by
 ``gpu_memory_budget[k]`` when given. An instance's use of its GPUs: the worker's fit
 plan once reported (``FitPlan.devices``: each GPU's share; with one GPU
 ``FitPlan.device_bytes``), before that the estimate made with the worker's own math
-(``corral.gpu_fit.device_needs``: weights of GPU layers + KV + compute on empty devices,
+(``corral.fit.plan.device_needs``: weights of GPU layers + KV + compute on empty devices,
 the layers split over several GPUs as llama.cpp splits them; plus a draft model's,
-``corral.draft_fit``; a file that is not readable
+``corral.fit.draft``; a file that is not readable
 GGUF counts its file size, split by the GPUs' free memory).
 
 Placement: instances of a model without ``devices`` go, one by one, to the GPU with the
@@ -43,9 +43,9 @@ from corral.byte_sizes import fmt_bytes
 from corral.config import ServerConfig
 from corral.control.gpu_slot import GpuSlot
 from corral.errors import LoadFailed
-from corral.draft_fit import draft_needs
-from corral.gpu_fit import GGUFError, ModelLayout, device_needs, read_layout
-from corral.gpu_split import router_split, split_by_weights
+from corral.fit.draft import draft_needs
+from corral.fit.plan import GGUFError, ModelLayout, device_needs, read_layout
+from corral.fit.split import router_split, split_by_weights
 from corral.settings import VISIBLE_DEVICES_VARS
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """``n_gpu_layers = "auto"`` at load: the worker's fit to its memory.
 
-With GPUs, ``fit_gpus``: ``corral.gpu_fit.plan_fit`` over every GPU this worker sees, each
+With GPUs, ``fit_gpus``: ``corral.fit.plan.plan_fit`` over every GPU this worker sees, each
 within the router's share. With none, ``fit_host_ctx``: the context (each slot capped at the
 model's ``n_ctx_train``) lowered in whole slots of 256 cells, not below ``fit_ctx_floor`` a
 slot, until the weights and KV take at most half of the host's available memory
@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 
 from corral import wire
-from corral.batch_rows import outputs_max
-from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, has_side_context, placement,
+from corral.fit.rows import outputs_max
+from corral.fit.plan import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, has_side_context, placement,
                             plan_fit, read_layout)
 from corral.worker.devices import host_available_bytes, offload_devices
 

@@ -21,9 +21,9 @@ import llama_cpp as ll
 import msgspec
 
 from corral import reasoning_format, wire
-from corral.batch_rows import outputs_max
-from corral.gpu_fit import GGUFError, ModelLayout, has_side_context, placement, read_layout
-from corral.gpu_split import split_weights
+from corral.fit.rows import outputs_max
+from corral.fit.plan import GGUFError, ModelLayout, has_side_context, placement, read_layout
+from corral.fit.split import split_weights
 from corral.worker.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
 from corral.worker.fit import FitLoadError, fit_gpus, fit_host_ctx, split_gpus
 

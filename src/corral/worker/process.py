@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from corral import wire
-from corral.gpu_fit import has_side_context  # neutral: no llama_cpp (the policy must precede it)
+from corral.fit.plan import has_side_context  # neutral: no llama_cpp (the policy must precede it)
 from corral.worker.cpu import ThreadGovernor, parent_running
 
 if TYPE_CHECKING:

@@ -250,7 +250,7 @@ class WorkerLink(abc.ABC):
         """Ask the worker to exit (``Shutdown``); still there after ``grace_s``:
         terminate it; ``kill_after_s`` later: kill it."""
         with contextlib.suppress(LinkClosed, OSError):
-            # the prompt cache's most valuable prefixes to disk first (wire_cache.py), in
+            # the prompt cache's most valuable prefixes to disk first (wire/cache.py), in
             # part of the grace: the write never holds a swap up for longer
             self.send(wire.PersistCache(timeout_s=grace_s * 0.6))
             self.send(wire.Shutdown())

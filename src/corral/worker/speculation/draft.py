@@ -43,9 +43,9 @@ import msgspec
 import numpy as np
 
 from corral import wire
-from corral.batch_rows import outputs_max
-from corral.draft_fit import draft_needs, draft_path, draft_settings
-from corral.gpu_fit import DEFAULT_MARGIN_BYTES, GGUFError, read_layout
+from corral.fit.rows import outputs_max
+from corral.fit.draft import draft_needs, draft_path, draft_settings
+from corral.fit.plan import DEFAULT_MARGIN_BYTES, GGUFError, read_layout
 from corral.worker.model import (_GGML_TYPES, LoadedModel, ModelLoadError, check_gguf_file, free_context_and_model,
                                  model_meta)
 from corral.worker.sampling import logits_at
@@ -271,7 +271,7 @@ def load_draft(s: wire.WorkerSettings, m: LoadedModel) -> DraftModel:
         p.n_batch = m.n_batch
         p.n_ubatch = min(m.n_batch, 512)
         p.n_seq_max = m.n_slots
-        p.n_outputs_max = outputs_max(draft_settings(s), m.n_slots)  # a row a drafting slot: gpu_fit counts the same
+        p.n_outputs_max = outputs_max(draft_settings(s), m.n_slots)  # a row a drafting slot: fit.plan counts the same
         p.n_threads, p.n_threads_batch = m.threads, m.threads_batch
         p.kv_unified = False  # a stream per slot, with whole windows: rollbacks lose no cell
         p.swa_full = True

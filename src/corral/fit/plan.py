@@ -29,7 +29,7 @@ Neutral (imports only ``wire``, ``settings``, ``batch_rows`` and ``gguf_header``
 Memory per layer comes from the GGUF tensor table (``read_layout``); KV per cell and layer
 is ``n_head_kv * (head_dim_k + head_dim_v)`` elements of the cache types (f16: 2 bytes) (a sliding-window layer
 holds at most ``n_swa + n_ubatch`` cells per slot); the compute buffer is an estimate
-(the logits rows the context asks for, ``batch_rows.outputs_max``, and activations of one
+(the logits rows the context asks for, ``fit.rows.outputs_max``, and activations of one
 micro-batch) that the margin absorbs where it is short; a model with a vision projector
 keeps room for its side context as well (one more slot's KV, its own compute buffer). With
 several devices, the one holding the last offloaded unit gets all of it, each other device
@@ -46,9 +46,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from corral import wire
-from corral.batch_rows import outputs_max
+from corral.fit.rows import outputs_max
 from corral.gguf_header import GGUFError, array_len, read_header
-from corral.gpu_split import f32, layer_shares, router_split, split_weights
+from corral.fit.split import f32, layer_shares, router_split, split_weights
 from corral.settings import KV_CACHE_TYPES, ModelSettings
 
 __all__ = ["ModelLayout", "read_layout", "FitError", "plan_fit", "device_need", "device_needs", "placement",
@@ -179,7 +179,7 @@ class _Sizes:
     n_ubatch: int
     shares: tuple[float, ...] = (1.0,)  # each device's cumulative share of the GPU layers (llama.cpp's splits)
     cache_types: tuple[str, str] = ("f16", "f16")  # K and V
-    outputs: int = 0  # the context's logits rows (batch_rows.outputs_max; 0: a whole micro-batch, llama.cpp's default)
+    outputs: int = 0  # the context's logits rows (fit.rows.outputs_max; 0: a whole micro-batch, llama.cpp's default)
     side: bool = False  # a vision projector: the side context for images beside streams (worker/vision_side.py)
 
     def kv_layer(self, layer: int, ctx: int) -> int:
@@ -280,7 +280,7 @@ def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
     share within its free memory less the margin (a device that gets nothing is not
     asked to). ``limits[k]``: at most this much of
     device ``k`` (the router's share; None: its free memory less the margin). ``outputs``:
-    the context's logits rows (``batch_rows.outputs_max``; 0: a micro-batch); ``side``: room
+    the context's logits rows (``fit.rows.outputs_max``; 0: a micro-batch); ``side``: room
     for the vision side context too (``_Sizes``)."""
     devs = list(devices) if devices else ([device] if device is not None else [])
     if not devs:

@@ -31,7 +31,7 @@ class DevicePlan(msgspec.Struct, frozen=True, kw_only=True):
 
 class DevicePlacement(msgspec.Struct, frozen=True, kw_only=True):
     """Where a loaded instance's parts are on one device (a GPU, or "CPU": the host),
-    from the file's tensor table and llama.cpp's placement rules (``corral.gpu_fit``)."""
+    from the file's tensor table and llama.cpp's placement rules (``corral.fit.plan``)."""
 
     device: str  # "CUDA0", ..., "CPU"
     first_layer: int  # the first of its repeating layers (-1: none)
@@ -44,7 +44,7 @@ class DevicePlacement(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class FitPlan(msgspec.Struct, frozen=True, kw_only=True):
-    """How ``n_gpu_layers = "auto"`` placed the model (``corral.gpu_fit.plan_fit``).
+    """How ``n_gpu_layers = "auto"`` placed the model (``corral.fit.plan.plan_fit``).
     With one GPU, ``device``/``device_bytes``/``free_bytes`` are that GPU's; with several,
     ``device`` is their names joined by "," and the numbers are totals over them, while
     ``devices`` gives each one's share (empty with one GPU)."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import msgspec
 
-from corral.wire_editors import TokenizerInfo
-from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, FitPlan
-from corral.wire_lora import LoraAdapterInfo
+from corral.wire.editors import TokenizerInfo
+from corral.wire.gpu import BufferSize, DeviceInfo, DevicePlacement, FitPlan
+from corral.wire.lora import LoraAdapterInfo
 
 __all__ = ["ModelInfo", "DraftInfo"]
 

@@ -1,10 +1,10 @@
 """The draft model of ``speculative = "draft"``, as both sides see it: its file, the settings
 it runs with, and its memory on each GPU (weights of its GPU layers + its KV cache + compute,
-by ``corral.gpu_fit``'s math). The router adds it to a model's estimated need before placing
+by ``corral.fit.plan``'s math). The router adds it to a model's estimated need before placing
 an instance (``corral.control.gpus``); the worker keeps that much out of the main model's
 ``n_gpu_layers = "auto"`` plan (``worker/speculation/draft.py``), so both fit on the GPU they share.
 
-Imports only ``corral.settings``, ``corral.gpu_fit`` and ``corral.gpu_split`` (leaves both sides use).
+Imports only ``corral.settings``, ``corral.fit.plan`` and ``corral.fit.split`` (leaves both sides use).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from corral.gpu_fit import GGUFError, device_needs, read_layout
-from corral.gpu_split import split_by_weights
+from corral.fit.plan import GGUFError, device_needs, read_layout
+from corral.fit.split import split_by_weights
 from corral.settings import ModelSettings
 
 __all__ = ["draft_path", "draft_settings", "draft_needs"]

@@ -1,7 +1,7 @@
 """Typed messages between the router and a worker process, and their framing.
 
-This module is the whole contract across the process boundary (with ``corral.wire_gpu``,
-``corral.wire_model``, ``corral.wire_editors`` and ``corral.wire_slots``, whose types it re-exports; a new topic's
+This module is the whole contract across the process boundary (with ``corral.wire.gpu``,
+``corral.wire.model``, ``corral.wire.editors`` and ``corral.wire.slots``, whose types it re-exports; a new topic's
 types go in a ``wire_<topic>.py`` of their own). It imports nothing else of corral but
 ``corral.settings`` and ``corral.frames`` (leaf modules), so both sides (``corral.control`` in the router and ``corral.worker``)
 depend on it and never on each other.
@@ -32,7 +32,7 @@ Conversation:
       | ------------- StatsRequest ---------> |
       | <---------------- Stats ------------- |
       | --------------- Shutdown -----------> |   (worker drains nothing, exits 0)
-      (the prompt cache's frames: corral.wire_cache)
+      (the prompt cache's frames: corral.wire.cache)
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ from msgspec import Meta
 from corral import frames
 from corral.frames import HEADER, FrameTooLarge, frame
 from corral.settings import INT32_MAX, ModelSettings
-from corral.wire_cache import PersistCache, PromptCacheDisk, PromptCacheStats
-from corral.wire_editors import Infill, InfillChunk, SlotState, TokenizerInfo
-from corral.wire_gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
-from corral.wire_lora import LoraAdapterInfo, LoraScale
-from corral.wire_model import DraftInfo, ModelInfo
-from corral.wire_preempt import Paused, Preempt, Resume
-from corral.wire_slots import SlotFileAction, SlotFileDone, SlotFileError, SlotFileVerb, filename_problem
+from corral.wire.cache import PersistCache, PromptCacheDisk, PromptCacheStats
+from corral.wire.editors import Infill, InfillChunk, SlotState, TokenizerInfo
+from corral.wire.gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan, FitPlan, host_and_gpu_bytes
+from corral.wire.lora import LoraAdapterInfo, LoraScale
+from corral.wire.model import DraftInfo, ModelInfo
+from corral.wire.preempt import Paused, Preempt, Resume
+from corral.wire.slots import SlotFileAction, SlotFileDone, SlotFileError, SlotFileVerb, filename_problem
 
 __all__ = [
     "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams",
@@ -85,8 +85,8 @@ class WorkerSettings(ModelSettings, frozen=True, kw_only=True):
     # its share of each GPU's budget, in the order of ``devices`` (an int: the first GPU's;
     # None: the devices' free memory)
     gpu_budget_bytes: list[int] | int | None = None
-    gpu_margin_bytes: int | None = None  # kept free on the GPU (None: corral.gpu_fit.DEFAULT_MARGIN_BYTES)
-    prompt_cache_disk: PromptCacheDisk | None = None  # None: no prompt cache on disk (wire_cache.py)
+    gpu_margin_bytes: int | None = None  # kept free on the GPU (None: corral.fit.plan.DEFAULT_MARGIN_BYTES)
+    prompt_cache_disk: PromptCacheDisk | None = None  # None: no prompt cache on disk (wire/cache.py)
 
 
 # --------------------------------------------------------------------------- router -> worker
@@ -193,7 +193,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     infill: Infill | None = None  # fill-in-the-middle: the prompt is built from the model's FIM tokens
     speculative: bool | None = None  # draft and verify (the model's ``speculative``); None: as the model says
     images: list[bytes] | None = None  # vision, with ``prompt``: the image files, in the order of its MEDIA_MARKERs
-    lora: list[LoraScale] | None = None  # adapter scales (wire_lora.py); None: the model's defaults
+    lora: list[LoraScale] | None = None  # adapter scales (wire/lora.py); None: the model's defaults
     # whose prompt cache this request may reuse and fill (the router's corral.control.cache_tenant:
     # a digest of the key or its cache_group and the body's cache_salt; "": the one tenant of a
     # server without keys). The worker reuses a slot's prefix or a saved entry only of the same tenant.
@@ -361,7 +361,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True, tag="stats"):
     spec_drafted: int = 0  # draft tokens verified (worker/speculation/speculator.py)
     spec_accepted: int = 0  # of them accepted
     gen_steps: int = 0  # slot-steps that emitted tokens; tokens_generated / gen_steps: tokens per step
-    prompt_cache: PromptCacheStats | None = None  # None: no prompt cache (wire_cache.py)
+    prompt_cache: PromptCacheStats | None = None  # None: no prompt cache (wire/cache.py)
 
 
 FromWorker = Union[
