@@ -1,7 +1,6 @@
 """The wire types of code infill and inspection (llama-server's /infill and /slots, vLLM's
 /tokenizer_info).
-Part of ``corral.wire`` (which re-exports them; import them from there), kept apart to
-keep that module short. Imports nothing of corral."""
+Re-exported by ``corral.wire`` (import them from there). Imports nothing of corral."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The wire types a worker reports about GPUs: the devices it sees, its fit plan and
-where it placed the model. Part of ``corral.wire`` (which re-exports them; import them
-from there), kept apart to keep that module short. Imports nothing of corral."""
+where it placed the model. Re-exported by ``corral.wire``
+(import them from there). Imports nothing of corral."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What a worker reports about the model it loaded (``Ready.info``; ``GET /models``).
-Part of ``corral.wire`` (which re-exports it; import it from there), kept apart to keep that
-module short. Imports only the other wire leaves."""
+Re-exported by ``corral.wire`` (import it from there). Imports only the wire's gpu, lora and
+editors topics."""
 
 from __future__ import annotations
 

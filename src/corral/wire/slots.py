@@ -1,6 +1,5 @@
 """The wire types of llama-server's slot files (``POST /slots/{id}?action=save|restore|erase``).
-Part of ``corral.wire`` (which re-exports them; import them from there), kept apart to
-keep that module short. Imports nothing of corral.
+Re-exported by ``corral.wire`` (import them from there). Imports nothing of corral.
 
     router                                      worker
       | -- SlotFileAction(save, slot, dir, name) -> |   (deferred while the slot is busy,
