@@ -11,8 +11,12 @@ A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) 
 2. builds ONE batch: the last token of every generating slot (and its draft: speculation/), then prompt chunks;
 3. runs one ``llama_decode`` (C, releases the GIL);
 4. draws the next token of every slot whose logits were computed, side by side on the ``sampling_threads``
-   (sample_pool.py; or a token the thinking's budget forces: reasoning_step.py), then per slot in batch
+   (sample_pool.py; or a token a step feature forces: ``after_logits``), then per slot in batch
    order on this thread: detokenizes, splits thinking from answer, matches stop strings, emits Deltas.
+
+The per-request features (vision, LoRA, reasoning, the prompt cache's timing, the time limit) are
+``StepFeature``s (slots.py), listed in ``self.features`` only when on (features.py): the engine runs
+their moments, never a check of its own for a feature that is off.
 
 Only the thread that calls ``step()`` changes llama.cpp's context (the draws only read it, each with its
 own slot's sampler). ``submit``/``abort`` only queue; ``prepare`` (tokenizing) may run on another thread.
@@ -39,12 +43,11 @@ from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.preempt import Preemption
 from corral.worker.prefill import EchoChunk, fill_prompt_chunks, prompt_logprobs
 from corral.worker.prompt_cache import PromptCache
-from corral.worker.prompts import PreparedRequest, PromptPreparer
-from corral.worker.reasoning_step import EngineReasoning
+from corral.worker.prompts import PreparedRequest, PromptPreparer, model_template
+from corral.worker.reasoning_step import ReasoningFeature
 from corral.worker.slot_output import SlotOutput
 from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, begin, check_params, finished_message,
-                                 free_samplers, release, slot_states)
-from corral.worker.templates import ChatTemplate, TemplateError, choose_template
+                                 free_samplers, overrides, pick_slot, release, slot_states)
 from corral.worker.tokens import Tokenizer
 from corral.worker.vision_prefill import VisionSteps
 
@@ -62,27 +65,16 @@ class Engine:
         self.threadpool = threadpool.attach(self.m.ctx, max(self.m.threads, self.m.threads_batch))  # as llama-server
         self.lora = LoraAdapters.load(self.m, settings)  # adapters and each slot's adapter set (lora.py)
         self.m.info = self.lora.report(self.m.info)
-        self.vision = VisionSteps.load(settings, self.m)  # the projector, images in the step (vision_prefill.py)
+        self.vision = VisionSteps.load(settings, self.m, self._fail)  # the projector, images in the step (vision_prefill.py)
         self.m.info = self.vision.model_info(self.m.info)
         self.spec = draft.speculator(settings, self.m)  # n-gram or draft-model drafts (speculation/)
         self.info = self.m.info
         self.tok = Tokenizer(self.m)
-        self.template: ChatTemplate | None = None
-        self._template_error: str | None = None
-        if not self.m.embedding:
-            try:
-                self.template = choose_template(
-                    settings,
-                    self.m.meta("tokenizer.chat_template"),
-                    self.tok.special_text(ll.llama_vocab_bos(self.m.vocab)),
-                    self.tok.special_text(ll.llama_vocab_eos(self.m.vocab)),
-                )
-            except TemplateError as exc:
-                self._template_error = str(exc)
+        self.template, self._template_error = model_template(settings, self.m, self.tok)  # prompts.py
         self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot,
                                       model_id=settings.model_id, n_batch=self.m.n_batch)
         self.prompts.vision = self.vision
-        self.reasoning = EngineReasoning(settings, self.template, self.tok, self.info.reasoning_format)
+        self.reasoning = ReasoningFeature(settings, self.template, self.tok, self.info.reasoning_format, self.m.n_vocab)
         self.embedder = Embedder(self.m, self.tok, settings)  # embeddings, reranking (embed.py)
         self.slots = [Slot(i) for i in range(self.m.n_slots)]
         self.waiting: deque[Job] = deque()
@@ -93,9 +85,12 @@ class Engine:
         self.tokens_generated = 0
         self.tokens_prompt = 0
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
-        self.prompt_cache = PromptCache(self.m, settings, self.lora)  # RAM, disk (prompt_cache.py); .store: KV store
+        self.prompt_cache = PromptCache(self.m, settings)  # RAM, disk (prompt_cache.py); .store: KV store
         self.preempt = Preemption(self, self.prompt_cache.store)  # paused requests, pinned in that store (preempt.py)
-        self.features = step_features(settings)  # the step features turned on (features.py)
+        self.features = step_features(settings, vision=self.vision, lora=self.lora, reasoning=self.reasoning,
+                                      prompt_cache=self.prompt_cache)  # the step features turned on (features.py)
+        self._before_batch = [f for f in self.features if overrides(f, "before_batch")]
+        self._idle = [f for f in self.features if overrides(f, "idle")]
 
     # ------------------------------------------------------------------ commands
 
@@ -117,7 +112,8 @@ class Engine:
                 raise RequestRejected("invalid_request", f"request id {req.id!r} is already in use")
             if prepared is None:
                 prepared = self.prepare(req)
-            job = Job(req, prepared.tokens, time.perf_counter(), reasoning=prepared.reasoning)
+            job = Job(req, prepared.tokens, time.perf_counter(), reasoning=prepared.reasoning,
+                      lora=self.lora.key_of(req))
             job.grammar = requests.grammar_sampler(self.m.vocab, prepared.gbnf)
             self._by_id[req.id] = job
             self.waiting.append(job)
@@ -210,11 +206,11 @@ class Engine:
         free = [s for s in self.slots if not s.busy]
         while self.waiting and free:
             job = self.waiting.popleft()
-            best, best_n = self.lora.pick_slot(free, job, self.m)  # a prefix of the job's adapter set
+            # a prefix of cells of the job's cache tenant and adapter set (slots.py)
+            best, best_n = pick_slot(free, job.tokens, self.m, job.req.cache_tenant, job.lora)
             free.remove(best)
             try:
-                best_n = self.prompt_cache.admit(best, job.tokens, best_n, job.req.echo and job.req.logprobs is not None,
-                                                 job.req.cache_tenant)
+                best_n = self.prompt_cache.admit(best, job, best_n)  # saves the old cells, may restore more
                 self._start(best, job, best_n)
             except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
                 log.exception("request %s failed to start", job.req.id)
@@ -238,19 +234,19 @@ class Engine:
             self._clear_slot(slot)
         p = job.req.params
         begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter(), self.settings.default_max_tokens)
-        requested, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
-        grammar = self.reasoning.start(slot, job, requested)  # None while a reasoning slot holds it
+        requested = job.grammar is not None
+        slot.features = tuple(f for f in self.features if f.admitted(slot, job))  # may take the grammar (reasoning)
+        grammar, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
         seed = sampling.resolve_seed(p, self.settings.seed)
         slot.sampler = sampling.slot_sampler(p, n_vocab=self.m.n_vocab, seed=seed,
                                              eog_tokens=self.tok.eog_tokens if p.ignore_eos else [],
                                              prompt_tail=job.tokens, grammar=grammar)
         template_stops: list[str] = []
-        if req.messages is not None and self.template is not None and not p.ignore_eos and requested is None:
+        if req.messages is not None and self.template is not None and not p.ignore_eos and not requested:
             template_stops = list(self.template.stop_strings)
         slot.out = slot_output(req, list(p.stop), requests.tool_parser(req), template_stops=template_stops,
                                reasoning=slot.reasoning)
-        self.spec.start(slot, req, allowed=slot.reasoning is None)
-        slot.features = tuple(f for f in self.features if f.admitted(slot, job))
+        self.spec.start(slot, req)
         slot.echo_logprobs = [wire.TokenLogprob(self.tok.prompt_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))
@@ -265,16 +261,18 @@ class Engine:
             self._run_embeddings()
         self.preempt.admit()  # paused requests resuming go first
         self._admit()
-        self.vision.step(self.slots, self._fail)  # image encodes and pieces (vision_prefill.py)
+        turn = self.slots
+        for f in self._before_batch:  # images' encodes and pieces; the slots of one adapter set, in turn
+            turn = f.before_batch(turn)
         b = self._batch
-        turn = self.lora.turn(self.slots)  # the slots of one adapter set, in turn (lora.py)
         urgent = self.preempt.urgent  # urgent.py: a request that preempted a slot first; an aborted decode undone
         undo, (decoding, prompts) = urgent.before(turn), urgent.plan(turn, self._by_id, b.cap)
         n, outputs = self.spec.fill(b, decoding, self.m)  # pending tokens and drafts (speculation/)
         echo_chunks: list[EchoChunk] = []
         n = fill_prompt_chunks(b, prompts, n, outputs, echo_chunks)  # prefill.py
         if n == 0:
-            self.vision.wait()  # an image still encoding, nothing else to decode
+            for f in self._idle:
+                f.idle()  # an image still encoding, nothing else to decode
             return self.take_output()
         rc = urgent.decode(b, n, undo, outputs, echo_chunks)  # aborted for an urgent request: 0, undone, nothing to draw
         if rc != 0:
@@ -317,8 +315,9 @@ class Engine:
     def _draw(self, item: tuple[Slot, int]) -> list[sample_pool.Drawn]:
         """On any sampling thread: touches only this slot's sampler (a draw per verified draft token)."""
         slot, idx = item
-        if (forced := self.reasoning.forced(slot)) is not None:  # the thinking's budget is spent
-            return [sample_pool.Drawn(forced)]
+        for f in slot.features:
+            if (forced := f.after_logits(slot)) is not None:  # e.g. the thinking's budget is spent
+                return [sample_pool.Drawn(forced)]
 
         def one(i: int) -> sample_pool.Drawn:
             return sample_pool.draw(slot.sampler, self.m.ctx, i, is_eog=self.tok.is_eog, ends_on_eog=not slot.ignore_eos,
@@ -350,13 +349,15 @@ class Engine:
             return
         slot.n_gen += 1
         self.tokens_generated += 1
-        if not slot.ignore_eos and self.tok.is_eog(tok) and (tok := self.reasoning.instead_of_eog(slot)) < 0:
-            self._finish(slot, "stop")
-            return
-        delta = out.token(self.reasoning.piece(slot, tok), lp)
+        if not slot.ignore_eos and self.tok.is_eog(tok):
+            instead = next((t for f in slot.features if (t := f.end_of_generation(slot)) is not None), None)
+            if instead is None:
+                self._finish(slot, "stop")
+                return
+            tok = instead
+        delta = out.token(self.tok.piece(tok), lp, tok)
         if delta is not None:
             self.out.append(delta)
-        self.reasoning.after_token(slot, self.m.n_vocab)
         why: wire.FinishReason | None = "stop" if out.stopped else None
         for f in slot.features:
             why = why or f.token_accepted(slot, tok, delta)
@@ -377,7 +378,6 @@ class Engine:
         n_eval = len(job.tokens) - slot.n_cached
         self.tokens_prompt += n_eval
         fin = finished_message(slot, job, reason, time.perf_counter())
-        self.prompt_cache.finished(fin)
         for f in slot.features:
             f.finished(slot, fin)
         self.out.append(fin)

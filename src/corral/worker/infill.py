@@ -89,8 +89,8 @@ class InfillOutput(SlotOutput):
     def stopped(self) -> bool:
         return self.limited or self.stop.stopped
 
-    def token(self, piece: bytes, logprob: wire.TokenLogprob | None) -> wire.Delta | None:
-        d = super().token(piece, logprob)
+    def token(self, piece: bytes, logprob: wire.TokenLogprob | None, token: int = -1) -> wire.Delta | None:
+        d = super().token(piece, logprob, token)
         if d is None or self.limited:
             return d
         text = d.text

@@ -18,12 +18,16 @@ request with no adapter waits at most one step per other busy set, and with one 
 adapters makes llama.cpp re-reserve its compute graph on the next decode (measured in
 docs/benchmarks.md).
 
-A slot's KV is valid only for the adapter set it was computed under: ``slot_key[i]`` is the
-set of slot ``i``'s cache, and ``pick_slot`` reuses a cached prefix only from a slot of the
-job's own set (another slot's cache is cleared when the job starts there, as for a prefix of
-0). Anything else that restores KV into a slot must compare this key too: the prompt cache
-keys its entries by it (worker/prompt_cache.py; ``replaced_key`` is the set of the cells a
-chosen slot still holds until its job starts).
+A slot's KV is valid only for the adapter set it was computed under: ``Slot.lora`` (a cell
+field, ``slots.CELL_FIELDS``) is the set of a slot's cells and ``Job.lora`` the set a request
+runs with (``key_of``, at submit); the one slot picker (``slots.pick_slot``) reuses a cached
+prefix only from a slot of the job's own set (another slot's cells are saved by the prompt
+cache, then cleared, when the job starts there; ``PromptCache.admit`` then gives the slot the
+job's set). Anything else that restores KV into a slot compares this key too: the prompt
+cache keys its entries by it (worker/prompt_cache.py), as do slot files and preemption.
+
+As a step feature (``StepFeature``, worker/slots.py) the adapters implement one moment,
+``before_batch`` (``turn``); the engine lists them only when the model has adapters.
 """
 
 from __future__ import annotations
@@ -38,18 +42,18 @@ import llama_cpp as ll
 from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, ModelLoadError
-from corral.worker.slots import Job, Slot, reuse_len
+from corral.worker.lora_key import BASE, LoraKey
+from corral.worker.slots import Slot, StepFeature
 
 __all__ = ["LoraAdapters", "LoraKey", "BASE"]
 
 log = logging.getLogger("corral.worker.lora")
 
-LoraKey = tuple[tuple[int, float], ...]  # (adapter index, scale) with scale != 0, by index
-BASE: LoraKey = ()
 
+class LoraAdapters(StepFeature):
+    """A worker's adapters and the set its context has now; a step feature (``turn``)."""
 
-class LoraAdapters:
-    """A worker's adapters, the set its context has now, and the set of each slot's KV."""
+    name = "lora"
 
     def __init__(self, model: LoadedModel, specs: list[wire.LoraAdapterInfo],
                  handles: list[Any], default: LoraKey = BASE) -> None:
@@ -58,10 +62,6 @@ class LoraAdapters:
         self.handles = handles
         self.names = {s.name: s.id for s in specs}
         self.default = default
-        self.slot_key: list[LoraKey] = [BASE] * model.n_slots
-        # the set of a slot's cells before pick_slot gave the slot to a job of another set (the
-        # cells stay until the job starts: what the prompt cache saves them under)
-        self.replaced_key: list[LoraKey] = [BASE] * model.n_slots
         self.applied: LoraKey = BASE
         self.last_turn: LoraKey | None = None
         self.switches = 0  # times the context's adapters changed
@@ -135,23 +135,6 @@ class LoraAdapters:
             raise RequestRejected("invalid_request", "images are not supported with LoRA adapters yet: send "
                                                      "\"lora\": [{\"id\": 0, \"scale\": 0}] (no adapter) with them")
 
-    def pick_slot(self, free: list[Slot], job: Job, m: LoadedModel) -> tuple[Slot, int]:
-        """``slots.pick_slot`` over the free slots whose KV is of ``job``'s adapter set and cache
-        tenant (a slot of another set or tenant serves no prefix); the slot's KV is of that set
-        from now on (its tenant changes in ``PromptCache.admit``, which saves the old cells first)."""
-        key = self.key_of(job.req) if self.specs else BASE
-        tenant = job.req.cache_tenant  # and of the job's cache tenant (docs/internals/prompt-cache.md)
-        best, best_n = free[0], -1
-        for s in free:
-            n = reuse_len(s, job.tokens, m) if self.slot_key[s.index] == key and s.tenant == tenant else 0
-            if n > best_n or (n == best_n and len(s.cached) < len(best.cached)):
-                best, best_n = s, n
-        if self.slot_key[best.index] != key or best.tenant != tenant:
-            best_n = 0  # its cache is cleared when the job starts
-        self.replaced_key[best.index] = self.slot_key[best.index]
-        self.slot_key[best.index] = key
-        return best, best_n
-
     # ------------------------------------------------------------------ the step
 
     def turn(self, slots: list[Slot]) -> list[Slot]:
@@ -161,7 +144,7 @@ class LoraAdapters:
         groups: dict[LoraKey, list[Slot]] = {}
         for s in slots:
             if s.job is not None:
-                groups.setdefault(self.slot_key[s.index], []).append(s)
+                groups.setdefault(s.lora, []).append(s)
         if not groups:
             return slots
         if len(groups) == 1:
@@ -173,6 +156,8 @@ class LoraAdapters:
         self.last_turn = key
         self._apply(key)
         return groups[key]
+
+    before_batch = turn  # the step feature's one moment
 
     def use(self, key: LoraKey) -> None:
         """Set the context's adapters to ``key``'s set for a decode outside the step's turn

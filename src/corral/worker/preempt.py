@@ -42,7 +42,8 @@ from corral import wire
 from corral.worker import sampling
 from corral.worker.kv_store import HostKVStore, restore_seq, save_seq
 from corral.worker.model import LoadedModel
-from corral.worker.lora import BASE, LoraAdapters, LoraKey
+from corral.worker.lora import LoraAdapters
+from corral.worker.lora_key import BASE, LoraKey
 from corral.worker.slots import CELL_FIELDS, Batch, Job, Slot, aborted_in_queue, finished_message, pick_slot, release
 from corral.worker.speculation.speculator import Speculator
 from corral.worker.urgent import UrgentStarts
@@ -125,8 +126,7 @@ class Preemption:
             setattr(saved, name, getattr(slot, name))
             setattr(slot, name, getattr(empty, name))
         release(slot)  # slot.cached (and its cells) stay: reusable, or resumed in place
-        self.paused[request_id] = PausedJob(job, saved, tokens, kept, time.monotonic(),
-                                            e.lora.slot_key[slot.index])
+        self.paused[request_id] = PausedJob(job, saved, tokens, kept, time.monotonic(), slot.lora)
         self.pauses += 1
         self.kept += kept
         return wire.Paused(id=request_id, paused=True, kept_kv=kept, n_tokens=len(tokens),
@@ -168,14 +168,11 @@ class Preemption:
         entry = self.store.pop(store_key(p.job.req.id))
         key = p.lora_key  # only a slot of its adapter set serves its cells (worker/lora.py)
         tenant = p.job.req.cache_tenant  # and only one of its cache tenant
-        same = [s for s in free if e.lora.slot_key[s.index] == key and s.tenant == tenant]
+        same = [s for s in free if s.lora == key and s.tenant == tenant]
         slot = next((s for s in same if s.cached == p.tokens), None)
         if slot is None:
-            slot, reuse = pick_slot(same or free, p.tokens + [-1], m, tenant) if p.tokens else (free[0], 0)
-            if e.lora.slot_key[slot.index] != key or slot.tenant != tenant:
-                reuse = 0
-            slot.tenant = tenant
-            e.lora.slot_key[slot.index] = key
+            slot, reuse = pick_slot(same or free, p.tokens + [-1], m, tenant, key) if p.tokens else (free[0], 0)
+            slot.tenant, slot.lora = tenant, key
             e.lora.use(key)
             assert p.slot is not None
             reuse = max(0, min(reuse, p.slot.n_cached))  # the prompt's rest decodes as it first did

@@ -1,15 +1,18 @@
 """The prompt cache of one worker (llama-server's --cache-ram, and its files across unloads).
 
-The engine calls three hooks:
+The engine calls:
 
-- ``admit(slot, tokens, reuse, echo)`` when a job is about to start in ``slot`` (the free slot
+- ``admit(slot, job, reuse)`` when a job is about to start in ``slot`` (the free slot
   ``slots.pick_slot`` chose, whose cache serves ``reuse`` tokens): first the slot's cached
   prefix, about to be overwritten, is saved to the host-RAM store (``kv_store.HostKVStore``,
-  a cache entry keyed by its tokens) unless it is short or kept already; then, when the
-  store or the disk holds a longer valid prefix of ``tokens``, it is restored into the slot
-  (``restore_seq``, then ``seq_rm`` beyond the common prefix). Returns the tokens the slot
-  now serves.
-- ``finished(fin)``: the prefill speed, for the time-saved estimate.
+  a cache entry keyed by its tokens and the slot's cell fields, ``tenant`` and ``lora``)
+  unless it is short or kept already; the slot's cell fields become the job's; then, when
+  the store or the disk holds a longer valid prefix of the job's tokens, it is restored into
+  the slot (``restore_seq``, then ``seq_rm`` beyond the common prefix). Returns the tokens
+  the slot now serves.
+- as a step feature (``StepFeature``, worker/slots.py; listed only when the cache is on):
+  ``admitted`` takes part in a request with a long prefill, whose ``finished`` records the
+  prefill speed, for the time-saved estimate.
 - ``persist(slots, ...)`` (the router's ``PersistCache`` before an unload): the slots' current
   prefixes and the RAM entries, most recent first, written to disk (``cache_disk``).
 
@@ -34,9 +37,9 @@ from corral import cache_files, wire
 from corral.cache_files import CacheFile
 from corral.worker.cache_disk import Candidate, DiskCache, model_key
 from corral.worker.kv_store import HostKVStore, KVEntry, common_prefix, restore_seq, save_seq
-from corral.worker.lora import BASE, LoraAdapters, LoraKey
+from corral.worker.lora_key import BASE, LoraKey
 from corral.worker.model import LoadedModel
-from corral.worker.slots import Slot, reuse_len
+from corral.worker.slots import Job, Slot, StepFeature, reuse_len
 
 __all__ = ["PromptCache", "MIN_SAVE_TOKENS", "MIN_GAIN_TOKENS"]
 
@@ -46,10 +49,11 @@ MIN_SAVE_TOKENS = 64  # a shorter prefix is cheaper to prefill again than to kee
 MIN_GAIN_TOKENS = 16  # restore only when it serves this many more tokens than the slot does
 
 
-class PromptCache:
-    def __init__(self, m: LoadedModel, settings: wire.WorkerSettings, lora: LoraAdapters | None = None) -> None:
+class PromptCache(StepFeature):
+    name = "prompt_cache"
+
+    def __init__(self, m: LoadedModel, settings: wire.WorkerSettings) -> None:
         self.m = m
-        self.lora = lora  # each slot's adapter set: an entry serves only a job of its own set
         self.store = HostKVStore(0 if m.embedding else settings.prompt_cache_ram)
         self.enabled = not m.embedding
         self.disk: DiskCache | None = None
@@ -67,17 +71,18 @@ class PromptCache:
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, slot: Slot, tokens: Sequence[int], reuse: int, echo: bool, tenant: str = "") -> int:
-        """Save what ``slot`` is about to lose, then restore a longer prefix of cache tenant
-        ``tenant`` (the job's) if one is kept; returns the tokens the slot serves now. The
-        slot is the job's tenant's from here on (``pick_slot`` gave another tenant's slot 0)."""
-        was_tenant, slot.tenant = slot.tenant, tenant
+    def admit(self, slot: Slot, job: Job, reuse: int) -> int:
+        """Save what ``slot`` is about to lose, then restore a longer prefix of ``job``'s cache
+        tenant and adapter set if one is kept; returns the tokens the slot serves now. The
+        slot's cells are the job's tenant's and set's from here on (``pick_slot`` gave a slot
+        of another one 0)."""
+        tokens, tenant, now = job.tokens, job.req.cache_tenant, job.lora
+        echo = job.req.echo and job.req.logprobs is not None
+        was_tenant, was = slot.tenant, slot.lora
+        slot.tenant, slot.lora = tenant, now
         if not self.enabled:
             return reuse
         keep = 0 if echo else reuse
-        # lora.pick_slot gave the slot the job's adapter set; its cells are still of the old one
-        was, now = (BASE, BASE) if self.lora is None else (
-            self.lora.replaced_key[slot.index], self.lora.slot_key[slot.index])
         if self.store.capacity > 0 and len(slot.cached) - keep >= MIN_SAVE_TOKENS:
             self.save(slot, keep if was == now and was_tenant == tenant else 0, was, was_tenant)
         if echo or len(tokens) < MIN_SAVE_TOKENS:
@@ -197,7 +202,10 @@ class PromptCache:
 
     # ------------------------------------------------------------------ accounting
 
-    def finished(self, fin: wire.Finished) -> None:
+    def admitted(self, slot: Slot, job: Job) -> bool:
+        return len(job.tokens) - slot.n_cached >= MIN_SAVE_TOKENS  # a prefill worth timing
+
+    def finished(self, slot: Slot, fin: wire.Finished) -> None:
         n_eval = fin.usage.prompt_tokens - fin.usage.cached_tokens
         if n_eval >= MIN_SAVE_TOKENS and fin.timings.prompt_ms > 0:
             self._prefill_tokens += n_eval
@@ -231,7 +239,7 @@ class PromptCache:
         for s in slots:
             self._cut_to_last_prompt(s, 0)  # (the worker unloads: its slots are not used again)
             if len(s.cached) >= MIN_SAVE_TOKENS:
-                toks, lora = tuple(s.cached), BASE if self.lora is None else self.lora.slot_key[s.index]
+                toks, lora = tuple(s.cached), s.lora
                 pos_min = max(0, int(ll.llama_memory_seq_pos_min(self.m.memory, s.index)))
                 cands.append(Candidate(toks, pos_min, save_seq(self.m.ctx, s.index), now, lora, s.tenant))
                 seen.add((toks, lora, s.tenant))

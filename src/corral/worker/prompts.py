@@ -21,14 +21,29 @@ import llama_cpp as ll
 from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.infill import infill_tokens
+from corral.worker.model import LoadedModel
 from corral.worker.reasoning import ReasoningPlan
-from corral.worker.templates import ChatTemplate, TemplateError, render_chat
+from corral.worker.templates import ChatTemplate, TemplateError, choose_template, render_chat
 from corral.worker.tokens import Tokenizer
 
 if TYPE_CHECKING:
     from corral.worker.vision_prefill import VisionSteps
 
-__all__ = ["PreparedRequest", "PromptPreparer"]
+__all__ = ["PreparedRequest", "PromptPreparer", "model_template"]
+
+
+def model_template(settings: wire.WorkerSettings, m: LoadedModel,
+                   tok: Tokenizer) -> tuple[ChatTemplate | None, str | None]:
+    """The model's chat template (its settings', else its GGUF's) and, where it cannot be
+    used, why (requests with messages are then refused with that); none for embeddings."""
+    if m.embedding:
+        return None, None
+    try:
+        return choose_template(settings, m.meta("tokenizer.chat_template"),
+                               tok.special_text(ll.llama_vocab_bos(m.vocab)),
+                               tok.special_text(ll.llama_vocab_eos(m.vocab))), None
+    except TemplateError as exc:
+        return None, str(exc)
 
 
 @dataclass(frozen=True, eq=False)

@@ -151,8 +151,9 @@ class SlotReasoning:
     engine thread, ``next_forced`` on the slot's sampling thread (never at once)."""
 
     def __init__(self, p: ReasoningPlan, prefix: list[int], close: list[int], reopen: list[int],
-                 grammar: ll.llama_sampler_p | None) -> None:
+                 grammar: ll.llama_sampler_p | None, *, tag_pieces: dict[int, bytes] | None = None) -> None:
         self.fmt = p.fmt
+        self.tag_pieces = tag_pieces or {}  # the text of the tags' control tokens (no piece of their own)
         self.budget = p.budget
         self.splitter: Splitter = (HarmonySplitter if p.fmt.name == HARMONY else TagSplitter)(p.fmt, p.initial)
         self.close = close

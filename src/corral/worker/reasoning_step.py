@@ -1,39 +1,45 @@
-"""The engine's reasoning hooks (worker/engine.py calls these; the logic is in
-worker/reasoning.py and worker/split.py):
+"""Reasoning as a step feature (``StepFeature``, worker/slots.py; the logic is in
+worker/reasoning.py and worker/split.py). Its per-slot state is ``Slot.reasoning``
+(``SlotReasoning``), so pausing and resuming carry it.
 
-- ``prepare``: the request's thinking (on/off, budget), the template variables, the
-  rendered prompt's tokens and the plan;
-- ``start``: a slot's ``SlotReasoning`` (which holds a grammar back until the answer);
-- ``forced``: on the sampling thread, the token the worker forces instead of a draw;
-- ``piece``: a token's text, tag tokens included (control tokens such as gpt-oss's
-  ``<|channel|>`` render as nothing otherwise);
-- ``after_token``: once the answer starts, the slot samples with its grammar.
+- ``prepare`` (at prepare, any thread; not a step moment): the request's thinking (on/off,
+  budget), the template variables, the rendered prompt's tokens and the plan;
+- ``admitted``: a slot's ``SlotReasoning`` for a job with a plan (it takes the job's grammar
+  and holds it back until the answer), with the tag tokens' text (control tokens such as
+  gpt-oss's ``<|channel|>`` render as nothing otherwise; ``SlotOutput.token``);
+- ``after_logits``: on the sampling thread, the token the worker forces instead of a draw;
+- ``end_of_generation``: inside the thinking, the close instead of the end;
+- ``token_accepted``: once the answer starts, the slot samples with its grammar.
+
+The engine lists it only for a model with a reasoning format; a slot joins it only when its
+request has a plan, so a request without thinking pays nothing per token.
 """
 
 from __future__ import annotations
-
-import llama_cpp as ll
 
 from corral import reasoning_format, wire
 from corral.worker import reasoning, sampling
 from corral.worker.failures import RequestRejected
 from corral.worker.prompts import PromptPreparer
-from corral.worker.slots import Job, Slot
+from corral.worker.slots import Job, Slot, StepFeature
 from corral.worker.templates import ChatTemplate
 from corral.worker.tokens import Tokenizer
 
-__all__ = ["EngineReasoning"]
+__all__ = ["ReasoningFeature"]
 
 _HARMONY_TOKENS = ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>", "<|call|>",
                    "<|return|>")
 _HARMONY_REOPEN = "<|start|>assistant<|channel|>final<|message|>"
 
 
-class EngineReasoning:
+class ReasoningFeature(StepFeature):
+    name = "reasoning"
+
     def __init__(self, settings: wire.WorkerSettings, template: ChatTemplate | None, tok: Tokenizer,
-                 fmt_name: str) -> None:
+                 fmt_name: str, n_vocab: int = 0) -> None:
         self.settings = settings
         self.tok = tok
+        self.n_vocab = n_vocab
         self.source = template.source if template is not None else ""
         self.fmt = reasoning_format.FORMATS.get(fmt_name)
         self.tag_pieces: dict[int, bytes] = {}
@@ -65,40 +71,41 @@ class EngineReasoning:
             return tokens, None
         return tokens, reasoning.plan(self.fmt, t, text)
 
-    def start(self, slot: Slot, job: Job, grammar: ll.llama_sampler_p | None) -> ll.llama_sampler_p | None:
-        """Set the slot's reasoning; returns the grammar the sampler starts with."""
+    @property
+    def on(self) -> bool:
+        """The model has a reasoning format (else no request has a plan)."""
+        return self.fmt is not None
+
+    def admitted(self, slot: Slot, job: Job) -> bool:
+        """A job with a plan: the slot's split; it holds the job's grammar until the answer."""
         p = job.reasoning
         if p is None:
-            return grammar
-        held = grammar if (p.prefix or p.initial != "answer") else None
-        slot.reasoning = reasoning.SlotReasoning(p, self._tokens(p.prefix), self.close, self.reopen, held)
-        return None if held is not None else grammar
+            return False
+        held = None
+        if job.grammar is not None and (p.prefix or p.initial != "answer"):
+            held, job.grammar = job.grammar, None
+        slot.reasoning = reasoning.SlotReasoning(p, self._tokens(p.prefix), self.close, self.reopen, held,
+                                                 tag_pieces=self.tag_pieces)
+        return True
 
-    @staticmethod
-    def forced(slot: Slot) -> int | None:
+    def after_logits(self, slot: Slot) -> int | None:
         return slot.reasoning.next_forced() if slot.reasoning is not None else None
 
-    @staticmethod
-    def instead_of_eog(slot: Slot) -> int:
-        """The token that replaces an end-of-generation one (the thinking's close), or -1:
-        the request ends."""
-        r = slot.reasoning.replace_eog() if slot.reasoning is not None else None
-        return -1 if r is None else r
+    def end_of_generation(self, slot: Slot) -> int | None:
+        """The thinking's close instead of an end inside it (None: the request ends)."""
+        return slot.reasoning.replace_eog() if slot.reasoning is not None else None
 
-    def piece(self, slot: Slot, token: int) -> bytes:
-        """The token's bytes; a tag's control token has its text for a slot that splits."""
-        return self.tok.piece(token) or (self.tag_pieces.get(token, b"") if slot.reasoning is not None else b"")
-
-    def after_token(self, slot: Slot, n_vocab: int) -> None:
+    def token_accepted(self, slot: Slot, token: int, delta: wire.Delta | None) -> wire.FinishReason | None:
         """The answer has started: the held grammar goes into a new sampler."""
         r, job = slot.reasoning, slot.job
         grammar = r.take_grammar() if r is not None else None
         if grammar is None or job is None:
-            return
+            return None
         p = job.req.params
         old = slot.sampler
         slot.sampler = sampling.slot_sampler(
-            p, n_vocab=n_vocab, seed=sampling.resolve_seed(p, self.settings.seed),
+            p, n_vocab=self.n_vocab, seed=sampling.resolve_seed(p, self.settings.seed),
             eog_tokens=self.tok.eog_tokens if p.ignore_eos else [], prompt_tail=list(slot.cached), grammar=grammar)
         if old is not None:
             old.free()
+        return None

@@ -166,7 +166,7 @@ class SlotFiles:
         meta = json.dumps({"format": SIDECAR_FORMAT, "identity": self.identity(), "n_tokens": len(tokens),
                            "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                            # the adapter set the cells were computed under (worker/lora.py)
-                           "lora_key": [list(x) for x in self.engine.lora.slot_key[slot.index]],
+                           "lora_key": [list(x) for x in slot.lora],
                            "tenant": slot.tenant}).encode()  # whose cells: only its requests reuse them
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         tag = f".{os.getpid()}.{time.monotonic_ns()}.tmp"
@@ -235,5 +235,5 @@ class SlotFiles:
         slot.cached = tokens
         tenant = meta.get("tenant", "")
         slot.tenant = tenant if isinstance(tenant, str) else ""  # the cells stay their tenant's (prompt-cache.md)
-        self.engine.lora.slot_key[slot.index] = tuple((int(i), float(v)) for i, v in meta.get("lora_key", []))
+        slot.lora = tuple((int(i), float(v)) for i, v in meta.get("lora_key", []))
         return n, len(data)

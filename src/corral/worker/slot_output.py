@@ -28,14 +28,16 @@ class SlotOutput:
     def stopped(self) -> bool:
         return self.stop.stopped
 
-    def token(self, piece: bytes, logprob: wire.TokenLogprob | None) -> wire.Delta | None:
-        """One generated token (not an end-of-generation one); the Delta to send, if any."""
+    def token(self, piece: bytes, logprob: wire.TokenLogprob | None, token: int = -1) -> wire.Delta | None:
+        """One generated token (not an end-of-generation one), ``token`` with its text
+        ``piece``; the Delta to send, if any. A tag's control token (no piece) has its text
+        for a slot that splits thinking from answer."""
         self.n_unsent += 1
         if logprob is not None:
             self.logprobs.append(logprob)
         if self.reasoning is None:
             return self._emit(self.stop.push(self.utf8.push(piece)), [])
-        thought, answer = self.reasoning.token(self.utf8.push(piece))
+        thought, answer = self.reasoning.token(self.utf8.push(piece or self.reasoning.tag_pieces.get(token, b"")))
         return self._emit(self.stop.push(answer), [], thought)
 
     def finish(self) -> wire.Delta | None:

@@ -25,6 +25,9 @@ Prefix reuse: the image positions' pseudo-ids come from the pixels' hash, so the
 picture in the next turn matches the slot's cache and is neither encoded nor decoded
 again; ``snap`` cuts a match that ends inside an image back to the image's start.
 An encode or decode that fails fails that request only (``RequestFailed(internal)``).
+
+As a step feature (``StepFeature``, worker/slots.py; listed only when the model has a
+projector): ``before_batch`` is ``step`` (it narrows nothing), ``idle`` is ``wait``.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from corral.worker.failures import RequestRejected
 from corral.worker.kv_store import restore_seq, save_seq
 from corral.worker.model import LoadedModel
 from corral.worker import vision_mrope as mrope
-from corral.worker.slots import Job, Slot
+from corral.worker.slots import Job, Slot, StepFeature
 from corral.worker.vision import ImageSpan, Projector, VisionTokens, load_projector
 from corral.worker.vision_side import ImageThreads, SideContext, SideUnsupported
 
@@ -82,11 +85,15 @@ class EmbdBatch:
             logits=ctypes.cast(self.logits, ctypes.POINTER(ctypes.c_int8)))
 
 
-class VisionSteps:
+class VisionSteps(StepFeature):
     """The engine's images: the projector (or none) and the encodes and pieces of each step."""
 
-    def __init__(self, projector: Projector | None, m: LoadedModel, s: wire.WorkerSettings) -> None:
+    name = "vision"
+
+    def __init__(self, projector: Projector | None, m: LoadedModel, s: wire.WorkerSettings,
+                 fail: FailSlot | None = None) -> None:
         self.proj = projector
+        self.fail = fail  # how a request whose image failed ends (the engine's)
         self.mrope = projector is not None and projector.mrope  # M-RoPE positions (vision_mrope.py)
         self.m = m
         self.model_id = s.model_id
@@ -103,8 +110,13 @@ class VisionSteps:
         self._waited = 0.0
 
     @classmethod
-    def load(cls, s: wire.WorkerSettings, m: LoadedModel) -> VisionSteps:
-        return cls(load_projector(s, m), m, s)
+    def load(cls, s: wire.WorkerSettings, m: LoadedModel, fail: FailSlot | None = None) -> VisionSteps:
+        return cls(load_projector(s, m), m, s, fail)
+
+    @property
+    def on(self) -> bool:
+        """The model takes images (it has a projector)."""
+        return self.proj is not None
 
     def model_info(self, info: wire.ModelInfo) -> wire.ModelInfo:
         if self.proj is None:
@@ -163,6 +175,14 @@ class VisionSteps:
             else:
                 self._decode_piece(slot, job, at, fail)
                 return
+
+    def before_batch(self, slots: list[Slot]) -> list[Slot]:
+        assert self.fail is not None
+        self.step(slots, self.fail)
+        return slots
+
+    def idle(self) -> None:
+        self.wait()
 
     def wait(self, timeout: float = 0.5) -> None:
         """Nothing else to decode this step: wait for an encode or side decode instead of spinning."""
