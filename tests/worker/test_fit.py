@@ -86,7 +86,7 @@ def test_fake_devices_replace_the_inventory(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_real_inventory_lists_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     from corral.worker import devices
-    from corral.worker.model import _init_backend
+    from corral.worker.llama_context import init_backend as _init_backend
 
     monkeypatch.delenv(devices.FAKE_DEVICES_ENV, raising=False)
     _init_backend(False)
@@ -345,7 +345,7 @@ def test_the_kv_cache_types_are_the_ones_llama_cpp_knows() -> None:
     import llama_cpp as ll
 
     from corral.settings import KV_CACHE_TYPES, CacheType
-    from corral.worker.model import _GGML_TYPES
+    from corral.worker.llama_context import GGML_TYPES as _GGML_TYPES
 
     assert set(typing.get_args(CacheType)) == set(KV_CACHE_TYPES) == set(_GGML_TYPES)
     for name, ggml_id in _GGML_TYPES.items():

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import model as model_mod
-from corral.worker.devices import logged_buffers
+from corral.worker.llama_context import ContextFailed, context_params, open_context
 from corral.worker.model import LoadedModel
 
 __all__ = ["POOLING_TYPES", "EmbedContext", "open_embed_context"]
@@ -45,29 +44,15 @@ _MAX_SEQ = 8  # inputs per decode
 def open_embed_context(m: LoadedModel, s: wire.WorkerSettings) -> EmbedContext:
     pooling = POOLING_TYPES[s.pooling] if s.pooling not in (None, "none") else ll.LLAMA_POOLING_TYPE_MEAN
     n = min(m.n_ctx_slot, m.n_batch)
-    p = ll.llama_context_default_params()
-    p.n_ctx = n
-    p.n_batch = n
-    p.n_ubatch = n  # a pooled input is whole in one micro-batch
-    p.n_seq_max = min(m.n_slots, _MAX_SEQ)
-    p.n_threads = m.threads
-    p.n_threads_batch = m.threads_batch
-    p.embeddings = True
-    p.pooling_type = pooling
-    p.kv_unified = True  # the inputs of one decode share the cells
-    p.swa_full = False
-    p.no_perf = True
-    p.type_k = model_mod._GGML_TYPES[s.cache_type_k]
-    p.type_v = model_mod._GGML_TYPES[s.cache_type_v]
-    if s.flash_attn is not None:
-        p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    before = list(model_mod._buffer_lines)
-    ctx = ll.llama_init_from_model(m.model, p)
-    if not ctx:
-        raise RuntimeError(f"llama.cpp could not create an embedding context of {n} cells")
-    after = list(model_mod._buffer_lines)
-    new = after[len(before):] if after[:len(before)] == before else after
-    kv = sum(b.bytes for b in logged_buffers(new) if b.kind == "kv")
+    # a pooled input is whole in one micro-batch; the inputs of one decode share the cells
+    p = context_params(s, n_ctx=n, n_batch=n, n_ubatch=n, n_seq_max=min(m.n_slots, _MAX_SEQ), threads=m.threads,
+                       threads_batch=m.threads_batch, embeddings=True, pooling_type=pooling, kv_unified=True,
+                       swa_full=False)
+    try:
+        ctx, buffers = open_context(m.model, p)
+    except ContextFailed as exc:
+        raise RuntimeError(f"llama.cpp could not create an embedding context of {n} cells: {exc}") from None
+    kv = sum(b.bytes for b in buffers if b.kind == "kv")
     n_embd = ll.llama_model_n_embd(m.model)
     outputs = n * (m.n_vocab + n_embd) * 4
     m.extra_contexts.append(ctx)  # freed with the model

@@ -44,7 +44,7 @@ from typing import Any
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import model
+from corral.worker import llama_context
 from corral.worker.model import LoadedModel
 from corral.worker.slots import Batch, Slot
 from corral.worker.vision import VisionTokens
@@ -176,7 +176,7 @@ class UrgentStarts:
             with self._lock:
                 self._armed = True
                 self._set()
-            model.aborting[0] = True
+            llama_context.aborting[0] = True
         try:
             rc = ll.llama_decode(self.m.ctx, b.batch)
         finally:
@@ -184,7 +184,7 @@ class UrgentStarts:
                 with self._lock:
                     self._armed = False
                     self._set()
-                model.aborting[0] = False
+                llama_context.aborting[0] = False
         if rc == ABORTED and arm:
             self.aborts += 1
             self._in_a_row += 1

@@ -34,7 +34,9 @@ import numpy.typing as npt
 
 from corral import wire
 from corral.worker.failures import RequestRejected
-from corral.worker.model import LoadedModel, ModelLoadError, _log_callback, _log_lines
+from corral.worker.llama_context import log_callback as _log_callback
+from corral.worker.llama_context import log_lines as _log_lines
+from corral.worker.model import LoadedModel, ModelLoadError
 
 __all__ = ["ImageSpan", "Projector", "VisionTokens", "image_ids", "load_projector"]
 

@@ -59,8 +59,7 @@ from typing import Any
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import model as model_mod
-from corral.worker.devices import logged_buffers
+from corral.worker.llama_context import ContextFailed, context_params, open_context
 from corral.worker.kv_store import restore_seq, save_seq
 from corral.worker.model import LoadedModel
 
@@ -240,27 +239,17 @@ class SideContext:
 
     def _open(self) -> ll.llama_context_p:
         s, m = self.s, self.m
-        p = ll.llama_context_default_params()
-        p.n_ctx = m.n_ctx_slot
-        p.n_batch = p.n_ubatch = self.piece
-        p.n_outputs_max = 1  # it never draws: no logits room for a whole micro-batch (Gemma 3: 512 MiB of 560)
-        p.n_seq_max = 1
-        # one thread: no OpenMP team of its own beside the engine's, whose barriers libgomp
+        # n_outputs_max 1: it never draws, no logits room for a whole micro-batch (Gemma 3: 512 MiB
+        # of 560); one thread: no OpenMP team of its own beside the engine's, whose barriers libgomp
         # would throttle for the whole decode (see the module docstring)
-        p.n_threads = p.n_threads_batch = 1
-        p.swa_full = False
-        p.no_perf = True
-        p.type_k, p.type_v = model_mod._GGML_TYPES[s.cache_type_k], model_mod._GGML_TYPES[s.cache_type_v]
-        if s.flash_attn is not None:
-            p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        before = list(model_mod._buffer_lines)
-        ctx: ll.llama_context_p = ll.llama_init_from_model(m.model, p)
-        if not ctx:
-            raise RuntimeError(f"llama.cpp could not create a side context of {m.n_ctx_slot} cells for images")
+        p = context_params(s, n_ctx=m.n_ctx_slot, n_batch=self.piece, n_ubatch=self.piece, n_seq_max=1,
+                           threads=1, n_outputs_max=1, swa_full=False)
+        try:
+            ctx, bufs = open_context(m.model, p)
+        except ContextFailed as exc:
+            raise RuntimeError(f"llama.cpp could not create a side context of {m.n_ctx_slot} cells for images: "
+                               f"{exc}") from None
         m.extra_contexts.append(ctx)  # freed with the model
-        after = list(model_mod._buffer_lines)
-        new = after[len(before):] if after[:len(before)] == before else after
-        bufs = logged_buffers(new)
         self.kv_bytes = sum(b.bytes for b in bufs if b.kind in ("kv", "compute"))
         self.compute_bytes = sum(b.bytes for b in bufs if b.kind == "compute")
         return ctx
