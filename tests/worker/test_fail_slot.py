@@ -13,8 +13,7 @@ import pytest
 
 from corral import wire
 from corral.worker import engine as engine_mod
-from corral.worker import requests
-
+from corral.worker.prompt import requests
 from .conftest import run_engine, settings_for
 
 SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'

@@ -11,12 +11,12 @@ import pytest
 
 from corral import reasoning_format, wire
 from corral.reasoning_format import FORMATS, detect
-from corral.worker import reasoning
-from corral.worker.detokenize import Utf8Stream
+from corral.worker.reasoning import plan as reasoning
+from corral.worker.output.detokenize import Utf8Stream
 from corral.worker.failures import RequestRejected
-from corral.worker.slot_output import SlotOutput
-from corral.worker.split import HarmonySplitter, TagSplitter
-from corral.worker.toolcalls import ToolCallParser
+from corral.worker.output.slot_output import SlotOutput
+from corral.worker.reasoning.split import HarmonySplitter, TagSplitter
+from corral.worker.output.toolcalls import ToolCallParser
 
 DS = FORMATS["deepseek"]
 HARMONY = FORMATS["harmony"]
@@ -220,7 +220,7 @@ def test_plans_from_the_rendered_prompt() -> None:
 
 
 def test_templates_get_the_variables_and_the_history_thinking() -> None:
-    from corral.worker.templates import JinjaTemplate, PlainTemplate
+    from corral.worker.prompt.templates import JinjaTemplate, PlainTemplate
 
     t = JinjaTemplate("{% for m in messages %}[{{ m['reasoning_content'] }}/{{ m['thinking'] }}]{{ m['content'] }}"
                       "{% endfor %}{{ enable_thinking }}{{ raise_exception is callable }}")
@@ -233,7 +233,7 @@ def test_templates_get_the_variables_and_the_history_thinking() -> None:
 def test_control_tokens_of_the_tags_render_for_splitting_slots_only() -> None:
     """gpt-oss's <|channel|> etc. are control tokens (no text by default): a slot that splits
     gets their text, any other slot of the model still gets nothing for them."""
-    from corral.worker.reasoning_step import ReasoningFeature
+    from corral.worker.reasoning.feature import ReasoningFeature
     from corral.worker.slots import Job, Slot
 
     specials = {"<|channel|>": 7, "<|message|>": 8, "<|end|>": 9, "<|start|>": 10}

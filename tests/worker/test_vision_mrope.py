@@ -22,10 +22,10 @@ from PIL import Image
 
 from corral import wire
 from corral.worker.engine import Engine
-from corral.worker.sampling import logits_at
+from corral.worker.sampling.sampler import logits_at
 from corral.worker.slots import Slot
-from corral.worker.vision import VisionTokens
-from corral.worker.vision_mrope import kv_pos
+from corral.worker.vision.projector import VisionTokens
+from corral.worker.vision.mrope import kv_pos
 from testkit.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj, write_qwen2vl_model
 
 from .conftest import run_engine, settings_for

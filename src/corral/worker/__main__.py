@@ -12,7 +12,7 @@ import sys
 def _list_devices() -> int:
     import msgspec
 
-    from corral.worker.devices import list_devices
+    from corral.worker.host.devices import list_devices
     from corral.worker.llama_context import init_backend
 
     init_backend(False)

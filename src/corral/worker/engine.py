@@ -11,12 +11,11 @@ A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) 
 2. builds ONE batch: the last token of every generating slot (and its draft: speculation/), then prompt chunks;
 3. runs one ``llama_decode`` (C, releases the GIL);
 4. draws the next token of every slot whose logits were computed, side by side on the ``sampling_threads``
-   (sample_pool.py; or a token a step feature forces: ``after_logits``), then per slot in batch
-   order on this thread: detokenizes, splits thinking from answer, matches stop strings, emits Deltas.
+   (sampling/pool.py; or a token a step feature forces), then per slot in batch order on this thread:
+   detokenizes, splits thinking from answer, matches stop strings, emits Deltas.
 
-The per-request features (vision, LoRA, reasoning, the prompt cache's timing, the time limit) are
-``StepFeature``s (slots.py), listed in ``self.features`` only when on (features.py): the engine runs
-their moments, never a check of its own for a feature that is off.
+Per-request features are ``StepFeature``s (slots.py), in ``self.features`` only when on (features.py):
+the engine runs their moments, never a check of its own for a feature that is off.
 
 Only the thread that calls ``step()`` changes llama.cpp's context (the draws only read it, each with its
 own slot's sampler). ``submit``/``abort`` only queue; ``prepare`` (tokenizing) may run on another thread.
@@ -32,24 +31,26 @@ from typing import Union
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import requests, sample_pool, sampling, threadpool
+from corral.worker.prompt import requests
+from corral.worker.sampling import pool as sample_pool
+from corral.worker.sampling import sampler as sampling
+from corral.worker.host import threadpool
 from corral.worker.speculation import draft
-from corral.worker.lora import LoraAdapters
-from corral.worker.embed import Embedder
+from corral.worker.lora.adapters import LoraAdapters
+from corral.worker.embed.embedder import Embedder
 from corral.worker.features import step_features
 from corral.worker.failures import RequestRejected
-from corral.worker.infill import slot_output
 from corral.worker.model import LoadedModel, load_model, rss_bytes
-from corral.worker.preempt import Preemption
+from corral.worker.preempt.preemption import Preemption
 from corral.worker.prefill import EchoChunk, fill_prompt_chunks, prompt_logprobs
-from corral.worker.prompt_cache import PromptCache
-from corral.worker.prompts import PreparedRequest, PromptPreparer, model_template
-from corral.worker.reasoning_step import ReasoningFeature
-from corral.worker.slot_output import SlotOutput
+from corral.worker.cache.prompt_cache import PromptCache
+from corral.worker.prompt.prompts import PreparedRequest, PromptPreparer, model_template
+from corral.worker.reasoning.feature import ReasoningFeature
+from corral.worker.output.slot_output import SlotOutput
 from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, begin, check_params, finished_message,
-                                 free_samplers, overrides, pick_slot, release, slot_states)
+                                 equip, free_samplers, overrides, pick_slot, release, slot_states)
 from corral.worker.tokens import Tokenizer
-from corral.worker.vision_prefill import VisionSteps
+from corral.worker.vision.steps import VisionSteps
 
 __all__ = ["Engine", "Outgoing", "PreparedRequest"]
 
@@ -63,30 +64,28 @@ class Engine:
         self.settings = settings
         self.m: LoadedModel = load_model(draft.main_settings(settings))  # room for a draft model's
         self.threadpool = threadpool.attach(self.m.ctx, max(self.m.threads, self.m.threads_batch))  # as llama-server
-        self.lora = LoraAdapters.load(self.m, settings)  # adapters and each slot's adapter set (lora.py)
-        self.m.info = self.lora.report(self.m.info)
-        self.vision = VisionSteps.load(settings, self.m, self._fail)  # the projector, images in the step (vision_prefill.py)
-        self.m.info = self.vision.model_info(self.m.info)
+        self.lora = LoraAdapters.load(self.m, settings)  # the adapters and their turns (lora/)
+        self.vision = VisionSteps.load(settings, self.m, self._fail)  # the projector, images in the step (vision/)
+        self.m.info = self.vision.model_info(self.lora.report(self.m.info))
         self.spec = draft.speculator(settings, self.m)  # n-gram or draft-model drafts (speculation/)
         self.info = self.m.info
         self.tok = Tokenizer(self.m)
-        self.template, self._template_error = model_template(settings, self.m, self.tok)  # prompts.py
+        self.template, self._template_error = model_template(settings, self.m, self.tok)  # prompt/prompts.py
         self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot,
                                       model_id=settings.model_id, n_batch=self.m.n_batch)
         self.prompts.vision = self.vision
         self.reasoning = ReasoningFeature(settings, self.template, self.tok, self.info.reasoning_format, self.m.n_vocab)
-        self.embedder = Embedder(self.m, self.tok, settings)  # embeddings, reranking (embed.py)
+        self.embedder = Embedder(self.m, self.tok, settings)  # embeddings, reranking (embed/)
         self.slots = [Slot(i) for i in range(self.m.n_slots)]
         self.waiting: deque[Job] = deque()
-        self.embed_waiting: deque[tuple[wire.EmbedRequest, float]] = deque()
         self.out: list[Outgoing] = []
         self._batch = Batch(self.m.n_batch)
         self._by_id: dict[str, Job] = {}
         self.tokens_generated = 0
         self.tokens_prompt = 0
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
-        self.prompt_cache = PromptCache(self.m, settings)  # RAM, disk (prompt_cache.py); .store: KV store
-        self.preempt = Preemption(self, self.prompt_cache.store)  # paused requests, pinned in that store (preempt.py)
+        self.prompt_cache = PromptCache(self.m, settings)  # RAM, disk (cache/); .store: KV store
+        self.preempt = Preemption(self, self.prompt_cache.store)  # paused requests, pinned in that store (preempt/)
         self.features = step_features(settings, vision=self.vision, lora=self.lora, reasoning=self.reasoning,
                                       prompt_cache=self.prompt_cache)  # the step features turned on (features.py)
         self._before_batch = [f for f in self.features if overrides(f, "before_batch")]
@@ -103,7 +102,7 @@ class Engine:
         assert not isinstance(req, PreparedRequest)
         try:
             if isinstance(req, wire.EmbedRequest):
-                self.embed_waiting.append((self.embedder.check(req), time.perf_counter()))
+                self.embedder.submit(req)
                 return
             if isinstance(req, wire.TokenizeRequest):
                 self.out.append(requests.tokenize(self.tok, req, self.prompts))
@@ -140,11 +139,11 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.embed_waiting or self.preempt.has_work or any(s.busy for s in self.slots))
+        return bool(self.waiting or self.embedder.waiting or self.preempt.has_work or any(s.busy for s in self.slots))
 
     def stats(self) -> wire.Stats:
         return wire.Stats(slots_busy=sum(1 for s in self.slots if s.busy), slots_total=len(self.slots),
-                          waiting=len(self.waiting) + len(self.embed_waiting), rss_bytes=rss_bytes(),
+                          waiting=len(self.waiting) + len(self.embedder.waiting), rss_bytes=rss_bytes(),
                           model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes + self.vision.kv_bytes,
                           tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt,
                           slots=slot_states(self.slots, self.m.n_ctx_slot), spec_drafted=self.spec.drafted,
@@ -177,8 +176,7 @@ class Engine:
             sampling.free_sampler(job.grammar)
             job.grammar = None
             self.out.append(wire.RequestFailed(job.req.id, "internal", message))
-        self.out += [wire.RequestFailed(r.id, "internal", message) for r, _ in self.embed_waiting]
-        self.embed_waiting.clear()
+        self.out += self.embedder.fail_waiting(message)
         return self.take_output()
 
     def take_output(self) -> list[Outgoing]:
@@ -237,15 +235,9 @@ class Engine:
         requested = job.grammar is not None
         slot.features = tuple(f for f in self.features if f.admitted(slot, job))  # may take the grammar (reasoning)
         grammar, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
-        seed = sampling.resolve_seed(p, self.settings.seed)
-        slot.sampler = sampling.slot_sampler(p, n_vocab=self.m.n_vocab, seed=seed,
-                                             eog_tokens=self.tok.eog_tokens if p.ignore_eos else [],
-                                             prompt_tail=job.tokens, grammar=grammar)
-        template_stops: list[str] = []
-        if req.messages is not None and self.template is not None and not p.ignore_eos and not requested:
-            template_stops = list(self.template.stop_strings)
-        slot.out = slot_output(req, list(p.stop), requests.tool_parser(req), template_stops=template_stops,
-                               reasoning=slot.reasoning)
+        chat = req.messages is not None and self.template is not None and not p.ignore_eos and not requested
+        equip(slot, job, grammar, self.tok, default_seed=self.settings.seed,
+              template_stops=self.template.stop_strings if chat and self.template is not None else ())
         self.spec.start(slot, req)
         slot.echo_logprobs = [wire.TokenLogprob(self.tok.prompt_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
@@ -257,8 +249,10 @@ class Engine:
 
     def step(self) -> list[Outgoing]:
         """Run one decode over all busy slots; return the messages it produced."""
-        if self.embed_waiting:
-            self._run_embeddings()
+        if self.embedder.waiting:  # embeddings and reranks, between generation steps, in shared decodes
+            answers, n_tokens = self.embedder.run_waiting()
+            self.out += answers
+            self.tokens_prompt += n_tokens
         self.preempt.admit()  # paused requests resuming go first
         self._admit()
         turn = self.slots
@@ -383,13 +377,3 @@ class Engine:
         self.out.append(fin)
         self._by_id.pop(job.req.id, None)
         release(slot)
-
-    # ------------------------------------------------------------------ embeddings
-
-    def _run_embeddings(self) -> None:
-        """Embeddings and reranks run between generation steps, all waiting ones' inputs in shared decodes."""
-        reqs = [r for r, _ in self.embed_waiting]
-        self.embed_waiting.clear()
-        answers, n_tokens = self.embedder.run(reqs)
-        self.out.extend(answers)
-        self.tokens_prompt += n_tokens

@@ -5,12 +5,12 @@ A feature that is off is not in it, so it costs nothing per step."""
 from __future__ import annotations
 
 from corral import wire
-from corral.worker.lora import LoraAdapters
-from corral.worker.prompt_cache import PromptCache
-from corral.worker.reasoning_step import ReasoningFeature
+from corral.worker.lora.adapters import LoraAdapters
+from corral.worker.cache.prompt_cache import PromptCache
+from corral.worker.reasoning.feature import ReasoningFeature
 from corral.worker.slots import StepFeature
 from corral.worker.time_limit.feature import TimeLimitFeature
-from corral.worker.vision_prefill import VisionSteps
+from corral.worker.vision.steps import VisionSteps
 
 __all__ = ["step_features"]
 

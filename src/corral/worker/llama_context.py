@@ -10,7 +10,7 @@ model's).
 logged during that call only. The log callback (``init_backend``) keeps warnings and errors
 (``log_lines``) and every buffer line (``buffer_lines``: the model's load reports its weights'
 and its context's from them); ``aborting`` silences the error lines of a decode aborted on
-purpose (worker/urgent.py).
+purpose (worker/preempt/urgent.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker.devices import logged_buffers
+from corral.worker.host.devices import logged_buffers
 
 __all__ = ["GGML_TYPES", "ContextFailed", "aborting", "buffer_lines", "context_params", "init_backend",
            "log_callback", "log_lines", "open_context"]
@@ -38,7 +38,7 @@ log_lines: collections.deque[str] = collections.deque(maxlen=20)
 buffer_lines: collections.deque[str] = collections.deque(maxlen=64)  # llama.cpp's "... buffer size = X MiB"
 _captures: list[list[str]] = []  # the buffer lines of the contexts being opened (open_context)
 _log_verbose = False
-aborting = [False]  # True while a decode may be aborted on purpose (worker/urgent.py): its error lines are not errors
+aborting = [False]  # True while a decode may be aborted on purpose (worker/preempt/urgent.py): its error lines are not errors
 _ABORT_LINES = ("failed with error 1", "compute status: 1", "ret = 2")  # GGML_STATUS_ABORTED, llama_decode's 2
 
 
@@ -58,7 +58,7 @@ def _log_message(level: int, text: bytes | None, _user: ctypes.c_void_p) -> None
         for lines in _captures:
             lines.append(line.rstrip())
     if level == 4 and aborting[0] and line.rstrip().endswith(_ABORT_LINES):
-        return  # a decode aborted on purpose (worker/urgent.py), not an error
+        return  # a decode aborted on purpose (worker/preempt/urgent.py), not an error
     if _log_verbose or level == 4:
         sys.stderr.write(line)
 

@@ -22,7 +22,7 @@ from corral.batch_rows import outputs_max
 from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, has_side_context, placement,
                             plan_fit, read_layout)
 from corral.gpu_split import split_weights
-from corral.worker.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
+from corral.worker.host.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
 from corral.worker.llama_context import ContextFailed, context_params, open_context
 from corral.worker.llama_context import buffer_lines as _buffer_lines
 from corral.worker.llama_context import init_backend as _init_backend

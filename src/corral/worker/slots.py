@@ -32,8 +32,9 @@ needs ``paused``/``resumed``.
 
 The recipe ("adding a step feature", docs/architecture.md): a folder
 ``corral/worker/<feature>/`` with the subclass, its state's field on ``Slot``, one line in
-``engine.step_features``, the request field in ``corral.wire`` (and the dialects that take
-it), a test in ``tests/worker/``. No other feature's files change.
+``features.step_features``, its modules on a floor of ``WORKER_FLOORS`` (tests/test_layout.py:
+a state below this module, the feature above it), the request field in ``corral.wire`` (and the
+dialects that take it), a test in ``tests/worker/``. No other feature's files change.
 """
 
 from __future__ import annotations
@@ -46,17 +47,20 @@ from typing import ClassVar
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import sampling
+from corral.worker.sampling import sampler as sampling
 from corral.worker.failures import RequestRejected
-from corral.worker.lora_key import BASE, LoraKey
+from corral.worker.lora.state import BASE, LoraKey
 from corral.worker.model import LoadedModel
-from corral.worker.reasoning import ReasoningPlan, SlotReasoning
-from corral.worker.slot_output import SlotOutput
+from corral.worker.reasoning.plan import ReasoningPlan, SlotReasoning
+from corral.worker.output.infill import slot_output
+from corral.worker.output.slot_output import SlotOutput
+from corral.worker.prompt.requests import tool_parser
+from corral.worker.tokens import Tokenizer
 from corral.worker.speculation.state import SlotSpec
 from corral.worker.time_limit.state import TimeLimit
 
 __all__ = ["CELL_FIELDS", "Job", "Slot", "StepFeature", "Batch", "begin", "check_params", "finished_message", "release", "reuse_len",
-           "aborted_in_queue", "free_samplers", "overrides", "pick_slot", "slot_states"]
+           "aborted_in_queue", "equip", "free_samplers", "overrides", "pick_slot", "slot_states"]
 
 
 @dataclass(eq=False)
@@ -65,8 +69,8 @@ class Job:
     tokens: list[int]
     t_submit: float
     grammar: ll.llama_sampler_p | None = None  # owned until a slot's sampler takes it
-    reasoning: ReasoningPlan | None = None  # how its thinking runs (worker/reasoning.py)
-    lora: LoraKey = BASE  # the adapter set it runs with (worker/lora.py)
+    reasoning: ReasoningPlan | None = None  # how its thinking runs (worker/reasoning/plan.py)
+    lora: LoraKey = BASE  # the adapter set it runs with (worker/lora/adapters.py)
 
 
 @dataclass(eq=False)
@@ -100,7 +104,7 @@ class Slot:
 
 
 # a slot's cell fields: its KV cells and what they were computed under; every other field is
-# the request's, and moves with it when it is paused (worker/preempt.py)
+# the request's, and moves with it when it is paused (worker/preempt/preemption.py)
 CELL_FIELDS = ("index", "cached", "tenant", "lora")
 
 
@@ -173,6 +177,18 @@ def begin(slot: Slot, job: Job, reuse: int, room: int, now: float, default_max: 
     slot.logprobs = job.req.logprobs
     slot.t_start = now
     slot.t_first = 0.0
+
+
+def equip(slot: Slot, job: Job, grammar: ll.llama_sampler_p | None, tok: Tokenizer, *, default_seed: int | None,
+          template_stops: Iterable[str] = ()) -> None:
+    """Give ``slot`` (``begin`` done, the step features admitted) the sampler ``job`` draws
+    with, which owns ``grammar``, and its output (``template_stops``: the chat template's)."""
+    p = job.req.params
+    slot.sampler = sampling.slot_sampler(p, n_vocab=tok.n_vocab, seed=sampling.resolve_seed(p, default_seed),
+                                         eog_tokens=tok.eog_tokens if p.ignore_eos else [],
+                                         prompt_tail=job.tokens, grammar=grammar)
+    slot.out = slot_output(job.req, list(p.stop), tool_parser(job.req), template_stops=list(template_stops),
+                           reasoning=slot.reasoning)
 
 
 def check_params(p: wire.SamplingParams) -> None:

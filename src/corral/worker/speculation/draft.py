@@ -48,7 +48,7 @@ from corral.draft_fit import draft_needs, draft_path, draft_settings
 from corral.gpu_fit import DEFAULT_MARGIN_BYTES, GGUFError, read_layout
 from corral.worker.llama_context import ContextFailed, context_params, open_context
 from corral.worker.model import LoadedModel, ModelLoadError, check_gguf_file, free_context_and_model, model_meta
-from corral.worker.sampling import logits_at
+from corral.worker.sampling.sampler import logits_at
 from corral.worker.slots import Batch, Slot
 from corral.worker.speculation.speculator import FAILS_BEFORE_PAUSE, MAX_PAUSE, Speculator
 

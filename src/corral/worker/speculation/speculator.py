@@ -47,11 +47,11 @@ import numpy.typing as npt
 
 from corral import wire
 from corral.worker.model import LoadedModel
-from corral.worker.sample_pool import Drawn
+from corral.worker.sampling.pool import Drawn
 from corral.worker.slots import Batch, Slot
 from corral.worker.speculation.cost import StepCosts, best_length
 from corral.worker.speculation.state import PAUSE_STEPS, SlotSpec
-from corral.worker.vision_mrope import kv_pos
+from corral.worker.vision.mrope import kv_pos
 
 __all__ = ["Speculator", "SlotSpec", "find_draft", "NGRAM_MAX", "NGRAM_MIN", "PAUSE_STEPS"]
 

@@ -10,7 +10,7 @@ tool-call parser and detokenizer (``SlotOutput``), the reasoning split and budge
 (``SlotReasoning``), every step feature's state (one field of the slot each: speculation's,
 the time limit's, ...), and the counters (tokens generated, limits, timings): the slot's
 request fields, every field but ``slots.CELL_FIELDS``, moved as they are. Its KV, the cells of the tokens in ``slot.cached``, is saved into the worker's
-host-RAM store (``worker/kv_store.py``) as a pinned entry; where the store has no room it
+host-RAM store (``worker/cache/kv_store.py``) as a pinned entry; where the store has no room it
 is dropped, and recomputed on resume before the slot joins the next batch (the prompt
 in batches, from any prefix a free slot still holds, then one decode per token generated
 so far: the shapes they were first decoded in, so the KV is the same; a stall of the
@@ -39,19 +39,19 @@ from typing import Protocol
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import sampling
-from corral.worker.kv_store import HostKVStore, restore_seq, save_seq
+from corral.worker.sampling import sampler as sampling
+from corral.worker.cache.kv_store import HostKVStore, restore_seq, save_seq
 from corral.worker.model import LoadedModel
-from corral.worker.lora import LoraAdapters
-from corral.worker.lora_key import BASE, LoraKey
+from corral.worker.lora.adapters import LoraAdapters
+from corral.worker.lora.state import BASE, LoraKey
 from corral.worker.slots import CELL_FIELDS, Batch, Job, Slot, aborted_in_queue, finished_message, pick_slot, release
 from corral.worker.speculation.speculator import Speculator
-from corral.worker.urgent import UrgentStarts
+from corral.worker.preempt.urgent import UrgentStarts
 from corral.worker.speculation.draft import DraftSpeculator
 
 __all__ = ["Preemption", "PausedJob", "store_key"]
 
-log = logging.getLogger("corral.worker.preempt")
+log = logging.getLogger("corral.worker.preempt.preemption")
 
 # a slot's request fields: what moves with a paused request (the rest are its cells')
 _KEPT_FIELDS = [f.name for f in fields(Slot) if f.name not in CELL_FIELDS]
@@ -83,7 +83,7 @@ class PausedJob:
     tokens: list[int]  # the tokens whose KV it had, at positions 0..len-1
     kept_kv: bool
     since: float
-    lora_key: LoraKey = BASE  # the adapter set its KV was computed under (worker/lora.py)
+    lora_key: LoraKey = BASE  # the adapter set its KV was computed under (worker/lora/adapters.py)
 
 
 class Preemption:
@@ -166,7 +166,7 @@ class Preemption:
     def _into(self, p: PausedJob, free: list[Slot]) -> None:
         e, m = self.e, self.e.m
         entry = self.store.pop(store_key(p.job.req.id))
-        key = p.lora_key  # only a slot of its adapter set serves its cells (worker/lora.py)
+        key = p.lora_key  # only a slot of its adapter set serves its cells (worker/lora/adapters.py)
         tenant = p.job.req.cache_tenant  # and only one of its cache tenant
         same = [s for s in free if s.lora == key and s.tenant == tenant]
         slot = next((s for s in same if s.cached == p.tokens), None)

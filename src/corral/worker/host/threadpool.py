@@ -20,7 +20,7 @@ import logging
 
 import llama_cpp as ll
 
-from corral.worker.devices import llama_cpp_lib
+from corral.worker.host.devices import llama_cpp_lib
 
 __all__ = ["POLL", "ThreadPool", "attach"]
 

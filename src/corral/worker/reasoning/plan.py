@@ -1,6 +1,6 @@
 """Reasoning in the worker's step: what a request asks (thinking on or off, its budget),
 how the prompt left the thinking (opened, closed, neither), and per slot the split of
-each generated piece (``worker/split.py``), the budget and the tokens the worker forces.
+each generated piece (``worker/reasoning/split.py``), the budget and the tokens the worker forces.
 
 At prepare (``wanted`` -> template variables -> ``plan``):
 
@@ -38,7 +38,7 @@ import llama_cpp as ll
 from corral import wire
 from corral.reasoning_format import HARMONY, ReasoningFormat
 from corral.worker.failures import RequestRejected
-from corral.worker.split import HarmonySplitter, Splitter, TagSplitter
+from corral.worker.reasoning.split import HarmonySplitter, Splitter, TagSplitter
 
 __all__ = ["Thinking", "ReasoningPlan", "SlotReasoning", "wanted", "template_vars", "plan"]
 

@@ -35,22 +35,31 @@ import os
 import struct
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import llama_cpp as ll
 import msgspec
 
 from corral import wire
-from corral.worker.cache_disk import model_key
-from corral.worker.kv_store import restore_seq, save_seq
+from corral.worker.cache.disk import model_key
+from corral.worker.cache.kv_store import restore_seq, save_seq
 
 if TYPE_CHECKING:
-    from corral.worker.engine import Engine
+    from corral.worker.model import LoadedModel
     from corral.worker.slots import Slot
 
 __all__ = ["SlotFiles", "SEQ_MAGIC", "SEQ_VERSION", "SIDECAR_FORMAT"]
 
-log = logging.getLogger("corral.worker.slot_files")
+
+class Engine(Protocol):
+    """What this needs of the engine (``corral.worker.engine.Engine``, a floor above): its
+    settings, model and slots."""
+
+    settings: wire.WorkerSettings
+    m: LoadedModel
+    slots: list[Slot]
+
+log = logging.getLogger("corral.worker.cache.slot_files")
 
 SEQ_MAGIC = 0x67677371  # 'ggsq', LLAMA_STATE_SEQ_MAGIC
 SEQ_VERSION = 3  # LLAMA_STATE_SEQ_VERSION of the llama.cpp we build on
@@ -165,7 +174,7 @@ class SlotFiles:
         data = _HEAD.pack(SEQ_MAGIC, SEQ_VERSION, len(tokens)) + array.array("i", tokens).tobytes() + state
         meta = json.dumps({"format": SIDECAR_FORMAT, "identity": self.identity(), "n_tokens": len(tokens),
                            "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                           # the adapter set the cells were computed under (worker/lora.py)
+                           # the adapter set the cells were computed under (worker/lora/adapters.py)
                            "lora_key": [list(x) for x in slot.lora],
                            "tenant": slot.tenant}).encode()  # whose cells: only its requests reuse them
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """A LoRA adapter set as data (``LoraKey``): what a request runs with (``Job.lora``) and what
 a slot's cells were computed under (``Slot.lora``, a cell field). Below ``corral.worker.slots``;
-the adapters themselves are ``corral.worker.lora``."""
+the adapters themselves are ``corral.worker.lora.adapters``."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import llama_cpp.mtmd_cpp as mtmd
 
-from corral.worker.vision import ImageSpan, VisionTokens
+from corral.worker.vision.projector import ImageSpan, VisionTokens
 
 __all__ = ["N_POS_PER_EMBD", "kv_pos", "write_positions"]
 

@@ -1,14 +1,14 @@
 """What a generating slot sends: token pieces -> whole characters -> [thinking | answer
-split, worker/reasoning.py] -> the answer's stop-string holdback -> tool-call parsing ->
+split, worker/reasoning/plan.py] -> the answer's stop-string holdback -> tool-call parsing ->
 ``wire.Delta`` (the thinking in ``reasoning``; with the tokens' logprobs, for requests that
 asked). One per running request; pure Python, no llama.cpp."""
 
 from __future__ import annotations
 
 from corral import wire
-from corral.worker.detokenize import StopMatcher, Utf8Stream
-from corral.worker.reasoning import SlotReasoning
-from corral.worker.toolcalls import ToolCallParser
+from corral.worker.output.detokenize import StopMatcher, Utf8Stream
+from corral.worker.reasoning.plan import SlotReasoning
+from corral.worker.output.toolcalls import ToolCallParser
 
 __all__ = ["SlotOutput"]
 

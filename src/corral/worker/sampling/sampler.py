@@ -8,7 +8,7 @@ greedy, else top_k, top_p, min_p, temperature, dist(seed).
 Two ways to sample a slot:
 
 - plain (no grammar, ``SlotSampler``): the whole chain, in C, over the short candidate list of
-  worker/candidates.py (top-k and greedy chains without penalties), else one
+  worker/sampling/candidates.py (top-k and greedy chains without penalties), else one
   ``llama_sampler_sample`` over the whole vocabulary.
 - with a grammar (``GrammarSampler``): the way llama.cpp's common sampler does it.
   Sample WITHOUT the grammar first (over the short list where the chain allows), then
@@ -45,7 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from corral import wire
-from corral.worker.candidates import MAX_K, ShortList
+from corral.worker.sampling.candidates import MAX_K, ShortList
 
 __all__ = ["make_sampler", "free_sampler", "resolve_seed", "SlotSampler", "GrammarSampler", "Sampler",
            "slot_sampler", "token_logprobs", "logits_at", "Logits", "BAN"]
@@ -53,7 +53,7 @@ __all__ = ["make_sampler", "free_sampler", "resolve_seed", "SlotSampler", "Gramm
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 BAN = -100.0  # a logit_bias at or below this bans the token (-inf), as OpenAI documents
 _RESAMPLE_TOPS = (1024, 16384)  # candidates a grammar resample tries before the whole vocabulary
-_SHORT_RESAMPLE_TOPS = (64, 1024)  # the same from a short list (worker/candidates.py), 64 first
+_SHORT_RESAMPLE_TOPS = (64, 1024)  # the same from a short list (worker/sampling/candidates.py), 64 first
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
 
@@ -116,7 +116,7 @@ def _prime(chain: ll.llama_sampler_p, p: wire.SamplingParams, n_vocab: int, prom
     if _has_penalties(p):
         keep = n_vocab if p.repeat_last_n < 0 else p.repeat_last_n
         for t in prompt_tail[-keep:]:
-            if t >= 0:  # an image's positions (negative pseudo-ids, worker/vision.py) are no tokens
+            if t >= 0:  # an image's positions (negative pseudo-ids, worker/vision/projector.py) are no tokens
                 ll.llama_sampler_accept(chain, t)
 
 
@@ -162,7 +162,7 @@ def token_logprobs(logits: Logits, token: int, k: int, piece: Callable[[int], by
 
 
 def _short_list(p: wire.SamplingParams, n_vocab: int, eog_tokens: list[int], k: int | None = None) -> ShortList | None:
-    """A short candidate list (worker/candidates.py) for chains that can use one: for the
+    """A short candidate list (worker/sampling/candidates.py) for chains that can use one: for the
     chain's own top-k, or for a top-``k`` in front of a grammar."""
     if _has_penalties(p) or not (p.temperature <= 0.0 or 0 < p.top_k <= MAX_K):
         return None

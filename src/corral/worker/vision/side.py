@@ -60,7 +60,7 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker.llama_context import ContextFailed, context_params, open_context
-from corral.worker.kv_store import restore_seq, save_seq
+from corral.worker.cache.kv_store import restore_seq, save_seq
 from corral.worker.model import LoadedModel
 
 __all__ = ["BESIDE_NICE", "BESIDE_THREAD", "ImageThreads", "SideContext", "SideUnsupported", "restream",

@@ -13,7 +13,7 @@ decode threads to the cores left, between 1 and the configured number:
 Two busy workers on 2 cores thus settle at 1 thread each; a worker alone gets all it was
 given. Not on Linux (no /proc): the configured number, unchanged. ``free_cores`` (the same
 estimate, not capped by the configured number) caps the threads that sample a step
-(worker/sample_pool.py): they run between decodes, on the cores the decode threads use.
+(worker/sampling/pool.py): they run between decodes, on the cores the decode threads use.
 
 The window is blind to what happened at its end: a worker that sat idle next to a busy
 one has settled on fewer threads, and when its neighbour goes quiet and a request comes,
@@ -43,7 +43,7 @@ from collections.abc import Callable
 
 __all__ = ["ThreadGovernor", "cpu_jiffies", "parent_running", "runnable_threads"]
 
-log = logging.getLogger("corral.worker.cpu")
+log = logging.getLogger("corral.worker.host.cpu")
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 

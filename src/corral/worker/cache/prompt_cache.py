@@ -35,15 +35,15 @@ import llama_cpp as ll
 
 from corral import cache_files, wire
 from corral.cache_files import CacheFile
-from corral.worker.cache_disk import Candidate, DiskCache, model_key
-from corral.worker.kv_store import HostKVStore, KVEntry, common_prefix, restore_seq, save_seq
-from corral.worker.lora_key import BASE, LoraKey
+from corral.worker.cache.disk import Candidate, DiskCache, model_key
+from corral.worker.cache.kv_store import HostKVStore, KVEntry, common_prefix, restore_seq, save_seq
+from corral.worker.lora.state import BASE, LoraKey
 from corral.worker.model import LoadedModel
 from corral.worker.slots import Job, Slot, StepFeature, reuse_len
 
 __all__ = ["PromptCache", "MIN_SAVE_TOKENS", "MIN_GAIN_TOKENS"]
 
-log = logging.getLogger("corral.worker.prompt_cache")
+log = logging.getLogger("corral.worker.cache.prompt_cache")
 
 MIN_SAVE_TOKENS = 64  # a shorter prefix is cheaper to prefill again than to keep
 MIN_GAIN_TOKENS = 16  # restore only when it serves this many more tokens than the slot does

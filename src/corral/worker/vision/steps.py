@@ -45,16 +45,16 @@ import numpy as np
 
 from corral import wire
 from corral.worker.failures import RequestRejected
-from corral.worker.kv_store import restore_seq, save_seq
+from corral.worker.cache.kv_store import restore_seq, save_seq
 from corral.worker.model import LoadedModel
-from corral.worker import vision_mrope as mrope
+from corral.worker.vision import mrope
 from corral.worker.slots import Job, Slot, StepFeature
-from corral.worker.vision import ImageSpan, Projector, VisionTokens, load_projector
-from corral.worker.vision_side import ImageThreads, SideContext, SideUnsupported
+from corral.worker.vision.projector import ImageSpan, Projector, VisionTokens, load_projector
+from corral.worker.vision.side import ImageThreads, SideContext, SideUnsupported
 
 __all__ = ["EmbdBatch", "VisionSteps", "decode_embd"]
 
-log = logging.getLogger("corral.worker.vision")
+log = logging.getLogger("corral.worker.vision.projector")
 FailSlot = Callable[[Slot, Job, str], None]
 # While other slots generate, image work (on the niced image thread, vision_side.py) gets at
 # least this share of the time: the engine waits for it share / (1 - share) of each step.

@@ -25,7 +25,7 @@ from corral.worker.model import LoadedModel
 
 __all__ = ["model_key", "file_identity", "DiskCache", "Candidate"]
 
-log = logging.getLogger("corral.worker.prompt_cache")
+log = logging.getLogger("corral.worker.cache.prompt_cache")
 
 KEY_FORMAT = 1
 _HEAD_BYTES = 1 << 20  # the file identity hashes its first and last MiB

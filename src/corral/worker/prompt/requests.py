@@ -12,10 +12,10 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker.failures import RequestRejected
-from corral.worker.grammar import GrammarError, init_grammar_sampler, schema_to_gbnf
-from corral.worker.prompts import PromptPreparer
+from corral.worker.sampling.grammar import GrammarError, init_grammar_sampler, schema_to_gbnf
+from corral.worker.prompt.prompts import PromptPreparer
 from corral.worker.tokens import Tokenizer
-from corral.worker.toolcalls import ToolCallParser
+from corral.worker.output.toolcalls import ToolCallParser
 
 __all__ = ["check_tokens", "check_generation_fields", "grammar_text", "grammar_sampler", "tool_parser", "echo_text",
            "tokenize",

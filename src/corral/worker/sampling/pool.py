@@ -28,7 +28,7 @@ What keeps it sound:
 Overlapping the draws with the NEXT decode is not possible: that decode needs the tokens
 of every generating slot, and it overwrites the logits buffer the draws read.
 
-Threads and the governor (worker/cpu.py): draws run only between decodes, while ggml's
+Threads and the governor (worker/host/cpu.py): draws run only between decodes, while ggml's
 decode threads wait, so they use the same cores in turns. ``cap`` is set from the
 governor's count of cores other processes leave free (``ThreadGovernor.free_cores``), so a
 step never runs more draws at once than there are free cores.
@@ -46,8 +46,8 @@ from typing import Literal, TypeVar, cast
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import sampling
-from corral.worker.devices import gpu_devices
+from corral.worker.sampling import sampler as sampling
+from corral.worker.host.devices import gpu_devices
 
 __all__ = ["SamplePool", "Drawn", "draw", "presync", "pool_for", "resolve_sampling_threads", "AUTO_CPU_MAX",
            "AUTO_GPU_MAX"]

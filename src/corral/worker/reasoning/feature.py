@@ -1,5 +1,5 @@
 """Reasoning as a step feature (``StepFeature``, worker/slots.py; the logic is in
-worker/reasoning.py and worker/split.py). Its per-slot state is ``Slot.reasoning``
+worker/reasoning/plan.py and worker/reasoning/split.py). Its per-slot state is ``Slot.reasoning``
 (``SlotReasoning``), so pausing and resuming carry it.
 
 - ``prepare`` (at prepare, any thread; not a step moment): the request's thinking (on/off,
@@ -18,11 +18,12 @@ request has a plan, so a request without thinking pays nothing per token.
 from __future__ import annotations
 
 from corral import reasoning_format, wire
-from corral.worker import reasoning, sampling
+from corral.worker.reasoning import plan as reasoning
+from corral.worker.sampling import sampler as sampling
 from corral.worker.failures import RequestRejected
-from corral.worker.prompts import PromptPreparer
+from corral.worker.prompt.prompts import PromptPreparer
 from corral.worker.slots import Job, Slot, StepFeature
-from corral.worker.templates import ChatTemplate
+from corral.worker.prompt.templates import ChatTemplate
 from corral.worker.tokens import Tokenizer
 
 __all__ = ["ReasoningFeature"]

@@ -24,7 +24,7 @@ runs with (``key_of``, at submit); the one slot picker (``slots.pick_slot``) reu
 prefix only from a slot of the job's own set (another slot's cells are saved by the prompt
 cache, then cleared, when the job starts there; ``PromptCache.admit`` then gives the slot the
 job's set). Anything else that restores KV into a slot compares this key too: the prompt
-cache keys its entries by it (worker/prompt_cache.py), as do slot files and preemption.
+cache keys its entries by it (worker/cache/prompt_cache.py), as do slot files and preemption.
 
 As a step feature (``StepFeature``, worker/slots.py) the adapters implement one moment,
 ``before_batch`` (``turn``); the engine lists them only when the model has adapters.
@@ -42,12 +42,12 @@ import llama_cpp as ll
 from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, ModelLoadError
-from corral.worker.lora_key import BASE, LoraKey
+from corral.worker.lora.state import BASE, LoraKey
 from corral.worker.slots import Slot, StepFeature
 
 __all__ = ["LoraAdapters", "LoraKey", "BASE"]
 
-log = logging.getLogger("corral.worker.lora")
+log = logging.getLogger("corral.worker.lora.adapters")
 
 
 class LoraAdapters(StepFeature):
@@ -161,7 +161,7 @@ class LoraAdapters(StepFeature):
 
     def use(self, key: LoraKey) -> None:
         """Set the context's adapters to ``key``'s set for a decode outside the step's turn
-        (a paused request's KV recomputed: worker/preempt.py)."""
+        (a paused request's KV recomputed: worker/preempt/preemption.py)."""
         if self.specs:
             self._apply(key)
 

@@ -72,7 +72,7 @@ class KVEntry:
     state: bytes
     pinned: bool = False
     pos_min: int = 0  # the lowest position the state holds (sliding-window layers keep the last window)
-    lora: tuple[tuple[int, float], ...] = ()  # the LoRA adapter set its KV was computed under (worker/lora.py)
+    lora: tuple[tuple[int, float], ...] = ()  # the LoRA adapter set its KV was computed under (worker/lora/adapters.py)
     tenant: str = ""  # the cache tenant whose request computed it (wire.GenerateRequest.cache_tenant)
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)

@@ -25,11 +25,11 @@ from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel
 from corral.worker.tokens import Tokenizer
-from corral.worker.embed_context import EmbedContext, open_embed_context
+from corral.worker.embed.context import EmbedContext, open_embed_context
 
 __all__ = ["EmbedContext", "Embedder", "rerank_tokens"]
 
-log = logging.getLogger("corral.worker.embed")
+log = logging.getLogger("corral.worker.embed.embedder")
 
 
 def rerank_tokens(m: LoadedModel, tok: Tokenizer, query: str, doc: str) -> list[int]:
@@ -58,13 +58,15 @@ def rerank_tokens(m: LoadedModel, tok: Tokenizer, query: str, doc: str) -> list[
 
 
 class Embedder:
-    """Answers EmbedRequests for an engine (``check`` on submit, ``run`` between steps)."""
+    """Answers EmbedRequests for an engine: ``submit`` queues one (checked), ``run_waiting``
+    answers the queue between steps."""
 
     def __init__(self, m: LoadedModel, tok: Tokenizer, settings: wire.WorkerSettings) -> None:
         self.m = m
         self.tok = tok
         self.settings = settings
         self.ec: EmbedContext | None = None
+        self.waiting: list[wire.EmbedRequest] = []  # checked, answered at the next step
         if m.embedding:
             n_out = ll.llama_model_n_cls_out(m.model) if m.pooling == ll.LLAMA_POOLING_TYPE_RANK \
                 else ll.llama_model_n_embd(m.model)
@@ -88,6 +90,20 @@ class Embedder:
         if not req.inputs:
             raise RequestRejected("invalid_request", "input must not be empty")
         return req
+
+    def submit(self, req: wire.EmbedRequest) -> None:
+        """Queue ``req`` for the next step (RequestRejected if this model cannot answer it)."""
+        self.waiting.append(self.check(req))
+
+    def run_waiting(self) -> tuple[list[wire.Embeddings | wire.RequestFailed], int]:
+        """Answer every queued request, all their inputs in shared decodes (``run``)."""
+        reqs, self.waiting = self.waiting, []
+        return self.run(reqs)
+
+    def fail_waiting(self, message: str) -> list[wire.RequestFailed]:
+        """End every queued request with RequestFailed(internal) (the engine failed)."""
+        reqs, self.waiting = self.waiting, []
+        return [wire.RequestFailed(r.id, "internal", message) for r in reqs]
 
     def _context(self) -> EmbedContext:
         if self.ec is None:

@@ -47,11 +47,11 @@ from corral import wire
 from corral.worker import llama_context
 from corral.worker.model import LoadedModel
 from corral.worker.slots import Batch, Slot
-from corral.worker.vision import VisionTokens
+from corral.worker.vision.projector import VisionTokens
 
 __all__ = ["UrgentStarts", "ABORTED", "libc_strlen"]
 
-log = logging.getLogger("corral.worker.urgent")
+log = logging.getLogger("corral.worker.preempt.urgent")
 
 ABORTED = 2  # llama_decode's code for an aborted decode
 PREEMPT_GAP_S = 0.05

@@ -31,7 +31,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from corral import wire
-from corral.worker.tool_prompt import generic_tool_messages, uses_tool_fields
+from corral.worker.prompt.tool_prompt import generic_tool_messages, uses_tool_fields
 
 __all__ = ["TemplateError", "ChatTemplate", "JinjaTemplate", "PlainTemplate", "choose_template", "render_chat"]
 
@@ -51,7 +51,7 @@ class ChatTemplate(Protocol):
     supports_tools: bool
 
     # The template's text ("" for the plain prompt): where it takes variables such as
-    # enable_thinking, the worker sets them (worker/reasoning.py).
+    # enable_thinking, the worker sets them (worker/reasoning/plan.py).
     source: str
     # Whether it renders a system message where it stands (after a user turn and after an
     # assistant turn); if not, later system messages join the first (``render_chat``).

@@ -14,20 +14,27 @@ than the slot holds. Below that bound it is tokenized and the exact count decide
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import llama_cpp as ll
 
 from corral import wire
 from corral.worker.failures import RequestRejected
-from corral.worker.infill import infill_tokens
+from corral.worker.output.infill import infill_tokens
 from corral.worker.model import LoadedModel
-from corral.worker.reasoning import ReasoningPlan
-from corral.worker.templates import ChatTemplate, TemplateError, choose_template, render_chat
+from corral.worker.reasoning.plan import ReasoningPlan
+from corral.worker.prompt.templates import ChatTemplate, TemplateError, choose_template, render_chat
 from corral.worker.tokens import Tokenizer
 
 if TYPE_CHECKING:
-    from corral.worker.vision_prefill import VisionSteps
+    from corral.worker.vision.projector import VisionTokens
+
+
+class ImageTokenizer(Protocol):
+    """What prompts need of the engine's images (``vision.steps.VisionSteps``, a floor above)."""
+
+    def tokenize(self, text: str, images: list[bytes], *, add_special: bool) -> VisionTokens: ...
+
 
 __all__ = ["PreparedRequest", "PromptPreparer", "model_template"]
 
@@ -60,13 +67,13 @@ class PromptPreparer:
     def __init__(self, tok: Tokenizer, template: ChatTemplate | None, template_error: str | None,
                  n_ctx_slot: int, *, model_id: str = "", n_batch: int = 512) -> None:
         self.model_id = model_id
-        self.n_batch = n_batch  # infill: prefix and suffix fit one batch (worker/infill.py)
+        self.n_batch = n_batch  # infill: prefix and suffix fit one batch (worker/output/infill.py)
         self.tok = tok
         self.template = template
         self.template_error = template_error
         self.n_ctx_slot = n_ctx_slot
         self._max_piece: int | None = None
-        self.vision: VisionSteps | None = None  # the engine's images (vision_prefill.py)
+        self.vision: ImageTokenizer | None = None  # the engine's images (worker/vision/steps.py)
 
     def max_piece_bytes(self) -> int:
         """The longest token text in bytes (computed once, when first needed)."""
@@ -137,7 +144,7 @@ class PromptPreparer:
         return self._check_length(tokens), text
 
     def _tokenize(self, text: str, images: list[bytes], *, add_special: bool) -> list[int]:
-        """Text alone, or text and its images (worker/vision.py: image positions as pseudo-ids)."""
+        """Text alone, or text and its images (worker/vision/projector.py: image positions as pseudo-ids)."""
         if not images:
             return self.tok.tokenize(text, add_special=add_special)
         if self.vision is None:

@@ -24,10 +24,10 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker.failures import RequestRejected
-from corral.worker.reasoning import SlotReasoning
-from corral.worker.slot_output import SlotOutput
+from corral.worker.reasoning.plan import SlotReasoning
+from corral.worker.output.slot_output import SlotOutput
 from corral.worker.tokens import Tokenizer
-from corral.worker.toolcalls import ToolCallParser
+from corral.worker.output.toolcalls import ToolCallParser
 
 __all__ = ["InfillOutput", "fim_missing", "infill_tokens", "slot_output"]
 
