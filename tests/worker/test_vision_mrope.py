@@ -145,7 +145,7 @@ def test_wrong_positions_differ(qengine: Engine) -> None:
     prompt, img = f"the picture {M} caption: the", [picture(5)]
     right = reference(qengine, prompt, img)
     qengine.submit(qengine.prepare(raw("w", prompt, *img)))
-    toks = qengine._by_id["w"].tokens
+    toks = qengine.jobs["w"].tokens
     assert isinstance(toks, VisionTokens)
     toks.images[0].n_pos = toks.images[0].n_tokens
     _, _, deltas = run_engine(qengine, [])

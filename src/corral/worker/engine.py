@@ -79,8 +79,8 @@ class Engine:
         self.slots = [Slot(i) for i in range(self.m.n_slots)]
         self.waiting: deque[Job] = deque()
         self.out: list[Outgoing] = []
-        self._batch = Batch(self.m.n_batch)
-        self._by_id: dict[str, Job] = {}
+        self.batch = Batch(self.m.n_batch)  # the step's batch (preemption's recomputes use it between steps)
+        self.jobs: dict[str, Job] = {}  # every accepted request not yet ended, by id (paused ones too)
         self.tokens_generated = 0
         self.tokens_prompt = 0
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
@@ -107,14 +107,14 @@ class Engine:
             if isinstance(req, wire.TokenizeRequest):
                 self.out.append(requests.tokenize(self.tok, req, self.prompts))
                 return
-            if req.id in self._by_id:
+            if req.id in self.jobs:
                 raise RequestRejected("invalid_request", f"request id {req.id!r} is already in use")
             if prepared is None:
                 prepared = self.prepare(req)
             job = Job(req, prepared.tokens, time.perf_counter(), reasoning=prepared.reasoning,
                       lora=self.lora.key_of(req))
             job.grammar = requests.grammar_sampler(self.m.vocab, prepared.gbnf)
-            self._by_id[req.id] = job
+            self.jobs[req.id] = job
             self.waiting.append(job)
         except RequestRejected as exc:
             self.out.append(wire.RequestFailed(req.id, exc.code, exc.message))
@@ -124,7 +124,7 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         """Free the request's slot (or drop it from the queue) and answer Finished(abort)."""
-        job = self._by_id.get(request_id)
+        job = self.jobs.get(request_id)
         if job is None or self.preempt.abort(request_id):
             return
         for slot in self.slots:
@@ -132,7 +132,7 @@ class Engine:
                 self._finish(slot, "abort")
                 return
         self.waiting.remove(job)
-        del self._by_id[request_id]
+        del self.jobs[request_id]
         sampling.free_sampler(job.grammar)
         job.grammar = None
         self.out.append(aborted_in_queue(job, time.perf_counter()))
@@ -172,7 +172,7 @@ class Engine:
         self.preempt.fail_all(message)
         while self.waiting:
             job = self.waiting.popleft()
-            self._by_id.pop(job.req.id, None)
+            self.jobs.pop(job.req.id, None)
             sampling.free_sampler(job.grammar)
             job.grammar = None
             self.out.append(wire.RequestFailed(job.req.id, "internal", message))
@@ -258,9 +258,9 @@ class Engine:
         turn = self.slots
         for f in self._before_batch:  # images' encodes and pieces; the slots of one adapter set, in turn
             turn = f.before_batch(turn)
-        b = self._batch
+        b = self.batch
         urgent = self.preempt.urgent  # urgent.py: a request that preempted a slot first; an aborted decode undone
-        undo, (decoding, prompts) = urgent.before(turn), urgent.plan(turn, self._by_id, b.cap)
+        undo, (decoding, prompts) = urgent.before(turn), urgent.plan(turn, self.jobs, b.cap)
         n, outputs = self.spec.fill(b, decoding, self.m)  # pending tokens and drafts (speculation/)
         echo_chunks: list[EchoChunk] = []
         n = fill_prompt_chunks(b, prompts, n, outputs, echo_chunks)  # prefill.py
@@ -298,7 +298,7 @@ class Engine:
         """End ``job``, running (or starting) in ``slot``, with RequestFailed(internal); the others
         go on. The slot is freed with its samplers (and the job's grammar, if no sampler took it)
         and its cache cleared (not trusted after a failure), unless it holds another job."""
-        self._by_id.pop(job.req.id, None)
+        self.jobs.pop(job.req.id, None)
         sampling.free_sampler(job.grammar)
         job.grammar = None
         if slot.job is job or slot.job is None:
@@ -375,5 +375,5 @@ class Engine:
         for f in slot.features:
             f.finished(slot, fin)
         self.out.append(fin)
-        self._by_id.pop(job.req.id, None)
+        self.jobs.pop(job.req.id, None)
         release(slot)

@@ -72,8 +72,8 @@ class Engine(Protocol):
     spec: Speculator
     lora: LoraAdapters
     tokens_prompt: int
-    _by_id: dict[str, Job]
-    _batch: Batch
+    jobs: dict[str, Job]
+    batch: Batch
 
 
 @dataclass(eq=False)
@@ -102,7 +102,7 @@ class Preemption:
 
     def pause(self, request_id: str) -> wire.Paused:
         e = self.e
-        job = e._by_id.get(request_id)
+        job = e.jobs.get(request_id)
         if job is None or request_id in self.paused:
             return wire.Paused(id=request_id, paused=False)
         slot = next((s for s in e.slots if s.job is job), None)
@@ -203,7 +203,7 @@ class Preemption:
         slot.cached = list(tokens[:reuse])
         if reuse < len(tokens):
             self.recomputed += 1
-        b = self.e._batch
+        b = self.e.batch
         pos = reuse
         while pos < len(tokens):
             n = min(b.cap, n_prompt - pos) if pos < n_prompt else 1
@@ -229,7 +229,7 @@ class Preemption:
         if p in self._resuming:
             self._resuming.remove(p)
         e = self.e
-        e._by_id.pop(request_id, None)
+        e.jobs.pop(request_id, None)
         if p.slot is None:
             sampling.free_sampler(p.job.grammar)
             p.job.grammar = None
@@ -242,7 +242,7 @@ class Preemption:
         return True
 
     def _fail(self, p: PausedJob, message: str) -> None:
-        self.e._by_id.pop(p.job.req.id, None)
+        self.e.jobs.pop(p.job.req.id, None)
         self.store.pop(store_key(p.job.req.id))
         if p.slot is not None:
             release(p.slot)

@@ -54,7 +54,7 @@ from corral.worker.vision.side import ImageThreads, SideContext, SideUnsupported
 
 __all__ = ["EmbdBatch", "VisionSteps", "decode_embd"]
 
-log = logging.getLogger("corral.worker.vision.projector")
+log = logging.getLogger("corral.worker.vision.steps")
 FailSlot = Callable[[Slot, Job, str], None]
 # While other slots generate, image work (on the niced image thread, vision_side.py) gets at
 # least this share of the time: the engine waits for it share / (1 - share) of each step.
