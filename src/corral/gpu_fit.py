@@ -4,7 +4,7 @@ Neutral (imports only ``wire``, ``settings``, ``batch_rows`` and ``gguf_header``
 (``plan_fit``), the router estimates an instance's device memory before it starts
 (``device_need``) with the same math, for placement and the per-device budget.
 
-``plan_fit`` works like llama.cpp's ``--fit``, in this order:
+``plan_fit`` works like llama.cpp's ``--fit``, in this order, each slot first capped at ``n_ctx_train``:
 
 1. Everything on the device(s) with the context asked for, if it fits in each device's
    free memory less a margin. With several devices (a worker pinned to several GPUs) the
@@ -76,6 +76,7 @@ class ModelLayout:
     # no output.weight (tied embeddings, e.g. Gemma): llama.cpp puts a copy of the token
     # embeddings on the output's device as the head
     tied_output_bytes: int = 0
+    n_ctx_train: int = 0  # {arch}.context_length (0: not given); the worker caps each slot at it
 
     @property
     def head_bytes(self) -> int:
@@ -89,6 +90,10 @@ class ModelLayout:
     def kv_sized(self, swa_full: bool) -> ModelLayout:
         """The layout as its KV cache is sized: with ``swa_full`` no layer keeps only a window."""
         return dataclasses.replace(self, sliding_window=0) if swa_full else self
+
+    def trained_ctx(self, ctx_len: int, n_slots: int) -> int:
+        """``ctx_len`` with each slot capped at ``n_ctx_train``, as the worker caps it."""
+        return min(ctx_len, self.n_ctx_train * max(1, n_slots)) if self.n_ctx_train > 0 else ctx_len
 
     def kv_bytes_per_cell(self, type_k: str = "f16", type_v: str = "f16") -> int:
         """K and V of one cell in one layer, for these cache types (``KV_CACHE_TYPES``)."""
@@ -147,7 +152,8 @@ def read_layout(path: str | Path) -> ModelLayout:
                        head_dim_k=head_k, head_dim_v=head_v, n_vocab=n_vocab,
                        layer_bytes=tuple(layers), output_bytes=output, input_bytes=inputs,
                        sliding_window=num("attention.sliding_window"), swa_pattern=pattern,
-                       tied_output_bytes=0 if "output.weight" in tensors else tensors.get("token_embd.weight", 0))
+                       tied_output_bytes=0 if "output.weight" in tensors else tensors.get("token_embd.weight", 0),
+                       n_ctx_train=num("context_length"))
 
 
 class FitError(Exception):
@@ -286,22 +292,23 @@ def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
     s = _Sizes(layout, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in devs]),
                cache_types, outputs, side)
     names = ",".join(d.name for d in devs)
+    want = layout.trained_ctx(ctx_len, s.n_slots)  # ctx_len_asked stays what was asked
 
     def fits(ngl: int, ctx: int) -> bool:
         return all(b == 0 or b <= c for b, c in zip(s.per_device(ngl, ctx), caps))
 
     full = layout.n_layer + 1
     step = _CTX_STEP * s.n_slots
-    floor = min(ctx_len, max(step, ctx_floor_per_slot * s.n_slots))
+    floor = min(want, max(step, ctx_floor_per_slot * s.n_slots))
     notes: list[str] = []
-    ngl, ctx = full, ctx_len
-    if not fits(full, ctx_len):
-        ctx = (ctx_len // step) * step
+    ngl, ctx = full, want
+    if not fits(full, want):
+        ctx = (want // step) * step
         while ctx > floor and not fits(full, ctx):
             ctx -= step
         ctx = max(ctx, floor)
-        if ctx < ctx_len:
-            notes.append(f"context {ctx_len} -> {ctx} cells to fit {names}")
+        if ctx < want:
+            notes.append(f"context {want} -> {ctx} cells to fit {names}")
         if not fits(full, ctx):
             while ngl > 0 and not fits(ngl, ctx):
                 ngl -= 1

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 import msgspec
 from msgspec import Meta
 
-__all__ = ["ModelSettings", "LoraAdapter", "MAX_LORA", "LORA_SCALE_MAX", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX",
+__all__ = ["ModelSettings", "LoraAdapter", "MAX_LORA", "LORA_SCALE_MAX", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX", "DEFAULT_SLOT_CTX",
            "BYTE_FIELDS", "parse_size",
            "setting_names"]
 
@@ -43,6 +43,11 @@ KV_CACHE_TYPES: dict[str, tuple[int, int]] = {
 CacheType = Literal["f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
+# context per slot of a model whose ctx_len is not set (Claude Code's prompts are 19k-28k
+# tokens, Open WebUI's tool definitions 6.4k): capped at the model's n_ctx_train, fitted to
+# memory under n_gpu_layers = "auto" (docs/internals/worker-engine.md, "The slot context")
+DEFAULT_SLOT_CTX = 32768
+MIN_CTX_LEN = 16  # a ctx_len that is set
 MAX_LORA = 32  # adapters per model
 LORA_SCALE_MAX = 100.0  # |scale| of an adapter, in the config and in a request
 
@@ -64,7 +69,10 @@ class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How one model is run. Defaults here are the only defaults."""
 
-    ctx_len: Annotated[int, Meta(ge=16, le=INT32_MAX)] = 4096  # total KV cells; per slot ctx_len // n_parallel
+    # total KV cells; per slot ctx_len // n_parallel. 0 (the default): unset, n_parallel x
+    # DEFAULT_SLOT_CTX; the worker caps a slot at the model's n_ctx_train, and n_gpu_layers =
+    # "auto" shrinks it to fit the GPU or, with no GPU, the host's RAM (worker/fit.py)
+    ctx_len: Annotated[int, Meta(ge=0, le=INT32_MAX)] = 0
     n_parallel: Annotated[int, Meta(ge=1, le=256)] = 4  # slots: sequences decoded together
     instances: Annotated[int, Meta(ge=1, le=64)] = 1  # worker processes of this model
     n_batch: _Positive32 = 512  # max tokens per llama_decode
@@ -151,6 +159,12 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     pinned: bool = False  # never evicted
     load_on_startup: bool = False
 
+    def __post_init__(self) -> None:
+        if 0 < self.ctx_len < MIN_CTX_LEN:  # msgspec's ValidationError, with the key's path
+            raise ValueError(f"Expected `int` >= {MIN_CTX_LEN}, or 0 (unset: {DEFAULT_SLOT_CTX} a slot)")
+        if self.ctx_len == 0:  # not set: sized per slot
+            msgspec.structs.force_setattr(self, "ctx_len", self.n_parallel * DEFAULT_SLOT_CTX)
+
     @classmethod
     def check_partial(cls, values: Mapping[str, Any]) -> dict[str, Any]:
         """Validate some settings (a config table, command-line overrides, a request
@@ -165,7 +179,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             try:
                 if key in BYTE_FIELDS:
                     value = parse_size(value)
-                out[key] = getattr(msgspec.convert({key: value}, cls), key)
+                got = getattr(msgspec.convert({key: value}, cls), key)
+                out[key] = 0 if key == "ctx_len" and value == 0 else got  # unset stays unset until layered
             except ValueError as exc:  # msgspec.ValidationError is one too
                 msg = _strip_path(str(exc))
                 if msg.startswith("Invalid enum value"):

@@ -177,7 +177,7 @@ def test_the_worker_plans_over_every_gpu_it_sees_within_the_routers_budgets() ->
     import msgspec
 
     from corral.store.embedded import embedded_model_path
-    from corral.worker.model import _fit
+    from corral.worker.fit import fit_gpus as _fit
 
     base = {"model_id": "m", "model_path": str(embedded_model_path()), "ctx_len": 32768, "n_parallel": 2,
             "fit_ctx_floor": 512, "gpu_margin_bytes": 0}

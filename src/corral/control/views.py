@@ -64,6 +64,8 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "node": (None if i.placement.node_id is None else
                      {"id": i.placement.node_id, "address": i.placement.node_address}),
             "slots": {"busy": pool.busy(i), "total": i.slots_total},
+            # the context a slot got: ctx_len // n_parallel, capped at n_ctx_train, fitted to memory
+            "n_ctx_slot": i.info.n_ctx_slot if i.info else None,
             "memory": {"model_bytes": rep.model_bytes if rep else None,  # a draft model's included
                        "kv_bytes": rep.kv_bytes if rep else None,
                        "mmproj_bytes": i.info.mmproj_bytes if i.info else None,  # the vision projector

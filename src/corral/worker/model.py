@@ -19,9 +19,9 @@ import msgspec
 
 from corral import reasoning_format, wire
 from corral.batch_rows import outputs_max
-from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, has_side_context, placement,
-                            plan_fit, read_layout)
+from corral.gpu_fit import GGUFError, ModelLayout, has_side_context, placement, read_layout
 from corral.gpu_split import split_weights
+from corral.worker.fit import FitLoadError, fit_gpus, fit_host_ctx, split_gpus
 from corral.worker.host.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
 from corral.worker.llama_context import ContextFailed, context_params, open_context
 from corral.worker.llama_context import buffer_lines as _buffer_lines
@@ -158,7 +158,7 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     _buffer_lines.clear()
 
     devices = list_devices()
-    gpus = _split_gpus(devices)
+    gpus = split_gpus(devices)
     if s.tensor_split and gpus and len(s.tensor_split) > len(gpus):
         raise ModelLoadError(f"tensor_split has {len(s.tensor_split)} entries but this instance sees "
                              f"{len(gpus)} GPU(s) ({', '.join(d.name for d in gpus)}): give one per GPU of devices")
@@ -167,10 +167,14 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     except (GGUFError, OSError, ValueError):
         layout = None  # llama.cpp may still load it; no plan or placement then
     plan: wire.FitPlan | None = None
-    if s.n_gpu_layers == "auto":
-        plan = _fit(s, devices, layout)
-        if plan is not None and plan.ctx_len != s.ctx_len:
-            s = msgspec.structs.replace(s, ctx_len=plan.ctx_len)
+    if s.n_gpu_layers == "auto":  # fitted to the GPUs; with none, the context to the host's RAM
+        try:
+            plan = fit_gpus(s, devices, layout)
+        except FitLoadError as exc:
+            raise ModelLoadError(str(exc)) from exc
+        ctx = plan.ctx_len if plan is not None else fit_host_ctx(s, layout, host_available_bytes())
+        if ctx != s.ctx_len:
+            s = msgspec.structs.replace(s, ctx_len=ctx)
     n_gpu_layers = s.n_gpu_layers if isinstance(s.n_gpu_layers, int) else (plan.n_gpu_layers if plan else 0)
     mparams = ll.llama_model_default_params()
     mparams.n_gpu_layers = n_gpu_layers
@@ -211,11 +215,6 @@ def _gguf_pooling(model: ll.llama_model_p) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
-def _split_gpus(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
-    """The GPUs a fit plan and a ``tensor_split`` are over, in llama.cpp's order."""
-    return [d for d in offload_devices(devices) if d.kind == "gpu"]
-
-
 def _placement(s: wire.WorkerSettings, layout: ModelLayout, m: LoadedModel, offload: list[wire.DeviceInfo],
                weights: list[float] | None, n_gpu_layers: int) -> list[wire.DevicePlacement]:
     """Where the layers and KV went (``ModelInfo.placement``), with the context's real
@@ -223,31 +222,6 @@ def _placement(s: wire.WorkerSettings, layout: ModelLayout, m: LoadedModel, offl
     return placement(layout, gpus=offload, weights=weights, ngl=n_gpu_layers, ctx=ll.llama_n_ctx_seq(m.ctx) * m.n_slots,
                      n_slots=m.n_slots, n_ubatch=ll.llama_n_ubatch(m.ctx), cache_types=(s.cache_type_k, s.cache_type_v),
                      outputs=outputs_max(s, m.n_slots), side=has_side_context(s))
-
-
-def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo],
-         layout: ModelLayout | None = None) -> wire.FitPlan | None:
-    """``n_gpu_layers = "auto"``: the plan over every GPU this worker sees (the ones it was
-    pinned to; llama.cpp splits the layers over all of them), each within the router's
-    share of it when given (None: no GPU). ``layout``: the file's, when already read."""
-    gpus = _split_gpus(devices)
-    if not gpus:
-        return None
-    try:
-        layout = layout or read_layout(s.model_path).kv_sized(s.swa_full)
-    except (GGUFError, OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot plan GPU layers for {s.model_path}: {exc}") from exc
-    margin = DEFAULT_MARGIN_BYTES if s.gpu_margin_bytes is None else s.gpu_margin_bytes
-    budgets = s.gpu_budget_bytes  # the router's share for this instance (others may share the GPUs)
-    limits: list[int | None] = [budgets] if isinstance(budgets, int) else list(budgets or [])
-    try:
-        return plan_fit(layout, devices=gpus, limits=limits, ctx_len=s.ctx_len, n_slots=s.n_parallel,
-                        ctx_floor_per_slot=s.fit_ctx_floor, n_ubatch=min(s.n_batch, 512), margin_bytes=margin,
-                        host_available_bytes=host_available_bytes(), tensor_split=s.tensor_split,
-                        cache_types=(s.cache_type_k, s.cache_type_v), outputs=outputs_max(s, s.n_parallel),
-                        side=has_side_context(s))
-    except FitError as exc:
-        raise ModelLoadError(str(exc)) from exc
 
 
 def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *, gpu_layers: int,

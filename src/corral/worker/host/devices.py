@@ -8,8 +8,9 @@ set by the router before the worker starts, decide which GPUs a worker sees.
 
 Test hook: ``CORRAL_FAKE_DEVICES`` (a JSON list of ``{"name", "backend", "kind",
 "free_bytes", "total_bytes"}``) replaces the inventory, so placement, fit plans and
-per-device budgets are testable on a machine without a GPU. It changes only what is
-reported and planned; the engine still runs where llama.cpp can.
+per-device budgets are testable on a machine without a GPU; a ``"kind": "cpu"`` entry's
+``free_bytes`` stands for the host's ``MemAvailable`` (``host_available_bytes``). It changes
+only what is reported and planned; the engine still runs where llama.cpp can.
 """
 
 from __future__ import annotations
@@ -136,7 +137,12 @@ def offload_devices(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
 
 
 def host_available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None where there is none)."""
+    """MemAvailable from /proc/meminfo (None where there is none; the test inventory's CPU
+    entry, when it has one)."""
+    fake = _fake()
+    cpu = next((d for d in fake or [] if d.kind == "cpu"), None)
+    if cpu is not None:
+        return cpu.free_bytes
     try:
         with open("/proc/meminfo", "rb") as f:
             for line in f:
