@@ -1,5 +1,5 @@
 """The prompt cache's files: one saved prefix per file, written atomically, checked on read.
-The worker writes and reads them (``corral.worker.cache_disk``); ``corral cache ls | clear``
+The worker writes and reads them (``corral.worker.cache.disk``); ``corral cache ls | clear``
 and the router's metrics list them. Imports nothing of corral.
 
     <state_dir>/prompt-cache/<model key>/<token hash>.kv
@@ -7,7 +7,7 @@ and the router's metrics list them. Imports nothing of corral.
     MAGIC (8) | header length (u32 LE) | header (JSON) | tokens (int32 LE each) | KV state | sha256 (32)
 
 The header names the model key (the model file's identity and every load setting that
-changes the KV: ``corral.worker.cache_disk.model_key``), the model id (for people), the
+changes the KV: ``corral.worker.cache.disk.model_key``), the model id (for people), the
 token count, the state's size, the lowest position the state holds (sliding-window
 layers keep only the last window), the LoRA adapter set the KV was computed under
 (``lora``: [[adapter index, scale], ...], [] for none) and the cache tenant whose requests

@@ -54,7 +54,7 @@ LORA_SCALE_MAX = 100.0  # |scale| of an adapter, in the config and in a request
 
 class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A LoRA adapter GGUF of a model (llama-server's ``--lora-scaled FILE SCALE``), loaded
-    once per worker (worker/lora.py). ``id`` names it in requests (as does its position, which
+    once per worker (worker/lora/adapters.py). ``id`` names it in requests (as does its position, which
     is llama-server's integer id); ``scale`` is its default; ``model``: an extra model id that
     is this model with only this adapter at ``scale`` (Ollama's ``ADAPTER``), served by the
     same workers; such an adapter is then off by default for the model's own requests
@@ -88,7 +88,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     fit_ctx_floor: Annotated[int, Meta(ge=16, le=INT32_MAX)] = 1024  # auto: context per slot kept at least
     threads: _Positive32 | None = None  # None: see corral.control.catalog.default_threads
     threads_batch: _Positive32 | None = None  # None: same as threads
-    # threads that sample the slots of one step side by side (worker/sample_pool.py); "auto":
+    # threads that sample the slots of one step side by side (worker/sampling/pool.py); "auto":
     # min(n_parallel, CPUs, 4) with no GPU layers, else min(n_parallel, CPUs, 8). Never
     # more than the cores the thread governor finds free at that moment.
     sampling_threads: Annotated[int, Meta(ge=1, le=256)] | Literal["auto"] = "auto"
@@ -150,9 +150,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     draft_p_min: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.75
     # with [server] ray_address: custom Ray resources each instance asks for (e.g. a node tag)
     ray_resources: dict[str, Annotated[float, Meta(ge=0)]] = {}
-    # the host-RAM prompt cache (llama-server's --cache-ram; worker/prompt_cache.py): bytes of
+    # the host-RAM prompt cache (llama-server's --cache-ram; worker/cache/prompt_cache.py): bytes of
     # saved prefixes' KV each worker keeps (a size, "2GiB", or bytes; 0: off). The same budget
-    # holds sequences paused by fair-share preemption (worker/kv_store.py).
+    # holds sequences paused by fair-share preemption (worker/cache/kv_store.py).
     prompt_cache_ram: Annotated[int, Meta(ge=0, le=2**50)] = 1024**3
     # router only (changing these needs no worker restart)
     ttl_s: Annotated[float, Meta(gt=0)] | None = None  # unload after this long idle

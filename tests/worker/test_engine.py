@@ -348,7 +348,7 @@ def test_the_compute_buffer_holds_the_rows_asked_for_not_a_micro_batch(engine: E
 
 
 def test_the_context_computes_on_a_persistent_threadpool(engine: Engine) -> None:
-    """As llama-server's (worker/threadpool.py): attached for the context's life."""
+    """As llama-server's (worker/host/threadpool.py): attached for the context's life."""
     assert engine.threadpool is not None and engine.threadpool.pool
     engine.set_threads(1)
     try:

@@ -75,8 +75,7 @@ def test_layout_of_the_embedded_model() -> None:
 
 
 def test_fake_devices_replace_the_inventory(monkeypatch: pytest.MonkeyPatch) -> None:
-    from corral.worker import devices
-
+    from corral.worker.host import devices
     monkeypatch.setenv(devices.FAKE_DEVICES_ENV, json.dumps(
         [{"name": "CUDA0", "backend": "CUDA", "free_bytes": 70 * GiB, "total_bytes": 80 * GiB}]))
     got = devices.list_devices()
@@ -85,8 +84,8 @@ def test_fake_devices_replace_the_inventory(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_real_inventory_lists_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    from corral.worker import devices
-    from corral.worker.model import _init_backend
+    from corral.worker.host import devices
+    from corral.worker.llama_context import init_backend as _init_backend
 
     monkeypatch.delenv(devices.FAKE_DEVICES_ENV, raising=False)
     _init_backend(False)
@@ -267,7 +266,7 @@ def test_the_worker_refuses_more_proportions_than_gpus(monkeypatch: pytest.Monke
     import msgspec
 
     from corral.store.embedded import embedded_model_path
-    from corral.worker.devices import FAKE_DEVICES_ENV
+    from corral.worker.host.devices import FAKE_DEVICES_ENV
     from corral.worker.model import ModelLoadError, load_model
 
     monkeypatch.setenv(FAKE_DEVICES_ENV, json.dumps([{"name": f"CUDA{k}", "free_bytes": GiB, "total_bytes": GiB}
@@ -325,7 +324,7 @@ def test_a_quantized_kv_cache_is_counted_so_and_fits_more_context() -> None:
 
 
 def test_layers_are_offloaded_to_the_devices_llama_cpp_uses_in_its_order() -> None:
-    from corral.worker.devices import offload_devices
+    from corral.worker.host.devices import offload_devices
 
     def dev(k: int, name: str, kind: str = "gpu") -> wire.DeviceInfo:
         return wire.DeviceInfo(index=k, name=name, backend=name.rstrip("0123456789"), kind=kind, free_bytes=GiB,
@@ -345,7 +344,7 @@ def test_the_kv_cache_types_are_the_ones_llama_cpp_knows() -> None:
     import llama_cpp as ll
 
     from corral.settings import KV_CACHE_TYPES, CacheType
-    from corral.worker.model import _GGML_TYPES
+    from corral.worker.llama_context import GGML_TYPES as _GGML_TYPES
 
     assert set(typing.get_args(CacheType)) == set(KV_CACHE_TYPES) == set(_GGML_TYPES)
     for name, ggml_id in _GGML_TYPES.items():

@@ -1,4 +1,4 @@
-"""Images beside other streams (worker/vision_side.py): the policy that keeps the streams'
+"""Images beside other streams (worker/vision/side.py): the policy that keeps the streams'
 rate. Alone, an image is encoded on the normal-priority image thread and decoded on the
 engine's thread; beside a generating slot, both run on the niced image thread (its OpenMP
 threads niced with it) and the decode goes to the side context, whose KV is copied back
@@ -17,10 +17,10 @@ import pytest
 
 from corral import wire
 from corral.fit.plan import _Sizes, read_layout
-from corral.worker import vision_side
+from corral.worker.vision import side as vision_side
 from corral.worker.engine import Engine
-from corral.worker.kv_store import restore_seq, save_seq
-from corral.worker.vision_side import BESIDE_NICE, BESIDE_THREAD, restream, thread_nice
+from corral.worker.cache.kv_store import restore_seq, save_seq
+from corral.worker.vision.side import BESIDE_NICE, BESIDE_THREAD, restream, thread_nice
 
 from .conftest import run_engine, settings_for
 from .test_vision_engine import GREEDY, M, chat, picture, user

@@ -1,6 +1,6 @@
 """Fair-share preemption: while other keys wait for a model's slots, a key holds at most
 its share of them; a sequence of a key over its share is paused between decode steps
-(``wire.Preempt`` -> ``wire.Paused``, the worker keeps its state: worker/preempt.py) and
+(``wire.Preempt`` -> ``wire.Paused``, the worker keeps its state: worker/preempt/preemption.py) and
 its slot goes to the waiting key. It resumes (``wire.Resume``) on the same instance when
 the fair queue gives its key a slot there again. See docs/internals/fair-share.md.
 

@@ -16,7 +16,7 @@ from corral import wire
 from corral.fit.rows import outputs_max
 from corral.fit.plan import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, has_side_context, placement,
                             plan_fit, read_layout)
-from corral.worker.devices import host_available_bytes, offload_devices
+from corral.worker.host.devices import host_available_bytes, offload_devices
 
 __all__ = ["FitLoadError", "fit_gpus", "fit_host_ctx", "split_gpus"]
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from corral import wire
 from corral.fit.rows import ECHO_CHUNK
-from corral.worker import requests, sampling
+from corral.worker.prompt import requests
+from corral.worker.sampling import sampler as sampling
 from corral.worker.model import LoadedModel
 from corral.worker.slots import Batch, Slot
 from corral.worker.tokens import Tokenizer
-from corral.worker.vision import VisionTokens
-from corral.worker.vision_mrope import kv_pos
+from corral.worker.vision.projector import VisionTokens
+from corral.worker.vision.mrope import kv_pos
 
 __all__ = ["EchoChunk", "fill_prompt_chunks", "prompt_logprobs"]
 

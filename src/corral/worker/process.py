@@ -5,7 +5,7 @@
 Threads:
 
 - reader (daemon): ``recv`` on the socket, split frames, decode ``wire.ToWorker``,
-  tokenize and size-check each GenerateRequest (``engine.prepare``, worker/prompts.py:
+  tokenize and size-check each GenerateRequest (``engine.prepare``, worker/prompt/prompts.py:
   a huge prompt never stalls the decode loop), put them into ``inbox`` (a
   ``queue.SimpleQueue``) in wire order. EOF or a broken frame puts ``_EOF``.
 - main: the engine loop. When the engine has nothing to do it blocks on ``inbox.get()``
@@ -36,11 +36,11 @@ import msgspec
 
 from corral import wire
 from corral.fit.plan import has_side_context  # neutral: no llama_cpp (the policy must precede it)
-from corral.worker.cpu import ThreadGovernor, parent_running
+from corral.worker.host.cpu import ThreadGovernor, parent_running
 
 if TYPE_CHECKING:
     from corral.worker.engine import Engine
-    from corral.worker.urgent import UrgentStarts
+    from corral.worker.preempt.urgent import UrgentStarts
 
 __all__ = ["main", "serve"]
 
@@ -177,8 +177,8 @@ _GATHER_MAX_S = float(os.environ.get("CORRAL_GATHER_MAX_S", "0.004"))
 
 def _loop(engine: "Engine", inbox: "queue.SimpleQueue[object]", out: _Writer,
           governor: ThreadGovernor) -> int:
-    from corral.worker.prompts import PreparedRequest
-    from corral.worker.slot_files import SlotFiles
+    from corral.worker.prompt.prompts import PreparedRequest
+    from corral.worker.cache.slot_files import SlotFiles
 
     slot_files = SlotFiles(engine)  # llama-server's slot files (deferred while their slot is busy)
     replies: list[wire.FromWorker] = []

@@ -8,7 +8,7 @@ Slot ids are numbered across the model's running instances as ``GET /slots`` num
 Files live in ``slots/`` under the server's state dir (``[server] state_dir``); a filename
 is a bare name (``wire.filename_problem``: no separator, no ``..``, no leading dot), so
 nothing is read or written anywhere else. The worker does the work between its steps
-(``corral.worker.slot_files``: llama-server's file format plus a sidecar that ties it to
+(``corral.worker.cache.slot_files``: llama-server's file format plus a sidecar that ties it to
 the model and KV settings), deferring it while the slot is busy, as llama-server does.
 Errors as llama-server gives them: "Invalid action", "Invalid slot ID", "Invalid filename",
 "Unable to restore slot: ..." (400), "Unable to save slot" (500: the server's disk, never a path).
