@@ -53,6 +53,7 @@ __all__ = [
     "name_problem",
     "new_secret",
     "now_iso",
+    "owner_and_mode",
     "parse_keys",
     "read_keys",
     "render_keys",
@@ -190,7 +191,7 @@ def render_keys(keys: dict[str, KeySpec]) -> str:
     return "\n".join(lines)
 
 
-def _owner_and_mode(path: Path) -> tuple[int, int, int]:
+def owner_and_mode(path: Path) -> tuple[int, int, int]:
     """(uid, gid, mode) the rewritten file must have: the existing file's, so a server that
     reads it as its owner still can; a new file: 0600, owned like its directory."""
     try:
@@ -208,7 +209,7 @@ def write_keys(path: Path, keys: dict[str, KeySpec]) -> None:
     text = render_keys(keys)
     parse_keys(text, str(path))  # what is written reads back
     path.parent.mkdir(parents=True, exist_ok=True)
-    uid, gid, mode = _owner_and_mode(path)
+    uid, gid, mode = owner_and_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-__all__ = ["SlotFileAction", "SlotFileDone", "SlotFileError", "SlotFileVerb", "filename_problem"]
+__all__ = ["MAX_FILENAME_BYTES", "SlotFileAction", "SlotFileDone", "SlotFileError", "SlotFileVerb", "filename_problem"]
 
 SlotFileVerb = Literal["save", "restore", "erase"]
 SlotFileError = Literal[
@@ -50,15 +50,20 @@ class SlotFileDone(msgspec.Struct, frozen=True, tag="slot_file_done", kw_only=Tr
     message: str = ""
 
 
+# NAME_MAX (255) less what the worker adds for its temporary names (worker/slot_files.py:
+# ".NAME.corral" plus ".PID.NS.tmp", at most 41 bytes): every name the worker makes fits
+MAX_FILENAME_BYTES = 200
+
+
 def filename_problem(name: str) -> str | None:
     """Why ``name`` cannot be a slot file's name (None: it can). A bare file name only:
     no path separator, no ``..``, no leading dot (the sidecars and temp files), no control
-    characters, at most 255 bytes; the rules of llama-server's ``fs_validate_filename``
-    and stricter."""
+    characters, at most ``MAX_FILENAME_BYTES``; the rules of llama-server's
+    ``fs_validate_filename`` and stricter."""
     if not name:
         return "the filename is empty"
-    if len(name.encode("utf-8", "surrogatepass")) > 255:
-        return "the filename is longer than 255 bytes"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_FILENAME_BYTES:
+        return f"the filename is longer than {MAX_FILENAME_BYTES} bytes"
     if "/" in name or "\\" in name:
         return "the filename has a path separator"
     if ".." in name:

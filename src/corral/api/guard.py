@@ -40,7 +40,6 @@ import hmac
 import ipaddress
 import socket
 from collections.abc import Callable
-from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.responses import Response
@@ -49,6 +48,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.api.access import ModelRequest, authorize
 from corral.api.http import error_response
 from corral.api.scopes import RouteScopes
+from corral.config import ServerConfig
+from corral.control.access import Access
 from corral.control.keys import CALLER, Caller
 from corral.api.page.routes import is_public_path
 from corral.errors import (AuthenticationError, CorralError, HostNotAllowed, OriginNotAllowed,
@@ -148,8 +149,8 @@ def _cross_site_type(content_type: bytes | None) -> bool:
 
 
 class GuardMiddleware:
-    def __init__(self, app: ASGIApp, get_server: Callable[[], Any],
-                 get_access: Callable[[], Any] | None = None,
+    def __init__(self, app: ASGIApp, get_server: Callable[[], ServerConfig],
+                 get_access: Callable[[], Access | None] | None = None,
                  routes: RouteScopes | Callable[[], RouteScopes] | None = None) -> None:
         """``get_access``: the control plane's ``Access`` (None before it exists: only
         ``[server] api_key`` is checked); ``routes``: the app's routes and their scopes."""
@@ -198,7 +199,7 @@ class GuardMiddleware:
         finally:
             CALLER.reset(token)
 
-    def _authorize(self, scope: Scope, srv: Any) -> tuple[Caller | None, bool]:
+    def _authorize(self, scope: Scope, srv: ServerConfig) -> tuple[Caller | None, bool]:
         """The request's caller and whether it reaches a model; raises 401/403."""
         preflight = scope["method"] == "OPTIONS" and _header(scope, b"access-control-request-method") is not None
         access = self.get_access()
@@ -211,7 +212,7 @@ class GuardMiddleware:
             return None, False
         return authorize(access, self.routes, scope, _presented_keys(scope), preflight or _open_path(scope))
 
-    def _check(self, scope: Scope, srv: Any) -> tuple[CorralError | None, str | None]:
+    def _check(self, scope: Scope, srv: ServerConfig) -> tuple[CorralError | None, str | None]:
         """The refusal (or None) and the allowed cross-origin caller (or None)."""
         raw_host = _header(scope, b"host")
         host = raw_host.decode("latin-1") if raw_host is not None else None

@@ -133,7 +133,7 @@ class Access:
             return
         first = stream.model not in caller.counted
         caller.counted.add(stream.model)
-        stream.on_finish = lambda s: self._finished(caller, s, first, held)
+        stream.at_end(lambda s: self._finished(caller, s, first, held))
 
     def _finished(self, caller: Caller, stream: RequestStream, first: bool, held: Reservation | None) -> None:
         try:  # called by the worker link's reader: nothing may escape into it

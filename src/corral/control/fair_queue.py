@@ -34,17 +34,28 @@ if TYPE_CHECKING:
     from corral.control.instance.instance import Instance
     from corral.control.stream import RequestStream
 
-__all__ = ["FairQueue", "Waiter", "current_key", "served_tokens"]
+__all__ = ["ANONYMOUS", "FairQueue", "Requester", "Waiter", "requester", "served_tokens"]
 
 DEFAULT_AGING_S = 10.0
 
 
-def current_key() -> tuple[str, float, int]:
-    """(key name, weight, priority) of the current request; the anonymous key outside one."""
+@dataclass(frozen=True, slots=True)
+class Requester:
+    """Whom a request is for, as the queue and preemption weigh it."""
+
+    key: str = ANONYMOUS_NAME
+    weight: float = 1.0
+    priority: int = 0
+
+
+ANONYMOUS = Requester()
+
+
+def requester() -> Requester:
+    """The current request's (its ``Caller``); the anonymous key outside one. Read once where
+    a request is submitted (``ControlPlane._send``) and passed down from there."""
     caller = CALLER.get()
-    if caller is None:
-        return ANONYMOUS_NAME, 1.0, 0
-    return caller.name, caller.key.spec.weight, caller.priority
+    return ANONYMOUS if caller is None else Requester(caller.name, caller.key.spec.weight, caller.priority)
 
 
 def served_tokens(stream: RequestStream) -> int:
@@ -166,17 +177,8 @@ class FairQueue:
 
     def track(self, stream: RequestStream, key: str) -> None:
         """When ``stream`` (a request of ``key`` on a slot) ends: ``ended`` with its tokens.
-        Chained onto ``on_finish``, which runs before the link releases the slot."""
-        if stream.done:  # it ended while it was sent
-            self.ended(key, served_tokens(stream))
-            return
-        then = stream.on_finish
-
-        def ended(s: RequestStream) -> None:
-            self.ended(key, served_tokens(s))
-            if then is not None:
-                then(s)
-        stream.on_finish = ended
+        An end handler: it runs before the link releases the slot."""
+        stream.at_end(lambda s: self.ended(key, served_tokens(s)))
 
     def weight_of(self, key: str) -> float:
         share = self._keys.get(key)

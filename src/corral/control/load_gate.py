@@ -20,7 +20,7 @@ import itertools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from corral.control.fair_queue import current_key
+from corral.control.fair_queue import requester
 
 __all__ = ["LoadGate"]
 
@@ -48,7 +48,8 @@ class LoadGate:
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
         """Hold the gate (like ``async with lock``), entered in the keys' fair order."""
-        key, weight, _ = current_key()
+        who = requester()  # a load's turn is taken deep in admission: the caller read here
+        key, weight = who.key, who.weight
         if self._held or self._waiting:
             t = _Turn(asyncio.get_running_loop().create_future(), key, weight, next(self._seq))
             self._waiting.append(t)

@@ -33,6 +33,7 @@ from corral.config import CorralConfig
 from corral.control import cache_tenant, views
 from corral.control.access import Access
 from corral.control.admission import Admission
+from corral.control.fair_queue import requester
 from corral.control.gpus import GpuBudget
 from corral.control.catalog import Catalog, ModelSpec, default_threads
 from corral.control.catalog_sync import CatalogSync, Embedded
@@ -54,6 +55,7 @@ from corral.errors import (CapacityTimeout, Conflict, CorralError, LoadFailed,
 
 if TYPE_CHECKING:
     from corral.control.transport.ray.cluster import RayCluster
+    from corral.store.local import ModelStore
 
 __all__ = ["ControlPlane"]
 
@@ -62,7 +64,7 @@ log = logging.getLogger("corral.plane")
 
 class ControlPlane:
     def __init__(self, config: CorralConfig, *, bus: EventBus | None = None,
-                 metrics: Metrics | None = None, store: Any = None,
+                 metrics: Metrics | None = None, store: ModelStore | None = None,
                  config_loader: Callable[[], CorralConfig] | None = None,
                  embedded: Embedded | None = None, spawner: Spawner | None = None) -> None:
         self.config = config
@@ -247,12 +249,13 @@ class ControlPlane:
     async def _send(self, name: str, msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest,
                     frame: bytes, prefix: str | None, held: Reservation | None) -> RequestStream:
         loop = asyncio.get_running_loop()
+        who = requester()  # whom the request is for: read once, passed to the queue and preemption
         bound = self.config.server.request_queue_timeout_s  # None: waits while its client does
         deadline = None if bound is None else loop.time() + bound
         while True:
             pool = self.pool(name)
             stream = RequestStream(msg.id, pool.spec.id, input_param(msg))
-            inst = pool.try_acquire(prefix)
+            inst = pool.try_acquire(prefix, who)
             if inst is None:
                 if not pool.has_ready and not pool.draining:
                     try:
@@ -261,9 +264,9 @@ class ControlPlane:
                         if deadline is not None and loop.time() >= deadline:
                             raise
                         continue
-                    inst = pool.try_acquire(prefix)
+                    inst = pool.try_acquire(prefix, who)
                 if inst is None:
-                    inst = await pool.wait_slot(prefix, max_queue=self.config.server.max_queue,
+                    inst = await pool.wait_slot(prefix, who, max_queue=self.config.server.max_queue,
                                                 deadline=deadline)
                     if inst is None:  # the model went away; start over
                         if deadline is not None and loop.time() >= deadline:
@@ -274,10 +277,10 @@ class ControlPlane:
                 sent = inst.submit(msg.id, frame, stream)
             finally:
                 if not sent:  # it died just now, or the write failed: the slot goes back
-                    pool.unreserve(inst)
+                    pool.unreserve(inst, who)
             if sent:
                 self.access.track(stream, held)  # its tokens count for the request's key when it ends
-                pool.track(stream, inst if isinstance(msg, wire.GenerateRequest) else None)  # its fair share
+                pool.track(stream, who, inst if isinstance(msg, wire.GenerateRequest) else None)  # its fair share
                 return stream
 
     async def _ensure_loaded(self, pool: ModelPool) -> None:

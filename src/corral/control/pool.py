@@ -22,13 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from corral import wire
 from corral.config import ServerConfig
 from corral.control.catalog import ModelSpec
-from corral.control.fair_queue import DEFAULT_AGING_S, FairQueue, Waiter, current_key
+from corral.control.fair_queue import ANONYMOUS, DEFAULT_AGING_S, FairQueue, Requester, Waiter
 from corral.control.gpu_slot import GpuSlot
 from corral.control.instance.instance import Instance, InstanceState, Transition
 from corral.control.preempt import Preemptor
-from corral.control.prefixes import MIN_PREFIX, PREFIX_KEY_CHARS, common_prefix_len
+from corral.control.prefixes import MIN_PREFIX, PREFIX_KEY_CHARS, best_for_prefix, common_prefix_len
 from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, ModelUnloaded, QueueFull
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class ModelPool:
         # Ollama's keep_alive from the latest request: None = spec.ttl_s, 0 = unload when
         # idle, > 0 = idle seconds before unloading, < 0 = stay loaded. Reset on each load.
         self.keep_alive_s: float | None = None
+        self.lora_defaults: list[wire.LoraScale] | None = None  # POST /lora-adapters' (api/core/lora.py)
         self._changed: asyncio.Future[None] | None = None
         self._idle: asyncio.Future[None] | None = None
 
@@ -271,29 +273,29 @@ class ModelPool:
         self._on_capacity()
 
     # ------------------------------------------------------------------ slots
-    def try_acquire(self, prefix: str | None) -> Instance | None:
+    def try_acquire(self, prefix: str | None, who: Requester = ANONYMOUS) -> Instance | None:
         """A reserved slot now, or None (no free slot, queue not empty, or draining); it
-        counts for the current key until ``track``'s stream ends (or ``unreserve``)."""
+        counts for ``who`` until ``track``'s stream ends (or ``unreserve``)."""
         if self.draining or self.waiters:
             return None
         inst = self._pick(prefix)
         if inst is not None:
-            key, weight, _ = current_key()
-            self.waiters.started(key, weight)
+            self.waiters.started(who.key, who.weight)
         return inst
 
-    def track(self, stream: RequestStream, inst: Instance | None = None) -> None:
-        """At the end of the key's request: a busy slot less, its tokens served (``inst``: preemptible)."""
-        self.waiters.track(stream, current_key()[0])
+    def track(self, stream: RequestStream, who: Requester, inst: Instance | None = None) -> None:
+        """At the end of ``who``'s request: a busy slot less, its tokens served (``inst``: preemptible)."""
+        self.waiters.track(stream, who.key)
         if inst is not None:
-            self.preempt.track(stream, inst)
+            self.preempt.track(stream, inst, who)
 
-    def unreserve(self, inst: Instance) -> None:
-        """A slot taken for the current key was not used (the send failed)."""
-        self.waiters.ended(current_key()[0], 0)
+    def unreserve(self, inst: Instance, who: Requester = ANONYMOUS) -> None:
+        """A slot taken for ``who`` was not used (the send failed)."""
+        self.waiters.ended(who.key, 0)
         self.release(inst)
 
-    async def wait_slot(self, prefix: str | None, *, max_queue: int, deadline: float | None) -> Instance | None:
+    async def wait_slot(self, prefix: str | None, who: Requester, *, max_queue: int,
+                        deadline: float | None) -> Instance | None:
         """Queue for a slot (no ``deadline``: until its client leaves). The instance (slot reserved) or None: retry."""
         if len(self.waiters) >= max_queue:
             raise QueueFull(f"model {self.spec.id!r} has {len(self.waiters)} requests waiting "
@@ -303,8 +305,7 @@ class ModelPool:
         if remaining is not None and remaining <= 0:
             raise CapacityTimeout(f"no free slot on model {self.spec.id!r} in time", retry_after_s=1)
         fut: asyncio.Future[Instance | None] = loop.create_future()
-        key, weight, priority = current_key()
-        entry = self.waiters.push(fut, prefix, key, weight, priority)
+        entry = self.waiters.push(fut, prefix, who.key, who.weight, who.priority)
         self.preempt.check_soon()
         try:
             return await asyncio.wait_for(fut, remaining)
@@ -315,7 +316,7 @@ class ModelPool:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 got = fut.result()
                 if got is not None:
-                    self.unreserve(got)
+                    self.unreserve(got, who)
             raise
         finally:
             if fut.cancelled():  # timed out or the caller left: still queued (served ones were popped)
@@ -370,24 +371,10 @@ class ModelPool:
         return inst
 
     def _pick(self, prefix: str | None) -> Instance | None:
-        best: Instance | None = None
-        best_key: tuple[int, int] = (-1, 0)
         candidates = [i for i in self.instances if self._free_slots(i) > 0]
         if not candidates:
             return None
-        if len(candidates) == 1 or not prefix:
-            best = min(candidates, key=lambda i: self._slots[i].busy)
-        else:
-            for inst in candidates:
-                p = 0
-                for seen in self._slots[inst].recent:
-                    n = common_prefix_len(prefix, seen)
-                    if n > p:
-                        p = n
-                key = (p if p >= MIN_PREFIX else 0, -self._slots[inst].busy)
-                if key > best_key:
-                    best, best_key = inst, key
-        assert best is not None
+        best = best_for_prefix(candidates, prefix, lambda i: self._slots[i].busy, lambda i: self._slots[i].recent)
         slots = self._slots[best]
         slots.busy += 1
         if prefix:

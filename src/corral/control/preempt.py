@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from corral import wire
-from corral.control.fair_queue import FairQueue, Waiter, current_key
+from corral.control.fair_queue import FairQueue, Requester, Waiter
 
 if TYPE_CHECKING:
     from corral.config import ServerConfig
@@ -116,22 +116,15 @@ class Preemptor:
 
     # ------------------------------------------------------------------ what the pool calls
 
-    def track(self, stream: RequestStream, inst: Instance) -> None:
-        """A generation of the current key runs on ``inst``; call after ``FairQueue.track``
-        (this end handler runs first, before the queue's)."""
+    def track(self, stream: RequestStream, inst: Instance, who: Requester) -> None:
+        """A generation of ``who`` runs on ``inst``; call after ``FairQueue.track`` (this end
+        handler runs first, before the queue's)."""
         if stream.done:
             return
-        key, weight, priority = current_key()
-        run = _Run(stream, inst, key, weight, priority, time.monotonic())
+        run = _Run(stream, inst, who.key, who.weight, who.priority, time.monotonic())
         self._runs[stream.id] = run
         stream.on_pause = lambda msg: self._on_paused(run, msg)
-        then = stream.on_finish
-
-        def ended(s: RequestStream) -> None:
-            self._ended(run)
-            if then is not None:
-                then(s)
-        stream.on_finish = ended
+        stream.at_end(lambda _: self._ended(run))
 
     def check_soon(self) -> None:
         """Look at the shares once the current callback is done (a request just queued)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.control.limits import utc_day
-from corral.state_paths import state_dir
+from corral.state_paths import private_dir, private_sqlite, state_dir
 
 __all__ = ["USAGE_DB", "UsageBook", "state_dir"]
 
@@ -96,7 +96,8 @@ class UsageBook:
 
     def _open(self) -> sqlite3.Connection:
         if self._db is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path.parent)  # 0700, the database 0600 (state_paths)
+            private_sqlite(self.path)
             self._db = _connect(self.path)
         return self._db
 

@@ -149,7 +149,8 @@ def serve(sock: socket.socket, settings: wire.WorkerSettings) -> int:
         return 1
     except Exception as exc:  # noqa: BLE001 - report anything as a load failure
         log.exception("load failed")
-        out.send([wire.LoadFailed(f"{type(exc).__name__}: {exc}")])
+        out.send([wire.LoadFailed(f"the worker failed while loading ({type(exc).__name__}); "  # the message may
+                                  "its log has the details")])  # name paths: clients see this one
         return 1
     log.info("ready: %s, %d slots of %d tokens, %d sampling threads", engine.info.description,
              engine.info.n_slots, engine.info.n_ctx_slot, engine.pool.n)

@@ -28,6 +28,7 @@ Runs on the engine's thread, between steps (only that thread touches the context
 from __future__ import annotations
 
 import array
+import errno
 import hashlib
 import json
 import logging
@@ -134,8 +135,8 @@ class SlotFiles:
             return wire.SlotFileDone(id=msg.id, action=msg.action, slot=msg.slot, error=exc.error, message=exc.message)
         except Exception as exc:  # noqa: BLE001 - no slot file may crash the worker
             log.exception("slot %s of %s failed", msg.action, msg.filename)
-            return wire.SlotFileDone(id=msg.id, action=msg.action, slot=msg.slot, error="server",
-                                     message=f"Unable to {msg.action} slot: {type(exc).__name__}: {exc}")
+            return wire.SlotFileDone(id=msg.id, action=msg.action, slot=msg.slot, error="server",  # logged, not sent
+                                     message=f"Unable to {msg.action} slot ({type(exc).__name__})")
         return wire.SlotFileDone(id=msg.id, action=msg.action, slot=msg.slot, n_tokens=n_tokens, n_bytes=n_bytes,
                                  ms=(time.perf_counter() - t0) * 1000)
 
@@ -168,10 +169,10 @@ class SlotFiles:
                            # the adapter set the cells were computed under (worker/lora.py)
                            "lora_key": [list(x) for x in self.engine.lora.slot_key[slot.index]],
                            "tenant": slot.tenant}).encode()  # whose cells: only its requests reuse them
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tag = f".{os.getpid()}.{time.monotonic_ns()}.tmp"
+        tag = f".{os.getpid()}.{time.monotonic_ns()}.tmp"  # at most 33 bytes (wire_slots.MAX_FILENAME_BYTES)
         tmp_data, tmp_meta = directory / f".{filename}{tag}", directory / f".{filename}.corral{tag}"
         try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             _write_new(tmp_data, data)
             _write_new(tmp_meta, meta)
             os.replace(tmp_data, directory / filename)
@@ -181,8 +182,10 @@ class SlotFiles:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
-        except OSError as exc:
-            raise _Refused("server", f"Unable to save slot: {exc.strerror or exc}") from None
+        except OSError as exc:  # the reason, never the path (the state dir is the server's)
+            if exc.errno in (errno.ENAMETOOLONG, errno.EINVAL, errno.EILSEQ):  # this file system's name rules
+                raise _Refused("invalid_file", "Invalid filename (this server's file system cannot hold it)") from None
+            raise _Refused("server", f"Unable to save slot: {exc.strerror or type(exc).__name__}") from None
         finally:
             for t in (tmp_data, tmp_meta):
                 t.unlink(missing_ok=True)

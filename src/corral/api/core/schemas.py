@@ -39,10 +39,15 @@ M = TypeVar("M", bound=BaseModel)
 _LENIENT = ConfigDict(extra="ignore")
 
 
-async def parse_body(request: Request, model: type[M]) -> M:
+async def parse_body(request: Request, model: type[M], *, empty_ok: bool = False) -> M:
+    """The one reading of a JSON body into ``model`` (a ``RootModel`` for a body that is no
+    object); every problem a 400 naming the field (``corral.api.http.invalid_request``).
+    ``empty_ok``: an empty body reads as ``{}``."""
     body = await request.body()
-    if not body:
-        raise InvalidRequest("the request body is empty; send a JSON object")
+    if not body.strip():
+        if not empty_ok:
+            raise InvalidRequest("the request body is empty; send a JSON body")
+        body = b"{}"
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
