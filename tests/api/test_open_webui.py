@@ -5,7 +5,7 @@ the embedded model.
 
 Changes to what was recorded: the model's config sets ``default_max_tokens`` (the follow-up
 tasks send no limit; a user serving a front end sets one), and the one "held back" check adds
-a ``response_format`` to the recorded chat so the model's answer starts with ``[``. The model
+a ``logit_bias`` to the recorded chat so the model's answer starts with ``[``. The model
 runs with a slot that holds Open WebUI's 36 tool definitions (6.4k tokens) and ``swa_full``, so
 its chats share that prefix.
 """
@@ -144,14 +144,14 @@ async def test_chats_with_the_built_in_tools_on_both_connections(harness: Harnes
         text = answer["choices"][0]["message"]["content"] if "choices" in answer else answer["message"]["content"]
         assert isinstance(text, str)
 
-    # an answer that starts with "[" while tools are attached: not a call (a call's list holds
-    # objects), so it streams from its second token on, not all at once at the end
-    listing = {**body, "temperature": 0, "max_tokens": 24, "messages": [
-        {"role": "user", "content": "List the numbers one to twenty as a JSON array of strings."}],
-        "response_format": {"type": "json_schema", "json_schema": {"name": "numbers", "schema": {
-            "type": "array", "items": {"type": "string"}, "minItems": 20}}}}
-    pieces, finish = await _sse_content(c, listing)
-    assert "".join(pieces).lstrip().startswith("[") and finish == "length"
+    # an answer that starts with "[" while tools are attached (the recorded chat, its answer
+    # made all "[" by a logit bias): not a call (a call's list holds objects), so it streams
+    # from its second token on, not all at once at the end
+    tok = await c.post("/tokenize", json={"model": MODEL, "content": "["})
+    assert tok.status_code == 200, tok.text
+    [bracket] = tok.json()["tokens"]
+    pieces, finish = await _sse_content(c, {**body, "max_tokens": 24, "logit_bias": {str(bracket): 100}})
+    assert "".join(pieces).startswith("[[") and finish == "length", pieces
     assert len(pieces) > 10, pieces  # held back, the whole answer would come as one piece at the end
 
 
