@@ -110,7 +110,7 @@ async def _router_overhead(ctx: Ctx) -> Table:
                        str(errors[name])])
     t.notes.append("Latency as the client sees it (httpx, the client's own cost included): a POST of a "
                    "1-token chat answered by the scripted worker at once; usage rows go to SQLite in "
-                   "batches off the request path (corral.control.usage)")
+                   "batches off the request path (corral.control.keys.usage)")
     t.data = {name: {"p10": pct(v, 10), "p50": pct(v, 50), "p95": pct(v, 95), "n": len(v)} for name, v in lat.items()}
     return t
 

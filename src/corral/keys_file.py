@@ -22,7 +22,7 @@ table) and returns every key or raises ``ConfigError``: a half-valid file change
 nothing. Writes are atomic (a temporary file in the same directory, fsync, rename), so
 a reader (the router re-reads the file when it changes) never sees half a file.
 
-This module is shared by the router (``corral.control.keys``) and the CLI, so it
+This module is shared by the router (``corral.control.keys.ring``) and the CLI, so it
 imports nothing from either.
 """
 
@@ -81,7 +81,7 @@ class KeySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     queue: int | None = None
     weight: float = 1.0
     max_priority: int = 0
-    cache_group: str | None = None  # keys of one group share their prompt cache (control/cache_tenant.py)
+    cache_group: str | None = None  # keys of one group share their prompt cache (control/keys/cache_tenant.py)
     created: str = ""
 
 

@@ -238,7 +238,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         worker stays on the GPUs the user gave the server, and the variables it does not
         set stay unset (ROCm honours both HIP's and CUDA's: a raw ``k`` in the other one
         would pick the machine's GPU ``k`` again). An index past the list picks nothing
-        (the router refuses such a pin before a spawn: ``control/gpus.py``)."""
+        (the router refuses such a pin before a spawn: ``control/placement/gpus.py``)."""
         if self.devices is None:
             return {}
         given = {var: seen[var] for var in VISIBLE_DEVICES_VARS if seen is not None and var in seen}

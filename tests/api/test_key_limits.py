@@ -12,7 +12,7 @@ import pytest
 from support.harness import Harness, _until, chat
 from support.keys import bearer, write_keys_file
 
-from corral.control.limits import Limiter, format_reset
+from corral.control.keys.limits import Limiter, format_reset
 from corral.errors import RateLimited
 from corral.keys_file import KeySpec
 
@@ -188,7 +188,7 @@ def test_reservations_are_hard_and_settle_what_was_not_used() -> None:
 
 def test_token_need_bounds_what_a_request_may_use() -> None:
     from corral import wire
-    from corral.control.access import token_need
+    from corral.control.keys.access import token_need
 
     def gen(**kw: Any) -> wire.GenerateRequest:
         return wire.GenerateRequest(id="r", **kw)

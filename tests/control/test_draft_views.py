@@ -1,5 +1,5 @@
 """A draft model on the router side: its memory in an instance's GPU need (corral.fit.draft,
-control/gpus.py), and which method speculates in GET /models and /metrics."""
+control/placement/gpus.py), and which method speculates in GET /models and /metrics."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from corral import wire
 from corral.fit.rows import outputs_max
 from corral.control.catalog import ModelSpec
-from corral.control.gpus import _need
+from corral.control.placement.gpus import _need
 from corral.control.metrics import Metrics
 from corral.control.views import speculation
 from corral.fit.draft import draft_needs, draft_path, draft_settings

@@ -225,7 +225,7 @@ def test_the_server_rereads_a_keys_file_it_could_not_read(tmp_path: Path, monkey
     read it and kept the removed key; after a `chown` back it kept it until SIGHUP. Being root
     here, "cannot read" is the file system's answer played by ``read_keys`` for a file that is
     not the server's user's (uid 0 here); the ring must notice the chown back, and retry."""
-    from corral.control import keys as keyring
+    from corral.control.keys import ring as keyring
     from corral.events import EventBus
 
     path = tmp_path / "keys.toml"

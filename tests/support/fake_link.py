@@ -23,7 +23,7 @@ from corral import wire
 from corral.control.catalog import ModelSpec
 from corral.control.instance.instance import Instance, Timeouts
 from corral.control.instance.restart import RestartPolicy
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.control.transport.link import LinkExit, LinkOwner, Placement, WorkerLink
 from corral.events import EventBus
 from corral.exits import describe_exit

@@ -17,7 +17,7 @@ A pure ASGI middleware (not BaseHTTPMiddleware: it must not buffer streams). In 
    stream included. ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's
    clients). Compared in constant time (SHA-256 digests, so not even the length leaks).
    The key's scopes must cover the route (``corral.api.scopes``: 403 otherwise); the
-   request runs with its ``Caller`` set (``corral.control.keys.CALLER``), and requests to
+   request runs with its ``Caller`` set (``corral.control.keys.ring.CALLER``), and requests to
    a model go through the key's priority bound and limits (``corral.api.access``).
    Refusals use the error shape of the API the path belongs to (``corral.api.http``).
 4. **Content-Type**: a body sent as ``text/plain``, ``application/x-www-form-urlencoded``
@@ -49,8 +49,8 @@ from corral.api.access import ModelRequest, authorize
 from corral.api.http import error_response
 from corral.api.scopes import RouteScopes
 from corral.config import ServerConfig
-from corral.control.access import Access
-from corral.control.keys import CALLER, Caller
+from corral.control.keys.access import Access
+from corral.control.keys.ring import CALLER, Caller
 from corral.api.page.routes import is_public_path
 from corral.errors import (AuthenticationError, CorralError, HostNotAllowed, OriginNotAllowed,
                            PayloadTooLarge, RequestError)

@@ -17,7 +17,7 @@ from typing import Any
 
 from corral import wire
 from corral.config import CorralConfig
-from corral.control.gpu_slot import GpuSlot
+from corral.control.placement.gpu_slot import GpuSlot
 from corral.errors import ModelNotFound
 from corral.settings import ModelSettings
 from corral.store.projector import projector_for

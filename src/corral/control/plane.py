@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from corral import wire
 from corral.config import CorralConfig
-from corral.control import cache_tenant, views
-from corral.control.access import Access
-from corral.control.admission import Admission
-from corral.control.fair_queue import requester
-from corral.control.gpus import GpuBudget
+from corral.control import views
+from corral.control.keys import cache_tenant
+from corral.control.keys.access import Access
+from corral.control.placement.admission import Admission
+from corral.control.scheduling.fair_queue import requester
+from corral.control.placement.gpus import GpuBudget
 from corral.control.catalog import Catalog, ModelSpec, default_threads
 from corral.control.catalog_sync import CatalogSync, Embedded
 from corral.control.prompt_cache import with_prompt_cache
@@ -44,10 +45,10 @@ from corral.control.instance.instance import Instance, InstanceState, Timeouts, 
 from corral.control.transport.link import Spawner
 from corral.control.transport.local import LocalSpawner
 from corral.control.metrics import Metrics
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.control.instance.restart import RestartPolicy
-from corral.control.keys import current_caller, detached_context
-from corral.control.limits import Reservation
+from corral.control.keys.ring import current_caller, detached_context
+from corral.control.keys.limits import Reservation
 from corral.control.request_frame import encode_request, input_param
 from corral.control.stream import RequestStream
 from corral.errors import (CapacityTimeout, Conflict, CorralError, LoadFailed,
@@ -93,7 +94,7 @@ class ControlPlane:
                                 load_soon=self._load_soon, store=store, embedded=embedded)
         self.started_at = time.time()
         self.metrics.watch(self.snapshot)
-        self.access = Access(config, self.bus, self.metrics)  # keys, limits, usage (control/access.py)
+        self.access = Access(config, self.bus, self.metrics)  # keys, limits, usage (control/keys/access.py)
 
     # ================================================================ lifecycle
 
@@ -206,7 +207,7 @@ class ControlPlane:
         return [p for p in self.pools.values() if self.access.visible(p.spec)]
 
     async def generate(self, name: str, msg: wire.GenerateRequest, prefix: str | None,
-                       cache_salt: str | None = None) -> RequestStream:  # tenant: control/cache_tenant.py
+                       cache_salt: str | None = None) -> RequestStream:  # tenant: control/keys/cache_tenant.py
         msg = cache_tenant.with_tenant(msg, current_caller(), cache_salt)
         return await self._submit(name, msg, cache_tenant.affinity_prefix(msg, prefix))
 

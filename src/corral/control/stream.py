@@ -83,7 +83,7 @@ class RequestStream:
         self.aborted = False
         self._folded = 0
         self._end_handlers: list[Callable[[RequestStream], None]] = []  # at_end
-        # preemption (corral.control.preempt): a frame to its worker (the link sets it); its Paused
+        # preemption (corral.control.scheduling.preempt): a frame to its worker (the link sets it); its Paused
         self.send: Callable[[wire.Preempt | wire.Resume], bool] | None = None
         self.on_pause: Callable[[wire.Paused], None] | None = None
 

@@ -1,7 +1,7 @@
 """The draft model of ``speculative = "draft"``, as both sides see it: its file, the settings
 it runs with, and its memory on each GPU (weights of its GPU layers + its KV cache + compute,
 by ``corral.fit.plan``'s math). The router adds it to a model's estimated need before placing
-an instance (``corral.control.gpus``); the worker keeps that much out of the main model's
+an instance (``corral.control.placement.gpus``); the worker keeps that much out of the main model's
 ``n_gpu_layers = "auto"`` plan (``worker/speculation/draft.py``), so both fit on the GPU they share.
 
 Imports only ``corral.settings``, ``corral.fit.plan`` and ``corral.fit.split`` (leaves both sides use).

@@ -125,11 +125,11 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     speculative: bool | None = None  # draft and verify (the model's ``speculative``); None: as the model says
     images: list[bytes] | None = None  # vision, with ``prompt``: the image files, in the order of its MEDIA_MARKERs
     lora: list[LoraScale] | None = None  # adapter scales (wire/lora.py); None: the model's defaults
-    # whose prompt cache this request may reuse and fill (the router's corral.control.cache_tenant:
+    # whose prompt cache this request may reuse and fill (the router's corral.control.keys.cache_tenant:
     # a digest of the key or its cache_group and the body's cache_salt; "": the one tenant of a
     # server without keys). The worker reuses a slot's prefix or a saved entry only of the same tenant.
     cache_tenant: str = ""
-    # the most prompt + completion tokens it may use (the key's reservation, control/limits.py)
+    # the most prompt + completion tokens it may use (the key's reservation, control/keys/limits.py)
     token_budget: Annotated[int, Meta(ge=0, le=INT32_MAX)] | None = None
     # llama-server's generation time limit: end with "length" at a new line once generating
     # (from the first token) took longer than this many ms; 0: none (worker/time_limit/)

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from corral import wire
 from corral.api.core.adapter_models import find_adapter_model
 from corral.control.plane import ControlPlane
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.control.stream import RequestStream
 from corral.errors import InvalidRequest, ModelNotFound
 from corral.settings import LORA_SCALE_MAX, MAX_LORA, LoraAdapter

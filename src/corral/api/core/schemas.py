@@ -63,7 +63,7 @@ MAX_CHOICES = 16  # n (times the prompts of a completions request)
 
 MAX_CACHE_SALT_CHARS = 256
 # vLLM's and llama-server's ``cache_salt``: only requests of the same key (or cache_group) and
-# the same salt share cached prompt prefixes (control/cache_tenant.py). A string (not coerced
+# the same salt share cached prompt prefixes (control/keys/cache_tenant.py). A string (not coerced
 # from a number), 1-256 characters; anything else is a 400 naming ``cache_salt``.
 CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS, strict=True)]
 

@@ -33,7 +33,7 @@ from corral.api.core.schemas import parse_body
 from corral.api.manage.store import remove_from_store
 from corral.events import Event
 from corral.control.capabilities import can
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.errors import Conflict, DownloadError, InvalidRequest, ModelNotFound
 from corral.store.gguf_meta import GGUFMetadata, parameter_size, read_metadata
 from corral.store.pulls import PullHandle

@@ -29,7 +29,7 @@ from corral.api.http import json_response, plane_of, sse_data, sse_stream
 from corral.api.core.schemas import CompletionRequest, EmbeddingRequest, parse_body
 from corral.control.capabilities import can
 from corral.control.plane import ControlPlane
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.errors import CorralError, ModelNotFound
 
 __all__ = ["router", "usage_body", "timings_body"]

@@ -31,7 +31,7 @@ from typing import Any
 
 from corral import wire
 from corral.control.catalog import ModelSpec
-from corral.control.gpu_slot import GpuSlot
+from corral.control.placement.gpu_slot import GpuSlot
 from corral.events import EventBus, EventName
 from corral.control.instance.state import (ALLOWED, InstanceState, Timeouts, Transition, failure_reason,
                                            status_fields)

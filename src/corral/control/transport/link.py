@@ -198,7 +198,7 @@ class WorkerLink(abc.ABC):
             elif msg.id in self._stopping:
                 self._stopping.discard(msg.id)
                 self._owner.link_request_ended(self)
-        elif type(msg) is wire.Paused:  # a preempted request (corral.control.preempt)
+        elif type(msg) is wire.Paused:  # a preempted request (corral.control.scheduling.preempt)
             r = self._requests.get(msg.id)
             if r is not None and r.on_pause is not None:
                 r.on_pause(msg)

@@ -3,8 +3,8 @@
 A request takes a free slot on a ready instance: the one that recently served the
 longest common prompt prefix (at least ``MIN_PREFIX`` characters: the worker can reuse
 that KV cache), then the least busy one. With no free slot it waits in a bounded queue
-(``max_queue``; full -> ``QueueFull``), weighted fair over keys (``corral.control.fair_queue``);
-a key over its share may be paused for a waiting one (``corral.control.preempt``).
+(``max_queue``; full -> ``QueueFull``), weighted fair over keys (``corral.control.scheduling.fair_queue``);
+a key over its share may be paused for a waiting one (``corral.control.scheduling.preempt``).
 A draining pool (being unloaded or restarted) hands out no slots; its waiters wait for it
 to come back, or are told to retry (the model was unloaded: autoload again).
 
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 from corral import wire
 from corral.config import ServerConfig
 from corral.control.catalog import ModelSpec
-from corral.control.fair_queue import ANONYMOUS, DEFAULT_AGING_S, FairQueue, Requester, Waiter
-from corral.control.gpu_slot import GpuSlot
+from corral.control.scheduling.fair_queue import ANONYMOUS, DEFAULT_AGING_S, FairQueue, Requester, Waiter
+from corral.control.placement.gpu_slot import GpuSlot
 from corral.control.instance.instance import Instance, InstanceState, Transition
-from corral.control.preempt import Preemptor
-from corral.control.prefixes import MIN_PREFIX, PREFIX_KEY_CHARS, best_for_prefix, common_prefix_len
+from corral.control.scheduling.preempt import Preemptor
+from corral.control.scheduling.prefixes import MIN_PREFIX, PREFIX_KEY_CHARS, best_for_prefix, common_prefix_len
 from corral.errors import CapacityTimeout, LoadFailed, ModelLoading, ModelUnloaded, QueueFull
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class ModelPool:
         self.instances: list[Instance] = []
         self._slots: dict[Instance, _Slots] = {}
         self.waiters = FairQueue(lambda: server().priority_aging_s if server else DEFAULT_AGING_S)
-        self.preempt = Preemptor(self, server)  # fair-share preemption (control/preempt.py)
+        self.preempt = Preemptor(self, server)  # fair-share preemption (control/scheduling/preempt.py)
         self.last_used = 0.0
         self.draining = False
         self.footprint: int | None = None  # per-instance bytes, as last reported

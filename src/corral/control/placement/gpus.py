@@ -41,7 +41,7 @@ import msgspec
 from corral import wire
 from corral.byte_sizes import fmt_bytes
 from corral.config import ServerConfig
-from corral.control.gpu_slot import GpuSlot
+from corral.control.placement.gpu_slot import GpuSlot
 from corral.errors import LoadFailed
 from corral.fit.draft import draft_needs
 from corral.fit.plan import GGUFError, ModelLayout, device_needs, read_layout
@@ -49,7 +49,7 @@ from corral.fit.split import router_split, split_by_weights
 from corral.settings import VISIBLE_DEVICES_VARS
 
 if TYPE_CHECKING:
-    from corral.control.pool import ModelPool
+    from corral.control.scheduling.pool import ModelPool
 
 __all__ = ["Shortage", "GpuBudget", "probe_devices", "device_use"]
 

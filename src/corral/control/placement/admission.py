@@ -7,7 +7,7 @@ running or queued, a model that is loading, and a pinned model are never evicted
 the load then waits up to ``queue_timeout_s`` for room (the capacity wait) and fails
 with 503 ``CapacityTimeout``.
 
-GPUs (local workers, ``control/gpus.py``): each GPU has its own budget, and a model
+GPUs (local workers, ``control/placement/gpus.py``): each GPU has its own budget, and a model
 that uses one is placed on the GPU with the most free budget that holds its need;
 when none does, the LRU idle models on the GPUs where that would make room are
 evicted, by memory (not by count), under the same rules (busy, loading or pinned: never;
@@ -37,10 +37,10 @@ from typing import Any
 
 from corral.byte_sizes import fmt_bytes
 from corral.config import ServerConfig
-from corral.control.gpu_slot import GpuSlot
-from corral.control.gpus import GpuBudget, Shortage, device_use
-from corral.control.load_gate import LoadGate
-from corral.control.pool import ModelPool
+from corral.control.placement.gpu_slot import GpuSlot
+from corral.control.placement.gpus import GpuBudget, Shortage, device_use
+from corral.control.scheduling.load_gate import LoadGate
+from corral.control.scheduling.pool import ModelPool
 from corral.errors import CapacityTimeout, LoadFailed
 
 __all__ = ["Admission"]

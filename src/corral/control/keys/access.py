@@ -1,7 +1,7 @@
 """Access: the keys, their limits and their usage, as one part of the control plane.
 
-``ControlPlane.access`` bundles the ``KeyRing`` (corral.control.keys), the ``Limiter``
-(corral.control.limits) and the ``UsageBook`` (corral.control.usage). The guard
+``ControlPlane.access`` bundles the ``KeyRing`` (corral.control.keys.ring), the ``Limiter``
+(corral.control.keys.limits) and the ``UsageBook`` (corral.control.keys.usage). The guard
 (corral.api.guard) authenticates through it and sets the request's ``Caller``; the
 plane calls ``visible`` when it resolves a model name (a model the key may not use is
 "not found", in every dialect and list), ``reserve`` before it sends a worker request
@@ -24,16 +24,16 @@ import msgspec
 
 from corral import wire
 from corral.config import CorralConfig
-from corral.control.keys import CALLER, Caller, KeyRing
-from corral.control.limits import Limiter, Reservation
+from corral.control.keys.ring import CALLER, Caller, KeyRing
+from corral.control.keys.limits import Limiter, Reservation
 from corral.control.metrics import Metrics
-from corral.control.usage import UsageBook, state_dir
+from corral.control.keys.usage import UsageBook, state_dir
 from corral.errors import ModelNotFound, RateLimited
 from corral.events import EventBus
 
 if TYPE_CHECKING:
     from corral.control.catalog import ModelSpec
-    from corral.control.pool import ModelPool
+    from corral.control.scheduling.pool import ModelPool
     from corral.control.stream import RequestStream
 
 __all__ = ["Access", "token_need"]

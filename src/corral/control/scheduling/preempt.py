@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from corral import wire
-from corral.control.fair_queue import FairQueue, Requester, Waiter
+from corral.control.scheduling.fair_queue import FairQueue, Requester, Waiter
 
 if TYPE_CHECKING:
     from corral.config import ServerConfig
@@ -50,7 +50,7 @@ DEFAULT_MIN_RUN_S = 1.0
 
 
 class ModelPool(Protocol):
-    """What this needs of ``corral.control.pool.ModelPool`` (which imports this module)."""
+    """What this needs of ``corral.control.scheduling.pool.ModelPool`` (which imports this module)."""
 
     waiters: FairQueue
     instances: list[Instance]

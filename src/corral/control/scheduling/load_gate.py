@@ -3,7 +3,7 @@
 Loads that must make room (one model at a time: ``max_loaded_models``, a memory budget)
 take turns, one deciding at a time (``Admission``). Which waiting load goes next is not
 whoever asked first: it is the one whose request's key is furthest below its share, as
-in a model's queue (``corral.control.fair_queue``): the fewest busy slots over every
+in a model's queue (``corral.control.scheduling.fair_queue``): the fewest busy slots over every
 model per unit of weight, then the fewest turns granted here per unit of weight (a key
 whose models were loaded often waits behind one whose were not), then the oldest.
 Every request that autoloads a model asks for a turn under its own key; once its model
@@ -20,7 +20,7 @@ import itertools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from corral.control.fair_queue import requester
+from corral.control.scheduling.fair_queue import requester
 
 __all__ = ["LoadGate"]
 

@@ -1,5 +1,5 @@
 """Where admission placed one instance on the GPUs: a leaf type shared by the catalog (a
-spawn's settings), the instance, the pool and the GPU budget (``corral.control.gpus``)."""
+spawn's settings), the instance, the pool and the GPU budget (``corral.control.placement.gpus``)."""
 
 from __future__ import annotations
 

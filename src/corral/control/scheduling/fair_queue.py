@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from corral.control.keys import ANONYMOUS_NAME, CALLER
+from corral.control.keys.ring import ANONYMOUS_NAME, CALLER
 
 if TYPE_CHECKING:
     from corral.control.instance.instance import Instance
@@ -76,7 +76,7 @@ class Waiter:
     priority: int
     seq: int
     since: float  # time.monotonic() when it queued
-    instance: Instance | None = None  # a paused request: it resumes there only (control/preempt.py)
+    instance: Instance | None = None  # a paused request: it resumes there only (control/scheduling/preempt.py)
 
 
 @dataclass(slots=True)

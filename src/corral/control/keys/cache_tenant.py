@@ -27,7 +27,7 @@ from functools import lru_cache
 import msgspec
 
 from corral import wire
-from corral.control.keys import ANONYMOUS_NAME, Caller
+from corral.control.keys.ring import ANONYMOUS_NAME, Caller
 
 __all__ = ["affinity_prefix", "tenant_of", "with_tenant"]
 
