@@ -1,8 +1,8 @@
 """The docs say what the code is: docs/architecture.md stays short, names only modules
 and tests that exist and names every package and internals page, docs/benchmarks.md's index
-lists every dated log, README's links lead somewhere, and the two drawings in docstrings
-(the exception tree in corral/errors.py, the event list in corral/events.py) match the
-classes and events in the code. Each checker is also run on a made-up mismatch, so a
+lists every dated log, README's links lead somewhere, and the three drawings in docstrings
+(the exception tree in corral/errors.py, the event list in corral/events.py, the
+conversation in corral/wire/__init__.py) match the classes, events and frames in the code. Each checker is also run on a made-up mismatch, so a
 class or an event added without its drawing is caught."""
 
 from __future__ import annotations
@@ -473,3 +473,73 @@ def test_an_undrawn_event_or_field_is_caught() -> None:
     with_field = {**published, "model_removed": {"reason"}}
     assert event_problems(events.__doc__, events.EventName, with_field) == [
         "model_removed is published with ['reason'], not drawn"]
+
+
+# ----------------------------------------------------------------- the wire conversation
+
+_MESSAGE = re.compile(r"\b[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)*\b")
+
+
+def drawn_frames(doc: str) -> list[tuple[str, str]]:
+    """(direction, message) for each message the conversation drawn in ``corral.wire``'s
+    docstring names: ``"to"`` on a ``->`` line (router to worker), ``"from"`` on a ``<-``
+    line; words in parentheses are comments, not messages."""
+    lines = doc.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split() == ["router", "worker"])
+    drawn: list[tuple[str, str]] = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        bare = re.sub(r"\([^)]*\)", "", line)
+        names = _MESSAGE.findall(bare)
+        side = "to" if "->" in bare else "from" if "<-" in bare else None
+        assert side is not None or not names, f"a message on a line with no arrow: {line!r}"
+        drawn += [(str(side), n) for n in names]
+    return drawn
+
+
+def conversation_problems(doc: str, to_worker: Iterable[type], from_worker: Iterable[type]) -> list[str]:
+    drawn = drawn_frames(doc)
+    sides = {"to": {t.__name__ for t in to_worker} | {"WorkerSettings"},  # the spawn's argv
+             "from": {t.__name__ for t in from_worker}}
+    problems = []
+    for side, names in sides.items():
+        on_side = {n for s, n in drawn if s == side}
+        problems += [f"{n} is not in the drawing" for n in sorted(names - {n for _, n in drawn})]
+        problems += [f"{n} is drawn {side} the worker, but it is not a frame that way"
+                     for n in sorted(on_side - names)]
+    return problems
+
+
+def test_the_wire_conversation_draws_every_frame() -> None:
+    from typing import get_args
+
+    from corral import wire
+
+    assert wire.__doc__ is not None
+    to_worker, from_worker = get_args(wire.ToWorker), get_args(wire.FromWorker)
+    assert len(to_worker) >= 10 and len(from_worker) >= 11
+    assert conversation_problems(wire.__doc__, to_worker, from_worker) == []
+
+
+def test_an_undrawn_or_misdrawn_frame_is_caught() -> None:
+    from typing import get_args
+
+    import msgspec
+
+    from corral import wire
+
+    assert wire.__doc__ is not None
+    to_worker, from_worker = get_args(wire.ToWorker), get_args(wire.FromWorker)
+
+    class Pin(msgspec.Struct, tag="pin"):
+        pass
+
+    assert conversation_problems(wire.__doc__, [*to_worker, Pin], from_worker) == ["Pin is not in the drawing"]
+    turned = wire.__doc__.replace("| <--------------------------------------- Paused   |",
+                                  "| -- Paused ---------------------------------------> |")
+    assert turned != wire.__doc__
+    assert conversation_problems(turned, to_worker, from_worker) == [
+        "Paused is drawn to the worker, but it is not a frame that way"]
+    with pytest.raises(AssertionError, match="no arrow"):
+        drawn_frames(re.sub(r"\| -- Shutdown -+> \|", "|    Shutdown    |", wire.__doc__))

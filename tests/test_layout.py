@@ -27,11 +27,16 @@ def test_cli_imports_nothing_of_the_control_plane() -> None:
     assert not {m for m in mods if m.startswith("corral.control")}
 
 
-def test_wire_imports_only_its_leaf_modules() -> None:
+def test_wire_imports_only_its_own_modules_and_two_leaves() -> None:
     mods = _imported_after("import corral.wire")
-    leaves = {m for m in mods if m.startswith("corral.wire_")}  # wire_<topic>.py: its own types
-    assert mods - leaves <= {"corral", "corral.wire", "corral.frames", "corral.settings"}
-    assert {"corral.wire_gpu", "corral.wire_editors", "corral.wire_model"} <= leaves
+    own = {m for m in mods if m.startswith("corral.wire.")}  # corral/wire/<topic>.py: its own types
+    assert mods - own <= {"corral", "corral.wire", "corral.frames", "corral.settings"}
+    assert {"corral.wire.gpu", "corral.wire.editors", "corral.wire.model"} <= own
+
+
+def test_fit_imports_nothing_of_either_side() -> None:
+    mods = _imported_after("import corral.fit.plan, corral.fit.draft, corral.fit.rows, corral.fit.split")
+    assert not {m for m in mods if m.startswith(("corral.control", "corral.worker", "corral.api"))}
 
 
 def test_fetch_child_and_wire_share_one_frame_codec() -> None:
@@ -162,3 +167,59 @@ def test_bench_and_tests_share_testkit_and_import_not_each_other() -> None:
     bench_src = "\n".join(p.read_text(encoding="utf-8") for p in (repo / "bench").rglob("*.py"))
     assert "sys.path.insert" not in bench_src  # no reaching into another tree by path
     assert any("testkit" in n for n in _top_imports(repo / "bench").values())  # it did parse bench
+
+
+# The worker's floors, lowest first: a module imports only modules of its own floor or a lower
+# one (no arrow back up); every module of corral.worker is on exactly one (a new one must be placed).
+WORKER_FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("failures", "host.*", "llama_context", "*.state", "lora", "speculation", "time_limit", "host")),
+    ("model", ("model", "fit", "tokens")),
+    ("parts", ("sampling*", "output*", "prompt*", "embed*", "reasoning", "reasoning.plan", "reasoning.split",
+               "vision", "vision.projector", "vision.mrope", "cache", "cache.kv_store")),
+    ("slot", ("slots", "prefill")),
+    ("features", ("reasoning.feature", "lora.adapters", "vision.steps", "vision.side", "cache.prompt_cache",
+                  "cache.disk", "cache.slot_files", "speculation.*", "time_limit.feature", "preempt*")),
+    ("engine", ("features", "engine")),
+    ("process", ("process", "__main__")),
+]
+
+
+def worker_floor(module: str, floors: list[tuple[str, tuple[str, ...]]] = WORKER_FLOORS) -> int | None:
+    """The floor of ``module`` (a name below ``corral.worker``): the first whose patterns match."""
+    import fnmatch
+
+    for i, (_, patterns) in enumerate(floors):
+        if any(fnmatch.fnmatchcase(module, p) for p in patterns):
+            return i
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]], prefix: str) -> list[str]:
+    """The imports inside package ``prefix`` that point to a higher floor, and its unplaced modules."""
+    out = []
+    inside = {m for m in graph if m.startswith(prefix + ".")}
+    for mod in sorted(inside):
+        low = worker_floor(mod[len(prefix) + 1:])
+        if low is None:
+            out.append(f"{mod}: on no floor (place it in WORKER_FLOORS)")
+            continue
+        for dep in sorted(graph[mod] & inside):
+            up = worker_floor(dep[len(prefix) + 1:])
+            if up is not None and up > low:
+                out.append(f"{mod} ({WORKER_FLOORS[low][0]}) -> {dep} ({WORKER_FLOORS[up][0]})")
+    return out
+
+
+def test_the_worker_imports_only_down_its_floors() -> None:
+    graph = import_graph(SRC)
+    assert "corral.worker.engine" in graph and "corral.worker.vision.steps" in graph
+    assert upward_imports(graph, "corral.worker") == []
+
+
+def test_an_arrow_back_up_the_worker_fails() -> None:
+    graph = {k: set(v) for k, v in import_graph(SRC).items()}
+    graph["corral.worker.slots"].add("corral.worker.engine")  # e.g. slot files reaching for the engine
+    graph["corral.worker.newthing"] = set()
+    assert upward_imports(graph, "corral.worker") == [
+        "corral.worker.newthing: on no floor (place it in WORKER_FLOORS)",
+        "corral.worker.slots (slot) -> corral.worker.engine (engine)"]

@@ -132,8 +132,8 @@ def split_cost_us(model: str, n_tokens: int = 20000) -> tuple[float, float]:
     import llama_cpp as ll
 
     from corral import reasoning_format
-    from corral.worker.reasoning import ReasoningPlan, SlotReasoning
-    from corral.worker.slot_output import SlotOutput
+    from corral.worker.reasoning.plan import ReasoningPlan, SlotReasoning
+    from corral.worker.output.slot_output import SlotOutput
 
     ll.llama_backend_init()
     params = ll.llama_model_default_params()

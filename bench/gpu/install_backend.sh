@@ -4,7 +4,7 @@
 # and DEST/env.sh, which a shell sources to run workers on that build. The venv's own llama_cpp
 # (the CPU build the test suite uses) is left as it is: the bindings load libllama (and so ggml)
 # from LLAMA_CPP_LIB_PATH, libmtmd from MTMD_CPP_LIB, and corral's device API follows the same
-# variable (src/corral/worker/devices.py).
+# variable (src/corral/worker/host/devices.py).
 # Vulkan on a machine without a Vulkan driver (no ICD manifest under /usr/share/vulkan or
 # /etc/vulkan; LAVAPIPE=1 forces it): Mesa's lavapipe from ~/.cache/corral-gpu/vulkan (bench/gpu/vulkan_debs.sh), a
 # CPU-type device that ggml uses only when GGML_VK_VISIBLE_DEVICES names it.

@@ -23,7 +23,7 @@ def measure(model: str, n_tokens: int, threads: int) -> dict[str, float]:
 
     from corral import cache_files, wire
     from corral.worker.engine import Engine
-    from corral.worker.kv_store import restore_seq, save_seq
+    from corral.worker.cache.kv_store import restore_seq, save_seq
 
     e = Engine(wire.WorkerSettings(model_id="m", model_path=model, threads=threads, n_parallel=4,
                                    ctx_len=4 * (n_tokens + 256)))

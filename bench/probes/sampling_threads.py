@@ -44,7 +44,7 @@ def model_path(arg: str | None) -> str:
 
 
 def cmd_step(a: argparse.Namespace) -> None:
-    from corral.worker.sample_pool import SamplePool
+    from corral.worker.sampling.pool import SamplePool
     from bench.probes.inproc import bench_params, open_engine, start_streams, stop_streams
 
     slots = [int(x) for x in a.slots.split(",")]
@@ -87,7 +87,7 @@ def cmd_step(a: argparse.Namespace) -> None:
 
         def use(v: str) -> None:
             e.pool = pools[v]
-            for s in e.slots:  # "full": the whole vocabulary (worker/candidates.py off)
+            for s in e.slots:  # "full": the whole vocabulary (worker/sampling/candidates.py off)
                 if s.sampler is not None:
                     s.sampler.short = None if v.endswith("full") else shorts.get(s.index)
 

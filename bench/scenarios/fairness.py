@@ -13,8 +13,8 @@ key's requests: sent, completed, refused (503): the heavy key is to be slowed, n
 ``queue_timeout_s``, not the bench's long one, so a queue wait bounded by it would show).
 
 Servers, in one run: corral with two keys and preemption (the fair queue,
-corral.control.fair_queue, and a heavy sequence paused for the light key:
-corral.control.preempt), the same with ``preempt = false`` (the fair queue alone),
+corral.control.scheduling.fair_queue, and a heavy sequence paused for the light key:
+corral.control.scheduling.preempt), the same with ``preempt = false`` (the fair queue alone),
 corral without keys (one anonymous key: its queue is FIFO; the tok/s reference, goal
 >= 0.97x) and llama-server -np 4 (FIFO), same client code.
 """

@@ -8,7 +8,15 @@ checked, usage counted and written to SQLite off the request path); a key with r
 and concurrency limits (each checked and charged). Sequential non-streamed chats on a
 kept-alive connection, in interleaved blocks (every server one block in turn), so a
 change in the machine's load touches all three alike. Reported: p10/p50/p95 latency per
-server and the p50 added against no keys.
+server and the p50 added against no keys. The key setups include what issue 33 added: the
+request's cache tenant and its token reservation (prompt + max_tokens, settled at the end).
+
+Then what cache isolation costs a team (``sc_shared_prompt``, the real model): one corral
+with three keys, alice and bob in one ``cache_group``, carol in none; each round a new long
+system prompt (~1,500 tokens, ``swa_full`` so the whole prefix is reusable) that alice sends
+first, then bob and carol each ask their own question under it (who goes first alternates).
+Bob's first token reuses alice's prefix; carol's is a full prefill, as every tenant's first
+request is: the price of isolation, paid once per tenant.
 """
 
 from __future__ import annotations
@@ -31,9 +39,14 @@ from corral.keys_file import KeySpec, hash_secret, write_keys
 FAKE = Path(__file__).resolve().parents[2] / "tests" / "support" / "fake_worker.py"
 SECRET = "crl_bench-keys-0123456789abcdef0123456789"
 BLOCK = 20
+TEAM = {"alice": "team", "bob": "team", "carol": None}  # key -> cache_group
 
 
 async def sc_keys_overhead(ctx: Ctx) -> list[Table]:
+    return [await _router_overhead(ctx), await sc_shared_prompt(ctx)]
+
+
+async def _router_overhead(ctx: Ctx) -> Table:
     blocks = ctx.n(30, 10)  # per server; BLOCK requests each
     script = ctx.tmp / "keys-overhead-worker.json"
     script.write_text(json.dumps({"tokens": ["x"]}))
@@ -97,6 +110,64 @@ async def sc_keys_overhead(ctx: Ctx) -> list[Table]:
                        str(errors[name])])
     t.notes.append("Latency as the client sees it (httpx, the client's own cost included): a POST of a "
                    "1-token chat answered by the scripted worker at once; usage rows go to SQLite in "
-                   "batches off the request path (corral.control.usage)")
+                   "batches off the request path (corral.control.keys.usage)")
     t.data = {name: {"p10": pct(v, 10), "p50": pct(v, 50), "p95": pct(v, 95), "n": len(v)} for name, v in lat.items()}
-    return [t]
+    return t
+
+
+def _system_prompt(r: int) -> str:
+    rules = " ".join(f"Rule {r}.{i}: requests about desk {i % 7} go to the {('north', 'south', 'east')[i % 3]} "
+                     f"wing, ticket class {i % 5}, answered within {i % 9 + 1} days." for i in range(55))
+    return f"Handbook edition {r}. You are the facilities assistant of a large office. {rules}"
+
+
+async def sc_shared_prompt(ctx: Ctx) -> Table:
+    rounds = ctx.n(6, 2)
+    secrets = {name: f"crl_bench-{name}-0123456789abcdef0123456789" for name in TEAM}
+    path = ctx.tmp / "shared-prompt-keys.toml"
+    write_keys(path, {name: KeySpec(hash=hash_secret(secrets[name]), cache_group=TEAM[name]) for name in TEAM})
+    cfg = ctx.corral_config("shared-prompt", {"m": ctx.corral_model(2, ctx_len=2 * 2048, swa_full=True)},
+                            keys_file=str(path), state_dir=str(ctx.tmp / "shared-prompt-state"))
+    port = free_port()
+    server = start("corral-shared-prompt", corral_cmd(cfg, port), port)
+    ms: dict[str, list[float]] = {name: [] for name in TEAM}
+    cached: dict[str, list[int]] = {name: [] for name in TEAM}
+    n_prompt: list[int] = []
+    try:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=600) as c:
+            async def ask(who: str, system: str, question: str) -> None:
+                body = {"model": "m", "max_tokens": 1, "temperature": 0,
+                        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+                t0 = time.perf_counter()
+                r = await c.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {secrets[who]}"})
+                r.raise_for_status()
+                ms[who].append((time.perf_counter() - t0) * 1000)
+                u = r.json()["usage"]
+                cached[who].append(u["prompt_tokens_details"]["cached_tokens"])
+                n_prompt.append(u["prompt_tokens"])
+
+            await ask("carol", _system_prompt(-1), "Warm-up.")  # unmeasured: the worker loads
+            for seen in (ms["carol"], cached["carol"], n_prompt):
+                seen.clear()
+            log(f"keys_overhead: shared system prompt, {rounds} rounds")
+            for r in range(rounds):
+                system = _system_prompt(r)
+                await ask("alice", system, "Where do tickets about desk 3 go?")
+                for who in (("bob", "carol") if r % 2 == 0 else ("carol", "bob")):
+                    await ask(who, system, f"{who} asks: how long does a class 2 ticket take?")
+    finally:
+        server.stop()
+    t = Table(f"Cache isolation: a team's shared system prompt (~{pct([float(n) for n in n_prompt], 50) or 0:.0f} "
+              f"prompt tokens, {rounds} rounds, one corral, 1-token answers)",
+              ["key", "cache_group", "first token p50 ms", "cached prompt tokens p50", "vs carol (no group)"])
+    carol = pct(ms["carol"], 50)
+    for name in TEAM:
+        p50 = pct(ms[name], 50)
+        vs = "–" if name != "bob" or not p50 or not carol else f"{carol / p50:.1f}x faster"
+        t.rows.append([name + (" (first, the prefix's writer)" if name == "alice" else ""), TEAM[name] or "none",
+                       fmt(p50, 0), fmt(pct([float(x) for x in cached[name]], 50), 0), vs])
+    t.notes.append("Each round's system prompt is new: alice's request is a full prefill; bob (alice's "
+                   "cache_group) reuses it, carol (her own tenant) prefills it again")
+    t.data = {name: {"p50_ms": pct(ms[name], 50), "cached_p50": pct([float(x) for x in cached[name]], 50)}
+              for name in TEAM}
+    return t

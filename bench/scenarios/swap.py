@@ -8,7 +8,7 @@ next turn of that model's conversation: its prompt is the conversation so far (s
 prompt, earlier questions and answers) plus a new question, as chat clients send it.
 (With Gemma 3's sliding window a saved state serves only a prompt that continues all of
 it: the state keeps the last n_swa positions of the window layers, so a prompt that
-leaves the saved sequence before its end cannot reuse it; see worker/kv_store.py.) Each visit is
+leaves the saved sequence before its end cannot reuse it; see worker/cache/kv_store.py.) Each visit is
 ``POST /models/load`` (with one model allowed, that swaps the other one out), polled until
 ``GET /models`` says loaded (the load part), then a streamed completion whose prompt is the
 model's system prompt plus a new user turn (the prompt part: until its first token). The

@@ -1,5 +1,5 @@
 """The prompt cache's files: one saved prefix per file, written atomically, checked on read.
-The worker writes and reads them (``corral.worker.cache_disk``); ``corral cache ls | clear``
+The worker writes and reads them (``corral.worker.cache.disk``); ``corral cache ls | clear``
 and the router's metrics list them. Imports nothing of corral.
 
     <state_dir>/prompt-cache/<model key>/<token hash>.kv
@@ -7,7 +7,7 @@ and the router's metrics list them. Imports nothing of corral.
     MAGIC (8) | header length (u32 LE) | header (JSON) | tokens (int32 LE each) | KV state | sha256 (32)
 
 The header names the model key (the model file's identity and every load setting that
-changes the KV: ``corral.worker.cache_disk.model_key``), the model id (for people), the
+changes the KV: ``corral.worker.cache.disk.model_key``), the model id (for people), the
 token count, the state's size, the lowest position the state holds (sliding-window
 layers keep only the last window), the LoRA adapter set the KV was computed under
 (``lora``: [[adapter index, scale], ...], [] for none) and the cache tenant whose requests
@@ -79,8 +79,9 @@ def token_hash(tokens: Sequence[int], lora: Sequence[tuple[int, float]] = (), te
 
 def write_entry(directory: Path, model_key: str, model_id: str, tokens: Sequence[int], pos_min: int,
                 state: bytes, lora: Sequence[tuple[int, float]] = (), tenant: str = "") -> Path:
-    """Write one entry atomically (temp file, fsync, rename, fsync of the directory)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write one entry atomically (temp file, fsync, rename, fsync of the directory). The
+    entry holds a prompt: the file is 0600 and the directories made for it 0700."""
+    _private_dirs(directory)
     header = json.dumps({"v": VERSION, "key": model_key, "model": model_id, "n_tokens": len(tokens),
                          "pos_min": pos_min, "state_bytes": len(state), "created": time.time(),
                          "lora": [[int(i), float(v)] for i, v in lora], "tenant": tenant}).encode()
@@ -89,7 +90,9 @@ def write_entry(directory: Path, model_key: str, model_id: str, tokens: Sequence
     final = directory / (token_hash(tokens, lora, tenant) + SUFFIX)
     tmp = directory / f"{_TMP_PREFIX}{os.getpid()}-{final.name}"
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)  # a temp file left by an older corral keeps its mode through O_TRUNC
+        with os.fdopen(fd, "wb") as f:
             for p in parts:
                 digest.update(p)
                 f.write(p)
@@ -105,6 +108,21 @@ def write_entry(directory: Path, model_key: str, model_id: str, tokens: Sequence
     return final
 
 
+def _private_dirs(directory: Path) -> None:
+    """``directory`` and each missing parent made 0700 (``mkdir(parents=True)`` gives the
+    parents the umask's mode)."""
+    missing = []
+    d = directory
+    while not d.exists() and d != d.parent:
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another writer made it meanwhile
+            d.mkdir(mode=0o700)
+    if not directory.is_dir():
+        raise NotADirectoryError(f"{directory.name} is not a directory")
+
+
 def _fsync_dir(directory: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
@@ -114,9 +132,18 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+def _count(path: Path, meta: dict[str, object], field: str, most: int) -> int:
+    """``meta[field]`` as an integer in 0..most (a crafted header's 1e400 or -1 is refused)."""
+    v = meta[field]
+    if type(v) is not int or not 0 <= v <= most:
+        raise CacheFileError(path, f"{field} {str(v)[:40]!r} is not an integer in 0..{most}")
+    return v
+
+
 def read_header(path: Path) -> CacheFile:
     """The entry's header and tokens (not its state); ``CacheFileError`` when the file is
-    not one or its length is not what its header says (a truncated write)."""
+    not one, its header is out of bounds (sizes beyond the file, a nesting the header's
+    shape does not have) or its length is not what its header says (a truncated write)."""
     try:
         st = path.stat()
         with open(path, "rb") as f:
@@ -126,22 +153,29 @@ def read_header(path: Path) -> CacheFile:
             (n_header,) = struct.unpack("<I", head[len(MAGIC):])
             if n_header > _HEADER_MAX:
                 raise CacheFileError(path, f"header of {n_header} bytes")
-            meta = json.loads(f.read(n_header))
-            n_tok, n_state = int(meta["n_tokens"]), int(meta["state_bytes"])
+            meta = json.loads(f.read(n_header))  # at most 64 KiB: a deep nesting is a RecursionError
+            if not isinstance(meta, dict):
+                raise CacheFileError(path, "the header is not an object")
+            n_tok = _count(path, meta, "n_tokens", st.st_size // 4)  # bounded by the file before reading
+            n_state = _count(path, meta, "state_bytes", st.st_size)
+            pos_min = _count(path, meta, "pos_min", n_tok)
             raw = f.read(4 * n_tok)
         if meta.get("v") != VERSION or len(raw) != 4 * n_tok:
-            raise CacheFileError(path, f"version {meta.get('v')} or truncated tokens")
+            raise CacheFileError(path, f"version {str(meta.get('v'))[:20]} or truncated tokens")
         want = len(MAGIC) + 4 + n_header + 4 * n_tok + n_state + 32
         if st.st_size != want:
             raise CacheFileError(path, f"{st.st_size} bytes, its header says {want} (truncated?)")
         tokens = struct.unpack(f"<{n_tok}i", raw)
-        lora = tuple((int(i), float(v)) for i, v in meta.get("lora", []))
-        return CacheFile(path, str(meta["key"]), str(meta.get("model", "")), tokens, int(meta["pos_min"]), n_state,
-                         st.st_size, st.st_mtime, lora, str(meta.get("tenant", "")))
+        lora = meta.get("lora", [])
+        if not isinstance(lora, list) or len(lora) > 64:
+            raise CacheFileError(path, "lora is not a list of at most 64 adapters")
+        return CacheFile(path, str(meta["key"])[:256], str(meta.get("model", ""))[:256], tokens, pos_min, n_state,
+                         st.st_size, st.st_mtime, tuple((int(i), float(v)) for i, v in lora),
+                         str(meta.get("tenant", ""))[:128])
     except CacheFileError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
-        raise CacheFileError(path, f"unreadable ({type(exc).__name__}: {exc})") from exc
+    except (OSError, ValueError, KeyError, TypeError, struct.error, OverflowError, RecursionError) as exc:
+        raise CacheFileError(path, f"unreadable ({type(exc).__name__})") from None
 
 
 def read_state(entry: CacheFile) -> bytes:

@@ -79,7 +79,7 @@ class ServerConfig(_NoBoolNumbers):
     port: int = Field(8080, ge=0, le=65535)
     max_loaded_models: int = Field(4, ge=1)  # 1 = single-GPU mode: one model at a time
     memory_budget: ByteSize | None = None  # sum of what loaded workers report
-    # GPUs (control/gpus.py): each GPU's budget is its free memory at startup less this margin,
+    # GPUs (control/placement/gpus.py): each GPU's budget is its free memory at startup less this margin,
     # capped per GPU (by index) by gpu_memory_budget when given
     gpu_memory_margin: ByteSize = 512 * 1024 * 1024
     gpu_memory_budget: list[ByteSize] = []
@@ -115,12 +115,12 @@ class ServerConfig(_NoBoolNumbers):
     # a request's wait for a slot; absent: as long as its client waits (like llama-server, vLLM,
     # Ollama); shedding is max_queue's immediate 503 + Retry-After (docs/internals/fair-share.md)
     request_queue_timeout_s: float | None = Field(None, gt=0)
-    # the fair queue (control/fair_queue.py): waiting this long raises a request's priority by one
+    # the fair queue (control/scheduling/fair_queue.py): waiting this long raises a request's priority by one
     priority_aging_s: float = Field(10.0, gt=0)
     # at max_loaded_models, a loaded model keeps its place this long after loading (an idle one
     # is not evicted, a busy one is unloaded after it, drained, when another waits); 0: off
     model_time_slice_s: float = Field(0.0, ge=0)
-    # fair-share preemption (control/preempt.py): while other keys wait, a key over its share of
+    # fair-share preemption (control/scheduling/preempt.py): while other keys wait, a key over its share of
     # a model's slots has a sequence paused (its KV kept in the worker's RAM) for a waiting key
     preempt: bool = True
     preempt_min_run_s: float = Field(1.0, ge=0)  # a resumed sequence runs this long before another pause

@@ -57,7 +57,7 @@ class EventName(enum.StrEnum):
     DOWNLOAD_FINISHED = "download_finished"
     DOWNLOAD_FAILED = "download_failed"
     DOWNLOAD_CANCELLED = "download_cancelled"
-    KEYS_RELOADED = "keys_reloaded"  # the keys file was read again (corral.control.keys)
+    KEYS_RELOADED = "keys_reloaded"  # the keys file was read again (corral.control.keys.ring)
     KEYS_RELOAD_FAILED = "keys_reload_failed"  # it was invalid: the old keys stay
     EVENTS_DROPPED = "events_dropped"
     RAY_STATUS = "ray_status"  # the Ray connection: connecting, connected, disconnected (+ reason)

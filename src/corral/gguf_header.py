@@ -2,7 +2,7 @@
 
 Neutral (imports nothing of corral), so the router, the store and the worker read a
 model file the same way: ``store.gguf`` (quantization), ``store.gguf_meta`` (what
-``corral show``, /api/show and the web page print), ``corral.gpu_fit`` (memory per
+``corral show``, /api/show and the web page print), ``corral.fit.plan`` (memory per
 layer for the GPU fit plan and the router's per-device budget).
 
 The header is ``magic "GGUF", version u32, n_tensors u64, n_kv u64``, the key/value

@@ -22,7 +22,7 @@ table) and returns every key or raises ``ConfigError``: a half-valid file change
 nothing. Writes are atomic (a temporary file in the same directory, fsync, rename), so
 a reader (the router re-reads the file when it changes) never sees half a file.
 
-This module is shared by the router (``corral.control.keys``) and the CLI, so it
+This module is shared by the router (``corral.control.keys.ring``) and the CLI, so it
 imports nothing from either.
 """
 
@@ -53,6 +53,7 @@ __all__ = [
     "name_problem",
     "new_secret",
     "now_iso",
+    "owner_and_mode",
     "parse_keys",
     "read_keys",
     "render_keys",
@@ -80,7 +81,7 @@ class KeySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     queue: int | None = None
     weight: float = 1.0
     max_priority: int = 0
-    cache_group: str | None = None  # keys of one group share their prompt cache (control/cache_tenant.py)
+    cache_group: str | None = None  # keys of one group share their prompt cache (control/keys/cache_tenant.py)
     created: str = ""
 
 
@@ -190,7 +191,7 @@ def render_keys(keys: dict[str, KeySpec]) -> str:
     return "\n".join(lines)
 
 
-def _owner_and_mode(path: Path) -> tuple[int, int, int]:
+def owner_and_mode(path: Path) -> tuple[int, int, int]:
     """(uid, gid, mode) the rewritten file must have: the existing file's, so a server that
     reads it as its owner still can; a new file: 0600, owned like its directory."""
     try:
@@ -208,7 +209,7 @@ def write_keys(path: Path, keys: dict[str, KeySpec]) -> None:
     text = render_keys(keys)
     parse_keys(text, str(path))  # what is written reads back
     path.parent.mkdir(parents=True, exist_ok=True)
-    uid, gid, mode = _owner_and_mode(path)
+    uid, gid, mode = owner_and_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

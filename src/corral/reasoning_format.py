@@ -1,6 +1,6 @@
 """Reasoning formats: how a model's thinking is marked in its output, and which one a chat
 template uses. A leaf module (nothing of corral): the worker splits with it
-(``corral.worker.reasoning``), the router reads a model's capabilities with it.
+(``corral.worker.reasoning.plan``), the router reads a model's capabilities with it.
 
 Formats:
 

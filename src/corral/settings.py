@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 import msgspec
 from msgspec import Meta
 
-__all__ = ["ModelSettings", "LoraAdapter", "MAX_LORA", "LORA_SCALE_MAX", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX",
+__all__ = ["ModelSettings", "LoraAdapter", "MAX_LORA", "LORA_SCALE_MAX", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX", "DEFAULT_SLOT_CTX",
            "BYTE_FIELDS", "parse_size",
            "setting_names"]
 
@@ -43,13 +43,18 @@ KV_CACHE_TYPES: dict[str, tuple[int, int]] = {
 CacheType = Literal["f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
+# context per slot of a model whose ctx_len is not set (Claude Code's prompts are 19k-28k
+# tokens, Open WebUI's tool definitions 6.4k): capped at the model's n_ctx_train, fitted to
+# memory under n_gpu_layers = "auto" (docs/internals/worker-engine.md, "The slot context")
+DEFAULT_SLOT_CTX = 32768
+MIN_CTX_LEN = 16  # a ctx_len that is set
 MAX_LORA = 32  # adapters per model
 LORA_SCALE_MAX = 100.0  # |scale| of an adapter, in the config and in a request
 
 
 class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A LoRA adapter GGUF of a model (llama-server's ``--lora-scaled FILE SCALE``), loaded
-    once per worker (worker/lora.py). ``id`` names it in requests (as does its position, which
+    once per worker (worker/lora/adapters.py). ``id`` names it in requests (as does its position, which
     is llama-server's integer id); ``scale`` is its default; ``model``: an extra model id that
     is this model with only this adapter at ``scale`` (Ollama's ``ADAPTER``), served by the
     same workers; such an adapter is then off by default for the model's own requests
@@ -64,12 +69,15 @@ class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How one model is run. Defaults here are the only defaults."""
 
-    ctx_len: Annotated[int, Meta(ge=16, le=INT32_MAX)] = 4096  # total KV cells; per slot ctx_len // n_parallel
+    # total KV cells; per slot ctx_len // n_parallel. 0 (the default): unset, n_parallel x
+    # DEFAULT_SLOT_CTX; the worker caps a slot at the model's n_ctx_train, and n_gpu_layers =
+    # "auto" shrinks it to fit the GPU or, with no GPU, the host's RAM (worker/fit.py)
+    ctx_len: Annotated[int, Meta(ge=0, le=INT32_MAX)] = 0
     n_parallel: Annotated[int, Meta(ge=1, le=256)] = 4  # slots: sequences decoded together
     instances: Annotated[int, Meta(ge=1, le=64)] = 1  # worker processes of this model
     n_batch: _Positive32 = 512  # max tokens per llama_decode
     # layers on the GPU: a number (-1: all), or "auto": fit layers and context to the
-    # device's free memory (corral/gpu_fit.py's plan_fit); with no GPU, auto is 0
+    # device's free memory (corral/fit/plan.py's plan_fit); with no GPU, auto is 0
     n_gpu_layers: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | Literal["auto"] = "auto"
     # GPUs of each instance (CUDA_VISIBLE_DEVICES and the HIP/Vulkan equivalents); None: all
     devices: list[Annotated[int, Meta(ge=0, le=1023)]] | None = None
@@ -80,7 +88,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     fit_ctx_floor: Annotated[int, Meta(ge=16, le=INT32_MAX)] = 1024  # auto: context per slot kept at least
     threads: _Positive32 | None = None  # None: see corral.control.catalog.default_threads
     threads_batch: _Positive32 | None = None  # None: same as threads
-    # threads that sample the slots of one step side by side (worker/sample_pool.py); "auto":
+    # threads that sample the slots of one step side by side (worker/sampling/pool.py); "auto":
     # min(n_parallel, CPUs, 4) with no GPU layers, else min(n_parallel, CPUs, 8). Never
     # more than the cores the thread governor finds free at that moment.
     sampling_threads: Annotated[int, Meta(ge=1, le=256)] | Literal["auto"] = "auto"
@@ -142,14 +150,20 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     draft_p_min: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.75
     # with [server] ray_address: custom Ray resources each instance asks for (e.g. a node tag)
     ray_resources: dict[str, Annotated[float, Meta(ge=0)]] = {}
-    # the host-RAM prompt cache (llama-server's --cache-ram; worker/prompt_cache.py): bytes of
+    # the host-RAM prompt cache (llama-server's --cache-ram; worker/cache/prompt_cache.py): bytes of
     # saved prefixes' KV each worker keeps (a size, "2GiB", or bytes; 0: off). The same budget
-    # holds sequences paused by fair-share preemption (worker/kv_store.py).
+    # holds sequences paused by fair-share preemption (worker/cache/kv_store.py).
     prompt_cache_ram: Annotated[int, Meta(ge=0, le=2**50)] = 1024**3
     # router only (changing these needs no worker restart)
     ttl_s: Annotated[float, Meta(gt=0)] | None = None  # unload after this long idle
     pinned: bool = False  # never evicted
     load_on_startup: bool = False
+
+    def __post_init__(self) -> None:
+        if 0 < self.ctx_len < MIN_CTX_LEN:  # msgspec's ValidationError, with the key's path
+            raise ValueError(f"Expected `int` >= {MIN_CTX_LEN}, or 0 (unset: {DEFAULT_SLOT_CTX} a slot)")
+        if self.ctx_len == 0:  # not set: sized per slot
+            msgspec.structs.force_setattr(self, "ctx_len", self.n_parallel * DEFAULT_SLOT_CTX)
 
     @classmethod
     def check_partial(cls, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -165,7 +179,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             try:
                 if key in BYTE_FIELDS:
                     value = parse_size(value)
-                out[key] = getattr(msgspec.convert({key: value}, cls), key)
+                got = getattr(msgspec.convert({key: value}, cls), key)
+                out[key] = 0 if key == "ctx_len" and value == 0 else got  # unset stays unset until layered
             except ValueError as exc:  # msgspec.ValidationError is one too
                 msg = _strip_path(str(exc))
                 if msg.startswith("Invalid enum value"):
@@ -223,7 +238,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         worker stays on the GPUs the user gave the server, and the variables it does not
         set stay unset (ROCm honours both HIP's and CUDA's: a raw ``k`` in the other one
         would pick the machine's GPU ``k`` again). An index past the list picks nothing
-        (the router refuses such a pin before a spawn: ``control/gpus.py``)."""
+        (the router refuses such a pin before a spawn: ``control/placement/gpus.py``)."""
         if self.devices is None:
             return {}
         given = {var: seen[var] for var in VISIBLE_DEVICES_VARS if seen is not None and var in seen}

@@ -12,7 +12,7 @@ import pytest
 from support.harness import Harness, _until, chat
 from support.keys import bearer, write_keys_file
 
-from corral.control.limits import Limiter, format_reset
+from corral.control.keys.limits import Limiter, format_reset
 from corral.errors import RateLimited
 from corral.keys_file import KeySpec
 
@@ -188,7 +188,7 @@ def test_reservations_are_hard_and_settle_what_was_not_used() -> None:
 
 def test_token_need_bounds_what_a_request_may_use() -> None:
     from corral import wire
-    from corral.control.access import token_need
+    from corral.control.keys.access import token_need
 
     def gen(**kw: Any) -> wire.GenerateRequest:
         return wire.GenerateRequest(id="r", **kw)
@@ -209,15 +209,21 @@ async def test_a_request_holds_its_reservation_until_it_ends_and_gets_the_rest_b
     assert c is not None
     limiter = harness.plane.access.limiter
     frozen = time.time()
-    limiter._clock = lambda: frozen  # no refill while it runs: what comes back is exactly the unused rest
+    limiter._clock = lambda: frozen  # no refill meanwhile: what comes back is exactly the unused rest
     spec = KeySpec(hash="", tpm=100000)
     h = bearer(secrets["k"])
+
+    def taken() -> int:
+        return 100000 - int(limiter.headers("k", spec)["x-ratelimit-remaining-tokens"])
+
     async with c.stream("POST", "/v1/chat/completions", json=chat("a", "FOREVER", stream=True), headers=h) as s:
         assert (await anext(s.aiter_lines())).startswith("data: ")
-        held = 100000 - int(limiter.headers("k", spec)["x-ratelimit-remaining-tokens"])
+        held = taken()
         assert held >= 512  # no max_tokens: a whole slot's context is held while it runs
-    await _until(lambda: limiter.in_flight("k") == 0 and sum(
-        r["completion_tokens"] for r in harness.plane.access.usage.query(key="k")) > 0)
-    used = sum(r["prompt_tokens"] + r["completion_tokens"] for r in harness.plane.access.usage.query(key="k"))
-    left = 100000 - int(limiter.headers("k", spec)["x-ratelimit-remaining-tokens"])
-    assert left == used < held  # what it did not use came back
+    await _until(lambda: harness.plane.pools["a"].inflight == 0)  # the worker ended it: settled
+    before = taken()
+    assert before <= held  # it ended: at most what it held stays taken
+    r = await c.post("/v1/chat/completions", json=chat("a", "hi"), headers=h)  # no max_tokens: a slot held too
+    assert r.status_code == 200, r.text
+    used = r.json()["usage"]["total_tokens"]
+    assert taken() - before == used < held  # what it did not use came back at its end

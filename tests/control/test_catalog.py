@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 
 from corral.control.catalog import Catalog, ModelSpec, default_threads
-from corral.control.pool import common_prefix_len
+from corral.control.scheduling.pool import common_prefix_len
 from corral.errors import ModelNotFound
 
 

@@ -1,5 +1,5 @@
-"""A draft model on the router side: its memory in an instance's GPU need (corral.draft_fit,
-control/gpus.py), and which method speculates in GET /models and /metrics."""
+"""A draft model on the router side: its memory in an instance's GPU need (corral.fit.draft,
+control/placement/gpus.py), and which method speculates in GET /models and /metrics."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from corral import wire
-from corral.batch_rows import outputs_max
+from corral.fit.rows import outputs_max
 from corral.control.catalog import ModelSpec
-from corral.control.gpus import _need
+from corral.control.placement.gpus import _need
 from corral.control.metrics import Metrics
 from corral.control.views import speculation
-from corral.draft_fit import draft_needs, draft_path, draft_settings
-from corral.gpu_fit import read_layout
+from corral.fit.draft import draft_needs, draft_path, draft_settings
+from corral.fit.plan import read_layout
 from corral.settings import ModelSettings, SettingsError
 
 
@@ -46,7 +46,7 @@ def test_the_gpu_need_adds_the_draft_models(model_path: Path) -> None:
     both = _need(SimpleNamespace(spec=drafted), budgets, free)  # type: ignore[arg-type]
     assert own[0] > 100 << 20
     # the same file as its own draft, all layers on the GPU: twice the need, and the main
-    # context's logits rows for the drafts it verifies (batch_rows.outputs_max)
+    # context's logits rows for the drafts it verifies (fit.rows.outputs_max)
     drafts_rows = outputs_max(drafted, drafted.n_parallel) - outputs_max(plain, plain.n_parallel)
     assert drafts_rows == drafted.n_parallel * drafted.draft_max
     assert both == [2 * own[0] + 4 * read_layout(model_path).n_vocab * drafts_rows]

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from corral.control.fair_queue import FairQueue
+from corral.control.scheduling.fair_queue import FairQueue
 from support.harness import Harness, _until, chat
 from support.keys import bearer, write_keys_file
 

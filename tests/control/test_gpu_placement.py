@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from corral.control.gpus import device_use
+from corral.control.placement.gpus import device_use
 from support.harness import Harness, wait_event
 from support.harness import _until
 

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from corral.control.gpu_slot import GpuSlot
+from corral.control.placement.gpu_slot import GpuSlot
 from corral.control.instance.instance import InstanceState
 from support.fake_link import FakeSpawner, fake_pool, spec
 

@@ -1,5 +1,5 @@
 """One model at a time: which waiting model loads next is decided over the keys' shares
-(control/load_gate.py), not by who asked first (fake workers)."""
+(control/scheduling/load_gate.py), not by who asked first (fake workers)."""
 
 from __future__ import annotations
 

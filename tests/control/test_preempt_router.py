@@ -1,4 +1,4 @@
-"""Fair-share preemption through the router (control/preempt.py), with fake workers that
+"""Fair-share preemption through the router (control/scheduling/preempt.py), with fake workers that
 pause and resume on Preempt/Resume: a heavy key over its share is paused when a light
 key waits, resumed after, and its stream ends as it would have; abort while paused;
 a worker that dies with a paused request fails it; one key alone is never paused."""

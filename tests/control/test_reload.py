@@ -15,10 +15,12 @@ import pytest
 from corral.config import load_config
 from support.harness import Harness, chat, wait_event
 from support.harness import _until
+from testkit.model_settings import TEST_CTX_LEN
 
 
 def write_config(path: Path, server: dict[str, Any], models: dict[str, dict[str, Any]]) -> None:
     lines = ["[server]"] + [f"{k} = {json.dumps(v)}" for k, v in server.items()]
+    lines += ["[defaults]", f"ctx_len = {TEST_CTX_LEN}"]
     for mid, m in models.items():
         lines.append(f'[models."{mid}"]')
         lines += [f"{k} = {json.dumps(v)}" for k, v in m.items()]

@@ -12,7 +12,7 @@ import pytest
 
 from corral import wire
 from corral.control.instance.instance import InstanceState
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.control.stream import RequestStream
 from corral.errors import InternalError, WorkerCrashed
 from support.fake_link import FakeLink, FakeSpawner, fake_pool, finished, spec

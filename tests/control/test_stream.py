@@ -53,3 +53,22 @@ async def test_abort_without_instance_and_twice_is_harmless() -> None:
     s.abort()
     await s.wait_done()
     assert s.take_all().text == ""
+
+
+def test_end_handlers_run_once_last_added_first_and_one_failing_stops_none(caplog: pytest.LogCaptureFixture) -> None:
+    s = RequestStream("r", "m")
+    ran: list[str] = []
+    s.at_end(lambda _: ran.append("usage"))
+    s.at_end(lambda _: ran.append("queue"))
+
+    def broken(_: RequestStream) -> None:
+        raise RuntimeError("a handler's bug")
+
+    s.at_end(broken)
+    s.at_end(lambda _: ran.append("preempt"))
+    s.fail(WorkerCrashed("gone"))
+    assert ran == ["preempt", "queue", "usage"]
+    assert any("end handler of request r failed" in r.getMessage() for r in caplog.records)
+    s.fail(WorkerCrashed("again"))  # ended already: nothing runs twice
+    s.at_end(lambda _: ran.append("late"))  # added after the end: runs at once
+    assert ran == ["preempt", "queue", "usage", "late"]

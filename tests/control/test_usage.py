@@ -12,8 +12,8 @@ import pytest
 from support.harness import Harness, _until, chat
 from support.keys import bearer, write_keys_file
 
-from corral.control.limits import utc_day
-from corral.control.usage import UsageBook, state_dir
+from corral.control.keys.limits import utc_day
+from corral.control.keys.usage import UsageBook, state_dir
 
 MSG = {"model": "a", "max_tokens": 5, "messages": [{"role": "user", "content": "one two three"}]}
 
@@ -140,7 +140,7 @@ def test_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def test_tokens_per_day_count_what_the_database_kept(tmp_path: Path) -> None:
     """After a restart the tokens-per-day limit starts from the day's usage on disk."""
-    from corral.control.limits import Limiter
+    from corral.control.keys.limits import Limiter
     from corral.errors import RateLimited
     from corral.keys_file import KeySpec
 

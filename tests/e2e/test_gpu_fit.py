@@ -92,9 +92,40 @@ async def test_no_gpu_means_no_plan_and_no_layers(harness: Harness, model_path: 
     assert ps["size_vram"] == 0 and ps["size"] == host["weight_bytes"] - host["input_bytes"] + host["kv_bytes"]
 
 
+async def test_an_unset_context_is_fitted_to_the_host_without_a_gpu(harness: Harness, model_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The embedded model with ``ctx_len`` unset (32,768 cells a slot, its n_ctx_train) on a
+    host with no GPU and, as the test inventory says, 600 MiB available: the context comes
+    down in 256-cell steps until weights and KV fit in 300 MiB, and GET /models shows it."""
+    from corral import wire
+    from corral.fit.plan import read_layout
+    from corral.settings import DEFAULT_SLOT_CTX
+    from corral.worker.fit import fit_host_ctx
+
+    layout = read_layout(model_path)
+    assert layout.n_ctx_train == DEFAULT_SLOT_CTX  # Gemma 3 270M: the cap is the default
+    available = 600 * MiB
+    monkeypatch.setenv("CORRAL_FAKE_DEVICES", json.dumps(
+        [{"name": "CPU", "backend": "CPU", "kind": "cpu", "free_bytes": available, "total_bytes": 8 * GiB}]))
+    want = fit_host_ctx(wire.WorkerSettings(model_id="m", model_path=str(model_path), n_parallel=1), layout, available)
+    assert 1024 < want < DEFAULT_SLOT_CTX and want % 256 == 0
+    cfg = harness.config({"m": {"path": str(model_path), "ctx_len": 0, "n_parallel": 1, "threads": 1}},
+                         worker_command=None)
+    await harness.start(cfg)
+    inst = await instance(harness, "m")
+    assert inst["n_ctx_slot"] == want and inst["fit"] is None and inst["gpu_layers"] == 0
+    [host] = inst["placement"]
+    assert host["weight_bytes"] + host["kv_bytes"] <= available // 2
+    r = await harness.client.get("/models")  # type: ignore[union-attr]
+    entry = next(m for m in r.json()["data"] if m["id"] == "m")
+    assert entry["settings"]["ctx_len"] == DEFAULT_SLOT_CTX  # what was asked: unset, 32,768 a slot
+    r = await harness.client.post("/v1/completions", json={"model": "m", "prompt": "Hi", "max_tokens": 2})  # type: ignore[union-attr]
+    assert r.status_code == 200, r.text
+
+
 async def test_two_models_spread_over_two_gpus_and_a_third_evicts_the_lru_one(
         harness: Harness, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from corral.gpu_fit import device_need, read_layout
+    from corral.fit.plan import device_need, read_layout
     from corral.settings import ModelSettings
 
     settings = {"ctx_len": 2048, "n_parallel": 1, "threads": 1}

@@ -13,7 +13,7 @@ from worker.conftest import run_engine, settings_for
 
 from corral import wire
 from corral.worker.failures import RequestRejected
-from corral.worker.infill import InfillOutput
+from corral.worker.output.infill import InfillOutput
 
 pytestmark = pytest.mark.integration
 

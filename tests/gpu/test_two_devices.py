@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from corral.control.gpus import probe_devices
-from corral.gpu_fit import device_need, read_layout
+from corral.control.placement.gpus import probe_devices
+from corral.fit.plan import device_need, read_layout
 from corral.settings import ModelSettings
 from support.harness import Harness
 

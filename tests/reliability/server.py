@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from testkit.model_settings import TEST_CTX_LEN
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -34,6 +36,7 @@ def toml_value(v: Any) -> str:
 
 def write_config(path: Path, models: dict[str, dict[str, Any]], server: dict[str, Any]) -> Path:
     lines = ["[server]"] + [f"{k} = {toml_value(v)}" for k, v in server.items()]
+    lines += ["\n[defaults]", f"ctx_len = {TEST_CTX_LEN}"]
     for mid, table in models.items():
         lines.append(f'\n[models."{mid}"]')
         lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]

@@ -5,7 +5,7 @@ Alice sends a prompt that holds a secret PIN. Mallory, with a key of her own, se
 prompt shape with candidate PINs and reads how many prompt tokens each answer says were
 cached (``prompt_tokens_details.cached_tokens``, Anthropic's ``cache_read_input_tokens``,
 Responses' ``input_tokens_details.cached_tokens``). Shared, the right guess reuses Alice's
-whole prompt; isolated by tenant (``corral.control.cache_tenant``), every guess reports the
+whole prompt; isolated by tenant (``corral.control.keys.cache_tenant``), every guess reports the
 same count, that of Mallory's own earlier guesses, through slot reuse, the RAM prompt cache,
 the disk cache after a swap and a restored slot file alike. Keys of one ``cache_group`` do
 share; the same key with another ``cache_salt`` does not; a server without keys shares as

@@ -23,11 +23,12 @@ from corral import wire
 from corral.control.catalog import ModelSpec
 from corral.control.instance.instance import Instance, Timeouts
 from corral.control.instance.restart import RestartPolicy
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.control.transport.link import LinkExit, LinkOwner, Placement, WorkerLink
 from corral.events import EventBus
 from corral.exits import describe_exit
 from corral.settings import ModelSettings
+from testkit.model_settings import TEST_CTX_LEN
 
 _pids = itertools.count(90_000)
 
@@ -164,6 +165,7 @@ class FakeSpawner:
 
 def spec(model_id: str = "m", **settings: Any) -> ModelSpec:
     """A model whose file does not matter (nothing reads it)."""
+    settings = {"ctx_len": TEST_CTX_LEN, **settings}
     return ModelSpec.make(model_id, Path(f"/nonexistent/{model_id}.gguf"), ModelSettings(**settings),
                           source="config")
 

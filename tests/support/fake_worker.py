@@ -67,7 +67,7 @@ DEFAULTS = {
 def fake_devices() -> list[wire.DeviceInfo]:
     if not os.environ.get("CORRAL_FAKE_DEVICES"):
         return []
-    from corral.worker.devices import list_devices
+    from corral.worker.host.devices import list_devices
 
     return list_devices()
 

@@ -21,6 +21,7 @@ from corral.api.app import create_app
 from corral.config import CorralConfig, config_from_dict
 from corral.events import Event
 from corral.control.plane import ControlPlane
+from testkit.model_settings import TEST_CTX_LEN
 
 FAKE = Path(__file__).parent / "fake_worker.py"
 
@@ -46,8 +47,11 @@ class Harness:
         return [json.loads(line) for line in p.read_text().splitlines()]
 
     def config(self, models: dict[str, dict[str, Any]], **server: Any) -> CorralConfig:
+        """The router config of ``models`` (each inherits ``[defaults] ctx_len = TEST_CTX_LEN``
+        unless its table sets one)."""
         srv = self.server_table(**server)
-        return config_from_dict({"server": srv, "models": models}, name="test.toml", base_dir=self.tmp)
+        return config_from_dict({"server": srv, "defaults": {"ctx_len": TEST_CTX_LEN}, "models": models},
+                                name="test.toml", base_dir=self.tmp)
 
     def server_table(self, **server: Any) -> dict[str, Any]:
         srv = {"worker_command": [sys.executable, str(FAKE)], "include_default_model": False,

@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from corral.worker import cpu
-from corral.worker.cpu import ThreadGovernor, cpu_jiffies
+from corral.worker.host import cpu
+from corral.worker.host.cpu import ThreadGovernor, cpu_jiffies
 
 T = cpu._TICK
 
@@ -236,7 +236,7 @@ def test_wake_leaves_out_the_router_that_hands_over_the_work() -> None:
 def test_parent_running_reads_proc() -> None:
     """A child asks about us while we wait blocked on its output (it sees 0 once we are in the
     read), then 200 times while we spin without a blocking call (1 every time)."""
-    code = ("import sys, time; from corral.worker import cpu\n"
+    code = ("import sys, time; from corral.worker.host import cpu\n"
             "end = time.monotonic() + 20\n"
             "while cpu.parent_running() and time.monotonic() < end: pass\n"
             "print(cpu.parent_running(), flush=True); sys.stdin.readline()\n"

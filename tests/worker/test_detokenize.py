@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from corral.worker.detokenize import StopMatcher, Utf8Stream
+from corral.worker.output.detokenize import StopMatcher, Utf8Stream
 
 
 def test_utf8_split_mid_character() -> None:

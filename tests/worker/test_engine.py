@@ -322,10 +322,10 @@ def test_set_threads_reaches_the_context(model_path: Path) -> None:
 
 def test_the_compute_buffer_holds_the_rows_asked_for_not_a_micro_batch(engine: Engine) -> None:
     """llama.cpp sizes the compute buffer for a micro-batch of logits unless told fewer
-    (batch_rows.outputs_max): the engine's is for its slots and ECHO_CHUNK prompt rows. Two
+    (fit.rows.outputs_max): the engine's is for its slots and ECHO_CHUNK prompt rows. Two
     requests asking for their prompts' logprobs at once (more rows than ECHO_CHUNK each)
     share those rows step by step and each gets a logprob for every prompt token after the first."""
-    from corral.batch_rows import ECHO_CHUNK, outputs_max
+    from corral.fit.rows import ECHO_CHUNK, outputs_max
 
     m = engine.m
     compute = sum(b.bytes for b in engine.info.buffers if b.kind == "compute")
@@ -348,7 +348,7 @@ def test_the_compute_buffer_holds_the_rows_asked_for_not_a_micro_batch(engine: E
 
 
 def test_the_context_computes_on_a_persistent_threadpool(engine: Engine) -> None:
-    """As llama-server's (worker/threadpool.py): attached for the context's life."""
+    """As llama-server's (worker/host/threadpool.py): attached for the context's life."""
     assert engine.threadpool is not None and engine.threadpool.pool
     engine.set_threads(1)
     try:

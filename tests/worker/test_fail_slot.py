@@ -13,8 +13,8 @@ import pytest
 
 from corral import wire
 from corral.worker import engine as engine_mod
-from corral.worker import requests
-
+from corral.worker import slots as slots_mod
+from corral.worker.prompt import requests
 from .conftest import run_engine, settings_for
 
 SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
@@ -37,7 +37,7 @@ def _gen(rid: str, **kw: Any) -> wire.GenerateRequest:
 
 def test_a_start_that_fails_after_the_sampler_was_made_frees_it(one_slot: Any,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_mod, "slot_output", _boom)  # after the slot's sampler exists
+    monkeypatch.setattr(slots_mod, "slot_output", _boom)  # after the slot's sampler exists (slots.equip)
     _, finals, _ = run_engine(one_slot, [_gen("bad")])
     monkeypatch.undo()
     assert isinstance(finals["bad"], wire.RequestFailed) and finals["bad"].code == "internal"

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from corral import wire
-from corral.gpu_fit import FitError, ModelLayout, plan_fit, read_layout
+from corral.fit.plan import FitError, ModelLayout, plan_fit, read_layout
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -75,8 +75,7 @@ def test_layout_of_the_embedded_model() -> None:
 
 
 def test_fake_devices_replace_the_inventory(monkeypatch: pytest.MonkeyPatch) -> None:
-    from corral.worker import devices
-
+    from corral.worker.host import devices
     monkeypatch.setenv(devices.FAKE_DEVICES_ENV, json.dumps(
         [{"name": "CUDA0", "backend": "CUDA", "free_bytes": 70 * GiB, "total_bytes": 80 * GiB}]))
     got = devices.list_devices()
@@ -85,8 +84,8 @@ def test_fake_devices_replace_the_inventory(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_real_inventory_lists_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    from corral.worker import devices
-    from corral.worker.model import _init_backend
+    from corral.worker.host import devices
+    from corral.worker.llama_context import init_backend as _init_backend
 
     monkeypatch.delenv(devices.FAKE_DEVICES_ENV, raising=False)
     _init_backend(False)
@@ -161,7 +160,7 @@ def test_each_device_stays_within_its_limit() -> None:
 
 
 def test_the_routers_estimate_splits_the_same_way() -> None:
-    from corral.gpu_fit import device_need, device_needs
+    from corral.fit.plan import device_need, device_needs
     from corral.settings import ModelSettings
 
     fixed = ModelSettings(ctx_len=8192, n_parallel=2, n_gpu_layers=-1)
@@ -170,7 +169,7 @@ def test_the_routers_estimate_splits_the_same_way() -> None:
     assert a > 0 and b > 0 and a + b == one + 4 * 512 * (16 * LAYOUT.n_embd + 4096)  # GPU 0's activations
     auto = ModelSettings(ctx_len=65536, n_parallel=4, fit_ctx_floor=1024)
     plan = plan_fit(LAYOUT, devices=gpus(GiB, GiB), ctx_len=65536, n_slots=4, ctx_floor_per_slot=1024, margin_bytes=0,
-                    outputs=4 + 32)  # batch_rows.outputs_max: a row a slot, 32 echo rows
+                    outputs=4 + 32)  # fit.rows.outputs_max: a row a slot, 32 echo rows
     assert device_needs(LAYOUT, auto, budgets=[GiB, GiB]) == [d.bytes for d in plan.devices]
 
 
@@ -178,7 +177,7 @@ def test_the_worker_plans_over_every_gpu_it_sees_within_the_routers_budgets() ->
     import msgspec
 
     from corral.store.embedded import embedded_model_path
-    from corral.worker.model import _fit
+    from corral.worker.fit import fit_gpus as _fit
 
     base = {"model_id": "m", "model_path": str(embedded_model_path()), "ctx_len": 32768, "n_parallel": 2,
             "fit_ctx_floor": 512, "gpu_margin_bytes": 0}
@@ -198,7 +197,7 @@ def test_the_worker_plans_over_every_gpu_it_sees_within_the_routers_budgets() ->
 def test_the_head_goes_first_and_a_tied_head_is_a_copy_of_the_embeddings() -> None:
     """As llama.cpp places them: n_gpu_layers = 1 is the output head alone; a model without
     output.weight (tied embeddings) gets a copy of the token embeddings there."""
-    from corral.gpu_fit import _Sizes
+    from corral.fit.plan import _Sizes
 
     tied = ModelLayout(**{**LAYOUT.__dict__, "tied_output_bytes": 300 * MiB})
     for lo, head in ((LAYOUT, 125 * MiB), (tied, 425 * MiB)):
@@ -216,7 +215,7 @@ def test_a_head_too_large_for_the_device_stays_on_the_host() -> None:
     embedded Gemma's 170 MiB tied head stays on the host, measured in tests/gpu): a tied head
     then costs nothing of its own; an output.weight counts on the host. The limit of the last
     GPU counts (it holds the head)."""
-    from corral.gpu_fit import _Sizes
+    from corral.fit.plan import _Sizes
 
     def gpu(limit: int) -> wire.DeviceInfo:
         return wire.DeviceInfo(index=0, name="Vulkan0", backend="Vulkan", kind="gpu", free_bytes=8 * GiB,
@@ -262,9 +261,9 @@ def test_the_worker_plans_what_the_router_charged() -> None:
     """An "auto" model pinned to two GPUs, one of them half taken by another model: the
     router estimates its need on the whole budgets and sends that split as tensor_split;
     the worker, planning within what is left of each budget, places the same bytes."""
-    from corral.batch_rows import outputs_max
-    from corral.gpu_fit import device_needs
-    from corral.gpu_split import router_split
+    from corral.fit.rows import outputs_max
+    from corral.fit.plan import device_needs
+    from corral.fit.split import router_split
     from corral.settings import ModelSettings
 
     auto = ModelSettings(ctx_len=65536, n_parallel=4, fit_ctx_floor=1024, devices=[0, 1])
@@ -291,7 +290,7 @@ def test_the_worker_refuses_more_proportions_than_gpus(monkeypatch: pytest.Monke
     import msgspec
 
     from corral.store.embedded import embedded_model_path
-    from corral.worker.devices import FAKE_DEVICES_ENV
+    from corral.worker.host.devices import FAKE_DEVICES_ENV
     from corral.worker.model import ModelLoadError, load_model
 
     monkeypatch.setenv(FAKE_DEVICES_ENV, json.dumps([{"name": f"CUDA{k}", "free_bytes": GiB, "total_bytes": GiB}
@@ -308,7 +307,7 @@ def test_placement_says_where_the_layers_and_kv_are() -> None:
     """As llama.cpp places them: n_gpu_layers = 10 is the head and the last 9 layers on the
     GPUs (here split 1:1 by the weights given), the rest on the host; every byte of the
     plan is in exactly one place."""
-    from corral.gpu_fit import _Sizes, placement
+    from corral.fit.plan import _Sizes, placement
 
     ctx = 8192
     kv = LAYOUT.kv_bytes_per_cell() * ctx
@@ -330,7 +329,7 @@ def test_placement_says_where_the_layers_and_kv_are() -> None:
 
 
 def test_a_quantized_kv_cache_is_counted_so_and_fits_more_context() -> None:
-    from corral.gpu_fit import device_need
+    from corral.fit.plan import device_need
     from corral.settings import ModelSettings
 
     # 4 KV heads of 64: a row is 128 bytes in f16, 2 blocks of 34 in q8_0, 2 of 18 in q4_0
@@ -349,7 +348,7 @@ def test_a_quantized_kv_cache_is_counted_so_and_fits_more_context() -> None:
 
 
 def test_layers_are_offloaded_to_the_devices_llama_cpp_uses_in_its_order() -> None:
-    from corral.worker.devices import offload_devices
+    from corral.worker.host.devices import offload_devices
 
     def dev(k: int, name: str, kind: str = "gpu") -> wire.DeviceInfo:
         return wire.DeviceInfo(index=k, name=name, backend=name.rstrip("0123456789"), kind=kind, free_bytes=GiB,
@@ -369,7 +368,7 @@ def test_the_kv_cache_types_are_the_ones_llama_cpp_knows() -> None:
     import llama_cpp as ll
 
     from corral.settings import KV_CACHE_TYPES, CacheType
-    from corral.worker.model import _GGML_TYPES
+    from corral.worker.llama_context import GGML_TYPES as _GGML_TYPES
 
     assert set(typing.get_args(CacheType)) == set(KV_CACHE_TYPES) == set(_GGML_TYPES)
     for name, ggml_id in _GGML_TYPES.items():
@@ -378,7 +377,7 @@ def test_the_kv_cache_types_are_the_ones_llama_cpp_knows() -> None:
 
 
 def test_kv_cells_are_padded_as_llama_cpp_pads_them() -> None:
-    from corral.gpu_fit import _Sizes
+    from corral.fit.plan import _Sizes
 
     swa = ModelLayout(**{**LAYOUT.__dict__, "sliding_window": 512, "swa_pattern": 6})
     s = _Sizes(swa, 3, 512)
@@ -390,14 +389,14 @@ def test_kv_cells_are_padded_as_llama_cpp_pads_them() -> None:
 
 def test_the_estimate_counts_the_logits_rows_asked_for_and_a_projectors_side_context() -> None:
     """The compute buffer holds the logits rows the worker's context may ask for
-    (batch_rows.outputs_max: a token a slot, the drafts with speculation, the echo rows),
+    (fit.rows.outputs_max: a token a slot, the drafts with speculation, the echo rows),
     not a whole micro-batch's; a model with a vision projector keeps room for the side
     context from the start (one more slot's KV with every layer, its activations and one
     row of logits), where the worker creates it on the first image beside other streams."""
     import msgspec
 
-    from corral.batch_rows import ECHO_CHUNK
-    from corral.gpu_fit import device_need
+    from corral.fit.rows import ECHO_CHUNK
+    from corral.fit.plan import device_need
     from corral.settings import ModelSettings
 
     plain = ModelSettings(ctx_len=8192, n_parallel=4, n_gpu_layers=-1)

@@ -1,4 +1,4 @@
-"""The host-RAM KV store (worker/kv_store.py): its LRU and pins, and a real sequence's
+"""The host-RAM KV store (worker/cache/kv_store.py): its LRU and pins, and a real sequence's
 state saved, cleared and restored under another seq id, continuing as if never moved."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import llama_cpp as ll
 import pytest
 
 from corral import wire
-from corral.worker.kv_store import HostKVStore, common_prefix, restore_seq, save_seq
+from corral.worker.cache.kv_store import HostKVStore, common_prefix, restore_seq, save_seq
 from worker.conftest import run_engine, settings_for
 
 GREEDY = wire.SamplingParams(temperature=0.0, max_tokens=12)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from corral import wire
 from corral.worker import process
-from corral.worker.sample_pool import SamplePool
+from corral.worker.sampling.pool import SamplePool
 
 
 class _Engine:
@@ -20,7 +20,7 @@ class _Engine:
         self.steps_seen: list[list[str]] = []
         self.steps = steps
         self.pool = SamplePool(1)  # the loop sets its cap from the governor
-        self.preempt = SimpleNamespace(urgent=SimpleNamespace(take=lambda rid: None))  # worker/urgent.py
+        self.preempt = SimpleNamespace(urgent=SimpleNamespace(take=lambda rid: None))  # worker/preempt/urgent.py
 
     @property
     def has_work(self) -> bool:

@@ -1,4 +1,4 @@
-"""LoRA adapters (worker/lora.py) with the real engine, model and two generated adapters
+"""LoRA adapters (worker/lora/adapters.py) with the real engine, model and two generated adapters
 (testkit/gguf_lora.py: rank 4 on attn_q/attn_v, random weights)."""
 
 from __future__ import annotations

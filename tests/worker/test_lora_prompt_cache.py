@@ -1,4 +1,4 @@
-"""The prompt cache of a model with LoRA adapters (worker/prompt_cache.py, worker/lora.py): its
+"""The prompt cache of a model with LoRA adapters (worker/cache/prompt_cache.py, worker/lora/adapters.py): its
 RAM entries and files are keyed by the adapter set (indices and scales) the cells were
 computed under. A prefix computed under one set is restored for a request of that set (the
 same greedy tokens) and never for a request of another set (another adapter, another scale,
@@ -14,7 +14,7 @@ import pytest
 
 from corral import settings as cs
 from corral import wire
-from corral.worker.cache_disk import model_key
+from corral.worker.cache.disk import model_key
 from corral.worker.engine import Engine
 from testkit.gguf_lora import write_lora
 from worker.conftest import run_engine, settings_for

@@ -1,4 +1,4 @@
-"""Pausing and resuming a generation in the real engine (worker/preempt.py): the same greedy
+"""Pausing and resuming a generation in the real engine (worker/preempt/preemption.py): the same greedy
 tokens with the KV kept in the host store and with it dropped (recomputed), a grammar
 request paused midway, a pause before the request had a slot, abort while paused."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from corral import wire
 from corral.worker.engine import Engine
-from corral.worker.preempt import store_key
+from corral.worker.preempt.preemption import store_key
 
 from .conftest import run_engine, settings_for
 

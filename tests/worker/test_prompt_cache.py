@@ -1,4 +1,4 @@
-"""The prompt cache (worker/prompt_cache.py, worker/cache_disk.py, corral/cache_files.py) on the
+"""The prompt cache (worker/cache/prompt_cache.py, worker/cache/disk.py, corral/cache_files.py) on the
 real engine: a restored prefix answers with the same greedy tokens as a fresh prefill, from RAM
 after a slot lost it, from disk in a new engine, in the sliding-window case too; a stale or
 damaged file is never restored and the request still answers; the disk cap holds.
@@ -214,7 +214,7 @@ def test_sliding_window_prefix_from_disk_in_a_new_engine(model_path: Path, tmp_p
 
 
 def test_a_write_is_bounded_in_bytes_and_time(tmp_path: Path) -> None:
-    from corral.worker.cache_disk import Candidate, DiskCache
+    from corral.worker.cache.disk import Candidate, DiskCache
 
     disk = DiskCache(_disk(tmp_path), "k" * 64, "m")
     cands = [Candidate(tuple(range(i, i + 100)), 0, bytes(10_000), float(i)) for i in range(5)]
@@ -227,7 +227,7 @@ def test_a_write_is_bounded_in_bytes_and_time(tmp_path: Path) -> None:
 def test_the_file_identity_uses_the_stores_sha256_where_it_has_one(tmp_path: Path) -> None:
     import json
 
-    from corral.worker.cache_disk import file_identity
+    from corral.worker.cache.disk import file_identity
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF" + bytes(5000))

@@ -11,12 +11,12 @@ import pytest
 
 from corral import reasoning_format, wire
 from corral.reasoning_format import FORMATS, detect
-from corral.worker import reasoning
-from corral.worker.detokenize import Utf8Stream
+from corral.worker.reasoning import plan as reasoning
+from corral.worker.output.detokenize import Utf8Stream
 from corral.worker.failures import RequestRejected
-from corral.worker.slot_output import SlotOutput
-from corral.worker.split import HarmonySplitter, TagSplitter
-from corral.worker.toolcalls import ToolCallParser
+from corral.worker.output.slot_output import SlotOutput
+from corral.worker.reasoning.split import HarmonySplitter, TagSplitter
+from corral.worker.output.toolcalls import ToolCallParser
 
 DS = FORMATS["deepseek"]
 HARMONY = FORMATS["harmony"]
@@ -220,7 +220,7 @@ def test_plans_from_the_rendered_prompt() -> None:
 
 
 def test_templates_get_the_variables_and_the_history_thinking() -> None:
-    from corral.worker.templates import JinjaTemplate, PlainTemplate
+    from corral.worker.prompt.templates import JinjaTemplate, PlainTemplate
 
     t = JinjaTemplate("{% for m in messages %}[{{ m['reasoning_content'] }}/{{ m['thinking'] }}]{{ m['content'] }}"
                       "{% endfor %}{{ enable_thinking }}{{ raise_exception is callable }}")
@@ -233,8 +233,8 @@ def test_templates_get_the_variables_and_the_history_thinking() -> None:
 def test_control_tokens_of_the_tags_render_for_splitting_slots_only() -> None:
     """gpt-oss's <|channel|> etc. are control tokens (no text by default): a slot that splits
     gets their text, any other slot of the model still gets nothing for them."""
-    from corral.worker.reasoning_step import EngineReasoning
-    from corral.worker.slots import Slot
+    from corral.worker.reasoning.feature import ReasoningFeature
+    from corral.worker.slots import Job, Slot
 
     specials = {"<|channel|>": 7, "<|message|>": 8, "<|end|>": 9, "<|start|>": 10}
 
@@ -255,13 +255,21 @@ def test_control_tokens_of_the_tags_render_for_splitting_slots_only() -> None:
         def special_text(self, t: int) -> str:
             return next(k for k, v in specials.items() if v == t)
 
-    er = EngineReasoning(ws(), None, Tok(), "harmony")  # type: ignore[arg-type]
+    er = ReasoningFeature(ws(), None, Tok(), "harmony")  # type: ignore[arg-type]
     assert er.tag_pieces == {7: b"<|channel|>", 8: b"<|message|>", 9: b"<|end|>", 10: b"<|start|>"}
     assert er.close[0] == 9 and er.reopen[:1] == [10]
-    splitting, plain = Slot(0), Slot(1)
-    splitting.reasoning = slot_reasoning()
-    assert er.piece(splitting, 7) == b"<|channel|>" and er.piece(plain, 7) == b""
-    assert er.piece(plain, ord("a") + 100) == b"a"
+    splitting = Slot(0)
+    plan = reasoning.ReasoningPlan(DS, "answer", "", -1)
+    assert er.admitted(splitting, Job(gr(), [1], 0.0, reasoning=plan))  # a plan: the slot joins the feature
+    assert not er.admitted(Slot(1), Job(gr(), [1], 0.0))  # none: it pays nothing per token
+    assert splitting.reasoning is not None and splitting.reasoning.tag_pieces == er.tag_pieces
+
+    def text(out: SlotOutput, token: int) -> str:
+        deltas = [out.token(b"", None, token), out.finish()]
+        return "".join(d.text for d in deltas if d is not None)
+
+    assert text(SlotOutput("s", [], None, reasoning=splitting.reasoning), 7) == "<|channel|>"
+    assert text(SlotOutput("p", [], None), 7) == ""  # a slot that does not split: no text
 
 
 def test_optional_thinking_is_ignored_without_a_format_and_clamped_to_the_cap() -> None:

@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from corral.settings import ModelSettings, SettingsError
-from corral.worker.cpu import ThreadGovernor
-from corral.worker.sample_pool import AUTO_CPU_MAX, AUTO_GPU_MAX, SamplePool, resolve_sampling_threads
+from corral.worker.host.cpu import ThreadGovernor
+from corral.worker.sampling.pool import AUTO_CPU_MAX, AUTO_GPU_MAX, SamplePool, resolve_sampling_threads
 
 
 def test_map_keeps_the_order_and_uses_the_pool_threads() -> None:
@@ -92,8 +92,7 @@ def test_governor_reports_free_cores_uncapped_by_decode_threads() -> None:
     def read() -> tuple[float, float]:
         return counters[0], counters[1]
 
-    from corral.worker import cpu
-
+    from corral.worker.host import cpu
     runnable = [3]
     g = ThreadGovernor(2, lambda n: None, n_cpus=8, read=read, clock=lambda: t[0], running=lambda: runnable[0],
                        niced=False)
@@ -112,7 +111,7 @@ def test_governor_reports_free_cores_uncapped_by_decode_threads() -> None:
 
 def test_auto_counts_layers_as_offloaded_only_with_a_gpu_present() -> None:
     from corral import wire
-    from corral.worker.sample_pool import pool_for
+    from corral.worker.sampling.pool import pool_for
 
     def info(gpu_layers: int, kinds: list[str]) -> wire.ModelInfo:
         devs = [wire.DeviceInfo(index=i, name=f"D{i}", backend="X", kind=k, free_bytes=1, total_bytes=1)

@@ -1,4 +1,4 @@
-"""The short candidate list (worker/candidates.py) draws exactly what the full chain draws.
+"""The short candidate list (worker/sampling/candidates.py) draws exactly what the full chain draws.
 
 Each case runs two copies of one sampler chain with the same seed over the same logits:
 one through llama.cpp's full path (every token in the candidate array, as
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from corral import wire
-from corral.worker.candidates import MAX_K, MAX_SHORT, ShortList
-from corral.worker.sampling import GrammarSampler, SlotSampler, make_sampler
+from corral.worker.sampling.candidates import MAX_K, MAX_SHORT, ShortList
+from corral.worker.sampling.sampler import GrammarSampler, SlotSampler, make_sampler
 
 N_VOCAB = 50_000
 EOG = [1, 106, 212]
@@ -172,7 +172,7 @@ def test_a_real_model_generates_the_same_text_with_and_without_the_short_list(
     """End to end on the engine: seeded sampling, greedy, a logit bias, ignore_eos and a
     JSON schema (whose first draw per token uses the short list) give the same text when
     every draw takes the full path instead."""
-    from corral.worker import sampling
+    from corral.worker.sampling import sampler as sampling
     from corral.worker.engine import Engine
 
     from .conftest import run_engine, settings_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from corral import wire
-from corral.worker.sample_pool import Drawn
+from corral.worker.sampling.pool import Drawn
 from corral.worker.slots import Slot
 from corral.worker.speculation.cost import StepCosts, best_length
 from corral.worker.speculation.speculator import PAUSE_STEPS, RECHECK_STEPS, Speculator

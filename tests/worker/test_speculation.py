@@ -23,9 +23,9 @@ from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.speculation.cost import best_length
 from corral.worker.speculation.speculator import CPU_TOKEN_COST, FAILS_BEFORE_PAUSE, PAUSE_STEPS, Speculator, find_draft
-from corral.worker.sampling import logits_at
+from corral.worker.sampling.sampler import logits_at
 from corral.worker.slots import Batch, Slot
-from corral.worker.sample_pool import Drawn
+from corral.worker.sampling.pool import Drawn
 from worker.conftest import run_engine, settings_for
 
 CODE = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
@@ -293,7 +293,7 @@ def test_the_chi2_check_can_fail() -> None:
 
 def test_one_and_four_sampling_threads_send_the_same_messages(model_path: Path) -> None:
     """A slot's draws of a step (one per verified draft token) run on one thread: the
-    messages do not depend on how many threads draw (worker/sample_pool.py)."""
+    messages do not depend on how many threads draw (worker/sampling/pool.py)."""
     reqs = [wire.GenerateRequest(id="copy", prompt=PROMPTS[0], logprobs=2,
                                  params=wire.SamplingParams(temperature=0.0, max_tokens=48)),
             wire.GenerateRequest(id="json", prompt=PROMPTS[1], grammar=GRAMMARS["g-json"],

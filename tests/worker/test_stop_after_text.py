@@ -3,7 +3,7 @@ as its first words would otherwise leave the answer empty): StopMatcher's after_
 
 from __future__ import annotations
 
-from corral.worker.detokenize import StopMatcher
+from corral.worker.output.detokenize import StopMatcher
 
 
 def feed(m: StopMatcher, pieces: list[str]) -> str:

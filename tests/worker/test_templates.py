@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from corral import wire
-from corral.worker.templates import JinjaTemplate, PlainTemplate, TemplateError, choose_template, render_chat
+from corral.worker.prompt.templates import JinjaTemplate, PlainTemplate, TemplateError, choose_template, render_chat
 
 M = wire.ChatMessage
 

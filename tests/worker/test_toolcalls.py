@@ -8,9 +8,9 @@ import json
 import pytest
 
 from corral import wire
-from corral.worker.templates import JinjaTemplate, PlainTemplate, render_chat
-from corral.worker.tool_prompt import GENERIC_TOOL_INSTRUCTIONS
-from corral.worker.toolcalls import ToolCallParser
+from corral.worker.prompt.templates import JinjaTemplate, PlainTemplate, render_chat
+from corral.worker.prompt.tool_prompt import GENERIC_TOOL_INSTRUCTIONS
+from corral.worker.output.toolcalls import ToolCallParser
 
 
 def parse(text: str, step: int = 3, **kw: bool) -> tuple[str, list[tuple[str, dict]]]:

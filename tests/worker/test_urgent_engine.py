@@ -1,4 +1,4 @@
-"""Urgent starts in the real engine (worker/urgent.py): the request sent behind a Preempt
+"""Urgent starts in the real engine (worker/preempt/urgent.py): the request sent behind a Preempt
 aborts the running decode, which is undone exactly (the streams are the ones a run without
 the abort gives), and its prompt is prefilled alone: no other prompt, no other decode in its
 step; the others go on in the next."""
@@ -12,7 +12,7 @@ import pytest
 
 from corral import wire
 from corral.worker.engine import Engine
-from corral.worker.urgent import PREEMPT_GAP_S
+from corral.worker.preempt.urgent import PREEMPT_GAP_S
 
 from .test_preempt_engine import Run, fresh, gen
 

@@ -1,4 +1,4 @@
-"""Images beside other streams (worker/vision_side.py): the policy that keeps the streams'
+"""Images beside other streams (worker/vision/side.py): the policy that keeps the streams'
 rate. Alone, an image is encoded on the normal-priority image thread and decoded on the
 engine's thread; beside a generating slot, both run on the niced image thread (its OpenMP
 threads niced with it) and the decode goes to the side context, whose KV is copied back
@@ -16,11 +16,11 @@ import llama_cpp as ll
 import pytest
 
 from corral import wire
-from corral.gpu_fit import _Sizes, read_layout
-from corral.worker import vision_side
+from corral.fit.plan import _Sizes, read_layout
+from corral.worker.vision import side as vision_side
 from corral.worker.engine import Engine
-from corral.worker.kv_store import restore_seq, save_seq
-from corral.worker.vision_side import BESIDE_NICE, BESIDE_THREAD, restream, thread_nice
+from corral.worker.cache.kv_store import restore_seq, save_seq
+from corral.worker.vision.side import BESIDE_NICE, BESIDE_THREAD, restream, thread_nice
 
 from .conftest import run_engine, settings_for
 from .test_vision_engine import GREEDY, M, chat, picture, user
@@ -143,7 +143,7 @@ def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_t
     assert beside == in_steps  # the side context's KV is what the engine's steps compute
     assert v.kv_bytes > 0 and engine2.stats().kv_bytes == engine2.info.kv_bytes + v.kv_bytes  # counted
     assert 0 < v.side.compute_bytes < 4 * engine2.m.n_vocab * v.piece  # no room for a micro-batch's logits
-    # the room the router's estimate and the fit plan keep for it from the start (gpu_fit): its KV to the byte
+    # the room the router's estimate and the fit plan keep for it from the start (fit.plan): its KV to the byte
     lo = read_layout(model_path)
     ctx = engine2.m.n_ctx_slot * engine2.m.n_slots
     planned, main = (_Sizes(lo, engine2.m.n_slots, v.piece, side=side) for side in (True, False))

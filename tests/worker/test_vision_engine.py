@@ -13,9 +13,9 @@ from PIL import Image
 
 from corral import wire
 from corral.worker.engine import Engine
-from corral.worker.kv_store import common_prefix
+from corral.worker.cache.kv_store import common_prefix
 from corral.worker.speculation.speculator import find_draft
-from corral.worker.vision import VisionTokens, image_ids
+from corral.worker.vision.projector import VisionTokens, image_ids
 from testkit.gguf_vision import image_tokens
 
 from .conftest import run_engine, settings_for

@@ -22,10 +22,10 @@ from PIL import Image
 
 from corral import wire
 from corral.worker.engine import Engine
-from corral.worker.sampling import logits_at
+from corral.worker.sampling.sampler import logits_at
 from corral.worker.slots import Slot
-from corral.worker.vision import VisionTokens
-from corral.worker.vision_mrope import kv_pos
+from corral.worker.vision.projector import VisionTokens
+from corral.worker.vision.mrope import kv_pos
 from testkit.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj, write_qwen2vl_model
 
 from .conftest import run_engine, settings_for
@@ -145,7 +145,7 @@ def test_wrong_positions_differ(qengine: Engine) -> None:
     prompt, img = f"the picture {M} caption: the", [picture(5)]
     right = reference(qengine, prompt, img)
     qengine.submit(qengine.prepare(raw("w", prompt, *img)))
-    toks = qengine._by_id["w"].tokens
+    toks = qengine.jobs["w"].tokens
     assert isinstance(toks, VisionTokens)
     toks.images[0].n_pos = toks.images[0].n_tokens
     _, _, deltas = run_engine(qengine, [])

@@ -10,10 +10,10 @@ every request is the anonymous caller ``-``.
 
 - ``priority`` (top-level body field, any dialect) above the key's ``max_priority``:
   400. Otherwise it is the ``Caller``'s priority, which orders the key's requests in
-  the model's fair queue (corral.control.fair_queue). The body of a POST is read here
+  the model's fair queue (corral.control.scheduling.fair_queue). The body of a POST is read here
   and replayed to the route unchanged;
 - the key's rpm and whether tpm/tpd have tokens left (``Limiter.admit``; each worker
-  request then reserves what it may use: corral.control.access), then its concurrency and queue
+  request then reserves what it may use: corral.control.keys.access), then its concurrency and queue
   (``Limiter.enter``, released when the response is over, streams included): 429
   with Retry-After and x-ratelimit-* headers in the dialect's error shape;
 - x-ratelimit-* headers on the response of a key with rpm or tpm.
@@ -28,11 +28,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.api.http import error_response
 from corral.api.scopes import MODEL_ROUTES, RouteScopes
-from corral.control.keys import ANONYMOUS, Caller
+from corral.control.keys.ring import ANONYMOUS, Caller
 from corral.errors import AuthenticationError, InvalidRequest, RateLimited, ScopeDenied
 
 if TYPE_CHECKING:
-    from corral.control.access import Access
+    from corral.control.keys.access import Access
 
 __all__ = ["UNBOUNDED_PRIORITY", "ModelRequest", "authorize"]
 

@@ -48,7 +48,8 @@ from corral.api.http import error_response, invalid_request, path_policy
 from corral.api.hot_routes import HotRoutes
 from corral.api.scopes import RouteScopes, app_routes
 from corral.api.openapi_doc import document_request_bodies
-from corral.config import CorralConfig
+from corral.config import CorralConfig, ServerConfig
+from corral.control.keys.access import Access
 from corral.events import EventBus
 from corral.control.metrics import Metrics
 from corral.control.plane import ControlPlane
@@ -162,13 +163,13 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
                                           ("post", "/models"): store_routes.PullBody}
     document_request_bodies(app, {**bodies, **tokenize_routes.BODIES, **llamacpp_schemas.BODIES})
 
-    def server() -> Any:
+    def server() -> ServerConfig:
         plane = getattr(app.state, "router", None)
         return plane.config.server if plane is not None else config.server
 
     hot = [openai_routes.router, ollama_routes.router, anthropic_routes.router, responses_routes.router]
     app.add_middleware(HotRoutes, fastapi_app=app, routers=hot)  # inside the guard: added first
-    def access() -> Any:
+    def access() -> Access | None:
         plane = getattr(app.state, "router", None)
         return plane.access if plane is not None else None
 

@@ -17,7 +17,7 @@ A pure ASGI middleware (not BaseHTTPMiddleware: it must not buffer streams). In 
    stream included. ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (Anthropic's
    clients). Compared in constant time (SHA-256 digests, so not even the length leaks).
    The key's scopes must cover the route (``corral.api.scopes``: 403 otherwise); the
-   request runs with its ``Caller`` set (``corral.control.keys.CALLER``), and requests to
+   request runs with its ``Caller`` set (``corral.control.keys.ring.CALLER``), and requests to
    a model go through the key's priority bound and limits (``corral.api.access``).
    Refusals use the error shape of the API the path belongs to (``corral.api.http``).
 4. **Content-Type**: a body sent as ``text/plain``, ``application/x-www-form-urlencoded``
@@ -40,7 +40,6 @@ import hmac
 import ipaddress
 import socket
 from collections.abc import Callable
-from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.responses import Response
@@ -49,7 +48,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.api.access import ModelRequest, authorize
 from corral.api.http import error_response
 from corral.api.scopes import RouteScopes
-from corral.control.keys import CALLER, Caller
+from corral.config import ServerConfig
+from corral.control.keys.access import Access
+from corral.control.keys.ring import CALLER, Caller
 from corral.api.page.routes import is_public_path
 from corral.errors import (AuthenticationError, CorralError, HostNotAllowed, OriginNotAllowed,
                            PayloadTooLarge, RequestError)
@@ -148,8 +149,8 @@ def _cross_site_type(content_type: bytes | None) -> bool:
 
 
 class GuardMiddleware:
-    def __init__(self, app: ASGIApp, get_server: Callable[[], Any],
-                 get_access: Callable[[], Any] | None = None,
+    def __init__(self, app: ASGIApp, get_server: Callable[[], ServerConfig],
+                 get_access: Callable[[], Access | None] | None = None,
                  routes: RouteScopes | Callable[[], RouteScopes] | None = None) -> None:
         """``get_access``: the control plane's ``Access`` (None before it exists: only
         ``[server] api_key`` is checked); ``routes``: the app's routes and their scopes."""
@@ -198,7 +199,7 @@ class GuardMiddleware:
         finally:
             CALLER.reset(token)
 
-    def _authorize(self, scope: Scope, srv: Any) -> tuple[Caller | None, bool]:
+    def _authorize(self, scope: Scope, srv: ServerConfig) -> tuple[Caller | None, bool]:
         """The request's caller and whether it reaches a model; raises 401/403."""
         preflight = scope["method"] == "OPTIONS" and _header(scope, b"access-control-request-method") is not None
         access = self.get_access()
@@ -211,7 +212,7 @@ class GuardMiddleware:
             return None, False
         return authorize(access, self.routes, scope, _presented_keys(scope), preflight or _open_path(scope))
 
-    def _check(self, scope: Scope, srv: Any) -> tuple[CorralError | None, str | None]:
+    def _check(self, scope: Scope, srv: ServerConfig) -> tuple[CorralError | None, str | None]:
         """The refusal (or None) and the allowed cross-origin caller (or None)."""
         raw_host = _header(scope, b"host")
         host = raw_host.decode("latin-1") if raw_host is not None else None

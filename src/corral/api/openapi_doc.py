@@ -4,6 +4,11 @@ Routes read their bodies themselves (one ``parse_body`` per request, 400s naming
 field), so FastAPI cannot see them; this adds each body's JSON schema to its operation.
 Clients, ``/docs`` and the reliability suite's schemathesis fuzzing read them from
 there. A new route with a JSON body adds its ``(method, path): Model`` to ``BODIES``.
+
+Every client reads the document, so it holds only text meant for clients: a field's
+``Field(description=...)`` and a route's ``summary=`` (else FastAPI's from its name).
+FastAPI and pydantic take an operation's and a model's description from their docstrings,
+which are for the code's readers: those are left out (``_for_clients``).
 """
 
 from __future__ import annotations
@@ -45,13 +50,25 @@ def _with_bodies(schema: dict[str, Any], bodies: dict[tuple[str, str], type[Base
     return schema
 
 
+def _for_clients(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` without the descriptions FastAPI and pydantic take from docstrings: every
+    operation's (its endpoint's docstring) and every component's own (its class docstring)."""
+    for ops in schema.get("paths", {}).values():
+        for op in ops.values():
+            if isinstance(op, dict):
+                op.pop("description", None)
+    for component in schema.get("components", {}).get("schemas", {}).values():
+        component.pop("description", None)
+    return schema
+
+
 def document_request_bodies(app: FastAPI, extra: dict[tuple[str, str], type[BaseModel]] | None = None) -> None:
     bodies = {**BODIES, **(extra or {})}
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = _with_bodies(
-                get_openapi(title=app.title, version=app.version, routes=app.routes), bodies)
+            app.openapi_schema = _for_clients(_with_bodies(
+                get_openapi(title=app.title, version=app.version, routes=app.routes), bodies))
         return app.openapi_schema
 
     setattr(app, "openapi", openapi)  # FastAPI's documented way to customize the schema

@@ -4,7 +4,9 @@ The keys commands work on the file itself (``--keys-file PATH``, else
 ``$CORRAL_KEYS_FILE``), not through a server: a running router that has the file as
 ``[server] keys_file`` sees every change on its next request. Writes are atomic
 (``corral.keys_file.write_keys``) and serialized by a lock file next to it
-(``PATH.lock``), so two commands at once lose nothing.
+(``PATH.lock``), so two commands at once lose nothing. Both keep their owner and mode:
+the keys file its own (``write_keys``), a new lock file the keys file's owner and 0600; a
+command that cannot keep them (not root, another user's file) refuses and changes nothing.
 
 ``add`` and ``rotate`` print the new secret alone on the last line of their output
 (scripts: ``corral keys add bob --keys-file k.toml | tail -n 1``); it is shown once and
@@ -46,6 +48,7 @@ from corral.keys_file import (
     name_problem,
     new_secret,
     now_iso,
+    owner_and_mode,
     read_keys,
     write_keys,
 )
@@ -73,11 +76,37 @@ def _path(keys_file: Path | None) -> Path:
     return keys_file.expanduser()
 
 
+def _lock_file(path: Path) -> int:
+    """The keys file's lock (``PATH.lock``) opened for flock (read-only: a lock needs no write).
+    Made 0600 whatever the umask and owned like the keys file, so the server's user keeps it;
+    one already there keeps its owner and mode."""
+    lock = path.with_name(path.name + ".lock")
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return os.open(lock, flags)
+    except OSError as exc:
+        fail(f"{lock}: cannot open the keys file's lock ({exc.strerror}); "
+             "run `corral keys` as the keys file's owner or as root")
+    uid, gid, _ = owner_and_mode(path)
+    try:
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            os.fchown(fd, uid, gid)
+    except PermissionError:
+        os.close(fd)
+        os.unlink(lock)
+        fail(f"{path}: cannot keep the keys file's owner (uid {uid}, gid {gid}); "
+             "run `corral keys` as that user or as root")
+    return fd
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[dict[str, KeySpec]]:
     """The file's keys, under an exclusive lock; what the body leaves in the dict is written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
+    with os.fdopen(_lock_file(path)) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             keys = read_keys(path)

@@ -25,7 +25,7 @@ def serve(
         help="Require this key (Authorization: Bearer KEY). Prefer the CORRAL_API_KEY environment "
              "variable: a key on the command line is visible to other local users in the process list."),
     no_autoload: bool = typer.Option(False, "--no-autoload", help="Requests for unloaded models get 400."),
-    ctx_len: Optional[int] = typer.Option(None, "--ctx-len", help="Every model: total context (KV cells)."),
+    ctx_len: Optional[int] = typer.Option(None, "--ctx-len", help="Every model: total context (KV cells; unset or 0: 32768 a slot)."),
     n_parallel: Optional[int] = typer.Option(None, "--n-parallel", help="Every model: slots per instance."),
     instances: Optional[int] = typer.Option(None, "--instances", help="Every model: worker processes."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Every model: threads per worker."),

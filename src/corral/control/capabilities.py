@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from corral import wire
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.store.gguf_meta import GGUFMetadata, read_metadata
 
 __all__ = ["Task", "can", "loaded_info"]

@@ -17,7 +17,7 @@ from typing import Any
 
 from corral import wire
 from corral.config import CorralConfig
-from corral.control.gpu_slot import GpuSlot
+from corral.control.placement.gpu_slot import GpuSlot
 from corral.errors import ModelNotFound
 from corral.settings import ModelSettings
 from corral.store.projector import projector_for
@@ -75,7 +75,7 @@ def default_threads(spec: ModelSpec, max_loaded_models: int, n_models: int,
     """Threads per worker when the config gives none.
 
     Where workers adapt their decode threads to the cores other processes leave free
-    (Linux, unless CORRAL_ADAPTIVE_THREADS=0; see corral.worker.cpu), every worker gets
+    (Linux, unless CORRAL_ADAPTIVE_THREADS=0; see corral.worker.host.cpu), every worker gets
     all cores and lowers them itself while other workers are busy: a model alone runs at
     full speed, two busy models settle at a core each. Measured on 2 cores, 2 models,
     c=8 alone / c=4 each together: all cores + adaptive 169-177 / 109-129 tok/s; a

@@ -22,18 +22,22 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from corral.config import CorralConfig
-from corral.control.admission import Admission
+from corral.control.placement.admission import Admission
 from corral.control.catalog import Catalog, ModelSpec, specs_from_config
 from corral.events import EventBus, EventName
-from corral.control.pool import ModelPool
-from corral.control.keys import current_caller
+from corral.control.scheduling.pool import ModelPool
+from corral.control.keys.ring import current_caller
 from corral.errors import Conflict, InvalidRequest, ModelNotFound, NameNotAllowed
 from corral.model_ids import id_problem
+from corral.settings import ModelSettings
+
+if TYPE_CHECKING:
+    from corral.store.local import ModelStore
 
 __all__ = ["CatalogSync"]
 
@@ -45,7 +49,7 @@ Embedded = tuple[str, Path, tuple[str, ...]]
 class CatalogSync:
     def __init__(self, *, catalog: Catalog, pools: dict[str, ModelPool], bus: EventBus,
                  admission: Admission, make_pool: Callable[[ModelSpec], ModelPool],
-                 load_soon: Callable[[ModelPool], None], store: Any = None,
+                 load_soon: Callable[[ModelPool], None], store: ModelStore | None = None,
                  embedded: Embedded | None = None) -> None:
         self.catalog = catalog
         self.pools = pools
@@ -136,7 +140,7 @@ class CatalogSync:
         self._extra_specs[spec.id] = spec
         return self.add(spec)
 
-    def on_download_finished(self, model_id: str, path: Path, inherited: Any) -> None:
+    def on_download_finished(self, model_id: str, path: Path, inherited: ModelSettings) -> None:
         if model_id not in self.pools:
             pulled = self.store.get(model_id) if self.store is not None else None  # its manifest: the projector
             self.add(ModelSpec.make(model_id, Path(path), inherited, source="store",

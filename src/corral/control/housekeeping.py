@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from corral.control.admission import Admission
-from corral.control.pool import ModelPool
+from corral.control.placement.admission import Admission
+from corral.control.scheduling.pool import ModelPool
 
 __all__ = ["Housekeeper", "STATS_EVERY_S"]
 

@@ -53,7 +53,7 @@ class _StateCollector:
         paused_s = CounterMetricFamily("corral_preempted_seconds", "Seconds paused sequences waited (ended pauses)",
                                        labels=["model", "key"])
         for m in self._snapshot():
-            if (pre := m.get("preemption")) is not None:  # fair-share pauses per key (control/preempt.py)
+            if (pre := m.get("preemption")) is not None:  # fair-share pauses per key (control/scheduling/preempt.py)
                 for key, n in pre.pauses.items():
                     pauses.add_metric([m["id"], key], n)
                     paused_s.add_metric([m["id"], key], pre.paused_s.get(key, 0.0))
@@ -93,7 +93,7 @@ class Metrics:
         self.load_duration = Histogram("corral_load_duration_seconds", "Worker load time",
                                        ["model", "instance"], buckets=_LOAD_BUCKETS, registry=r)
         self.restarts = Counter("corral_restarts", "Worker restarts after a failure", ["model", "instance"], registry=r)
-        # per key (corral.control.access): names from the keys file, "api_key", "-" (anonymous)
+        # per key (corral.control.keys.access): names from the keys file, "api_key", "-" (anonymous)
         self.key_requests = Counter("corral_key_requests", "Requests per key and model", ["key", "model"], registry=r)
         self.key_prompt_tokens = Counter("corral_key_prompt_tokens", "Prompt tokens per key and model",
                                          ["key", "model"], registry=r)

@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from corral import wire
 from corral.config import CorralConfig
-from corral.control import cache_tenant, views
-from corral.control.access import Access
-from corral.control.admission import Admission
-from corral.control.gpus import GpuBudget
+from corral.control import views
+from corral.control.keys import cache_tenant
+from corral.control.keys.access import Access
+from corral.control.placement.admission import Admission
+from corral.control.scheduling.fair_queue import requester
+from corral.control.placement.gpus import GpuBudget
 from corral.control.catalog import Catalog, ModelSpec, default_threads
 from corral.control.catalog_sync import CatalogSync, Embedded
 from corral.control.prompt_cache import with_prompt_cache
@@ -43,10 +45,10 @@ from corral.control.instance.instance import Instance, InstanceState, Timeouts, 
 from corral.control.transport.link import Spawner
 from corral.control.transport.local import LocalSpawner
 from corral.control.metrics import Metrics
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.control.instance.restart import RestartPolicy
-from corral.control.keys import current_caller, detached_context
-from corral.control.limits import Reservation
+from corral.control.keys.ring import current_caller, detached_context
+from corral.control.keys.limits import Reservation
 from corral.control.request_frame import encode_request, input_param
 from corral.control.stream import RequestStream
 from corral.errors import (CapacityTimeout, Conflict, CorralError, LoadFailed,
@@ -54,6 +56,7 @@ from corral.errors import (CapacityTimeout, Conflict, CorralError, LoadFailed,
 
 if TYPE_CHECKING:
     from corral.control.transport.ray.cluster import RayCluster
+    from corral.store.local import ModelStore
 
 __all__ = ["ControlPlane"]
 
@@ -62,7 +65,7 @@ log = logging.getLogger("corral.plane")
 
 class ControlPlane:
     def __init__(self, config: CorralConfig, *, bus: EventBus | None = None,
-                 metrics: Metrics | None = None, store: Any = None,
+                 metrics: Metrics | None = None, store: ModelStore | None = None,
                  config_loader: Callable[[], CorralConfig] | None = None,
                  embedded: Embedded | None = None, spawner: Spawner | None = None) -> None:
         self.config = config
@@ -91,7 +94,7 @@ class ControlPlane:
                                 load_soon=self._load_soon, store=store, embedded=embedded)
         self.started_at = time.time()
         self.metrics.watch(self.snapshot)
-        self.access = Access(config, self.bus, self.metrics)  # keys, limits, usage (control/access.py)
+        self.access = Access(config, self.bus, self.metrics)  # keys, limits, usage (control/keys/access.py)
 
     # ================================================================ lifecycle
 
@@ -204,7 +207,7 @@ class ControlPlane:
         return [p for p in self.pools.values() if self.access.visible(p.spec)]
 
     async def generate(self, name: str, msg: wire.GenerateRequest, prefix: str | None,
-                       cache_salt: str | None = None) -> RequestStream:  # tenant: control/cache_tenant.py
+                       cache_salt: str | None = None) -> RequestStream:  # tenant: control/keys/cache_tenant.py
         msg = cache_tenant.with_tenant(msg, current_caller(), cache_salt)
         return await self._submit(name, msg, cache_tenant.affinity_prefix(msg, prefix))
 
@@ -247,12 +250,13 @@ class ControlPlane:
     async def _send(self, name: str, msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest,
                     frame: bytes, prefix: str | None, held: Reservation | None) -> RequestStream:
         loop = asyncio.get_running_loop()
+        who = requester()  # whom the request is for: read once, passed to the queue and preemption
         bound = self.config.server.request_queue_timeout_s  # None: waits while its client does
         deadline = None if bound is None else loop.time() + bound
         while True:
             pool = self.pool(name)
             stream = RequestStream(msg.id, pool.spec.id, input_param(msg))
-            inst = pool.try_acquire(prefix)
+            inst = pool.try_acquire(prefix, who)
             if inst is None:
                 if not pool.has_ready and not pool.draining:
                     try:
@@ -261,9 +265,9 @@ class ControlPlane:
                         if deadline is not None and loop.time() >= deadline:
                             raise
                         continue
-                    inst = pool.try_acquire(prefix)
+                    inst = pool.try_acquire(prefix, who)
                 if inst is None:
-                    inst = await pool.wait_slot(prefix, max_queue=self.config.server.max_queue,
+                    inst = await pool.wait_slot(prefix, who, max_queue=self.config.server.max_queue,
                                                 deadline=deadline)
                     if inst is None:  # the model went away; start over
                         if deadline is not None and loop.time() >= deadline:
@@ -274,10 +278,10 @@ class ControlPlane:
                 sent = inst.submit(msg.id, frame, stream)
             finally:
                 if not sent:  # it died just now, or the write failed: the slot goes back
-                    pool.unreserve(inst)
+                    pool.unreserve(inst, who)
             if sent:
                 self.access.track(stream, held)  # its tokens count for the request's key when it ends
-                pool.track(stream, inst if isinstance(msg, wire.GenerateRequest) else None)  # its fair share
+                pool.track(stream, who, inst if isinstance(msg, wire.GenerateRequest) else None)  # its fair share
                 return stream
 
     async def _ensure_loaded(self, pool: ModelPool) -> None:

@@ -10,6 +10,7 @@ beyond the text itself.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
@@ -17,6 +18,8 @@ from corral import wire
 from corral.errors import ContextLengthExceeded, CorralError, InvalidRequest, RateLimited, WorkerRequestFailed
 
 __all__ = ["RequestStream", "StreamPiece", "failure_to_error"]
+
+log = logging.getLogger("corral.stream")
 
 _MERGE_AT = 64  # join pending pieces once this many pile up
 
@@ -54,7 +57,7 @@ class RequestStream:
 
     __slots__ = ("id", "instance_index", "_abort", "_parts", "n_tokens", "_waiter", "finished", "error",
                  "embeddings", "created", "started", "first_token", "ended", "model", "aborted", "_folded",
-                 "input_param", "_logprobs", "_tool_calls", "tokenized", "on_finish", "_reasoning", "send",
+                 "input_param", "_logprobs", "_tool_calls", "tokenized", "_end_handlers", "_reasoning", "send",
                  "on_pause")
 
     def __init__(self, request_id: str, model: str, input_param: str = "messages") -> None:
@@ -79,10 +82,27 @@ class RequestStream:
         self.ended: float | None = None
         self.aborted = False
         self._folded = 0
-        self.on_finish: Callable[[RequestStream], None] | None = None  # usage (corral.control.access)
-        # preemption (corral.control.preempt): a frame to its worker (the link sets it); its Paused
+        self._end_handlers: list[Callable[[RequestStream], None]] = []  # at_end
+        # preemption (corral.control.scheduling.preempt): a frame to its worker (the link sets it); its Paused
         self.send: Callable[[wire.Preempt | wire.Resume], bool] | None = None
         self.on_pause: Callable[[wire.Paused], None] | None = None
+
+    def at_end(self, handler: Callable[[RequestStream], None]) -> None:
+        """Call ``handler(stream)`` when the request ends (at once if it has): once, on the
+        link's reader, before its slot is released. Handlers run last added first, as
+        exits do: preemption's, then the fair queue's, then the key's usage
+        (``ControlPlane._send`` adds them in that order's reverse). One that raises is
+        logged; the others still run."""
+        if self.done:
+            self._run_handler(handler)
+        else:
+            self._end_handlers.append(handler)
+
+    def _run_handler(self, handler: Callable[[RequestStream], None]) -> None:
+        try:  # nothing may escape into the link's reader
+            handler(self)
+        except Exception:  # noqa: BLE001 - logged; the request's other handlers still run
+            log.exception("an end handler of request %s failed", self.id)
 
     def bind(self, instance_index: int, abort: Callable[[str], None]) -> None:
         """The request was sent to instance ``instance_index``; ``abort(id)`` stops it."""
@@ -131,9 +151,9 @@ class RequestStream:
 
     def _end(self) -> None:
         self.ended = time.perf_counter()
-        if self.on_finish is not None:
-            on_finish, self.on_finish = self.on_finish, None
-            on_finish(self)
+        handlers, self._end_handlers = self._end_handlers, []
+        for handler in reversed(handlers):
+            self._run_handler(handler)
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)

@@ -10,7 +10,7 @@ import msgspec
 from corral import wire
 from corral.control.capabilities import can
 from corral.control.instance.instance import InstanceState
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.control.prompt_cache import view as prompt_cache_view
 
 __all__ = ["describe", "snapshot", "speculation"]
@@ -64,6 +64,8 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "node": (None if i.placement.node_id is None else
                      {"id": i.placement.node_id, "address": i.placement.node_address}),
             "slots": {"busy": pool.busy(i), "total": i.slots_total},
+            # the context a slot got: ctx_len // n_parallel, capped at n_ctx_train, fitted to memory
+            "n_ctx_slot": i.info.n_ctx_slot if i.info else None,
             "memory": {"model_bytes": rep.model_bytes if rep else None,  # a draft model's included
                        "kv_bytes": rep.kv_bytes if rep else None,
                        "mmproj_bytes": i.info.mmproj_bytes if i.info else None,  # the vision projector
@@ -111,7 +113,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
                      "ttl_s": spec.ttl_s, "pinned": spec.pinned, "speculative": spec.speculative,
                      "draft_max": spec.draft_max, "draft_min": spec.draft_min, "swa_full": spec.swa_full},
         "queued": len(pool.waiters),
-        "preemption": pool.preempt.stats.view(pool.preempt.paused),  # fair-share pauses (control/preempt.py)
+        "preemption": pool.preempt.stats.view(pool.preempt.paused),  # fair-share pauses (control/scheduling/preempt.py)
         "last_used": pool.last_used or None,
         "memory_bytes": pool.memory_bytes() if pool.occupies else 0,
         "instances": instances,

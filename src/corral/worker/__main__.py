@@ -12,10 +12,10 @@ import sys
 def _list_devices() -> int:
     import msgspec
 
-    from corral.worker.devices import list_devices
-    from corral.worker.model import _init_backend
+    from corral.worker.host.devices import list_devices
+    from corral.worker.llama_context import init_backend
 
-    _init_backend(False)
+    init_backend(False)
     sys.stdout.write(msgspec.json.encode(list_devices()).decode() + "\n")
     return 0
 

@@ -11,8 +11,11 @@ A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) 
 2. builds ONE batch: the last token of every generating slot (and its draft: speculation/), then prompt chunks;
 3. runs one ``llama_decode`` (C, releases the GIL);
 4. draws the next token of every slot whose logits were computed, side by side on the ``sampling_threads``
-   (sample_pool.py; or a token the thinking's budget forces: reasoning_step.py), then per slot in batch
-   order on this thread: detokenizes, splits thinking from answer, matches stop strings, emits Deltas.
+   (sampling/pool.py; or a token a step feature forces), then per slot in batch order on this thread:
+   detokenizes, splits thinking from answer, matches stop strings, emits Deltas.
+
+Per-request features are ``StepFeature``s (slots.py), in ``self.features`` only when on (features.py):
+the engine runs their moments, never a check of its own for a feature that is off.
 
 Only the thread that calls ``step()`` changes llama.cpp's context (the draws only read it, each with its
 own slot's sampler). ``submit``/``abort`` only queue; ``prepare`` (tokenizing) may run on another thread.
@@ -28,25 +31,26 @@ from typing import Union
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import requests, sample_pool, sampling, threadpool
+from corral.worker.prompt import requests
+from corral.worker.sampling import pool as sample_pool
+from corral.worker.sampling import sampler as sampling
+from corral.worker.host import threadpool
 from corral.worker.speculation import draft
-from corral.worker.lora import LoraAdapters
-from corral.worker.embed import Embedder
+from corral.worker.lora.adapters import LoraAdapters
+from corral.worker.embed.embedder import Embedder
 from corral.worker.features import step_features
 from corral.worker.failures import RequestRejected
-from corral.worker.infill import slot_output
 from corral.worker.model import LoadedModel, load_model, rss_bytes
-from corral.worker.preempt import Preemption
+from corral.worker.preempt.preemption import Preemption
 from corral.worker.prefill import EchoChunk, fill_prompt_chunks, prompt_logprobs
-from corral.worker.prompt_cache import PromptCache
-from corral.worker.prompts import PreparedRequest, PromptPreparer
-from corral.worker.reasoning_step import EngineReasoning
-from corral.worker.slot_output import SlotOutput
+from corral.worker.cache.prompt_cache import PromptCache
+from corral.worker.prompt.prompts import PreparedRequest, PromptPreparer, model_template
+from corral.worker.reasoning.feature import ReasoningFeature
+from corral.worker.output.slot_output import SlotOutput
 from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, begin, check_params, finished_message,
-                                 free_samplers, release, slot_states)
-from corral.worker.templates import ChatTemplate, TemplateError, choose_template
+                                 equip, free_samplers, overrides, pick_slot, release, slot_states)
 from corral.worker.tokens import Tokenizer
-from corral.worker.vision_prefill import VisionSteps
+from corral.worker.vision.steps import VisionSteps
 
 __all__ = ["Engine", "Outgoing", "PreparedRequest"]
 
@@ -60,42 +64,32 @@ class Engine:
         self.settings = settings
         self.m: LoadedModel = load_model(draft.main_settings(settings))  # room for a draft model's
         self.threadpool = threadpool.attach(self.m.ctx, max(self.m.threads, self.m.threads_batch))  # as llama-server
-        self.lora = LoraAdapters.load(self.m, settings)  # adapters and each slot's adapter set (lora.py)
-        self.m.info = self.lora.report(self.m.info)
-        self.vision = VisionSteps.load(settings, self.m)  # the projector, images in the step (vision_prefill.py)
-        self.m.info = self.vision.model_info(self.m.info)
+        self.lora = LoraAdapters.load(self.m, settings)  # the adapters and their turns (lora/)
+        self.vision = VisionSteps.load(settings, self.m, self._fail)  # the projector, images in the step (vision/)
+        self.m.info = self.vision.model_info(self.lora.report(self.m.info))
         self.spec = draft.speculator(settings, self.m)  # n-gram or draft-model drafts (speculation/)
         self.info = self.m.info
         self.tok = Tokenizer(self.m)
-        self.template: ChatTemplate | None = None
-        self._template_error: str | None = None
-        if not self.m.embedding:
-            try:
-                self.template = choose_template(
-                    settings,
-                    self.m.meta("tokenizer.chat_template"),
-                    self.tok.special_text(ll.llama_vocab_bos(self.m.vocab)),
-                    self.tok.special_text(ll.llama_vocab_eos(self.m.vocab)),
-                )
-            except TemplateError as exc:
-                self._template_error = str(exc)
+        self.template, self._template_error = model_template(settings, self.m, self.tok)  # prompt/prompts.py
         self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot,
                                       model_id=settings.model_id, n_batch=self.m.n_batch)
         self.prompts.vision = self.vision
-        self.reasoning = EngineReasoning(settings, self.template, self.tok, self.info.reasoning_format)
-        self.embedder = Embedder(self.m, self.tok, settings)  # embeddings, reranking (embed.py)
+        self.reasoning = ReasoningFeature(settings, self.template, self.tok, self.info.reasoning_format, self.m.n_vocab)
+        self.embedder = Embedder(self.m, self.tok, settings)  # embeddings, reranking (embed/)
         self.slots = [Slot(i) for i in range(self.m.n_slots)]
         self.waiting: deque[Job] = deque()
-        self.embed_waiting: deque[tuple[wire.EmbedRequest, float]] = deque()
         self.out: list[Outgoing] = []
-        self._batch = Batch(self.m.n_batch)
-        self._by_id: dict[str, Job] = {}
+        self.batch = Batch(self.m.n_batch)  # the step's batch (preemption's recomputes use it between steps)
+        self.jobs: dict[str, Job] = {}  # every accepted request not yet ended, by id (paused ones too)
         self.tokens_generated = 0
         self.tokens_prompt = 0
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
-        self.prompt_cache = PromptCache(self.m, settings, self.lora)  # RAM, disk (prompt_cache.py); .store: KV store
-        self.preempt = Preemption(self, self.prompt_cache.store)  # paused requests, pinned in that store (preempt.py)
-        self.features = step_features(settings)  # the step features turned on (features.py)
+        self.prompt_cache = PromptCache(self.m, settings)  # RAM, disk (cache/); .store: KV store
+        self.preempt = Preemption(self, self.prompt_cache.store)  # paused requests, pinned in that store (preempt/)
+        self.features = step_features(settings, vision=self.vision, lora=self.lora, reasoning=self.reasoning,
+                                      prompt_cache=self.prompt_cache)  # the step features turned on (features.py)
+        self._before_batch = [f for f in self.features if overrides(f, "before_batch")]
+        self._idle = [f for f in self.features if overrides(f, "idle")]
 
     # ------------------------------------------------------------------ commands
 
@@ -108,18 +102,19 @@ class Engine:
         assert not isinstance(req, PreparedRequest)
         try:
             if isinstance(req, wire.EmbedRequest):
-                self.embed_waiting.append((self.embedder.check(req), time.perf_counter()))
+                self.embedder.submit(req)
                 return
             if isinstance(req, wire.TokenizeRequest):
                 self.out.append(requests.tokenize(self.tok, req, self.prompts))
                 return
-            if req.id in self._by_id:
+            if req.id in self.jobs:
                 raise RequestRejected("invalid_request", f"request id {req.id!r} is already in use")
             if prepared is None:
                 prepared = self.prepare(req)
-            job = Job(req, prepared.tokens, time.perf_counter(), reasoning=prepared.reasoning)
+            job = Job(req, prepared.tokens, time.perf_counter(), reasoning=prepared.reasoning,
+                      lora=self.lora.key_of(req))
             job.grammar = requests.grammar_sampler(self.m.vocab, prepared.gbnf)
-            self._by_id[req.id] = job
+            self.jobs[req.id] = job
             self.waiting.append(job)
         except RequestRejected as exc:
             self.out.append(wire.RequestFailed(req.id, exc.code, exc.message))
@@ -129,7 +124,7 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         """Free the request's slot (or drop it from the queue) and answer Finished(abort)."""
-        job = self._by_id.get(request_id)
+        job = self.jobs.get(request_id)
         if job is None or self.preempt.abort(request_id):
             return
         for slot in self.slots:
@@ -137,18 +132,18 @@ class Engine:
                 self._finish(slot, "abort")
                 return
         self.waiting.remove(job)
-        del self._by_id[request_id]
+        del self.jobs[request_id]
         sampling.free_sampler(job.grammar)
         job.grammar = None
         self.out.append(aborted_in_queue(job, time.perf_counter()))
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.embed_waiting or self.preempt.has_work or any(s.busy for s in self.slots))
+        return bool(self.waiting or self.embedder.waiting or self.preempt.has_work or any(s.busy for s in self.slots))
 
     def stats(self) -> wire.Stats:
         return wire.Stats(slots_busy=sum(1 for s in self.slots if s.busy), slots_total=len(self.slots),
-                          waiting=len(self.waiting) + len(self.embed_waiting), rss_bytes=rss_bytes(),
+                          waiting=len(self.waiting) + len(self.embedder.waiting), rss_bytes=rss_bytes(),
                           model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes + self.vision.kv_bytes,
                           tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt,
                           slots=slot_states(self.slots, self.m.n_ctx_slot), spec_drafted=self.spec.drafted,
@@ -177,12 +172,11 @@ class Engine:
         self.preempt.fail_all(message)
         while self.waiting:
             job = self.waiting.popleft()
-            self._by_id.pop(job.req.id, None)
+            self.jobs.pop(job.req.id, None)
             sampling.free_sampler(job.grammar)
             job.grammar = None
             self.out.append(wire.RequestFailed(job.req.id, "internal", message))
-        self.out += [wire.RequestFailed(r.id, "internal", message) for r, _ in self.embed_waiting]
-        self.embed_waiting.clear()
+        self.out += self.embedder.fail_waiting(message)
         return self.take_output()
 
     def take_output(self) -> list[Outgoing]:
@@ -210,11 +204,11 @@ class Engine:
         free = [s for s in self.slots if not s.busy]
         while self.waiting and free:
             job = self.waiting.popleft()
-            best, best_n = self.lora.pick_slot(free, job, self.m)  # a prefix of the job's adapter set
+            # a prefix of cells of the job's cache tenant and adapter set (slots.py)
+            best, best_n = pick_slot(free, job.tokens, self.m, job.req.cache_tenant, job.lora)
             free.remove(best)
             try:
-                best_n = self.prompt_cache.admit(best, job.tokens, best_n, job.req.echo and job.req.logprobs is not None,
-                                                 job.req.cache_tenant)
+                best_n = self.prompt_cache.admit(best, job, best_n)  # saves the old cells, may restore more
                 self._start(best, job, best_n)
             except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
                 log.exception("request %s failed to start", job.req.id)
@@ -238,19 +232,13 @@ class Engine:
             self._clear_slot(slot)
         p = job.req.params
         begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter(), self.settings.default_max_tokens)
-        requested, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
-        grammar = self.reasoning.start(slot, job, requested)  # None while a reasoning slot holds it
-        seed = sampling.resolve_seed(p, self.settings.seed)
-        slot.sampler = sampling.slot_sampler(p, n_vocab=self.m.n_vocab, seed=seed,
-                                             eog_tokens=self.tok.eog_tokens if p.ignore_eos else [],
-                                             prompt_tail=job.tokens, grammar=grammar)
-        template_stops: list[str] = []
-        if req.messages is not None and self.template is not None and not p.ignore_eos and requested is None:
-            template_stops = list(self.template.stop_strings)
-        slot.out = slot_output(req, list(p.stop), requests.tool_parser(req), template_stops=template_stops,
-                               reasoning=slot.reasoning)
-        self.spec.start(slot, req, allowed=slot.reasoning is None)
-        slot.features = tuple(f for f in self.features if f.admitted(slot, job))
+        requested = job.grammar is not None
+        slot.features = tuple(f for f in self.features if f.admitted(slot, job))  # may take the grammar (reasoning)
+        grammar, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
+        chat = req.messages is not None and self.template is not None and not p.ignore_eos and not requested
+        equip(slot, job, grammar, self.tok, default_seed=self.settings.seed,
+              template_stops=self.template.stop_strings if chat and self.template is not None else ())
+        self.spec.start(slot, req)
         slot.echo_logprobs = [wire.TokenLogprob(self.tok.prompt_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))
@@ -261,20 +249,24 @@ class Engine:
 
     def step(self) -> list[Outgoing]:
         """Run one decode over all busy slots; return the messages it produced."""
-        if self.embed_waiting:
-            self._run_embeddings()
+        if self.embedder.waiting:  # embeddings and reranks, between generation steps, in shared decodes
+            answers, n_tokens = self.embedder.run_waiting()
+            self.out += answers
+            self.tokens_prompt += n_tokens
         self.preempt.admit()  # paused requests resuming go first
         self._admit()
-        self.vision.step(self.slots, self._fail)  # image encodes and pieces (vision_prefill.py)
-        b = self._batch
-        turn = self.lora.turn(self.slots)  # the slots of one adapter set, in turn (lora.py)
+        turn = self.slots
+        for f in self._before_batch:  # images' encodes and pieces; the slots of one adapter set, in turn
+            turn = f.before_batch(turn)
+        b = self.batch
         urgent = self.preempt.urgent  # urgent.py: a request that preempted a slot first; an aborted decode undone
-        undo, (decoding, prompts) = urgent.before(turn), urgent.plan(turn, self._by_id, b.cap)
+        undo, (decoding, prompts) = urgent.before(turn), urgent.plan(turn, self.jobs, b.cap)
         n, outputs = self.spec.fill(b, decoding, self.m)  # pending tokens and drafts (speculation/)
         echo_chunks: list[EchoChunk] = []
         n = fill_prompt_chunks(b, prompts, n, outputs, echo_chunks)  # prefill.py
         if n == 0:
-            self.vision.wait()  # an image still encoding, nothing else to decode
+            for f in self._idle:
+                f.idle()  # an image still encoding, nothing else to decode
             return self.take_output()
         rc = urgent.decode(b, n, undo, outputs, echo_chunks)  # aborted for an urgent request: 0, undone, nothing to draw
         if rc != 0:
@@ -306,7 +298,7 @@ class Engine:
         """End ``job``, running (or starting) in ``slot``, with RequestFailed(internal); the others
         go on. The slot is freed with its samplers (and the job's grammar, if no sampler took it)
         and its cache cleared (not trusted after a failure), unless it holds another job."""
-        self._by_id.pop(job.req.id, None)
+        self.jobs.pop(job.req.id, None)
         sampling.free_sampler(job.grammar)
         job.grammar = None
         if slot.job is job or slot.job is None:
@@ -317,8 +309,9 @@ class Engine:
     def _draw(self, item: tuple[Slot, int]) -> list[sample_pool.Drawn]:
         """On any sampling thread: touches only this slot's sampler (a draw per verified draft token)."""
         slot, idx = item
-        if (forced := self.reasoning.forced(slot)) is not None:  # the thinking's budget is spent
-            return [sample_pool.Drawn(forced)]
+        for f in slot.features:
+            if (forced := f.after_logits(slot)) is not None:  # e.g. the thinking's budget is spent
+                return [sample_pool.Drawn(forced)]
 
         def one(i: int) -> sample_pool.Drawn:
             return sample_pool.draw(slot.sampler, self.m.ctx, i, is_eog=self.tok.is_eog, ends_on_eog=not slot.ignore_eos,
@@ -350,13 +343,15 @@ class Engine:
             return
         slot.n_gen += 1
         self.tokens_generated += 1
-        if not slot.ignore_eos and self.tok.is_eog(tok) and (tok := self.reasoning.instead_of_eog(slot)) < 0:
-            self._finish(slot, "stop")
-            return
-        delta = out.token(self.reasoning.piece(slot, tok), lp)
+        if not slot.ignore_eos and self.tok.is_eog(tok):
+            instead = next((t for f in slot.features if (t := f.end_of_generation(slot)) is not None), None)
+            if instead is None:
+                self._finish(slot, "stop")
+                return
+            tok = instead
+        delta = out.token(self.tok.piece(tok), lp, tok)
         if delta is not None:
             self.out.append(delta)
-        self.reasoning.after_token(slot, self.m.n_vocab)
         why: wire.FinishReason | None = "stop" if out.stopped else None
         for f in slot.features:
             why = why or f.token_accepted(slot, tok, delta)
@@ -377,19 +372,8 @@ class Engine:
         n_eval = len(job.tokens) - slot.n_cached
         self.tokens_prompt += n_eval
         fin = finished_message(slot, job, reason, time.perf_counter())
-        self.prompt_cache.finished(fin)
         for f in slot.features:
             f.finished(slot, fin)
         self.out.append(fin)
-        self._by_id.pop(job.req.id, None)
+        self.jobs.pop(job.req.id, None)
         release(slot)
-
-    # ------------------------------------------------------------------ embeddings
-
-    def _run_embeddings(self) -> None:
-        """Embeddings and reranks run between generation steps, all waiting ones' inputs in shared decodes."""
-        reqs = [r for r, _ in self.embed_waiting]
-        self.embed_waiting.clear()
-        answers, n_tokens = self.embedder.run(reqs)
-        self.out.extend(answers)
-        self.tokens_prompt += n_tokens

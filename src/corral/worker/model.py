@@ -8,11 +8,8 @@ wrapper can answer ``LoadFailed(reason)``.
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import os
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -21,56 +18,24 @@ import llama_cpp as ll
 import msgspec
 
 from corral import reasoning_format, wire
-from corral.batch_rows import outputs_max
-from corral.gpu_fit import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, has_side_context, placement,
-                            plan_fit, read_layout)
-from corral.gpu_split import split_weights
-from corral.worker.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
+from corral.fit.rows import outputs_max
+from corral.fit.plan import GGUFError, ModelLayout, has_side_context, placement, read_layout
+from corral.fit.split import split_weights
+from corral.worker.fit import FitLoadError, fit_gpus, fit_host_ctx, split_gpus
+from corral.worker.host.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
+from corral.worker.llama_context import ContextFailed, context_params, open_context
+from corral.worker.llama_context import buffer_lines as _buffer_lines
+from corral.worker.llama_context import init_backend as _init_backend
+from corral.worker.llama_context import log_lines as _log_lines
 
 __all__ = ["ModelLoadError", "LoadedModel", "load_model", "check_gguf_file", "rss_bytes"]
 
 GGUF_MAGIC = b"GGUF"
 
-_backend_lock = threading.Lock()
-_backend_ready = False
-_log_lines: collections.deque[str] = collections.deque(maxlen=20)
-_buffer_lines: collections.deque[str] = collections.deque(maxlen=64)  # llama.cpp's "... buffer size = X MiB"
-_log_verbose = False
-aborting = [False]  # True while a decode may be aborted on purpose (worker/urgent.py): its error lines are not errors
-_ABORT_LINES = ("failed with error 1", "compute status: 1", "ret = 2")  # GGML_STATUS_ABORTED, llama_decode's 2
 
 
 class ModelLoadError(Exception):
     """The model could not be loaded; ``str(exc)`` is the reason for ``LoadFailed``."""
-
-
-def _log_message(level: int, text: bytes | None, _user: ctypes.c_void_p) -> None:
-    if not text:
-        return
-    line = text.decode("utf-8", "replace")
-    # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 cont
-    if level in (3, 4):
-        _log_lines.append(line.rstrip())
-    elif "buffer size =" in line:
-        _buffer_lines.append(line.rstrip())
-    if level == 4 and aborting[0] and line.rstrip().endswith(_ABORT_LINES):
-        return  # a decode aborted on purpose (worker/urgent.py), not an error
-    if _log_verbose or level == 4:
-        sys.stderr.write(line)
-
-
-_log_callback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(_log_message)
-
-
-def _init_backend(verbose: bool) -> None:
-    global _backend_ready, _log_verbose
-    with _backend_lock:
-        _log_verbose = verbose
-        if _backend_ready:
-            return
-        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        ll.llama_backend_init()
-        _backend_ready = True
 
 
 def rss_bytes() -> int:
@@ -178,10 +143,6 @@ def tokenizer_info(vocab: ll.llama_vocab_p, chat_template: str | None) -> wire.T
         chat_template=chat_template)
 
 
-# ggml's enum ggml_type for the KV cache types (corral.settings.KV_CACHE_TYPES)
-_GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
-
-
 def load_model(s: wire.WorkerSettings) -> LoadedModel:
     """Load ``s.model_path`` and create one context with ``s.n_parallel`` sequences."""
     t0 = time.perf_counter()
@@ -197,7 +158,7 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     _buffer_lines.clear()
 
     devices = list_devices()
-    gpus = _split_gpus(devices)
+    gpus = split_gpus(devices)
     if s.tensor_split and gpus and len(s.tensor_split) > len(gpus):
         raise ModelLoadError(f"tensor_split has {len(s.tensor_split)} entries but this instance sees "
                              f"{len(gpus)} GPU(s) ({', '.join(d.name for d in gpus)}): give one per GPU of devices")
@@ -206,10 +167,14 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     except (GGUFError, OSError, ValueError):
         layout = None  # llama.cpp may still load it; no plan or placement then
     plan: wire.FitPlan | None = None
-    if s.n_gpu_layers == "auto":
-        plan = _fit(s, devices, layout)
-        if plan is not None and plan.ctx_len != s.ctx_len:
-            s = msgspec.structs.replace(s, ctx_len=plan.ctx_len)
+    if s.n_gpu_layers == "auto":  # fitted to the GPUs; with none, the context to the host's RAM
+        try:
+            plan = fit_gpus(s, devices, layout)
+        except FitLoadError as exc:
+            raise ModelLoadError(str(exc)) from exc
+        ctx = plan.ctx_len if plan is not None else fit_host_ctx(s, layout, host_available_bytes())
+        if ctx != s.ctx_len:
+            s = msgspec.structs.replace(s, ctx_len=ctx)
     n_gpu_layers = s.n_gpu_layers if isinstance(s.n_gpu_layers, int) else (plan.n_gpu_layers if plan else 0)
     mparams = ll.llama_model_default_params()
     mparams.n_gpu_layers = n_gpu_layers
@@ -250,11 +215,6 @@ def _gguf_pooling(model: ll.llama_model_p) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
-def _split_gpus(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
-    """The GPUs a fit plan and a ``tensor_split`` are over, in llama.cpp's order."""
-    return [d for d in offload_devices(devices) if d.kind == "gpu"]
-
-
 def _placement(s: wire.WorkerSettings, layout: ModelLayout, m: LoadedModel, offload: list[wire.DeviceInfo],
                weights: list[float] | None, n_gpu_layers: int) -> list[wire.DevicePlacement]:
     """Where the layers and KV went (``ModelInfo.placement``), with the context's real
@@ -262,31 +222,6 @@ def _placement(s: wire.WorkerSettings, layout: ModelLayout, m: LoadedModel, offl
     return placement(layout, gpus=offload, weights=weights, ngl=n_gpu_layers, ctx=ll.llama_n_ctx_seq(m.ctx) * m.n_slots,
                      n_slots=m.n_slots, n_ubatch=ll.llama_n_ubatch(m.ctx), cache_types=(s.cache_type_k, s.cache_type_v),
                      outputs=outputs_max(s, m.n_slots), side=has_side_context(s))
-
-
-def _fit(s: wire.WorkerSettings, devices: list[wire.DeviceInfo],
-         layout: ModelLayout | None = None) -> wire.FitPlan | None:
-    """``n_gpu_layers = "auto"``: the plan over every GPU this worker sees (the ones it was
-    pinned to; llama.cpp splits the layers over all of them), each within the router's
-    share of it when given (None: no GPU). ``layout``: the file's, when already read."""
-    gpus = _split_gpus(devices)
-    if not gpus:
-        return None
-    try:
-        layout = layout or read_layout(s.model_path).kv_sized(s.swa_full).on_devices(gpus)
-    except (GGUFError, OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot plan GPU layers for {s.model_path}: {exc}") from exc
-    margin = DEFAULT_MARGIN_BYTES if s.gpu_margin_bytes is None else s.gpu_margin_bytes
-    budgets = s.gpu_budget_bytes  # the router's share for this instance (others may share the GPUs)
-    limits: list[int | None] = [budgets] if isinstance(budgets, int) else list(budgets or [])
-    try:
-        return plan_fit(layout, devices=gpus, limits=limits, ctx_len=s.ctx_len, n_slots=s.n_parallel,
-                        ctx_floor_per_slot=s.fit_ctx_floor, n_ubatch=min(s.n_batch, 512), margin_bytes=margin,
-                        host_available_bytes=host_available_bytes(), tensor_split=s.tensor_split,
-                        cache_types=(s.cache_type_k, s.cache_type_v), outputs=outputs_max(s, s.n_parallel),
-                        side=has_side_context(s))
-    except FitError as exc:
-        raise ModelLoadError(str(exc)) from exc
 
 
 def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *, gpu_layers: int,
@@ -310,36 +245,21 @@ def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *,
                              f"({s.cache_type_k}) and cache_type_v ({s.cache_type_v}) must be the same")
 
     def make(pooling: int) -> ll.llama_context_p:
-        p = ll.llama_context_default_params()
-        p.n_ctx = n_ctx
-        p.n_batch = n_batch
-        p.n_ubatch = n_batch if s.embedding else min(n_batch, 512)
-        p.n_seq_max = n_slots
-        p.n_outputs_max = outputs_max(s, n_slots)
-        p.n_threads = threads
-        p.n_threads_batch = threads_batch
-        p.embeddings = s.embedding
-        p.pooling_type = pooling
         # one KV stream per slot: attention only over its own cells; with speculation one
-        # unified cache, whose batches split in order (worker/speculation/speculator.py: sliding windows)
-        p.kv_unified = s.speculative != "off"
+        # unified cache, whose batches split in order (worker/speculation/speculator.py: sliding windows).
         # Like llama-server: sliding-window layers keep only n_swa + n_ubatch cells per
         # slot (the C default keeps all) unless swa_full. Prefix reuse checks what is there.
-        p.swa_full = s.swa_full
-        p.no_perf = True
-        p.type_k, p.type_v = _GGML_TYPES[s.cache_type_k], _GGML_TYPES[s.cache_type_v]
-        if s.flash_attn is not None:
-            p.flash_attn_type = (
-                ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            )
+        p = context_params(s, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch if s.embedding else min(n_batch, 512),
+                           n_seq_max=n_slots, threads=threads, threads_batch=threads_batch,
+                           n_outputs_max=outputs_max(s, n_slots), embeddings=s.embedding, pooling_type=pooling,
+                           kv_unified=s.speculative != "off", swa_full=s.swa_full)
         kept = [line for line in _buffer_lines if " model buffer size" in line]  # a second context: its own
         _buffer_lines.clear()
         _buffer_lines.extend(kept)
-        ctx: ll.llama_context_p = ll.llama_init_from_model(model, p)
-        if not ctx:
-            detail = "; ".join(_log_lines)[-500:]
-            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} cells: {detail}")
-        return ctx
+        try:
+            return open_context(model, p)[0]  # its buffers stay in _buffer_lines, beside the weights'
+        except ContextFailed as exc:
+            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} cells: {exc}") from None
 
     ctx = make(_POOLING[s.pooling] if s.pooling is not None and s.embedding else ll.LLAMA_POOLING_TYPE_UNSPECIFIED)
     pooling = ll.llama_pooling_type(ctx)

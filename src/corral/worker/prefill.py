@@ -5,13 +5,14 @@ it never stalls the streams that decode beside it)."""
 from __future__ import annotations
 
 from corral import wire
-from corral.batch_rows import ECHO_CHUNK
-from corral.worker import requests, sampling
+from corral.fit.rows import ECHO_CHUNK
+from corral.worker.prompt import requests
+from corral.worker.sampling import sampler as sampling
 from corral.worker.model import LoadedModel
 from corral.worker.slots import Batch, Slot
 from corral.worker.tokens import Tokenizer
-from corral.worker.vision import VisionTokens
-from corral.worker.vision_mrope import kv_pos
+from corral.worker.vision.projector import VisionTokens
+from corral.worker.vision.mrope import kv_pos
 
 __all__ = ["EchoChunk", "fill_prompt_chunks", "prompt_logprobs"]
 
@@ -23,7 +24,7 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
     """Add prompt tokens after the ``n`` already in ``b``; a slot whose prompt ends in this
     batch asks for its last token's logits (appended to ``outputs``). Returns the new count."""
     budget = b.cap - n
-    echo_room = ECHO_CHUNK  # the echo slots' logits rows this step, all together (batch_rows.outputs_max)
+    echo_room = ECHO_CHUNK  # the echo slots' logits rows this step, all together (fit.rows.outputs_max)
     for slot in slots:
         if budget <= 0:
             break

@@ -5,7 +5,7 @@
 Threads:
 
 - reader (daemon): ``recv`` on the socket, split frames, decode ``wire.ToWorker``,
-  tokenize and size-check each GenerateRequest (``engine.prepare``, worker/prompts.py:
+  tokenize and size-check each GenerateRequest (``engine.prepare``, worker/prompt/prompts.py:
   a huge prompt never stalls the decode loop), put them into ``inbox`` (a
   ``queue.SimpleQueue``) in wire order. EOF or a broken frame puts ``_EOF``.
 - main: the engine loop. When the engine has nothing to do it blocks on ``inbox.get()``
@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from corral import wire
-from corral.gpu_fit import has_side_context  # neutral: no llama_cpp (the policy must precede it)
-from corral.worker.cpu import ThreadGovernor, parent_running
+from corral.fit.plan import has_side_context  # neutral: no llama_cpp (the policy must precede it)
+from corral.worker.host.cpu import ThreadGovernor, parent_running
 
 if TYPE_CHECKING:
     from corral.worker.engine import Engine
-    from corral.worker.urgent import UrgentStarts
+    from corral.worker.preempt.urgent import UrgentStarts
 
 __all__ = ["main", "serve"]
 
@@ -149,7 +149,8 @@ def serve(sock: socket.socket, settings: wire.WorkerSettings) -> int:
         return 1
     except Exception as exc:  # noqa: BLE001 - report anything as a load failure
         log.exception("load failed")
-        out.send([wire.LoadFailed(f"{type(exc).__name__}: {exc}")])
+        out.send([wire.LoadFailed(f"the worker failed while loading ({type(exc).__name__}); "  # the message may
+                                  "its log has the details")])  # name paths: clients see this one
         return 1
     log.info("ready: %s, %d slots of %d tokens, %d sampling threads", engine.info.description,
              engine.info.n_slots, engine.info.n_ctx_slot, engine.pool.n)
@@ -176,8 +177,8 @@ _GATHER_MAX_S = float(os.environ.get("CORRAL_GATHER_MAX_S", "0.004"))
 
 def _loop(engine: "Engine", inbox: "queue.SimpleQueue[object]", out: _Writer,
           governor: ThreadGovernor) -> int:
-    from corral.worker.prompts import PreparedRequest
-    from corral.worker.slot_files import SlotFiles
+    from corral.worker.prompt.prompts import PreparedRequest
+    from corral.worker.cache.slot_files import SlotFiles
 
     slot_files = SlotFiles(engine)  # llama-server's slot files (deferred while their slot is busy)
     replies: list[wire.FromWorker] = []

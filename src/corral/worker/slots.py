@@ -11,11 +11,13 @@ nothing), and each slot holds the features its request uses (``Slot.features``, 
 ``admitted``): the per-token moments run only for those, so a request that does not use a
 feature never pays for it either.
 
-    moment          when, on which thread                         what it may do
-    admitted        a job has just taken a slot (engine thread)   set its state on the slot; True: run for it
-    before_batch    before the step's batch is built (engine)     narrow the slots that decode this step
-    after_logits    a slot's logits are ready (a sampling thread) force a token instead of the draw
-    token_accepted  a drawn token went into the output (engine)   end the request ("stop", "length")
+    moment            when, on which thread                         what it may do
+    admitted          a job has just taken a slot (engine thread)   set its state on the slot; True: run for it
+    before_batch      before the step's batch is built (engine)     narrow the slots that decode this step
+    idle              the step had nothing to decode (engine)       wait for work in flight (an image)
+    after_logits      a slot's logits are ready (a sampling thread) force a token instead of the draw
+    end_of_generation the slot drew an end-of-generation token      a token to take instead (else: stop)
+    token_accepted    a drawn token went into the output (engine)   end the request ("stop", "length")
     paused          the slot's request is paused (preemption)     drop what is not on the slot
     resumed         it resumes, maybe into another slot           rebuild what is not on the slot
     finished        the request ended, before the slot is freed   free what it holds, count it
@@ -30,8 +32,9 @@ needs ``paused``/``resumed``.
 
 The recipe ("adding a step feature", docs/architecture.md): a folder
 ``corral/worker/<feature>/`` with the subclass, its state's field on ``Slot``, one line in
-``engine.step_features``, the request field in ``corral.wire`` (and the dialects that take
-it), a test in ``tests/worker/``. No other feature's files change.
+``features.step_features``, its modules on a floor of ``WORKER_FLOORS`` (tests/test_layout.py:
+a state below this module, the feature above it), the request field in ``corral.wire`` (and the
+dialects that take it), a test in ``tests/worker/``. No other feature's files change.
 """
 
 from __future__ import annotations
@@ -44,16 +47,20 @@ from typing import ClassVar
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker import sampling
+from corral.worker.sampling import sampler as sampling
 from corral.worker.failures import RequestRejected
+from corral.worker.lora.state import BASE, LoraKey
 from corral.worker.model import LoadedModel
-from corral.worker.reasoning import ReasoningPlan, SlotReasoning
-from corral.worker.slot_output import SlotOutput
+from corral.worker.reasoning.plan import ReasoningPlan, SlotReasoning
+from corral.worker.output.infill import slot_output
+from corral.worker.output.slot_output import SlotOutput
+from corral.worker.prompt.requests import tool_parser
+from corral.worker.tokens import Tokenizer
 from corral.worker.speculation.state import SlotSpec
 from corral.worker.time_limit.state import TimeLimit
 
 __all__ = ["CELL_FIELDS", "Job", "Slot", "StepFeature", "Batch", "begin", "check_params", "finished_message", "release", "reuse_len",
-           "aborted_in_queue", "free_samplers", "pick_slot", "slot_states"]
+           "aborted_in_queue", "equip", "free_samplers", "overrides", "pick_slot", "slot_states"]
 
 
 @dataclass(eq=False)
@@ -62,7 +69,8 @@ class Job:
     tokens: list[int]
     t_submit: float
     grammar: ll.llama_sampler_p | None = None  # owned until a slot's sampler takes it
-    reasoning: ReasoningPlan | None = None  # how its thinking runs (worker/reasoning.py)
+    reasoning: ReasoningPlan | None = None  # how its thinking runs (worker/reasoning/plan.py)
+    lora: LoraKey = BASE  # the adapter set it runs with (worker/lora/adapters.py)
 
 
 @dataclass(eq=False)
@@ -70,6 +78,7 @@ class Slot:
     index: int
     cached: list[int] = field(default_factory=list)  # tokens whose KV is in the cache, in order
     tenant: str = ""  # the cache tenant whose requests computed those cells: only its jobs reuse them
+    lora: LoraKey = BASE  # the LoRA adapter set those cells were computed under: only its jobs reuse them
     job: Job | None = None
     prompt_pos: int = 0  # next prompt token to decode
     n_cached: int = 0  # prompt tokens reused from the cache
@@ -95,8 +104,8 @@ class Slot:
 
 
 # a slot's cell fields: its KV cells and what they were computed under; every other field is
-# the request's, and moves with it when it is paused (worker/preempt.py)
-CELL_FIELDS = ("index", "cached", "tenant")
+# the request's, and moves with it when it is paused (worker/preempt/preemption.py)
+CELL_FIELDS = ("index", "cached", "tenant", "lora")
 
 
 class StepFeature:
@@ -105,8 +114,9 @@ class StepFeature:
     name: ClassVar[str]  # the feature's folder, and the name its state has on ``Slot``
 
     def admitted(self, slot: Slot, job: Job) -> bool:
-        """``job`` has taken ``slot`` (its counters reset, its sampler and output made);
-        set the feature's state on the slot. True: the slot runs this feature's per-token
+        """``job`` has taken ``slot`` (its counters reset; its sampler and output are made
+        next, so a feature may take ``job.grammar``: the sampler then starts without it);
+        set the feature's state on the slot. True: the slot runs this feature's per-slot
         moments (it joins ``slot.features``)."""
         return False
 
@@ -115,9 +125,17 @@ class StepFeature:
         in order; the next one sees what this one returns)."""
         return slots
 
+    def idle(self) -> None:
+        """The step had nothing to decode (work of this feature's may still be in flight)."""
+
     def after_logits(self, slot: Slot) -> int | None:
         """On a sampling thread, touching only ``slot``: a token to take instead of the
         draw (None: draw as usual)."""
+        return None
+
+    def end_of_generation(self, slot: Slot) -> int | None:
+        """The slot drew an end-of-generation token (and does not ignore it): a token to
+        take instead (None: the request ends with ``stop``)."""
         return None
 
     def token_accepted(self, slot: Slot, token: int, delta: wire.Delta | None) -> wire.FinishReason | None:
@@ -133,6 +151,12 @@ class StepFeature:
 
     def finished(self, slot: Slot, fin: wire.Finished) -> None:
         """The slot's request ended with ``fin`` (sent next); the slot is freed after."""
+
+
+def overrides(feature: StepFeature, moment: str) -> bool:
+    """Whether ``feature`` implements ``moment`` (the engine runs an engine-wide moment only
+    for the features that do)."""
+    return getattr(type(feature), moment) is not getattr(StepFeature, moment)
 
 
 def begin(slot: Slot, job: Job, reuse: int, room: int, now: float, default_max: int | None = None) -> None:
@@ -153,6 +177,18 @@ def begin(slot: Slot, job: Job, reuse: int, room: int, now: float, default_max: 
     slot.logprobs = job.req.logprobs
     slot.t_start = now
     slot.t_first = 0.0
+
+
+def equip(slot: Slot, job: Job, grammar: ll.llama_sampler_p | None, tok: Tokenizer, *, default_seed: int | None,
+          template_stops: Iterable[str] = ()) -> None:
+    """Give ``slot`` (``begin`` done, the step features admitted) the sampler ``job`` draws
+    with, which owns ``grammar``, and its output (``template_stops``: the chat template's)."""
+    p = job.req.params
+    slot.sampler = sampling.slot_sampler(p, n_vocab=tok.n_vocab, seed=sampling.resolve_seed(p, default_seed),
+                                         eog_tokens=tok.eog_tokens if p.ignore_eos else [],
+                                         prompt_tail=job.tokens, grammar=grammar)
+    slot.out = slot_output(job.req, list(p.stop), tool_parser(job.req), template_stops=list(template_stops),
+                           reasoning=slot.reasoning)
 
 
 def check_params(p: wire.SamplingParams) -> None:
@@ -250,16 +286,19 @@ def reuse_len(slot: Slot, tokens: list[int], m: LoadedModel) -> int:
     return n
 
 
-def pick_slot(free: list[Slot], tokens: list[int], m: LoadedModel, tenant: str = "") -> tuple[Slot, int]:
+def pick_slot(free: list[Slot], tokens: list[int], m: LoadedModel, tenant: str = "",
+              lora: LoraKey = BASE) -> tuple[Slot, int]:
     """The free slot whose cache serves the longest valid prefix of ``tokens`` (ties:
-    the shortest cache), and that prefix's length. Only a slot of cache tenant ``tenant``
-    serves a prefix (another tenant's cells serve 0)."""
+    the shortest cache), and that prefix's length. Only a slot whose cells are of cache
+    tenant ``tenant`` and adapter set ``lora`` serves a prefix (any other slot's cells
+    serve 0: they are cleared, or saved first, when the job starts there). The slot's
+    cell fields are not changed here (``PromptCache.admit`` does, after saving the old cells)."""
     best, best_n = free[0], -1
     for s in free:
-        n = reuse_len(s, tokens, m) if s.tenant == tenant else 0
+        n = reuse_len(s, tokens, m) if s.tenant == tenant and s.lora == lora else 0
         if n > best_n or (n == best_n and len(s.cached) < len(best.cached)):
             best, best_n = s, n
-    return best, best_n
+    return best, max(0, best_n)
 
 
 def aborted_in_queue(job: Job, now: float) -> wire.Finished:

@@ -101,7 +101,7 @@ async def messages(request: Request) -> Response:
             "id": mid, "type": "message", "role": "assistant", "model": gen.model, "content": content,
             "stop_reason": reason, "stop_sequence": seq, "usage": _usage(gen, tail.cache), **(tail.extra or {})}),
             media_type="application/json")
-    return StreamingResponse(_stream(gen, mid, tail), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return StreamingResponse(gen.closing(_chunks(gen, mid, tail)), media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +111,6 @@ class _Tail:
     stops: list[str] | None  # the request's stop_sequences
     cache: bool  # it carries cache_control (usage: cache creation)
     extra: dict[str, Any] | None  # more fields of the message (context_management)
-
-
-async def _stream(gen: Generation, mid: str, tail: _Tail) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in _chunks(gen, mid, tail):
-            yield chunk
-    finally:
-        gen.close()
 
 
 async def _chunks(gen: Generation, mid: str, tail: _Tail) -> AsyncIterator[bytes]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from corral.control.plane import ControlPlane
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.errors import ModelNotFound
 from corral.settings import LoraAdapter
 

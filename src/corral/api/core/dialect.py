@@ -151,6 +151,20 @@ class Generation:
                 observe(gs.plane, s, gs.spec.endpoint, 499)
         self._closed()
 
+    async def closing(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """A dialect's streamed body of this generation (``chunks``), then ``close`` however it
+        ends: finished, failed, or the client gone."""
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            try:
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            finally:
+                self.close()
+
     def _closed(self) -> None:
         if self._on_close is not None:
             cb, self._on_close = self._on_close, None

@@ -47,7 +47,7 @@ class GenerationSpec:
     requests: list[wire.GenerateRequest]
     prefix: str | None = None  # for the balancer: text that starts the prompt
     images: list[list[ImageRef]] | None = None  # each message's images, loaded by attach_images at submit
-    cache_salt: str | None = None  # the body's cache_salt: ControlPlane.generate's tenant (control/cache_tenant.py)
+    cache_salt: str | None = None  # the body's cache_salt: ControlPlane.generate's tenant (control/keys/cache_tenant.py)
 
 
 @dataclass

@@ -19,7 +19,6 @@ See docs/internals/lora.md.
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Annotated
 
 import msgspec
@@ -28,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from corral import wire
 from corral.api.core.adapter_models import find_adapter_model
 from corral.control.plane import ControlPlane
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.control.stream import RequestStream
 from corral.errors import InvalidRequest, ModelNotFound
 from corral.settings import LORA_SCALE_MAX, MAX_LORA, LoraAdapter
@@ -51,10 +50,6 @@ class LoraIn(BaseModel):
 
 
 LoraList = Annotated[list[LoraIn], Field(max_length=MAX_LORA)]
-
-# the scales POST /lora-adapters set, per plane and model id (until the server stops)
-_defaults: "weakref.WeakKeyDictionary[ControlPlane, dict[str, list[wire.LoraScale]]]" = weakref.WeakKeyDictionary()
-
 
 def _index(adapters: list[LoraAdapter], entry_id: int | str, model: str) -> int:
     if isinstance(entry_id, int):
@@ -101,23 +96,23 @@ def route(plane: ControlPlane, name: str, req: wire.GenerateRequest) -> tuple[st
         for e in req.lora:
             _index(pool.spec.lora, e.id, pool.spec.id)
         return pool.spec.id if implied is not None else name, req
-    scales = implied if implied is not None else _defaults.get(plane, {}).get(pool.spec.id)
+    scales = implied if implied is not None else pool.lora_defaults
     if scales is None:
         return name, req
     return (pool.spec.id if implied is not None else name), msgspec.structs.replace(req, lora=scales)
 
 
-def set_defaults(plane: ControlPlane, pool: ModelPool, scales: list[wire.LoraScale]) -> None:
+def set_defaults(pool: ModelPool, scales: list[wire.LoraScale]) -> None:
     """``POST /lora-adapters``: the listed adapters at these scales, the others at 0, for the
-    model's requests that name none."""
+    model's requests that name none (kept on the pool, until the model's settings change)."""
     by_index = {int(s.id): s.scale for s in scales}
-    _defaults.setdefault(plane, {})[pool.spec.id] = [
+    pool.lora_defaults = [
         wire.LoraScale(i, by_index.get(i, 0.0)) for i in range(len(pool.spec.lora))]
 
 
-def current_scales(plane: ControlPlane, pool: ModelPool) -> list[float]:
+def current_scales(pool: ModelPool) -> list[float]:
     """Each adapter's scale for a request that names none."""
-    set_ = _defaults.get(plane, {}).get(pool.spec.id)
+    set_ = pool.lora_defaults
     if set_ is None:  # an adapter with a model id of its own is off for the base's requests
         return [a.scale if a.model is None else 0.0 for a in pool.spec.lora]
     return [s.scale for s in set_]

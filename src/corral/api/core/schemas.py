@@ -39,10 +39,15 @@ M = TypeVar("M", bound=BaseModel)
 _LENIENT = ConfigDict(extra="ignore")
 
 
-async def parse_body(request: Request, model: type[M]) -> M:
+async def parse_body(request: Request, model: type[M], *, empty_ok: bool = False) -> M:
+    """The one reading of a JSON body into ``model`` (a ``RootModel`` for a body that is no
+    object); every problem a 400 naming the field (``corral.api.http.invalid_request``).
+    ``empty_ok``: an empty body reads as ``{}``."""
     body = await request.body()
-    if not body:
-        raise InvalidRequest("the request body is empty; send a JSON object")
+    if not body.strip():
+        if not empty_ok:
+            raise InvalidRequest("the request body is empty; send a JSON body")
+        body = b"{}"
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
@@ -58,7 +63,7 @@ MAX_CHOICES = 16  # n (times the prompts of a completions request)
 
 MAX_CACHE_SALT_CHARS = 256
 # vLLM's and llama-server's ``cache_salt``: only requests of the same key (or cache_group) and
-# the same salt share cached prompt prefixes (control/cache_tenant.py). A string (not coerced
+# the same salt share cached prompt prefixes (control/keys/cache_tenant.py). A string (not coerced
 # from a number), 1-256 characters; anything else is a 400 naming ``cache_salt``.
 CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS, strict=True)]
 

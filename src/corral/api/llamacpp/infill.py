@@ -1,6 +1,6 @@
 """Code infill: llama-server's ``POST /infill``, the route editor plugins (llama.vscode,
 llama.vim) call. The worker builds the prompt from the model's FIM tokens
-(``worker/infill.py``); a model without them is a 400 naming it. The answer is
+(``worker/output/infill.py``); a model without them is a 400 naming it. The answer is
 llama-server's completion object (``content``, ``stop``, ``tokens_predicted``,
 ``timings``...); ``stream: true`` sends one such object per piece as server-sent events,
 then the final one (``stop: true``) with the timings.

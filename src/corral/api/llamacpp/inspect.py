@@ -25,7 +25,7 @@ from corral.api.core.submit import observe, submit
 from corral.api.core.schemas import parse_body
 from corral.api.http import invalid_request, json_response, plane_of
 from corral.api.llamacpp.schemas import ApplyTemplateBody, model_for
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 
 __all__ = ["router"]
 

@@ -12,11 +12,12 @@ name. See docs/internals/lora.md.
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from pydantic import TypeAdapter, ValidationError
+from pydantic import RootModel
 from starlette.responses import Response
 
 from corral.api.core.lora import LoraIn, LoraList, current_scales, set_defaults, to_wire
-from corral.api.http import invalid_request, json_response, plane_of
+from corral.api.core.schemas import parse_body
+from corral.api.http import json_response, plane_of
 from corral.api.llamacpp.schemas import model_for
 from corral.errors import InvalidRequest
 
@@ -24,14 +25,15 @@ __all__ = ["router"]
 
 router = APIRouter()
 
-_BODY: TypeAdapter[list[LoraIn]] = TypeAdapter(LoraList)
+class _Body(RootModel[LoraList]):
+    """llama-server's body: a list of ``{"id", "scale"}``."""
 
 
 @router.get("/lora-adapters")
 async def get_lora_adapters(request: Request, model: str | None = None) -> Response:
     plane = plane_of(request)
     pool = plane.pool(model_for(plane, model))
-    scales = current_scales(plane, pool)
+    scales = current_scales(pool)
     return json_response([{"id": i, "path": a.path, "scale": scales[i], "task_name": "", "prompt_prefix": "",
                            "name": a.id, **({"model": a.model} if a.model else {})}
                           for i, a in enumerate(pool.spec.lora)])
@@ -39,15 +41,11 @@ async def get_lora_adapters(request: Request, model: str | None = None) -> Respo
 
 @router.post("/lora-adapters")
 async def post_lora_adapters(request: Request, model: str | None = None) -> Response:
-    body = await request.body()
-    try:
-        entries = _BODY.validate_json(body or b"null")
-    except ValidationError as exc:
-        raise invalid_request(exc.errors(include_url=False)) from None
+    entries: list[LoraIn] = (await parse_body(request, _Body)).root
     plane = plane_of(request)
     pool = plane.pool(model_for(plane, model))
     if not pool.spec.lora:
         raise InvalidRequest(f"model {pool.spec.id!r} has no LoRA adapters (its lora setting is empty)",
                              param="model")
-    set_defaults(plane, pool, to_wire(pool, entries))
+    set_defaults(pool, to_wire(pool, entries))
     return json_response({"success": True})

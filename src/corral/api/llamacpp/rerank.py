@@ -8,7 +8,7 @@ as llama-server), in Jina's and Cohere's shape (``query``, ``documents``, ``top_
 Results are sorted by score, highest first. The model needs rank pooling (a reranker
 GGUF says so; else its ``pooling = "rank"`` setting); the worker scores every
 (query, document) pair as llama-server does, in shared decodes with the other requests
-waiting (``worker/embed.py``).
+waiting (``worker/embed/embedder.py``).
 """
 
 from __future__ import annotations

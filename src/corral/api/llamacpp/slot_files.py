@@ -8,29 +8,32 @@ Slot ids are numbered across the model's running instances as ``GET /slots`` num
 Files live in ``slots/`` under the server's state dir (``[server] state_dir``); a filename
 is a bare name (``wire.filename_problem``: no separator, no ``..``, no leading dot), so
 nothing is read or written anywhere else. The worker does the work between its steps
-(``corral.worker.slot_files``: llama-server's file format plus a sidecar that ties it to
+(``corral.worker.cache.slot_files``: llama-server's file format plus a sidecar that ties it to
 the model and KV settings), deferring it while the slot is busy, as llama-server does.
 Errors as llama-server gives them: "Invalid action", "Invalid slot ID", "Invalid filename",
-"Unable to restore slot: ..." (400), "Unable to save slot" (500).
+"Unable to restore slot: ..." (400), "Unable to save slot" (500: the server's disk, never a path).
+A filename is at most ``wire_slots.MAX_FILENAME_BYTES`` (200), so the worker's temporary names fit
+in NAME_MAX.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
 from corral import wire
+from corral.api.core.schemas import parse_body
 from corral.api.http import json_response, plane_of
 from corral.api.llamacpp.schemas import model_for
 from corral.control.instance.instance import Instance
 from corral.control.plane import ControlPlane
 from corral.control.transport.link import LinkClosed
-from corral.state_paths import state_dir
+from corral.state_paths import private_dir, state_dir
 from corral.errors import InternalError, InvalidRequest
 
 __all__ = ["router", "slots_dir"]
@@ -42,7 +45,10 @@ _VERBS: dict[str, wire.SlotFileVerb] = {"save": "save", "restore": "restore", "e
 
 def slots_dir(plane: ControlPlane) -> Path:
     """Where slot files live: ``slots/`` in the server's state dir."""
-    return state_dir(plane.config.server.state_dir) / "slots"
+    try:
+        return private_dir(state_dir(plane.config.server.state_dir)) / "slots"  # the worker makes it 0700
+    except OSError as exc:  # the reason, never the path
+        raise InternalError(f"Unable to save slot: the state dir cannot be made ({exc.strerror})") from None
 
 
 def _target(plane: ControlPlane, model: str, id_slot: int) -> tuple[Instance, int]:
@@ -58,13 +64,13 @@ def _target(plane: ControlPlane, model: str, id_slot: int) -> tuple[Instance, in
                          param="id_slot")
 
 
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    filename: Any = None  # checked below, in llama-server's words
+
+
 async def _filename(request: Request) -> str:
-    raw = await request.body()
-    try:
-        body: Any = json.loads(raw) if raw.strip() else {}
-    except ValueError:
-        raise InvalidRequest("the body is not valid JSON") from None
-    name = body.get("filename") if isinstance(body, dict) else None
+    name = (await parse_body(request, _Body, empty_ok=True)).filename
     if not isinstance(name, str) or wire.filename_problem(name) is not None:
         why = wire.filename_problem(name) if isinstance(name, str) else "filename: a string is required"
         raise InvalidRequest(f"Invalid filename ({why})", param="filename")

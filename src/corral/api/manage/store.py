@@ -17,16 +17,16 @@ app's handler turns them into OpenAI-style bodies.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from corral.store.downloads import DownloadManager, PullHandle
-from corral.api.http import app_part, invalid_request
-from corral.errors import Conflict, InvalidRequest, ModelNotFound, NotFound
+from corral.api.core.schemas import parse_body
+from corral.api.http import app_part
+from corral.errors import Conflict, ModelNotFound, NotFound
 from corral.store.local import ModelStore
 
 __all__ = ["router", "PullBody", "ModelHolder", "remove_from_store"]
@@ -55,22 +55,6 @@ class PullBody(BaseModel):
     id: str | None = Field(default=None, description="the model id (default: file stem)")
 
 
-async def _body(request: Request, model: type[BaseModel]) -> Any:
-    try:
-        raw = await request.body()
-        data = json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
-    except RecursionError:
-        raise InvalidRequest("the body is not valid JSON: nested too deeply") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise invalid_request(exc.errors(include_url=False)) from None
-
-
 def _downloads(request: Request) -> DownloadManager:
     dm: DownloadManager | None = app_part(request, "downloads")
     if dm is None:  # an app made without a store (create_app(use_store=False))
@@ -97,7 +81,7 @@ def _pull_body(h: PullHandle) -> dict[str, Any]:
 
 
 async def _pull(request: Request) -> JSONResponse:
-    body: PullBody = await _body(request, PullBody)
+    body = await parse_body(request, PullBody)
     h = await _downloads(request).start(body.model, sha256=body.sha256, model_id=body.id)
     return JSONResponse(_pull_body(h), status_code=202)
 

@@ -1,4 +1,4 @@
-"""GET /usage: requests and tokens per key, model and UTC day (corral.control.usage).
+"""GET /usage: requests and tokens per key, model and UTC day (corral.control.keys.usage).
 
     GET /usage[?key=NAME][&model=ID][&since=YYYY-MM-DD]
     -> {"data": [{"key", "model", "day", "requests", "prompt_tokens", "completion_tokens"}]}
@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from corral.api.http import json_response, plane_of
-from corral.control.keys import current_caller
+from corral.control.keys.ring import current_caller
 from corral.errors import InvalidRequest, ScopeDenied
 
 __all__ = ["router"]

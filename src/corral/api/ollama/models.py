@@ -33,9 +33,10 @@ from corral.api.core.schemas import parse_body
 from corral.api.manage.store import remove_from_store
 from corral.events import Event
 from corral.control.capabilities import can
-from corral.control.pool import ModelPool
+from corral.control.scheduling.pool import ModelPool
 from corral.errors import Conflict, DownloadError, InvalidRequest, ModelNotFound
 from corral.store.gguf_meta import GGUFMetadata, parameter_size, read_metadata
+from corral.store.pulls import PullHandle
 
 __all__ = ["router", "OLLAMA_API_VERSION"]
 
@@ -226,12 +227,12 @@ async def show(request: Request) -> Response:
 # ------------------------------------------------------------------------ pull
 
 
-def _progress(h: Any, digest: str) -> bytes:
+def _progress(h: PullHandle, digest: str) -> bytes:
     return ndjson_line({"status": f"pulling {digest[7:19]}", "digest": digest, "total": h.total or 0,
                         "completed": h.done})
 
 
-async def _pull_lines(q: "asyncio.Queue[Event]", h: Any, first: list[bytes]) -> AsyncIterator[bytes]:
+async def _pull_lines(q: "asyncio.Queue[Event]", h: PullHandle, first: list[bytes]) -> AsyncIterator[bytes]:
     for line in first:
         yield line
     digest = "sha256:" + (h.sha256 or hashlib.sha256(h.source.encode()).hexdigest())

@@ -36,7 +36,7 @@ from corral.api.ollama.context import fit_num_ctx
 from corral.api.ollama.schemas import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                        OllamaGenerateRequest, parse_keep_alive, sampling_from_options)
 from corral.api.core.schemas import parse_body
-from corral.control.keys import current_caller
+from corral.control.keys.ring import current_caller
 from corral.control.plane import ControlPlane
 from corral.errors import CorralError
 

@@ -45,7 +45,7 @@ from corral.api.openai.responses_schemas import ResponsesRequest
 from corral.api.openai.responses_store import ResponseStore, StoredResponse
 from corral.api.openai.responses_stream import Shape, events, status_of
 from corral.api.openai.responses_tools import Toolbox
-from corral.control.keys import ANONYMOUS_NAME, current_caller
+from corral.control.keys.ring import ANONYMOUS_NAME, current_caller
 from corral.errors import CorralError, InvalidRequest, RateLimited, UnsupportedOption
 from corral.state_paths import state_dir
 

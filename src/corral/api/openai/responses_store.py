@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import NotFound
+from corral.state_paths import private_dir, private_sqlite
 
 __all__ = ["RESPONSES_DB", "ResponseStore", "StoredResponse"]
 
@@ -67,9 +67,8 @@ class ResponseStore:
         if self._closed:
             raise sqlite3.ProgrammingError("the response store is closed")
         if self._db is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))  # created 0600 (sqlite's -wal copies it)
-            os.chmod(self.path, 0o600)
+            private_dir(self.path.parent)  # 0700, the database 0600 (state_paths)
+            private_sqlite(self.path)
             db = sqlite3.connect(self.path, timeout=10, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(_SCHEMA)

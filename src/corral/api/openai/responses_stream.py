@@ -93,12 +93,9 @@ def status_of(gen: Generation) -> str:
 Remember = Callable[[str, list[wire.ToolCall], str, dict[str, Any]], Awaitable[None]]
 
 
-async def events(gen: Generation, shape: Shape, remember: Remember) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in _chunks(gen, shape, remember):
-            yield chunk
-    finally:
-        gen.close()
+def events(gen: Generation, shape: Shape, remember: Remember) -> AsyncIterator[bytes]:
+    """The response's event stream (the generation closed at its end)."""
+    return gen.closing(_chunks(gen, shape, remember))
 
 
 async def _chunks(gen: Generation, shape: Shape, remember: Remember) -> AsyncIterator[bytes]:

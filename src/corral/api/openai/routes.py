@@ -29,6 +29,7 @@ from corral.api.http import json_response, plane_of, sse_data, sse_stream
 from corral.api.core.schemas import CompletionRequest, EmbeddingRequest, parse_body
 from corral.control.capabilities import can
 from corral.control.plane import ControlPlane
+from corral.control.scheduling.pool import ModelPool
 from corral.errors import CorralError, ModelNotFound
 
 __all__ = ["router", "usage_body", "timings_body"]
@@ -229,7 +230,7 @@ async def embeddings(request: Request) -> Response:
 # ------------------------------------------------------------------------ models
 
 
-def _openai_model(plane: ControlPlane, pool: Any) -> dict[str, Any]:
+def _openai_model(plane: ControlPlane, pool: ModelPool) -> dict[str, Any]:
     return {"id": pool.spec.id, "object": "model", "created": int(plane.started_at),
             "owned_by": "corral", "aliases": list(pool.spec.aliases),
             "status": {"value": pool.status()}, "vision": can(pool, "vision")}

@@ -13,7 +13,7 @@ import asyncio
 import enum
 from dataclasses import dataclass
 
-from corral.control.gpu_slot import GpuSlot
+from corral.control.placement.gpu_slot import GpuSlot
 from corral.control.transport.link import LifecycleMessage, LinkExit, WorkerLink
 
 __all__ = ["Start", "Stop", "Discard", "RestartDue", "Lifecycle", "Closed", "Exited",

@@ -31,7 +31,7 @@ from typing import Any
 
 from corral import wire
 from corral.control.catalog import ModelSpec
-from corral.control.gpu_slot import GpuSlot
+from corral.control.placement.gpu_slot import GpuSlot
 from corral.events import EventBus, EventName
 from corral.control.instance.state import (ALLOWED, InstanceState, Timeouts, Transition, failure_reason,
                                            status_fields)
@@ -346,7 +346,7 @@ class Instance:
             return
         if st not in (S.STARTING, S.READY):
             return
-        reason = failure_reason(exit, self._load_error, loading=st is S.STARTING, log_tail=link.log_tail())
+        reason = failure_reason(self.spec.id, exit, self._load_error, loading=st is S.STARTING, log_tail=link.log_tail())
         link.fail_requests(WorkerCrashed(f"the worker serving {self.spec.id} failed: {exit.reason}"))
         self._to_failed(reason, exit.code, retryable=self._load_error is None)
 

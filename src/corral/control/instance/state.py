@@ -4,9 +4,12 @@ reports (``corral.control.instance.instance`` owns the state machine)."""
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
 
 from corral.control.transport.link import LinkExit, Placement
+
+log = logging.getLogger("corral.instance")
 
 __all__ = ["InstanceState", "ALLOWED", "Timeouts", "Transition", "failure_reason", "status_fields"]
 
@@ -42,15 +45,17 @@ class Transition:
     restart: bool = False  # a restart after a failure (starting), or one scheduled (failed)
 
 
-def failure_reason(exit: LinkExit, load_error: str | None, *, loading: bool, log_tail: str) -> str:
-    """Why an instance failed, in words: the load error the worker (or a timeout)
-    gave, else how it exited; then the last lines of its log (not repeating the reason)."""
+def failure_reason(model: str, exit: LinkExit, load_error: str | None, *, loading: bool, log_tail: str) -> str:
+    """Why an instance failed, in words: the load error the worker (or a timeout) gave, else
+    how it exited. Clients see it (a load's 503), so never the worker's log: its last lines,
+    which may hold a traceback and paths, go to the router's log."""
     if load_error is not None:
         reason = load_error
     else:
         reason = f"worker died while loading: {exit.reason}" if loading else exit.reason
     tail = "\n".join(ln for ln in log_tail.splitlines() if reason not in ln)
-    return f"{reason}; last log lines:\n{tail}" if tail else reason
+    log.warning("%s failed: %s%s", model, reason, f"; the worker's last log lines:\n{tail}" if tail else "")
+    return reason
 
 
 def status_fields(index: int, old: InstanceState, new: InstanceState, pid: int | None, placement: Placement,

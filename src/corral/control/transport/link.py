@@ -198,7 +198,7 @@ class WorkerLink(abc.ABC):
             elif msg.id in self._stopping:
                 self._stopping.discard(msg.id)
                 self._owner.link_request_ended(self)
-        elif type(msg) is wire.Paused:  # a preempted request (corral.control.preempt)
+        elif type(msg) is wire.Paused:  # a preempted request (corral.control.scheduling.preempt)
             r = self._requests.get(msg.id)
             if r is not None and r.on_pause is not None:
                 r.on_pause(msg)
@@ -250,7 +250,7 @@ class WorkerLink(abc.ABC):
         """Ask the worker to exit (``Shutdown``); still there after ``grace_s``:
         terminate it; ``kill_after_s`` later: kill it."""
         with contextlib.suppress(LinkClosed, OSError):
-            # the prompt cache's most valuable prefixes to disk first (wire_cache.py), in
+            # the prompt cache's most valuable prefixes to disk first (wire/cache.py), in
             # part of the grace: the write never holds a swap up for longer
             self.send(wire.PersistCache(timeout_s=grace_s * 0.6))
             self.send(wire.Shutdown())

@@ -43,12 +43,12 @@ import msgspec
 import numpy as np
 
 from corral import wire
-from corral.batch_rows import outputs_max
-from corral.draft_fit import draft_needs, draft_path, draft_settings
-from corral.gpu_fit import DEFAULT_MARGIN_BYTES, GGUFError, read_layout
-from corral.worker.model import (_GGML_TYPES, LoadedModel, ModelLoadError, check_gguf_file, free_context_and_model,
-                                 model_meta)
-from corral.worker.sampling import logits_at
+from corral.fit.rows import outputs_max
+from corral.fit.draft import draft_needs, draft_path, draft_settings
+from corral.fit.plan import DEFAULT_MARGIN_BYTES, GGUFError, read_layout
+from corral.worker.llama_context import ContextFailed, context_params, open_context
+from corral.worker.model import LoadedModel, ModelLoadError, check_gguf_file, free_context_and_model, model_meta
+from corral.worker.sampling.sampler import logits_at
 from corral.worker.slots import Batch, Slot
 from corral.worker.speculation.speculator import FAILS_BEFORE_PAUSE, MAX_PAUSE, Speculator
 
@@ -266,20 +266,16 @@ def load_draft(s: wire.WorkerSettings, m: LoadedModel) -> DraftModel:
             raise ModelLoadError(f"draft model {path}: {why}")
         n_train = ll.llama_model_n_ctx_train(model)
         n_ctx_slot = min(m.n_ctx_slot, n_train) if n_train > 0 else m.n_ctx_slot
-        p = ll.llama_context_default_params()
-        p.n_ctx = n_ctx_slot * m.n_slots
-        p.n_batch = m.n_batch
-        p.n_ubatch = min(m.n_batch, 512)
-        p.n_seq_max = m.n_slots
-        p.n_outputs_max = outputs_max(draft_settings(s), m.n_slots)  # a row a drafting slot: gpu_fit counts the same
-        p.n_threads, p.n_threads_batch = m.threads, m.threads_batch
-        p.kv_unified = False  # a stream per slot, with whole windows: rollbacks lose no cell
-        p.swa_full = True
-        p.no_perf = True
-        p.type_k, p.type_v = _GGML_TYPES[s.cache_type_k], _GGML_TYPES[s.cache_type_v]
-        ctx = ll.llama_init_from_model(model, p)
-        if not ctx:
-            raise ModelLoadError(f"draft model: llama.cpp could not create a context of {p.n_ctx} cells for {path}")
+        # a logits row a drafting slot (fit.plan counts the same); a stream per slot, with whole
+        # windows: rollbacks lose no cell
+        p = context_params(s, n_ctx=n_ctx_slot * m.n_slots, n_batch=m.n_batch, n_ubatch=min(m.n_batch, 512),
+                           n_seq_max=m.n_slots, threads=m.threads, threads_batch=m.threads_batch, flash_attn=False,
+                           n_outputs_max=outputs_max(draft_settings(s), m.n_slots), kv_unified=False, swa_full=True)
+        try:
+            ctx = open_context(model, p)[0]
+        except ContextFailed as exc:
+            raise ModelLoadError(f"draft model: llama.cpp could not create a context of {p.n_ctx} cells for "
+                                 f"{path}: {exc}") from None
     except BaseException:
         ll.llama_model_free(model)
         raise

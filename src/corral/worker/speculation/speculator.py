@@ -47,11 +47,11 @@ import numpy.typing as npt
 
 from corral import wire
 from corral.worker.model import LoadedModel
-from corral.worker.sample_pool import Drawn
+from corral.worker.sampling.pool import Drawn
 from corral.worker.slots import Batch, Slot
 from corral.worker.speculation.cost import StepCosts, best_length
 from corral.worker.speculation.state import PAUSE_STEPS, SlotSpec
-from corral.worker.vision_mrope import kv_pos
+from corral.worker.vision.mrope import kv_pos
 
 __all__ = ["Speculator", "SlotSpec", "find_draft", "NGRAM_MAX", "NGRAM_MIN", "PAUSE_STEPS"]
 
@@ -103,11 +103,12 @@ class Speculator:
         self.gen_steps = 0  # slot-steps that drew tokens
         self.window_broken = 0  # rollbacks after which the sliding window missed a cell (should stay 0)
 
-    def start(self, slot: Slot, req: wire.GenerateRequest, *, allowed: bool = True) -> None:
-        """A request takes the slot. ``allowed`` False: it does not draft (a slot whose thinking
-        is split: a forced close, or the grammar taking over at the answer, would come in the
-        middle of a draft drawn by the sampler before it)."""
-        want = allowed and (True if req.speculative is None else req.speculative)
+    def start(self, slot: Slot, req: wire.GenerateRequest) -> None:
+        """A request takes the slot (after the step features' ``admitted``). A slot whose
+        thinking is split (``slot.reasoning``) does not draft: a forced close, or the grammar
+        taking over at the answer, would come in the middle of a draft drawn by the sampler
+        before it."""
+        want = slot.reasoning is None and (True if req.speculative is None else req.speculative)
         slot.spec = SlotSpec(on=self.mode != "off" and want, cap=self.draft_max)
 
     def fill(self, b: Batch, slots: list[Slot], m: LoadedModel) -> tuple[int, list[tuple[Slot, int]]]:

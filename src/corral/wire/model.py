@@ -1,0 +1,56 @@
+"""What a worker reports about the model it loaded (``Ready.info``; ``GET /models``).
+Re-exported by ``corral.wire`` (import it from there). Imports only the wire's gpu, lora and
+editors topics."""
+
+from __future__ import annotations
+
+import msgspec
+
+from corral.wire.editors import TokenizerInfo
+from corral.wire.gpu import BufferSize, DeviceInfo, DevicePlacement, FitPlan
+from corral.wire.lora import LoraAdapterInfo
+
+__all__ = ["ModelInfo", "DraftInfo"]
+
+
+class DraftInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """The draft model of ``speculative = "draft"`` (worker/speculation/draft.py): counted in its
+    ModelInfo's ``model_bytes`` and ``kv_bytes`` too."""
+
+    path: str
+    description: str
+    n_params: int
+    model_bytes: int  # its weights
+    kv_bytes: int  # its context's KV cache
+    gpu_layers: int
+    n_ctx: int
+
+
+class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
+    description: str  # llama_model_desc, e.g. "gemma3 270M Q4_K - Medium"
+    n_params: int
+    n_vocab: int
+    n_ctx_train: int
+    n_ctx: int  # total KV cells
+    n_ctx_slot: int  # per slot
+    n_slots: int
+    n_embd: int
+    embedding: bool
+    has_chat_template: bool
+    reasoning_format: str = "none"  # the thinking markup it splits (corral.reasoning_format)
+    model_bytes: int  # llama_model_size: weights
+    kv_bytes: int  # KV cache (+ compute buffers where known)
+    rss_bytes: int  # process resident memory after load
+    gpu_layers: int
+    load_ms: float
+    devices: list[DeviceInfo] = []  # what the worker sees (free memory as at the load)
+    fit: FitPlan | None = None  # n_gpu_layers = "auto": the plan it loaded with
+    placement: list[DevicePlacement] = []  # where its layers and KV are: each GPU holding any, then the host
+    buffers: list[BufferSize] = []  # what llama.cpp allocated where, as it logged it
+    tokenizer: TokenizerInfo | None = None  # special tokens and the chat template (/tokenizer_info, /props)
+    pooling: str = ""  # the embedding context's pooling (none|mean|cls|last|rank); "" without one
+    fim: bool = False  # the vocabulary has prefix, suffix and middle FIM tokens (infill works)
+    vision: bool = False  # a projector is loaded: messages and prompts may carry images
+    mmproj_bytes: int = 0  # the projector file's size (held in memory beside the weights); 0 without one
+    draft: DraftInfo | None = None  # speculative = "draft": the draft model (its bytes are in the two above)
+    lora: list[LoraAdapterInfo] = []  # the LoRA adapters loaded (their bytes are in model_bytes)

@@ -1,0 +1,2 @@
+"""Embeddings and reranking: the embedder (``embedder``) and its own context (``context``).
+"""

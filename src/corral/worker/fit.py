@@ -1,0 +1,85 @@
+"""``n_gpu_layers = "auto"`` at load: the worker's fit to its memory.
+
+With GPUs, ``fit_gpus``: ``corral.fit.plan.plan_fit`` over every GPU this worker sees, each
+within the router's share. With none, ``fit_host_ctx``: the context (each slot capped at the
+model's ``n_ctx_train``) lowered in whole slots of 256 cells, not below ``fit_ctx_floor`` a
+slot, until the weights and KV take at most half of the host's available memory
+(``MemAvailable``), so a model whose ``ctx_len`` is not set (32,768 a slot) still loads on a
+small machine. A ``ctx_len`` that fits is kept as given.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from corral import wire
+from corral.fit.rows import outputs_max
+from corral.fit.plan import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, has_side_context, placement,
+                            plan_fit, read_layout)
+from corral.worker.host.devices import host_available_bytes, offload_devices
+
+__all__ = ["FitLoadError", "fit_gpus", "fit_host_ctx", "split_gpus"]
+
+_CTX_STEP = 256
+log = logging.getLogger("corral.worker.fit")
+
+
+class FitLoadError(Exception):
+    """No plan: ``str(exc)`` says why (the loader turns it into ``ModelLoadError``)."""
+
+
+def split_gpus(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
+    """The GPUs a fit plan and a ``tensor_split`` are over, in llama.cpp's order."""
+    return [d for d in offload_devices(devices) if d.kind == "gpu"]
+
+
+def fit_gpus(s: wire.WorkerSettings, devices: list[wire.DeviceInfo],
+             layout: ModelLayout | None = None) -> wire.FitPlan | None:
+    """The plan over every GPU this worker sees (the ones it was pinned to; llama.cpp splits
+    the layers over all of them), each within the router's share of it when given (None: no
+    GPU). ``layout``: the file's, when already read."""
+    gpus = split_gpus(devices)
+    if not gpus:
+        return None
+    try:
+        layout = layout or read_layout(s.model_path).kv_sized(s.swa_full).on_devices(gpus)
+    except (GGUFError, OSError, ValueError) as exc:
+        raise FitLoadError(f"cannot plan GPU layers for {s.model_path}: {exc}") from exc
+    margin = DEFAULT_MARGIN_BYTES if s.gpu_margin_bytes is None else s.gpu_margin_bytes
+    budgets = s.gpu_budget_bytes  # the router's share for this instance (others may share the GPUs)
+    limits: list[int | None] = [budgets] if isinstance(budgets, int) else list(budgets or [])
+    try:
+        return plan_fit(layout, devices=gpus, limits=limits, ctx_len=s.ctx_len, n_slots=s.n_parallel,
+                        ctx_floor_per_slot=s.fit_ctx_floor, n_ubatch=min(s.n_batch, 512), margin_bytes=margin,
+                        host_available_bytes=host_available_bytes(), tensor_split=s.tensor_split,
+                        cache_types=(s.cache_type_k, s.cache_type_v), outputs=outputs_max(s, s.n_parallel),
+                        side=has_side_context(s))
+    except FitError as exc:
+        raise FitLoadError(str(exc)) from exc
+
+
+def fit_host_ctx(s: wire.WorkerSettings, layout: ModelLayout | None, available: int | None) -> int:
+    """The context (KV cells) of a load with no GPU (see the module docstring); ``layout``:
+    as the KV cache is sized (``kv_sized``); None (unreadable) or ``available`` None: as asked."""
+    n = max(1, s.n_parallel)
+    if layout is None:
+        return s.ctx_len
+    ctx = layout.trained_ctx(s.ctx_len, n)
+    if available is None:
+        return ctx
+
+    def host_bytes(cells: int) -> int:
+        parts = placement(layout, gpus=[], weights=None, ngl=0, ctx=cells, n_slots=n, n_ubatch=min(s.n_batch, 512),
+                          cache_types=(s.cache_type_k, s.cache_type_v), outputs=outputs_max(s, n),
+                          side=has_side_context(s))
+        return sum(p.weight_bytes + p.kv_bytes for p in parts)
+
+    step = _CTX_STEP * n
+    floor = min(ctx, max(step, s.fit_ctx_floor * n))
+    want = ctx
+    while ctx > floor and host_bytes(ctx) > available // 2:
+        ctx = max(floor, (ctx - 1) // step * step)
+    if ctx < want:
+        log.warning("context %d -> %d cells (%d a slot): weights and KV within half of the host's %d MiB "
+                    "available", want, ctx, ctx // n, available >> 20)
+    return ctx

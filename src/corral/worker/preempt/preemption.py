@@ -1,0 +1,268 @@
+"""Pausing a running generation between decode steps, and resuming it (fair-share
+preemption; the router decides who: docs/internals/fair-share.md, "Preemption").
+
+    engine.preempt.pause("req-7")   # -> wire.Paused; its slot is free at once
+    engine.preempt.resume("req-7")  # queued; it takes a free slot at the next step's start
+
+A paused request keeps everything its slot held that is not the KV cache: the job, the
+slot's sampler (and its grammar, RNG, penalties' history), the output's stop matcher,
+tool-call parser and detokenizer (``SlotOutput``), the reasoning split and budget
+(``SlotReasoning``), every step feature's state (one field of the slot each: speculation's,
+the time limit's, ...), and the counters (tokens generated, limits, timings): the slot's
+request fields, every field but ``slots.CELL_FIELDS``, moved as they are. Its KV, the cells of the tokens in ``slot.cached``, is saved into the worker's
+host-RAM store (``worker/cache/kv_store.py``) as a pinned entry; where the store has no room it
+is dropped, and recomputed on resume before the slot joins the next batch (the prompt
+in batches, from any prefix a free slot still holds, then one decode per token generated
+so far: the shapes they were first decoded in, so the KV is the same; a stall of the
+other streams of about that many one-token steps, the price of having no room). The slot's own cells stay in place after the pause (``slot.cached`` untouched),
+so a request that resumes into a slot nobody used meanwhile restores nothing.
+
+With greedy sampling the resumed stream is the stream it would have been: the same
+sampler continues from the same logits (with a recomputed KV too, except where the first
+decode was not one prompt batch then single tokens: a prompt prefilled in chunks beside
+other streams, or speculation's drafts; then a near tie may flip, as with a reused prefix). A paused
+request's id stays in use; Abort answers Finished(abort) and frees its samplers; an
+engine failure fails it like a running one. A request mid-prefill that collects prompt
+logprobs (echo) is not paused (``Paused(paused=False)``): those depend on the batch; nor
+one with images still prefilling, or with images and no room in the store (an image's
+positions hold embeddings, not tokens: they cannot be recomputed from ``slot.cached``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+import llama_cpp as ll
+
+from corral import wire
+from corral.worker.sampling import sampler as sampling
+from corral.worker.cache.kv_store import HostKVStore, restore_seq, save_seq
+from corral.worker.model import LoadedModel
+from corral.worker.lora.adapters import LoraAdapters
+from corral.worker.lora.state import BASE, LoraKey
+from corral.worker.slots import CELL_FIELDS, Batch, Job, Slot, aborted_in_queue, finished_message, pick_slot, release
+from corral.worker.speculation.speculator import Speculator
+from corral.worker.preempt.urgent import UrgentStarts
+from corral.worker.speculation.draft import DraftSpeculator
+
+__all__ = ["Preemption", "PausedJob", "store_key"]
+
+log = logging.getLogger("corral.worker.preempt.preemption")
+
+# a slot's request fields: what moves with a paused request (the rest are its cells')
+_KEPT_FIELDS = [f.name for f in fields(Slot) if f.name not in CELL_FIELDS]
+
+
+def store_key(request_id: str) -> str:
+    """The key of a paused request's entry in the host KV store."""
+    return f"paused:{request_id}"
+
+
+class Engine(Protocol):
+    """What this needs of ``corral.worker.engine.Engine`` (which imports this module)."""
+
+    m: LoadedModel
+    slots: list[Slot]
+    waiting: deque[Job]
+    out: list[wire.Delta | wire.Finished | wire.RequestFailed | wire.Embeddings | wire.Tokenized]
+    spec: Speculator
+    lora: LoraAdapters
+    tokens_prompt: int
+    jobs: dict[str, Job]
+    batch: Batch
+
+
+@dataclass(eq=False)
+class PausedJob:
+    job: Job
+    slot: Slot | None  # the slot's request fields (a detached copy); None: paused before it had a slot
+    tokens: list[int]  # the tokens whose KV it had, at positions 0..len-1
+    kept_kv: bool
+    since: float
+    lora_key: LoraKey = BASE  # the adapter set its KV was computed under (worker/lora/adapters.py)
+
+
+class Preemption:
+    """The engine's paused requests; the engine thread only."""
+
+    def __init__(self, engine: Engine, store: HostKVStore) -> None:
+        self.e = engine
+        self.store = store
+        self.paused: dict[str, PausedJob] = {}
+        self._resuming: deque[PausedJob] = deque()
+        self.pauses = 0
+        self.kept = 0
+        self.recomputed = 0  # resumes that prefilled their tokens again (some or all)
+        # the request that takes a paused slot starts at once (urgent.py); a draft model's drafts cannot be undone
+        self.urgent = UrgentStarts(engine.m, abort=not isinstance(engine.spec, DraftSpeculator))
+
+    def pause(self, request_id: str) -> wire.Paused:
+        e = self.e
+        job = e.jobs.get(request_id)
+        if job is None or request_id in self.paused:
+            return wire.Paused(id=request_id, paused=False)
+        slot = next((s for s in e.slots if s.job is job), None)
+        if slot is None:  # accepted, not started yet: nothing to keep
+            e.waiting.remove(job)
+            self.paused[request_id] = PausedJob(job, None, [], False, time.monotonic())
+            self.pauses += 1
+            return wire.Paused(id=request_id, paused=True)
+        images = bool(getattr(job.tokens, "images", None))  # placeholders: their KV cannot be recomputed
+        if slot.echo_logprobs is not None or (images and slot.n_gen == 0):
+            return wire.Paused(id=request_id, paused=False)
+        tokens = list(slot.cached)
+        state = save_seq(e.m.ctx, slot.index) if tokens else b""
+        kept = bool(state) and self.store.put(store_key(request_id), tokens, state, pinned=True)
+        if images and not kept:
+            return wire.Paused(id=request_id, paused=False)
+        for f in slot.features:
+            f.paused(slot)
+        saved, empty = Slot(slot.index), Slot(slot.index)
+        for name in _KEPT_FIELDS:  # the objects now belong to the paused job: release() frees nothing
+            setattr(saved, name, getattr(slot, name))
+            setattr(slot, name, getattr(empty, name))
+        release(slot)  # slot.cached (and its cells) stay: reusable, or resumed in place
+        self.paused[request_id] = PausedJob(job, saved, tokens, kept, time.monotonic(), slot.lora)
+        self.pauses += 1
+        self.kept += kept
+        return wire.Paused(id=request_id, paused=True, kept_kv=kept, n_tokens=len(tokens),
+                           state_bytes=len(state) if kept else 0)
+
+    def resume(self, request_id: str) -> None:
+        """Queue the paused request to take a free slot at the next step's start."""
+        p = self.paused.get(request_id)
+        if p is not None and p not in self._resuming:
+            self._resuming.append(p)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._resuming)
+
+    def admit(self) -> None:
+        """Resume what waits to resume, into free slots (before the engine's queue)."""
+        e = self.e
+        while self._resuming:
+            free = [s for s in e.slots if not s.busy]
+            p = self._resuming[0]
+            if p.slot is None:  # it never had a slot: back to the front of the queue
+                self._resuming.popleft()
+                del self.paused[p.job.req.id]
+                e.waiting.appendleft(p.job)
+                continue
+            if not free:
+                return
+            self._resuming.popleft()
+            del self.paused[p.job.req.id]
+            try:
+                self._into(p, free)
+            except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
+                log.exception("request %s failed to resume", p.job.req.id)
+                self._fail(p, f"resume failed: {type(exc).__name__}: {exc}")
+
+    def _into(self, p: PausedJob, free: list[Slot]) -> None:
+        e, m = self.e, self.e.m
+        entry = self.store.pop(store_key(p.job.req.id))
+        key = p.lora_key  # only a slot of its adapter set serves its cells (worker/lora/adapters.py)
+        tenant = p.job.req.cache_tenant  # and only one of its cache tenant
+        same = [s for s in free if s.lora == key and s.tenant == tenant]
+        slot = next((s for s in same if s.cached == p.tokens), None)
+        if slot is None:
+            slot, reuse = pick_slot(same or free, p.tokens + [-1], m, tenant, key) if p.tokens else (free[0], 0)
+            slot.tenant, slot.lora = tenant, key
+            e.lora.use(key)
+            assert p.slot is not None
+            reuse = max(0, min(reuse, p.slot.n_cached))  # the prompt's rest decodes as it first did
+            restored = False
+            if entry is not None and reuse < len(p.tokens):
+                ll.llama_memory_seq_rm(m.memory, slot.index, -1, -1)
+                slot.cached = []
+                restored = restore_seq(m.ctx, slot.index, entry.state)
+                if restored:
+                    slot.cached = list(p.tokens)
+            if not restored:
+                self._recompute(slot, p.tokens, reuse, len(p.job.tokens))
+        assert p.slot is not None
+        for name in _KEPT_FIELDS:
+            setattr(slot, name, getattr(p.slot, name))
+        for f in slot.features:
+            f.resumed(slot)
+
+    def _recompute(self, slot: Slot, tokens: list[int], reuse: int, n_prompt: int) -> None:
+        """Decode ``tokens`` into ``slot`` again (its first ``reuse`` are there), as they were
+        decoded first: the prompt in batches, then each generated token alone. A batch of
+        another shape rounds differently on a CPU, enough to flip a near tie of a greedy
+        answer; replayed this way the KV is the one it had (measured: same tokens)."""
+        m = self.e.m
+        if not (reuse > 0 and ll.llama_memory_seq_rm(m.memory, slot.index, reuse, -1)):
+            reuse = 0
+            ll.llama_memory_seq_rm(m.memory, slot.index, -1, -1)
+        slot.cached = list(tokens[:reuse])
+        if reuse < len(tokens):
+            self.recomputed += 1
+        b = self.e.batch
+        pos = reuse
+        while pos < len(tokens):
+            n = min(b.cap, n_prompt - pos) if pos < n_prompt else 1
+            for k in range(n):
+                b.token[k] = tokens[pos + k]
+                b.pos[k] = pos + k
+                b.seq[k] = slot.index
+                b.logits[k] = 0
+            b.batch.n_tokens = n
+            rc = ll.llama_decode(m.ctx, b.batch)
+            if rc != 0:
+                ll.llama_memory_seq_rm(m.memory, slot.index, -1, -1)
+                slot.cached = []
+                raise RuntimeError(f"llama_decode returned {rc} while recomputing {len(tokens)} tokens")
+            slot.cached.extend(tokens[pos: pos + n])
+            pos += n
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a paused request (Finished(abort)); False when it is not paused."""
+        p = self.paused.pop(request_id, None)
+        if p is None:
+            return False
+        if p in self._resuming:
+            self._resuming.remove(p)
+        e = self.e
+        e.jobs.pop(request_id, None)
+        if p.slot is None:
+            sampling.free_sampler(p.job.grammar)
+            p.job.grammar = None
+            e.out.append(aborted_in_queue(p.job, time.perf_counter()))
+        else:
+            e.tokens_prompt += len(p.job.tokens) - p.slot.n_cached
+            e.out.append(finished_message(p.slot, p.job, "abort", time.perf_counter()))
+            release(p.slot)
+        self.store.pop(store_key(request_id))
+        return True
+
+    def _fail(self, p: PausedJob, message: str) -> None:
+        self.e.jobs.pop(p.job.req.id, None)
+        self.store.pop(store_key(p.job.req.id))
+        if p.slot is not None:
+            release(p.slot)
+        sampling.free_sampler(p.job.grammar)
+        p.job.grammar = None
+        self.e.out.append(wire.RequestFailed(p.job.req.id, "internal", message))
+
+    def fail_all(self, message: str) -> None:
+        """End every paused request with RequestFailed(internal) (the engine failed)."""
+        for p in list(self.paused.values()):
+            self._fail(p, message)
+        self.paused.clear()
+        self._resuming.clear()
+
+    def close(self) -> None:
+        """Free every paused request's samplers (the engine closes)."""
+        for p in self.paused.values():
+            if p.slot is not None:
+                release(p.slot)
+            sampling.free_sampler(p.job.grammar)
+        self.paused.clear()
+        self._resuming.clear()
+        self.store.clear(pinned=True)
