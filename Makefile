@@ -7,9 +7,10 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 HOST ?= 127.0.0.1
 PORT ?= 8080
 # The llama.cpp backend `make serve` runs workers on: cpu (the bindings' own build in the venv),
-# vulkan or cuda: the same llama-cpp-python version built for it once per machine (.whl/), its
+# vulkan or cuda: the same llama-cpp-python version built for it once per machine, its
 # libraries beside the CPU ones in $(VENV)/llama-cpp-BACKEND/ and loaded through LLAMA_CPP_LIB_PATH
 # (bench/gpu/install_backend.sh). `make install BACKEND=vulkan` remembers the choice.
+export CORRAL_GPU_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/corral-gpu
 BACKEND ?= $(shell cat $(VENV)/corral-backend 2>/dev/null || echo cpu)
 GPU_ENV = $(VENV)/llama-cpp-$(BACKEND)/env.sh
 
@@ -22,7 +23,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "from corral.store.embedded import embedded_model_path; print('default model:', embedded_model_path())"
 	touch $@
 
-# A GPU build (Vulkan: 847 s measured on 2 shared cores, shaders included; kept in .whl/, never in pip's cache)
+# A GPU build (Vulkan: 847 s measured on 2 shared cores, shaders included), kept outside the checkout
+# as pip keeps the CPU wheel: in $(CORRAL_GPU_CACHE)/whl/ (never in pip's cache, which does not key
+# on CMAKE_ARGS), with Mesa's lavapipe and its shader cache beside it (bench/gpu/build_wheel.sh)
 $(VENV)/llama-cpp-%/.installed: $(VENV)/.installed bench/gpu/build_wheel.sh bench/gpu/install_backend.sh
 	PY=$(PY) bench/gpu/install_backend.sh $* $(VENV)/llama-cpp-$*
 	touch $@
@@ -42,7 +45,9 @@ else
 	. $(GPU_ENV) && $(VENV)/bin/corral serve --host $(HOST) --port $(PORT)
 endif
 
-# The GPU test group (tests/gpu) runs on the Vulkan build, on Mesa's lavapipe here
+# The GPU test group (tests/gpu) runs on the GPU_BACKEND build: Vulkan (on Mesa's lavapipe where
+# there is no GPU), or cuda on a machine with one
+GPU_BACKEND ?= vulkan
 vulkan: $(VENV)/llama-cpp-vulkan/.installed
 
 # The web page's tests drive Debian's chromium (Playwright's own download is not used).
@@ -52,8 +57,8 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
 	  else sudo -n apt-get update -qq && sudo -n apt-get install -y -qq chromium; fi; }
 
-test: install chromium
-	$(PY) -m pytest -q -ra --durations=30
+test: install chromium $(VENV)/llama-cpp-$(GPU_BACKEND)/.installed
+	CORRAL_GPU_BACKEND=$(GPU_BACKEND) $(PY) -m pytest -q -ra --durations=30
 
 # The long reliability run (30 minutes, two models, faults under load; see tests/reliability/soak.py).
 soak: install
@@ -71,4 +76,4 @@ bench: install
 	$(PY) -m bench.run $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache  # .whl/ and .gl/ (the GPU builds) stay
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache  # $(CORRAL_GPU_CACHE) (the GPU builds) stays

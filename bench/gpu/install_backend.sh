@@ -4,9 +4,9 @@
 # and DEST/env.sh, which a shell sources to run workers on that build. The venv's own llama_cpp
 # (the CPU build the test suite uses) is left as it is: the bindings load libllama (and so ggml)
 # from LLAMA_CPP_LIB_PATH, libmtmd from MTMD_CPP_LIB, and corral's device API follows the same
-# variable (src/corral/worker/devices.py).
+# variable (src/corral/worker/host/devices.py).
 # Vulkan on a machine without a Vulkan driver (no ICD manifest under /usr/share/vulkan or
-# /etc/vulkan; LAVAPIPE=1 forces it): Mesa's lavapipe from .gl/ (bench/gpu/vulkan_debs.sh), a
+# /etc/vulkan; LAVAPIPE=1 forces it): Mesa's lavapipe from ~/.cache/corral-gpu/vulkan (bench/gpu/vulkan_debs.sh), a
 # CPU-type device that ggml uses only when GGML_VK_VISIBLE_DEVICES names it.
 # Usage: bench/gpu/install_backend.sh BACKEND DEST
 set -euo pipefail
@@ -14,6 +14,7 @@ cd "$(dirname "$0")/../.."
 BACKEND=${1:?usage: install_backend.sh vulkan|cuda DEST}
 DEST=$(realpath -m "${2:?usage: install_backend.sh vulkan|cuda DEST}")
 WHEEL=$(bench/gpu/build_wheel.sh "$BACKEND")
+CACHE=${CORRAL_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/corral-gpu}
 rm -rf "$DEST" && mkdir -p "$DEST"
 "${PY:-.venv/bin/python}" - "$WHEEL" "$DEST/lib" <<'PY'
 import sys, zipfile, pathlib
@@ -38,10 +39,11 @@ if [ "$BACKEND" = vulkan ]; then
     ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1 && lavapipe=0
   fi
   if [ "$lavapipe" = 1 ]; then
-    echo "# no Vulkan driver here: Mesa's lavapipe (a CPU-type device) from .gl/" >> "$DEST/env.sh"
-    cat .gl/env.sh >> "$DEST/env.sh"
+    bench/gpu/vulkan_debs.sh "$CACHE/vulkan" >&2
+    echo "# no Vulkan driver here: Mesa's lavapipe (a CPU-type device) from $CACHE/vulkan" >> "$DEST/env.sh"
+    cat "$CACHE/vulkan/env.sh" >> "$DEST/env.sh"
   elif ! ldconfig -p | grep -q 'libvulkan.so.1 '; then
-    echo "export LD_LIBRARY_PATH=\"$PWD/.gl/usr/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\"" >> "$DEST/env.sh"
+    echo "export LD_LIBRARY_PATH=\"$CACHE/vulkan/usr/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\"" >> "$DEST/env.sh"
   fi
 fi
 echo "installed the $BACKEND build in $DEST (source $DEST/env.sh to use it)"

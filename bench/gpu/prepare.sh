@@ -53,7 +53,7 @@ rm -rf "$DEST/llama.cpp/tools/server/public" "$DEST/llama.cpp/tools/server/webui
 rm -rf "$tmp"
 # wheels the device image lacks (its list: the device tool's KINDS.md); pure-Python ones are any-platform
 # the versions this venv resolved (pydantic and pydantic-core must match each other)
-PINS=$("$PY" -m pip freeze 2>/dev/null | grep -i -E '^(fastapi|starlette|uvicorn|httptools|msgspec|pydantic|pydantic[-_]core|annotated[-_]types|typing[-_]inspection|diskcache|sniffio)==' || true)
+PINS=$("$PY" -m pip freeze 2>/dev/null | grep -i -E '^(fastapi|starlette|uvicorn|httptools|msgspec|pydantic|pydantic[-_]core|annotated[-_]types|typing[-_]inspection|diskcache|sniffio|pytest[-_]asyncio)==' || true)
 "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$DEST/wheels" $PINS diskcache

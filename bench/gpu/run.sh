@@ -23,12 +23,20 @@
 # target whose layers add little (--layer-scale) and its own first 2 layers as the draft (same
 # vocabulary; bench/gpu/make_model.py), corral vs llama-server -md, draft p_min 0. DRAFT=0 skips it.
 #
-# CUDA=0 runs every step on a CPU (how this script is tested before GPU minutes are spent).
+# Then (GPU_TESTS=1, the default) the GPU test group, tests/gpu, on this build and the generated model:
+# the placement, two models decoding on the one device at once, the budget's eviction (what
+# `make test` runs on Vulkan's lavapipe; the issue 34 checks), with CORRAL_GPU_BACKEND=$BACKEND.
+#
+# BACKEND picks the backend: cuda (the default) or cpu (every step on a CPU: how this script is
+# tested before GPU minutes are spent; CUDA=0 says the same).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 G=.gpu
 OUT=${OUT:-/tmp/corral-gpu-out}
-CUDA=${CUDA:-1}
+BACKEND=${BACKEND:-cuda}
+[ "${CUDA:-1}" = 0 ] && BACKEND=cpu
+case "$BACKEND" in cuda) CUDA=1 ;; cpu) CUDA=0 ;; *) echo "run.sh: BACKEND is cuda or cpu (Vulkan: make test)"; exit 2 ;; esac
+GPU_TESTS=${GPU_TESTS:-1}
 ARCH=${CUDA_ARCH:-native}          # the card's own architecture only (H100/H200: 90)
 JOBS=${JOBS:-$(nproc)}
 PY=${PY:-python3}
@@ -82,6 +90,12 @@ EOF
 
 log "3/5 model -> $MODEL"
 [ -s "$MODEL" ] || PYTHONPATH="$PWD/$G/gguf-py:$PYTHONPATH" "$PY" -m bench.gpu.make_model "$MODEL" $MODEL_ARGS
+
+if [ "$GPU_TESTS" = 1 ] && [ "$BACKEND" = cuda ]; then
+  log "GPU test group (tests/gpu) on $BACKEND, $(basename "$MODEL")"
+  CORRAL_GPU_BACKEND=$BACKEND CORRAL_GPU_ENV= CORRAL_GPU_MODEL="$(realpath "$MODEL")" "$PY" -m pytest -q -ra -p no:cacheprovider \
+    tests/gpu 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 || true
+fi
 
 log "4/5 bench ($ONLY)"
 set -o pipefail

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fetch and unpack what the Vulkan backend needs on Debian 12, into a private prefix (default .gl/),
+# Fetch and unpack what the Vulkan backend needs on Debian 12, into a private prefix (default
+# ~/.cache/corral-gpu/vulkan: $CORRAL_GPU_CACHE/vulkan, as bench/gpu/build_wheel.sh passes it),
 # without touching the machine's own apt sources or dpkg database:
 #   - Debian 13's libvulkan-dev 1.4.309 headers (the vendored llama.cpp needs vk::LayerSettingEXT,
 #     which Debian 12's 1.3.239 headers lack) and Debian 12's loader, libvulkan1 (13's needs glibc 2.38),
@@ -10,7 +11,8 @@
 # `dpkg-deb -x`. Idempotent: a finished prefix (its .done stamp) is left as it is.
 # Usage: bench/gpu/vulkan_debs.sh [PREFIX]    then source PREFIX/env.sh
 set -euo pipefail
-PREFIX=$(realpath -m "${1:-.gl}")
+CACHE=${CORRAL_GPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/corral-gpu}
+PREFIX=$(realpath -m "${1:-$CACHE/vulkan}")
 [ -f "$PREFIX/.done" ] && exit 0
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 APT=$(mktemp -d)
@@ -50,11 +52,22 @@ export PATH="$PREFIX/usr/bin:\$PATH"
 export LD_LIBRARY_PATH="$lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export VK_ICD_FILENAMES="$PREFIX/lavapipe_icd.json"
 export GGML_VK_VISIBLE_DEVICES="\${GGML_VK_VISIBLE_DEVICES:-0}"
-export MESA_SHADER_CACHE_DIR="\${MESA_SHADER_CACHE_DIR:-$PREFIX/mesa-shader-cache}"
+# the shader pipelines ggml builds at a worker's first decode (minutes on lavapipe), kept across runs
+export MESA_SHADER_CACHE_DIR="\${MESA_SHADER_CACHE_DIR:-$(dirname "$PREFIX")/mesa-shader-cache}"
 export MESA_SHADER_CACHE_MAX_SIZE="\${MESA_SHADER_CACHE_MAX_SIZE:-4G}"
 ENV
 ls "$APT/debs" > "$PREFIX/debs.txt"
-missing=$(LD_LIBRARY_PATH="$lib" ldd "$lib/libvulkan_lvp.so" "$PREFIX/usr/bin/glslc" | grep 'not found' || true)
+missing() { LD_LIBRARY_PATH="$lib" ldd "$lib/libvulkan_lvp.so" "$PREFIX/usr/bin/glslc" | grep 'not found' || true; }
+# what lavapipe and glslc load from the system (Debian 12's packages; chromium's dependencies
+# bring most of them): installed through apt, as the Makefile installs chromium
+runtime=(libllvm15 libz3-4 libxcb-dri3-0 libxcb-present0 libxcb-randr0 libxcb-shm0 libxcb-sync1 libxcb-xfixes0
+         libx11-xcb1 libxshmfence1 libwayland-client0 libzstd1 libexpat1)
+if [ -n "$(missing)" ]; then
+  echo "installing lavapipe's libraries (apt): ${runtime[*]}" >&2
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "${runtime[@]}" >&2 || true
+  else sudo -n apt-get update -qq && sudo -n apt-get install -y -qq "${runtime[@]}" >&2 || true; fi
+fi
+missing=$(missing)
 if [ -n "$missing" ]; then
   echo "vulkan_debs.sh: libraries the unpacked packages need are not installed:" >&2
   echo "$missing" >&2

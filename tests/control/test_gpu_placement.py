@@ -139,7 +139,7 @@ async def test_a_model_that_can_never_fit_fails_with_the_reason(
     r = await harness.client.post("/models/load", json={"model": "huge"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
     msg = r.json()["error"]["message"]
-    assert "needs about" in msg and "the largest GPU has a budget of 8.8 KiB" in msg  # 9000 B: the cap
+    assert "needs about" in msg and "the largest GPU (n_gpu_layers" in msg and "has a budget of 8.8 KiB" in msg  # 9000 B: the cap
 
 
 async def test_no_gpu_or_no_gpu_layers_means_no_placement(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -209,6 +209,30 @@ def test_the_head_goes_first_and_a_tied_head_is_a_copy_of_the_embeddings() -> No
         assert s.on_host(0, 1024) == s.on_host(1, 1024) + lo.output_bytes  # the host copy stays with the input
 
 
+def test_a_head_too_large_for_the_device_stays_on_the_host() -> None:
+    """As llama.cpp's ``select_weight_buft`` does on a device whose ``supports_op`` refuses a
+    matrix that large (Vulkan past maxStorageBufferRange: 128 MiB on lavapipe, where the
+    embedded Gemma's 170 MiB tied head stays on the host, measured in tests/gpu): a tied head
+    then costs nothing of its own; an output.weight counts on the host. The limit of the last
+    GPU counts (it holds the head)."""
+    from corral.fit.plan import _Sizes
+
+    def gpu(limit: int) -> wire.DeviceInfo:
+        return wire.DeviceInfo(index=0, name="Vulkan0", backend="Vulkan", kind="gpu", free_bytes=8 * GiB,
+                               total_bytes=8 * GiB, max_tensor_bytes=limit)
+
+    tied = ModelLayout(**{**LAYOUT.__dict__, "tied_output_bytes": 300 * MiB})
+    assert tied.on_devices([gpu(0)]) == tied.on_devices([gpu(300 * MiB)]) == tied.on_devices([]) == tied
+    assert tied.on_devices([gpu(128 * MiB)]).head_bytes == LAYOUT.output_bytes  # the norm and the rest, no copy
+    assert tied.on_devices([gpu(1 * GiB), gpu(128 * MiB)]).head_bytes == LAYOUT.output_bytes
+    assert tied.on_devices([gpu(128 * MiB), gpu(1 * GiB)]) == tied
+    own = LAYOUT.on_devices([gpu(100 * MiB)])  # a 125 MiB output.weight
+    assert own.head_bytes == 0 and own.input_bytes == LAYOUT.input_bytes + LAYOUT.output_bytes
+    s, host = _Sizes(own, 1, 512), _Sizes(LAYOUT, 1, 512)
+    assert s.on_device(23, 1024) == host.on_device(23, 1024) - LAYOUT.output_bytes
+    assert s.on_host(23, 1024) == host.on_host(23, 1024) + LAYOUT.output_bytes
+
+
 def test_the_embedded_gemma_has_a_tied_head() -> None:
     from corral.store.embedded import embedded_model_path
 

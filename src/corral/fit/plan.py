@@ -87,6 +87,17 @@ class ModelLayout:
     def weight_bytes(self) -> int:
         return sum(self.layer_bytes) + self.output_bytes + self.input_bytes
 
+    def on_devices(self, gpus: Sequence[wire.DeviceInfo]) -> ModelLayout:
+        """As llama.cpp places it on these GPUs: a head larger than the last one's largest matrix
+        (``DeviceInfo.max_tensor_bytes``, from its ``supports_op``) stays on the host, a tied head in
+        the host's mapping of the token embeddings (no bytes of its own), an output.weight counted there."""
+        limit = gpus[-1].max_tensor_bytes if gpus else 0
+        if limit <= 0 or (self.tied_output_bytes or self.output_bytes) <= limit:
+            return self
+        if self.tied_output_bytes:
+            return dataclasses.replace(self, tied_output_bytes=0)
+        return dataclasses.replace(self, output_bytes=0, input_bytes=self.input_bytes + self.output_bytes)
+
     def kv_sized(self, swa_full: bool) -> ModelLayout:
         """The layout as its KV cache is sized: with ``swa_full`` no layer keeps only a window."""
         return dataclasses.replace(self, sliding_window=0) if swa_full else self

@@ -18,6 +18,9 @@ class DeviceInfo(msgspec.Struct, frozen=True, kw_only=True):
     kind: str  # cpu | gpu | igpu | accel
     free_bytes: int
     total_bytes: int
+    # the largest weight matrix it takes in a matrix product (a Vulkan device's
+    # maxStorageBufferRange: 128 MiB on lavapipe); 0: no limit found (CUDA, the CPU)
+    max_tensor_bytes: int = 0
 
 
 class DevicePlan(msgspec.Struct, frozen=True, kw_only=True):

@@ -42,7 +42,7 @@ def fit_gpus(s: wire.WorkerSettings, devices: list[wire.DeviceInfo],
     if not gpus:
         return None
     try:
-        layout = layout or read_layout(s.model_path).kv_sized(s.swa_full)
+        layout = layout or read_layout(s.model_path).kv_sized(s.swa_full).on_devices(gpus)
     except (GGUFError, OSError, ValueError) as exc:
         raise FitLoadError(f"cannot plan GPU layers for {s.model_path}: {exc}") from exc
     margin = DEFAULT_MARGIN_BYTES if s.gpu_margin_bytes is None else s.gpu_margin_bytes

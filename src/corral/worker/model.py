@@ -163,7 +163,7 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
         raise ModelLoadError(f"tensor_split has {len(s.tensor_split)} entries but this instance sees "
                              f"{len(gpus)} GPU(s) ({', '.join(d.name for d in gpus)}): give one per GPU of devices")
     try:
-        layout: ModelLayout | None = read_layout(s.model_path).kv_sized(s.swa_full)
+        layout: ModelLayout | None = read_layout(s.model_path).kv_sized(s.swa_full).on_devices(gpus)
     except (GGUFError, OSError, ValueError):
         layout = None  # llama.cpp may still load it; no plan or placement then
     plan: wire.FitPlan | None = None

@@ -31,7 +31,7 @@ import functools
 import logging
 import os
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,10 +91,11 @@ def _layout(path: str, size: int, mtime_ns: int) -> ModelLayout | None:
         return None
 
 
-def _need(pool: ModelPool, budgets: list[int], free: list[int]) -> list[int]:
+def _need(pool: ModelPool, budgets: list[int], free: list[int], gpus: Sequence[wire.DeviceInfo] = ()) -> list[int]:
     """One instance's estimated need on each of the GPUs with these whole ``budgets`` and
-    ``free`` memory (blocking: reads the file). A file that is not GGUF: its size, split
-    as the layers would be (``router_split``)."""
+    ``free`` memory (blocking: reads the file); ``gpus``: those GPUs (a head too large for
+    the last one stays on the host: ``ModelLayout.on_devices``). A file that is not GGUF: its
+    size, split as the layers would be (``router_split``)."""
     path = Path(pool.spec.path)
     try:
         st = path.stat()
@@ -109,7 +110,7 @@ def _need(pool: ModelPool, budgets: list[int], free: list[int]) -> list[int]:
     if layout is None:
         own = split_by_weights(st.st_size, router_split(pool.spec, budgets, free) or free)
     else:
-        own = device_needs(layout, pool.spec, budgets=budgets, free=free)
+        own = device_needs(layout.on_devices(gpus), pool.spec, budgets=budgets, free=free)
     draft = draft_needs(pool.spec, path, budgets=budgets, free=free)  # speculative = "draft": its model too
     return [a + b + (proj if k == 0 else 0) for k, (a, b) in enumerate(zip(own, draft))]
 
@@ -220,12 +221,14 @@ class GpuBudget:
         else:
             ks = [max(range(len(budgets)), key=lambda k: budgets[k])]
         tops = [budgets[k] for k in ks]
-        needs = await asyncio.to_thread(_need, pool, tops, [self.known[k].free_bytes for k in ks])
+        needs = await asyncio.to_thread(_need, pool, tops, [self.known[k].free_bytes for k in ks],
+                                        [self.known[k] for k in ks])
         for k, n, top in zip(ks, needs, tops):
             if n > top:
-                where = f"GPU {k} ({self.known[k].name})" if pinned else "the largest GPU"
+                where = f"GPU {k} ({self.known[k].name})"
                 raise LoadFailed(
-                    f"model {pool.spec.id!r} needs about {fmt_bytes(n)} of GPU memory on {where} (n_gpu_layers="
+                    f"model {pool.spec.id!r} needs about {fmt_bytes(n)} of GPU memory on {where}"
+                    f"{'' if pinned else ', the largest GPU'} (n_gpu_layers="
                     f"{pool.spec.n_gpu_layers}, ctx_len={pool.spec.ctx_len}) but {where} has a budget of "
                     f"{fmt_bytes(top)} (free memory less gpu_memory_margin): lower n_gpu_layers or ctx_len, or "
                     "use n_gpu_layers = \"auto\"")

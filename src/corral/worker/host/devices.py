@@ -110,10 +110,53 @@ def list_devices() -> list[wire.DeviceInfo]:
         name = raw_name.decode("utf-8", "replace") if raw_name else f"device{i}"
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append(wire.DeviceInfo(index=i, name=name, backend=_backend_of(name),
-                                   kind=_KINDS.get(int(dev_type(dev)), "unknown"),
-                                   free_bytes=int(free.value), total_bytes=int(total.value)))
+        kind = _KINDS.get(int(dev_type(dev)), "unknown")
+        out.append(wire.DeviceInfo(index=i, name=name, backend=_backend_of(name), kind=kind,
+                                   free_bytes=int(free.value), total_bytes=int(total.value),
+                                   max_tensor_bytes=_max_tensor_bytes(ggml, dev) if kind in ("gpu", "igpu") else 0))
     return out
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+_NO_LIMIT = 1 << 40
+_ROW = 4096  # bytes of a row of the probe's f32 matrices (1024 columns)
+
+
+def _max_tensor_bytes(ggml: ctypes.CDLL, dev: int) -> int:
+    """The largest weight matrix (to a row of 4 KiB) the device takes in a matrix product,
+    as llama.cpp asks it when it places a weight (``supports_op`` on a MUL_MAT; a Vulkan
+    device refuses one past its ``maxStorageBufferRange``); 0: none refused up to 1 TiB, or
+    the API is missing. Tensor headers only (``no_alloc``): nothing is allocated on the device."""
+    try:
+        init, free, new_2d, mul_mat = ggml.ggml_init, ggml.ggml_free, ggml.ggml_new_tensor_2d, ggml.ggml_mul_mat
+        supports = ggml.ggml_backend_dev_supports_op
+    except AttributeError:
+        return 0
+    init.restype, init.argtypes = ctypes.c_void_p, [_InitParams]
+    free.restype, free.argtypes = None, [ctypes.c_void_p]
+    new_2d.restype, new_2d.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    mul_mat.restype, mul_mat.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    supports.restype, supports.argtypes = ctypes.c_bool, [ctypes.c_void_p, ctypes.c_void_p]
+    ctx = init(_InitParams(1 << 20, None, True))
+    if not ctx:
+        return 0
+    try:
+        def takes(nbytes: int) -> bool:
+            weight = new_2d(ctx, 0, _ROW // 4, max(1, nbytes // _ROW))  # GGML_TYPE_F32
+            return bool(supports(dev, mul_mat(ctx, weight, new_2d(ctx, 0, _ROW // 4, 1))))
+
+        if takes(_NO_LIMIT) or not takes(_ROW):
+            return 0
+        lo, hi = _ROW, _NO_LIMIT  # takes lo, refuses hi: 28 halvings to a row
+        while hi - lo > _ROW:
+            mid = (lo + hi) // 2 // _ROW * _ROW
+            lo, hi = (mid, hi) if takes(mid) else (lo, mid)
+        return lo
+    finally:
+        free(ctx)
 
 
 def gpu_devices(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
