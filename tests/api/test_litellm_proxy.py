@@ -128,7 +128,7 @@ async def test_litellm_proxy_requests_are_answered_in_the_shape_it_reads(harness
     c = harness.client
     assert c is not None
     names = _recorded()
-    assert len(names) == 21 and {n.split("_")[0] for n in names} == {"models", "openai", "ollama"}
+    assert len(names) == 23 and {n.split("_")[0] for n in names} == {"models", "openai", "ollama"}
     for name in names:
         rec, r = await _send(c, name)
         if rec["path"] in ("/api/chat", "/api/generate"):  # JSON, typed as LiteLLM types it
