@@ -7,7 +7,8 @@ replayed against a real router, worker and the embedded model.
 The bodies go as recorded, with no change: Codex sends no ``max_output_tokens``, so the model
 has a ``default_max_tokens`` of a few tokens (the session was recorded with 64), and each
 answer ends ``incomplete`` as it did then. The slot holds Codex's prompt (about 9,000 tokens:
-its instructions and 9 tools) with ``swa_full``, so that a turn can reuse the last one's prefix.
+its instructions and 9 tools); the model's other settings are its defaults (no ``swa_full``:
+each turn continues the slot the last one left, so its prefix is still there).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ async def test_a_codex_session_of_three_turns_with_a_tool_call(harness: Harness,
     ``reasoning``, no ``max_output_tokens``, the ``function_call`` and its
     ``function_call_output``), and each turn reuses the prompt of the turn before."""
     cfg = harness.config({MODEL: {"path": str(model_path), "ctx_len": 16384, "n_parallel": 1, "threads": 2,
-                                  "swa_full": True, "default_max_tokens": 4}},
+                                  "default_max_tokens": 4}},
                          worker_command=None, queue_timeout_s=900.0, load_timeout_s=120.0)
     await harness.start(cfg)
     c = harness.client
