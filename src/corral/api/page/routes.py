@@ -57,8 +57,9 @@ def _asset(name: str) -> bytes:
     return resources.files("corral.api.page").joinpath("static", name).read_bytes()
 
 
-@router.get("/", include_in_schema=False)
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
 async def page() -> Response:
+    """The page; ``HEAD /`` too, the probe Claude Code sends its base URL before a session."""
     return Response(_asset("index.html"), media_type="text/html; charset=utf-8",
                     headers=_SECURITY_HEADERS)
 
