@@ -71,7 +71,7 @@ def reference(engine: Engine, req: wire.GenerateRequest) -> str:
 
 
 def _idle_and_clean(engine: Engine) -> None:
-    assert not engine.has_work and not engine.preempt.paused
+    assert not engine.has_work and not engine.preempt.held
     assert all(not s.busy and s.sampler is None for s in engine.slots)
     assert engine.prompt_cache.store.pinned_bytes == 0
 

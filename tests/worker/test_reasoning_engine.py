@@ -63,7 +63,7 @@ def no_tag_in_any_piece(deltas: list[wire.Delta], tags: tuple[str, ...]) -> None
 
 
 def test_the_model_closes_its_thinking_itself(opened: Engine) -> None:
-    assert opened.info.reasoning_format == "deepseek" and len(opened.reasoning.close) > 1
+    assert opened.info.reasoning_format == "deepseek" and len(opened.reasoning.close_ids) > 1
     _, finals, deltas = run_engine(opened, [chat("a")])
     thought, answer = split(deltas["a"])
     assert thought == "5 plus 5 is 10."

@@ -9,13 +9,12 @@ A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) 
 
 1. gives waiting requests a free slot: the one whose cache holds the longest valid prefix (slots.reuse_len);
 2. builds ONE batch: the last token of every generating slot (and its draft: speculation/), then prompt chunks;
-3. runs one ``llama_decode`` (C, releases the GIL);
-4. draws the next token of every slot whose logits were computed, side by side on the ``sampling_threads``
-   (sampling/pool.py; or a token a step feature forces), then per slot in batch order on this thread:
-   detokenizes, splits thinking from answer, matches stop strings, emits Deltas.
+3. runs one ``llama_decode`` (C, releases the GIL); 4. draws the next token of every slot with logits, side
+   by side on the ``sampling_threads`` (sampling/pool.py), then per slot in batch order on this thread:
+   detokenizes, matches stop strings, emits Deltas (docs/internals/worker-engine.md, "One step").
 
-Per-request features are ``StepFeature``s (slots.py), in ``self.features`` only when on (features.py):
-the engine runs their moments, never a check of its own for a feature that is off.
+Per-request features (speculation and preemption too) are ``StepFeature``s (slots.py), in ``self.features``
+only when on (features.py): the engine runs their moments, never a check of its own for a feature.
 
 Only the thread that calls ``step()`` changes llama.cpp's context (the draws only read it, each with its
 own slot's sampler). ``submit``/``abort`` only queue; ``prepare`` (tokenizing) may run on another thread.
@@ -32,23 +31,23 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker.prompt import requests
-from corral.worker.sampling import pool as sample_pool
-from corral.worker.sampling import sampler as sampling
+from corral.worker.sampling import pool as sample_pool, sampler as sampling
 from corral.worker.host import threadpool
 from corral.worker.speculation import draft
 from corral.worker.lora.adapters import LoraAdapters
 from corral.worker.embed.embedder import Embedder
-from corral.worker.features import step_features
+from corral.worker.features import Moments, step_features
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, load_model, rss_bytes
-from corral.worker.preempt.preemption import Preemption
+from corral.worker.preempt.preemption import EngineSide, Preemption
 from corral.worker.prefill import EchoChunk, fill_prompt_chunks, prompt_logprobs
 from corral.worker.cache.prompt_cache import PromptCache
 from corral.worker.prompt.prompts import PreparedRequest, PromptPreparer, model_template
 from corral.worker.reasoning.feature import ReasoningFeature
 from corral.worker.output.slot_output import SlotOutput
-from corral.worker.slots import (Batch, Job, Slot, aborted_in_queue, begin, check_params, finished_message,
-                                 equip, free_samplers, overrides, pick_slot, release, slot_states)
+from corral.worker.batch import Batch
+from corral.worker.slots import (Job, Slot, aborted_in_queue, begin, check_params, finished_message, equip,
+                                 free_samplers, pick_slot, release, slot_states)
 from corral.worker.tokens import Tokenizer
 from corral.worker.vision.steps import VisionSteps
 
@@ -64,12 +63,13 @@ class Engine:
         self.settings = settings
         self.m: LoadedModel = load_model(draft.main_settings(settings))  # room for a draft model's
         self.threadpool = threadpool.attach(self.m.ctx, max(self.m.threads, self.m.threads_batch))  # as llama-server
+        self.set_threads = self.m.set_threads  # threads for the next decodes (the thread governor's)
         self.lora = LoraAdapters.load(self.m, settings)  # the adapters and their turns (lora/)
         self.vision = VisionSteps.load(settings, self.m, self._fail)  # the projector, images in the step (vision/)
         self.m.info = self.vision.model_info(self.lora.report(self.m.info))
-        self.spec = draft.speculator(settings, self.m)  # n-gram or draft-model drafts (speculation/)
-        self.info = self.m.info
         self.tok = Tokenizer(self.m)
+        self.spec = draft.speculator(settings, self.m, self.tok.is_eog)  # n-gram or draft-model drafts (speculation/)
+        self.info = self.m.info
         self.template, self._template_error = model_template(settings, self.m, self.tok)  # prompt/prompts.py
         self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot,
                                       model_id=settings.model_id, n_batch=self.m.n_batch)
@@ -83,13 +83,15 @@ class Engine:
         self.jobs: dict[str, Job] = {}  # every accepted request not yet ended, by id (paused ones too)
         self.tokens_generated = 0
         self.tokens_prompt = 0
+        self.gen_steps = 0  # slot-steps that drew tokens
         self.pool = sample_pool.pool_for(settings.sampling_threads, self.info)
         self.prompt_cache = PromptCache(self.m, settings)  # RAM, disk (cache/); .store: KV store
-        self.preempt = Preemption(self, self.prompt_cache.store)  # paused requests, pinned in that store (preempt/)
-        self.features = step_features(settings, vision=self.vision, lora=self.lora, reasoning=self.reasoning,
-                                      prompt_cache=self.prompt_cache)  # the step features turned on (features.py)
-        self._before_batch = [f for f in self.features if overrides(f, "before_batch")]
-        self._idle = [f for f in self.features if overrides(f, "idle")]
+        side = EngineSide(self.m, self.slots, self.batch, self.jobs.get, self.waiting.remove, self.waiting.appendleft,
+                          self._ended, self.lora.use)  # all preemption reaches of the engine
+        self.preempt = Preemption(side, self.prompt_cache.store, abort_decodes=self.spec.undoable)  # preempt/
+        self.features = step_features(settings, self.vision, self.lora, self.reasoning, self.prompt_cache, self.spec,
+                                      self.preempt)  # the step features turned on (features.py)
+        self.on = Moments(self.features, self.m.ctx)  # for each engine-wide moment, the features with it
 
     # ------------------------------------------------------------------ commands
 
@@ -125,21 +127,21 @@ class Engine:
     def abort(self, request_id: str) -> None:
         """Free the request's slot (or drop it from the queue) and answer Finished(abort)."""
         job = self.jobs.get(request_id)
-        if job is None or self.preempt.abort(request_id):
+        if job is None or any(f.abort(request_id) for f in self.on.abort):  # a paused one: preempt/
             return
         for slot in self.slots:
             if slot.job is job:
                 self._finish(slot, "abort")
                 return
         self.waiting.remove(job)
-        del self.jobs[request_id]
         sampling.free_sampler(job.grammar)
         job.grammar = None
-        self.out.append(aborted_in_queue(job, time.perf_counter()))
+        self._ended(job, aborted_in_queue(job, time.perf_counter()), 0)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.embedder.waiting or self.preempt.has_work or any(s.busy for s in self.slots))
+        return bool(self.waiting or self.embedder.waiting or any(s.busy for s in self.slots)
+                    or any(f.has_work() for f in self.on.has_work))
 
     def stats(self) -> wire.Stats:
         return wire.Stats(slots_busy=sum(1 for s in self.slots if s.busy), slots_total=len(self.slots),
@@ -147,21 +149,16 @@ class Engine:
                           model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes + self.vision.kv_bytes,
                           tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt,
                           slots=slot_states(self.slots, self.m.n_ctx_slot), spec_drafted=self.spec.drafted,
-                          spec_accepted=self.spec.accepted, gen_steps=self.spec.gen_steps,
+                          spec_accepted=self.spec.accepted, gen_steps=self.gen_steps,
                           prompt_cache=self.prompt_cache.stats())
 
-    def set_threads(self, n: int) -> None:
-        """Threads for the next decodes: the configured ones, or ``n`` when fewer cores are free."""
-        t, tb = (self.m.threads, self.m.threads_batch) if n >= self.m.threads else (n, min(n, self.m.threads_batch))
-        ll.llama_set_n_threads(self.m.ctx, t, tb)
-
     def close(self) -> None:
-        self.vision.close()
         self.pool.close()
-        self.preempt.close()
-        self.spec.close()
+        for f in self.features:
+            f.close()
+        if not self.vision.on:
+            self.vision.close()  # its image threads, there without a projector too
         free_samplers(self.slots, self.waiting)
-        self.lora.close()
         self.m.free()
         if self.threadpool is not None:
             self.threadpool.free()
@@ -169,13 +166,13 @@ class Engine:
     def fail_all(self, message: str) -> list[Outgoing]:
         """End every accepted request with RequestFailed(internal); the engine stays usable."""
         self._fail_running(message)
-        self.preempt.fail_all(message)
+        for f in self.on.fail_all:
+            f.fail_all(message)  # the paused ones (preempt/)
         while self.waiting:
             job = self.waiting.popleft()
-            self.jobs.pop(job.req.id, None)
             sampling.free_sampler(job.grammar)
             job.grammar = None
-            self.out.append(wire.RequestFailed(job.req.id, "internal", message))
+            self._ended(job, wire.RequestFailed(job.req.id, "internal", message), 0)
         self.out += self.embedder.fail_waiting(message)
         return self.take_output()
 
@@ -238,7 +235,6 @@ class Engine:
         chat = req.messages is not None and self.template is not None and not p.ignore_eos and not requested
         equip(slot, job, grammar, self.tok, default_seed=self.settings.seed,
               template_stops=self.template.stop_strings if chat and self.template is not None else ())
-        self.spec.start(slot, req)
         slot.echo_logprobs = [wire.TokenLogprob(self.tok.prompt_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))
@@ -253,24 +249,25 @@ class Engine:
             answers, n_tokens = self.embedder.run_waiting()
             self.out += answers
             self.tokens_prompt += n_tokens
-        self.preempt.admit()  # paused requests resuming go first
+        for f in self.on.before_admit:
+            f.before_admit()  # paused requests resuming go first
         self._admit()
         turn = self.slots
-        for f in self._before_batch:  # images' encodes and pieces; the slots of one adapter set, in turn
+        for f in self.on.before_batch:  # images' encodes and pieces; one adapter set's slots; an urgent prompt alone
             turn = f.before_batch(turn)
         b = self.batch
-        urgent = self.preempt.urgent  # urgent.py: a request that preempted a slot first; an aborted decode undone
-        undo, (decoding, prompts) = urgent.before(turn), urgent.plan(turn, self.jobs, b.cap)
-        n, outputs = self.spec.fill(b, decoding, self.m)  # pending tokens and drafts (speculation/)
+        n, outputs = self.on.write_decodes(b, turn)  # pending tokens (and drafts: speculation/)
         echo_chunks: list[EchoChunk] = []
-        n = fill_prompt_chunks(b, prompts, n, outputs, echo_chunks)  # prefill.py
+        n = fill_prompt_chunks(b, turn, n, outputs, echo_chunks)  # prefill.py
         if n == 0:
-            for f in self._idle:
+            for f in self.on.idle:
                 f.idle()  # an image still encoding, nothing else to decode
             return self.take_output()
-        rc = urgent.decode(b, n, undo, outputs, echo_chunks)  # aborted for an urgent request: 0, undone, nothing to draw
+        rc = self.on.decode(b, n, outputs, echo_chunks)  # aborted for an urgent request: 0, undone, nothing to draw
         if rc != 0:
-            self._decode_failed(rc)
+            why = "no room in the KV cache" if rc == 1 else f"llama_decode returned {rc}"
+            log.error("decode failed: %s", why)
+            self._fail_running(f"decode failed: {why}")
             return self.take_output()
         for slot, at, pos, count in echo_chunks:  # prompt logprobs (echo: prefill.py)
             if (echo := prompt_logprobs(slot, at, pos, count, self.m, self.tok)) is not None:
@@ -284,11 +281,6 @@ class Engine:
                 self._take(slot, drawn)
         return self.take_output()
 
-    def _decode_failed(self, rc: int) -> None:
-        reason = "no room in the KV cache" if rc == 1 else f"llama_decode returned {rc}"
-        log.error("decode failed: %s", reason)
-        self._fail_running(f"decode failed: {reason}")
-
     def _fail_running(self, message: str) -> None:
         for slot in self.slots:
             if slot.job is not None:
@@ -296,15 +288,20 @@ class Engine:
 
     def _fail(self, slot: Slot, job: Job, message: str) -> None:
         """End ``job``, running (or starting) in ``slot``, with RequestFailed(internal); the others
-        go on. The slot is freed with its samplers (and the job's grammar, if no sampler took it)
-        and its cache cleared (not trusted after a failure), unless it holds another job."""
-        self.jobs.pop(job.req.id, None)
+        go on. The slot is freed with its samplers (and the job's grammar, if no sampler took
+        it) and its cache cleared (not trusted after a failure), unless it holds another job."""
         sampling.free_sampler(job.grammar)
         job.grammar = None
         if slot.job is job or slot.job is None:
             release(slot)
             self._clear_slot(slot)
-        self.out.append(wire.RequestFailed(job.req.id, "internal", message))
+        self._ended(job, wire.RequestFailed(job.req.id, "internal", message), 0)
+
+    def _ended(self, job: Job, last: wire.Finished | wire.RequestFailed, n_eval: int) -> None:
+        """``job`` ended with ``last`` (``n_eval``: its prompt tokens decoded, not reused)."""
+        self.jobs.pop(job.req.id, None)
+        self.tokens_prompt += n_eval
+        self.out.append(last)
 
     def _draw(self, item: tuple[Slot, int]) -> list[sample_pool.Drawn]:
         """On any sampling thread: touches only this slot's sampler (a draw per verified draft token)."""
@@ -316,12 +313,16 @@ class Engine:
         def one(i: int) -> sample_pool.Drawn:
             return sample_pool.draw(slot.sampler, self.m.ctx, i, is_eog=self.tok.is_eog, ends_on_eog=not slot.ignore_eos,
                                     logprobs=slot.logprobs, n_vocab=self.m.n_vocab, piece=self.tok.piece)
-        return self.spec.draws(slot, idx, one, not slot.ignore_eos, self.tok.is_eog)
+        for f in slot.features:
+            if (drawn := f.draws(slot, idx, one)) is not None:  # a draft's positions (speculation/)
+                return drawn
+        return [one(idx)]
 
     def _take(self, slot: Slot, drawn: list[sample_pool.Drawn]) -> None:
         """A slot's drawn tokens, on the engine thread: a failure fails this request only."""
-        job = slot.job
+        job, features = slot.job, slot.features  # (the slot is free once the request ends)
         assert job is not None
+        self.gen_steps += 1
         try:
             for d in drawn:
                 if slot.job is not job or slot.out is None:
@@ -332,7 +333,8 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
             log.exception("sampling failed for %s", job.req.id)
             self._fail(slot, job, f"{type(exc).__name__}: {exc}")
-        self.spec.settle(slot, drawn, self.m, job.tokens)
+        for f in features:
+            f.taken(slot, job, drawn)  # a draft's rollback (speculation/)
 
     def _next_token(self, slot: Slot, out: SlotOutput, tok: int | None, lp: wire.TokenLogprob | None) -> None:
         now = time.perf_counter()
@@ -369,11 +371,8 @@ class Engine:
             delta = slot.out.finish()
             if delta is not None:
                 self.out.append(delta)
-        n_eval = len(job.tokens) - slot.n_cached
-        self.tokens_prompt += n_eval
         fin = finished_message(slot, job, reason, time.perf_counter())
         for f in slot.features:
             f.finished(slot, fin)
-        self.out.append(fin)
-        self.jobs.pop(job.req.id, None)
+        self._ended(job, fin, len(job.tokens) - slot.n_cached)
         release(slot)

@@ -94,6 +94,11 @@ class LoadedModel:
     def meta(self, key: str) -> str | None:
         return model_meta(self.model, key)
 
+    def set_threads(self, n: int) -> None:
+        """Threads for the next decodes: the configured ones, or ``n`` when fewer cores are free."""
+        t, tb = (self.threads, self.threads_batch) if n >= self.threads else (n, min(n, self.threads_batch))
+        ll.llama_set_n_threads(self.ctx, t, tb)
+
     def free(self) -> None:
         while self.extra_contexts:
             ll.llama_free(self.extra_contexts.pop())

@@ -1,6 +1,7 @@
-"""Prompt chunks into the step's batch: each prefilling slot's next tokens, as many as the
-batch has room for after the generating slots' tokens (a long prompt takes several steps, so
-it never stalls the streams that decode beside it)."""
+"""The step's batch: each generating slot's pending token (``write_pending``, the plain path;
+speculation writes its drafts too), then prompt chunks: each prefilling slot's next tokens, as
+many as the batch has room for after the generating slots' tokens (a long prompt takes several
+steps, so it never stalls the streams that decode beside it)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,35 @@ from corral.fit.rows import ECHO_CHUNK
 from corral.worker.prompt import requests
 from corral.worker.sampling import sampler as sampling
 from corral.worker.model import LoadedModel
-from corral.worker.slots import Batch, Slot
+from corral.worker.batch import Batch
+from corral.worker.slots import Slot
 from corral.worker.tokens import Tokenizer
 from corral.worker.vision.projector import VisionTokens
 from corral.worker.vision.mrope import kv_pos
 
-__all__ = ["EchoChunk", "fill_prompt_chunks", "prompt_logprobs"]
+__all__ = ["EchoChunk", "fill_prompt_chunks", "prompt_logprobs", "write_pending"]
 
 EchoChunk = tuple[Slot, int, int, int]  # slot, batch index, prompt pos, count
+
+
+def write_pending(b: Batch, slots: list[Slot]) -> tuple[int, list[tuple[Slot, int]]]:
+    """Each generating slot's pending token at the batch's start (``StepFeature.write_decodes``
+    when no feature writes them); the count and (slot, batch index)."""
+    n = 0
+    outputs: list[tuple[Slot, int]] = []
+    for slot in slots:
+        job = slot.job
+        if job is None or slot.pending < 0:
+            continue
+        b.token[n] = slot.pending
+        b.pos[n] = kv_pos(job.tokens, len(slot.cached))  # M-RoPE: vision/mrope.py
+        b.seq[n] = slot.index
+        b.logits[n] = 1
+        outputs.append((slot, n))
+        slot.cached.append(slot.pending)
+        slot.pending = -1
+        n += 1
+    return n, outputs
 
 
 def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[Slot, int]],

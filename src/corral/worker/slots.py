@@ -1,5 +1,4 @@
-"""A slot's state, the step features that run on it, the batch buffers, and the messages a
-slot's end produces: the plain data the engine (``corral.worker.engine``) works on.
+"""A slot's state, the step features that run on it, and the messages a slot's end produces: the plain data the engine (``corral.worker.engine``) works on.
 
 The step-feature interface (``StepFeature``): what a per-request feature of the step implements.
 
@@ -13,14 +12,25 @@ feature never pays for it either.
 
     moment            when, on which thread                         what it may do
     admitted          a job has just taken a slot (engine thread)   set its state on the slot; True: run for it
-    before_batch      before the step's batch is built (engine)     narrow the slots that decode this step
+    before_admit      before the queue's jobs take free slots       its own first (a paused job resuming)
+    before_batch      before the step's batch is built (engine)     narrow the slots that fill it this step
+    write_decodes *   the generating slots' tokens into the batch   their drafts too (speculation)
+    decode *          the step's ``llama_decode``                   abort it, undone (preemption's urgent starts)
     idle              the step had nothing to decode (engine)       wait for work in flight (an image)
     after_logits      a slot's logits are ready (a sampling thread) force a token instead of the draw
+    draws             then (the same thread)                        draw at several positions (a draft's)
     end_of_generation the slot drew an end-of-generation token      a token to take instead (else: stop)
     token_accepted    a drawn token went into the output (engine)   end the request ("stop", "length")
-    paused          the slot's request is paused (preemption)     drop what is not on the slot
-    resumed         it resumes, maybe into another slot           rebuild what is not on the slot
-    finished        the request ended, before the slot is freed   free what it holds, count it
+    taken             the slot's drawn tokens were all taken        settle (a rejected draft out of the KV)
+    paused            the slot's request is paused (preemption)     drop what is not on the slot
+    resumed           it resumes, maybe into another slot           rebuild what is not on the slot
+    finished          the request ended, before the slot is freed   free what it holds, count it
+    abort / fail_all  a request (every one) ends, not on a slot     end those the feature holds (paused ones)
+    has_work / close  is work waiting / the engine closes           say so / free what the feature holds
+
+``*``: at most one feature of an engine implements it (``owner``); else the engine's plain path
+(``prefill.write_pending``: each slot's pending token; ``Batch.decode``), so with speculation
+off no speculation code runs in a step.
 
 A feature's per-slot state is ONE typed field of ``Slot`` (``corral.worker.slots``), named
 after the feature and ``None`` (or its empty value) while no request uses it. Pausing copies a
@@ -39,15 +49,16 @@ dialects that take it), a test in ``tests/worker/``. No other feature's files ch
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import llama_cpp as ll
 
 from corral import wire
+from corral.worker.batch import Batch
 from corral.worker.sampling import sampler as sampling
+from corral.worker.sampling.pool import Drawn
 from corral.worker.failures import RequestRejected
 from corral.worker.lora.state import BASE, LoraKey
 from corral.worker.model import LoadedModel
@@ -59,8 +70,10 @@ from corral.worker.tokens import Tokenizer
 from corral.worker.speculation.state import SlotSpec
 from corral.worker.time_limit.state import TimeLimit
 
-__all__ = ["CELL_FIELDS", "Job", "Slot", "StepFeature", "Batch", "begin", "check_params", "finished_message", "release", "reuse_len",
-           "aborted_in_queue", "equip", "free_samplers", "overrides", "pick_slot", "slot_states"]
+__all__ = ["CELL_FIELDS", "Job", "Slot", "StepFeature", "begin", "check_params", "finished_message", "release", "reuse_len",
+           "aborted_in_queue", "equip", "free_samplers", "overrides", "owner", "pick_slot", "slot_states"]
+
+C = TypeVar("C", bound=Callable[..., Any])
 
 
 @dataclass(eq=False)
@@ -120,10 +133,23 @@ class StepFeature:
         moments (it joins ``slot.features``)."""
         return False
 
+    def before_admit(self) -> None:
+        """Before the queue's jobs take the free slots: this feature's own take them first."""
+
     def before_batch(self, slots: list[Slot]) -> list[Slot]:
-        """The slots that decode this step, out of ``slots`` (every feature of the engine,
+        """The slots that fill this step's batch, out of ``slots`` (every feature of the engine,
         in order; the next one sees what this one returns)."""
         return slots
+
+    def write_decodes(self, b: Batch, slots: list[Slot]) -> tuple[int, list[tuple[Slot, int]]]:
+        """Write each generating slot of ``slots`` (its ``pending`` token) at the batch's start;
+        the count and each (slot, batch index of its first logits). One feature at most."""
+        raise NotImplementedError
+
+    def decode(self, b: Batch, n: int, outputs: list[tuple[Slot, int]], echo_chunks: list[Any]) -> int:
+        """The step's decode of ``n`` tokens: llama.cpp's code (0: done; 0 with ``outputs`` and
+        ``echo_chunks`` emptied: undone, nothing to draw). One feature at most."""
+        raise NotImplementedError
 
     def idle(self) -> None:
         """The step had nothing to decode (work of this feature's may still be in flight)."""
@@ -131,6 +157,11 @@ class StepFeature:
     def after_logits(self, slot: Slot) -> int | None:
         """On a sampling thread, touching only ``slot``: a token to take instead of the
         draw (None: draw as usual)."""
+        return None
+
+    def draws(self, slot: Slot, first: int, draw: Callable[[int], Drawn]) -> list[Drawn] | None:
+        """On that thread: the slot's draws (``draw(i)``: at batch index ``i``) from ``first``,
+        its logits' index, on (None: the one draw there)."""
         return None
 
     def end_of_generation(self, slot: Slot) -> int | None:
@@ -143,6 +174,9 @@ class StepFeature:
         reason ends the request with it (None: go on)."""
         return None
 
+    def taken(self, slot: Slot, job: Job, drawn: list[Drawn]) -> None:
+        """``job``'s tokens ``drawn`` this step were taken (it may have ended: then the slot is free)."""
+
     def paused(self, slot: Slot) -> None:
         """The slot's request is being paused; its request fields move with it."""
 
@@ -152,11 +186,32 @@ class StepFeature:
     def finished(self, slot: Slot, fin: wire.Finished) -> None:
         """The slot's request ended with ``fin`` (sent next); the slot is freed after."""
 
+    def abort(self, request_id: str) -> bool:
+        """An Abort of a request on no slot and not queued: True when this feature held it (it answered)."""
+        return False
+
+    def fail_all(self, message: str) -> None:
+        """The engine fails every request: end those this feature holds with RequestFailed."""
+
+    def has_work(self) -> bool:
+        """Work of this feature's waits for a step (a paused request to resume)."""
+        return False
+
+    def close(self) -> None:
+        """The engine closes: free what the feature holds."""
+
 
 def overrides(feature: StepFeature, moment: str) -> bool:
     """Whether ``feature`` implements ``moment`` (the engine runs an engine-wide moment only
     for the features that do)."""
     return getattr(type(feature), moment) is not getattr(StepFeature, moment)
+
+
+def owner(features: Iterable[StepFeature], moment: str, plain: C) -> C:
+    """The one feature's ``moment`` (a moment marked ``*``), else ``plain``."""
+    found = [f for f in features if overrides(f, moment)]
+    assert len(found) <= 1, f"{moment}: more than one feature implements it"
+    return cast(C, getattr(found[0], moment)) if found else plain
 
 
 def begin(slot: Slot, job: Job, reuse: int, room: int, now: float, default_max: int | None = None) -> None:
@@ -196,30 +251,6 @@ def check_params(p: wire.SamplingParams) -> None:
     bad = wire.invalid_field(p)
     if bad is not None:
         raise RequestRejected("invalid_request", f"{bad[0]}: {bad[1]}")
-
-
-class Batch:
-    """A llama_batch over buffers we own: flat arrays written with plain indexing."""
-
-    def __init__(self, n: int) -> None:
-        self.cap = n
-        self.token = (ll.llama_token * n)()
-        self.pos = (ll.llama_pos * n)()
-        self.n_seq_id = (ctypes.c_int32 * n)(*([1] * n))
-        self.seq = (ll.llama_seq_id * n)()
-        self.seq_ptr = (ctypes.POINTER(ll.llama_seq_id) * n)()
-        base = ctypes.addressof(self.seq)
-        size = ctypes.sizeof(ll.llama_seq_id)
-        for i in range(n):
-            self.seq_ptr[i] = ctypes.cast(base + i * size, ctypes.POINTER(ll.llama_seq_id))
-        self.logits = (ctypes.c_int8 * n)()
-        self.batch = ll.llama_batch(
-            token=ctypes.cast(self.token, ctypes.POINTER(ll.llama_token)), embd=None,
-            pos=ctypes.cast(self.pos, ctypes.POINTER(ll.llama_pos)),
-            n_seq_id=ctypes.cast(self.n_seq_id, ctypes.POINTER(ctypes.c_int32)),
-            seq_id=ctypes.cast(self.seq_ptr, ctypes.POINTER(ctypes.POINTER(ll.llama_seq_id))),
-            logits=ctypes.cast(self.logits, ctypes.POINTER(ctypes.c_int8)))
-        self.n = 0
 
 
 def finished_message(slot: Slot, job: Job, reason: wire.FinishReason, now: float) -> wire.Finished:

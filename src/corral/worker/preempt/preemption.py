@@ -33,23 +33,23 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Protocol
+from typing import Any
 
 import llama_cpp as ll
 
 from corral import wire
+from corral.worker.batch import Batch
 from corral.worker.sampling import sampler as sampling
 from corral.worker.cache.kv_store import HostKVStore, restore_seq, save_seq
 from corral.worker.model import LoadedModel
-from corral.worker.lora.adapters import LoraAdapters
 from corral.worker.lora.state import BASE, LoraKey
-from corral.worker.slots import CELL_FIELDS, Batch, Job, Slot, aborted_in_queue, finished_message, pick_slot, release
-from corral.worker.speculation.speculator import Speculator
-from corral.worker.preempt.urgent import UrgentStarts
-from corral.worker.speculation.draft import DraftSpeculator
+from corral.worker.slots import (CELL_FIELDS, Job, Slot, StepFeature, aborted_in_queue, finished_message, pick_slot,
+                                 release)
+from corral.worker.preempt.urgent import UrgentStarts, Before
 
-__all__ = ["Preemption", "PausedJob", "store_key"]
+__all__ = ["EngineSide", "Preemption", "PausedJob", "store_key"]
 
 log = logging.getLogger("corral.worker.preempt.preemption")
 
@@ -62,18 +62,18 @@ def store_key(request_id: str) -> str:
     return f"paused:{request_id}"
 
 
-class Engine(Protocol):
-    """What this needs of ``corral.worker.engine.Engine`` (which imports this module)."""
+@dataclass(frozen=True)
+class EngineSide:
+    """All preemption reaches of the engine (which builds it, and imports this module)."""
 
     m: LoadedModel
     slots: list[Slot]
-    waiting: deque[Job]
-    out: list[wire.Delta | wire.Finished | wire.RequestFailed | wire.Embeddings | wire.Tokenized]
-    spec: Speculator
-    lora: LoraAdapters
-    tokens_prompt: int
-    jobs: dict[str, Job]
-    batch: Batch
+    batch: Batch  # the step's buffers: recomputes run between steps
+    job: Callable[[str], Job | None]  # an accepted request not ended yet (a paused one too), by id
+    unqueue: Callable[[Job], None]  # out of the engine's queue (paused before it had a slot)
+    requeue: Callable[[Job], None]  # back at the queue's front
+    ended: Callable[[Job, wire.Finished | wire.RequestFailed, int], None]  # its last message, prompt tokens evaluated
+    use_lora: Callable[[LoraKey], None]  # an adapter set on the context (before a recompute)
 
 
 @dataclass(eq=False)
@@ -86,29 +86,34 @@ class PausedJob:
     lora_key: LoraKey = BASE  # the adapter set its KV was computed under (worker/lora/adapters.py)
 
 
-class Preemption:
-    """The engine's paused requests; the engine thread only."""
+class Preemption(StepFeature):
+    """The engine's paused requests, a step feature of every generation engine (the engine
+    thread only): ``before_admit`` resumes, ``before_batch`` and ``decode`` are the urgent
+    starts' (urgent.py), ``abort``/``fail_all``/``has_work``/``close`` the paused requests'.
+    ``abort_decodes``: False where an aborted decode cannot be undone (a draft model's drafts)."""
 
-    def __init__(self, engine: Engine, store: HostKVStore) -> None:
+    name = "preempt"
+
+    def __init__(self, engine: EngineSide, store: HostKVStore, *, abort_decodes: bool = True) -> None:
         self.e = engine
         self.store = store
-        self.paused: dict[str, PausedJob] = {}
+        self.held: dict[str, PausedJob] = {}  # the paused requests, by id
         self._resuming: deque[PausedJob] = deque()
         self.pauses = 0
         self.kept = 0
         self.recomputed = 0  # resumes that prefilled their tokens again (some or all)
-        # the request that takes a paused slot starts at once (urgent.py); a draft model's drafts cannot be undone
-        self.urgent = UrgentStarts(engine.m, abort=not isinstance(engine.spec, DraftSpeculator))
+        self.urgent = UrgentStarts(engine.m, abort=abort_decodes)  # the request that takes a paused slot starts at once
+        self._undo: list[Before] = []  # the step's slots as they were before its batch was filled
 
     def pause(self, request_id: str) -> wire.Paused:
         e = self.e
-        job = e.jobs.get(request_id)
-        if job is None or request_id in self.paused:
+        job = e.job(request_id)
+        if job is None or request_id in self.held:
             return wire.Paused(id=request_id, paused=False)
         slot = next((s for s in e.slots if s.job is job), None)
         if slot is None:  # accepted, not started yet: nothing to keep
-            e.waiting.remove(job)
-            self.paused[request_id] = PausedJob(job, None, [], False, time.monotonic())
+            e.unqueue(job)
+            self.held[request_id] = PausedJob(job, None, [], False, time.monotonic())
             self.pauses += 1
             return wire.Paused(id=request_id, paused=True)
         images = bool(getattr(job.tokens, "images", None))  # placeholders: their KV cannot be recomputed
@@ -126,7 +131,7 @@ class Preemption:
             setattr(saved, name, getattr(slot, name))
             setattr(slot, name, getattr(empty, name))
         release(slot)  # slot.cached (and its cells) stay: reusable, or resumed in place
-        self.paused[request_id] = PausedJob(job, saved, tokens, kept, time.monotonic(), slot.lora)
+        self.held[request_id] = PausedJob(job, saved, tokens, kept, time.monotonic(), slot.lora)
         self.pauses += 1
         self.kept += kept
         return wire.Paused(id=request_id, paused=True, kept_kv=kept, n_tokens=len(tokens),
@@ -134,15 +139,22 @@ class Preemption:
 
     def resume(self, request_id: str) -> None:
         """Queue the paused request to take a free slot at the next step's start."""
-        p = self.paused.get(request_id)
+        p = self.held.get(request_id)
         if p is not None and p not in self._resuming:
             self._resuming.append(p)
 
-    @property
     def has_work(self) -> bool:
         return bool(self._resuming)
 
-    def admit(self) -> None:
+    def before_batch(self, slots: list[Slot]) -> list[Slot]:
+        self._undo = self.urgent.before(slots)
+        return self.urgent.plan(slots, self.e.job, self.e.batch.cap)
+
+    def decode(self, b: Batch, n: int, outputs: list[tuple[Slot, int]], echo_chunks: list[Any]) -> int:
+        undo, self._undo = self._undo, []
+        return self.urgent.decode(b, n, undo, outputs, echo_chunks)
+
+    def before_admit(self) -> None:
         """Resume what waits to resume, into free slots (before the engine's queue)."""
         e = self.e
         while self._resuming:
@@ -150,13 +162,13 @@ class Preemption:
             p = self._resuming[0]
             if p.slot is None:  # it never had a slot: back to the front of the queue
                 self._resuming.popleft()
-                del self.paused[p.job.req.id]
-                e.waiting.appendleft(p.job)
+                del self.held[p.job.req.id]
+                e.requeue(p.job)
                 continue
             if not free:
                 return
             self._resuming.popleft()
-            del self.paused[p.job.req.id]
+            del self.held[p.job.req.id]
             try:
                 self._into(p, free)
             except Exception as exc:  # noqa: BLE001 - fail this request, not the worker
@@ -173,7 +185,7 @@ class Preemption:
         if slot is None:
             slot, reuse = pick_slot(same or free, p.tokens + [-1], m, tenant, key) if p.tokens else (free[0], 0)
             slot.tenant, slot.lora = tenant, key
-            e.lora.use(key)
+            e.use_lora(key)
             assert p.slot is not None
             reuse = max(0, min(reuse, p.slot.n_cached))  # the prompt's rest decodes as it first did
             restored = False
@@ -223,46 +235,43 @@ class Preemption:
 
     def abort(self, request_id: str) -> bool:
         """Abort a paused request (Finished(abort)); False when it is not paused."""
-        p = self.paused.pop(request_id, None)
+        p = self.held.pop(request_id, None)
         if p is None:
             return False
         if p in self._resuming:
             self._resuming.remove(p)
-        e = self.e
-        e.jobs.pop(request_id, None)
         if p.slot is None:
             sampling.free_sampler(p.job.grammar)
             p.job.grammar = None
-            e.out.append(aborted_in_queue(p.job, time.perf_counter()))
+            self.e.ended(p.job, aborted_in_queue(p.job, time.perf_counter()), 0)
         else:
-            e.tokens_prompt += len(p.job.tokens) - p.slot.n_cached
-            e.out.append(finished_message(p.slot, p.job, "abort", time.perf_counter()))
+            fin = finished_message(p.slot, p.job, "abort", time.perf_counter())
+            self.e.ended(p.job, fin, len(p.job.tokens) - p.slot.n_cached)
             release(p.slot)
         self.store.pop(store_key(request_id))
         return True
 
     def _fail(self, p: PausedJob, message: str) -> None:
-        self.e.jobs.pop(p.job.req.id, None)
         self.store.pop(store_key(p.job.req.id))
         if p.slot is not None:
             release(p.slot)
         sampling.free_sampler(p.job.grammar)
         p.job.grammar = None
-        self.e.out.append(wire.RequestFailed(p.job.req.id, "internal", message))
+        self.e.ended(p.job, wire.RequestFailed(p.job.req.id, "internal", message), 0)
 
     def fail_all(self, message: str) -> None:
         """End every paused request with RequestFailed(internal) (the engine failed)."""
-        for p in list(self.paused.values()):
+        for p in list(self.held.values()):
             self._fail(p, message)
-        self.paused.clear()
+        self.held.clear()
         self._resuming.clear()
 
     def close(self) -> None:
         """Free every paused request's samplers (the engine closes)."""
-        for p in self.paused.values():
+        for p in self.held.values():
             if p.slot is not None:
                 release(p.slot)
             sampling.free_sampler(p.job.grammar)
-        self.paused.clear()
+        self.held.clear()
         self._resuming.clear()
         self.store.clear(pinned=True)

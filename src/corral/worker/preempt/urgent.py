@@ -37,7 +37,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Container
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +46,11 @@ import llama_cpp as ll
 from corral import wire
 from corral.worker import llama_context
 from corral.worker.model import LoadedModel
-from corral.worker.slots import Batch, Slot
+from corral.worker.batch import Batch
+from corral.worker.slots import Slot
 from corral.worker.vision.projector import VisionTokens
 
-__all__ = ["UrgentStarts", "ABORTED", "libc_strlen"]
+__all__ = ["UrgentStarts", "ABORTED", "Before", "libc_strlen"]
 
 log = logging.getLogger("corral.worker.preempt.urgent")
 
@@ -70,11 +71,15 @@ def libc_strlen() -> int | None:
 
 
 @dataclass(slots=True)
-class _Before:
+class Before:
     slot: Slot
     cached: int
     prompt_pos: int
     pending: int
+
+
+def _prompting(s: Slot) -> bool:
+    return s.job is not None and s.n_gen == 0 and s.prompt_pos < len(s.job.tokens)
 
 
 class UrgentStarts:
@@ -132,15 +137,15 @@ class UrgentStarts:
     def _set(self) -> None:  # under the lock
         self._flag[0] = b"\x01" if self._armed and self._unread else b"\x00"
 
-    def plan(self, slots: list[Slot], live: Container[str], cap: int) -> tuple[list[Slot], list[Slot]]:
-        """The slots whose tokens this step decodes, and those whose prompt chunks it may
-        take: while an urgent request's prompt prefills, only its chunks; the step that takes
-        its last chunk decodes nothing else (its first token is not held up by the other
+    def plan(self, slots: list[Slot], live: Callable[[str], object], cap: int) -> list[Slot]:
+        """The slots that fill this step's batch: while an urgent request's prompt prefills,
+        the generating slots and its prompt only (no other prompt's chunks); the step that
+        takes its last chunk only its prompt (its first token is not held up by the other
         slots' decodes and their logits; they decode in the next step: once per urgent
-        request). ``live``: the engine's request ids (an urgent one still waiting for a slot
-        stays urgent); ``cap``: the batch's room."""
+        request). ``live``: the engine's request by id (None: ended; an urgent one still
+        waiting for a slot stays urgent); ``cap``: the batch's room."""
         if not self.ids:
-            return slots, slots
+            return slots
         prefilling: list[Slot] = []
         started: set[str] = set()
         last = 0
@@ -153,17 +158,18 @@ class UrgentStarts:
                         last += len(job.tokens) - s.prompt_pos
                 else:
                     started.add(job.req.id)
-        self.ids = {i for i in self.ids if i in live and i not in started}
+        self.ids = {i for i in self.ids if live(i) is not None and i not in started}
         if not prefilling:
-            return slots, slots
-        alone = 0 < last <= cap and all(not isinstance(s.job.tokens, VisionTokens) for s in prefilling if s.job)
-        return ([] if alone else slots), prefilling
+            return slots
+        if 0 < last <= cap and all(not isinstance(s.job.tokens, VisionTokens) for s in prefilling if s.job):
+            return prefilling
+        return [s for s in slots if s in prefilling or not _prompting(s)]  # a generating slot writes no chunk
 
-    def before(self, slots: list[Slot]) -> list[_Before]:
+    def before(self, slots: list[Slot]) -> list[Before]:
         """What the step's fill changes, to put back after an abort."""
-        return [_Before(s, len(s.cached), s.prompt_pos, s.pending) for s in slots if s.job is not None]
+        return [Before(s, len(s.cached), s.prompt_pos, s.pending) for s in slots if s.job is not None]
 
-    def decode(self, b: Batch, n: int, before: list[_Before], outputs: list[tuple[Slot, int]],
+    def decode(self, b: Batch, n: int, before: list[Before], outputs: list[tuple[Slot, int]],
                echo_chunks: list[Any]) -> int:
         """The step's ``llama_decode`` of ``n`` tokens (``before``: its slots as they were),
         aborted for an urgent request where that can be undone exactly (one ubatch, no

@@ -44,7 +44,7 @@ class ReasoningFeature(StepFeature):
         self.source = template.source if template is not None else ""
         self.fmt = reasoning_format.FORMATS.get(fmt_name)
         self.tag_pieces: dict[int, bytes] = {}
-        self.close: list[int] = []
+        self.close_ids: list[int] = []
         self.reopen: list[int] = []
         if self.fmt is None:
             return
@@ -53,7 +53,7 @@ class ReasoningFeature(StepFeature):
             ids = tok.tokenize(tag, add_special=False, parse_special=True)
             if len(ids) == 1 and not tok.piece(ids[0]):
                 self.tag_pieces[ids[0]] = tok.special_text(ids[0]).encode("utf-8")
-        self.close = self._tokens(self.fmt.close)
+        self.close_ids = self._tokens(self.fmt.close)
         self.reopen = self._tokens(_HARMONY_REOPEN) if harmony else []
 
     def _tokens(self, text: str) -> list[int]:
@@ -85,7 +85,7 @@ class ReasoningFeature(StepFeature):
         held = None
         if job.grammar is not None and (p.prefix or p.initial != "answer"):
             held, job.grammar = job.grammar, None
-        slot.reasoning = reasoning.SlotReasoning(p, self._tokens(p.prefix), self.close, self.reopen, held,
+        slot.reasoning = reasoning.SlotReasoning(p, self._tokens(p.prefix), self.close_ids, self.reopen, held,
                                                  tag_pieces=self.tag_pieces)
         return True
 

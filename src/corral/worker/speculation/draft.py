@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
+from collections.abc import Callable
 
 import llama_cpp as ll
 import msgspec
@@ -49,7 +50,8 @@ from corral.fit.plan import DEFAULT_MARGIN_BYTES, GGUFError, read_layout
 from corral.worker.llama_context import ContextFailed, context_params, open_context
 from corral.worker.model import LoadedModel, ModelLoadError, check_gguf_file, free_context_and_model, model_meta
 from corral.worker.sampling.sampler import logits_at
-from corral.worker.slots import Batch, Slot
+from corral.worker.batch import Batch
+from corral.worker.slots import Slot
 from corral.worker.speculation.speculator import FAILS_BEFORE_PAUSE, MAX_PAUSE, Speculator
 
 __all__ = ["DraftModel", "DraftSpeculator", "load_draft", "main_settings", "speculator", "vocab_mismatch"]
@@ -76,13 +78,14 @@ def main_settings(s: wire.WorkerSettings) -> wire.WorkerSettings:
     return msgspec.structs.replace(s, gpu_margin_bytes=margin + need)
 
 
-def speculator(s: wire.WorkerSettings, m: LoadedModel) -> Speculator:
+def speculator(s: wire.WorkerSettings, m: LoadedModel, is_eog: Callable[[int], bool]) -> Speculator:
     """The engine's speculator: with ``speculative = "draft"`` a ``DraftSpeculator`` over the
-    draft model (loaded here; it is added to ``m.info``'s bytes); else the n-gram one (or none).
-    ``ModelLoadError`` (the model freed) when the draft cannot serve."""
+    draft model (loaded here; it is added to ``m.info``'s bytes); else the n-gram one (a step
+    feature only when ``speculative`` is not "off": features.py). ``ModelLoadError`` (the model
+    freed) when the draft cannot serve."""
     n_ubatch = ll.llama_n_ubatch(m.ctx)
     if s.speculative != "draft" or m.embedding:
-        return Speculator(s, n_ubatch, m.info.gpu_layers)
+        return Speculator(s, n_ubatch, m.info.gpu_layers, m=m, is_eog=is_eog)
     try:
         dm = load_draft(s, m)
     except BaseException:
@@ -91,7 +94,7 @@ def speculator(s: wire.WorkerSettings, m: LoadedModel) -> Speculator:
     d = dm.info
     m.info = msgspec.structs.replace(m.info, model_bytes=m.info.model_bytes + d.model_bytes,
                                      kv_bytes=m.info.kv_bytes + d.kv_bytes, draft=d)
-    return DraftSpeculator(s, m, dm, n_ubatch)
+    return DraftSpeculator(s, m, dm, n_ubatch, is_eog)
 
 
 def vocab_mismatch(target: ll.llama_vocab_p, draft: ll.llama_vocab_p) -> str | None:
@@ -217,8 +220,11 @@ class DraftModel:
 class DraftSpeculator(Speculator):
     """``Speculator`` whose drafts come from a draft model (``DraftModel.propose``)."""
 
-    def __init__(self, s: wire.WorkerSettings, m: LoadedModel, dm: DraftModel, n_ubatch: int) -> None:
-        super().__init__(s, n_ubatch, m.info.gpu_layers)
+    undoable = False  # the draft model's decodes of an aborted step already ran
+
+    def __init__(self, s: wire.WorkerSettings, m: LoadedModel, dm: DraftModel, n_ubatch: int,
+                 is_eog: Callable[[int], bool]) -> None:
+        super().__init__(s, n_ubatch, m.info.gpu_layers, m=m, is_eog=is_eog)
         self.dm = dm
         self.p_min = s.draft_p_min
 

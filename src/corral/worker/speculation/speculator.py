@@ -2,9 +2,11 @@
 
 A model with ``speculative = "ngram"`` drafts, for each generating slot, the tokens that
 followed the latest earlier occurrence of its last few tokens (prompt lookup: the slot's
-own prompt and output, no second model). ``Speculator.fill`` puts every generating slot's
-pending token at the start of the batch, followed by that slot's draft when it has one;
-every one of those positions gets logits. After the decode the slot's own sampler draws
+own prompt and output, no second model). ``Speculator`` is the step feature (``StepFeature``,
+worker/slots.py; listed only when the model speculates, and every slot joins it): its
+``write_decodes`` puts every generating slot's pending token at the start of the batch,
+followed by that slot's draft when it has one; every one of those positions gets logits.
+After the decode the slot's own sampler draws
 position after position (``draws``, on the sampling threads): the token drawn after the
 pending one, then, while each drawn token equals the draft token at that position, the
 next one. Every emitted token is the sampler's draw from the target model's logits given
@@ -13,7 +15,7 @@ the target's top choice (the standard acceptance rule), for sampling chains exac
 speculative sampling with a point-mass draft (accept x with probability p(x), else a draw
 from p without x: drawing y ~ p and keeping it is both at once). Grammar, penalties and
 the RNG see one draw per emitted token, as without speculation, so a grammar slot may
-draft too: a draft token the grammar forbids is simply never drawn. ``settle`` removes the
+draft too: a draft token the grammar forbids is simply never drawn. ``taken`` (``settle``) removes the
 rejected tail from the KV cache (``llama_memory_seq_rm``) and from ``slot.cached``.
 
 A slot without a draft decodes one token as before, so speculation never holds back the
@@ -47,8 +49,9 @@ import numpy.typing as npt
 
 from corral import wire
 from corral.worker.model import LoadedModel
+from corral.worker.batch import Batch
 from corral.worker.sampling.pool import Drawn
-from corral.worker.slots import Batch, Slot
+from corral.worker.slots import Job, Slot, StepFeature
 from corral.worker.speculation.cost import StepCosts, best_length
 from corral.worker.speculation.state import PAUSE_STEPS, SlotSpec
 from corral.worker.vision.mrope import kv_pos
@@ -87,11 +90,19 @@ def find_draft(history: npt.NDArray[np.int32], length: int, n_max: int = NGRAM_M
     return []
 
 
-class Speculator:
-    """The engine's drafts and their bookkeeping; one per engine."""
+class Speculator(StepFeature):
+    """The engine's drafts and their bookkeeping; one per engine (a step feature when ``mode``
+    is not "off"). ``m``: the model (None only in tests of the bookkeeping), ``is_eog``: the
+    tokenizer's end-of-generation test."""
 
-    def __init__(self, s: wire.WorkerSettings, n_ubatch: int, gpu_layers: int = 0) -> None:
+    name = "speculation"
+    undoable = True  # an aborted decode can be undone (the drafts were only in the batch: preempt/urgent.py)
+
+    def __init__(self, s: wire.WorkerSettings, n_ubatch: int, gpu_layers: int = 0, *, m: LoadedModel | None = None,
+                 is_eog: Callable[[int], bool] = lambda t: False) -> None:
         self.mode = s.speculative
+        self.m = m
+        self.is_eog = is_eog
         self.costs = StepCosts(GPU_TOKEN_COST if gpu_layers else CPU_TOKEN_COST)  # measured (cost.py)
         self._timing: tuple[Batch, int, float] | None = None  # this step's batch, tokens, end of fill
         self._rechecked = 0  # gen_steps at the last probe made while no draft could pay
@@ -103,8 +114,20 @@ class Speculator:
         self.gen_steps = 0  # slot-steps that drew tokens
         self.window_broken = 0  # rollbacks after which the sliding window missed a cell (should stay 0)
 
+    def admitted(self, slot: Slot, job: Job) -> bool:
+        self.start(slot, job.req)
+        return True  # every slot: its steps are counted and timed (cost.py) even when it does not draft
+
+    def write_decodes(self, b: Batch, slots: list[Slot]) -> tuple[int, list[tuple[Slot, int]]]:
+        assert self.m is not None
+        return self.fill(b, slots, self.m)
+
+    def taken(self, slot: Slot, job: Job, drawn: list[Drawn]) -> None:
+        assert self.m is not None
+        self.settle(slot, drawn, self.m, job.tokens)
+
     def start(self, slot: Slot, req: wire.GenerateRequest) -> None:
-        """A request takes the slot (after the step features' ``admitted``). A slot whose
+        """A request takes the slot (after reasoning's ``admitted``: earlier in the list). A slot whose
         thinking is split (``slot.reasoning``) does not draft: a forced close, or the grammar
         taking over at the answer, would come in the middle of a draft drawn by the sampler
         before it."""
@@ -182,14 +205,11 @@ class Speculator:
         if timing is not None and timing[0].batch.n_tokens == timing[1]:
             self.costs.target(timing[1], time.perf_counter() - timing[2])
 
-    def close(self) -> None:
-        """Free what drafting holds (a draft model: worker/speculation/draft.py)."""
-
-    def draws(self, slot: Slot, first: int, draw: Callable[[int], Drawn], ends_on_eog: bool,
-              is_eog: Callable[[int], bool]) -> list[Drawn]:
+    def draws(self, slot: Slot, first: int, draw: Callable[[int], Drawn]) -> list[Drawn] | None:
         """On a sampling thread: the slot's draws from batch index ``first`` on, one per
         position while the drawn token confirms the draft (one draw without a draft)."""
         draft = slot.spec.draft
+        ends_on_eog, is_eog = not slot.ignore_eos, self.is_eog
         out: list[Drawn] = []
         for j in range(len(draft) + 1):
             d = draw(first + j)
