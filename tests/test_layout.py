@@ -172,7 +172,7 @@ def test_bench_and_tests_share_testkit_and_import_not_each_other() -> None:
 # The worker's floors, lowest first: a module imports only modules of its own floor or a lower
 # one (no arrow back up); every module of corral.worker is on exactly one (a new one must be placed).
 WORKER_FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("failures", "host.*", "llama_context", "*.state", "lora", "speculation", "time_limit", "host")),
+    ("base", ("failures", "host.*", "llama_context", "batch", "*.state", "lora", "speculation", "time_limit", "host")),
     ("model", ("model", "fit", "tokens")),
     ("parts", ("sampling*", "output*", "prompt*", "embed*", "reasoning", "reasoning.plan", "reasoning.split",
                "vision", "vision.projector", "vision.mrope", "cache", "cache.kv_store")),
