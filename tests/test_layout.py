@@ -177,7 +177,7 @@ WORKER_FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("parts", ("sampling*", "output*", "prompt*", "embed*", "reasoning", "reasoning.plan", "reasoning.split",
                "vision", "vision.projector", "vision.mrope", "cache", "cache.kv_store")),
     ("slot", ("slots", "prefill")),
-    ("features", ("reasoning.feature", "lora.adapters", "vision.steps", "vision.side", "cache.prompt_cache",
+    ("features", ("intake", "reasoning.feature", "lora.adapters", "vision.steps", "vision.side", "cache.prompt_cache",
                   "cache.disk", "cache.slot_files", "speculation.*", "time_limit.feature", "preempt*")),
     ("engine", ("features", "engine")),
     ("process", ("process", "__main__")),

@@ -37,6 +37,7 @@ from corral.worker.speculation import draft
 from corral.worker.lora.adapters import LoraAdapters
 from corral.worker.embed.embedder import Embedder
 from corral.worker.features import Moments, step_features
+from corral.worker.intake import Intake
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.preempt.preemption import EngineSide, Preemption
@@ -46,7 +47,7 @@ from corral.worker.prompt.prompts import PreparedRequest, PromptPreparer, model_
 from corral.worker.reasoning.feature import ReasoningFeature
 from corral.worker.output.slot_output import SlotOutput
 from corral.worker.batch import Batch
-from corral.worker.slots import (Job, Slot, aborted_in_queue, begin, check_params, finished_message, equip,
+from corral.worker.slots import (Job, Slot, aborted_in_queue, begin, finished_message, equip,
                                  free_samplers, pick_slot, release, slot_states)
 from corral.worker.tokens import Tokenizer
 from corral.worker.vision.steps import VisionSteps
@@ -76,6 +77,8 @@ class Engine:
         self.prompts.vision = self.vision
         self.reasoning = ReasoningFeature(settings, self.template, self.tok, self.info.reasoning_format, self.m.n_vocab)
         self.embedder = Embedder(self.m, self.tok, settings)  # embeddings, reranking (embed/)
+        self.intake = Intake(settings, self.m, self.prompts, self.reasoning, self.lora)  # a request's way in
+        self.prepare = self.intake.prepare  # tokenize and check (RequestRejected); thread-safe (intake.py)
         self.slots = [Slot(i) for i in range(self.m.n_slots)]
         self.waiting: deque[Job] = deque()
         self.out: list[Outgoing] = []
@@ -111,11 +114,7 @@ class Engine:
                 return
             if req.id in self.jobs:
                 raise RequestRejected("invalid_request", f"request id {req.id!r} is already in use")
-            if prepared is None:
-                prepared = self.prepare(req)
-            job = Job(req, prepared.tokens, time.perf_counter(), reasoning=prepared.reasoning,
-                      lora=self.lora.key_of(req))
-            job.grammar = requests.grammar_sampler(self.m.vocab, prepared.gbnf)
+            job = self.intake.job(prepared if prepared is not None else self.prepare(req))
             self.jobs[req.id] = job
             self.waiting.append(job)
         except RequestRejected as exc:
@@ -179,19 +178,6 @@ class Engine:
     def take_output(self) -> list[Outgoing]:
         out, self.out = self.out, []
         return out
-
-    def prepare(self, req: wire.GenerateRequest) -> PreparedRequest:
-        """Tokenize and check a request, and turn its schema into a grammar; RequestRejected
-        if it cannot run. Thread-safe: the worker's reader thread calls it, so long prompts
-        and schema conversion never stall ``step()``."""
-        if self.m.embedding:
-            raise RequestRejected("invalid_request",
-                                  f"model {self.settings.model_id} is loaded for embeddings only")
-        tokens, plan = self.reasoning.prepare(req, self.prompts)
-        check_params(req.params)
-        requests.check_generation_fields(req, self.m.n_vocab, len(tokens))
-        self.lora.check(req, bool(getattr(tokens, "images", None)))  # an unknown adapter is a 400
-        return PreparedRequest(req, tokens, requests.grammar_text(req), plan)
 
     # ------------------------------------------------------------------ scheduling
 
