@@ -127,6 +127,7 @@ class ServerConfig(_NoBoolNumbers):
     preempt_min_run_s: float = Field(1.0, ge=0)  # a resumed sequence runs this long before another pause
     drain_timeout_s: float = Field(30.0, ge=0)  # unload/reload lets running requests finish
     stop_grace_s: float = Field(5.0, ge=0)  # Shutdown -> SIGTERM after this
+    shutdown_timeout_s: float = Field(10.0, ge=0)  # SIGINT/SIGTERM: running requests finish, then 503 (api/shutdown.py)
     max_restarts: int = Field(3, ge=0)  # consecutive failures before an instance stays failed
     restart_backoff_s: float = Field(1.0, ge=0)  # doubles per consecutive failure, max 30 s
     max_body_bytes: ByteSize = 8 * 1024 * 1024

@@ -23,7 +23,7 @@ from corral.control.request_frame import encode_request, input_param
 from corral.control.scheduling.fair_queue import requester
 from corral.control.scheduling.pool import ModelPool
 from corral.control.stream import RequestStream
-from corral.errors import CapacityTimeout, LoadFailed, ModelNotFound, ModelNotLoaded, ModelUnloaded
+from corral.errors import CapacityTimeout, CorralError, LoadFailed, ModelNotFound, ModelNotLoaded, ModelUnloaded
 
 if TYPE_CHECKING:
     from corral.control.transport.ray.cluster import RayCluster
@@ -43,13 +43,31 @@ class Dispatch:
         self._admission = admission
         self._ray = ray
         self._background = background
+        self._live: set[RequestStream] = set()  # sent and not ended (``end_all``)
+        self._ending: CorralError | None = None  # set by ``end_all``: what a request still arriving gets
 
     def current(self, pool: ModelPool) -> ModelPool:
         """``pool`` if it is still its model's; ModelNotFound when the model was removed (or
         removed and added again) while the request waited."""
+        if self._ending is not None:
+            raise self._ending
         if self._pools.get(pool.spec.id) is not pool:
             raise ModelNotFound(f"model {pool.spec.id!r} was removed", param="model")
         return pool
+
+    def end_all(self, exc: CorralError) -> None:
+        """The server is stopping: every request running or queued ends with ``exc`` (an
+        answer in its API's shape, a stream its error event), and so does any later turn of
+        a request's loop. The workers run on until the plane closes."""
+        self._ending = exc
+        for pool in self._pools.values():
+            pool.fail_waiters(exc)
+        for stream in list(self._live):
+            stream.fail(exc)
+
+    def _sent(self, stream: RequestStream) -> None:
+        self._live.add(stream)
+        stream.at_end(self._live.discard)  # added first: runs last
 
     async def tokenize(self, pool: ModelPool, msg: wire.TokenizeRequest) -> RequestStream:
         """Tokenize, detokenize or render a chat (``Tokenized``): no slot, no queue (the worker
@@ -71,6 +89,7 @@ class Dispatch:
             inst = min(ready, key=pool.busy)
             stream = RequestStream(msg.id, pool.spec.id, input_param(msg))
             if inst.submit(msg.id, frame, stream, slotted=False):
+                self._sent(stream)
                 self._access.track(stream)
                 return stream
 
@@ -116,6 +135,7 @@ class Dispatch:
                 if not sent:  # it died just now, or the write failed: the slot goes back
                     pool.unreserve(inst, who)
             if sent:
+                self._sent(stream)
                 self._access.track(stream, held)  # its tokens count for the request's key when it ends
                 pool.track(stream, who, inst if isinstance(msg, wire.GenerateRequest) else None)  # its fair share
                 return stream

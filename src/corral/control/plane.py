@@ -219,6 +219,10 @@ class ControlPlane:
     def keep_alive(self, pool: ModelPool, seconds: float | None) -> None:
         self.dispatch.keep_alive(pool, seconds)
 
+    def end_requests(self, exc: CorralError) -> None:
+        """The server is stopping (api/shutdown.py): every request running or queued ends with ``exc``."""
+        self.dispatch.end_all(exc)
+
     # ================================================================ load / unload
 
     def is_loaded(self, model_id: str) -> bool:
