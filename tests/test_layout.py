@@ -35,7 +35,7 @@ def test_wire_imports_only_its_own_modules_and_two_leaves() -> None:
 
 
 def test_fit_imports_nothing_of_either_side() -> None:
-    mods = _imported_after("import corral.fit.plan, corral.fit.draft, corral.fit.rows, corral.fit.split")
+    mods = _imported_after("import corral.fit.layout, corral.fit.plan, corral.fit.draft, corral.fit.rows, corral.fit.split")
     assert not {m for m in mods if m.startswith(("corral.control", "corral.worker", "corral.api"))}
 
 

@@ -21,6 +21,7 @@ import msgspec
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, IPvAnyNetwork, PrivateAttr,
                       ValidationError, ValidationInfo, field_validator)
 
+from corral.config_errors import pydantic_errors, settings_errors, location
 from corral.errors import ConfigError
 from corral.model_ids import id_problem
 from corral.settings import ModelSettings, SettingsError, parse_size, setting_names
@@ -126,6 +127,7 @@ class ServerConfig(_NoBoolNumbers):
     preempt_min_run_s: float = Field(1.0, ge=0)  # a resumed sequence runs this long before another pause
     drain_timeout_s: float = Field(30.0, ge=0)  # unload/reload lets running requests finish
     stop_grace_s: float = Field(5.0, ge=0)  # Shutdown -> SIGTERM after this
+    shutdown_timeout_s: float = Field(10.0, ge=0)  # SIGINT/SIGTERM: running requests finish, then 503 (api/shutdown.py)
     max_restarts: int = Field(3, ge=0)  # consecutive failures before an instance stays failed
     restart_backoff_s: float = Field(1.0, ge=0)  # doubles per consecutive failure, max 30 s
     max_body_bytes: ByteSize = 8 * 1024 * 1024
@@ -184,39 +186,6 @@ class CorralConfig(BaseModel):
 # --------------------------------------------------------------------------- loading
 
 
-def _where(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc]
-    if not parts:
-        return "at top level"
-    if len(parts) == 1:
-        return f"key '{parts[0]}' at top level"
-    table = parts[:-1]
-    if table[0] == "models" and len(table) >= 2:
-        head = f'models."{table[1]}"' if "." in table[1] else f"models.{table[1]}"
-        table = [head, *table[2:]]
-    return f"[{'.'.join(table)}] key '{parts[-1]}'"
-
-
-def _pydantic_errors(name: str, exc: ValidationError) -> list[str]:
-    lines = []
-    for err in exc.errors():
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = _UNKNOWN
-        elif err["type"] == "missing":
-            msg = "required key is missing"
-        lines.append(f"{name}: {_where(tuple(err['loc']))}: {msg}")
-    return lines
-
-
-_UNKNOWN = "unknown key (check the spelling; see examples/corral.toml)"
-
-
-def _settings_errors(name: str, table: tuple[str, ...], exc: SettingsError) -> list[str]:
-    return [f"{name}: {_where((*table, key))}: {_UNKNOWN if msg.startswith('unknown key') else msg}"
-            for key, msg in exc.errors]
-
-
 def _split_settings(data: dict[str, Any], name: str, errors: list[str]
                     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Take the model settings out of [defaults] and each [models.ID] table (they are
@@ -229,7 +198,7 @@ def _split_settings(data: dict[str, Any], name: str, errors: list[str]
         try:
             defaults = ModelSettings.check_partial(table)
         except SettingsError as exc:
-            errors += _settings_errors(name, ("defaults",), exc)
+            errors += settings_errors(name, ("defaults",), exc)
     per_model: dict[str, dict[str, Any]] = {}
     models = data.get("models")
     if isinstance(models, dict):
@@ -244,7 +213,7 @@ def _split_settings(data: dict[str, Any], name: str, errors: list[str]
             try:
                 per_model[mid] = ModelSettings.check_partial(given)
             except SettingsError as exc:
-                errors += _settings_errors(name, ("models", str(mid)), exc)
+                errors += settings_errors(name, ("models", str(mid)), exc)
         data["models"] = rest_models
     return defaults, per_model
 
@@ -261,7 +230,7 @@ def _check_names(cfg: CorralConfig, name: str) -> None:
             other = seen.get(alias)
             if other is not None and other != mid:
                 raise ConfigError(
-                    f"{name}: {_where(('models', mid, 'aliases'))}: alias {alias!r} "
+                    f"{name}: {location(('models', mid, 'aliases'))}: alias {alias!r} "
                     f"is already the id or an alias of model {other!r}")
             seen[alias] = mid
 
@@ -276,7 +245,7 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
     try:
         cfg = CorralConfig.model_validate(data)
     except ValidationError as exc:
-        errors = _pydantic_errors(name, exc) + errors
+        errors = pydantic_errors(name, exc) + errors
     if errors or cfg is None:
         raise ConfigError("; ".join(errors))
     cfg.defaults = defaults
@@ -324,7 +293,7 @@ def _check_across(cfg: CorralConfig, name: str, *, options: bool = False) -> Non
             if mid is None and options:
                 errors += [f"{name}: {key}: {msg}" for key, msg in exc.errors]
             else:
-                errors += _settings_errors(name, table, exc)
+                errors += settings_errors(name, table, exc)
     if errors:
         raise ConfigError("; ".join(errors))
 
@@ -335,7 +304,7 @@ def _check_model_files(cfg: CorralConfig, name: str) -> None:
     ``worker_command`` (another worker program) only directories are refused."""
     gguf_only = cfg.server.worker_command is None
     for mid, m in cfg.models.items():
-        where = _where(("models", mid, "path"))
+        where = location(("models", mid, "path"))
         if m.path.is_dir():
             raise ConfigError(f"{name}: {where}: {m.path} is a directory, not a GGUF model file")
         try:
@@ -390,7 +359,7 @@ def load_config(path: Path | None, *, server_overrides: dict[str, Any] | None = 
             cfg.cli_model_overrides = ModelSettings.check_partial(
                 {k: v for k, v in model_overrides.items() if v is not None})
         except SettingsError as exc:
-            raise ConfigError("; ".join(_settings_errors("<command line>", (), exc))) from None
+            raise ConfigError("; ".join(settings_errors("<command line>", (), exc))) from None
         _check_across(cfg, "<command line>", options=True)
     cfg.source = path.resolve() if path is not None else None
     return cfg

@@ -55,7 +55,7 @@ async def test_a_request_that_cannot_be_encoded_takes_no_slot(harness: Harness) 
     await harness.client.post("/models/load", json={"model": "a"})
     bad = wire.GenerateRequest(id="x", prompt="x", params=wire.SamplingParams(max_tokens=BIG))
     with pytest.raises(InvalidRequest):
-        await plane.generate("a", bad, None)
+        await plane.generate(plane.pool("a"), bad, None)
     assert plane.pools["a"].inflight == 0
 
 
@@ -69,7 +69,7 @@ async def test_a_failed_send_gives_the_slot_back(harness: Harness, monkeypatch: 
 
     monkeypatch.setattr(inst, "submit", broken)
     with pytest.raises(OSError):
-        await plane.generate("a", wire.GenerateRequest(id="y", prompt="x"), None)
+        await plane.generate(plane.pool("a"), wire.GenerateRequest(id="y", prompt="x"), None)
     assert plane.pools["a"].inflight == 0
     monkeypatch.undo()
     r = await harness.client.post("/v1/completions", json={"model": "a", "prompt": "x"})

@@ -15,7 +15,7 @@ from corral.control.placement.gpus import _need
 from corral.control.metrics import Metrics
 from corral.control.views import speculation
 from corral.fit.draft import draft_needs, draft_path, draft_settings
-from corral.fit.plan import read_layout
+from corral.fit.layout import read_layout
 from corral.settings import ModelSettings, SettingsError
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.control.placement.memory import instance_estimate
 from support.harness import Harness
 
 from .test_gpu_placement import config, fake_gpus, model
@@ -31,8 +32,8 @@ async def test_projector_bytes_count_in_the_estimate_and_the_gpu_need(
               "toobig": model(harness, "toobig", 6000, mmproj=projector(harness, "toobig", 5000))}
     plane = await harness.start(config(harness, models))
     c = harness.client
-    assert plane.pools["plain"].estimate_instance_bytes() == 6000
-    assert plane.pools["seeing"].estimate_instance_bytes() == 9000
+    assert instance_estimate(plane.pools["plain"]) == 6000
+    assert instance_estimate(plane.pools["seeing"]) == 9000
     r = await c.post("/models/load", json={"model": "seeing"})
     assert r.status_code == 200, r.text
     (inst,) = next(m for m in (await c.get("/models")).json()["data"] if m["id"] == "seeing")["instances"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from corral.control.placement.memory import memory_bytes
 from support.fake_link import FakeSpawner, fake_pool, spec
 from support.harness import Harness, chat, wait_event
 from support.harness import _until
@@ -119,7 +120,7 @@ async def test_memory_budget_uses_reported_sizes(harness: Harness) -> None:
               "b": {"path": str(harness.script("b", model_bytes=500, kv_bytes=100))}}
     plane = await harness.start(harness.config(models, memory_budget=1000))
     await harness.client.post("/models/load", json={"model": "a"})
-    assert plane.pools["a"].memory_bytes() == 700
+    assert memory_bytes(plane.pools["a"]) == 700
     async with plane.bus.subscribe() as q:
         r = await harness.client.post("/models/load", json={"model": "b"})
         assert r.status_code == 200

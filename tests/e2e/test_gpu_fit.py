@@ -98,7 +98,7 @@ async def test_an_unset_context_is_fitted_to_the_host_without_a_gpu(harness: Har
     host with no GPU and, as the test inventory says, 600 MiB available: the context comes
     down in 256-cell steps until weights and KV fit in 300 MiB, and GET /models shows it."""
     from corral import wire
-    from corral.fit.plan import read_layout
+    from corral.fit.layout import read_layout
     from corral.settings import DEFAULT_SLOT_CTX
     from corral.worker.fit import fit_host_ctx
 
@@ -125,7 +125,8 @@ async def test_an_unset_context_is_fitted_to_the_host_without_a_gpu(harness: Har
 
 async def test_two_models_spread_over_two_gpus_and_a_third_evicts_the_lru_one(
         harness: Harness, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from corral.fit.plan import device_need, read_layout
+    from corral.fit.layout import read_layout
+    from corral.fit.plan import device_need
     from corral.settings import ModelSettings
 
     settings = {"ctx_len": 2048, "n_parallel": 1, "threads": 1}

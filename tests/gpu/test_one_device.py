@@ -40,7 +40,8 @@ from typing import Any
 import pytest
 
 from corral.control.placement.gpus import probe_devices
-from corral.fit.plan import device_need, read_layout
+from corral.fit.layout import read_layout
+from corral.fit.plan import device_need
 from corral.settings import ModelSettings
 from support.harness import Harness
 

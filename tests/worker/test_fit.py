@@ -9,7 +9,8 @@ import struct
 import pytest
 
 from corral import wire
-from corral.fit.plan import FitError, ModelLayout, plan_fit, read_layout
+from corral.fit.layout import ModelLayout, read_layout
+from corral.fit.plan import FitError, plan_fit
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -8,7 +8,8 @@ import pytest
 
 from corral import wire
 from corral.fit.rows import outputs_max
-from corral.fit.plan import ModelLayout, placement
+from corral.fit.layout import ModelLayout
+from corral.fit.plan import placement
 from corral.settings import DEFAULT_SLOT_CTX, ModelSettings
 from corral.worker.fit import fit_host_ctx
 

@@ -110,7 +110,8 @@ def test_kv_bytes_matches_llama_cpp(model_path: Path, n_parallel: int, ctx_len: 
     """llama.cpp logs (Gemma 3 270M, f16): 3 full layers x all cells + 15 sliding-window
     layers x min(slot cells, 512 + 512) per slot: 12 + 60 MiB and 24 + 30 MiB; with
     swa_full all 18 layers hold every cell: 144 MiB. The router's estimate (fit.plan) agrees."""
-    from corral.fit.plan import device_needs, placement, read_layout
+    from corral.fit.layout import read_layout
+    from corral.fit.plan import device_needs, placement
     from corral.settings import ModelSettings
     from corral.worker.model import load_model
 

@@ -16,7 +16,8 @@ import llama_cpp as ll
 import pytest
 
 from corral import wire
-from corral.fit.plan import _Sizes, read_layout
+from corral.fit.layout import read_layout
+from corral.fit.plan import _Sizes
 from corral.worker.vision import side as vision_side
 from corral.worker.engine import Engine
 from corral.worker.cache.kv_store import restore_seq, save_seq

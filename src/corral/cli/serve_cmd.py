@@ -100,17 +100,13 @@ def serve(
             raise typer.Exit(2)
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvicorn
-
     from corral.api.app import create_app
+    from corral.api.server import protocol_with_header_timeout
+    from corral.api.shutdown import serve as run_server
 
     app = create_app(cfg, config_loader=loader, handle_sighup=True)
     typer.echo(f"corral: serving on http://{cfg.server.host}:{cfg.server.port}", err=True)
-    from corral.api.server import protocol_with_header_timeout
-
-    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level=log_level.lower(),
-                access_log=False, timeout_graceful_shutdown=10,
-                http=protocol_with_header_timeout(cfg.server.header_timeout_s))
+    run_server(app, cfg, log_level=log_level.lower(), http=protocol_with_header_timeout(cfg.server.header_timeout_s))
 
 
 def register(app: typer.Typer) -> None:

@@ -11,10 +11,10 @@ A small facade over three parts that share the catalog and the pools (one
 It never imports llama_cpp and never touches a GPU: every model instance is a worker
 that a ``Spawner`` (``corral.control.transport.link``; local processes by default) starts.
 
-Life of a request (``generate``/``embed``): resolve the name (id or alias) -> make
-sure the model is loaded (autoload through admission) -> take a free slot or queue
-for one -> write the request to that worker -> return the ``RequestStream`` the API
-reads from.
+Life of a request (``generate``/``embed``): the API resolves the name (id or alias, the
+key's visibility: ``pool``) once -> ``Dispatch`` (dispatch.py) makes sure the model is
+loaded (autoload through admission) -> takes a free slot or queues for one -> writes the
+request to that worker -> returns the ``RequestStream`` the API reads from.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from corral.control import views
 from corral.control.keys import cache_tenant
 from corral.control.keys.access import Access
 from corral.control.placement.admission import Admission
-from corral.control.scheduling.fair_queue import requester
 from corral.control.placement.gpus import GpuBudget
 from corral.control.catalog import Catalog, ModelSpec, default_threads
 from corral.control.catalog_sync import CatalogSync, Embedded
+from corral.control.dispatch import Dispatch
 from corral.control.prompt_cache import with_prompt_cache
 from corral.events import EventBus
 from corral.control.housekeeping import Housekeeper
@@ -48,11 +48,8 @@ from corral.control.metrics import Metrics
 from corral.control.scheduling.pool import ModelPool
 from corral.control.instance.restart import RestartPolicy
 from corral.control.keys.ring import current_caller, detached_context
-from corral.control.keys.limits import Reservation
-from corral.control.request_frame import encode_request, input_param
 from corral.control.stream import RequestStream
-from corral.errors import (CapacityTimeout, Conflict, CorralError, LoadFailed,
-                           ModelNotFound, ModelNotLoaded, ModelUnloaded, Unavailable)
+from corral.errors import Conflict, CorralError, ModelNotFound, ModelUnloaded, Unavailable
 
 if TYPE_CHECKING:
     from corral.control.transport.ray.cluster import RayCluster
@@ -95,6 +92,8 @@ class ControlPlane:
         self.started_at = time.time()
         self.metrics.watch(self.snapshot)
         self.access = Access(config, self.bus, self.metrics)  # keys, limits, usage (control/keys/access.py)
+        self.dispatch = Dispatch(self.pools, lambda: self.config.server, self.access, self.admission, self.ray,
+                                 self._background)
 
     # ================================================================ lifecycle
 
@@ -190,12 +189,11 @@ class ControlPlane:
     # ================================================================ requests
 
     def resolve(self, name: str) -> str:
-        mid = self.catalog.resolve_id(name)
-        self.access.check_visible(name, self.pools.get(mid))
-        return mid
+        return self.pool(name).spec.id
 
     def pool(self, name: str) -> ModelPool:
-        """The model ``name`` names; ModelNotFound also when the request's key may not use it."""
+        """The model ``name`` names; ModelNotFound also when the request's key may not use it.
+        A request resolves its name here once, where it enters, and passes the pool down."""
         pool = self.pools.get(self.catalog.resolve_id(name))
         if pool is None:
             raise ModelNotFound(f"model {name!r} not found", param="model")
@@ -206,117 +204,24 @@ class ControlPlane:
         """The models the request's key may use (every model outside a request)."""
         return [p for p in self.pools.values() if self.access.visible(p.spec)]
 
-    async def generate(self, name: str, msg: wire.GenerateRequest, prefix: str | None,
+    async def generate(self, pool: ModelPool, msg: wire.GenerateRequest, prefix: str | None,
                        cache_salt: str | None = None) -> RequestStream:  # tenant: control/keys/cache_tenant.py
+        """``pool``: the model the request named, resolved once by ``pool`` (control/dispatch.py)."""
         msg = cache_tenant.with_tenant(msg, current_caller(), cache_salt)
-        return await self._submit(name, msg, cache_tenant.affinity_prefix(msg, prefix))
+        return await self.dispatch.submit(pool, msg, cache_tenant.affinity_prefix(msg, prefix))
 
-    async def embed(self, name: str, msg: wire.EmbedRequest) -> RequestStream:
-        return await self._submit(name, msg, None)
+    async def embed(self, pool: ModelPool, msg: wire.EmbedRequest) -> RequestStream:
+        return await self.dispatch.submit(pool, msg, None)
 
-    async def tokenize(self, name: str, msg: wire.TokenizeRequest) -> RequestStream:
-        """Tokenize, detokenize or render a chat (``Tokenized``): no slot, no queue (the worker
-        answers between decode steps); a model not loaded is loaded first."""
-        frame = encode_request(msg)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.server.queue_timeout_s  # the load's bound (no slot to wait for)
-        while True:
-            pool = self.pool(name)
-            ready = [i for i in pool.instances if i.accepting]
-            if not ready:
-                if pool.has_ready or loop.time() >= deadline:  # ready but its channel is closing: no wait
-                    raise CapacityTimeout(f"model {name!r} is not available", retry_after_s=1)
-                try:
-                    await self._ensure_loaded(pool)
-                except ModelUnloaded:
-                    pass
-                continue
-            inst = min(ready, key=pool.busy)
-            stream = RequestStream(msg.id, pool.spec.id, input_param(msg))
-            if inst.submit(msg.id, frame, stream, slotted=False):
-                self.access.track(stream)
-                return stream
+    async def tokenize(self, pool: ModelPool, msg: wire.TokenizeRequest) -> RequestStream:
+        return await self.dispatch.tokenize(pool, msg)
 
-    async def _submit(self, name: str, msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest,
-                      prefix: str | None) -> RequestStream:
-        frame = encode_request(msg)  # before a slot is taken: what cannot be sent takes none
-        sent_msg, held = self.access.reserve(msg, self.pool(name))  # the key's tokens ahead (limits.py)
-        try:
-            return await self._send(name, sent_msg, frame if sent_msg is msg else encode_request(sent_msg), prefix, held)
-        except BaseException:
-            self.access.release(held)
-            raise
+    def keep_alive(self, pool: ModelPool, seconds: float | None) -> None:
+        self.dispatch.keep_alive(pool, seconds)
 
-    async def _send(self, name: str, msg: wire.GenerateRequest | wire.EmbedRequest | wire.TokenizeRequest,
-                    frame: bytes, prefix: str | None, held: Reservation | None) -> RequestStream:
-        loop = asyncio.get_running_loop()
-        who = requester()  # whom the request is for: read once, passed to the queue and preemption
-        bound = self.config.server.request_queue_timeout_s  # None: waits while its client does
-        deadline = None if bound is None else loop.time() + bound
-        while True:
-            pool = self.pool(name)
-            stream = RequestStream(msg.id, pool.spec.id, input_param(msg))
-            inst = pool.try_acquire(prefix, who)
-            if inst is None:
-                if not pool.has_ready and not pool.draining:
-                    try:
-                        await self._ensure_loaded(pool)
-                    except ModelUnloaded:  # another request unloaded it meanwhile: autoload again
-                        if deadline is not None and loop.time() >= deadline:
-                            raise
-                        continue
-                    inst = pool.try_acquire(prefix, who)
-                if inst is None:
-                    inst = await pool.wait_slot(prefix, who, max_queue=self.config.server.max_queue,
-                                                deadline=deadline)
-                    if inst is None:  # the model went away; start over
-                        if deadline is not None and loop.time() >= deadline:
-                            raise CapacityTimeout(f"model {name!r} is not available", retry_after_s=1)
-                        continue
-            sent = False
-            try:
-                sent = inst.submit(msg.id, frame, stream)
-            finally:
-                if not sent:  # it died just now, or the write failed: the slot goes back
-                    pool.unreserve(inst, who)
-            if sent:
-                self.access.track(stream, held)  # its tokens count for the request's key when it ends
-                pool.track(stream, who, inst if isinstance(msg, wire.GenerateRequest) else None)  # its fair share
-                return stream
-
-    async def _ensure_loaded(self, pool: ModelPool) -> None:
-        if self.ray is not None:  # the Ray cluster lost: 503 at once, not a wait for instances
-            err = self.ray.unreachable()
-            if err is not None:
-                raise err
-        if pool.occupies:
-            waiting = pool.wait_ready(self.config.server.load_timeout_s)
-            await (waiting if self.ray is None else self.ray.while_reachable(waiting))
-            return
-        if pool.failed_final:
-            if pool.retry_due:  # a crash loop's backoff has passed: try again
-                await self.admission.load(pool, fresh=False)
-                return
-            raise LoadFailed(f"model {pool.spec.id!r} failed: {pool.failure_reason}; "
-                             "POST /models/load to try again")
-        if not self.config.server.autoload:
-            raise ModelNotLoaded(f"model {pool.spec.id!r} is not loaded and autoload is off; "
-                                 "load it with POST /models/load", param="model")
-        await self.admission.load(pool)
-
-    def keep_alive(self, name: str, seconds: float | None) -> None:
-        """Ollama's ``keep_alive``, applied when a request ends: None leaves the model's
-        configured ttl_s; 0 unloads it as soon as it is idle; > 0 unloads it after that
-        many idle seconds; < 0 keeps it loaded (never evicted) until it is unloaded."""
-        try:
-            pool = self.pool(name)
-        except ModelNotFound:
-            return
-        if seconds is None or not pool.occupies or pool.spec.pinned:
-            return  # a model pinned in the config stays loaded whatever a request asks
-        pool.keep_alive_s = seconds
-        if seconds == 0:
-            self._background(self.admission.unload_idle(pool, "keep_alive=0"), f"keep_alive {pool.spec.id}")
+    def end_requests(self, exc: CorralError) -> None:
+        """The server is stopping (api/shutdown.py): every request running or queued ends with ``exc``."""
+        self.dispatch.end_all(exc)
 
     # ================================================================ load / unload
 
@@ -325,20 +230,21 @@ class ControlPlane:
         pool = self.pools.get(model_id)
         return pool is not None and pool.occupies
 
-    async def load(self, name: str) -> None:
+    async def load(self, model: str | ModelPool) -> None:
         """Explicit load: also retries a model that failed for good (fresh instances).
-        409 when another request unloaded it before it was ready (the later call wins)."""
+        409 when another request unloaded it before it was ready (the later call wins).
+        ``model``: a name, or the pool a request resolved it to already."""
         try:
-            await self.admission.load(self.pool(name))
+            await self.admission.load(model if isinstance(model, ModelPool) else self.pool(model))
         except ModelUnloaded as exc:
             raise Conflict(f"{exc.message}: another request unloaded it before it was ready",
                            param="model") from None
 
-    async def unload(self, name: str, reason: str = "unloaded by request") -> bool:
+    async def unload(self, model: str | ModelPool, reason: str = "unloaded by request") -> bool:
         """Let running requests finish (up to drain_timeout_s), then stop the workers.
         Requests queued for it go back to the top: with autoload they load it again, without
         they get 400 model_not_loaded. False when it was not loaded."""
-        pool = self.pool(name)
+        pool = model if isinstance(model, ModelPool) else self.pool(model)
         was = pool.occupies or bool(pool.instances)
         await self.admission.unload(pool, reason, drain=True)
         return was

@@ -91,7 +91,7 @@ class RequestStream:
         """Call ``handler(stream)`` when the request ends (at once if it has): once, on the
         link's reader, before its slot is released. Handlers run last added first, as
         exits do: preemption's, then the fair queue's, then the key's usage
-        (``ControlPlane._send`` adds them in that order's reverse). One that raises is
+        (``Dispatch._send`` adds them in that order's reverse). One that raises is
         logged; the others still run."""
         if self.done:
             self._run_handler(handler)

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from corral.control.placement.memory import memory_bytes
 from corral import wire
 from corral.control.capabilities import can
 from corral.control.instance.instance import InstanceState
@@ -115,6 +116,6 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
         "queued": len(pool.waiters),
         "preemption": pool.preempt.stats.view(pool.preempt.paused),  # fair-share pauses (control/scheduling/preempt.py)
         "last_used": pool.last_used or None,
-        "memory_bytes": pool.memory_bytes() if pool.occupies else 0,
+        "memory_bytes": memory_bytes(pool) if pool.occupies else 0,
         "instances": instances,
     }

@@ -3,8 +3,8 @@
 One calculation for both sides, so that what the router charges a GPU is what the worker
 loads there (docs/internals/gpu-placement.md). Its modules:
 
-- ``corral.fit.plan``: a model's memory by layer (``read_layout``: the GGUF tensor table),
-  ``n_gpu_layers = "auto"``'s plan (``plan_fit``), each GPU's need (``device_needs``) and
+- ``corral.fit.layout``: a model's memory by layer (``read_layout``: the GGUF tensor table).
+- ``corral.fit.plan``: ``n_gpu_layers = "auto"``'s plan (``plan_fit``), each GPU's need (``device_needs``) and
   where a loaded model's parts are (``placement``).
 - ``corral.fit.split``: llama.cpp's split of the layers over several GPUs, in float32, and
   the ``tensor_split`` corral gives it.

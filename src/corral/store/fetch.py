@@ -8,28 +8,24 @@ A repo's vision projector (``owner/repo[:TAG]`` with an ``mmproj*.gguf`` beside 
 file) comes along the same way, into ``models_dir/<id>.mmproj.gguf``, after the model:
 one pull, one progress (over both files), the manifest naming both.
 
-Retries: a dropped connection, a timeout, HTTP 429 or 5xx is retried ``retries`` times
-with exponential backoff, each time from the bytes already written (HTTP Range); an
-attempt that moved bytes resets the count. A server that ignores Range (200 instead of
-206) makes us start again from byte 0.
+The bytes of each file move by ``corral.store.fetch_transfer.Transfer`` (retries with
+backoff, resumed with HTTP Range).
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import stat
 import sys
-import time
 from pathlib import Path
-from typing import BinaryIO
 
 import msgspec
 
 from corral.store import messages as m
-from corral.store.fetch_resolve import Fail, Retryable, Target, host_of, raise_for_status, resolve
+from corral.store.fetch_resolve import Fail, Target, resolve
+from corral.store.fetch_transfer import Transfer, disk_fail, hash_file
 from corral.store.local import ModelStore, validate_model_id
 
 __all__ = ["main", "partial_paths", "Fail"]
@@ -62,131 +58,6 @@ class _Channel:
                 return True
 
 
-# ---------------------------------------------------------------------- resolving
-
-
-def _hash_file(path: Path, h: "hashlib._Hash", upto: int) -> None:
-    with open(path, "rb") as f:
-        left = upto
-        while left > 0:
-            b = f.read(min(left, 1 << 20))
-            if not b:
-                break
-            h.update(b)
-            left -= len(b)
-
-
-def _disk_fail(exc: OSError, where: Path) -> Fail:
-    if exc.errno == errno.ENOSPC:
-        return Fail("disk", f"disk full while writing {where}")
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return Fail("disk", f"permission denied: cannot write to {where}")
-    return Fail("disk", f"cannot write {where}: {exc.strerror or exc}")
-
-
-class _Transfer:
-    def __init__(self, req: m.FetchRequest, target: Target, part: Path, chan: _Channel, *,
-                 offset: int = 0, grand_total: int | None = None) -> None:
-        self.req, self.t, self.part, self.chan = req, target, part, chan
-        self.hasher = hashlib.sha256()
-        self.done = 0
-        self.total = target.total
-        self.offset, self.grand_total = offset, grand_total  # progress of the whole pull
-        self._last_report = 0.0
-
-    def start_from(self, have: int) -> None:
-        self.hasher = hashlib.sha256()
-        if have:
-            _hash_file(self.part, self.hasher, have)
-        self.done = have
-
-    def report(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self._last_report >= self.req.progress_interval_s:
-            self._last_report = now
-            total = self.grand_total if self.grand_total is not None else None if self.offset else self.total
-            self.chan.send(m.Progress(self.offset + self.done, total))
-
-    def run(self) -> None:
-        import httpx
-
-        attempt = 0
-        while True:
-            before = self.done
-            try:
-                if self.total is not None and self.done >= self.total:
-                    return
-                self._attempt(httpx)
-                return
-            except Retryable as exc:
-                if self.done > before:
-                    attempt = 0  # it moved: a fresh set of retries
-                attempt += 1
-                if attempt > self.req.retries:
-                    raise Fail("network", f"{exc} (gave up after {attempt} attempts)") from exc
-                time.sleep(self.req.retry_backoff_s * 2 ** (attempt - 1))
-
-    def _attempt(self, httpx) -> None:  # type: ignore[no-untyped-def]  # noqa: ANN001 - httpx is imported late, in the child
-        headers = dict(self.t.headers)
-        if self.done:
-            headers["Range"] = f"bytes={self.done}-"
-        assert self.t.url is not None
-        try:
-            with httpx.Client(follow_redirects=True,
-                              timeout=httpx.Timeout(self.req.timeout_s)) as client:
-                with client.stream("GET", self.t.url, headers=headers) as r:
-                    if r.status_code == 416 and self.done:
-                        # Range beyond the end: what we have is all there is (or junk).
-                        if self.total is None or self.done >= self.total:
-                            return
-                        self.start_from(0)
-                        self._truncate()
-                        raise Retryable("the server refused our Range; starting over")
-                    raise_for_status(r.status_code, str(r.url))
-                    if self.done and r.status_code != 206:
-                        self.start_from(0)  # Range ignored: the body is the whole file
-                        self._truncate()
-                    if r.status_code == 200 and self.total is None:
-                        cl = r.headers.get("Content-Length")
-                        self.total = int(cl) if cl and cl.isdigit() else None
-                    self._write_body(r)
-        except httpx.HTTPError as exc:
-            raise Retryable(f"connection to {host_of(self.t.url)} failed: "
-                             f"{type(exc).__name__}: {exc}") from exc
-
-    def _truncate(self) -> None:
-        try:
-            with open(self.part, "r+b") as f:
-                f.truncate(0)
-        except OSError as exc:
-            raise _disk_fail(exc, self.part) from exc
-
-    def _write_body(self, r) -> None:  # type: ignore[no-untyped-def]  # noqa: ANN001 - an httpx response; httpx is imported late
-        try:
-            f: BinaryIO = open(self.part, "ab")
-        except OSError as exc:
-            raise _disk_fail(exc, self.part) from exc
-        with f:
-            for chunk in r.iter_bytes():  # as received: a cut keeps every byte that arrived
-                if self.total is not None and self.done + len(chunk) > self.total:
-                    raise Fail("internal", f"the server sent more than the {self.total} bytes "
-                               "it announced")
-                try:
-                    f.write(chunk)
-                except OSError as exc:
-                    raise _disk_fail(exc, self.part) from exc
-                self.hasher.update(chunk)
-                self.done += len(chunk)
-                self.report()
-            try:
-                f.flush()
-                os.fsync(f.fileno())
-            except OSError as exc:
-                raise _disk_fail(exc, self.part) from exc
-        if self.total is not None and self.done < self.total:
-            raise Retryable(f"the connection to {host_of(self.t.url or '')} ended early")
-
-
 # ---------------------------------------------------------------------- the pull
 
 
@@ -209,7 +80,7 @@ def _prepare(store: ModelStore, f: _File, source: str) -> None:
     try:
         store.ensure_dirs()
     except OSError as exc:
-        raise _disk_fail(exc, store.partial_dir) from exc
+        raise disk_fail(exc, store.partial_dir) from exc
     part, meta_path = partial_paths(store, f.target.key)
     _lock(part)
     # What the partial file is. A different source naming the same file (owner/repo:TAG
@@ -228,7 +99,7 @@ def _prepare(store: ModelStore, f: _File, source: str) -> None:
         _private_write(part, b"", keep=have > 0)
         _private_write(meta_path, json.dumps({**meta, "source": source}).encode())
     except OSError as exc:
-        raise _disk_fail(exc, part) from exc
+        raise disk_fail(exc, part) from exc
     f.part, f.meta_path, f.have = part, meta_path, have
 
 
@@ -241,14 +112,14 @@ def _obtain(req: m.FetchRequest, f: _File, chan: _Channel, offset: int,
         sha = f.target.sha256
         if f.want_sha and sha != f.want_sha:
             h = hashlib.sha256()
-            _hash_file(path, h, path.stat().st_size)
+            hash_file(path, h, path.stat().st_size)
             sha = h.hexdigest()
             if sha != f.want_sha:
                 raise Fail("checksum", f"checksum mismatch: the cached file {path} has sha256 "
                            f"{sha}, expected {f.want_sha}")
         return sha, path.stat().st_size
     part, meta_path = f.part, f.meta_path
-    xfer = _Transfer(req, f.target, part, chan, offset=offset, grand_total=grand_total)
+    xfer = Transfer(req, f.target, part, chan, offset=offset, grand_total=grand_total)
     xfer.start_from(f.have)
     xfer.report(force=True)
     xfer.run()
@@ -277,7 +148,7 @@ def _place(store: ModelStore, f: _File) -> Path:
         finally:
             os.close(dfd)
     except OSError as exc:
-        raise _disk_fail(exc, f.final) from exc
+        raise disk_fail(exc, f.final) from exc
     return f.final
 
 
@@ -314,7 +185,7 @@ def _run(req: m.FetchRequest, chan: _Channel) -> None:
     try:
         store.write_manifest(model_id, path=path, source=req.source, sha256=sha, size=size, projector=projector)
     except OSError as exc:
-        raise _disk_fail(exc, store.manifest_path(model_id)) from exc
+        raise disk_fail(exc, store.manifest_path(model_id)) from exc
     for f in files:  # the partial notes and locks go last
         if f.part is not None and f.meta_path is not None:
             f.meta_path.unlink(missing_ok=True)
@@ -354,7 +225,7 @@ def _lock(part: Path) -> None:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
-            raise _disk_fail(exc, lock) from exc
+            raise disk_fail(exc, lock) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -14,8 +14,8 @@ import logging
 
 from corral import wire
 from corral.fit.rows import outputs_max
-from corral.fit.plan import (DEFAULT_MARGIN_BYTES, FitError, GGUFError, ModelLayout, has_side_context, placement,
-                            plan_fit, read_layout)
+from corral.fit.layout import GGUFError, ModelLayout, read_layout
+from corral.fit.plan import DEFAULT_MARGIN_BYTES, FitError, has_side_context, placement, plan_fit
 from corral.worker.host.devices import host_available_bytes, offload_devices
 
 __all__ = ["FitLoadError", "fit_gpus", "fit_host_ctx", "split_gpus"]

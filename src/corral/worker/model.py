@@ -19,7 +19,8 @@ import msgspec
 
 from corral import reasoning_format, wire
 from corral.fit.rows import outputs_max
-from corral.fit.plan import GGUFError, ModelLayout, has_side_context, placement, read_layout
+from corral.fit.layout import GGUFError, ModelLayout, read_layout
+from corral.fit.plan import has_side_context, placement
 from corral.fit.split import split_weights
 from corral.worker.fit import FitLoadError, fit_gpus, fit_host_ctx, split_gpus
 from corral.worker.host.devices import host_available_bytes, list_devices, logged_buffers, offload_devices

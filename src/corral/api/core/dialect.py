@@ -30,6 +30,7 @@ from corral.api.core.generation import (Event, FinishEvent, GenerationSpec, Gene
                                         TextEvent, ToolCallEvent, chat_spec, finish_reason, generate,
                                         open_stream)
 from corral.api.core.submit import observe, submit
+from corral.api.core.target import Target
 from corral.api.http import invalid_request, plane_of
 from corral.control.stream import RequestStream
 
@@ -191,7 +192,7 @@ async def run_generation(request: Request, spec: GenerationSpec, *, stream: bool
     return gen
 
 
-async def run_embedding(request: Request, name: str, endpoint: str, inputs: list[str],
+async def run_embedding(request: Request, target: Target, endpoint: str, inputs: list[str],
                         on_close: Callable[[], Any] | None = None, normalize: bool = True,
                         truncate: bool = False) -> tuple[RequestStream, wire.Embeddings]:
     """Embeddings on the one request path; returns the stream (timings) and the vectors.
@@ -200,8 +201,8 @@ async def run_embedding(request: Request, name: str, endpoint: str, inputs: list
                             truncate=truncate)
     plane = plane_of(request)
     try:
-        coros: list[Awaitable[RequestStream]] = [plane.embed(name, msg)]
-        (rs,) = await submit(request, name, endpoint, coros, wait_all=True)
+        coros: list[Awaitable[RequestStream]] = [plane.embed(target.pool, msg)]
+        (rs,) = await submit(request, target, endpoint, coros, wait_all=True)
     finally:
         if on_close is not None:
             on_close()

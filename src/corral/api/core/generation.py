@@ -28,6 +28,7 @@ from corral.api.core.images import ImageRef, attach_images
 from corral.api.core.lora import generate_routed
 from corral.api.core.schemas import CompletionRequest
 from corral.api.core.submit import observe, submit
+from corral.api.core.target import Target, resolve
 from corral.api.http import plane_of
 from corral.control.plane import ControlPlane
 from corral.control.stream import RequestStream
@@ -35,7 +36,7 @@ from corral.errors import CorralError
 
 __all__ = ["GenerationSpec", "Choice", "GenerationResult", "TextEvent", "ReasoningEvent", "ToolCallEvent",
            "FinishEvent", "Event", "GenerationStream", "chat_spec", "completion_spec", "generate",
-           "open_stream", "finish_reason"]
+           "open_stream", "finish_reason", "target_of"]
 
 
 @dataclass
@@ -48,6 +49,7 @@ class GenerationSpec:
     prefix: str | None = None  # for the balancer: text that starts the prompt
     images: list[list[ImageRef]] | None = None  # each message's images, loaded by attach_images at submit
     cache_salt: str | None = None  # the body's cache_salt: ControlPlane.generate's tenant (control/keys/cache_tenant.py)
+    target: Target | None = None  # ``model`` resolved (api/core/target.py): by the route that needed it first, else at submit
 
 
 @dataclass
@@ -168,10 +170,21 @@ def _fields(p: wire.SamplingParams) -> dict[str, Any]:
     return {f: getattr(p, f) for f in p.__struct_fields__}
 
 
-def _coros(request: Request, spec: GenerationSpec) -> list[Awaitable[RequestStream]]:
+def target_of(request: Request, spec: GenerationSpec) -> Target:
+    """The spec's model, resolved once (the first time it is asked for)."""
+    if spec.target is None:
+        spec.target = resolve(request, spec.model, spec.endpoint)
+    return spec.target
+
+
+async def _submit(request: Request, spec: GenerationSpec, *, wait_all: bool) -> list[RequestStream]:
+    target = target_of(request, spec)
+    if spec.images is not None:  # loaded and checked once, before any choice is submitted
+        spec.requests, spec.images = await attach_images(request, target.pool, spec.requests, spec.images), None
     plane = plane_of(request)
-    return [generate_routed(plane, spec.model, r, spec.prefix, spec.cache_salt)  # api/core/lora.py
-            for r in spec.requests]
+    coros: list[Awaitable[RequestStream]] = [generate_routed(plane, target, r, spec.prefix, spec.cache_salt)  # api/core/lora.py
+                                              for r in spec.requests]
+    return await submit(request, target, spec.endpoint, coros, wait_all=wait_all)
 
 
 def _sum_usage(items: list[wire.Usage | None]) -> wire.Usage:
@@ -182,9 +195,7 @@ def _sum_usage(items: list[wire.Usage | None]) -> wire.Usage:
 
 async def generate(request: Request, spec: GenerationSpec) -> GenerationResult:
     """Run to the end; the whole answer."""
-    if spec.images is not None:  # loaded and checked once, before any choice is submitted
-        spec.requests, spec.images = await attach_images(request, spec.model, spec.requests, spec.images), None
-    streams = await submit(request, spec.model, spec.endpoint, _coros(request, spec), wait_all=True)
+    streams = await _submit(request, spec, wait_all=True)
     plane = plane_of(request)
     choices = []
     for i, (s, req) in enumerate(zip(streams, spec.requests)):
@@ -280,7 +291,5 @@ class GenerationStream:
 async def open_stream(request: Request, spec: GenerationSpec) -> GenerationStream:
     """Submit and wait for every choice's first output (errors before any output raise
     here, so the HTTP status can still say so)."""
-    if spec.images is not None:  # loaded and checked once, before any choice is submitted
-        spec.requests, spec.images = await attach_images(request, spec.model, spec.requests, spec.images), None
-    streams = await submit(request, spec.model, spec.endpoint, _coros(request, spec), wait_all=False)
+    streams = await _submit(request, spec, wait_all=False)
     return GenerationStream(plane_of(request), spec, streams)

@@ -43,6 +43,7 @@ from corral.api.core.image_fetch import fetch_image
 from corral.api.http import plane_of
 from corral.config import ServerConfig
 from corral.control.capabilities import can
+from corral.control.scheduling.pool import ModelPool
 from corral.errors import ImageUrlNotAllowed, InvalidImage, InvalidRequest, PayloadTooLarge, VisionNotSupported
 
 __all__ = ["ImageRef", "attach_images", "decode_data_url", "data_url"]
@@ -134,12 +135,11 @@ def _check_markers(messages: Sequence[wire.ChatMessage], images: list[list[bytes
                                  "where an image goes; remove it from the text", param=f"messages.{i}.content")
 
 
-async def attach_images(request: Request, model: str, requests: list[wire.GenerateRequest],
+async def attach_images(request: Request, pool: ModelPool, requests: list[wire.GenerateRequest],
                         refs: list[list[ImageRef]]) -> list[wire.GenerateRequest]:
     """``requests`` with their images (``refs[i]``: message i's; with a raw prompt, all in
     order), each loaded and checked; the errors of the module's docstring."""
     plane = plane_of(request)
-    pool = plane.pool(model)
     first = next(r for rs in refs for r in rs)
     if not can(pool, "vision"):
         raise VisionNotSupported(

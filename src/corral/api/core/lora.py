@@ -25,14 +25,14 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral import wire
-from corral.api.core.adapter_models import find_adapter_model
+from corral.api.core.target import Target
 from corral.control.plane import ControlPlane
 from corral.control.scheduling.pool import ModelPool
 from corral.control.stream import RequestStream
-from corral.errors import InvalidRequest, ModelNotFound
+from corral.errors import InvalidRequest
 from corral.settings import LORA_SCALE_MAX, MAX_LORA, LoraAdapter
 
-__all__ = ["LoraIn", "LoraList", "route", "set_defaults", "current_scales", "adapter_model", "to_wire"]
+__all__ = ["LoraIn", "LoraList", "route", "set_defaults", "current_scales", "to_wire"]
 
 
 class LoraIn(BaseModel):
@@ -70,36 +70,15 @@ def to_wire(pool: ModelPool, entries: list[LoraIn]) -> list[wire.LoraScale]:
     return [wire.LoraScale(_index(adapters, e.id, pool.spec.id), e.scale) for e in entries]
 
 
-def adapter_model(plane: ControlPlane, name: str) -> tuple[ModelPool, int] | None:
-    """The base model and adapter position an adapter model id names, if one does and the
-    request's key may use it (corral.api.core.adapter_models)."""
-    found = find_adapter_model(plane, name)
-    return None if found is None else (found.base, found.position)
-
-
-def _pool(plane: ControlPlane, name: str) -> tuple[ModelPool, list[wire.LoraScale] | None]:
-    """The model ``name`` runs on, and the scales an adapter model id implies."""
-    try:
-        return plane.pool(name), None
-    except ModelNotFound:
-        found = adapter_model(plane, name)
-        if found is None:
-            raise
-        pool, i = found
-        return pool, [wire.LoraScale(i, pool.spec.lora[i].scale)]
-
-
-def route(plane: ControlPlane, name: str, req: wire.GenerateRequest) -> tuple[str, wire.GenerateRequest]:
-    """The model id to send ``req`` to, and ``req`` with its adapter scales settled."""
-    pool, implied = _pool(plane, name)
+def route(target: Target, req: wire.GenerateRequest) -> wire.GenerateRequest:
+    """``req`` with its adapter scales settled for ``target`` (resolved once: api/core/target.py)."""
+    pool = target.pool
     if req.lora:
         for e in req.lora:
             _index(pool.spec.lora, e.id, pool.spec.id)
-        return pool.spec.id if implied is not None else name, req
-    scales = implied if implied is not None else pool.lora_defaults
-    if scales is None:
-        return name, req
-    return (pool.spec.id if implied is not None else name), msgspec.structs.replace(req, lora=scales)
+        return req
+    scales = target.implied if target.implied is not None else pool.lora_defaults
+    return req if scales is None else msgspec.structs.replace(req, lora=scales)
 
 
 def set_defaults(pool: ModelPool, scales: list[wire.LoraScale]) -> None:
@@ -118,8 +97,7 @@ def current_scales(pool: ModelPool) -> list[float]:
     return [s.scale for s in set_]
 
 
-async def generate_routed(plane: ControlPlane, name: str, req: wire.GenerateRequest,
+async def generate_routed(plane: ControlPlane, target: Target, req: wire.GenerateRequest,
                           prefix: str | None, cache_salt: str | None = None) -> RequestStream:
     """``plane.generate`` after ``route``: adapter scales, adapter model ids."""
-    name, req = route(plane, name, req)
-    return await plane.generate(name, req, prefix, cache_salt)
+    return await plane.generate(target.pool, route(target, req), prefix, cache_salt)

@@ -12,10 +12,11 @@ from typing import Any
 
 from starlette.requests import Request
 
-from corral.api.http import app_part, plane_of
+from corral.api.core.target import Target
+from corral.api.http import plane_of
 from corral.control.plane import ControlPlane
 from corral.control.stream import RequestStream
-from corral.errors import ClientDisconnected, CorralError, ModelDownloading, ModelNotFound
+from corral.errors import ClientDisconnected, CorralError
 
 __all__ = ["ClientWatch", "FIRST_OUTPUT_WAIT_S", "observe", "submit"]
 
@@ -68,27 +69,6 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-def _label(plane: ControlPlane, name: str) -> str:
-    """A metrics label: the model id, never a raw client string (bounded cardinality)."""
-    try:
-        return plane.resolve(name)
-    except CorralError:
-        return "unknown"
-
-
-def _raise_if_downloading(request: Request, name: str, exc: CorralError) -> None:
-    """A model that is still being pulled is not "not found": 503 with its progress."""
-    dm = app_part(request, "downloads")
-    if not isinstance(exc, ModelNotFound) or dm is None:
-        return
-    pull = dm.find_by_model(name)
-    if pull is not None:
-        p = pull.progress()
-        done = f"{p['done']} of {p['total']} bytes" if p.get("total") else f"{p['done']} bytes"
-        raise ModelDownloading(f"model {name!r} is still downloading ({done}); try again later",
-                               retry_after_s=5) from None
-
-
 def observe(plane: ControlPlane, stream: RequestStream, endpoint: str, status: int) -> None:
     fin = stream.finished
     inst = stream.instance_index
@@ -101,12 +81,12 @@ def observe(plane: ControlPlane, stream: RequestStream, endpoint: str, status: i
         latency_s=end - stream.created)
 
 
-async def submit(request: Request, name: str, endpoint: str, coros: list[Awaitable[RequestStream]],
+async def submit(request: Request, target: Target, endpoint: str, coros: list[Awaitable[RequestStream]],
                  *, wait_all: bool) -> list[RequestStream]:
-    """Submit requests (one per choice) and wait for each one's first output
-    (``wait_all=False``: so an error before any output still gets its HTTP status) or for
-    its end. A failure, or the client leaving, aborts the others. Failures before the
-    request runs are counted in the metrics; a model still being pulled says so."""
+    """Submit requests (one per choice) to ``target`` (resolved once: api/core/target.py) and
+    wait for each one's first output (``wait_all=False``: so an error before any output still
+    gets its HTTP status) or for its end. A failure, or the client leaving, aborts the
+    others. Failures before the request runs are counted in the metrics."""
     plane = plane_of(request)
     watch = ClientWatch(request)
     streams: list[RequestStream] = []
@@ -133,8 +113,7 @@ async def submit(request: Request, name: str, endpoint: str, coros: list[Awaitab
             raise
     except CorralError as exc:
         if not (isinstance(exc, ClientDisconnected) and streams):  # those were counted each
-            plane.metrics.observe_request(_label(plane, name), None, endpoint, exc.status)
-        _raise_if_downloading(request, name, exc)
+            plane.metrics.observe_request(target.id, None, endpoint, exc.status)
         raise
     finally:
         watch.close()

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from corral import __version__, wire
 from corral.api.core.chat_request import ChatCompletionRequest
 from corral.api.core.submit import observe, submit
+from corral.api.core.target import resolve
 from corral.api.core.schemas import parse_body
 from corral.api.http import invalid_request, json_response, plane_of
 from corral.api.llamacpp.schemas import ApplyTemplateBody, model_for
@@ -97,7 +98,8 @@ async def apply_template(request: Request) -> Response:
         raise invalid_request(exc.errors(include_url=False)) from None
     msg = wire.TokenizeRequest(id="tpl-" + secrets.token_hex(8), messages=chat.wire_messages(),
                                tools=chat.wire_tools())
-    [stream] = await submit(request, model, "apply_template", [plane.tokenize(model, msg)], wait_all=True)
+    target = resolve(request, model, "apply_template", adapters=False)
+    [stream] = await submit(request, target, "apply_template", [plane.tokenize(target.pool, msg)], wait_all=True)
     observe(plane, stream, "apply_template", 200)
     assert stream.tokenized is not None
     return json_response({"prompt": stream.tokenized.text})

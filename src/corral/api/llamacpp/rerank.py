@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from corral import wire
 from corral.api.core.submit import observe, submit
+from corral.api.core.target import resolve
 from corral.api.core.schemas import parse_body
 from corral.api.http import json_response, plane_of
 from corral.api.llamacpp.schemas import RerankBody, model_that
@@ -38,9 +39,9 @@ async def rerank(request: Request) -> Response:
     body = await parse_body(request, RerankBody)
     docs = body.docs()
     plane = plane_of(request)
-    model = await model_that(plane, body.model, "rerank")
+    target = resolve(request, await model_that(plane, body.model, "rerank"), "rerank", adapters=False)
     msg = wire.EmbedRequest(id="rerank-" + secrets.token_hex(12), inputs=docs, query=body.query, normalize=False)
-    [stream] = await submit(request, model, "rerank", [plane.embed(model, msg)], wait_all=True)
+    [stream] = await submit(request, target, "rerank", [plane.embed(target.pool, msg)], wait_all=True)
     observe(plane, stream, "rerank", 200)
     emb = stream.embeddings
     assert emb is not None

@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from corral.api.core.target import Target
 from corral.api.core.token_count import count_chat_tokens
 from corral.errors import ContextLengthExceeded
 
@@ -44,13 +45,13 @@ def _drop_oldest(messages: list[dict[str, Any]], n_chars: int) -> list[dict[str,
     return keep
 
 
-async def fit_num_ctx(request: Request, model: str, messages: list[dict[str, Any]],
+async def fit_num_ctx(request: Request, target: Target, messages: list[dict[str, Any]],
                       tools: list[dict[str, Any]] | None, num_ctx: int, slot_ctx: int,
                       truncate: bool) -> tuple[list[dict[str, Any]], int | None]:
     """(the messages that fit ``min(num_ctx, slot_ctx)``, the cap on generated tokens or None)."""
     limit = min(num_ctx, slot_ctx)
     extra: dict[str, Any] = {"tools": tools} if tools else {}
-    _, n = await count_chat_tokens(request, {"model": model, "messages": messages, **extra}, "ollama_chat")
+    _, n = await count_chat_tokens(request, {"model": target.id, "messages": messages, **extra}, "ollama_chat", target)
     while n >= limit:
         if not truncate:
             raise ContextLengthExceeded(f"the prompt has {n} tokens, but the context is {limit} tokens "
@@ -63,5 +64,6 @@ async def fit_num_ctx(request: Request, model: str, messages: list[dict[str, Any
                                         f"but the context is {limit} tokens (options.num_ctx {num_ctx}, "
                                         f"this model's slot {slot_ctx})", param="messages")
         messages = fewer
-        _, n = await count_chat_tokens(request, {"model": model, "messages": messages, **extra}, "ollama_chat")
+        _, n = await count_chat_tokens(request, {"model": target.id, "messages": messages, **extra}, "ollama_chat",
+                                       target)
     return messages, (limit - n if limit < slot_ctx else None)

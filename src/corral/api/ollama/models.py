@@ -25,6 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
+from corral.control.placement.memory import memory_bytes
 from corral import reasoning_format, wire
 from corral.api.core.adapter_models import AdapterModel, adapter_file_size, adapter_models, find_adapter_model
 from corral.api.http import app_part, json_response, ndjson_line, plane_of
@@ -144,7 +145,7 @@ def _sizes(pool: ModelPool) -> tuple[int, int]:
     if parts:
         on_host, on_gpu = wire.host_and_gpu_bytes(parts)
         return on_gpu + on_host, on_gpu
-    size = pool.memory_bytes()
+    size = memory_bytes(pool)
     on_gpu = any(info.gpu_layers != 0 and any(d.kind in ("gpu", "igpu") for d in info.devices) for info in infos)
     return size, size if on_gpu else 0
 

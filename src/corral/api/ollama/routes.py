@@ -30,14 +30,14 @@ from starlette.responses import Response, StreamingResponse
 from corral import wire
 from corral.api.core.dialect import (Generation, Outcome, ReasoningEvent, TextEvent, ToolCallEvent, build_spec,
                                      parse_arguments, run_embedding, run_generation)
-from corral.api.core.adapter_models import serving_model
 from corral.api.http import json_response, ndjson_line, plane_of
 from corral.api.ollama.context import fit_num_ctx
 from corral.api.ollama.schemas import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                        OllamaGenerateRequest, parse_keep_alive, sampling_from_options)
 from corral.api.core.schemas import parse_body
+from corral.api.core.target import Target, find, resolve
 from corral.control.keys.ring import current_caller
-from corral.control.plane import ControlPlane
+from corral.control.scheduling.pool import ModelPool
 from corral.errors import CorralError
 
 __all__ = ["router", "created_at"]
@@ -56,8 +56,7 @@ def _ns(seconds: float) -> int:
     return max(0, int(seconds * 1e9))
 
 
-def _slot_context(plane: ControlPlane, name: str) -> int:
-    pool = plane.pool(name)
+def _slot_context(pool: ModelPool) -> int:
     for inst in pool.instances:
         if inst.info is not None:
             return int(inst.info.n_ctx_slot)
@@ -84,22 +83,22 @@ async def _load_or_unload(request: Request, name: str, keep_alive: float | None,
                           body: dict[str, Any]) -> Response:
     """An empty prompt / no messages: load the model (or unload it with keep_alive 0)."""
     plane = plane_of(request)
-    served = serving_model(plane, name)  # an adapter model: its base's workers
-    model = plane.resolve(served) if served == name else name
+    target = find(plane, name)  # an adapter model: its base's workers
+    model = target.id if target.implied is None else name
     if keep_alive == 0:
-        await plane.unload(served, "unloaded by request (keep_alive 0)")
+        await plane.unload(target.pool, "unloaded by request (keep_alive 0)")
         reason = "unload"
     else:
-        await plane.load(served)
-        plane.keep_alive(served, keep_alive)
+        await plane.load(target.pool)
+        plane.keep_alive(target.pool, keep_alive)
         reason = "load"
     return json_response({"model": model, "created_at": created_at(), **body, "done": True,
                             "done_reason": reason})
 
 
-def _keep_alive_hook(request: Request, name: str, keep_alive: float | None) -> Callable[[], None]:
-    plane, served = plane_of(request), serving_model(plane_of(request), name)  # under the request's key
-    return lambda: plane.keep_alive(served, keep_alive)
+def _keep_alive_hook(request: Request, target: Target, keep_alive: float | None) -> Callable[[], None]:
+    plane = plane_of(request)
+    return lambda: plane.keep_alive(target.pool, keep_alive)
 
 
 def _calls(calls: list[wire.ToolCall]) -> list[dict[str, Any]]:
@@ -141,21 +140,23 @@ def _ndjson(gen: Generation, text_line: Callable[[str, str], bytes],
 
 async def _run(request: Request, body: OllamaChatRequest | OllamaGenerateRequest, endpoint: str,
                messages: list[dict[str, Any]], prompt: str | None, ka: float | None) -> Generation:
-    slot_ctx = _slot_context(plane_of(request), body.model)
+    target = resolve(request, body.model, endpoint)  # once: the spec, num_ctx and keep_alive use it
+    slot_ctx = _slot_context(target.pool)
     params = sampling_from_options(body.options, slot_ctx)
     tools = body.tools if isinstance(body, OllamaChatRequest) else None
     num_ctx = body.options.num_ctx if body.options is not None else None
     if isinstance(body, OllamaChatRequest) and num_ctx is not None:
-        messages, cap = await fit_num_ctx(request, body.model, messages, tools, num_ctx, slot_ctx, body.truncate)
+        messages, cap = await fit_num_ctx(request, target, messages, tools, num_ctx, slot_ctx, body.truncate)
         if cap is not None and (params.max_tokens is None or params.max_tokens > cap):
             params = msgspec.structs.replace(params, max_tokens=cap)
     spec = build_spec(body.model, endpoint, messages, params, prompt=prompt, tools=tools,
                       response_format=body.response_format(), reasoning=body.reasoning(), cache_salt=body.cache_salt)
+    spec.target = target
     if isinstance(body, OllamaGenerateRequest) and body.suffix is not None:  # fill-in-the-middle
         fim = wire.Infill(prefix=body.prompt, suffix=body.suffix)
         spec.requests = [msgspec.structs.replace(r, prompt=None, infill=fim) for r in spec.requests]
     return await run_generation(request, spec, stream=body.stream,
-                                on_close=_keep_alive_hook(request, body.model, ka))
+                                on_close=_keep_alive_hook(request, target, ka))
 
 
 # ------------------------------------------------------------------------ chat
@@ -236,8 +237,9 @@ async def embed(request: Request) -> Response:
     body = await parse_body(request, OllamaEmbedRequest)
     inputs = body.inputs()
     ka, ignored = _allowed_keep_alive(parse_keep_alive(body.keep_alive))
-    rs, emb = await run_embedding(request, body.model, "ollama_embed", inputs,
-                                  on_close=_keep_alive_hook(request, body.model, ka), truncate=body.truncate)
+    target = resolve(request, body.model, "ollama_embed", adapters=False)
+    rs, emb = await run_embedding(request, target, "ollama_embed", inputs,
+                                  on_close=_keep_alive_hook(request, target, ka), truncate=body.truncate)
     o = Outcome.of(rs)
     return _noted(json_response({"model": rs.model, "embeddings": emb.data, "total_duration": _ns(o.total_s),
                                  "load_duration": _ns(o.load_s), "prompt_eval_count": emb.prompt_tokens}), ignored)
@@ -250,6 +252,7 @@ async def embeddings(request: Request) -> Response:
     ka, ignored = _allowed_keep_alive(parse_keep_alive(body.keep_alive))
     if not body.prompt:
         return _noted(json_response({"embedding": []}), ignored)
-    _, emb = await run_embedding(request, body.model, "ollama_embed", [body.prompt],
-                                 on_close=_keep_alive_hook(request, body.model, ka), normalize=False)
+    target = resolve(request, body.model, "ollama_embed", adapters=False)
+    _, emb = await run_embedding(request, target, "ollama_embed", [body.prompt],
+                                 on_close=_keep_alive_hook(request, target, ka), normalize=False)
     return _noted(json_response({"embedding": emb.data[0]}), ignored)

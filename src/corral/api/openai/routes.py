@@ -24,6 +24,7 @@ from corral.api.core.chat_request import ChatCompletionRequest
 from corral.api.core.generation import (FinishEvent, GenerationResult, GenerationStream, ReasoningEvent, TextEvent,
                                         ToolCallEvent, chat_spec, completion_spec, generate, open_stream)
 from corral.api.core.submit import observe, submit
+from corral.api.core.target import resolve
 from corral.api.core.logprob_shapes import chat_logprobs, completion_logprobs
 from corral.api.http import json_response, plane_of, sse_data, sse_stream
 from corral.api.core.schemas import CompletionRequest, EmbeddingRequest, parse_body
@@ -211,8 +212,9 @@ async def embeddings(request: Request) -> Response:
     inputs = body.inputs()
     rid = "emb-" + secrets.token_hex(12)
     plane = plane_of(request)
-    [stream] = await submit(request, name, "embeddings", [plane.embed(name, wire.EmbedRequest(id=rid, inputs=inputs))],
-                            wait_all=True)
+    target = resolve(request, name, "embeddings", adapters=False)
+    [stream] = await submit(request, target, "embeddings",
+                            [plane.embed(target.pool, wire.EmbedRequest(id=rid, inputs=inputs))], wait_all=True)
     observe(plane, stream, "embeddings", 200)
     emb = stream.embeddings
     assert emb is not None

@@ -34,6 +34,7 @@ from starlette.responses import Response
 
 from corral import wire
 from corral.api.core.submit import observe, submit
+from corral.api.core.target import Target, resolve
 from corral.api.http import json_response, model_or_only, plane_of
 from corral.api.core.schemas import parse_body
 from corral.control.stream import RequestStream
@@ -67,13 +68,13 @@ BODIES: dict[tuple[str, str], type[BaseModel]] = {("post", "/tokenize"): Tokeniz
 _model = model_or_only
 
 
-async def _stream(request: Request, name: str | None, msg_kw: dict[str, Any]) -> tuple[str, RequestStream]:
+async def _stream(request: Request, name: str | None, msg_kw: dict[str, Any]) -> tuple[Target, RequestStream]:
     plane = plane_of(request)
-    model = _model(plane, name)
+    target = resolve(request, _model(plane, name), "tokenize", adapters=False)
     msg = wire.TokenizeRequest(id="tok-" + secrets.token_hex(8), **msg_kw)
-    [stream] = await submit(request, model, "tokenize", [plane.tokenize(model, msg)], wait_all=True)
+    [stream] = await submit(request, target, "tokenize", [plane.tokenize(target.pool, msg)], wait_all=True)
     observe(plane, stream, "tokenize", 200)
-    return model, stream
+    return target, stream
 
 
 async def _run(request: Request, name: str | None, msg_kw: dict[str, Any]) -> wire.Tokenized:
@@ -110,8 +111,8 @@ async def detokenize(request: Request) -> Response:
 async def tokenizer_info(request: Request, model: str | None = None) -> Response:
     # an empty tokenize on the one request path: loads the model if it is not (autoload),
     # and names the instance whose load report (wire.ModelInfo) describes its vocabulary
-    name, stream = await _stream(request, model, {"text": ""})
-    pool = plane_of(request).pool(name)
+    target, stream = await _stream(request, model, {"text": ""})
+    pool, name = target.pool, target.id
     inst = next((i for i in pool.instances if i.index == stream.instance_index and i.info is not None), None)
     info = inst.info if inst is not None else None
     if info is None or info.tokenizer is None:

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from corral.control.placement.memory import estimate_bytes, memory_bytes
 from corral.byte_sizes import fmt_bytes
 from corral.config import ServerConfig
 from corral.control.placement.gpu_slot import GpuSlot
@@ -90,7 +91,7 @@ class Admission:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + srv.queue_timeout_s
         budget = srv.memory_budget
-        need = pool.estimate_bytes()
+        need = estimate_bytes(pool)
         if budget is not None and need > budget:
             raise LoadFailed(f"model {pool.spec.id!r} needs about {fmt_bytes(need)}, more than "
                              f"memory_budget ({fmt_bytes(budget)})")
@@ -104,7 +105,7 @@ class Admission:
         while True:
             others = [p for p in self._pools.values() if p is not pool and p.occupies]
             over_count = len(others) + 1 > srv.max_loaded_models
-            used = sum(p.memory_bytes() for p in others)
+            used = sum(memory_bytes(p) for p in others)
             over_mem = budget is not None and used + need > budget
             placed = gpus.place(pool, gpu_need, others) if gpus is not None else None
             short = placed if isinstance(placed, Shortage) else None
@@ -158,7 +159,7 @@ class Admission:
         async with self._lock.turn():
             while True:
                 active = [p for p in self._pools.values() if p.occupies]
-                if sum(p.memory_bytes() for p in active) <= budget:
+                if sum(memory_bytes(p) for p in active) <= budget:
                     return
                 victims = sorted((p for p in active if p is not loaded and p.evictable),
                                  key=lambda p: p.last_used)

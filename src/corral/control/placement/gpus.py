@@ -44,7 +44,8 @@ from corral.config import ServerConfig
 from corral.control.placement.gpu_slot import GpuSlot
 from corral.errors import LoadFailed
 from corral.fit.draft import draft_needs
-from corral.fit.plan import GGUFError, ModelLayout, device_needs, read_layout
+from corral.fit.layout import GGUFError, ModelLayout, read_layout
+from corral.fit.plan import device_needs
 from corral.fit.split import router_split, split_by_weights
 from corral.settings import VISIBLE_DEVICES_VARS
 

@@ -53,7 +53,7 @@ ANONYMOUS = Requester()
 
 def requester() -> Requester:
     """The current request's (its ``Caller``); the anonymous key outside one. Read once where
-    a request is submitted (``ControlPlane._send``) and passed down from there."""
+    a request is submitted (``Dispatch._send``) and passed down from there."""
     caller = CALLER.get()
     return ANONYMOUS if caller is None else Requester(caller.name, caller.key.spec.weight, caller.priority)
 

@@ -60,7 +60,7 @@ class ModelPool:
         self.preempt = Preemptor(self, server)  # fair-share preemption (control/scheduling/preempt.py)
         self.last_used = 0.0
         self.draining = False
-        self.footprint: int | None = None  # per-instance bytes, as last reported
+        self.footprint: int | None = None  # per-instance bytes, as last reported (placement/memory.py)
         self.loads, self.loaded_at = 0, 0.0  # starts; time.monotonic() of the last
         # Ollama's keep_alive from the latest request: None = spec.ttl_s, 0 = unload when
         # idle, > 0 = idle seconds before unloading, < 0 = stay loaded. Reset on each load.
@@ -151,26 +151,6 @@ class ModelPool:
     def live(self) -> list[Instance]:
         """The instances that take memory: starting, ready, stopping, or about to start."""
         return [i for i in self.instances if i.holds_memory]
-
-    def memory_bytes(self) -> int:
-        """Reported host bytes of live instances (a GPU fit plan's host part, else weights +
-        KV); the last known (or file size) while loading."""
-        total = 0
-        for i in self.live():
-            m = i.info.fit.host_bytes if i.info is not None and i.info.fit is not None else i.memory_bytes
-            total += m if m is not None else self.estimate_instance_bytes()
-        return total
-
-    def estimate_instance_bytes(self) -> int:
-        if self.footprint is not None:
-            return self.footprint
-        try:  # the weights and the vision projector (corral.store.projector)
-            return self.spec.path.stat().st_size + self.spec.projector_bytes()
-        except OSError:
-            return 0
-
-    def estimate_bytes(self) -> int:
-        return self.estimate_instance_bytes() * self.spec.instances
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, *, fresh: bool = True, gpus: list[GpuSlot] | None = None) -> None:

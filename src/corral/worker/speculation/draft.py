@@ -46,7 +46,8 @@ import numpy as np
 from corral import wire
 from corral.fit.rows import outputs_max
 from corral.fit.draft import draft_needs, draft_path, draft_settings
-from corral.fit.plan import DEFAULT_MARGIN_BYTES, GGUFError, read_layout
+from corral.fit.layout import GGUFError, read_layout
+from corral.fit.plan import DEFAULT_MARGIN_BYTES
 from corral.worker.llama_context import ContextFailed, context_params, open_context
 from corral.worker.model import LoadedModel, ModelLoadError, check_gguf_file, free_context_and_model, model_meta
 from corral.worker.sampling.sampler import logits_at

@@ -34,7 +34,8 @@ from corral.events import EventBus, EventName
 from corral.exits import describe_exit
 from corral.frames import FrameDecoder, FrameTooLarge
 from corral.control.transport.link import LinkOwner
-from corral.control.transport.ray.link import RayLink, RayUnavailable, actor_resources, file_estimate
+from corral.control.transport.ray.link import RayLink, RayUnavailable, file_estimate
+from corral.control.transport.ray.room import NodeRoom
 
 __all__ = ["RayCluster"]
 
@@ -66,16 +67,13 @@ class RayCluster:
         self._log_dir = log_dir
         self._worker_command = worker_command
         self._place_timeout_s = place_timeout_s
-        self._estimate = estimate
         self._bridge_command = bridge_command or [sys.executable, "-m", "corral.control.transport.ray.bridge"]
         self._router_id = f"{socket.gethostname()}-{os.getpid()}"
         self._seq = itertools.count(1)
         self._proc: asyncio.subprocess.Process | None = None
         self._pending: dict[str, asyncio.Future[m.Placed]] = {}
         self._links: dict[str, RayLink] = {}
-        self._memory: dict[tuple[Any, ...], int] = {}  # what a load with these settings reported
-        self._shape: dict[str, tuple[Any, ...]] = {}  # spawn key -> its settings' memory shape
-        self._claims: dict[str, tuple[str | None, m.ActorResources]] = {}  # key -> (node id, asked)
+        self.room = NodeRoom(estimate)  # the per-node budget (room.py)
         self._connected: asyncio.Event = asyncio.Event()
         self._lost_event: asyncio.Event = asyncio.Event()  # set while "disconnected"
         self.attempts = 0  # failed reconnect attempts since the connection was lost
@@ -162,10 +160,7 @@ class RayCluster:
             raise RayUnavailable(f"not connected to the Ray cluster at {self.address}"
                                  + (f": {self.reason}" if self.reason else ""))
         key = f"{self._router_id}/{settings.model_id}#{settings.instance}.{next(self._seq)}"
-        shape = _memory_shape(settings)
-        self._shape[key] = shape
-        res = self.resources_for(settings)
-        self._claims[key] = (None, res)
+        res = self.room.claim(key, settings, self.nodes)
         fut: asyncio.Future[m.Placed] = asyncio.get_running_loop().create_future()
         self._pending[key] = fut
         self._send(m.Spawn(key=key, settings_json=msgspec.json.encode(settings).decode(),
@@ -174,14 +169,13 @@ class RayCluster:
         try:
             placed = await fut
         except BaseException:
-            self._shape.pop(key, None)
-            self._claims.pop(key, None)
+            self.room.forget(key)
             raise
         finally:
             self._pending.pop(key, None)
         link = RayLink(owner, self, key, placed)
         self._links[key] = link
-        self._claims[key] = (placed.node_id, res)
+        self.room.placed(key, placed.node_id, res)
         self._publish(EventName.RAY_PLACED, settings.model_id, instance=settings.instance,
                       node_id=placed.node_id, node_address=placed.node_address,
                       hostname=placed.hostname)
@@ -194,47 +188,18 @@ class RayCluster:
 
     def forget(self, key: str) -> None:
         self._links.pop(key, None)
-        self._shape.pop(key, None)
-        self._claims.pop(key, None)
-
-    # ------------------------------------------------------------ per-node room
-
-    def resources_for(self, settings: wire.WorkerSettings) -> m.ActorResources:
-        """What an instance with these settings asks of Ray (memory: what the last load
-        of the same shape reported, else the file estimate)."""
-        known = self._memory.get(_memory_shape(settings))
-        gpus = any(n.alive and n.gpus > 0 for n in self.nodes)
-        return actor_resources(settings, known or self._estimate(settings), cluster_has_gpus=gpus)
+        self.room.forget(key)
 
     def room_for(self, settings: wire.WorkerSettings, count: int) -> str | None:
         """None when ``count`` more instances with these settings fit on the live nodes
-        next to what corral's instances hold there (CPUs, GPUs, memory, custom
-        resources: the per-node budget); else why not, for the capacity error."""
+        (``NodeRoom.room_for``); else why not. Nothing known yet (not connected): None."""
         if self.status != "connected" or not self.nodes:
             return None  # nothing known: let the spawn wait for the connection
-        free = {n.node_id: _capacity(n) for n in self.nodes if n.alive}
-        pending = []
-        for node_id, res in self._claims.values():
-            if node_id in free:
-                _take(free[node_id], res)
-            elif node_id is None:
-                pending.append(res)
-        want = self.resources_for(settings)
-        for res in [*pending, *[want] * count]:
-            node = next((nid for nid, cap in free.items() if _fits(cap, res)), None)
-            if node is None:
-                if res is not want:
-                    continue  # a pending spawn Ray may place elsewhere: not our question
-                return (f"no node of the Ray cluster has room for another instance "
-                        f"({_describe(want)}) next to the instances corral runs there")
-            _take(free[node], res)
-        return None
+        return self.room.room_for(settings, count, self.nodes)
 
     def learned(self, key: str, memory: int) -> None:
         """A worker reported its weights + KV: the next spawn of that shape asks for it."""
-        shape = self._shape.get(key)
-        if shape is not None and memory > 0:
-            self._memory[shape] = memory
+        self.room.learned(key, memory)
 
     # ------------------------------------------------------------ the bridge
 
@@ -352,32 +317,6 @@ class RayCluster:
     def _publish(self, name: EventName, model: str | None, **fields: Any) -> None:
         if self._bus is not None:
             self._bus.publish(name, model, **fields)
-
-
-def _capacity(n: m.NodeView) -> dict[str, float]:
-    return {"CPU": n.cpus, "GPU": n.gpus, "memory": float(n.memory), **n.resources}
-
-
-def _asks(res: m.ActorResources) -> dict[str, float]:
-    return {"CPU": res.num_cpus, "GPU": res.num_gpus, "memory": float(res.memory), **res.resources}
-
-
-def _fits(cap: dict[str, float], res: m.ActorResources) -> bool:
-    return all(cap.get(k, 0.0) >= v for k, v in _asks(res).items() if v > 0)
-
-
-def _take(cap: dict[str, float], res: m.ActorResources) -> None:
-    for k, v in _asks(res).items():
-        cap[k] = cap.get(k, 0.0) - v
-
-
-def _describe(res: m.ActorResources) -> str:
-    return ", ".join(f"{k}={v / 2**20:.0f} MiB" if k == "memory" else f"{k}={v:g}"
-                     for k, v in _asks(res).items() if v > 0)
-
-
-def _memory_shape(s: wire.WorkerSettings) -> tuple[Any, ...]:
-    return (s.model_path, s.ctx_len, s.n_parallel, s.n_gpu_layers, s.embedding)
 
 
 def _last_line(path: Path) -> str:
