@@ -40,6 +40,7 @@ from corral.worker.cache.kv_store import HostKVStore, KVEntry, common_prefix, re
 from corral.worker.lora.state import BASE, LoraKey
 from corral.worker.model import LoadedModel
 from corral.worker.slots import Job, Slot, StepFeature, reuse_len
+from corral.worker.vision.mrope import kv_pos
 
 __all__ = ["PromptCache", "MIN_SAVE_TOKENS", "MIN_GAIN_TOKENS"]
 
@@ -187,8 +188,8 @@ class PromptCache(StepFeature):
         if not restore_seq(self.m.ctx, slot.index, state):
             return 0
         slot.cached = list(entry_tokens)
-        if n < len(entry_tokens):
-            if not ll.llama_memory_seq_rm(mem, slot.index, n, -1):
+        if n < len(entry_tokens):  # cut at entry n's position (after an M-RoPE image: less than n)
+            if not ll.llama_memory_seq_rm(mem, slot.index, kv_pos(tokens, n), -1):
                 ll.llama_memory_seq_rm(mem, slot.index, -1, -1)
                 slot.cached = []
                 return 0
