@@ -15,15 +15,16 @@ adapter: other tokens than the model's, and the model's at scale 0).
 Lean for lavapipe: 7-token batches (``n_batch = 7``, the pipelines the other GPU tests
 compile), a one-token image (16x16 pixels, 8x8 patches, merged 2x2), drafts of at most 2.
 
-The accounting these check is corral's own (control/placement/gpus.py): without the
-fit plan's neighbours counted (``_fitted`` returning ``_plan_shares``) ``used_bytes`` is the
-plan alone and ``plain`` comes back beside the feature model; without the projector or the
-adapters in the estimate (``_need``) the feature model loads beside ``plain``. Those two
-mutations fail tests/control/test_projector_memory.py with fake workers (2026-12-03); before
-this file, the plan alone was all the router counted. Cold (an empty Mesa shader cache) the
-first run of this file took 38 minutes on 2 loaded cores, nearly all of it the first 7-token
-prompt's pipelines (its projector case ran past its 30-minute request timeout); warm, the
-LoRA case takes 100 s.
+Each check fails with its mutation (on lavapipe, 2026-12-03): the fit plan's neighbours not
+counted once reported (``placement.gpus._fitted`` returning ``_plan_shares``: used 85,408,256
+bytes, the plan alone, against the 86,150,560 needed, the LoRA case); the projector left out of
+the estimate (``_need``: the feature model loads beside ``plain``); the projector on the host
+(``use_gpu = False`` in worker/vision/projector.py: ``mmproj_device`` "CPU").
+tests/control/test_projector_memory.py checks the same accounting with fake workers.
+
+Cold (an empty Mesa shader cache) the first run took 38 minutes on 2 loaded cores, nearly
+all of it the first 7-token prompt's pipelines, and the projector's encode about 6 minutes
+more; warm, the file takes 50 s (three cases, 14 to 17 s each).
 """
 
 from __future__ import annotations
