@@ -96,6 +96,9 @@ def test_the_draft_is_loaded_and_counted(plain: Engine, selfdraft: Engine, model
     assert d is not None and d.path == str(model_path) and d.n_params == plain.info.n_params
     assert selfdraft.info.model_bytes == plain.info.model_bytes + d.model_bytes
     assert d.kv_bytes > 0 and selfdraft.info.kv_bytes >= d.kv_bytes
+    # where llama.cpp put it, as it logged it: on the CPU build, the host
+    logged = {(b.buffer, b.kind) for b in d.buffers}
+    assert any(k == "model" for _, k in logged) and ("CPU", "kv") in logged, d.buffers
     assert plain.info.draft is None and selfdraft.stats().model_bytes == selfdraft.info.model_bytes
 
 

@@ -71,6 +71,7 @@ def test_info_lists_adapters_and_counts_their_bytes(engine: Engine, plain: Engin
     info = engine.info
     assert [(x.id, x.name, x.path) for x in info.lora] == [(0, "a", str(adapters[0])), (1, "b", str(adapters[1]))]
     assert all(x.bytes > 100_000 for x in info.lora)
+    assert all([b.kind for b in x.buffers] == ["lora"] and x.buffers[0].bytes > 100_000 for x in info.lora), info.lora
     assert info.model_bytes == plain.info.model_bytes + sum(x.bytes for x in info.lora)
     assert engine.stats().model_bytes == info.model_bytes
 

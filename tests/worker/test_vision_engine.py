@@ -59,6 +59,9 @@ def finished(finals: dict[str, object], rid: str) -> wire.Finished:
 def test_model_info_says_vision(vengine: Engine, mmproj_path: Path) -> None:
     assert vengine.info.vision is True
     assert vengine.info.mmproj_bytes == mmproj_path.stat().st_size
+    # where libmtmd runs it, as it logged it (the CPU build: the host; tests/gpu: Vulkan0)
+    assert vengine.info.mmproj_device == "CPU", vengine.info
+    assert {b.buffer for b in vengine.info.mmproj_buffers} <= {"CPU"}
 
 
 def test_an_image_request_answers(vengine: Engine) -> None:

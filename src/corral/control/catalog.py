@@ -51,6 +51,22 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
         except OSError:
             return 0
 
+    def lora_bytes(self) -> int:
+        """The LoRA adapter files' sizes (llama.cpp puts each tensor beside the layer it adapts)."""
+        total = 0
+        for a in self.lora:
+            try:
+                total += os.path.getsize(a.path)
+            except OSError:
+                pass
+        return total
+
+    def first_gpu_bytes(self) -> int:
+        """What the router charges the first GPU of an instance beside its layers: the vision
+        projector (libmtmd's device) and the LoRA adapters (there in full: an estimate that is
+        exact on one GPU); the worker plans its layers in the rest."""
+        return self.projector_bytes() + self.lora_bytes()
+
     def worker_key(self) -> tuple[Any, ...]:
         """What a running worker depends on: a change restarts it."""
         return (self.path, *super().worker_key())
@@ -59,8 +75,8 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
         """One spawn's settings; ``gpu``: where admission placed it (its GPUs and budget)."""
         fields = self.to_dict()
         fields.update(threads=threads, threads_batch=self.threads_batch or threads)
-        if gpu is not None:  # the projector takes its room on the first GPU: the layers plan in the rest
-            proj, budgets = self.projector_bytes(), gpu.budgets
+        if gpu is not None:  # the projector and adapters take their room on the first GPU: the layers plan in the rest
+            proj, budgets = self.first_gpu_bytes(), gpu.budgets
             if proj and budgets:
                 budgets = [max(0, budgets[0] - proj), *budgets[1:]]
             fields.update(devices=gpu.devices, gpu_budget_bytes=budgets, gpu_margin_bytes=gpu.margin_bytes)

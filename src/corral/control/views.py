@@ -70,6 +70,10 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "memory": {"model_bytes": rep.model_bytes if rep else None,  # a draft model's included
                        "kv_bytes": rep.kv_bytes if rep else None,
                        "mmproj_bytes": i.info.mmproj_bytes if i.info else None,  # the vision projector
+                       # where libmtmd runs it ("Vulkan0", "CPU"; "" without one) and its buffers there
+                       "mmproj_device": i.info.mmproj_device if i.info else None,
+                       "mmproj_buffers": msgspec.to_builtins(i.info.mmproj_buffers) if i.info else [],
+                       "lora": msgspec.to_builtins(i.info.lora) if i.info else [],  # the adapters, their buffers
                        "draft": msgspec.to_builtins(i.info.draft) if i.info and i.info.draft else None,
                        "rss_bytes": i.rss_bytes},
             "last_used": pool.last_used_of(i) or None,

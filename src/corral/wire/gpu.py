@@ -73,7 +73,7 @@ class BufferSize(msgspec.Struct, frozen=True, kw_only=True):
     ... MiB"): measured, where ``DevicePlacement`` is computed."""
 
     buffer: str  # "CUDA0", "CPU", "CPU_Mapped", "CUDA_Host", ...
-    kind: str  # model | kv | compute | output
+    kind: str  # model | kv | compute | output | lora (a LoRA adapter's tensors)
     bytes: int  # to about 5 KiB (the log prints MiB with two decimals)
 
 

@@ -1,6 +1,6 @@
 """LoRA adapters on the wire: a request's adapter scales and what a worker loaded.
 Part of ``corral.wire`` (which re-exports these; import them from there). Imports only
-``corral.settings``.
+``corral.settings`` and the wire's gpu topic (``BufferSize``).
 
 ``LoraScale``: one entry of a request's ``lora`` (llama-server's ``[{id, scale}]``): ``id``
 is the adapter's position in the model's ``lora`` list (llama-server's integer id) or its
@@ -18,6 +18,7 @@ import msgspec
 from msgspec import Meta
 
 from corral.settings import LORA_SCALE_MAX, MAX_LORA
+from corral.wire.gpu import BufferSize
 
 __all__ = ["LoraScale", "LoraAdapterInfo", "MAX_LORA"]
 
@@ -33,3 +34,4 @@ class LoraAdapterInfo(msgspec.Struct, frozen=True, kw_only=True):
     path: str
     scale: float  # the configured default
     bytes: int  # host or device memory its tensors take (counted in ModelInfo.model_bytes)
+    buffers: list[BufferSize] = []  # where llama.cpp put them, as it logged it ("Vulkan0 LoRA buffer size")

@@ -24,6 +24,7 @@ class DraftInfo(msgspec.Struct, frozen=True, kw_only=True):
     kv_bytes: int  # its context's KV cache
     gpu_layers: int
     n_ctx: int
+    buffers: list[BufferSize] = []  # its weights' and context's buffers, as llama.cpp logged them
 
 
 class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,5 +53,7 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     fim: bool = False  # the vocabulary has prefix, suffix and middle FIM tokens (infill works)
     vision: bool = False  # a projector is loaded: messages and prompts may carry images
     mmproj_bytes: int = 0  # the projector file's size (held in memory beside the weights); 0 without one
+    mmproj_device: str = ""  # the backend libmtmd runs it on ("CLIP using Vulkan0 backend"; "CPU")
+    mmproj_buffers: list[BufferSize] = []  # its compute buffers, as libmtmd logged them
     draft: DraftInfo | None = None  # speculative = "draft": the draft model (its bytes are in the two above)
     lora: list[LoraAdapterInfo] = []  # the LoRA adapters loaded (their bytes are in model_bytes)

@@ -7,7 +7,8 @@ model's).
 
 ``buffers`` are the buffers llama.cpp logged creating that context ("CPU KV buffer size =
 ...", "CUDA0 compute buffer size = ...": ``devices.logged_buffers``), counted from the lines
-logged during that call only. The log callback (``init_backend``) keeps warnings and errors
+logged during that call only. ``with captured() as lines:`` collects every line llama.cpp or
+libmtmd logs inside the block (a draft's, a LoRA adapter's, a projector's load: where they went). The log callback (``init_backend``) keeps warnings and errors
 (``log_lines``) and every buffer line (``buffer_lines``: the model's load reports its weights'
 and its context's from them); ``aborting`` silences the error lines of a decode aborted on
 purpose (worker/preempt/urgent.py).
@@ -16,9 +17,11 @@ purpose (worker/preempt/urgent.py).
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import llama_cpp as ll
@@ -26,7 +29,7 @@ import llama_cpp as ll
 from corral import wire
 from corral.worker.host.devices import logged_buffers
 
-__all__ = ["GGML_TYPES", "ContextFailed", "aborting", "buffer_lines", "context_params", "init_backend",
+__all__ = ["GGML_TYPES", "ContextFailed", "aborting", "buffer_lines", "captured", "context_params", "init_backend",
            "log_callback", "log_lines", "open_context"]
 
 # ggml's enum ggml_type for the KV cache types (corral.settings.KV_CACHE_TYPES)
@@ -36,7 +39,7 @@ _backend_lock = threading.Lock()
 _backend_ready = False
 log_lines: collections.deque[str] = collections.deque(maxlen=20)
 buffer_lines: collections.deque[str] = collections.deque(maxlen=64)  # llama.cpp's "... buffer size = X MiB"
-_captures: list[list[str]] = []  # the buffer lines of the contexts being opened (open_context)
+_captures: list[list[str]] = []  # the lines logged inside ``captured`` blocks
 _log_verbose = False
 aborting = [False]  # True while a decode may be aborted on purpose (worker/preempt/urgent.py): its error lines are not errors
 _ABORT_LINES = ("failed with error 1", "compute status: 1", "ret = 2")  # GGML_STATUS_ABORTED, llama_decode's 2
@@ -50,13 +53,13 @@ def _log_message(level: int, text: bytes | None, _user: ctypes.c_void_p) -> None
     if not text:
         return
     line = text.decode("utf-8", "replace")
+    for lines in _captures:
+        lines.append(line.rstrip())
     # ggml levels: 1 debug, 2 info, 3 warn, 4 error, 5 cont
     if level in (3, 4):
         log_lines.append(line.rstrip())
     elif "buffer size =" in line:
         buffer_lines.append(line.rstrip())
-        for lines in _captures:
-            lines.append(line.rstrip())
     if level == 4 and aborting[0] and line.rstrip().endswith(_ABORT_LINES):
         return  # a decode aborted on purpose (worker/preempt/urgent.py), not an error
     if _log_verbose or level == 4:
@@ -96,15 +99,23 @@ def context_params(s: wire.WorkerSettings, *, n_ctx: int, n_batch: int, n_ubatch
     return p
 
 
-def open_context(model: ll.llama_model_p, p: Any) -> tuple[ll.llama_context_p, list[wire.BufferSize]]:
-    """A context on ``model``'s weights with params ``p``, and the buffers it allocated (as
-    llama.cpp logged them while creating it); ``ContextFailed`` when it cannot be created."""
+@contextlib.contextmanager
+def captured() -> Iterator[list[str]]:
+    """The lines logged (any level) while the block runs (the log callback must be set:
+    ``init_backend``, and for libmtmd ``mtmd_helper_log_set(log_callback)``)."""
     lines: list[str] = []
     _captures.append(lines)
     try:
-        ctx: ll.llama_context_p = ll.llama_init_from_model(model, p)
+        yield lines
     finally:
         _captures.remove(lines)
+
+
+def open_context(model: ll.llama_model_p, p: Any) -> tuple[ll.llama_context_p, list[wire.BufferSize]]:
+    """A context on ``model``'s weights with params ``p``, and the buffers it allocated (as
+    llama.cpp logged them while creating it); ``ContextFailed`` when it cannot be created."""
+    with captured() as lines:
+        ctx: ll.llama_context_p = ll.llama_init_from_model(model, p)
     if not ctx:
         raise ContextFailed("; ".join(line for line in log_lines if line)[-500:])
     return ctx, logged_buffers(lines)

@@ -11,11 +11,13 @@ Budget of GPU ``k`` (its ordinal among the GPUs, as ``CUDA_VISIBLE_DEVICES`` cou
 what the probe saw free, less ``[server] gpu_memory_margin``, capped by
 ``gpu_memory_budget[k]`` when given. An instance's use of its GPUs: the worker's fit
 plan once reported (``FitPlan.devices``: each GPU's share; with one GPU
-``FitPlan.device_bytes``), before that the estimate made with the worker's own math
+``FitPlan.device_bytes``; the main model's layers only) plus what that plan left room for,
+before that the estimate made with the worker's own math
 (``corral.fit.plan.device_needs``: weights of GPU layers + KV + compute on empty devices,
-the layers split over several GPUs as llama.cpp splits them; plus a draft model's,
-``corral.fit.draft``; a file that is not readable
-GGUF counts its file size, split by the GPUs' free memory).
+the layers split over several GPUs as llama.cpp splits them; a file that is not readable
+GGUF counts its file size, split by the GPUs' free memory). Both count, beside the layers,
+a draft model's need (``corral.fit.draft``) and, on the first GPU, the vision projector
+and the LoRA adapters (their files' sizes: ``ModelSpec.first_gpu_bytes``).
 
 Placement: instances of a model without ``devices`` go, one by one, to the GPU with the
 most free budget that holds their need (each then starts pinned to it: its
@@ -43,7 +45,7 @@ from corral.byte_sizes import fmt_bytes
 from corral.config import ServerConfig
 from corral.control.placement.gpu_slot import GpuSlot
 from corral.errors import LoadFailed
-from corral.fit.draft import draft_needs
+from corral.fit.draft import draft_needs, draft_path, draft_settings
 from corral.fit.layout import GGUFError, ModelLayout, read_layout
 from corral.fit.plan import device_needs
 from corral.fit.split import router_split, split_by_weights
@@ -102,9 +104,9 @@ def _need(pool: ModelPool, budgets: list[int], free: list[int], gpus: Sequence[w
         st = path.stat()
     except OSError:
         return [0] * len(budgets)
-    # the vision projector sits on the first GPU (llama.cpp's main device): the layers plan
-    # around it there
-    proj = pool.spec.projector_bytes() if budgets else 0
+    # the vision projector and LoRA adapters sit on the first GPU (llama.cpp's main device):
+    # the layers plan around them there
+    proj = pool.spec.first_gpu_bytes() if budgets else 0
     budgets = [max(0, b - proj) if k == 0 else b for k, b in enumerate(budgets)]
     free = [max(0, f - proj) if k == 0 else f for k, f in enumerate(free)]
     layout = _layout(str(path), st.st_size, st.st_mtime_ns)
@@ -127,10 +129,39 @@ def _plan_shares(fit: wire.FitPlan, seen: list[str]) -> list[tuple[int, int]]:
     return [(seen.index(fit.device) if fit.device in seen else 0, fit.device_bytes)]
 
 
+def _fitted(pool: ModelPool, fit: wire.FitPlan, seen: list[str]) -> list[tuple[int, int]]:
+    """``_plan_shares`` with, where it put layers on GPUs, what it left room for beside them."""
+    shares = _plan_shares(fit, seen)
+    if fit.n_gpu_layers == 0:
+        return shares
+    return [(k, b + x) for (k, b), x in zip(shares, _beside(pool, len(shares)))]
+
+
+def _beside(pool: ModelPool, n: int) -> list[int]:
+    """What an instance with GPU layers holds on each of its ``n`` GPUs beside its fit plan
+    (which covers the main model's layers only): the projector and adapters on the first,
+    the draft model's need (as estimated before the start: the worker's plan left that room)."""
+    path = draft_path(pool.spec, pool.spec.path)
+    draft = [0] * n
+    if path is not None:
+        try:
+            st = path.stat()
+        except OSError:
+            st = None
+        layout = _layout(str(path), st.st_size, st.st_mtime_ns) if st is not None else None
+        if layout is not None:
+            draft = device_needs(layout, draft_settings(pool.spec), budgets=[1 << 50] * n)
+        elif st is not None:
+            draft = split_by_weights(st.st_size, [1] * n)
+    first = pool.spec.first_gpu_bytes()
+    return [d + (first if k == 0 else 0) for k, d in enumerate(draft)]
+
+
 def device_use(pool: ModelPool) -> dict[int, int]:
     """Per GPU: what ``pool``'s live instances take there (the worker's fit plan, each GPU
-    its share, else the estimate). An instance not placed by admission that saw every GPU
-    counts its plan on the GPUs it planned for."""
+    its share, with what its plan left room for beside it: ``_beside``; else the estimate).
+    An instance not placed by admission that saw every GPU counts its plan on the GPUs it
+    planned for."""
     out: dict[int, int] = {}
     for i in pool.live():
         fit = i.info.fit if i.info is not None else None
@@ -139,13 +170,13 @@ def device_use(pool: ModelPool) -> dict[int, int]:
         if i.gpu is not None and i.gpu.devices:
             pinned = i.gpu.devices  # the worker's GPU j is the router's GPU pinned[j]
             if fit is not None:
-                shares = [(pinned[j], b) for j, b in _plan_shares(fit, seen) if j < len(pinned)]
+                shares = [(pinned[j], b) for j, b in _fitted(pool, fit, seen) if j < len(pinned)]
             else:
                 shares = list(zip(pinned, i.gpu.needs))
         elif fit is not None and pool.spec.devices is None:
             if not fit.devices and fit.device not in seen:
                 continue
-            shares = _plan_shares(fit, seen)
+            shares = _fitted(pool, fit, seen)
         else:
             continue
         for k, b in shares:

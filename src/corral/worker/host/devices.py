@@ -196,7 +196,7 @@ def host_available_bytes() -> int | None:
     return None
 
 
-_BUFFER = re.compile(r"(\S+)\s+(model|KV|compute|output) buffer size =\s*([0-9.]+) MiB")
+_BUFFER = re.compile(r"(\S+)\s+(model|KV|compute|output|LoRA) buffer size =\s*([0-9.]+) MiB")
 
 
 def logged_buffers(lines: Iterable[str]) -> list[wire.BufferSize]:

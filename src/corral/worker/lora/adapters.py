@@ -41,6 +41,8 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker.failures import RequestRejected
+from corral.worker.host.devices import logged_buffers
+from corral.worker.llama_context import captured
 from corral.worker.model import LoadedModel, ModelLoadError
 from corral.worker.lora.state import BASE, LoraKey
 from corral.worker.slots import Slot, StepFeature
@@ -79,13 +81,14 @@ class LoraAdapters(StepFeature):
             for i, a in enumerate(settings.lora):
                 if not os.path.isfile(a.path):
                     raise ModelLoadError(f"LoRA adapter {a.id!r}: no such file {a.path}")
-                h = ll.llama_adapter_lora_init(m.model, a.path.encode())
+                with captured() as lines:  # "Vulkan0 LoRA buffer size = ...": where its tensors went
+                    h = ll.llama_adapter_lora_init(m.model, a.path.encode())
                 if not h:
                     raise ModelLoadError(f"LoRA adapter {a.id!r}: llama.cpp could not load {a.path} "
                                          "(not a LoRA GGUF, or made for another model)")
                 handles.append(h)
                 specs.append(wire.LoraAdapterInfo(id=i, name=a.id, path=a.path, scale=a.scale,
-                                                  bytes=os.path.getsize(a.path)))
+                                                  bytes=os.path.getsize(a.path), buffers=logged_buffers(lines)))
             # an adapter with its own model id is not applied to the base model's requests
             default = tuple((i, a.scale) for i, a in enumerate(settings.lora) if a.scale != 0.0 and a.model is None)
             return cls(m, specs, handles, default)

@@ -38,6 +38,7 @@ import ctypes
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import llama_cpp as ll
 import msgspec
@@ -48,7 +49,8 @@ from corral.fit.rows import outputs_max
 from corral.fit.draft import draft_needs, draft_path, draft_settings
 from corral.fit.layout import GGUFError, read_layout
 from corral.fit.plan import DEFAULT_MARGIN_BYTES
-from corral.worker.llama_context import ContextFailed, context_params, open_context
+from corral.worker.host.devices import logged_buffers
+from corral.worker.llama_context import ContextFailed, captured, context_params, open_context
 from corral.worker.model import LoadedModel, ModelLoadError, check_gguf_file, free_context_and_model, model_meta
 from corral.worker.sampling.sampler import logits_at
 from corral.worker.batch import Batch
@@ -96,6 +98,30 @@ def speculator(s: wire.WorkerSettings, m: LoadedModel, is_eog: Callable[[int], b
     m.info = msgspec.structs.replace(m.info, model_bytes=m.info.model_bytes + d.model_bytes,
                                      kv_bytes=m.info.kv_bytes + d.kv_bytes, draft=d)
     return DraftSpeculator(s, m, dm, n_ubatch, is_eog)
+
+
+def _draft_context(s: wire.WorkerSettings, m: LoadedModel, path: Path, model: ll.llama_model_p) -> ll.llama_context_p:
+    """The draft's context (``ModelLoadError``, the draft freed, when its vocabulary is not the
+    model's or the context cannot be made)."""
+    try:
+        why = vocab_mismatch(m.vocab, ll.llama_model_get_vocab(model))
+        if why is not None:
+            raise ModelLoadError(f"draft model {path}: {why}")
+        n_train = ll.llama_model_n_ctx_train(model)
+        n_ctx_slot = min(m.n_ctx_slot, n_train) if n_train > 0 else m.n_ctx_slot
+        # a logits row a drafting slot (fit.plan counts the same); a stream per slot, with whole
+        # windows: rollbacks lose no cell
+        p = context_params(s, n_ctx=n_ctx_slot * m.n_slots, n_batch=m.n_batch, n_ubatch=min(m.n_batch, 512),
+                           n_seq_max=m.n_slots, threads=m.threads, threads_batch=m.threads_batch, flash_attn=False,
+                           n_outputs_max=outputs_max(draft_settings(s), m.n_slots), kv_unified=False, swa_full=True)
+        try:
+            return open_context(model, p)[0]
+        except ContextFailed as exc:
+            raise ModelLoadError(f"draft model: llama.cpp could not create a context of {p.n_ctx} cells for "
+                                 f"{path}: {exc}") from None
+    except BaseException:
+        ll.llama_model_free(model)
+        raise
 
 
 def vocab_mismatch(target: ll.llama_vocab_p, draft: ll.llama_vocab_p) -> str | None:
@@ -264,28 +290,14 @@ def load_draft(s: wire.WorkerSettings, m: LoadedModel) -> DraftModel:
     mparams = ll.llama_model_default_params()  # None: all layers where the model has GPU layers
     given = s.draft_n_gpu_layers
     mparams.n_gpu_layers = given if given is not None else (-1 if m.info.gpu_layers > 0 else 0)
-    model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+    with captured() as lines:  # where its weights and context went ("Vulkan0 model buffer size = ...")
+        model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        if model:
+            ctx = _draft_context(s, m, path, model)
     if not model:
         raise ModelLoadError(f"draft model: llama.cpp could not load {path}")
-    try:
-        why = vocab_mismatch(m.vocab, ll.llama_model_get_vocab(model))
-        if why is not None:
-            raise ModelLoadError(f"draft model {path}: {why}")
-        n_train = ll.llama_model_n_ctx_train(model)
-        n_ctx_slot = min(m.n_ctx_slot, n_train) if n_train > 0 else m.n_ctx_slot
-        # a logits row a drafting slot (fit.plan counts the same); a stream per slot, with whole
-        # windows: rollbacks lose no cell
-        p = context_params(s, n_ctx=n_ctx_slot * m.n_slots, n_batch=m.n_batch, n_ubatch=min(m.n_batch, 512),
-                           n_seq_max=m.n_slots, threads=m.threads, threads_batch=m.threads_batch, flash_attn=False,
-                           n_outputs_max=outputs_max(draft_settings(s), m.n_slots), kv_unified=False, swa_full=True)
-        try:
-            ctx = open_context(model, p)[0]
-        except ContextFailed as exc:
-            raise ModelLoadError(f"draft model: llama.cpp could not create a context of {p.n_ctx} cells for "
-                                 f"{path}: {exc}") from None
-    except BaseException:
-        ll.llama_model_free(model)
-        raise
+    n_train = ll.llama_model_n_ctx_train(model)
+    n_ctx_slot = min(m.n_ctx_slot, n_train) if n_train > 0 else m.n_ctx_slot
     desc = ctypes.create_string_buffer(256)
     ll.llama_model_desc(model, desc, 256)
     try:
@@ -296,5 +308,6 @@ def load_draft(s: wire.WorkerSettings, m: LoadedModel) -> DraftModel:
     info = wire.DraftInfo(path=str(path), description=desc.value.decode("utf-8", "replace") or
                           (model_meta(model, "general.name") or ""), n_params=int(ll.llama_model_n_params(model)),
                           model_bytes=int(ll.llama_model_size(model)), kv_bytes=kv,
-                          gpu_layers=mparams.n_gpu_layers, n_ctx=n_ctx_slot * m.n_slots)
+                          gpu_layers=mparams.n_gpu_layers, n_ctx=n_ctx_slot * m.n_slots,
+                          buffers=logged_buffers(lines))
     return DraftModel(model, ctx, n_ctx_slot, m.n_batch, m.n_slots, info)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ import numpy.typing as npt
 
 from corral import wire
 from corral.worker.failures import RequestRejected
+from corral.worker.host.devices import logged_buffers
+from corral.worker.llama_context import captured
 from corral.worker.llama_context import log_callback as _log_callback
 from corral.worker.llama_context import log_lines as _log_lines
 from corral.worker.model import LoadedModel, ModelLoadError
@@ -42,6 +45,7 @@ __all__ = ["ImageSpan", "Projector", "VisionTokens", "image_ids", "load_projecto
 
 _CHUNK_IMAGE = 1  # MTMD_INPUT_CHUNK_TYPE_IMAGE (0 text, 2 audio)
 _ID_SPACE = 2**31 - 1  # pseudo-ids are -1 .. -(2**31 - 1): they fit the batch's int32 tokens
+_USING = re.compile(r"CLIP using (\S+) backend")  # clip.cpp's line at the load
 
 
 def image_ids(digest: bytes, n: int) -> list[int]:
@@ -111,6 +115,8 @@ class Projector:
     path: str
     nbytes: int
     mrope: bool = False  # 4 positions an embedding, images advance by n_pos (vision_mrope.py)
+    device: str = ""  # the backend libmtmd runs it on, as it logged it ("Vulkan0", "CPU")
+    buffers: list[wire.BufferSize] = field(default_factory=list)  # its compute buffers, as logged
     encodes: int = 0  # images encoded (a cache hit is none)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -219,12 +225,15 @@ def _load(s: wire.WorkerSettings, path: str, m: LoadedModel) -> Projector:
     p.n_threads = m.threads_batch
     p.print_timings = False
     p.media_marker = wire.MEDIA_MARKER.encode()
-    ctx = mtmd.mtmd_init_from_file(path.encode(), m.model, p)
+    with captured() as lines:  # "CLIP using Vulkan0 backend", "Vulkan0 compute buffer size = ..."
+        ctx = mtmd.mtmd_init_from_file(path.encode(), m.model, p)
     if not ctx:
         detail = "; ".join(line for line in _log_lines if line)[-500:]
         raise ModelLoadError(f"mmproj: libmtmd could not load {path} for this model" + (f": {detail}" if detail else ""))
     if not mtmd.mtmd_support_vision(ctx):
         mtmd.mtmd_free(ctx)
         raise ModelLoadError(f"mmproj: {path} has no vision encoder (an audio projector is not supported)")
+    used = [u.group(1) for u in map(_USING.search, lines) if u]
     return Projector(ctx, ll.llama_model_n_embd_inp(m.model), path, os.path.getsize(path),  # n_embd_inp: Qwen3-VL adds deepstack
-                     mrope=bool(mtmd.mtmd_decode_use_mrope(ctx)))
+                     mrope=bool(mtmd.mtmd_decode_use_mrope(ctx)), device=used[-1] if used else "",
+                     buffers=logged_buffers(lines))
