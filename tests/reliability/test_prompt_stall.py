@@ -13,6 +13,7 @@ import pytest
 from corral import wire
 from corral.worker import process
 from corral.worker.engine import Engine
+from corral.worker.intake import Intake
 
 pytestmark = pytest.mark.integration
 
@@ -20,11 +21,11 @@ pytestmark = pytest.mark.integration
 def test_prompts_are_tokenized_off_the_decode_thread(model_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     where: list[str] = []
-    real_prepare = Engine.prepare
+    real_prepare = Intake.prepare  # engine.prepare is the engine's intake's
     real_step = Engine.step
     step_threads: set[str] = set()
 
-    def prepare(self: Engine, req: wire.GenerateRequest):  # noqa: ANN202
+    def prepare(self: Intake, req: wire.GenerateRequest):  # noqa: ANN202
         where.append(threading.current_thread().name)
         return real_prepare(self, req)
 
@@ -32,7 +33,7 @@ def test_prompts_are_tokenized_off_the_decode_thread(model_path: Path,
         step_threads.add(threading.current_thread().name)
         return real_step(self)
 
-    monkeypatch.setattr(Engine, "prepare", prepare)
+    monkeypatch.setattr(Intake, "prepare", prepare)
     monkeypatch.setattr(Engine, "step", step)
     router_end, worker_end = socket.socketpair()
     settings = wire.WorkerSettings(model_id="m", model_path=str(model_path), threads=1, n_parallel=2,

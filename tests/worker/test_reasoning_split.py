@@ -257,7 +257,7 @@ def test_control_tokens_of_the_tags_render_for_splitting_slots_only() -> None:
 
     er = ReasoningFeature(ws(), None, Tok(), "harmony")  # type: ignore[arg-type]
     assert er.tag_pieces == {7: b"<|channel|>", 8: b"<|message|>", 9: b"<|end|>", 10: b"<|start|>"}
-    assert er.close[0] == 9 and er.reopen[:1] == [10]
+    assert er.close_ids[0] == 9 and er.reopen[:1] == [10]
     splitting = Slot(0)
     plan = reasoning.ReasoningPlan(DS, "answer", "", -1)
     assert er.admitted(splitting, Job(gr(), [1], 0.0, reasoning=plan))  # a plan: the slot joins the feature
