@@ -9,10 +9,10 @@ Imports only ``corral.settings``, ``corral.fit.layout``, ``corral.fit.plan`` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from corral.fit.layout import GGUFError, read_layout
+from corral.fit.layout import GGUFError, ModelLayout, read_layout
 from corral.fit.plan import device_needs
 from corral.fit.split import split_by_weights
 from corral.settings import ModelSettings
@@ -43,14 +43,16 @@ def draft_settings(s: ModelSettings) -> ModelSettings:
 
 
 def draft_needs(s: ModelSettings, model_path: str | Path, *, budgets: Sequence[int],
-                free: Sequence[int] | None = None) -> list[int]:
+                free: Sequence[int] | None = None,
+                read: Callable[[Path], ModelLayout] = read_layout) -> list[int]:
     """The draft's need on each of the GPUs with these ``budgets`` (0 each without a draft;
-    a file that is not readable GGUF: its size, split like the layers)."""
+    a file that is not readable GGUF: its size, split like the layers); ``read``: how its
+    layout is read (the router's is cached by file: control/placement/gpus.py)."""
     path = draft_path(s, model_path)
     if path is None:
         return [0] * len(budgets)
     try:
-        layout = read_layout(path)
+        layout = read(path)
     except (GGUFError, OSError, ValueError):
         try:
             size = path.stat().st_size

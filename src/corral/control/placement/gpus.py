@@ -45,7 +45,7 @@ from corral.byte_sizes import fmt_bytes
 from corral.config import ServerConfig
 from corral.control.placement.gpu_slot import GpuSlot
 from corral.errors import LoadFailed
-from corral.fit.draft import draft_needs, draft_path, draft_settings
+from corral.fit.draft import draft_needs
 from corral.fit.layout import GGUFError, ModelLayout, read_layout
 from corral.fit.plan import device_needs
 from corral.fit.split import router_split, split_by_weights
@@ -94,6 +94,15 @@ def _layout(path: str, size: int, mtime_ns: int) -> ModelLayout | None:
         return None
 
 
+def _read_layout(path: Path) -> ModelLayout:
+    """``read_layout`` through the cache above (GGUFError where the file is not a layout)."""
+    st = path.stat()
+    layout = _layout(str(path), st.st_size, st.st_mtime_ns)
+    if layout is None:
+        raise GGUFError(f"{path.name}: no model layout")
+    return layout
+
+
 def _need(pool: ModelPool, budgets: list[int], free: list[int], gpus: Sequence[wire.DeviceInfo] = ()) -> list[int]:
     """One instance's estimated need on each of the GPUs with these whole ``budgets`` and
     ``free`` memory (blocking: reads the file); ``gpus``: those GPUs (a head too large for
@@ -114,7 +123,7 @@ def _need(pool: ModelPool, budgets: list[int], free: list[int], gpus: Sequence[w
         own = split_by_weights(st.st_size, router_split(pool.spec, budgets, free) or free)
     else:
         own = device_needs(layout.on_devices(gpus), pool.spec, budgets=budgets, free=free)
-    draft = draft_needs(pool.spec, path, budgets=budgets, free=free)  # speculative = "draft": its model too
+    draft = draft_needs(pool.spec, path, budgets=budgets, free=free, read=_read_layout)  # speculative = "draft": its model too
     return [a + b + (proj if k == 0 else 0) for k, (a, b) in enumerate(zip(own, draft))]
 
 
@@ -141,18 +150,7 @@ def _beside(pool: ModelPool, n: int) -> list[int]:
     """What an instance with GPU layers holds on each of its ``n`` GPUs beside its fit plan
     (which covers the main model's layers only): the projector and adapters on the first,
     the draft model's need (as estimated before the start: the worker's plan left that room)."""
-    path = draft_path(pool.spec, pool.spec.path)
-    draft = [0] * n
-    if path is not None:
-        try:
-            st = path.stat()
-        except OSError:
-            st = None
-        layout = _layout(str(path), st.st_size, st.st_mtime_ns) if st is not None else None
-        if layout is not None:
-            draft = device_needs(layout, draft_settings(pool.spec), budgets=[1 << 50] * n)
-        elif st is not None:
-            draft = split_by_weights(st.st_size, [1] * n)
+    draft = draft_needs(pool.spec, pool.spec.path, budgets=[1 << 50] * n, read=_read_layout)
     first = pool.spec.first_gpu_bytes()
     return [d + (first if k == 0 else 0) for k, d in enumerate(draft)]
 
