@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from bench.clients.loadgen import run_load
+from bench.llama_server import buffer_args
 from bench.report import Table
 from bench.servers import PY, RESULTS, Server, ServerFailed, tree_cpu_s
 
@@ -183,6 +184,8 @@ def llama_preset(ctx: Ctx, models: dict[str, int], *, load_on_startup: bool) -> 
     lines = ["version = 1", "", "[*]", f"t = {ctx.threads}", f"tb = {ctx.threads}"]
     if ctx.gpu_layers:
         lines.append(f"ngl = {ctx.gpu_layers}")
+    if buffer_args():  # --no-repack (ggml's AMX buffer: bench/llama_server.buffer_args)
+        lines.append("repack = false")
     # llama-server's default warmup stays on
     for mid, n_parallel in models.items():
         lines += ["", f"[{mid}]", f"model = {ctx.model}", f"np = {n_parallel}", f"c = {n_parallel * SLOT_CTX}",

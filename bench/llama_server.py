@@ -111,6 +111,15 @@ def build(jobs: int = 2, rebuild: bool = False) -> Path:
     return BINARY
 
 
+def buffer_args() -> list[str]:
+    """llama-server's flags for the weight buffers corral's workers load with: ``--no-repack``
+    where ggml's AMX buffer would take the weights (``corral.worker.host.devices.ggml_amx``: its
+    matrix product crashes there), none elsewhere. Both builds are native to this machine."""
+    from corral.worker.host.devices import ggml_amx
+
+    return ["--no-repack"] if ggml_amx() else []
+
+
 def find() -> Path | None:
     """The cached binary, or $LLAMA_SERVER, or None (never builds)."""
     env = os.environ.get("LLAMA_SERVER")

@@ -21,6 +21,8 @@ from typing import Sequence
 
 import httpx
 
+from bench.llama_server import buffer_args
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 LOGS = RESULTS / "logs"
@@ -270,7 +272,7 @@ def llama_server_cmd(binary: str | Path, model: str, port: int, *, n_parallel: i
     return [
         str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(port),
         "-np", str(n_parallel), "-c", str(n_parallel * slot_ctx), "-t", str(threads), "-tb", str(threads),
-        "-cb", "--no-warmup", "-ngl", str(gpu_layers),
+        "-cb", "--no-warmup", "-ngl", str(gpu_layers), *buffer_args(),
     ]
 
 

@@ -39,6 +39,8 @@ from typing import Any
 
 import httpx
 
+from bench.llama_server import buffer_args
+
 ROOT = Path(__file__).resolve().parents[2]
 
 CACHE = Path(os.environ.get("CORRAL_BENCH_CACHE", Path.home() / ".cache" / "corral-bench"))
@@ -115,7 +117,7 @@ def llama_server(name: str, model: Path, *, n_parallel: int, ctx: int, extra: li
     port = _free_port()
     cmd = [str(LLAMA_SERVER), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(n_parallel),
            "-c", str(ctx), "-b", str(N_BATCH), "-ub", str(N_BATCH), "-t", str(THREADS), "-tb", str(THREADS),
-           "--no-warmup", "-ngl", "0", *extra]
+           "--no-warmup", "-ngl", "0", *buffer_args(), *extra]
     p = Proc(name, cmd, port, "/health")
     p.wait()
     return p

@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 
 from bench.checks.editors import THREADS, Proc, _free_port
-from bench.llama_server import find as find_llama_server
+from bench.llama_server import buffer_args, find as find_llama_server
 from corral import wire
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,7 +179,8 @@ def start_llama_server(model: Path, mmproj: Path) -> Proc:
     os.environ["LLAMA_MEDIA_MARKER"] = wire.MEDIA_MARKER  # llama-server's marker is random otherwise
     p = Proc("llama-server-vision", [str(exe), "-m", str(model), "--mmproj", str(mmproj), "--host", "127.0.0.1",
                                      "--port", str(port), "-np", str(N_PARALLEL), "-c", str(CTX), "-b", str(N_BATCH),
-                                     "-ub", str(N_BATCH), "-t", str(THREADS), "-tb", str(THREADS), "-ngl", "0"],
+                                     "-ub", str(N_BATCH), "-t", str(THREADS), "-tb", str(THREADS), "-ngl", "0",
+                                     *buffer_args()],
              port, "/health")
     try:
         p.wait()

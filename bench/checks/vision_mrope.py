@@ -34,7 +34,7 @@ import httpx
 
 from bench.checks import vision
 from bench.checks.editors import THREADS, Proc, _free_port
-from bench.llama_server import find as find_llama_server
+from bench.llama_server import buffer_args, find as find_llama_server
 from corral import wire
 
 M = wire.MEDIA_MARKER
@@ -76,7 +76,8 @@ def run_llama_server(model: Path, mmproj: Path, cases: list[tuple[str, list[byte
     os.environ["LLAMA_MEDIA_MARKER"] = M
     p = Proc("llama-server-mrope", [str(exe), "-m", str(model), "--mmproj", str(mmproj), "--host", "127.0.0.1",
                                     "--port", str(port), "-np", "1", "-c", str(vision.CTX), "-b", str(vision.N_BATCH),
-                                    "-ub", str(vision.N_BATCH), "-t", str(THREADS), "-tb", str(THREADS), "-ngl", "0"],
+                                    "-ub", str(vision.N_BATCH), "-t", str(THREADS), "-tb", str(THREADS), "-ngl", "0",
+                                    *buffer_args()],
              port, "/health")
     try:
         p.wait()

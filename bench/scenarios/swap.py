@@ -41,6 +41,7 @@ import httpx
 from bench.clients.loadgen import fmt
 from bench.context import Ctx, log, start
 from bench.report import Table
+from bench.llama_server import buffer_args
 from bench.servers import Server, ServerFailed, corral_cmd, free_port
 
 IDS = ("swap-a", "swap-b")
@@ -204,7 +205,7 @@ async def sc_swap(ctx: Ctx) -> list[Table]:
             port = free_port()
             cmd = [str(binary), "--models-dir", str(files[IDS[0]].parent), "--models-max", "1",
                    "--host", "127.0.0.1", "--port", str(port), "-c", str(SLOT_CTX), "-np", "1",
-                   "-t", str(ctx.threads), "-tb", str(ctx.threads), "-ngl", str(ctx.gpu_layers)]
+                   "-t", str(ctx.threads), "-tb", str(ctx.threads), "-ngl", str(ctx.gpu_layers), *buffer_args()]
             cache_dir = ctx.tmp / "llama-cache"
             cache_dir.mkdir(exist_ok=True)
             return start("llama-router-swap", cmd, port, env={"LLAMA_CACHE": str(cache_dir)})

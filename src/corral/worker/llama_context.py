@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import logging
 import sys
 import threading
 from collections.abc import Iterator
@@ -27,14 +28,15 @@ from typing import Any
 import llama_cpp as ll
 
 from corral import wire
-from corral.worker.host.devices import logged_buffers
+from corral.worker.host.devices import ggml_amx, logged_buffers
 
 __all__ = ["GGML_TYPES", "ContextFailed", "aborting", "buffer_lines", "captured", "context_params", "init_backend",
-           "log_callback", "log_lines", "open_context"]
+           "log_callback", "log_lines", "model_params", "open_context"]
 
 # ggml's enum ggml_type for the KV cache types (corral.settings.KV_CACHE_TYPES)
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 
+log = logging.getLogger("corral.worker.llama_context")
 _backend_lock = threading.Lock()
 _backend_ready = False
 log_lines: collections.deque[str] = collections.deque(maxlen=20)
@@ -78,6 +80,18 @@ def init_backend(verbose: bool) -> None:
         ll.llama_log_set(log_callback, ctypes.c_void_p(0))
         ll.llama_backend_init()
         _backend_ready = True
+
+
+def model_params(n_gpu_layers: int) -> Any:
+    """``llama_model_params`` for a load (the model's, a draft's): ``n_gpu_layers`` layers on
+    the GPUs; where ggml's AMX buffer would take the weights (``devices.ggml_amx``: its matrix
+    product crashes) without llama.cpp's extra buffer types, as llama-server's ``--no-repack``."""
+    p = ll.llama_model_default_params()
+    p.n_gpu_layers = n_gpu_layers
+    if ggml_amx():
+        p.use_extra_bufts = False
+        log.info("weights in plain CPU buffers: ggml's AMX matrix product crashes (llama.cpp issue 20824)")
+    return p
 
 
 def context_params(s: wire.WorkerSettings, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,

@@ -24,7 +24,7 @@ from corral.fit.plan import has_side_context, placement
 from corral.fit.split import split_weights
 from corral.worker.fit import FitLoadError, fit_gpus, fit_host_ctx, split_gpus
 from corral.worker.host.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
-from corral.worker.llama_context import ContextFailed, context_params, open_context
+from corral.worker.llama_context import ContextFailed, context_params, model_params, open_context
 from corral.worker.llama_context import buffer_lines as _buffer_lines
 from corral.worker.llama_context import init_backend as _init_backend
 from corral.worker.llama_context import log_lines as _log_lines
@@ -182,8 +182,7 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
         if ctx != s.ctx_len:
             s = msgspec.structs.replace(s, ctx_len=ctx)
     n_gpu_layers = s.n_gpu_layers if isinstance(s.n_gpu_layers, int) else (plan.n_gpu_layers if plan else 0)
-    mparams = ll.llama_model_default_params()
-    mparams.n_gpu_layers = n_gpu_layers
+    mparams = model_params(n_gpu_layers)
     # the split the plan was made with (else the model's own): kept alive until the load returns
     weights = plan.tensor_split if plan is not None else split_weights(len(gpus), s.tensor_split)
     split = (ctypes.c_float * max(len(weights), ll.llama_max_devices()))(*weights) if weights else None

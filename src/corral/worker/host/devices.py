@@ -16,6 +16,7 @@ only what is reported and planned; the engine still runs where llama.cpp can.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import re
@@ -25,7 +26,7 @@ from pathlib import Path
 from corral import wire
 
 __all__ = ["list_devices", "llama_cpp_lib", "FAKE_DEVICES_ENV", "gpu_devices", "offload_devices", "logged_buffers",
-           "host_available_bytes"]
+           "host_available_bytes", "ggml_amx"]
 
 FAKE_DEVICES_ENV = "CORRAL_FAKE_DEVICES"
 # llama-cpp-python's own setting: the directory its bindings load libllama (and so ggml) from
@@ -68,6 +69,27 @@ def llama_cpp_lib(name: str) -> ctypes.CDLL | None:
             except OSError:
                 return None
     return None
+
+
+@functools.cache
+def ggml_amx() -> bool:
+    """Whether ggml's CPU backend here would put weights in its AMX buffer: built with AMX
+    (``GGML_NATIVE`` on a CPU that has it: ``ggml_cpu_has_amx_int8`` says what the build holds).
+    Its matrix product crashes on the embedded Q4_K_M model at the first decode (SIGSEGV in
+    ``ggml_backend_amx_mul_mat``, every time, on a Xeon with AMX; llama.cpp issue 20824 has the
+    same crash, unfixed), so there the weights load without llama.cpp's extra buffer types
+    (llama-server's ``--no-repack``): plain CPU buffers. False when the library or the call is
+    missing."""
+    cpu = llama_cpp_lib("ggml-cpu")
+    try:
+        has = cpu.ggml_cpu_has_amx_int8 if cpu is not None else None
+    except AttributeError:
+        return False
+    if has is None:
+        return False
+    has.restype = ctypes.c_int
+    has.argtypes = []
+    return bool(has())
 
 
 def _backend_of(name: str) -> str:

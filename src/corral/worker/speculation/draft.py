@@ -50,7 +50,7 @@ from corral.fit.draft import draft_needs, draft_path, draft_settings
 from corral.fit.layout import GGUFError, read_layout
 from corral.fit.plan import DEFAULT_MARGIN_BYTES
 from corral.worker.host.devices import logged_buffers
-from corral.worker.llama_context import ContextFailed, captured, context_params, open_context
+from corral.worker.llama_context import ContextFailed, captured, context_params, model_params, open_context
 from corral.worker.model import LoadedModel, ModelLoadError, check_gguf_file, free_context_and_model, model_meta
 from corral.worker.sampling.sampler import logits_at
 from corral.worker.batch import Batch
@@ -287,9 +287,8 @@ def load_draft(s: wire.WorkerSettings, m: LoadedModel) -> DraftModel:
         check_gguf_file(str(path))
     except ModelLoadError as exc:
         raise ModelLoadError(f"draft model: {exc}") from None
-    mparams = ll.llama_model_default_params()  # None: all layers where the model has GPU layers
-    given = s.draft_n_gpu_layers
-    mparams.n_gpu_layers = given if given is not None else (-1 if m.info.gpu_layers > 0 else 0)
+    given = s.draft_n_gpu_layers  # None: all layers where the model has GPU layers
+    mparams = model_params(given if given is not None else (-1 if m.info.gpu_layers > 0 else 0))
     with captured() as lines:  # where its weights and context went ("Vulkan0 model buffer size = ...")
         model = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if model:
