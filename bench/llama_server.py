@@ -10,6 +10,12 @@ Usage::
     .venv/bin/python -m bench.llama_server            # build if missing, print the path
     .venv/bin/python -m bench.llama_server --rebuild  # force a fresh build
 
+On a GPU build (``make install BACKEND=vulkan``, then ``. .venv/llama-cpp-vulkan/env.sh``:
+``LLAMA_CPP_LIB_PATH`` names its libraries) the same command gives a llama-server on shared
+libraries that runs on those very libraries (``LD_LIBRARY_PATH``): the ggml and the GPU backend
+corral's workers load there. Only llama.cpp's CPU code compiles for it (no shaders, no CUDA:
+the backend comes from the wheel), once, beside the static build.
+
 The build never reaches the network: the web UI is not downloaded
 (LLAMA_USE_PREBUILT_UI=OFF), OpenSSL/FetchContent are disabled.
 """
@@ -30,6 +36,11 @@ SRC_ROOT = CACHE / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
 LLAMA_CPP = SRC_ROOT / "vendor" / "llama.cpp"
 BUILD_DIR = CACHE / "build-llama-server"
 BINARY = CACHE / "bin" / "llama-server"
+# on shared libraries, run on a GPU build's (LLAMA_CPP_LIB_PATH) through ON_LIBS
+SHARED_BUILD_DIR = CACHE / "build-llama-server-shared"
+SHARED_BINARY = SHARED_BUILD_DIR / "bin" / "llama-server"
+ON_LIBS = CACHE / "bin" / "llama-server-on-libs"
+LIB_PATH_ENV = "LLAMA_CPP_LIB_PATH"  # llama-cpp-python's: the directory libllama (and ggml) load from
 
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release",
@@ -83,8 +94,17 @@ def fetch_sources() -> Path:
     return LLAMA_CPP
 
 
+def gpu_libs() -> Path | None:
+    """The GPU build's library directory the benchmark runs on (``LLAMA_CPP_LIB_PATH``), or None."""
+    env = os.environ.get(LIB_PATH_ENV)
+    return Path(env) if env else None
+
+
 def build(jobs: int = 2, rebuild: bool = False) -> Path:
-    """Return the path of a built llama-server, building it if needed."""
+    """Return the path of a built llama-server, building it if needed: on a GPU build's
+    libraries (``gpu_libs``) the shared one through its launcher, else the static one."""
+    if gpu_libs() is not None:
+        return build_on_libs(jobs, rebuild)
     if BINARY.exists() and not rebuild:
         return BINARY
     if shutil.which("cmake") is None:
@@ -111,6 +131,39 @@ def build(jobs: int = 2, rebuild: bool = False) -> Path:
     return BINARY
 
 
+def build_on_libs(jobs: int = 2, rebuild: bool = False) -> Path:
+    """llama-server on shared libraries (``BUILD_SHARED_LIBS``, the CPU backend only) and
+    ``ON_LIBS``, a launcher that runs it on ``$LLAMA_CPP_LIB_PATH``'s libraries: the same
+    sonames (libllama.so.0, libggml.so.0, libggml-base.so.0, libmtmd.so.0) from the same
+    sources, found first through ``LD_LIBRARY_PATH`` (the binary's RUNPATH, its own build
+    directory, comes after it: llama-common stays the build's own)."""
+    if not (SHARED_BINARY.exists() and ON_LIBS.exists()) or rebuild:
+        if shutil.which("cmake") is None:
+            raise RuntimeError("cmake not found: install cmake (apt-get install cmake) to build llama-server")
+        src = fetch_sources()
+        if rebuild and SHARED_BUILD_DIR.exists():
+            shutil.rmtree(SHARED_BUILD_DIR)
+        flags = [f for f in CMAKE_FLAGS if not f.startswith("-DBUILD_SHARED_LIBS=")] + ["-DBUILD_SHARED_LIBS=ON"]
+        _log(f"configuring {src} -> {SHARED_BUILD_DIR} (shared libraries)")
+        subprocess.run(["cmake", "-S", str(src), "-B", str(SHARED_BUILD_DIR), *flags], check=True)
+        _log(f"building llama-server on shared libraries with -j{jobs}")
+        subprocess.run(["cmake", "--build", str(SHARED_BUILD_DIR), "--config", "Release", "--target",
+                        "llama-server", f"-j{jobs}"], check=True)
+        if not SHARED_BINARY.exists():
+            raise RuntimeError(f"build finished but {SHARED_BINARY} is missing")
+        ON_LIBS.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ON_LIBS.with_suffix(".tmp")
+        tmp.write_text(
+            "#!/bin/sh\n# llama-server on the libraries in $LLAMA_CPP_LIB_PATH (bench/llama_server.py)\n"
+            'export LD_LIBRARY_PATH="${LLAMA_CPP_LIB_PATH:?a GPU build\'s libraries}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n'
+            f'exec "{SHARED_BINARY}" "$@"\n'
+        )
+        tmp.chmod(0o755)
+        os.replace(tmp, ON_LIBS)
+        _log(f"built {SHARED_BINARY}; {ON_LIBS} runs it on $LLAMA_CPP_LIB_PATH")
+    return ON_LIBS
+
+
 def buffer_args() -> list[str]:
     """llama-server's flags for the weight buffers corral's workers load with: ``--no-repack``
     where ggml's AMX buffer would take the weights (``corral.worker.host.devices.ggml_amx``: its
@@ -121,10 +174,13 @@ def buffer_args() -> list[str]:
 
 
 def find() -> Path | None:
-    """The cached binary, or $LLAMA_SERVER, or None (never builds)."""
+    """$LLAMA_SERVER, or the cached binary (on a GPU build's libraries: the launcher), or None
+    (never builds)."""
     env = os.environ.get("LLAMA_SERVER")
     if env and Path(env).exists():
         return Path(env)
+    if gpu_libs() is not None:
+        return ON_LIBS if SHARED_BINARY.exists() and ON_LIBS.exists() else None
     return BINARY if BINARY.exists() else None
 
 

@@ -168,6 +168,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="threads for every server (default 2)")
     ap.add_argument("--gpu-layers", type=int, default=0,
                     help="layers on the GPU for every server (llama-server -ngl, corral n_gpu_layers); 0: CPU")
+    ap.add_argument("--max-tokens", type=int, default=64,
+                    help="throughput: tokens per request (default 64; a CPU-emulated GPU device wants few)")
     ap.add_argument("--concurrency", default="1,8",
                     help="throughput: comma-separated client counts (default 1,8); slots = max(8, largest)")
     ap.add_argument("--no-build", action="store_true", help="never build llama-server; skip its rows if absent")

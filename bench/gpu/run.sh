@@ -80,7 +80,7 @@ find "$BUILD" -name 'lib*.so*' -exec cp -a {} "$SITE/llama_cpp/lib/" \;
 export CORRAL_BENCH_CACHE=/tmp/corral-bench LLAMA_SERVER="$BUILD/bin/llama-server"
 log "   built in $(( $(date +%s) - t0 )) s"
 "$PY" - <<'EOF'
-import llama_cpp, corral.worker.devices as d
+import llama_cpp, corral.worker.host.devices as d
 from corral.worker.model import _init_backend
 _init_backend(False)
 for dev in d.list_devices():

@@ -1,10 +1,14 @@
-"""Scenario ``throughput``: c=1 and c=8 streaming, 64 tokens: llama-server -np 8,
-llama-cpp-python's server and corral, all up at once, measured in interleaved rounds."""
+"""Scenario ``throughput``: c=1 and c=8 streaming, 64 tokens (``--max-tokens``): llama-server
+-np 8, llama-cpp-python's server and corral, all up at once, measured in interleaved rounds.
+Before the rounds each server answers the same greedy prompt: the table says whether corral's
+text is llama-server's (same GGUF, same backend: the same tokens)."""
 
 from __future__ import annotations
 
 import asyncio
 import statistics
+
+import httpx
 
 from bench.clients.loadgen import LoadResult, run_load, summarize
 from bench.context import SLOT_CTX, TURN_GAP_S, Ctx, idle_cpu_check, lcp_extra, log, start, warmup
@@ -18,7 +22,7 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
     # about 8 s per turn at c=1 as at c=8 (4 requests at c=1 made a turn 4 s long: +-10% per round)
     per_round = {c: max(ctx.n(8, 3), ctx.n(2, 1) * c) for c in c_list}
     n_slots = max(8, *c_list)
-    max_tokens = 64
+    max_tokens = ctx.args.max_tokens
     gpu = f", {ctx.gpu_layers} layers on the GPU" if ctx.gpu_layers else ""
     t = Table(f"Throughput: /v1/completions, stream, {max_tokens} tokens, ignore_eos; "
               f"{ctx.threads} threads each{gpu}; ratio = tok/s vs llama-server at the same c", LOAD_COLUMNS)
@@ -59,6 +63,7 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
                 if name in servers:
                     servers.pop(name).stop()
         await idle_cpu_check(servers, t)
+        await greedy_check(servers, models, max_tokens, t)
         for rnd in range(rounds):
             for c in c_list:
                 for name in list(servers):
@@ -120,3 +125,31 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
         t.notes.append("warning: fewer than max_tokens per request: " + ", ".join(short))
     return [t]
 
+
+
+GREEDY_PROMPT = "The three most useful things to know about rivers are"
+
+
+async def greedy_check(servers: dict[str, Server], models: dict[str, str | None], max_tokens: int, t: Table) -> None:
+    """One greedy completion of ``GREEDY_PROMPT`` from each server; a note compares corral's
+    text with llama-server's (``ignore_eos``, so both give ``max_tokens`` tokens)."""
+    texts: dict[str, str] = {}
+    async with httpx.AsyncClient(timeout=900) as client:
+        for name in ("llama-server", "corral"):
+            if name not in servers:
+                continue
+            body = {"prompt": GREEDY_PROMPT, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+            if models[name]:
+                body["model"] = models[name]
+            try:
+                r = await client.post(servers[name].base_url + "/v1/completions", json=body)
+                r.raise_for_status()
+                texts[name] = r.json()["choices"][0]["text"]
+            except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+                t.notes.append(f"greedy check: {name} failed: {e}")
+                return
+    if len(texts) == 2:
+        same = texts["corral"] == texts["llama-server"]
+        t.notes.append(f"greedy {max_tokens} tokens of {GREEDY_PROMPT!r}: "
+                       + ("the same text on corral and llama-server" if same else
+                          f"DIFFERENT: corral {texts['corral']!r}, llama-server {texts['llama-server']!r}"))

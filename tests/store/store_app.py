@@ -31,9 +31,12 @@ class FakeRouter:
     def is_loaded(self, model_id: str) -> bool:
         return model_id in self.loaded
 
-    async def unload(self, model_id: str) -> None:
-        self.loaded.discard(model_id)
-        self.unloaded.append(model_id)
+    def pool(self, model_id: str) -> str:
+        return model_id  # the plane hands out its pool; here the name stands for it
+
+    async def unload(self, pool: str) -> None:
+        self.loaded.discard(pool)
+        self.unloaded.append(pool)
 
     async def remove_model(self, model_id: str) -> None:
         assert model_id not in self.loaded, "removed while loaded"

@@ -180,7 +180,7 @@ class ControlPlane:
     def _load_soon(self, pool: ModelPool) -> None:
         async def load() -> None:
             try:
-                await self.load(pool.spec.id)
+                await self.load(pool)
             except Exception as exc:  # noqa: BLE001 - one model's failed preload must not stop the others (logged)
                 log.warning("loading %s failed: %s", pool.spec.id, exc)
 
@@ -230,21 +230,20 @@ class ControlPlane:
         pool = self.pools.get(model_id)
         return pool is not None and pool.occupies
 
-    async def load(self, model: str | ModelPool) -> None:
+    async def load(self, pool: ModelPool) -> None:
         """Explicit load: also retries a model that failed for good (fresh instances).
         409 when another request unloaded it before it was ready (the later call wins).
-        ``model``: a name, or the pool a request resolved it to already."""
+        ``pool``: what the request resolved its name to (``pool``), once, where it entered."""
         try:
-            await self.admission.load(model if isinstance(model, ModelPool) else self.pool(model))
+            await self.admission.load(pool)
         except ModelUnloaded as exc:
             raise Conflict(f"{exc.message}: another request unloaded it before it was ready",
                            param="model") from None
 
-    async def unload(self, model: str | ModelPool, reason: str = "unloaded by request") -> bool:
+    async def unload(self, pool: ModelPool, reason: str = "unloaded by request") -> bool:
         """Let running requests finish (up to drain_timeout_s), then stop the workers.
         Requests queued for it go back to the top: with autoload they load it again, without
         they get 400 model_not_loaded. False when it was not loaded."""
-        pool = model if isinstance(model, ModelPool) else self.pool(model)
         was = pool.occupies or bool(pool.instances)
         await self.admission.unload(pool, reason, drain=True)
         return was

@@ -128,8 +128,9 @@ async def load_model(request: Request) -> Response:
     if pull is not None and body.model not in plane_of(request).pools:
         raise Conflict(f"model {body.model!r} is still downloading ({pull.pull_id}); load it when "
                        "the download has finished", param="model")
-    served = serving_model(plane_of(request), body.model)
-    await plane_of(request).load(served)
+    plane = plane_of(request)
+    served = serving_model(plane, body.model)
+    await plane.load(plane.pool(served))
     return json_response({"success": True, **_base_of(body.model, served)})
 
 
@@ -141,8 +142,9 @@ async def unload_model(request: Request) -> Response:
     if h is not None:
         await dm.cancel(h.pull_id)
         return json_response({"success": True, "cancelled": h.pull_id})
-    served = serving_model(plane_of(request), body.model)
-    await plane_of(request).unload(served)
+    plane = plane_of(request)
+    served = serving_model(plane, body.model)
+    await plane.unload(plane.pool(served))
     return json_response({"success": True, **_base_of(body.model, served)})
 
 
@@ -211,7 +213,7 @@ async def nitro_load(request: Request) -> Response:
         await plane.add_model(spec)
     already = plane.pools[body.model_id].has_ready
     try:
-        await plane.load(body.model_id)
+        await plane.load(plane.pool(body.model_id))
     except LoadFailed as exc:
         if added or (existing is not None and existing.spec.source == "nitro"):
             await plane.remove_model(body.model_id)  # a failed Nitro entry is not kept listed
@@ -230,7 +232,7 @@ async def nitro_unload(request: Request) -> Response:
     plane = plane_of(request)
     if mid not in plane.pools:
         raise ModelNotFound(f"model {mid!r} not found", param="model_id")
-    await plane.unload(mid)
+    await plane.unload(plane.pool(mid))
     return json_response({"message": "Model unloaded successfully", "code": "ModelUnloaded",
                           "model_id": mid, "success": True})
 

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from corral.store.downloads import DownloadManager, PullHandle
 from corral.api.core.schemas import parse_body
 from corral.api.http import app_part
+from corral.control.scheduling.pool import ModelPool
 from corral.errors import Conflict, ModelNotFound, NotFound
 from corral.store.local import ModelStore
 
@@ -40,7 +41,10 @@ class ModelHolder(Protocol):
     def is_loaded(self, model_id: str, /) -> bool:
         """Loaded or loading."""
 
-    async def unload(self, model_id: str, /) -> object:
+    def pool(self, name: str, /) -> ModelPool:
+        """The model a name names (``ModelNotFound`` when it names none)."""
+
+    async def unload(self, pool: ModelPool, /) -> object:
         """Stop its workers (after its running requests)."""
 
     async def remove_model(self, model_id: str, /) -> None:
@@ -144,7 +148,7 @@ async def remove_from_store(request: Request, model_id: str, *, force: bool) -> 
         if not force:
             raise Conflict(f"model {model_id!r} is loaded; unload it first or delete with "
                            "force=true", param="model")
-        await holder.unload(model_id)
+        await holder.unload(holder.pool(model_id))
     removed = store.remove(model_id)
     await holder.remove_model(model_id)  # drops it from the catalog; model_removed event
     return {"id": model_id, "deleted": True, "path": str(removed.path)}
