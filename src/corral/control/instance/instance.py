@@ -59,7 +59,7 @@ class Instance(Owner):
         self._timeouts = timeouts
         self._policy = policy
         self._bus = bus
-        self._on_change = on_change
+        self._on_change: Callable[[Instance, Transition], None] = on_change
         self._on_slot_free = on_slot_free
 
         # read by the pool and the views; written only by the owner task
@@ -143,6 +143,10 @@ class Instance(Owner):
     def rss_bytes(self) -> int | None:
         rep = self.stats or self.info
         return rep.rss_bytes if rep is not None else None
+
+    def _changed(self, t: Transition) -> None:
+        """The owner task's transition, told to the pool."""
+        self._on_change(self, t)
 
     # ----------------------------------------------------------------- commands
 

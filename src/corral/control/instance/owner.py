@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
 from corral import wire
@@ -54,7 +54,6 @@ class Owner:
     _timeouts: Timeouts
     _policy: RestartPolicy
     _bus: EventBus
-    _on_change: Callable[[Any, Transition], None]  # (the Instance, its transition)
     _gpu: GpuSlot | None
     _link: WorkerLink | None
     _inbox: Inbox
@@ -69,6 +68,7 @@ class Owner:
 
     if TYPE_CHECKING:
         def request_start(self, *, reset: bool = False, gpu: GpuSlot | None | Kept = KEPT) -> asyncio.Future[None]: ...
+        def _changed(self, t: Transition) -> None: ...  # the Instance tells its pool (on_change)
 
     async def _own(self) -> None:
         while True:
@@ -249,7 +249,7 @@ class Owner:
         self.state = new
         self._bus.publish(EventName.STATUS_CHANGE, self.spec.id,
                           **status_fields(self.index, old, new, self.pid, self.placement, reason, exit_code))
-        self._on_change(self, Transition(old, new, restart))
+        self._changed(Transition(old, new, restart))
 
     def _cancel_timers(self) -> None:
         for t in self._timers:
