@@ -265,8 +265,10 @@ def test_internal_error_fails_one_request_only(engine: Engine) -> None:
     p = wire.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     engine.submit(gen("victim", params=p))
     engine.submit(gen("bystander", prompt="Another prompt", params=p))
-    first = engine.step()
-    assert {m.id for m in first} == {"victim", "bystander"}
+    seen: set[str] = set()
+    for _ in range(2):  # a prompt's last 4 tokens decode in a step of their own (prefill.prompt_cuts)
+        seen |= {m.id for m in engine.step()}
+    assert seen == {"victim", "bystander"}
     victim = next(s for s in engine.slots if s.job is not None and s.job.req.id == "victim")
     assert victim.out is not None
     victim.out.utf8 = Broken()  # type: ignore[assignment]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from corral import settings as cs
@@ -14,6 +15,7 @@ from corral.worker.engine import Engine
 from corral.worker.model import ModelLoadError
 from testkit.gguf_lora import write_bad_lora, write_lora
 from worker.conftest import run_engine, settings_for
+from worker.test_speculation import noise  # noqa: F401 (the fixture: the batch-shape noise)
 
 PROMPT = "The capital of France is"
 OTHER = "Once upon a time, in a small village by the sea,"
@@ -61,6 +63,15 @@ def _alone(e: Engine, rid: str, lora: list[wire.LoraScale] | None, prompt: str =
     texts, finals, _ = run_engine(e, [_req(rid, lora, prompt)])
     assert isinstance(finals[rid], wire.Finished), finals[rid]
     return texts[rid]
+
+
+def _deltas(e: Engine, rid: str, lora: list[wire.LoraScale] | None, prompt: str) -> list[wire.TokenLogprob]:
+    """Each greedy token with its two best alternatives (a cold run, as ``_alone``)."""
+    _cold(e)
+    req = msgspec.structs.replace(_req(rid, lora, prompt), logprobs=2)
+    _, finals, deltas = run_engine(e, [req])
+    assert isinstance(finals[rid], wire.Finished), finals[rid]
+    return [lp for d in deltas[rid] for lp in d.logprobs]
 
 
 A1 = [wire.LoraScale("a", 1.0)]
@@ -163,15 +174,27 @@ def test_a_bad_adapter_file_is_a_load_error(model_path: Path, tmp_path: Path, ki
 
 
 def test_speculation_with_an_adapter_verifies_against_the_adapted_model(
-        model_path: Path, adapters: tuple[Path, Path], engine: Engine) -> None:
-    """n-gram drafts verified under the adapter: greedy text equals the adapter's own without
-    speculation (a repetitive prompt, so drafts are made and accepted)."""
+        model_path: Path, adapters: tuple[Path, Path], engine: Engine, noise: float) -> None:
+    """n-gram drafts verified under the adapter: greedy tokens are the adapter's own without
+    speculation (a repetitive prompt, so drafts are made and accepted), except where the two
+    part at a near tie inside the batch-shape noise (test_speculation.py: a verifying batch
+    rounds differently), and never the base model's."""
     prompt = "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"
-    want = _alone(engine, "ref", A1, prompt)
+    _cold(engine)
+    want = _deltas(engine, "ref", A1, prompt)
+    base = _deltas(engine, "base", None, prompt)
     e = _engine(model_path, adapters, speculative="ngram")
     try:
-        got = _alone(e, "spec", A1, prompt)
-        assert e.spec.drafted > 0
-        assert got == want
+        _cold(e)
+        got = _deltas(e, "spec", A1, prompt)
+        assert e.spec.drafted > 0 and e.spec.accepted > 0
     finally:
         e.close()
+    ids = [[lp.id for lp in d] for d in (want, got, base)]
+    assert ids[0] != ids[2]  # the adapter changes this answer
+    parted = next((i for i, (x, y) in enumerate(zip(ids[0], ids[1])) if x != y), None)
+    if parted is not None:
+        top = want[parted].top
+        margin = top[0].logprob - top[1].logprob
+        assert margin <= 2 * noise, (parted, margin, noise)
+        assert ids[1][:parted + 1] != ids[2][:parted + 1]  # it parted from the adapter's text, not to the base's

@@ -73,7 +73,7 @@ def plain(model_path: Path) -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def noise(model_path: Path) -> float:
     """The batch-shape noise of the model (a unified KV cache, as a speculating target's)."""
-    e = Engine(settings_for(model_path, speculative="ngram", n_parallel=1, ctx_len=1024))
+    e = Engine(settings_for(model_path, speculative="ngram", n_parallel=2, ctx_len=2048))
     try:
         return _batch_noise(e)
     finally:
@@ -158,14 +158,20 @@ def test_a_request_can_turn_speculation_off(spec: Engine) -> None:
 def _batch_noise(e: Engine) -> float:
     """The largest logprob difference, over the top 5 tokens, between a position decoded
     alone and the same position decoded first of 5 (the same context, a verifying batch's
-    shape); measured on ``e``'s slot 0, which is cleared afterwards."""
+    shape) or beside 15 tokens of another slot (a step's batch of several slots: on some CPUs
+    only the wider batch takes other kernels); measured on ``e``'s slots 0 and 1, which are
+    cleared afterwards."""
     m = e.m
-    b = Batch(8)
+    b = Batch(16)
+    other = e.tok.tokenize(PROMPTS[4], add_special=True)[:15]
 
-    def decode(toks: list[int], pos0: int) -> npt.NDArray[np.float64]:
+    def decode(toks: list[int], pos0: int, beside: list[int] = ()) -> npt.NDArray[np.float64]:  # type: ignore[assignment]
         for k, t in enumerate(toks):
             b.token[k], b.pos[k], b.seq[k], b.logits[k] = t, pos0 + k, 0, 1 if k == 0 else 0
-        b.batch.n_tokens = len(toks)
+        for j, t in enumerate(beside):
+            k = len(toks) + j
+            b.token[k], b.pos[k], b.seq[k], b.logits[k] = t, j, 1, 0
+        b.batch.n_tokens = len(toks) + len(beside)
         assert ll.llama_decode(m.ctx, b.batch) == 0
         x = np.array(logits_at(m.ctx, 0, m.n_vocab), dtype=np.float64)
         return x - x.max() - np.log(np.exp(x - x.max()).sum())
@@ -178,12 +184,15 @@ def _batch_noise(e: Engine) -> float:
             for k in range(0, t, 8):  # the history, 8 tokens a batch
                 decode(toks[k: min(t, k + 8)], k)
             one = decode([toks[t]], t)
-            ll.llama_memory_seq_rm(m.memory, 0, t, -1)
-            five = decode(toks[t: t + 5], t)
             top = np.argsort(-one)[:5]
-            worst = max(worst, float(np.abs(one[top] - five[top]).max()))
-    ll.llama_memory_seq_rm(m.memory, 0, -1, -1)
-    e.slots[0].cached = []
+            for shape in ("five", "wide"):
+                ll.llama_memory_seq_rm(m.memory, 0, t, -1)
+                ll.llama_memory_seq_rm(m.memory, 1, -1, -1)
+                x = decode(toks[t: t + 5], t) if shape == "five" else decode([toks[t]], t, other)
+                worst = max(worst, float(np.abs(one[top] - x[top]).max()))
+    for seq in (0, 1):
+        ll.llama_memory_seq_rm(m.memory, seq, -1, -1)
+        e.slots[seq].cached = []
     return worst
 
 
@@ -203,7 +212,7 @@ def test_greedy_text_is_the_models_own_except_inside_the_noise(plain: Engine, sp
     assert generated / steps > 1.25, (generated, steps)
     assert spec.spec.window_broken == 0
 
-    assert 0.0 < noise < 1.0, noise  # the kernels differ a little between batch shapes, not more
+    assert 0.0 <= noise < 1.0, noise  # the kernels differ a little between batch shapes, or not at all (no repack: AMX)
     parted: dict[str, tuple[int, int, int]] = {}
     for rid in deltas_a:
         a, b = _tokens(deltas_a[rid]), _tokens(deltas_b[rid])

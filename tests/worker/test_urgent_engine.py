@@ -59,7 +59,7 @@ def _scenario(engine: Engine, *, abort: bool) -> Run:
     assert {k: run.tokens[k] for k in "ab"} == {k: before[k] for k in "ab"}  # nothing else decoded in it
     run.take(engine.step())
     assert all(run.tokens[k] == before[k] + 1 for k in "ab")  # then they go on, and d's prompt joins
-    assert d.prompt_pos == len(d.job.tokens) if d.job else False
+    assert d.job is not None and d.prompt_pos == len(d.job.tokens) - 4  # its last 4 next (prefill.prompt_cuts)
     run.to_end()
     return run
 

@@ -1,9 +1,19 @@
 """The step's batch: each generating slot's pending token (``write_pending``, the plain path;
 speculation writes its drafts too), then prompt chunks: each prefilling slot's next tokens, as
 many as the batch has room for after the generating slots' tokens (a long prompt takes several
-steps, so it never stalls the streams that decode beside it)."""
+steps, so it never stalls the streams that decode beside it).
+
+On a model with a sliding window a completion's prompt is also cut where llama-server cuts it
+(``prompt_cuts``): 4 + n_ubatch and 4 tokens before its end (tools/server: the context
+checkpoints of llama.cpp PR 20288, made for completion tasks, not infill). llama.cpp's CPU
+kernels round differently with a batch's shape, so with the same cuts a request alone gives
+llama-server's greedy tokens and logprobs (measured on the embedded model: the first token's
+logprob -0.9789 in one batch of 11, -1.0340 cut at 7, llama-server -1.0337; the text parts 12
+tokens later); it costs a prompt one more step."""
 
 from __future__ import annotations
+
+import llama_cpp as ll
 
 from corral import wire
 from corral.fit.rows import ECHO_CHUNK
@@ -16,7 +26,7 @@ from corral.worker.tokens import Tokenizer
 from corral.worker.vision.projector import VisionTokens
 from corral.worker.vision.mrope import kv_pos
 
-__all__ = ["EchoChunk", "fill_prompt_chunks", "prompt_logprobs", "write_pending"]
+__all__ = ["EchoChunk", "cut_chunk", "fill_prompt_chunks", "prompt_cuts", "prompt_logprobs", "write_pending"]
 
 EchoChunk = tuple[Slot, int, int, int]  # slot, batch index, prompt pos, count
 
@@ -41,10 +51,28 @@ def write_pending(b: Batch, slots: list[Slot]) -> tuple[int, list[tuple[Slot, in
     return n, outputs
 
 
+def prompt_cuts(m: LoadedModel) -> tuple[int, ...]:
+    """How many tokens before a prompt's end a chunk stops, as llama-server's prompt
+    processing does on a model with a sliding window (none without one, or with swa_full)."""
+    return (4 + ll.llama_n_ubatch(m.ctx), 4) if m.n_swa > 0 else ()
+
+
+def cut_chunk(pos: int, take: int, n_prompt: int, cuts: tuple[int, ...]) -> int:
+    """``take`` prompt tokens from ``pos`` on, shortened to end at a cut it would cross (a cut:
+    that many tokens before the prompt's end, ``n_prompt``)."""
+    for cut in cuts:
+        end = n_prompt - cut
+        if pos < end < pos + take:
+            take = end - pos
+    return take
+
+
 def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[Slot, int]],
-                       echo_chunks: list[EchoChunk]) -> int:
+                       echo_chunks: list[EchoChunk], cuts: tuple[int, ...] = ()) -> int:
     """Add prompt tokens after the ``n`` already in ``b``; a slot whose prompt ends in this
-    batch asks for its last token's logits (appended to ``outputs``). Returns the new count."""
+    batch asks for its last token's logits (appended to ``outputs``). A completion's chunk
+    ends at a cut (``prompt_cuts``: that many tokens before its prompt's end) it would cross.
+    Returns the new count."""
     budget = b.cap - n
     echo_room = ECHO_CHUNK  # the echo slots' logits rows this step, all together (fit.rows.outputs_max)
     for slot in slots:
@@ -58,6 +86,8 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
         take = min(budget, stop - slot.prompt_pos)
         if take <= 0:
             continue
+        if job.req.infill is None:
+            take = cut_chunk(slot.prompt_pos, take, len(toks), cuts)
         echo = slot.echo_logprobs is not None
         if echo:
             take = min(take, echo_room)
