@@ -15,7 +15,9 @@ from corral.worker.engine import Engine
 from corral.worker.model import ModelLoadError
 from testkit.gguf_lora import write_bad_lora, write_lora
 from worker.conftest import run_engine, settings_for
-from worker.test_speculation import noise  # noqa: F401 (the fixture: the batch-shape noise)
+from worker import test_speculation
+
+noise = test_speculation.noise  # the fixture: the batch-shape noise
 
 PROMPT = "The capital of France is"
 OTHER = "Once upon a time, in a small village by the sea,"

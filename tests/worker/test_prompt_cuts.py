@@ -63,6 +63,28 @@ def test_a_prompt_is_decoded_in_llama_servers_chunks(model_path: Path, decodes: 
         e.close()
 
 
+def test_the_same_prompt_again_reuses_all_but_its_last_cut_and_answers_the_same(model_path: Path,
+                                                                                decodes: list[int]) -> None:
+    """A reused prefix stops where the last cut began: the last 4 tokens decode again in the
+    batch shape they had, so the same greedy request gives the same tokens and logprobs
+    (reused up to the last token alone, the logits came from a batch of 1 and could part)."""
+    e = Engine(settings_for(model_path, n_parallel=1, ctx_len=1024, threads=2))
+    try:
+        runs = []
+        for rid in ("first", "again"):
+            decodes.clear()
+            _, finals, deltas = run_engine(e, [_greedy(rid, PROMPT)])
+            fin = finals[rid]
+            assert isinstance(fin, wire.Finished)
+            runs.append(([(lp.id, lp.logprob) for d in deltas[rid] for lp in d.logprobs], fin.usage.cached_tokens,
+                         list(decodes)))
+    finally:
+        e.close()
+    (first, cached0, dec0), (again, cached1, dec1) = runs
+    assert (cached0, dec0[:2]) == (0, [7, 4]) and (cached1, dec1[0]) == (7, 4), runs
+    assert again == first  # exactly: the same shapes, the same rounding
+
+
 def test_the_cuts_give_the_logprob_of_llama_servers_chunks_not_of_one_batch(model_path: Path) -> None:
     """The first token's logprob is what llama.cpp gives for the prompt decoded as 7 + 4
     tokens (llama-server's chunks; it answered -1.0337 here), and the cut matters on this

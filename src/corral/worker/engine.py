@@ -206,6 +206,8 @@ class Engine:
         mem = self.m.memory
         req = job.req
         echo_lp = req.echo and req.logprobs is not None
+        if self._cuts and req.infill is None:  # its last cut decodes again, in the batch it had (prefill.py)
+            reuse = max(0, min(reuse, len(job.tokens) - self._cuts[-1]))
         reuse = self.vision.snap(job.tokens, reuse)  # never part of an image
         if echo_lp:
             reuse = 0  # every prompt token's logits are needed
