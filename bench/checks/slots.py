@@ -12,8 +12,8 @@ embedded Gemma 3, same threads and batch:
   the same text (the file is llama-server's format); llama-server's own file is refused
   by corral (it carries no identity: corral cannot tell which model and settings made it).
 
-Last run (2026-12-01): 7 of 8 pass; corral's text after a reused prefix (kept or restored)
-differs from llama-server's (see docs/internals/editors.md, "Slot files").
+Last run (2026-12-04): 8 of 8 pass (until 2026-12-03 corral's text after a reused prefix,
+kept or restored, differed from llama-server's: docs/internals/editors.md, "Slot files").
 
 Exit status 0 when every check passes, 1 when one fails, 2 when llama-server is missing.
 """

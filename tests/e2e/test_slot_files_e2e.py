@@ -3,12 +3,10 @@ attention): save -> erase -> restore gives the slot its prefix back, and the nex
 reuses it and answers exactly what it answers with the prefix kept in the slot all along;
 a file for other settings, or a changed one, is refused and the slot still answers.
 
-A reused prefix recomputes only the last prompt token, in a batch of one, and llama.cpp's
-CPU kernels give slightly different logits for that than for the whole prompt (see
-tests/e2e/test_logprobs_choices.py): on this prompt the greedy text after a reuse differs
-from a fresh prefill's from its second token, with or without a slot file. So a restored
-prefix is compared with a kept one (same tokens, same first-token logprob) and with a fresh
-prefill on the first token."""
+A reused prefix stops where the prompt's last cut began (its last 4 tokens, decoded again in
+the batch shape a fresh prefill gives them: worker/prefill.py), so the answer after a kept or
+a restored prefix is the fresh prefill's, token for token (until 2026-12-03 only the last
+token was recomputed, in a batch of one, and the greedy text parted from its second token)."""
 
 from __future__ import annotations
 
@@ -54,7 +52,8 @@ async def test_save_erase_restore_reuses_the_prefix_with_the_same_tokens(harness
     n_prompt = first["usage"]["prompt_tokens"]
     assert n_prompt > 100
     kept = await _complete(harness)  # the prefix kept in the slot
-    assert kept["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1
+    assert kept["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 4
+    assert kept["choices"][0]["text"] == first["choices"][0]["text"]
     saved = (await _slot(harness, "save", "lighthouse.bin")).json()
     assert saved["id_slot"] == 0 and saved["filename"] == "lighthouse.bin"
     assert saved["n_saved"] == n_prompt + 7  # the prompt and the generated tokens but the last (never decoded)
@@ -73,10 +72,10 @@ async def test_save_erase_restore_reuses_the_prefix_with_the_same_tokens(harness
     assert (await harness.client.get("/slots")).json()[0]["n_cached"] == n_prompt + 7
 
     again = await _complete(harness)
-    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1  # the prefix came back
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 4  # the prefix came back
     assert again["choices"][0]["text"] == kept["choices"][0]["text"]
     assert again["choices"][0]["logprobs"]["token_logprobs"] == kept["choices"][0]["logprobs"]["token_logprobs"]
-    assert again["choices"][0]["logprobs"]["tokens"][0] == first["choices"][0]["logprobs"]["tokens"][0]
+    assert again["choices"][0]["logprobs"]["token_logprobs"] == first["choices"][0]["logprobs"]["token_logprobs"]
 
     # erased and not restored: a full prefill again, the same tokens
     await _slot(harness, "erase")

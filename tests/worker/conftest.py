@@ -48,3 +48,8 @@ def engine(model_path: Path) -> Iterator[object]:
     e = Engine(settings_for(model_path))
     yield e
     e.close()
+
+
+# A completion reusing a slot's prefix stops where its prompt's last cut began: its last 4
+# tokens decode again, in the batch shape a fresh prefill gave them (worker/prefill.py)
+REUSED_TAIL = 4

@@ -17,7 +17,7 @@ from corral import wire
 from corral.worker.cache.disk import model_key
 from corral.worker.engine import Engine
 from testkit.gguf_lora import write_lora
-from worker.conftest import run_engine, settings_for
+from worker.conftest import run_engine, settings_for, REUSED_TAIL
 from worker.test_prompt_cache import LONG, OTHER
 
 GREEDY = wire.SamplingParams(temperature=0.0, max_tokens=12)
@@ -54,7 +54,7 @@ def test_a_prefix_is_restored_only_for_its_own_adapter_set(model_path: Path, ada
         # after a restore (this CPU's kernels round a batch of one differently from the whole
         # prompt: under this adapter enough to flip a near tie; the same cells give the same tokens)
         reused_a, f0 = _one(e, "a0", LONG, A1)
-        assert f0.usage.cached_tokens == f0.usage.prompt_tokens - 1
+        assert f0.usage.cached_tokens == f0.usage.prompt_tokens - REUSED_TAIL
         _one(e, "o1", OTHER, None)  # the one slot now holds OTHER (no adapter); LONG under "a" went to RAM
         # LONG without the adapter: the entry of set "a" must not serve it
         fresh_base, f2 = _one(e, "b1", LONG, None)
@@ -63,12 +63,13 @@ def test_a_prefix_is_restored_only_for_its_own_adapter_set(model_path: Path, ada
         # LONG under "a" again (the slot holds LONG without it, a set of 0 tokens for this job):
         # its own entry is restored, with the same greedy tokens
         again, f3 = _one(e, "a2", LONG, A1)
-        assert f3.usage.cached_tokens == f3.usage.prompt_tokens - 1
+        assert f3.usage.cached_tokens == f3.usage.prompt_tokens - REUSED_TAIL
         assert again == reused_a
         st = e.prompt_cache.stats()
         assert st.hits == 1 and st.restored_tokens == f3.usage.cached_tokens
         keys = {(len(x.tokens), x.lora) for x in e.prompt_cache.store.entries() if not x.pinned}
-        assert (f1.usage.prompt_tokens - 1, ((0, 1.0),)) in keys and (f1.usage.prompt_tokens - 1, ()) in keys
+        n = f1.usage.prompt_tokens - REUSED_TAIL  # entries cut back to the prompt less its last cut
+        assert (n, ((0, 1.0),)) in keys and (n, ()) in keys
         e.prompt_cache.persist(e.slots, wire.PersistCache())
     finally:
         e.close()
@@ -78,7 +79,7 @@ def test_a_prefix_is_restored_only_for_its_own_adapter_set(model_path: Path, ada
         _, f4 = _one(e, "h1", LONG, A_HALF)  # the same adapter at 0.5: no file serves it
         assert f4.usage.cached_tokens == 0 and e.prompt_cache.stats().hits == 0
         from_disk, f5 = _one(e, "a3", LONG, A1)
-        assert f5.usage.cached_tokens == f5.usage.prompt_tokens - 1 and e.prompt_cache.stats().disk_hits == 1
+        assert f5.usage.cached_tokens == f5.usage.prompt_tokens - REUSED_TAIL and e.prompt_cache.stats().disk_hits == 1
         assert from_disk == reused_a
         # the files' key names the adapter files: a replaced (here: touched) adapter is another key
         key = model_key(e.m, s)

@@ -19,7 +19,7 @@ import pytest
 
 from corral import cache_files, wire
 from corral.worker.engine import Engine
-from worker.conftest import run_engine, settings_for
+from worker.conftest import run_engine, settings_for, REUSED_TAIL
 
 GREEDY = wire.SamplingParams(temperature=0.0, max_tokens=12)
 LONG = " ".join(f"Rule {i}: the {('red', 'blue', 'green')[i % 3]} stone goes to box {i % 5}." for i in range(24))
@@ -58,7 +58,7 @@ def test_a_prefix_evicted_from_its_slot_is_restored_from_ram(model_path: Path) -
         st = e.prompt_cache.stats()
         assert st.saves == 1 and st.ram_entries == 1 and st.ram_bytes > 0
         again, f3 = _one(e, "c", LONG)
-        assert f3.usage.cached_tokens == f3.usage.prompt_tokens - 1  # restored, only the last token decoded
+        assert f3.usage.cached_tokens == f3.usage.prompt_tokens - REUSED_TAIL  # restored, the last 4 tokens decoded
         assert again == fresh
         st = e.prompt_cache.stats()
         assert st.hits == 1 and st.disk_hits == 0 and st.restored_tokens == f3.usage.cached_tokens
@@ -66,7 +66,7 @@ def test_a_prefix_evicted_from_its_slot_is_restored_from_ram(model_path: Path) -
         # window: the entry was cut back to the last prompt less one token before saving)
         _one(e, "d", OTHER)
         _, f5 = _one(e, "e", LONG + " Rule 99:")
-        assert f5.usage.cached_tokens >= f1.usage.prompt_tokens - 1
+        assert f5.usage.cached_tokens >= f1.usage.prompt_tokens - REUSED_TAIL
     finally:
         e.close()
 
@@ -85,7 +85,7 @@ def test_sliding_window_restores_only_a_whole_window(model_path: Path) -> None:
         entry = next(iter(e.prompt_cache.store.entries()))
         assert entry.pos_min > 0  # the window: the state holds positions pos_min.. only
         again, f3 = _one(e, "c", long)
-        assert f3.usage.cached_tokens == n - 1 and again == fresh
+        assert f3.usage.cached_tokens == n - REUSED_TAIL and again == fresh
         # a prompt that leaves the saved one before pos_min + n_swa: that prefix's window is
         # gone, so nothing is restored (it prefills)
         _one(e, "d", OTHER)
@@ -111,7 +111,7 @@ def test_a_new_engine_restores_from_disk_what_the_last_one_wrote(model_path: Pat
     try:
         assert e.prompt_cache.stats().disk_entries == 1
         again, f2 = _one(e, "b", LONG)
-        assert f2.usage.cached_tokens == f2.usage.prompt_tokens - 1 and again == fresh
+        assert f2.usage.cached_tokens == f2.usage.prompt_tokens - REUSED_TAIL and again == fresh
         st = e.prompt_cache.stats()
         assert st.hits == 1 and st.disk_hits == 1
     finally:
@@ -203,11 +203,11 @@ def test_sliding_window_prefix_from_disk_in_a_new_engine(model_path: Path, tmp_p
     finally:
         e.close()
     (entry,) = [f for f in cache_files.scan(tmp_path / "prompt-cache") if isinstance(f, cache_files.CacheFile)]
-    assert entry.pos_min > 0 and entry.n_tokens == f1.usage.prompt_tokens - 1  # cut back to the prompt
+    assert entry.pos_min > 0 and entry.n_tokens == f1.usage.prompt_tokens - REUSED_TAIL  # cut back to the prompt
     e = _engine(model_path, tmp_path, **kw)
     try:
         again, f2 = _one(e, "b", long)
-        assert f2.usage.cached_tokens == f2.usage.prompt_tokens - 1 and again == fresh
+        assert f2.usage.cached_tokens == f2.usage.prompt_tokens - REUSED_TAIL and again == fresh
         assert e.prompt_cache.stats().disk_hits == 1
     finally:
         e.close()

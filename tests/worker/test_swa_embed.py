@@ -12,7 +12,7 @@ from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.slots import reuse_len
 
-from .conftest import run_engine, settings_for
+from .conftest import run_engine, settings_for, REUSED_TAIL
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +48,7 @@ def test_prefix_reuse_respects_sliding_window(model_path: Path) -> None:
         assert again["short2"] == fresh["short1"]
         # Right after a short request the prefix is reusable again.
         _, f4, _ = run_engine(e, [wire.GenerateRequest(id="short3", prompt=SHORT, params=GREEDY8)])
-        assert f4["short3"].usage.cached_tokens == f4["short3"].usage.prompt_tokens - 1
+        assert f4["short3"].usage.cached_tokens == f4["short3"].usage.prompt_tokens - REUSED_TAIL
     finally:
         e.close()
 
@@ -64,7 +64,7 @@ def test_swa_full_reuses_a_prefix_past_the_window(model_path: Path) -> None:
         short_tokens = e.tok.tokenize(SHORT, add_special=True)
         assert reuse_len(e.slots[0], short_tokens, e.m) == len(short_tokens) - 1
         again, f3, _ = run_engine(e, [wire.GenerateRequest(id="short2", prompt=SHORT, params=GREEDY8)])
-        assert f3["short2"].usage.cached_tokens == len(short_tokens) - 1
+        assert f3["short2"].usage.cached_tokens == len(short_tokens) - 1  # swa_full: no cut
         assert again["short2"] == fresh["short1"]
     finally:
         e.close()

@@ -189,7 +189,7 @@ class Engine:
         while self.waiting and free:
             job = self.waiting.popleft()
             # a prefix of cells of the job's cache tenant and adapter set (slots.py)
-            best, best_n = pick_slot(free, job.tokens, self.m, job.req.cache_tenant, job.lora)
+            best, best_n = pick_slot(free, job.tokens, self.m, job.req.cache_tenant, job.lora, job.tail)
             free.remove(best)
             try:
                 best_n = self.prompt_cache.admit(best, job, best_n)  # saves the old cells, may restore more
@@ -206,8 +206,6 @@ class Engine:
         mem = self.m.memory
         req = job.req
         echo_lp = req.echo and req.logprobs is not None
-        if self._cuts and req.infill is None:  # its last cut decodes again, in the batch it had (prefill.py)
-            reuse = max(0, min(reuse, len(job.tokens) - self._cuts[-1]))
         reuse = self.vision.snap(job.tokens, reuse)  # never part of an image
         if echo_lp:
             reuse = 0  # every prompt token's logits are needed

@@ -14,7 +14,7 @@ from corral.worker.model import LoadedModel
 from corral.worker.prompt import requests
 from corral.worker.prompt.prompts import PreparedRequest, PromptPreparer
 from corral.worker.reasoning.feature import ReasoningFeature
-from corral.worker.slots import Job, check_params
+from corral.worker.slots import LAST_CUT, Job, check_params
 
 __all__ = ["Intake"]
 
@@ -39,4 +39,6 @@ class Intake:
         req = prepared.req
         job = Job(req, prepared.tokens, time.perf_counter(), reasoning=prepared.reasoning, lora=self.lora.key_of(req))
         job.grammar = requests.grammar_sampler(self.m.vocab, prepared.gbnf)
+        if self.m.n_swa > 0 and req.infill is None:  # its prompt ends in a cut (prefill.prompt_cuts)
+            job.tail = LAST_CUT
         return job

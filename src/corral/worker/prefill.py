@@ -21,7 +21,7 @@ from corral.worker.prompt import requests
 from corral.worker.sampling import sampler as sampling
 from corral.worker.model import LoadedModel
 from corral.worker.batch import Batch
-from corral.worker.slots import Slot
+from corral.worker.slots import LAST_CUT, Slot
 from corral.worker.tokens import Tokenizer
 from corral.worker.vision.projector import VisionTokens
 from corral.worker.vision.mrope import kv_pos
@@ -54,7 +54,7 @@ def write_pending(b: Batch, slots: list[Slot]) -> tuple[int, list[tuple[Slot, in
 def prompt_cuts(m: LoadedModel) -> tuple[int, ...]:
     """How many tokens before a prompt's end a chunk stops, as llama-server's prompt
     processing does on a model with a sliding window (none without one, or with swa_full)."""
-    return (4 + ll.llama_n_ubatch(m.ctx), 4) if m.n_swa > 0 else ()
+    return (LAST_CUT + ll.llama_n_ubatch(m.ctx), LAST_CUT) if m.n_swa > 0 else ()
 
 
 def cut_chunk(pos: int, take: int, n_prompt: int, cuts: tuple[int, ...]) -> int:

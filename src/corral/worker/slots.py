@@ -84,6 +84,7 @@ class Job:
     grammar: ll.llama_sampler_p | None = None  # owned until a slot's sampler takes it
     reasoning: ReasoningPlan | None = None  # how its thinking runs (worker/reasoning/plan.py)
     lora: LoraKey = BASE  # the adapter set it runs with (worker/lora/adapters.py)
+    tail: int = 1  # prompt tokens a reused prefix leaves to decode (LAST_CUT: prefill.prompt_cuts)
 
 
 @dataclass(eq=False)
@@ -119,6 +120,10 @@ class Slot:
 # a slot's cell fields: its KV cells and what they were computed under; every other field is
 # the request's, and moves with it when it is paused (worker/preempt/preemption.py)
 CELL_FIELDS = ("index", "cached", "tenant", "lora")
+# a completion's prompt on a sliding-window model ends in a chunk of this many tokens
+# (worker/prefill.py: llama-server's cut); a reused prefix stops where it began, so those
+# tokens decode again in the batch shape they had and the answer is the fresh prefill's
+LAST_CUT = 4
 
 
 class StepFeature:
@@ -295,17 +300,18 @@ def release(slot: Slot) -> None:
         slot.reasoning = None
 
 
-def reuse_len(slot: Slot, tokens: list[int], m: LoadedModel) -> int:
+def reuse_len(slot: Slot, tokens: list[int], m: LoadedModel, tail: int = 1) -> int:
     """How many leading prompt tokens this slot's cache can serve, still valid.
 
-    At most len(tokens) - 1: the last prompt token is always decoded, for its logits.
+    At most len(tokens) - tail: the last prompt token is always decoded, for its logits
+    (``Job.tail``: a completion's last cut, on a sliding-window model).
     With sliding-window attention the cache drops positions more than n_swa behind
     the newest one; reusing n tokens needs positions [n - n_swa, n) still present,
     i.e. seq_pos_min <= max(0, n - n_swa). Otherwise the prefix is not reused.
     """
     cached = slot.cached
     n = 0
-    limit = min(len(cached), len(tokens) - 1)
+    limit = min(len(cached), len(tokens) - tail)
     while n < limit and cached[n] == tokens[n]:
         n += 1
     if n == 0:
@@ -318,7 +324,7 @@ def reuse_len(slot: Slot, tokens: list[int], m: LoadedModel) -> int:
 
 
 def pick_slot(free: list[Slot], tokens: list[int], m: LoadedModel, tenant: str = "",
-              lora: LoraKey = BASE) -> tuple[Slot, int]:
+              lora: LoraKey = BASE, tail: int = 1) -> tuple[Slot, int]:
     """The free slot whose cache serves the longest valid prefix of ``tokens`` (ties:
     the shortest cache), and that prefix's length. Only a slot whose cells are of cache
     tenant ``tenant`` and adapter set ``lora`` serves a prefix (any other slot's cells
@@ -326,7 +332,7 @@ def pick_slot(free: list[Slot], tokens: list[int], m: LoadedModel, tenant: str =
     cell fields are not changed here (``PromptCache.admit`` does, after saving the old cells)."""
     best, best_n = free[0], -1
     for s in free:
-        n = reuse_len(s, tokens, m) if s.tenant == tenant and s.lora == lora else 0
+        n = reuse_len(s, tokens, m, tail) if s.tenant == tenant and s.lora == lora else 0
         if n > best_n or (n == best_n and len(s.cached) < len(best.cached)):
             best, best_n = s, n
     return best, max(0, best_n)

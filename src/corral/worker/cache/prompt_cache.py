@@ -39,7 +39,7 @@ from corral.worker.cache.disk import Candidate, DiskCache, model_key
 from corral.worker.cache.kv_store import HostKVStore, KVEntry, common_prefix, restore_seq, save_seq
 from corral.worker.lora.state import BASE, LoraKey
 from corral.worker.model import LoadedModel
-from corral.worker.slots import Job, Slot, StepFeature, reuse_len
+from corral.worker.slots import LAST_CUT, Job, Slot, StepFeature, reuse_len
 from corral.worker.vision.mrope import kv_pos
 
 __all__ = ["PromptCache", "MIN_SAVE_TOKENS", "MIN_GAIN_TOKENS"]
@@ -88,7 +88,7 @@ class PromptCache(StepFeature):
             self.save(slot, keep if was == now and was_tenant == tenant else 0, was, was_tenant)
         if echo or len(tokens) < MIN_SAVE_TOKENS:
             return reuse
-        best = self._best(tokens, reuse + MIN_GAIN_TOKENS, now, tenant)
+        best = self._best(tokens, reuse + MIN_GAIN_TOKENS, now, tenant, job.tail)
         if best is None:
             self.misses += 1
             return reuse
@@ -98,7 +98,7 @@ class PromptCache(StepFeature):
         if state is None:  # a damaged file, dropped: the slot is untouched
             self.misses += 1
             return reuse
-        got = self._restore(slot, entry.tokens, state, n, tokens)
+        got = self._restore(slot, entry.tokens, state, n, tokens, job.tail)
         if got <= reuse:  # refused (the slot is empty now) or not whole after all
             if isinstance(entry, KVEntry):
                 self.store.pop(entry.key)
@@ -143,35 +143,36 @@ class PromptCache(StepFeature):
     def _cut_to_last_prompt(self, slot: Slot, keep: int) -> None:
         """Sliding window: a restored state holds only its last n_swa positions, so it serves
         a prompt only where that prompt extends the whole entry. Cut a free slot back to its
-        last prompt less one token: that entry then serves the same prompt again and every
+        last prompt less its last cut (``slots.LAST_CUT`` tokens: what the same prompt again
+        decodes anew, ``Job.tail``): that entry then serves the same prompt again and every
         continuation of it (a conversation's next turn); what the answer added is lost."""
-        cut = slot.prompt_pos - 1
+        cut = slot.prompt_pos - LAST_CUT
         if self.m.n_swa > 0 and slot.job is None and keep <= cut < len(slot.cached) and \
                 ll.llama_memory_seq_rm(self.m.memory, slot.index, cut, -1):
             del slot.cached[cut:]
 
-    def _usable(self, entry_tokens: Sequence[int], pos_min: int, tokens: Sequence[int]) -> int:
-        """How many leading prompt tokens an entry serves (at most len(tokens) - 1; 0 where a
-        sliding window's cells for that length are gone)."""
-        n = min(common_prefix(entry_tokens, tokens), len(tokens) - 1)
+    def _usable(self, entry_tokens: Sequence[int], pos_min: int, tokens: Sequence[int], tail: int) -> int:
+        """How many leading prompt tokens an entry serves (at most len(tokens) - tail: ``Job.tail``;
+        0 where a sliding window's cells for that length are gone)."""
+        n = min(common_prefix(entry_tokens, tokens), len(tokens) - tail)
         if n > 0 and self.m.n_swa > 0 and pos_min > max(0, n - self.m.n_swa):
             return 0
         return n
 
     def _best(self, tokens: Sequence[int], at_least: int, lora: LoraKey,
-              tenant: str) -> tuple[KVEntry | CacheFile, int] | None:
+              tenant: str, tail: int) -> tuple[KVEntry | CacheFile, int] | None:
         """The entry of adapter set ``lora`` and cache tenant ``tenant`` that serves most of
         ``tokens`` (at least ``at_least``): another tenant's entries are never considered."""
         best: tuple[KVEntry | CacheFile, int] | None = None
         for e in self.store.entries():
             if not e.pinned and e.lora == lora and e.tenant == tenant and \
-                    (n := self._usable(e.tokens, e.pos_min, tokens)) >= at_least:
+                    (n := self._usable(e.tokens, e.pos_min, tokens, tail)) >= at_least:
                 if best is None or n > best[1]:
                     best = (e, n)
         for f in self.disk.entries() if self.disk is not None else ():
             if f.lora != lora or f.tenant != tenant:
                 continue
-            n = self._usable(f.tokens, f.pos_min, tokens)
+            n = self._usable(f.tokens, f.pos_min, tokens, tail)
             if n >= at_least and (best is None or n > best[1]):  # RAM wins a tie
                 best = (f, n)
         return best
@@ -181,7 +182,7 @@ class PromptCache(StepFeature):
         return self.disk.load(entry)
 
     def _restore(self, slot: Slot, entry_tokens: tuple[int, ...], state: bytes, n: int,
-                 tokens: Sequence[int]) -> int:
+                 tokens: Sequence[int], tail: int) -> int:
         mem = self.m.memory
         ll.llama_memory_seq_rm(mem, slot.index, -1, -1)
         slot.cached = []
@@ -194,7 +195,7 @@ class PromptCache(StepFeature):
                 slot.cached = []
                 return 0
             del slot.cached[n:]
-        got = reuse_len(slot, list(tokens), self.m)  # llama.cpp's own word on what is whole
+        got = reuse_len(slot, list(tokens), self.m, tail)  # llama.cpp's own word on what is whole
         if got <= 0:
             ll.llama_memory_seq_rm(mem, slot.index, -1, -1)
             slot.cached = []
