@@ -41,7 +41,7 @@ from corral.worker.intake import Intake
 from corral.worker.failures import RequestRejected
 from corral.worker.model import LoadedModel, load_model, rss_bytes
 from corral.worker.preempt.preemption import EngineSide, Preemption
-from corral.worker.prefill import EchoChunk, fill_prompt_chunks, prompt_cuts, prompt_logprobs
+from corral.worker.prefill import EchoChunk, fill_prompt_chunks, prompt_logprobs
 from corral.worker.cache.prompt_cache import PromptCache
 from corral.worker.prompt.prompts import PreparedRequest, PromptPreparer, model_template
 from corral.worker.reasoning.feature import ReasoningFeature
@@ -83,7 +83,6 @@ class Engine:
         self.waiting: deque[Job] = deque()
         self.out: list[Outgoing] = []
         self.batch = Batch(self.m.n_batch)  # the step's batch (preemption's recomputes use it between steps)
-        self._cuts = prompt_cuts(self.m)  # where llama-server cuts a prompt (prefill.py)
         self.jobs: dict[str, Job] = {}  # every accepted request not yet ended, by id (paused ones too)
         self.tokens_generated = 0
         self.tokens_prompt = 0
@@ -245,7 +244,7 @@ class Engine:
         b = self.batch
         n, outputs = self.on.write_decodes(b, turn)  # pending tokens (and drafts: speculation/)
         echo_chunks: list[EchoChunk] = []
-        n = fill_prompt_chunks(b, turn, n, outputs, echo_chunks, self._cuts)  # prefill.py
+        n = fill_prompt_chunks(b, turn, n, outputs, echo_chunks)  # prefill.py
         if n == 0:
             for f in self.on.idle:
                 f.idle()  # an image still encoding, nothing else to decode

@@ -14,7 +14,8 @@ from corral.worker.model import LoadedModel
 from corral.worker.prompt import requests
 from corral.worker.prompt.prompts import PreparedRequest, PromptPreparer
 from corral.worker.reasoning.feature import ReasoningFeature
-from corral.worker.slots import LAST_CUT, Job, check_params
+from corral.worker.prefill import prompt_cuts
+from corral.worker.slots import Job, check_params
 
 __all__ = ["Intake"]
 
@@ -23,6 +24,7 @@ class Intake:
     def __init__(self, settings: wire.WorkerSettings, m: LoadedModel, prompts: PromptPreparer,
                  reasoning: ReasoningFeature, lora: LoraAdapters) -> None:
         self.model_id, self.m, self.prompts, self.reasoning, self.lora = settings.model_id, m, prompts, reasoning, lora
+        self.cuts = prompt_cuts(m)  # where a completion's prompt chunks stop (not infill's, as llama-server)
 
     def prepare(self, req: wire.GenerateRequest) -> PreparedRequest:
         """Tokenize and check ``req``, and turn its schema into a grammar's text."""
@@ -39,6 +41,6 @@ class Intake:
         req = prepared.req
         job = Job(req, prepared.tokens, time.perf_counter(), reasoning=prepared.reasoning, lora=self.lora.key_of(req))
         job.grammar = requests.grammar_sampler(self.m.vocab, prepared.gbnf)
-        if self.m.n_swa > 0 and req.infill is None:  # its prompt ends in a cut (prefill.prompt_cuts)
-            job.tail = LAST_CUT
+        if req.infill is None:
+            job.cuts = self.cuts
         return job

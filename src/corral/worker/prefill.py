@@ -68,10 +68,10 @@ def cut_chunk(pos: int, take: int, n_prompt: int, cuts: tuple[int, ...]) -> int:
 
 
 def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[Slot, int]],
-                       echo_chunks: list[EchoChunk], cuts: tuple[int, ...] = ()) -> int:
+                       echo_chunks: list[EchoChunk]) -> int:
     """Add prompt tokens after the ``n`` already in ``b``; a slot whose prompt ends in this
-    batch asks for its last token's logits (appended to ``outputs``). A completion's chunk
-    ends at a cut (``prompt_cuts``: that many tokens before its prompt's end) it would cross.
+    batch asks for its last token's logits (appended to ``outputs``). A chunk ends at a cut of
+    its job (``Job.cuts``: that many tokens before its prompt's end) it would cross.
     Returns the new count."""
     budget = b.cap - n
     echo_room = ECHO_CHUNK  # the echo slots' logits rows this step, all together (fit.rows.outputs_max)
@@ -86,8 +86,7 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
         take = min(budget, stop - slot.prompt_pos)
         if take <= 0:
             continue
-        if job.req.infill is None:
-            take = cut_chunk(slot.prompt_pos, take, len(toks), cuts)
+        take = cut_chunk(slot.prompt_pos, take, len(toks), job.cuts)
         echo = slot.echo_logprobs is not None
         if echo:
             take = min(take, echo_room)

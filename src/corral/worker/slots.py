@@ -84,7 +84,12 @@ class Job:
     grammar: ll.llama_sampler_p | None = None  # owned until a slot's sampler takes it
     reasoning: ReasoningPlan | None = None  # how its thinking runs (worker/reasoning/plan.py)
     lora: LoraKey = BASE  # the adapter set it runs with (worker/lora/adapters.py)
-    tail: int = 1  # prompt tokens a reused prefix leaves to decode (LAST_CUT: prefill.prompt_cuts)
+    cuts: tuple[int, ...] = ()  # where its prompt's chunks stop, before its end (prefill.prompt_cuts)
+
+    @property
+    def tail(self) -> int:
+        """Prompt tokens a reused prefix leaves to decode: the last cut (``LAST_CUT``), else 1."""
+        return self.cuts[-1] if self.cuts else 1
 
 
 @dataclass(eq=False)

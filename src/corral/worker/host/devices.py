@@ -81,10 +81,7 @@ def ggml_amx() -> bool:
     (llama-server's ``--no-repack``): plain CPU buffers. False when the library or the call is
     missing."""
     cpu = llama_cpp_lib("ggml-cpu")
-    try:
-        has = cpu.ggml_cpu_has_amx_int8 if cpu is not None else None
-    except AttributeError:
-        return False
+    has = getattr(cpu, "ggml_cpu_has_amx_int8", None) if cpu is not None else None
     if has is None:
         return False
     has.restype = ctypes.c_int

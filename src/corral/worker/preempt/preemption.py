@@ -41,7 +41,7 @@ import llama_cpp as ll
 
 from corral import wire
 from corral.worker.batch import Batch
-from corral.worker.prefill import cut_chunk, prompt_cuts
+from corral.worker.prefill import cut_chunk
 from corral.worker.sampling import sampler as sampling
 from corral.worker.cache.kv_store import HostKVStore, restore_seq, save_seq
 from corral.worker.model import LoadedModel
@@ -197,8 +197,7 @@ class Preemption(StepFeature):
                 if restored:
                     slot.cached = list(p.tokens)
             if not restored:
-                self._recompute(slot, p.tokens, reuse, len(p.job.tokens),
-                                () if p.job.req.infill is not None else prompt_cuts(m))
+                self._recompute(slot, p.tokens, reuse, len(p.job.tokens), p.job.cuts)
         assert p.slot is not None
         for name in _KEPT_FIELDS:
             setattr(slot, name, getattr(p.slot, name))
@@ -207,8 +206,8 @@ class Preemption(StepFeature):
 
     def _recompute(self, slot: Slot, tokens: list[int], reuse: int, n_prompt: int, cuts: tuple[int, ...]) -> None:
         """Decode ``tokens`` into ``slot`` again (its first ``reuse`` are there), as they were
-        decoded first: the prompt in batches, cut where the step cut it (``cuts``:
-        prefill.prompt_cuts), then each generated token alone. A batch of
+        decoded first: the prompt in batches, cut where the step cut it (``Job.cuts``),
+        then each generated token alone. A batch of
         another shape rounds differently on a CPU, enough to flip a near tie of a greedy
         answer; replayed this way the KV is the one it had (measured: same tokens)."""
         m = self.e.m
