@@ -213,14 +213,25 @@ def test_jinja_template_override_and_template_errors(model_path: Path) -> None:
         e.close()
 
 
-def test_concurrency_does_not_change_seeded_output_here(engine: Engine) -> None:
-    """Documented, not guaranteed in general: llama.cpp's kernels may round differently
-    for other batch shapes. For this model on CPU a seeded request gives the same text
-    alone and next to another request."""
+def test_a_neighbours_seed_does_not_change_a_seeded_request(engine: Engine) -> None:
+    """A seeded request's random draws are its own: beside the same neighbour (the same
+    batch shapes, so the same logits) it gives the same text whatever seed the neighbour
+    has, and twice the same. Alone against beside another is not compared: llama.cpp's CPU
+    kernels may round with a batch's shape (on an AMD EPYC the two parted), so that equality
+    is not something corral can promise on every machine."""
     p = wire.SamplingParams(max_tokens=16, temperature=0.9, seed=42)
-    alone, _, _ = run_engine(engine, [gen("alone", "Once upon a time", p)])
-    both, _, _ = run_engine(engine, [gen("pair", "Once upon a time", p), gen("other", "Something else", p)])
-    assert alone["alone"] == both["pair"]
+
+    def pair(rid: str, neighbour_seed: int) -> tuple[str, str]:
+        q = wire.SamplingParams(max_tokens=16, temperature=0.9, seed=neighbour_seed)
+        texts, _, _ = run_engine(engine, [gen(rid, "Once upon a time", p), gen(rid + "-n", "Something else", q)])
+        return texts[rid], texts[rid + "-n"]
+
+    a, na = pair("p1", 7)
+    b, nb = pair("p2", 8)
+    c, nc = pair("p3", 7)
+    assert na != nb  # the neighbour's seed did change its own draws
+    assert a == b == c
+    assert na == nc
 
 
 @pytest.mark.parametrize(
