@@ -128,6 +128,12 @@ def test_no_import_cycle_between_corral_modules() -> None:
         " <-> ".join(c) + ": " + "; ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in cycles)
 
 
+def test_no_import_cycle_between_bench_modules() -> None:
+    graph = import_graph(SRC.parents[1] / "bench")
+    assert graph["bench.run"] and graph["bench.ray.run"]  # it parsed the package
+    assert import_cycles(graph) == []
+
+
 def test_the_cycle_check_sees_every_kind_of_import(tmp_path: Path) -> None:
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)

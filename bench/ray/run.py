@@ -32,22 +32,13 @@ import time
 from pathlib import Path
 
 from testkit.ray_cluster import LocalCluster, loopback_only
+from bench.ray.context import Ctx
 from bench.ray.serve_scenarios import sc_compare
 from bench.ray.wire_scenarios import log, sc_relay
 from bench.servers import LOGS, RESULTS, ROOT
 
 
 # ---------------------------------------------------------------- main
-
-
-class Ctx:
-    def __init__(self, args: argparse.Namespace, base: Path, cluster: LocalCluster) -> None:
-        self.rounds = args.rounds or (1 if args.quick else 4)
-        self.n = args.n or (8 if args.quick else 16)
-        self.cold_rounds = 1 if args.quick else 3
-        self.dir = base
-        self.cluster = cluster
-        self.pinned: dict[str, str] = {}
 
 
 SCENARIOS = {"compare": sc_compare, "relay": sc_relay}

@@ -40,7 +40,7 @@ from bench.ray.wire_scenarios import PinnedWorker, combined_two, load, log, sett
 from bench.servers import PY, free_port
 
 if TYPE_CHECKING:
-    from bench.ray.run import Ctx
+    from bench.ray.context import Ctx
 
 MODEL = {"threads": 1, "n_parallel": 8, "ctx_len": 8192}
 ROUTER_CPUS = "1"  # every router on cpu 1; the single workers on cpu 0

@@ -21,7 +21,7 @@ from bench.ray import relay as ray_relay
 from bench.servers import PY
 
 if TYPE_CHECKING:
-    from bench.ray.run import Ctx
+    from bench.ray.context import Ctx
 
 
 def log(msg: str) -> None:
