@@ -30,7 +30,7 @@ def test_cli_imports_nothing_of_the_control_plane() -> None:
 def test_wire_imports_only_its_own_modules_and_two_leaves() -> None:
     mods = _imported_after("import corral.wire")
     own = {m for m in mods if m.startswith("corral.wire.")}  # corral/wire/<topic>.py: its own types
-    assert mods - own <= {"corral", "corral.wire", "corral.frames", "corral.settings"}
+    assert mods - own <= {"corral", "corral.wire", "corral.frames", "corral.settings", "corral.byte_sizes"}
     assert {"corral.wire.gpu", "corral.wire.editors", "corral.wire.model"} <= own
 
 

@@ -24,10 +24,10 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, IPvAnyNetwo
 from corral.config_errors import pydantic_errors, settings_errors, location
 from corral.errors import ConfigError
 from corral.model_ids import id_problem
-from corral.settings import ModelSettings, SettingsError, parse_size, setting_names
+from corral.byte_sizes import parse_bytes
+from corral.settings import ModelSettings, SettingsError, setting_names
 
 __all__ = [
-    "parse_bytes",
     "ServerConfig",
     "ModelConfig",
     "CorralConfig",
@@ -35,12 +35,6 @@ __all__ = [
     "config_from_dict",
     "default_config",
 ]
-
-def parse_bytes(value: Any) -> Any:
-    """``"8GiB"`` -> 8589934592, ``"512MB"`` -> 512000000, ints pass through
-    (``corral.settings.parse_size``: one reading of a size for both kinds of settings)."""
-    return parse_size(value)
-
 
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
 

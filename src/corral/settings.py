@@ -19,15 +19,16 @@ depends on it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 import msgspec
 from msgspec import Meta
 
+from corral.byte_sizes import parse_bytes
+
 __all__ = ["ModelSettings", "LoraAdapter", "MAX_LORA", "LORA_SCALE_MAX", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX", "DEFAULT_SLOT_CTX",
-           "BYTE_FIELDS", "parse_size",
+           "BYTE_FIELDS",
            "setting_names"]
 
 INT32_MAX = 2**31 - 1
@@ -178,7 +179,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                 continue
             try:
                 if key in BYTE_FIELDS:
-                    value = parse_size(value)
+                    value = parse_bytes(value)
                 got = getattr(msgspec.convert({key: value}, cls), key)
                 out[key] = 0 if key == "ctx_len" and value == 0 else got  # unset stays unset until layered
             except ValueError as exc:  # msgspec.ValidationError is one too
@@ -261,27 +262,6 @@ VISIBLE_DEVICES_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_
 
 # settings written as sizes ("2GiB", "512MB") or bytes
 BYTE_FIELDS = frozenset({"prompt_cache_ram"})
-
-_SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": 1024,
-    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
-    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
-}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_size(value: Any) -> Any:
-    """``"8GiB"`` -> 8589934592, ``"512MB"`` -> 512000000; anything but a string passes
-    through (ValueError for a string that is not a size)."""
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m and m.group(2).lower() in _SIZE_UNITS:
-            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-        raise ValueError(f"{value!r} is not a size; write e.g. 8GiB, 512MiB, 4GB or a number of bytes")
-    return value
-
 
 # changing these applies to a loaded model at once (no worker restart)
 LIVE_FIELDS = frozenset({"ttl_s", "pinned", "load_on_startup"})
