@@ -336,6 +336,26 @@ def test_the_exception_tree_is_drawn_as_it_is() -> None:
     assert tree_problems(errors.__doc__, _error_classes(vars(errors)), errors.__all__) == []
 
 
+def _every_subclass(cls: type) -> set[type]:
+    return {sub for direct in cls.__subclasses__() for sub in {direct, *_every_subclass(direct)}}
+
+
+def test_every_corral_error_in_src_is_in_the_drawn_tree() -> None:
+    """Every module of src/corral imported, every subclass of CorralError anywhere in it is
+    one of corral.errors' own (and so drawn): an error class declared in another module
+    (as api/guard.py's UnsupportedMediaType was) is outside the tree the test above reads."""
+    import importlib
+    import pkgutil
+
+    import corral
+
+    for info in pkgutil.walk_packages(corral.__path__, "corral."):
+        importlib.import_module(info.name)
+    outside = sorted(f"{c.__module__}.{c.__qualname__}" for c in _every_subclass(errors.CorralError)
+                     if c.__module__.startswith("corral.") and c.__module__ != errors.__name__)
+    assert outside == []
+
+
 def test_an_undrawn_or_misdrawn_exception_is_caught() -> None:
     assert errors.__doc__ is not None
     classes = _error_classes(vars(errors))

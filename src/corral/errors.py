@@ -29,6 +29,7 @@
     │   ├── MethodNotAllowed         405
     │   ├── Conflict                 409 (e.g. rm of a loaded model without --force)
     │   ├── PayloadTooLarge          413
+    │   ├── UnsupportedMediaType     415 code=unsupported_media_type (a body that is not the route's type)
     │   ├── ClientDisconnected       499 code=client_closed_request (nobody reads the answer)
     │   └── RateLimited              429 code=rate_limit_exceeded + Retry-After, x-ratelimit-*
     ├── Unavailable                  503 + Retry-After      try again later
@@ -82,6 +83,7 @@ __all__ = [
     "NotFound",
     "Conflict",
     "PayloadTooLarge",
+    "UnsupportedMediaType",
     "ClientDisconnected",
     "Unavailable",
     "ModelUnloaded",
@@ -258,6 +260,11 @@ class MethodNotAllowed(RequestError):
 class PayloadTooLarge(RequestError):
     status = 413
     code = "payload_too_large"
+
+
+class UnsupportedMediaType(RequestError):
+    status = 415
+    code = "unsupported_media_type"
 
 
 class ClientDisconnected(RequestError):

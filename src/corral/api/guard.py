@@ -53,7 +53,7 @@ from corral.control.keys.access import Access
 from corral.control.keys.ring import CALLER, Caller
 from corral.api.page.routes import is_public_path
 from corral.errors import (AuthenticationError, CorralError, HostNotAllowed, OriginNotAllowed,
-                           PayloadTooLarge, RequestError)
+                           PayloadTooLarge, UnsupportedMediaType)
 
 __all__ = ["GuardMiddleware", "host_allowed", "key_matches"]
 
@@ -63,11 +63,6 @@ _CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 _THIS_HOST = socket.gethostname().lower()
 _EXPOSED = b", ".join([b"Retry-After"] + [f"x-ratelimit-{w}-{k}".encode() for k in ("requests", "tokens")
                                           for w in ("limit", "remaining", "reset")])
-
-
-class UnsupportedMediaType(RequestError):
-    status = 415
-    code = "unsupported_media_type"
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
