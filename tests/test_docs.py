@@ -134,6 +134,68 @@ def test_code_points_only_at_docs_that_exist() -> None:
     assert sorted((f, d) for f, d in named if not (ROOT / d).exists()) == []
 
 
+# Backticked ``word.attr`` in the code's text whose first word is not a module of corral
+# but the name of a request field or another library.
+NOT_CORRAL_MODULES = {"llama_cpp", "response_format", "context_management", "output_config",
+                      "chat_template_kwargs", "stream_options"}
+_BARE_PY = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.py)\b")
+_TICKED_DOTTED = re.compile(r"`([a-z][a-z0-9]*_[a-z0-9_]*)\.(?!py\b)[A-Za-z_]\w*")
+
+
+def _code_texts(path: Path) -> list[str]:
+    """A module's docstrings and comments: where code names the modules it works with."""
+    import io
+    import tokenize
+
+    text = path.read_text(encoding="utf-8")
+    texts = [doc for node in ast.walk(ast.parse(text))
+             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+             and (doc := ast.get_docstring(node))]
+    texts += [t.string for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.COMMENT]
+    return texts
+
+
+def stale_code_names(path: Path) -> list[str]:
+    """What a module's docstrings and comments name that does not exist: the docs' checks
+    (paths, ``corral.x`` names), every ``x.py`` or ``folder/x.py`` (some module of corral's
+    path ends so, or the repository has it), and backticked ``some_module.Name`` where no
+    module of corral is called ``some_module``."""
+    corral_dir = SRC / "corral"
+    files = [p.relative_to(corral_dir).as_posix() for p in corral_dir.rglob("*.py")]
+    stems = {p.stem for p in corral_dir.rglob("*.py")} | {p.name for p in corral_dir.rglob("*") if p.is_dir()}
+    problems = []
+    for text in _code_texts(path):
+        problems += stale_names(text)
+        for m in _BARE_PY.finditer(text):
+            name = m.group(1).lstrip("./").removeprefix("corral/")
+            if name.split("/")[0] in {"src", "tests", "docs", "bench", "testkit"} or (ROOT / name).is_file():
+                continue  # a path from the root: stale_names checked it
+            if not any(f == name or f.endswith("/" + name) for f in files):
+                problems.append(f"{name}: no such module in corral")
+        for m in _TICKED_DOTTED.finditer(text):
+            if m.group(1) not in stems and m.group(1) not in NOT_CORRAL_MODULES:
+                problems.append(f"{m.group(0)[1:]}: no module {m.group(1)} in corral")
+    return sorted(set(problems))
+
+
+def test_the_codes_docstrings_and_comments_name_only_what_exists() -> None:
+    found = {str(p.relative_to(SRC)): why for p in sorted((SRC / "corral").rglob("*.py"))
+             if (why := stale_code_names(p))}
+    assert found == {}
+
+
+def test_the_code_name_check_can_fail(tmp_path: Path) -> None:
+    fake = tmp_path / "steps.py"
+    fake.write_text('"""Cut from vision_side.py (`vision_side.ImageThreads`); beside ../slots.py,\n'
+                    'worker/no_such.py and corral.worker.nothing."""\n# `cache_files.CacheFileError`\n',
+                    encoding="utf-8")
+    assert stale_code_names(fake) == [
+        "corral.worker.nothing: corral.worker defines no nothing",
+        "vision_side.ImageThreads: no module vision_side in corral",
+        "vision_side.py: no such module in corral",
+        "worker/no_such.py: no such module in corral"]
+
+
 def test_the_name_check_can_fail() -> None:
     text = ("`src/corral/control/link.py`, tests/router/test_api.py, corral.cluster.local, "
             "corral.wire.NoSuchMessage, `control/ray_link.py`, "

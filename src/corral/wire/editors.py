@@ -21,7 +21,7 @@ class InfillChunk(msgspec.Struct, frozen=True):
 
 class Infill(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A fill-in-the-middle request: the worker builds the prompt from the model's FIM
-    tokens (``worker/infill.py``); the request's ``prompt`` (if any) follows the middle
+    tokens (``worker/output/infill.py``); the request's ``prompt`` (if any) follows the middle
     token. ``n_indent``: stop at a line indented less (after the first); the time limit is
     ``GenerateRequest.t_max_predict_ms`` (any request's)."""
 

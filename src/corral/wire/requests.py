@@ -111,7 +111,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     parallel_tool_calls: bool = True  # False: at most one call is parsed
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     echo: bool = False
-    # reasoning (worker/reasoning.py): think None = the model's default; thinking_budget in
+    # reasoning (worker/reasoning/): think None = the model's default; thinking_budget in
     # tokens (None: from reasoning_effort's level or the model's default); template_kwargs
     # reach the chat template as variables (llama-server's chat_template_kwargs)
     think: bool | None = None

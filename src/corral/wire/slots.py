@@ -49,7 +49,7 @@ class SlotFileDone(msgspec.Struct, frozen=True, tag="slot_file_done", kw_only=Tr
     message: str = ""
 
 
-# NAME_MAX (255) less what the worker adds for its temporary names (worker/slot_files.py:
+# NAME_MAX (255) less what the worker adds for its temporary names (worker/cache/slot_files.py:
 # ".NAME.corral" plus ".PID.NS.tmp", at most 41 bytes): every name the worker makes fits
 MAX_FILENAME_BYTES = 200
 

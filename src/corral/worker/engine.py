@@ -261,7 +261,7 @@ class Engine:
                 if slot.max_tokens == 0:
                     self._finish(slot, "length")
         todo = [(slot, idx) for slot, idx in outputs if slot.job is not None]
-        if todo:  # draws side by side (sample_pool.py), the rest in batch order here
+        if todo:  # draws side by side (sampling/pool.py), the rest in batch order here
             sample_pool.presync(self.m.ctx)
             for (slot, _), drawn in zip(todo, self.pool.map(self._draw, todo)):
                 self._take(slot, drawn)

@@ -90,7 +90,7 @@ class LoadedModel:
     pooling: int
     add_bos: bool
     info: wire.ModelInfo
-    extra_contexts: list[ll.llama_context_p] = field(default_factory=list)  # on the same weights (embed_context.py)
+    extra_contexts: list[ll.llama_context_p] = field(default_factory=list)  # on the same weights (embed/context.py)
 
     def meta(self, key: str) -> str | None:
         return model_meta(self.model, key)

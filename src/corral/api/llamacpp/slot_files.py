@@ -12,7 +12,7 @@ nothing is read or written anywhere else. The worker does the work between its s
 the model and KV settings), deferring it while the slot is busy, as llama-server does.
 Errors as llama-server gives them: "Invalid action", "Invalid slot ID", "Invalid filename",
 "Unable to restore slot: ..." (400), "Unable to save slot" (500: the server's disk, never a path).
-A filename is at most ``wire_slots.MAX_FILENAME_BYTES`` (200), so the worker's temporary names fit
+A filename is at most ``corral.wire.slots.MAX_FILENAME_BYTES`` (200), so the worker's temporary names fit
 in NAME_MAX.
 """
 

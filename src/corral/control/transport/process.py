@@ -1,6 +1,6 @@
 """Local worker processes: log tail, process group (the exit status in words: ``corral.exits``).
 
-Used by the local transport (``corral.control.transport.link.SocketLink``): a worker leads its
+Used by the local transport (``corral.control.transport.local.SocketLink``): a worker leads its
 own session, so its whole process group can be signalled; its stdout and stderr go
 to a log file whose last lines explain a failure. Logs are the owner's only
 (directory 0700 when corral creates it, files 0600), and each spawn starts a fresh file

@@ -14,7 +14,7 @@ same GGUF with the same context settings.
 **The sidecar** ``.<filename>.corral`` (JSON) says what the state belongs to: the model
 file (size, mtime, sha256 of its first MiB), the settings that shape the KV (context per
 slot, slots, batch, KV types, flash attention, sliding window, projector, adapters), the
-llama.cpp version and the prompt cache's ``cache_disk.model_key`` (which covers all of
+llama.cpp version and the prompt cache's ``corral.worker.cache.disk.model_key`` (which covers all of
 those and more: ubatch, unified KV, GPU layers), plus the data file's length and sha256. A restore checks all of it
 before llama.cpp sees a byte: a file for another model or other settings, a changed or
 truncated file, or a file without a sidecar (llama-server's own) is refused, the slot

@@ -3,7 +3,7 @@ across every request waiting (one request's documents share decodes with the oth
 
 An embedding model (``embedding = true``, or a GGUF with rank pooling) embeds on its own
 context. A generative model embeds on a second context over the same weights
-(``embed_context.py``: created on the first embedding request, its KV counted in the
+(``worker/embed/context.py``: created on the first embedding request, its KV counted in the
 model's memory from then on), mean-pooled unless ``pooling`` says otherwise.
 
 Inputs are tokenized as llama-server does: an embedding input with the model's special

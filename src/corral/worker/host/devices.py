@@ -185,7 +185,7 @@ def gpu_devices(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
 
 def offload_devices(devices: list[wire.DeviceInfo]) -> list[wire.DeviceInfo]:
     """The devices llama.cpp offloads layers to, in its order (``llama_model_load`` in
-    the vendored ``src/llama.cpp``): RPC servers first, then the GPUs; integrated GPUs
+    the llama.cpp that llama-cpp-python vendors): RPC servers first, then the GPUs; integrated GPUs
     (those of the first one's backend) only when there is no other GPU. Its ``tensor_split``
     and layer split are over this list. Not mirrored: a GPU that two backends both list
     (the same ``device_id``) is used once by llama.cpp and counted twice here."""

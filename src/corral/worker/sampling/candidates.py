@@ -23,7 +23,7 @@ Why it is the same draw:
   above ``MAX_K``, a draw with an infinite logit or ties over more than ``MAX_SHORT``
   tokens, and every draw of a slot after three such misses in a row. A NaN logit (a
   broken model; llama.cpp's sort of it is undefined) is never drawn here.
-- With a grammar, the first draw (without the grammar, sampling.py) uses the short
+- With a grammar, the first draw (without the grammar, sampler.py) uses the short
   list; resamples with the grammar take their own path.
 """
 
@@ -49,7 +49,7 @@ _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float3
 class ShortList:
     """One slot's short candidate list for a chain whose first pick is a top-``k`` (1 for
     greedy). ``touched``: the token ids the chain's logit bias changes. Not thread-safe:
-    one slot's draws run on one thread at a time (sample_pool.py)."""
+    one slot's draws run on one thread at a time (pool.py)."""
 
     def __init__(self, k: int, touched: list[int], n_vocab: int) -> None:
         self.k = k
