@@ -109,6 +109,10 @@ async def test_delete_stops_the_generation_and_frees_the_slot(harness: Harness, 
     plane = harness.plane
     await _leave_at_first_token(c, secrets["alice"], "long", max_tokens=800)
     assert plane.pools["m"].inflight == 1  # still generating for nobody
+    cross = await c.delete("/v1/stream", params={"conv_id": "long"},
+                           headers={**bearer(secrets["alice"]), "Origin": "http://evil.example"})
+    assert cross.status_code == 403  # a cross-site page cannot stop it
+    assert plane.conversations.get("alice", "long").running
     r = await c.delete("/v1/stream", params={"conv_id": "long"}, headers=bearer(secrets["alice"]))
     assert r.status_code == 200 and r.json()["status"] == "stopped"
     assert plane.pools["m"].inflight == 0  # the slot is free once DELETE answers
