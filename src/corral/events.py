@@ -19,8 +19,7 @@ Names (``EventName``; fields beyond event/model):
     config_reloaded    added, removed, restarted, updated, [failed] (model ids)
     keys_reloaded      keys, added, removed (key names; the keys file was read again)
     keys_reload_failed reason            (the keys file is invalid; the old keys stay)
-    conversation_started key, conv_id    (a stream that outlives its client began:
-                                         corral.control.conversations)
+    conversation_started key, conv_id    (corral.control.conversations)
     conversation_ended key, conv_id, status, events, bytes
                                          status: finished, stopped, too_large, failed;
                                          sent once its worker requests ended (slots free)
