@@ -98,6 +98,12 @@ class ServerConfig(_NoBoolNumbers):
     prompt_cache_write_s: float = Field(3.0, ge=0)
     # directories outside models_dir whose models requests may name (Nitro llama_model_path)
     allowed_model_dirs: list[Path] = []
+    # streams that outlive their client (X-Conversation-Id, GET/DELETE /v1/stream:
+    # corral.control.conversations): per key, how many are kept, how many bytes of events
+    # they may hold together, and how long a finished one stays readable
+    max_conversations_per_key: int = Field(16, ge=1)
+    conversation_bytes_per_key: ByteSize = 8 * 1024**2
+    conversation_ttl_s: float = Field(300.0, gt=0)
     # web origins (e.g. "http://localhost:3000", "https://*.example.com") that browsers may
     # call the API from (CORS); same-origin pages always may. Like Ollama's OLLAMA_ORIGINS.
     allowed_origins: list[str] = []

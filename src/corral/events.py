@@ -19,6 +19,10 @@ Names (``EventName``; fields beyond event/model):
     config_reloaded    added, removed, restarted, updated, [failed] (model ids)
     keys_reloaded      keys, added, removed (key names; the keys file was read again)
     keys_reload_failed reason            (the keys file is invalid; the old keys stay)
+    conversation_started key, conv_id    (corral.control.conversations)
+    conversation_ended key, conv_id, status, events, bytes
+                                         status: finished, stopped, too_large, failed;
+                                         sent once its worker requests ended (slots free)
     events_dropped     (this subscriber fell behind; older events were dropped)
     ray_status         status, address, reason
                        the Ray connection: connecting, connected, disconnected
@@ -59,6 +63,8 @@ class EventName(enum.StrEnum):
     DOWNLOAD_CANCELLED = "download_cancelled"
     KEYS_RELOADED = "keys_reloaded"  # the keys file was read again (corral.control.keys.ring)
     KEYS_RELOAD_FAILED = "keys_reload_failed"  # it was invalid: the old keys stay
+    CONVERSATION_STARTED = "conversation_started"  # corral.control.conversations
+    CONVERSATION_ENDED = "conversation_ended"
     EVENTS_DROPPED = "events_dropped"
     RAY_STATUS = "ray_status"  # the Ray connection: connecting, connected, disconnected (+ reason)
     RAY_PLACED = "ray_placed"  # an instance's actor was placed: node id, address, hostname

@@ -46,6 +46,9 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/v1/responses/{response_id}"): "infer",
     ("DELETE", "/v1/responses/{response_id}"): "infer",
     ("POST", "/v1/responses/{response_id}/cancel"): "infer",
+    # a key's own streams that outlive their client (api/llamacpp/streams.py): another key's are 404
+    ("GET", "/v1/stream"): "infer",
+    ("DELETE", "/v1/stream"): "infer",
     ("POST", "/api/show"): "key",
     ("GET", "/v1/models"): "key",
     ("GET", "/v1/models/{model_id:path}"): "key",

@@ -35,6 +35,7 @@ from corral.control.keys import cache_tenant
 from corral.control.keys.access import Access
 from corral.control.placement.admission import Admission
 from corral.control.placement.gpus import GpuBudget
+from corral.control.conversations import Conversations
 from corral.control.catalog import Catalog, ModelSpec, default_threads
 from corral.control.catalog_sync import CatalogSync, Embedded
 from corral.control.dispatch import Dispatch
@@ -94,6 +95,8 @@ class ControlPlane:
         self.access = Access(config, self.bus, self.metrics)  # keys, limits, usage (control/keys/access.py)
         self.dispatch = Dispatch(self.pools, lambda: self.config.server, self.access, self.admission, self.ray,
                                  self._background)
+        # streams that outlive their client; the plane outlives a reload, so they do too
+        self.conversations = Conversations(lambda: self.config.server, self.bus)
 
     # ================================================================ lifecycle
 
@@ -121,6 +124,7 @@ class ControlPlane:
             self._housekeeper.cancel()
         for t in list(self._tasks):
             t.cancel()
+        self.conversations.close()
         for pool in self.pools.values():
             pool.fail_waiters(Unavailable("the server is shutting down"))
         await asyncio.gather(*(p.stop("router shutting down") for p in self.pools.values()),

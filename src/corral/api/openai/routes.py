@@ -26,7 +26,8 @@ from corral.api.core.generation import (FinishEvent, GenerationResult, Generatio
 from corral.api.core.submit import observe, submit
 from corral.api.core.target import resolve
 from corral.api.core.logprob_shapes import chat_logprobs, completion_logprobs
-from corral.api.http import json_response, plane_of, sse_data, sse_stream
+from corral.api.core.conversation_stream import conversation_id, sse_answer
+from corral.api.http import json_response, plane_of, sse_data
 from corral.api.core.schemas import CompletionRequest, EmbeddingRequest, parse_body
 from corral.control.capabilities import can
 from corral.control.plane import ControlPlane
@@ -99,9 +100,10 @@ async def chat_completions(request: Request) -> Response:
     body = await parse_body(request, ChatCompletionRequest)
     spec = chat_spec(body)
     if body.stream:
+        conv_id = conversation_id(request)  # X-Conversation-Id: the stream outlives its client
         gs = await open_stream(request, spec)
-        return sse_stream(_sse_events(gs, _chat_chunks(gs, body.include_usage), body.include_usage,
-                                      "chat.completion.chunk"))
+        return sse_answer(request, conv_id, _sse_events(gs, _chat_chunks(gs, body.include_usage),
+                                                        body.include_usage, "chat.completion.chunk"), gs.streams)
     r = await generate(request, spec)
     return json_response(_chat_body(r))
 
@@ -164,8 +166,10 @@ async def completions(request: Request) -> Response:
     body = await parse_body(request, CompletionRequest)
     spec = completion_spec(body)
     if body.stream:
+        conv_id = conversation_id(request)
         gs = await open_stream(request, spec)
-        return sse_stream(_sse_events(gs, _completion_chunks(gs), body.include_usage, "text_completion"))
+        return sse_answer(request, conv_id, _sse_events(gs, _completion_chunks(gs), body.include_usage,
+                                                        "text_completion"), gs.streams)
     r = await generate(request, spec)
     echoed = body.echo
     choices = [{"index": c.index, "text": c.text,
