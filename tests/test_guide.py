@@ -212,10 +212,12 @@ def readme_problems(text: str) -> list[str]:
     if "](docs/guide/index.md)" not in text:
         problems.append("README.md does not link docs/guide/index.md")
     first = "\n".join(text.splitlines()[:FIRST_SCREEN_LINES])
-    for what, needle in [("install", "make serve"), ("a first chat", "/v1/chat/completions"),
-                         ("a second model", "corral pull"), ("the page", "http://127.0.0.1:8080/**")]:
-        if needle not in first:
-            problems.append(f"README.md's first {FIRST_SCREEN_LINES} lines lack {what} ({needle!r})")
+    for what, needle in [("install (make serve)", r"make serve"),
+                         ("a first chat (/v1/chat/completions)", r"/v1/chat/completions"),
+                         ("a second model (corral pull SOURCE)", r"corral pull [\w.-]+/"),
+                         ("the page (its address)", r"http://127\.0\.0\.1:8080/\*\*")]:
+        if not re.search(needle, first):
+            problems.append(f"README.md's first {FIRST_SCREEN_LINES} lines lack {what}")
     for part in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
         if "](docs/guide/" not in part:
             problems.append(f"README.md section {part.splitlines()[0]!r} links no docs/guide/ page")
@@ -236,8 +238,8 @@ def test_the_front_door_check_can_fail() -> None:
     moved = "\n" * FIRST_SCREEN_LINES + text
     assert readme_problems(moved) == [
         f"README.md's first 60 lines lack {what}" for what in (
-            "install ('make serve')", "a first chat ('/v1/chat/completions')",
-            "a second model ('corral pull')", "the page ('http://127.0.0.1:8080/**')")]
+            "install (make serve)", "a first chat (/v1/chat/completions)",
+            "a second model (corral pull SOURCE)", "the page (its address)")]
 
 
 # ----------------------------------------------------------------- no test files
@@ -245,21 +247,20 @@ def test_the_front_door_check_can_fail() -> None:
 _TEST_FILE = re.compile(r"(?<![\w./-])tests/|(?<![\w-])test_\w+\.py")
 
 
-def test_file_names(text: str) -> list[str]:
+def named_test_files(text: str) -> list[str]:
     return [m.group(0) for m in _TEST_FILE.finditer(text)]
 
 
-test_file_names.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 
 
 def test_user_pages_name_no_test_file() -> None:
     pages = [README, *guide_pages()]
     assert len(pages) >= 10
-    assert {str(p.relative_to(ROOT)): test_file_names(p.read_text(encoding="utf-8")) for p in pages} == {
+    assert {str(p.relative_to(ROOT)): named_test_files(p.read_text(encoding="utf-8")) for p in pages} == {
         str(p.relative_to(ROOT)): [] for p in pages}
 
 
 def test_the_test_file_check_can_fail() -> None:
-    assert test_file_names("replayed by `tests/api/test_codex_session.py`, see test_docs.py; "
+    assert named_test_files("replayed by `tests/api/test_codex_session.py`, see test_docs.py; "
                            "the tests of corral, contests/x") == [
         "tests/", "test_codex_session.py", "test_docs.py"]
