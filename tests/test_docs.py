@@ -1,6 +1,6 @@
 """The docs say what the code is: docs/architecture.md stays short, names only modules
 and tests that exist and names every package and internals page, docs/benchmarks.md's index
-lists every dated log, README's links lead somewhere, and the three drawings in docstrings
+lists every dated log, the links of README and of the user guide (docs/guide/) lead somewhere, and the three drawings in docstrings
 (the exception tree in corral/errors.py, the event list in corral/events.py, the
 conversation in corral/wire/__init__.py) match the classes, events and frames in the code. Each checker is also run on a made-up mismatch, so a
 class or an event added without its drawing is caught."""
@@ -240,12 +240,14 @@ def broken_links(doc: Path) -> list[str]:
 def test_readme_links_lead_to_files() -> None:
     readme = ROOT / "README.md"
     local = {m[0] for m in _LINK.findall(readme.read_text(encoding="utf-8"))}
-    assert {"docs/architecture.md", "docs/benchmarks.md"} <= local
+    assert {"docs/architecture.md", "docs/benchmarks.md", "docs/guide/index.md"} <= local
     assert broken_links(readme) == []
 
 
 def test_docs_links_lead_to_files() -> None:
-    docs = [*CURRENT_DOCS, *sorted((DOCS / "benchmarks").glob("*.md"))]
+    guide = sorted((DOCS / "guide").glob("*.md"))
+    assert len(guide) >= 10
+    docs = [*CURRENT_DOCS, *sorted((DOCS / "benchmarks").glob("*.md")), *guide]
     assert {str(d.relative_to(ROOT)): broken_links(d) for d in docs} == {
         str(d.relative_to(ROOT)): [] for d in docs}
 
