@@ -110,6 +110,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # prompt template: chat_template overrides the model's own tokenizer.chat_template;
     # the others shape the plain Nitro-style prompt of models without one
     chat_template: str | None = None
+    # how long one render of the chat template may run (docs/internals/dialects.md): past
+    # it the request is refused with 400 invalid_request
+    chat_template_time_s: Annotated[float, Meta(gt=0, le=60)] = 2.0
     pre_prompt: str | None = None
     user_prompt: str | None = None
     ai_prompt: str | None = None

@@ -8,6 +8,11 @@ Threads:
   tokenize and size-check each GenerateRequest (``engine.prepare``, worker/prompt/prompts.py:
   a huge prompt never stalls the decode loop), put them into ``inbox`` (a
   ``queue.SimpleQueue``) in wire order. EOF or a broken frame puts ``_EOF``.
+- renderers (``_Renderers``, 2 daemon threads): a request with chat messages (a
+  GenerateRequest or a TokenizeRequest) is prepared there, not in the reader: its chat
+  template renders within its bounds (up to ``chat_template_time_s``), and meanwhile the
+  reader goes on reading and the engine serves the rest. Its result joins ``inbox`` when
+  ready; an Abort read while it renders waits and follows it.
 - main: the engine loop. When the engine has nothing to do it blocks on ``inbox.get()``
   (no busy spin); otherwise it drains the inbox without blocking, runs one
   ``engine.step()`` and writes all messages of that step with one ``sendall``.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import logging
 import os
 import queue
@@ -29,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,10 +67,56 @@ def _die_with_parent() -> None:
         log.warning("could not set PR_SET_PDEATHSIG")
 
 
+class _Renderers:
+    """Requests with chat messages, prepared off the reader thread (their template may take
+    up to its time bound). ``put`` is how a result, and anything that must follow it (an
+    Abort of the request, read while it rendered), joins the inbox."""
+
+    def __init__(self, put: Callable[[object, str | None], None], n: int = 2) -> None:
+        self._put = put
+        self._pool = ThreadPoolExecutor(n, thread_name_prefix="corral-render")
+        self._lock = threading.Lock()
+        self._held: dict[str, list[object]] = {}  # rendering: what was read for it meanwhile
+
+    def submit(self, rid: str, work: Callable[[], object]) -> None:
+        with self._lock:
+            self._held[rid] = []
+        self._pool.submit(self._run, rid, work)
+
+    def hold(self, rid: str, msg: object) -> bool:
+        """Keep ``msg`` (an Abort) until ``rid`` is rendered; False if it is not rendering."""
+        with self._lock:
+            held = self._held.get(rid)
+            if held is None:
+                return False
+            held.append(msg)
+            return True
+
+    def _run(self, rid: str, work: Callable[[], object]) -> None:
+        try:
+            result = work()
+        except BaseException as exc:  # noqa: BLE001 - no request may end a renderer
+            log.exception("request %s failed while rendering", rid)
+            result = wire.RequestFailed(rid, "internal", f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            self._put(result, rid)
+            for msg in self._held.pop(rid, []):
+                self._put(msg, None)
+
+
 def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]",
             prepare: Callable[[wire.GenerateRequest], object] | None = None,
-            urgent: "UrgentStarts | None" = None) -> None:
+            urgent: "UrgentStarts | None" = None,
+            tokenize: Callable[[wire.TokenizeRequest], object] | None = None) -> None:
     dec = wire.FrameDecoder()
+
+    def put(msg: object, rid: str | None) -> None:
+        if urgent is not None:  # a request behind a Preempt aborts the running decode
+            urgent.put(inbox, msg, rid)
+        else:
+            inbox.put(msg)
+
+    renderers = _Renderers(put)
     try:
         while True:
             data = sock.recv(1 << 16)
@@ -73,12 +126,18 @@ def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]",
                 try:
                     msg: object = wire.decode_to_worker(body)
                     rid = msg.id if isinstance(msg, wire.GenerateRequest) else None
+                    if isinstance(msg, wire.Abort) and renderers.hold(msg.id, msg):
+                        continue
                     if prepare is not None and isinstance(msg, wire.GenerateRequest):
+                        if msg.messages is not None:  # its chat template renders off the reader
+                            renderers.submit(msg.id, functools.partial(prepare, msg))
+                            continue
                         msg = prepare(msg)  # tokenized here, in wire order, not in the decode loop
-                    if urgent is not None:  # a request behind a Preempt aborts the running decode
-                        urgent.put(inbox, msg, rid)
-                    else:
-                        inbox.put(msg)
+                    if (tokenize is not None and isinstance(msg, wire.TokenizeRequest)
+                            and msg.messages is not None):
+                        renderers.submit(msg.id, functools.partial(tokenize, msg))
+                        continue
+                    put(msg, rid)
                 except msgspec.DecodeError as exc:
                     # A message we cannot read is a router bug; say so, answer it if it
                     # names a request id (so nobody waits for it), and go on.
@@ -106,6 +165,21 @@ def _preparer(engine: "Engine") -> Callable[[wire.GenerateRequest], object]:
             return wire.RequestFailed(req.id, "internal", f"{type(exc).__name__}: {exc}")
 
     return prepare
+
+
+def _template_renderer(engine: "Engine") -> Callable[[wire.TokenizeRequest], object]:
+    """A TokenizeRequest with messages (the chat as the template renders it), for a renderer
+    thread: its answer, or its RequestFailed."""
+    from corral.worker.failures import RequestRejected
+    from corral.worker.prompt.requests import tokenize
+
+    def render(req: wire.TokenizeRequest) -> object:
+        try:
+            return tokenize(engine.tok, req, engine.prompts)
+        except RequestRejected as exc:
+            return wire.RequestFailed(req.id, exc.code, exc.message)
+
+    return render
 
 
 def _request_id(body: bytes) -> str | None:
@@ -157,8 +231,8 @@ def serve(sock: socket.socket, settings: wire.WorkerSettings) -> int:
     out.send([wire.Ready(os.getpid(), engine.info)])
 
     inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
-    threading.Thread(target=_reader, args=(sock, inbox, _preparer(engine), engine.preempt.urgent), name="corral-reader",
-                     daemon=True).start()
+    threading.Thread(target=_reader, args=(sock, inbox, _preparer(engine), engine.preempt.urgent,
+                                           _template_renderer(engine)), name="corral-reader", daemon=True).start()
     governor = ThreadGovernor(engine.m.threads, engine.set_threads, parent_running=parent_running)
     governor.enabled = governor.enabled and os.environ.get("CORRAL_ADAPTIVE_THREADS", "1") != "0"
     try:
@@ -218,7 +292,7 @@ def _loop(engine: "Engine", inbox: "queue.SimpleQueue[object]", out: _Writer,
                 replies.append(engine.stats())
             elif isinstance(msg, wire.SlotFileAction):
                 replies += slot_files.submit(msg)
-            elif isinstance(msg, wire.RequestFailed):  # from the reader: malformed request
+            elif isinstance(msg, (wire.RequestFailed, wire.Tokenized)):  # from the reader or a renderer
                 replies.append(msg)
             elif isinstance(msg, wire.PersistCache):  # an unload: Shutdown follows
                 engine.prompt_cache.persist(engine.slots, msg)

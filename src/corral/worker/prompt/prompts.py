@@ -21,9 +21,9 @@ import llama_cpp as ll
 from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.output.infill import infill_tokens
-from corral.worker.model import LoadedModel
+from corral.worker.model import LoadedModel, ModelLoadError
 from corral.worker.reasoning.plan import ReasoningPlan
-from corral.worker.prompt.templates import ChatTemplate, TemplateError, choose_template, render_chat
+from corral.worker.prompt.templates import ChatTemplate, TemplateError, TemplateRefused, choose_template, render_chat
 from corral.worker.tokens import Tokenizer
 
 if TYPE_CHECKING:
@@ -42,13 +42,16 @@ __all__ = ["PreparedRequest", "PromptPreparer", "model_template"]
 def model_template(settings: wire.WorkerSettings, m: LoadedModel,
                    tok: Tokenizer) -> tuple[ChatTemplate | None, str | None]:
     """The model's chat template (its settings', else its GGUF's) and, where it cannot be
-    used, why (requests with messages are then refused with that); none for embeddings."""
+    used, why (requests with messages are then refused with that); none for embeddings.
+    A template refused by its bounds (too large; stopped while probed) fails the load."""
     if m.embedding:
         return None, None
     try:
         return choose_template(settings, m.meta("tokenizer.chat_template"),
                                tok.special_text(ll.llama_vocab_bos(m.vocab)),
                                tok.special_text(ll.llama_vocab_eos(m.vocab))), None
+    except TemplateRefused as exc:
+        raise ModelLoadError(str(exc)) from None
     except TemplateError as exc:
         return None, str(exc)
 

@@ -17,8 +17,11 @@ Two ways, chosen once per worker:
   A system message takes pre_prompt's place (system_prompt is put before its text);
   defaults: user_prompt "User: ", ai_prompt "Assistant: ".
 
-A template that fails to render raises ``TemplateError`` with the reason; the engine
-reports that as ``RequestFailed(code="invalid_request")``.
+A template that fails to render raises ``TemplateError`` with the reason, naming the
+template; the engine reports that as ``RequestFailed(code="invalid_request")``. Rendering
+is bounded in time, size and recursion (``template_bounds``); a template past the size of
+its source, or one that crosses a bound while it is probed at load, is
+``TemplateRefused``: the model does not load.
 """
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ import json
 from typing import Any, Protocol, Sequence
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from corral import wire
+from corral.worker.prompt.template_bounds import (
+    DEFAULT_BOUNDS, BoundedSandbox, TemplateBoundExceeded, TemplateBounds, bounded, render_bounded)
 from corral.worker.prompt.tool_prompt import generic_tool_messages, uses_tool_fields
 
-__all__ = ["TemplateError", "ChatTemplate", "JinjaTemplate", "PlainTemplate", "choose_template", "render_chat"]
+__all__ = ["TemplateError", "TemplateRefused", "ChatTemplate", "JinjaTemplate", "PlainTemplate", "choose_template", "render_chat"]
 
 DEFAULT_USER_PROMPT = "User: "
 DEFAULT_AI_PROMPT = "Assistant: "
@@ -41,6 +45,10 @@ DEFAULT_AI_PROMPT = "Assistant: "
 
 class TemplateError(ValueError):
     pass
+
+
+class TemplateRefused(TemplateError):
+    """A template no request could use: too large, or past a bound on the load's probe."""
 
 
 class ChatTemplate(Protocol):
@@ -96,6 +104,8 @@ def _renders_system_in_place(template: "JinjaTemplate") -> bool:
         try:
             if "MIDSYS" not in template.render(probe):
                 return False
+        except TemplateRefused:
+            raise
         except TemplateError:
             return False
     return True
@@ -135,43 +145,61 @@ def _strftime_now(fmt: str) -> str:
 class JinjaTemplate:
     stop_strings: tuple[str, ...] = ()  # its turns end with the model's end-of-turn token
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.filters["tojson"] = _tojson
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "",
+                 name: str = "the chat template", bounds: TemplateBounds = DEFAULT_BOUNDS) -> None:
+        self.name = name
+        self.bounds = bounds
+        if len(source) > bounds.max_source:
+            raise TemplateRefused(f"{name} has {len(source)} characters, more than the bound of "
+                                  f"{bounds.max_source}")
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.add_filter("tojson", _tojson)
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
         try:
-            self._tmpl = env.from_string(source)
+            with bounded(bounds, timed=False):  # Jinja folds constants while it compiles: sizes bounded
+                self._tmpl = env.from_string(source)
+        except TemplateBoundExceeded as exc:
+            raise TemplateRefused(f"{name} was refused while it compiled: {exc}") from None
         except jinja2.TemplateError as exc:
-            raise TemplateError(f"chat template does not compile: {exc}") from exc
+            raise TemplateError(f"{name} does not compile: {exc}") from exc
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.supports_tools = "tools" in source
         self.source = source
+        self._probing = True  # a bound crossed while probed at load refuses the template
         self.system_in_place = _renders_system_in_place(self)
+        self._probing = False
 
     def render(self, messages: Sequence[wire.ChatMessage], tools: list[dict[str, Any]] | None = None,
                extra: dict[str, Any] | None = None) -> str:
+        """The chat rendered, within ``bounds``; every failure is ``TemplateError`` naming the template."""
         # request variables never replace the template's functions (raise_exception, ...)
         variables: dict[str, Any] = {k: v for k, v in (extra or {}).items() if k not in self._tmpl.globals}
         if tools:
             variables["tools"] = tools
+        context = {
+            **variables,
+            "messages": [_hf_message(m) for m in messages],
+            "add_generation_prompt": True,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+        }
         try:
-            return self._tmpl.render({
-                **variables,
-                "messages": [_hf_message(m) for m in messages],
-                "add_generation_prompt": True,
-                "bos_token": self.bos_token,
-                "eos_token": self.eos_token,
-            })
-        except TemplateError:
-            raise
+            with bounded(self.bounds):
+                return render_bounded(self._tmpl.generate(context), self.bounds)
+        except TemplateBoundExceeded as exc:
+            if self._probing:
+                raise TemplateRefused(f"{self.name} was refused at load: {exc}") from None
+            raise TemplateError(f"{self.name} was stopped: {exc}") from None
+        except TemplateError as exc:
+            raise TemplateError(f"{self.name} raised: {exc}") from None
         except jinja2.TemplateError as exc:
-            raise TemplateError(f"chat template failed: {exc}") from exc
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
-            raise TemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+            raise TemplateError(f"{self.name} failed: {exc}") from None
+        except MemoryError:
+            raise TemplateError(f"{self.name} failed: it ran out of memory") from None
+        except Exception as exc:  # noqa: BLE001 - RecursionError, OverflowError, TypeError...: the template's
+            raise TemplateError(f"{self.name} failed: {type(exc).__name__}: {exc}") from None
 
 
 def _tojson(value: object, indent: int | None = None) -> str:
@@ -227,7 +255,10 @@ def choose_template(
 ) -> ChatTemplate:
     source = s.chat_template or model_template
     if source:
-        return JinjaTemplate(source, bos_token=bos_token, eos_token=eos_token)
+        origin = "its chat_template setting" if s.chat_template else "its GGUF's tokenizer.chat_template"
+        return JinjaTemplate(source, bos_token=bos_token, eos_token=eos_token,
+                             name=f"the chat template of model {s.model_id} ({origin})",
+                             bounds=TemplateBounds(time_s=s.chat_template_time_s))
     return PlainTemplate(
         pre_prompt=s.pre_prompt,
         user_prompt=s.user_prompt,
