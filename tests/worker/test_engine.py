@@ -213,7 +213,7 @@ def test_jinja_template_override_and_template_errors(model_path: Path) -> None:
         e.close()
 
 
-def test_a_neighbours_seed_does_not_change_a_seeded_request(engine: Engine) -> None:
+def test_a_neighbours_seed_does_not_change_a_seeded_request(model_path: Path) -> None:
     """A seeded request's random draws are its own: beside the same neighbour (the same
     batch shapes, so the same logits) it gives the same text whatever seed the neighbour
     has, and twice the same. Alone against beside another is not compared: llama.cpp's CPU
@@ -223,7 +223,11 @@ def test_a_neighbours_seed_does_not_change_a_seeded_request(engine: Engine) -> N
 
     def pair(rid: str, neighbour_seed: int) -> tuple[str, str]:
         q = wire.SamplingParams(max_tokens=16, temperature=0.9, seed=neighbour_seed)
-        texts, _, _ = run_engine(engine, [gen(rid, "Once upon a time", p), gen(rid + "-n", "Something else", q)])
+        fresh = Engine(settings_for(model_path))  # empty slots: every pair decodes in the same batch shapes
+        try:
+            texts, _, _ = run_engine(fresh, [gen(rid, "Once upon a time", p), gen(rid + "-n", "Something else", q)])
+        finally:
+            fresh.close()
         return texts[rid], texts[rid + "-n"]
 
     a, na = pair("p1", 7)
