@@ -82,7 +82,7 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
         if job is None or slot.prompt_pos >= len(job.tokens) or slot.n_gen > 0:
             continue
         toks = job.tokens
-        stop = toks.text_end(slot.prompt_pos) if isinstance(toks, VisionTokens) else len(toks)  # images: vision_prefill.py
+        stop = toks.text_end(slot.prompt_pos) if isinstance(toks, VisionTokens) else len(toks)  # images: vision/steps.py
         take = min(budget, stop - slot.prompt_pos)
         if take <= 0:
             continue
@@ -94,7 +94,7 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
                 continue
             echo_room -= take
             echo_chunks.append((slot, n, slot.prompt_pos, take))
-        start = kv_pos(toks, len(slot.cached))  # after an M-RoPE image: less (vision_mrope.py)
+        start = kv_pos(toks, len(slot.cached))  # after an M-RoPE image: less (vision/mrope.py)
         for k in range(take):
             b.token[n + k] = toks[slot.prompt_pos + k]
             b.pos[n + k] = start + k

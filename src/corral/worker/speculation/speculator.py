@@ -144,7 +144,7 @@ class Speculator(StepFeature):
             st = slot.spec
             st.draft = draft
             st.base = len(slot.cached)
-            at = kv_pos(slot.job.tokens, st.base) if slot.job is not None else st.base  # M-RoPE: vision_mrope.py
+            at = kv_pos(slot.job.tokens, st.base) if slot.job is not None else st.base  # M-RoPE: vision/mrope.py
             for k, tok in enumerate([slot.pending, *st.draft]):
                 b.token[n + k] = tok
                 b.pos[n + k] = at + k
@@ -239,7 +239,7 @@ class Speculator(StepFeature):
         st.tries = st.tries * _DECAY + k + (1 if k < len(draft) else 0)
         keep = st.base + 1 + k
         if len(slot.cached) > keep:  # (a failed slot's cache is already cleared)
-            at = kv_pos(prompt, keep)  # the position of entry ``keep`` (vision_mrope.py)
+            at = kv_pos(prompt, keep)  # the position of entry ``keep`` (vision/mrope.py)
             ll.llama_memory_seq_rm(m.memory, slot.index, at, -1)  # partial removal: always done for a KV cache
             del slot.cached[keep:]
             if m.n_swa > 0 and slot.cached and \

@@ -15,7 +15,7 @@ count. So the KV position of a slot's n-th entry is no longer n after an image:
 
 - prompt chunks (``prefill.py``) and a generating slot's pending token (``speculate.fill``):
   ``kv_pos`` of the slot's cached length under its job's tokens;
-- an image's pieces (``vision_prefill.py``): ``write_positions`` from the image's first position,
+- an image's pieces (``worker/vision/steps.py``): ``write_positions`` from the image's first position,
   in the engine's steps and in the side context beside other streams alike;
 - prefix reuse (``engine._start``): the KV is cut at ``kv_pos`` of the reused length (a reuse
   never ends inside an image: ``VisionTokens.snap``), which also trims what a prompt-cache

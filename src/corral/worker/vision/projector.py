@@ -4,7 +4,7 @@ projector, a request's images as prompt positions, and one image's encode.
 - ``load_projector(settings, m)``: the ``mmproj`` GGUF on the loaded text model (None
   without one). ``ModelLoadError`` for a file libmtmd refuses (not a projector, another
   model's width) or one without a vision encoder. M-RoPE projectors (Qwen2-VL and kin:
-  2-D image positions, ``Projector.mrope``) are placed by ``vision_mrope.py``.
+  2-D image positions, ``Projector.mrope``) are placed by ``worker/vision/mrope.py``.
 - ``Projector.tokenize(text, images, ...)``: the rendered prompt, with one
   ``wire.MEDIA_MARKER`` per image, as ``VisionTokens``: a plain ``list[int]`` of the
   prompt's positions (text tokens, and for every image position a negative pseudo-id
@@ -15,7 +15,7 @@ projector, a request's images as prompt positions, and one image's encode.
   time) and returns its embeddings, ``n_tokens x n_embd`` floats.
 
 The step's side (which slot's image is encoded when, the embeddings decoded in pieces
-beside the other slots' tokens) is in ``vision_prefill.py``.
+beside the other slots' tokens) is in ``worker/vision/steps.py``.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class ImageSpan:
     chunk: mtmd.mtmd_input_chunk_p  # owned by ``owner``
     owner: _Chunks
     non_causal: bool
-    n_pos: int  # KV positions it advances: n_tokens, or max(nx, ny) for M-RoPE (vision_mrope.py)
+    n_pos: int  # KV positions it advances: n_tokens, or max(nx, ny) for M-RoPE (vision/mrope.py)
     embd: npt.NDArray[np.float32] | None = None  # after the encode: n_tokens x n_embd
 
     @property
@@ -114,7 +114,7 @@ class Projector:
     n_embd: int
     path: str
     nbytes: int
-    mrope: bool = False  # 4 positions an embedding, images advance by n_pos (vision_mrope.py)
+    mrope: bool = False  # 4 positions an embedding, images advance by n_pos (vision/mrope.py)
     device: str = ""  # the backend libmtmd runs it on, as it logged it ("Vulkan0", "CPU")
     buffers: list[wire.BufferSize] = field(default_factory=list)  # its compute buffers, as logged
     encodes: int = 0  # images encoded (a cache hit is none)

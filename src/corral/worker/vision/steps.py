@@ -1,12 +1,12 @@
-"""Images inside the continuous batch: the step's side of ``vision.py``.
+"""Images inside the continuous batch: the step's side of the vision room.
 
 A prompt with images is a ``VisionTokens`` list: runs of text tokens, which the step's
 prompt chunks decode as always (``prefill.py`` stops each run at the next image), and
 image spans. For a slot whose prompt reaches an image, ``VisionSteps.step``:
 
-1. has the image encoded (``vision_side.ImageThreads``): alone on the engine's thread, as
+1. has the image encoded (``vision.side.ImageThreads``): alone on the engine's thread, as
    llama-server does (nothing else is generating; a second OpenMP team would make every
-   team's barriers sleep, vision_side.py); beside other streams on the niced image thread,
+   team's barriers sleep, vision/side.py); beside other streams on the niced image thread,
    one image at a time, while the engine thread goes on decoding every other slot. A slot
    waits at its image until the embeddings are there.
 2. alone (no other slot generating): decodes the embeddings into the slot's sequence,
@@ -15,7 +15,7 @@ image spans. For a slot whose prompt reaches an image, ``VisionSteps.step``:
    step's batch of tokens; Gemma 3's image positions attend to one another
    (non-causal), so causal attention is off for that decode only.
 3. beside other streams: the encode and the same pieces run on the niced image thread,
-   in the side context (``vision_side.SideContext``: the slot's KV copied in, the image
+   in the side context (``vision.side.SideContext``: the slot's KV copied in, the image
    decoded, the KV copied back into the slot in a later step), and the engine waits for
    that work ``IMAGE_SHARE`` of each step's time. A non-causal image is one decode of
    all its positions (it cannot be split without changing its KV), so on the engine's
@@ -56,7 +56,7 @@ __all__ = ["EmbdBatch", "VisionSteps", "decode_embd"]
 
 log = logging.getLogger("corral.worker.vision.steps")
 FailSlot = Callable[[Slot, Job, str], None]
-# While other slots generate, image work (on the niced image thread, vision_side.py) gets at
+# While other slots generate, image work (on the niced image thread, vision/side.py) gets at
 # least this share of the time: the engine waits for it share / (1 - share) of each step.
 # Alone, an image goes at full speed.
 IMAGE_SHARE = 0.1
@@ -94,7 +94,7 @@ class VisionSteps(StepFeature):
                  fail: FailSlot | None = None) -> None:
         self.proj = projector
         self.fail = fail  # how a request whose image failed ends (the engine's)
-        self.mrope = projector is not None and projector.mrope  # M-RoPE positions (vision_mrope.py)
+        self.mrope = projector is not None and projector.mrope  # M-RoPE positions (vision/mrope.py)
         self.m = m
         self.model_id = s.model_id
         self.piece = max(1, min(m.n_batch, ll.llama_n_ubatch(m.ctx)))
@@ -141,7 +141,7 @@ class VisionSteps(StepFeature):
                                                      "multimodal projector (set mmproj for it)")
         return self.proj.tokenize(text, images, add_special=add_special)
 
-    kv_pos = staticmethod(mrope.kv_pos)  # a slot's KV position after M-RoPE images (vision_mrope.py)
+    kv_pos = staticmethod(mrope.kv_pos)  # a slot's KV position after M-RoPE images (vision/mrope.py)
 
     @staticmethod
     def snap(tokens: list[int], reuse: int) -> int:
@@ -318,7 +318,7 @@ def decode_embd(ctx: ll.llama_context_p, b: EmbdBatch, rows: np.ndarray, pos: in
     """One llama_decode of embedding ``rows`` at positions ``pos``.. of sequence ``seq``
     (causal attention off for it when the image attends non-causally); llama_decode's code.
     ``mrope_at``: (the image, its first position, the rows' offset in it): M-RoPE's t/y/x
-    positions instead (vision_mrope.py)."""
+    positions instead (vision/mrope.py)."""
     k = rows.shape[0]
     b.embd[: k * b.n_embd] = rows.ravel()
     if mrope_at is not None:
