@@ -76,7 +76,7 @@ class Ctx:
         path = self.tmp / f"{name}.toml"
         path.write_text(text)
         try:  # fail early, with corral's own message, if the schema moved
-            from corral.config import load_config
+            from corral.config.file import load_config
 
             load_config(path)
         except ImportError:

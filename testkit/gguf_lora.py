@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corral.gguf_header import read_header
+from corral.model.gguf_header import read_header
 
 __all__ = ["LORA_RANK", "write_lora", "write_bad_lora", "lora_targets"]
 

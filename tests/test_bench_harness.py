@@ -81,7 +81,7 @@ def _ctx(tmp_path: Path) -> context.Ctx:
 
 
 def test_generated_corral_config_is_valid(tmp_path: Path) -> None:
-    from corral.config import load_config
+    from corral.config.file import load_config
 
     ctx = _ctx(tmp_path)
     path = ctx.corral_config("t", {"gemma-a": ctx.corral_model(8), "gemma-b": ctx.corral_model(8, threads=None)},

@@ -1,10 +1,10 @@
-"""The one reading of a child's exit status (``corral.exits``): workers, the Ray bridge, fetch children."""
+"""The one reading of a child's exit status (``corral.children.exits``): workers, the Ray bridge, fetch children."""
 
 from __future__ import annotations
 
 import signal
 
-from corral.exits import describe_exit
+from corral.children.exits import describe_exit
 
 
 def test_exit_status_in_words() -> None:

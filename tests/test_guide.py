@@ -16,8 +16,8 @@ import msgspec
 from pydantic import BaseModel
 
 from corral.api.app import create_app
-from corral.config import CorralConfig, ModelConfig, ServerConfig
-from corral.settings import LoraAdapter, ModelSettings
+from corral.config.file import CorralConfig, ModelConfig, ServerConfig
+from corral.model.settings import LoraAdapter, ModelSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -32,7 +32,7 @@ ROUTES_LEFT_OUT: dict[str, str] = {}
 
 # The heading of the configuration page's section that lists each settings class's keys.
 # ModelSettings' keys go in [defaults] and in every [models."ID"] table (the loader takes them
-# out of both: corral.config._split_settings), so they have one section for the two.
+# out of both: corral.config.file._split_settings), so they have one section for the two.
 SECTIONS: dict[type, str] = {
     CorralConfig: "## The tables",
     ServerConfig: "## `[server]`",
@@ -131,7 +131,7 @@ def test_the_key_check_can_fail() -> None:
     without = text.replace("| `max_queue` |", "| max_queue |")
     assert without != text
     assert undocumented_keys(without, classes, SECTIONS) == [
-        "`[server]`: no row for key `max_queue` (corral.config.ServerConfig.max_queue)"]
+        "`[server]`: no row for key `max_queue` (corral.config.file.ServerConfig.max_queue)"]
 
     class Extra(BaseModel):
         new_key: int = 0

@@ -24,8 +24,20 @@ def test_cli_imports_nothing_of_the_control_plane() -> None:
 def test_wire_imports_only_its_own_modules_and_two_leaves() -> None:
     mods = _imported_after("import corral.wire")
     own = {m for m in mods if m.startswith("corral.wire.")}  # corral/wire/<topic>.py: its own types
-    assert mods - own <= {"corral", "corral.wire", "corral.frames", "corral.settings", "corral.byte_sizes"}
+    assert mods - own <= {"corral", "corral.wire", "corral.children", "corral.children.frames", "corral.model",
+                          "corral.model.settings", "corral.units"}
     assert {"corral.wire.gpu", "corral.wire.editors", "corral.wire.model"} <= own
+
+
+def test_the_top_level_is_three_leaves_and_its_rooms() -> None:
+    entries = {p.name for p in SRC.iterdir() if p.name != "__pycache__"}
+    assert {e for e in entries if e.endswith(".py")} == {"__init__.py", "errors.py", "events.py", "units.py"}
+    rooms = {"config", "model", "state", "children"}  # the operator's files, a model, the disk, child plumbing
+    assert {e for e in entries if not e.endswith(".py")} == rooms | {
+        "wire", "fit", "api", "control", "worker", "store", "cli"}
+    for room in rooms:  # a room's __init__ says what is in it and imports nothing
+        init = (SRC / room / "__init__.py").read_text(encoding="utf-8")
+        assert init.startswith('"""') and "import" not in init
 
 
 def test_fit_imports_nothing_of_either_side() -> None:
@@ -34,7 +46,8 @@ def test_fit_imports_nothing_of_either_side() -> None:
 
 
 def test_fetch_child_and_wire_share_one_frame_codec() -> None:
-    from corral import frames, wire
+    from corral import wire
+    from corral.children import frames
     from corral.store import messages
 
     assert issubclass(wire.FrameDecoder, frames.FrameDecoder)

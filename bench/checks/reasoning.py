@@ -131,7 +131,7 @@ def split_cost_us(model: str, n_tokens: int = 20000) -> tuple[float, float]:
     split, over a real thinking-then-answer token stream of the model."""
     import llama_cpp as ll
 
-    from corral import reasoning_format
+    from corral.model import reasoning_format
     from corral.worker.reasoning.plan import ReasoningPlan, SlotReasoning
     from corral.worker.output.slot_output import SlotOutput
 

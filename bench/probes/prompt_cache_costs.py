@@ -21,7 +21,9 @@ from bench.probes.inproc import embedded_model
 def measure(model: str, n_tokens: int, threads: int) -> dict[str, float]:
     import llama_cpp as ll
 
-    from corral import cache_files, wire
+    from corral import wire
+
+    from corral.state import cache_files
     from corral.worker.engine import Engine
     from corral.worker.cache.kv_store import restore_seq, save_seq
 

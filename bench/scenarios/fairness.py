@@ -33,7 +33,7 @@ from bench.clients.loadgen import RequestResult, completion_body, fmt, one_reque
 from bench.context import SLOT_CTX, Ctx, log, start
 from bench.report import Table
 from bench.servers import Server, corral_cmd, free_port, llama_server_cmd
-from corral.keys_file import KeySpec, hash_secret, write_keys
+from corral.config.keys_file import KeySpec, hash_secret, write_keys
 
 HEAVY_C, SLOTS = 16, 4
 # x0.6 with --quick: a server past it gets a row saying so, the others keep theirs. A FIFO server's light

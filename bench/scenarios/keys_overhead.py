@@ -34,7 +34,7 @@ from bench.clients.loadgen import fmt, pct
 from bench.context import Ctx, log, start
 from bench.report import Table
 from bench.servers import Server, corral_cmd, free_port
-from corral.keys_file import KeySpec, hash_secret, write_keys
+from corral.config.keys_file import KeySpec, hash_secret, write_keys
 
 FAKE = Path(__file__).resolve().parents[2] / "tests" / "support" / "fake_worker.py"
 SECRET = "crl_bench-keys-0123456789abcdef0123456789"

@@ -144,7 +144,7 @@ def _models(ctx: Ctx, files: dict[str, Path], **extra: Any) -> dict[str, dict[st
 
 
 def has_prompt_cache() -> bool:
-    from corral.config import ServerConfig
+    from corral.config.file import ServerConfig
 
     return "prompt_cache_disk" in ServerConfig.model_fields
 

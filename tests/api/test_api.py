@@ -227,7 +227,7 @@ async def test_nitro_loadmodel_and_unloadmodel(harness: Harness) -> None:
 def test_router_never_imports_llama_cpp() -> None:
     code = ("import sys, corral.api.app, corral.control.plane, corral.cli.main, corral.cli.serve_cmd,"
             " corral.api.manage.store, corral.store.downloads, corral.store.local;"
-            "from corral.config import default_config; corral.api.app.create_app(default_config());"
+            "from corral.config.file import default_config; corral.api.app.create_app(default_config());"
             "bad = [m for m in sys.modules if m.startswith('llama_cpp')];"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

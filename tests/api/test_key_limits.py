@@ -14,7 +14,7 @@ from support.keys import bearer, write_keys_file
 
 from corral.control.keys.limits import Limiter, format_reset
 from corral.errors import RateLimited
-from corral.keys_file import KeySpec
+from corral.config.keys_file import KeySpec
 
 MSG = {"model": "a", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
 

@@ -1,8 +1,8 @@
-"""The one byte formatter (corral/byte_sizes.py): binary units, as the settings are written."""
+"""The one byte formatter (corral/units.py): binary units, as the settings are written."""
 
 from __future__ import annotations
 
-from corral.byte_sizes import fmt_bytes
+from corral.units import fmt_bytes
 
 
 def test_binary_units_one_decimal() -> None:

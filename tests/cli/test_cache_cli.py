@@ -1,5 +1,5 @@
 """`corral cache ls | clear` on real prompt-cache files, and the files' own rules
-(corral/cache_files.py): atomic, checked, capped by recency."""
+(corral/state/cache_files.py): atomic, checked, capped by recency."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from cli.run import corral
-from corral import cache_files
-from corral.config import config_from_dict
+from corral.state import cache_files
+from corral.config.file import config_from_dict
 from corral.control.prompt_cache import disk_settings
-from corral.settings import ModelSettings, SettingsError
+from corral.model.settings import ModelSettings, SettingsError
 
 
 def _entry(root: Path, model: str, n: int, *, key: str = "k" * 64, state: bytes = b"s" * 1000) -> Path:

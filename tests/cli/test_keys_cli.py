@@ -16,7 +16,7 @@ from support.harness import FAKE, chat
 from support.keys import bearer
 
 from cli.run import corral
-from corral.keys_file import read_keys
+from corral.config.keys_file import read_keys
 
 
 def _secret(out: str) -> str:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.byte_sizes import parse_bytes
-from corral.config import load_config
+from corral.units import parse_bytes
+from corral.config.file import load_config
 from corral.control.catalog import specs_from_config
 from corral.errors import ConfigError
 

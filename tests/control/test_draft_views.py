@@ -16,7 +16,7 @@ from corral.control.metrics import Metrics
 from corral.control.views import speculation
 from corral.fit.draft import draft_needs, draft_path, draft_settings
 from corral.fit.layout import read_layout
-from corral.settings import ModelSettings, SettingsError
+from corral.model.settings import ModelSettings, SettingsError
 
 
 def _stats() -> wire.Stats:

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from corral.config import config_from_dict
+from corral.config.file import config_from_dict
 from corral.errors import ConfigError
-from corral.settings import ModelSettings
+from corral.model.settings import ModelSettings
 from support.harness import Harness
 from control.test_gpu_placement import config, fake_gpus, gpus_of, load, model
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.config import config_from_dict
+from corral.config.file import config_from_dict
 from corral.errors import ConfigError
 
 

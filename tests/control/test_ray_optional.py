@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.config import config_from_dict
+from corral.config.file import config_from_dict
 from corral.errors import ConfigError
 
 
@@ -17,7 +17,7 @@ def test_the_router_never_imports_ray_without_ray_address() -> None:
     code = ("import sys, asyncio\n"
             "from corral.api.app import create_app\n"
             "from corral.cli.main import app\n"
-            "from corral.config import config_from_dict\n"
+            "from corral.config.file import config_from_dict\n"
             "from corral.control.plane import ControlPlane\n"
             "async def main():\n"
             "    p = ControlPlane(config_from_dict({'server': {'include_default_model': False}}))\n"

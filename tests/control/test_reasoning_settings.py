@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.config import load_config
+from corral.config.file import load_config
 from corral.control.catalog import specs_from_config
 from corral.errors import ConfigError
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from corral.config import load_config
+from corral.config.file import load_config
 from support.harness import Harness, chat, wait_event
 from support.harness import _until
 from testkit.model_settings import TEST_CTX_LEN

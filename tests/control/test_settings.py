@@ -8,10 +8,10 @@ import msgspec
 import pytest
 
 from corral import wire
-from corral.config import config_from_dict
+from corral.config.file import config_from_dict
 from corral.control.catalog import ModelSpec
 from corral.errors import ConfigError
-from corral.settings import ModelSettings, SettingsError
+from corral.model.settings import ModelSettings, SettingsError
 from support.harness import Harness
 
 

@@ -142,7 +142,7 @@ def test_tokens_per_day_count_what_the_database_kept(tmp_path: Path) -> None:
     """After a restart the tokens-per-day limit starts from the day's usage on disk."""
     from corral.control.keys.limits import Limiter
     from corral.errors import RateLimited
-    from corral.keys_file import KeySpec
+    from corral.config.keys_file import KeySpec
 
     book = UsageBook(tmp_path)
     book.record("k", "m", requests=1, prompt_tokens=60, completion_tokens=40)

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.config import CorralConfig
+from corral.config.file import CorralConfig
 from corral.events import Event
 from support.harness import Harness, wait_event
 from support.keys import bearer, write_keys_file

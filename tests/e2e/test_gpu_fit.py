@@ -99,7 +99,7 @@ async def test_an_unset_context_is_fitted_to_the_host_without_a_gpu(harness: Har
     down in 256-cell steps until weights and KV fit in 300 MiB, and GET /models shows it."""
     from corral import wire
     from corral.fit.layout import read_layout
-    from corral.settings import DEFAULT_SLOT_CTX
+    from corral.model.settings import DEFAULT_SLOT_CTX
     from corral.worker.fit import fit_host_ctx
 
     layout = read_layout(model_path)
@@ -127,7 +127,7 @@ async def test_two_models_spread_over_two_gpus_and_a_third_evicts_the_lru_one(
         harness: Harness, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from corral.fit.layout import read_layout
     from corral.fit.plan import device_need
-    from corral.settings import ModelSettings
+    from corral.model.settings import ModelSettings
 
     settings = {"ctx_len": 2048, "n_parallel": 1, "threads": 1}
     need = device_need(read_layout(model_path), ModelSettings(**settings), budget_bytes=80 * GiB)

@@ -66,7 +66,7 @@ async def test_openai_client_chat_completions_embeddings(harness: Harness, model
 
 
 async def test_no_config_serves_the_embedded_default_model(harness: Harness, model_path: Path) -> None:
-    from corral.config import load_config
+    from corral.config.file import load_config
 
     cfg = load_config(None, server_overrides={"log_dir": str(harness.tmp / "logs")},
                       model_overrides={"threads": 1, "ctx_len": 512, "n_parallel": 1})

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from corral import cache_files
+from corral.state import cache_files
 from support.harness import Harness
 
 pytestmark = pytest.mark.integration

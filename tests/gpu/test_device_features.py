@@ -41,7 +41,7 @@ from corral.control.placement.gpus import probe_devices
 from corral.fit.draft import draft_needs
 from corral.fit.layout import read_layout
 from corral.fit.plan import device_need
-from corral.settings import LoraAdapter, ModelSettings
+from corral.model.settings import LoraAdapter, ModelSettings
 from support.harness import Harness
 
 from .conftest import DEVICE

@@ -42,7 +42,7 @@ import pytest
 from corral.control.placement.gpus import probe_devices
 from corral.fit.layout import read_layout
 from corral.fit.plan import device_need
-from corral.settings import ModelSettings
+from corral.model.settings import ModelSettings
 from support.harness import Harness
 
 from .conftest import DEVICE

@@ -26,9 +26,9 @@ from support.harness import Harness
 from support.keys import bearer, write_keys_file
 
 from cli.run import corral
-from corral import cache_files
+from corral.state import cache_files
 from corral.errors import ConfigError
-from corral.keys_file import name_problem, read_keys
+from corral.config.keys_file import name_problem, read_keys
 
 
 def test_a_key_name_with_a_trailing_newline_is_refused() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.config import load_config
+from corral.config.file import load_config
 from corral.errors import ConfigError
 from support.harness import FAKE, Harness
 

@@ -13,7 +13,7 @@ import pytest
 import uvicorn
 
 from corral.api.app import create_app
-from corral.config import config_from_dict
+from corral.config.file import config_from_dict
 from testkit.model_settings import TEST_CTX_LEN
 
 from .fake_hub import FakeHub

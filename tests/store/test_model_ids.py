@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from corral.config import config_from_dict
+from corral.config.file import config_from_dict
 from corral.control.catalog import Catalog, ModelSpec
 from corral.errors import ConfigError, InvalidRequest, ModelNotFound
-from corral.model_ids import file_stem, id_from_file_stem, id_problem
+from corral.model.ids import file_stem, id_from_file_stem, id_problem
 from corral.store.local import ModelStore, model_id_from_filename, validate_model_id
 
 GOOD = ["gemma-3-270m", "llama3.2:1b", "llama3.2:latest", "library/llama3.2:1b",

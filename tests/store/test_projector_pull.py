@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from corral.config import config_from_dict
+from corral.config.file import config_from_dict
 from corral.control.catalog import specs_from_config
 from corral.events import EventBus
 from corral.store.local import ModelStore

@@ -26,8 +26,8 @@ from corral.control.instance.restart import RestartPolicy
 from corral.control.scheduling.pool import ModelPool
 from corral.control.transport.link import LinkExit, LinkOwner, Placement, WorkerLink
 from corral.events import EventBus
-from corral.exits import describe_exit
-from corral.settings import ModelSettings
+from corral.children.exits import describe_exit
+from corral.model.settings import ModelSettings
 from testkit.model_settings import TEST_CTX_LEN
 
 _pids = itertools.count(90_000)

@@ -18,7 +18,7 @@ import httpx
 import uvicorn
 
 from corral.api.app import create_app
-from corral.config import CorralConfig, config_from_dict
+from corral.config.file import CorralConfig, config_from_dict
 from corral.events import Event
 from corral.control.plane import ControlPlane
 from testkit.model_settings import TEST_CTX_LEN

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from corral.keys_file import KeySpec, hash_secret, read_keys, write_keys
+from corral.config.keys_file import KeySpec, hash_secret, read_keys, write_keys
 
 
 def write_keys_file(path: Path, **keys: dict[str, Any]) -> dict[str, str]:

@@ -162,7 +162,7 @@ def test_each_device_stays_within_its_limit() -> None:
 
 def test_the_routers_estimate_splits_the_same_way() -> None:
     from corral.fit.plan import device_need, device_needs
-    from corral.settings import ModelSettings
+    from corral.model.settings import ModelSettings
 
     fixed = ModelSettings(ctx_len=8192, n_parallel=2, n_gpu_layers=-1)
     one = device_need(LAYOUT, fixed, budget_bytes=GiB)
@@ -265,7 +265,7 @@ def test_the_worker_plans_what_the_router_charged() -> None:
     from corral.fit.rows import outputs_max
     from corral.fit.plan import device_needs
     from corral.fit.split import router_split
-    from corral.settings import ModelSettings
+    from corral.model.settings import ModelSettings
 
     auto = ModelSettings(ctx_len=65536, n_parallel=4, fit_ctx_floor=1024, devices=[0, 1])
     budgets, free = [4 * GiB, 2 * GiB], [4 * GiB + 512 * MiB, 2 * GiB + 512 * MiB]
@@ -331,7 +331,7 @@ def test_placement_says_where_the_layers_and_kv_are() -> None:
 
 def test_a_quantized_kv_cache_is_counted_so_and_fits_more_context() -> None:
     from corral.fit.plan import device_need
-    from corral.settings import ModelSettings
+    from corral.model.settings import ModelSettings
 
     # 4 KV heads of 64: a row is 128 bytes in f16, 2 blocks of 34 in q8_0, 2 of 18 in q4_0
     assert LAYOUT.kv_bytes_per_cell() == 4 * (128 + 128)
@@ -368,7 +368,7 @@ def test_the_kv_cache_types_are_the_ones_llama_cpp_knows() -> None:
 
     import llama_cpp as ll
 
-    from corral.settings import KV_CACHE_TYPES, CacheType
+    from corral.model.settings import KV_CACHE_TYPES, CacheType
     from corral.worker.llama_context import GGML_TYPES as _GGML_TYPES
 
     assert set(typing.get_args(CacheType)) == set(KV_CACHE_TYPES) == set(_GGML_TYPES)
@@ -398,7 +398,7 @@ def test_the_estimate_counts_the_logits_rows_asked_for_and_a_projectors_side_con
 
     from corral.fit.rows import ECHO_CHUNK
     from corral.fit.plan import device_need
-    from corral.settings import ModelSettings
+    from corral.model.settings import ModelSettings
 
     plain = ModelSettings(ctx_len=8192, n_parallel=4, n_gpu_layers=-1)
     need = device_need(LAYOUT, plain, budget_bytes=80 * GiB)

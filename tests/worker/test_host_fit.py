@@ -10,7 +10,7 @@ from corral import wire
 from corral.fit.rows import outputs_max
 from corral.fit.layout import ModelLayout
 from corral.fit.plan import placement
-from corral.settings import DEFAULT_SLOT_CTX, ModelSettings
+from corral.model.settings import DEFAULT_SLOT_CTX, ModelSettings
 from corral.worker.fit import fit_host_ctx
 
 MiB = 1024 * 1024
@@ -38,7 +38,7 @@ def test_an_unset_context_is_32k_a_slot_and_zero_means_unset() -> None:
     assert ModelSettings().ctx_len == 4 * 32768 and ModelSettings(n_parallel=2).ctx_len == 2 * 32768
     assert ModelSettings.layered([{"ctx_len": 4096}, {"n_parallel": 8}, {"ctx_len": 0}]).ctx_len == 8 * 32768
     assert ModelSettings(ctx_len=100).ctx_len == 100  # a context that is set is kept
-    from corral.settings import SettingsError
+    from corral.model.settings import SettingsError
 
     with pytest.raises(SettingsError, match=r"ctx_len: Expected `int` >= 16, or 0"):
         ModelSettings.check_partial({"ctx_len": 15})

@@ -9,7 +9,7 @@ import llama_cpp as ll
 import pytest
 
 from corral import wire
-from corral.config import config_from_dict
+from corral.config.file import config_from_dict
 from corral.errors import ConfigError
 from corral.worker.engine import Engine
 

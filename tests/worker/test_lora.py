@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from corral import settings as cs
+from corral.model import settings as cs
 from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.model import ModelLoadError

@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from corral import settings as cs
+from corral.model import settings as cs
 from corral import wire
 from corral.worker.cache.disk import model_key
 from corral.worker.engine import Engine

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import settings as cs
+from corral.model import settings as cs
 from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.failures import RequestRejected

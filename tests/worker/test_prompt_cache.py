@@ -1,4 +1,4 @@
-"""The prompt cache (worker/cache/prompt_cache.py, worker/cache/disk.py, corral/cache_files.py) on the
+"""The prompt cache (worker/cache/prompt_cache.py, worker/cache/disk.py, corral/state/cache_files.py) on the
 real engine: a restored prefix answers with the same greedy tokens as a fresh prefill, from RAM
 after a slot lost it, from disk in a new engine, in the sliding-window case too; a stale or
 damaged file is never restored and the request still answers; the disk cap holds.
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from corral import cache_files, wire
+from corral import wire
+
+from corral.state import cache_files
 from corral.worker.engine import Engine
 from worker.conftest import run_engine, settings_for, REUSED_TAIL
 

@@ -9,8 +9,10 @@ import json
 
 import pytest
 
-from corral import reasoning_format, wire
-from corral.reasoning_format import FORMATS, detect
+from corral import wire
+
+from corral.model import reasoning_format
+from corral.model.reasoning_format import FORMATS, detect
 from corral.worker.reasoning import plan as reasoning
 from corral.worker.output.detokenize import Utf8Stream
 from corral.worker.failures import RequestRejected

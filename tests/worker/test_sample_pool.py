@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from corral.settings import ModelSettings, SettingsError
+from corral.model.settings import ModelSettings, SettingsError
 from corral.worker.host.cpu import ThreadGovernor
 from corral.worker.sampling.pool import AUTO_CPU_MAX, AUTO_GPU_MAX, SamplePool, resolve_sampling_threads
 

@@ -112,7 +112,7 @@ def test_kv_bytes_matches_llama_cpp(model_path: Path, n_parallel: int, ctx_len: 
     swa_full all 18 layers hold every cell: 144 MiB. The router's estimate (fit.plan) agrees."""
     from corral.fit.layout import read_layout
     from corral.fit.plan import device_needs, placement
-    from corral.settings import ModelSettings
+    from corral.model.settings import ModelSettings
     from corral.worker.model import load_model
 
     m = load_model(settings_for(model_path, n_parallel=n_parallel, ctx_len=ctx_len, swa_full=swa_full))

@@ -49,7 +49,7 @@ from corral.api.http import error_response, invalid_request, path_policy
 from corral.api.hot_routes import HotRoutes
 from corral.api.scopes import RouteScopes, app_routes
 from corral.api.openapi_doc import document_request_bodies
-from corral.config import CorralConfig, ServerConfig
+from corral.config.file import CorralConfig, ServerConfig
 from corral.control.keys.access import Access
 from corral.events import EventBus
 from corral.control.metrics import Metrics

@@ -48,7 +48,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from corral.api.access import ModelRequest, authorize
 from corral.api.http import error_response
 from corral.api.scopes import RouteScopes
-from corral.config import ServerConfig
+from corral.config.file import ServerConfig
 from corral.control.keys.access import Access
 from corral.control.keys.ring import CALLER, Caller
 from corral.api.page.routes import is_public_path

@@ -19,7 +19,7 @@ import socket
 import uvicorn
 from fastapi import FastAPI
 
-from corral.config import CorralConfig
+from corral.config.file import CorralConfig
 from corral.errors import Unavailable
 
 __all__ = ["ANSWER_S", "Server", "serve"]

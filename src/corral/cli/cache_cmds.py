@@ -16,10 +16,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from corral import cache_files
-from corral.byte_sizes import fmt_bytes
-from corral.cache_files import CacheFile, CacheFileError
-from corral.state_paths import prompt_cache_dir
+from corral.state import cache_files
+from corral.units import fmt_bytes
+from corral.state.cache_files import CacheFile, CacheFileError
+from corral.state.paths import prompt_cache_dir
 
 __all__ = ["register"]
 
@@ -32,7 +32,7 @@ ConfigOpt = typer.Option(None, "--config", "-c", help="read [server] state_dir f
 
 def _root(state_dir: Optional[Path], config: Optional[Path]) -> Path:
     if state_dir is None and config is not None:
-        from corral.config import load_config
+        from corral.config.file import load_config
         from corral.errors import ConfigError
 
         try:

@@ -3,7 +3,7 @@
 The keys commands work on the file itself (``--keys-file PATH``, else
 ``$CORRAL_KEYS_FILE``), not through a server: a running router that has the file as
 ``[server] keys_file`` sees every change on its next request. Writes are atomic
-(``corral.keys_file.write_keys``) and serialized by a lock file next to it
+(``corral.config.keys_file.write_keys``) and serialized by a lock file next to it
 (``PATH.lock``), so two commands at once lose nothing. Both keep their owner and mode:
 the keys file its own (``write_keys``), a new lock file the keys file's owner and 0600; a
 command that cannot keep them (not root, another user's file) refuses and changes nothing.
@@ -41,7 +41,7 @@ from corral.cli.client import (
     server_url,
 )
 from corral.errors import ConfigError
-from corral.keys_file import (
+from corral.config.keys_file import (
     SCOPES,
     KeySpec,
     hash_secret,

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from corral import wire
-from corral.byte_sizes import fmt_bytes
+from corral.units import fmt_bytes
 from corral.cli.client import Api, ApiError, HostOpt, PortOpt, ServerOpt, fail, server_url
 
 __all__ = ["register", "until_unload", "print_ps", "processor"]

@@ -50,7 +50,7 @@ def serve(
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API (no arguments: the embedded default model)."""
-    from corral.config import CorralConfig, load_config
+    from corral.config.file import CorralConfig, load_config
 
     server_overrides: dict[str, Any] = {
         "host": host, "port": port, "models_dir": str(models_dir) if models_dir else None,
@@ -81,7 +81,7 @@ def serve(
         typer.echo(f"corral serve: {exc.message}", err=True)
         raise typer.Exit(2) from None
     if cfg.server.keys_file is not None:  # a broken keys file stops the server here, as a broken config does
-        from corral.keys_file import read_keys
+        from corral.config.keys_file import read_keys
 
         try:
             read_keys(cfg.server.keys_file)

@@ -28,7 +28,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from corral.byte_sizes import fmt_bytes
+from corral.units import fmt_bytes
 from corral.cli.client import HostOpt, PortOpt, ServerOpt, api_headers, model_path, server_url
 from corral.errors import CorralError
 from corral.store.local import ModelStore, default_models_dir, validate_model_id

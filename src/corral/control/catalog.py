@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from corral import wire
-from corral.config import CorralConfig
+from corral.config.file import CorralConfig
 from corral.control.placement.gpu_slot import GpuSlot
 from corral.errors import ModelNotFound
-from corral.settings import ModelSettings
+from corral.model.settings import ModelSettings
 from corral.store.projector import projector_for
 
 __all__ = ["ModelSpec", "Catalog", "specs_from_config", "default_threads"]

@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from corral.config import CorralConfig
+from corral.config.file import CorralConfig
 from corral.control.placement.admission import Admission
 from corral.control.catalog import Catalog, ModelSpec, specs_from_config
 from corral.events import EventBus, EventName
 from corral.control.scheduling.pool import ModelPool
 from corral.control.keys.ring import current_caller
 from corral.errors import Conflict, InvalidRequest, ModelNotFound, NameNotAllowed
-from corral.model_ids import id_problem
-from corral.settings import ModelSettings
+from corral.model.ids import id_problem
+from corral.model.settings import ModelSettings
 
 if TYPE_CHECKING:
     from corral.store.local import ModelStore

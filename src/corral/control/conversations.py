@@ -39,7 +39,7 @@ from corral.errors import CorralError, InvalidRequest, NotFound, RateLimited
 from corral.events import EventBus, EventName
 
 if TYPE_CHECKING:
-    from corral.config import ServerConfig
+    from corral.config.file import ServerConfig
 
 __all__ = ["Conversation", "Conversations", "check_conversation_id"]
 

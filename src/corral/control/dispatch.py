@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from corral import wire
-from corral.config import ServerConfig
+from corral.config.file import ServerConfig
 from corral.control.keys.access import Access
 from corral.control.keys.limits import Reservation
 from corral.control.placement.admission import Admission

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral import wire
-from corral.config import CorralConfig
+from corral.config.file import CorralConfig
 from corral.control import views
 from corral.control.keys import cache_tenant
 from corral.control.keys.access import Access

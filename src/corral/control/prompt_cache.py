@@ -9,10 +9,12 @@ from typing import Any
 
 import msgspec
 
-from corral import cache_files, wire
-from corral.config import ServerConfig
+from corral import wire
+
+from corral.state import cache_files
+from corral.config.file import ServerConfig
 from corral.control.transport.link import LinkOwner, Spawner, WorkerLink
-from corral.state_paths import prompt_cache_dir
+from corral.state.paths import prompt_cache_dir
 
 __all__ = ["disk_settings", "CachingSpawner", "with_prompt_cache", "view", "disk_usage"]
 

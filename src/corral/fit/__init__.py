@@ -11,6 +11,6 @@ loads there (docs/internals/gpu-placement.md). Its modules:
 - ``corral.fit.draft``: a draft model's file, settings and per-GPU need (``speculative = "draft"``).
 - ``corral.fit.rows``: the logits rows a context may ask for (``n_outputs_max``).
 
-Neutral: imports only ``corral.wire``, ``corral.settings`` and ``corral.gguf_header``, never
+Neutral: imports only ``corral.wire``, ``corral.model.settings`` and ``corral.model.gguf_header``, never
 ``llama_cpp``; the worker plans its load with it, the router estimates and places with it.
 """

@@ -4,7 +4,7 @@ by ``corral.fit.plan``'s math). The router adds it to a model's estimated need b
 an instance (``corral.control.placement.gpus``); the worker keeps that much out of the main model's
 ``n_gpu_layers = "auto"`` plan (``worker/speculation/draft.py``), so both fit on the GPU they share.
 
-Imports only ``corral.settings``, ``corral.fit.layout``, ``corral.fit.plan`` and ``corral.fit.split`` (leaves both sides use).
+Imports only ``corral.model.settings``, ``corral.fit.layout``, ``corral.fit.plan`` and ``corral.fit.split`` (leaves both sides use).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from corral.fit.layout import GGUFError, ModelLayout, read_layout
 from corral.fit.plan import device_needs
 from corral.fit.split import split_by_weights
-from corral.settings import ModelSettings
+from corral.model.settings import ModelSettings
 
 __all__ = ["draft_path", "draft_settings", "draft_needs"]
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from corral import wire
-from corral.gguf_header import GGUFError, array_len, read_header
-from corral.settings import KV_CACHE_TYPES
+from corral.model.gguf_header import GGUFError, array_len, read_header
+from corral.model.settings import KV_CACHE_TYPES
 
 __all__ = ["ModelLayout", "read_layout", "kv_row_bytes", "GGUFError"]
 

@@ -47,7 +47,7 @@ from corral import wire
 from corral.fit.layout import ModelLayout
 from corral.fit.rows import outputs_max
 from corral.fit.split import f32, layer_shares, router_split, split_weights
-from corral.settings import ModelSettings
+from corral.model.settings import ModelSettings
 
 __all__ = ["FitError", "plan_fit", "device_need", "device_needs", "placement", "DEFAULT_MARGIN_BYTES",
            "has_side_context"]

@@ -12,7 +12,7 @@ Neutral (imports only ``settings``): the worker sizes its context with it, and
 
 from __future__ import annotations
 
-from corral.settings import ModelSettings
+from corral.model.settings import ModelSettings
 
 __all__ = ["ECHO_CHUNK", "outputs_max"]
 

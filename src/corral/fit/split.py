@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from corral.settings import ModelSettings
+from corral.model.settings import ModelSettings
 
 __all__ = ["f32", "layer_shares", "router_split", "split_by_weights", "split_weights"]
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from corral.byte_sizes import fmt_bytes
+from corral.units import fmt_bytes
 from corral.events import EventBus, EventName
 from corral.errors import (
     Conflict,
@@ -42,7 +42,7 @@ from corral.errors import (
     InsufficientStorage,
     InvalidRequest,
 )
-from corral.exits import describe_exit
+from corral.children.exits import describe_exit
 from corral.store import messages as m
 from corral.store.pulls import (OnFinished, ProgressThrottle, PullHandle, PullState, Rate,
                                 disk_free, file_size, start_error)

@@ -1,5 +1,5 @@
 """A model's quantization: from its GGUF header (``general.file_type``, read with
-``corral.gguf_header``, the one GGUF reader), else from its file name. No llama_cpp
+``corral.model.gguf_header``, the one GGUF reader), else from its file name. No llama_cpp
 import: the router reads headers too.
 """
 
@@ -9,7 +9,7 @@ import functools
 import re
 from pathlib import Path
 
-from corral.gguf_header import GGUFError, read_header
+from corral.model.gguf_header import GGUFError, read_header
 
 __all__ = ["FILE_TYPES", "read_file_type", "quantization_of", "quant_from_name", "GGUFError"]
 

@@ -1,4 +1,4 @@
-"""A GGUF file's metadata and parameter count, from its header (``corral.gguf_header``).
+"""A GGUF file's metadata and parameter count, from its header (``corral.model.gguf_header``).
 
 ``read_metadata(path)`` returns every key/value pair (scalars and strings as they are;
 short arrays as lists, long ones as ``{"array_len": n}``) and the parameter count summed
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.gguf_header import GGUFError, read_header
+from corral.model.gguf_header import GGUFError, read_header
 from corral.store.gguf import FILE_TYPES, quant_from_name
 
 __all__ = ["GGUFMetadata", "read_metadata", "parameter_size", "read_gguf_info"]

@@ -6,7 +6,7 @@ Layout (``models_dir``, default ``$CORRAL_MODELS_DIR`` or ``~/.local/share/corra
       any/sub/dir/name.gguf            a loose model: id = file stem ("name")
       <stem>.gguf                      a pulled model (placed here once verified)
       .corral/manifests/<stem>.json    pulled models: id, source, sha256, path, size
-                                       (<stem> = corral.model_ids.file_stem(id): an id
+                                       (<stem> = corral.model.ids.file_stem(id): an id
                                        such as owner/repo:Q4_K_M never becomes a path)
                                        (path may point into the user's HF cache)
       .corral/partial/<key>.part       downloads in progress or interrupted; never listed
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import InvalidRequest, ModelNotFound
-from corral.model_ids import file_stem, id_from_file_stem, id_problem
+from corral.model.ids import file_stem, id_from_file_stem, id_problem
 from corral.store.gguf import quantization_of
 
 __all__ = [
@@ -57,7 +57,7 @@ def default_models_dir() -> Path:
 
 
 def validate_model_id(model_id: str, *, param: str = "id") -> str:
-    """The id itself, or InvalidRequest saying what is wrong (rules: corral.model_ids)."""
+    """The id itself, or InvalidRequest saying what is wrong (rules: corral.model.ids)."""
     problem = id_problem(model_id)
     if problem is None and model_id.lower().endswith(".gguf"):
         problem = "a model id does not end with .gguf (that is the file's name)"

@@ -21,7 +21,7 @@ from typing import Literal, Union
 
 import msgspec
 
-from corral.frames import FrameDecoder, frame
+from corral.children.frames import FrameDecoder, frame
 
 __all__ = [
     "FetchRequest",
@@ -114,7 +114,7 @@ def decode_to_fetch(body: bytes) -> Proceed:
 
 
 class FrameReader(FrameDecoder):
-    """The framing ``corral.wire`` uses too (``corral.frames``), with this channel's
+    """The framing ``corral.wire`` uses too (``corral.children.frames``), with this channel's
     smaller frame limit."""
 
     def __init__(self) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
-from corral.model_ids import id_problem
+from corral.model.ids import id_problem
 from corral.store.local import model_id_from_filename
 
 __all__ = ["ParsedSource", "SourceError", "parse_source", "pick_file", "DEFAULT_TAG"]

@@ -1,7 +1,7 @@
 """Typed messages between the router and a worker process: the whole contract across the
 process boundary. Both sides (``corral.control`` in the router, ``corral.worker``) depend on
-it and never on each other; it imports nothing else of corral but ``corral.settings`` and
-``corral.frames`` (leaf modules). Import it as ``from corral import wire`` and use
+it and never on each other; it imports nothing else of corral but ``corral.model.settings`` and
+``corral.children.frames`` (leaf modules). Import it as ``from corral import wire`` and use
 ``wire.GenerateRequest``: this package re-exports every type of its modules, one a topic:
 
     requests    GenerateRequest, EmbedRequest, TokenizeRequest, Abort (and their parts:
@@ -25,7 +25,7 @@ end is inherited (``pass_fds``) and named with ``--fd N``. No filesystem path, n
 port: no other local user can reach it. EOF on the socket means the router is gone,
 and the worker exits.
 
-Framing (``corral.frames``, shared with the download child's channel): each message
+Framing (``corral.children.frames``, shared with the download child's channel): each message
 is ``4-byte big-endian length`` + msgpack body. The body is a
 tagged msgspec struct (``{"type": "<tag>", ...}``); ``decode`` returns the concrete
 struct, so handlers ``match`` on the class.
@@ -62,7 +62,7 @@ Details of each topic: its module's docstring (``corral.wire.cache``, ``corral.w
 
 from __future__ import annotations
 
-from corral.frames import HEADER, FrameTooLarge
+from corral.children.frames import HEADER, FrameTooLarge
 from corral.wire.answers import (Delta, Embeddings, FailureCode, Finished, FinishReason, RequestFailed, Timings,
                                  TokenLogprob, Tokenized, TopLogprob, Usage)
 from corral.wire.cache import PersistCache, PromptCacheDisk, PromptCacheStats

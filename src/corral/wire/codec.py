@@ -1,5 +1,5 @@
 """The wire's frames: the two unions of messages (``ToWorker``, ``FromWorker``), their
-encoding (a ``corral.frames`` frame around msgpack of a tagged struct: ``encode``) and
+encoding (a ``corral.children.frames`` frame around msgpack of a tagged struct: ``encode``) and
 decoding (``decode_to_worker``, ``decode_from_worker``: the concrete struct, so handlers
 ``match`` on the class), and the channel's largest frame (``MAX_FRAME``).
 """
@@ -10,8 +10,8 @@ from typing import Union
 
 import msgspec
 
-from corral import frames
-from corral.frames import frame
+from corral.children import frames
+from corral.children.frames import frame
 from corral.wire.answers import Delta, Embeddings, Finished, RequestFailed, Tokenized
 from corral.wire.cache import PersistCache
 from corral.wire.lifecycle import Loading, LoadFailed, Ready, Shutdown, Stats, StatsRequest
@@ -50,7 +50,7 @@ def decode_from_worker(body: bytes | memoryview) -> FromWorker:
 
 
 class FrameDecoder(frames.FrameDecoder):
-    """``corral.frames.FrameDecoder`` with this channel's largest frame."""
+    """``corral.children.frames.FrameDecoder`` with this channel's largest frame."""
 
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
         super().__init__(max_frame)

@@ -1,6 +1,6 @@
 """A worker's life on the wire: the settings it is spawned with (``WorkerSettings``, JSON on
 argv), its load (``Loading``, then ``Ready`` with the ``ModelInfo`` or ``LoadFailed``), its
-``Stats`` when asked (``StatsRequest``) and its ``Shutdown``. Imports only ``corral.settings``
+``Stats`` when asked (``StatsRequest``) and its ``Shutdown``. Imports only ``corral.model.settings``
 and the wire's own topics.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from corral.settings import ModelSettings
+from corral.model.settings import ModelSettings
 from corral.wire.cache import PromptCacheDisk, PromptCacheStats
 from corral.wire.editors import SlotState
 from corral.wire.model import ModelInfo
@@ -21,7 +21,7 @@ PROTOCOL_VERSION = 1
 
 class WorkerSettings(ModelSettings, frozen=True, kw_only=True):
     """Everything a worker needs to load one model instance. Passed as JSON on argv.
-    The model's settings (``corral.settings.ModelSettings``: defaults and bounds live
+    The model's settings (``corral.model.settings.ModelSettings``: defaults and bounds live
     there) plus which model file and which instance this spawn is."""
 
     model_id: str

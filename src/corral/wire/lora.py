@@ -1,6 +1,6 @@
 """LoRA adapters on the wire: a request's adapter scales and what a worker loaded.
 Part of ``corral.wire`` (which re-exports these; import them from there). Imports only
-``corral.settings`` and the wire's gpu topic (``BufferSize``).
+``corral.model.settings`` and the wire's gpu topic (``BufferSize``).
 
 ``LoraScale``: one entry of a request's ``lora`` (llama-server's ``[{id, scale}]``): ``id``
 is the adapter's position in the model's ``lora`` list (llama-server's integer id) or its
@@ -17,7 +17,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from corral.settings import LORA_SCALE_MAX, MAX_LORA
+from corral.model.settings import LORA_SCALE_MAX, MAX_LORA
 from corral.wire.gpu import BufferSize
 
 __all__ = ["LoraScale", "LoraAdapterInfo", "MAX_LORA"]

@@ -38,7 +38,7 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     n_embd: int
     embedding: bool
     has_chat_template: bool
-    reasoning_format: str = "none"  # the thinking markup it splits (corral.reasoning_format)
+    reasoning_format: str = "none"  # the thinking markup it splits (corral.model.reasoning_format)
     model_bytes: int  # llama_model_size: weights
     kv_bytes: int  # KV cache (+ compute buffers where known)
     rss_bytes: int  # process resident memory after load

@@ -5,7 +5,7 @@ its tokens or chat messages, with ``SamplingParams``), an embedding or rerank
 
 The bounds of every numeric field are declared here once (msgspec ``Meta``):
 ``invalid_field`` is the router's check before a request takes a slot, and the worker's
-decode applies the same bounds. Imports only ``corral.settings`` and the wire's own topics.
+decode applies the same bounds. Imports only ``corral.model.settings`` and the wire's own topics.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from corral.settings import INT32_MAX
+from corral.model.settings import INT32_MAX
 from corral.wire.editors import Infill
 from corral.wire.lora import LoraScale
 

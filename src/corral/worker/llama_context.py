@@ -33,7 +33,7 @@ from corral.worker.host.devices import ggml_amx, logged_buffers
 __all__ = ["GGML_TYPES", "ContextFailed", "aborting", "buffer_lines", "captured", "context_params", "init_backend",
            "log_callback", "log_lines", "model_params", "open_context"]
 
-# ggml's enum ggml_type for the KV cache types (corral.settings.KV_CACHE_TYPES)
+# ggml's enum ggml_type for the KV cache types (corral.model.settings.KV_CACHE_TYPES)
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 
 log = logging.getLogger("corral.worker.llama_context")

@@ -17,7 +17,9 @@ from typing import Protocol
 import llama_cpp as ll
 import msgspec
 
-from corral import reasoning_format, wire
+from corral import wire
+
+from corral.model import reasoning_format
 from corral.fit.rows import outputs_max
 from corral.fit.layout import GGUFError, ModelLayout, read_layout
 from corral.fit.plan import has_side_context, placement

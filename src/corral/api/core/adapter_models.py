@@ -23,7 +23,7 @@ from typing import NamedTuple
 from corral.control.plane import ControlPlane
 from corral.control.scheduling.pool import ModelPool
 from corral.errors import ModelNotFound
-from corral.settings import LoraAdapter
+from corral.model.settings import LoraAdapter
 
 __all__ = ["AdapterModel", "adapter_models", "find_adapter_model", "serving_model", "adapter_file_size"]
 

@@ -41,7 +41,7 @@ from corral import wire
 from corral.api.core.image_check import PixelBudget, checked_image
 from corral.api.core.image_fetch import fetch_image
 from corral.api.http import plane_of
-from corral.config import ServerConfig
+from corral.config.file import ServerConfig
 from corral.control.capabilities import can
 from corral.control.scheduling.pool import ModelPool
 from corral.errors import ImageUrlNotAllowed, InvalidImage, InvalidRequest, PayloadTooLarge, VisionNotSupported

@@ -30,7 +30,7 @@ from corral.control.plane import ControlPlane
 from corral.control.scheduling.pool import ModelPool
 from corral.control.stream import RequestStream
 from corral.errors import InvalidRequest
-from corral.settings import LORA_SCALE_MAX, MAX_LORA, LoraAdapter
+from corral.model.settings import LORA_SCALE_MAX, MAX_LORA, LoraAdapter
 
 __all__ = ["LoraIn", "LoraList", "route", "set_defaults", "current_scales", "to_wire"]
 

@@ -17,7 +17,7 @@ from corral import wire
 from corral.api.core.lora import LoraList
 from corral.api.http import invalid_request
 from corral.errors import InvalidRequest, UnsupportedOption
-from corral.settings import ModelSettings, SettingsError
+from corral.model.settings import ModelSettings, SettingsError
 
 __all__ = [
     "parse_body",

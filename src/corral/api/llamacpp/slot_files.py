@@ -33,7 +33,7 @@ from corral.api.llamacpp.schemas import model_for
 from corral.control.instance.instance import Instance
 from corral.control.plane import ControlPlane
 from corral.control.transport.link import LinkClosed
-from corral.state_paths import private_dir, state_dir
+from corral.state.paths import private_dir, state_dir
 from corral.errors import InternalError, InvalidRequest
 
 __all__ = ["router", "slots_dir"]

@@ -26,7 +26,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from corral.control.placement.memory import memory_bytes
-from corral import reasoning_format, wire
+from corral import wire
+from corral.model import reasoning_format
 from corral.api.core.adapter_models import AdapterModel, adapter_file_size, adapter_models, find_adapter_model
 from corral.api.http import app_part, json_response, ndjson_line, plane_of
 from corral.api.ollama.schemas import OllamaCopyRequest, OllamaModelRequest, OllamaPullRequest

@@ -47,7 +47,7 @@ from corral.api.openai.responses_stream import Shape, events, status_of
 from corral.api.openai.responses_tools import Toolbox
 from corral.control.keys.ring import ANONYMOUS_NAME, current_caller
 from corral.errors import CorralError, InvalidRequest, RateLimited, UnsupportedOption
-from corral.state_paths import state_dir
+from corral.state.paths import state_dir
 
 __all__ = ["router", "MAX_BACKGROUND", "open_store"]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import NotFound
-from corral.state_paths import private_dir, private_sqlite
+from corral.state.paths import private_dir, private_sqlite
 
 __all__ = ["RESPONSES_DB", "ResponseStore", "StoredResponse"]
 

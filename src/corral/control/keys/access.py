@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from corral import wire
-from corral.config import CorralConfig
+from corral.config.file import CorralConfig
 from corral.control.keys.ring import CALLER, Caller, KeyRing
 from corral.control.keys.limits import Limiter, Reservation
 from corral.control.metrics import Metrics

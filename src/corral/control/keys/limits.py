@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 
 from corral.errors import RateLimited
-from corral.keys_file import KeySpec
+from corral.config.keys_file import KeySpec
 
 __all__ = ["Limiter", "Reservation", "format_reset", "utc_day"]
 

@@ -1,6 +1,6 @@
 """The keys the router accepts, kept current with the keys file.
 
-``KeyRing`` holds the parsed keys file (``corral.keys_file``) as a map from the
+``KeyRing`` holds the parsed keys file (``corral.config.keys_file``) as a map from the
 secret's sha256 digest to a ``Key``, plus the one admin key of ``[server] api_key``
 (named ``api_key``). ``authenticate`` hashes what a request presents and looks the
 digest up: the secret is never stored, and every stored digest is compared with
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from corral.errors import ConfigError
 from corral.events import EventBus, EventName
-from corral.keys_file import SCOPES, KeySpec, read_keys
+from corral.config.keys_file import SCOPES, KeySpec, read_keys
 
 __all__ = [
     "ANONYMOUS",

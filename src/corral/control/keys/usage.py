@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.control.keys.limits import utc_day
-from corral.state_paths import private_dir, private_sqlite, state_dir
+from corral.state.paths import private_dir, private_sqlite, state_dir
 
 __all__ = ["USAGE_DB", "UsageBook", "state_dir"]
 

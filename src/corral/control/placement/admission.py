@@ -36,8 +36,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from corral.control.placement.memory import estimate_bytes, memory_bytes
-from corral.byte_sizes import fmt_bytes
-from corral.config import ServerConfig
+from corral.units import fmt_bytes
+from corral.config.file import ServerConfig
 from corral.control.placement.gpu_slot import GpuSlot
 from corral.control.placement.gpus import GpuBudget, Shortage, device_use
 from corral.control.scheduling.load_gate import LoadGate

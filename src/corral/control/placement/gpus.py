@@ -41,15 +41,15 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from corral import wire
-from corral.byte_sizes import fmt_bytes
-from corral.config import ServerConfig
+from corral.units import fmt_bytes
+from corral.config.file import ServerConfig
 from corral.control.placement.gpu_slot import GpuSlot
 from corral.errors import LoadFailed
 from corral.fit.draft import draft_needs
 from corral.fit.layout import GGUFError, ModelLayout, read_layout
 from corral.fit.plan import device_needs
 from corral.fit.split import router_split, split_by_weights
-from corral.settings import VISIBLE_DEVICES_VARS
+from corral.model.settings import VISIBLE_DEVICES_VARS
 
 if TYPE_CHECKING:
     from corral.control.scheduling.pool import ModelPool

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from corral import wire
-from corral.config import ServerConfig
+from corral.config.file import ServerConfig
 from corral.control.catalog import ModelSpec
 from corral.control.scheduling.fair_queue import ANONYMOUS, DEFAULT_AGING_S, FairQueue, Requester, Waiter
 from corral.control.placement.gpu_slot import GpuSlot

@@ -38,7 +38,7 @@ from corral import wire
 from corral.control.scheduling.fair_queue import FairQueue, Requester, Waiter
 
 if TYPE_CHECKING:
-    from corral.config import ServerConfig
+    from corral.config.file import ServerConfig
     from corral.control.instance.instance import Instance
     from corral.control.stream import RequestStream
 

@@ -23,8 +23,8 @@ import msgspec
 from corral import wire
 from corral.control.transport.link import FrameReader, LinkExit, LinkOwner, Placement, WorkerLink
 from corral.control.transport.process import kill_group, log_tail, open_private_log
-from corral.exits import describe_exit
-from corral.model_ids import file_stem
+from corral.children.exits import describe_exit
+from corral.model.ids import file_stem
 
 __all__ = ["LocalSpawner", "SocketLink"]
 

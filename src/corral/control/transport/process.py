@@ -1,4 +1,4 @@
-"""Local worker processes: log tail, process group (the exit status in words: ``corral.exits``).
+"""Local worker processes: log tail, process group (the exit status in words: ``corral.children.exits``).
 
 Used by the local transport (``corral.control.transport.local.SocketLink``): a worker leads its
 own session, so its whole process group can be signalled; its stdout and stderr go

@@ -1,5 +1,5 @@
 """The prompt cache on disk, for one worker: its model key, the index of its model's files,
-the reads at admission and the writes at unload (files: ``corral.cache_files``).
+the reads at admission and the writes at unload (files: ``corral.state.cache_files``).
 
 The model key says which KV a file may be restored into: the model file's identity and every
 load setting that changes what the KV holds or how a sequence's state is laid out. A file
@@ -19,8 +19,10 @@ from pathlib import Path
 
 import llama_cpp as ll
 
-from corral import cache_files, wire
-from corral.cache_files import CacheFile, CacheFileError
+from corral import wire
+
+from corral.state import cache_files
+from corral.state.cache_files import CacheFile, CacheFileError
 from corral.worker.model import LoadedModel
 
 __all__ = ["model_key", "file_identity", "DiskCache", "Candidate"]

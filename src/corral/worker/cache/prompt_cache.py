@@ -33,8 +33,10 @@ from collections.abc import Sequence
 
 import llama_cpp as ll
 
-from corral import cache_files, wire
-from corral.cache_files import CacheFile
+from corral import wire
+
+from corral.state import cache_files
+from corral.state.cache_files import CacheFile
 from corral.worker.cache.disk import Candidate, DiskCache, model_key
 from corral.worker.cache.kv_store import HostKVStore, KVEntry, common_prefix, restore_seq, save_seq
 from corral.worker.lora.state import BASE, LoraKey

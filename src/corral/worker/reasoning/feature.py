@@ -17,7 +17,9 @@ request has a plan, so a request without thinking pays nothing per token.
 
 from __future__ import annotations
 
-from corral import reasoning_format, wire
+from corral import wire
+
+from corral.model import reasoning_format
 from corral.worker.reasoning import plan as reasoning
 from corral.worker.sampling import sampler as sampling
 from corral.worker.failures import RequestRejected

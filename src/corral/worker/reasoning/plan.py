@@ -36,7 +36,7 @@ from typing import Any
 import llama_cpp as ll
 
 from corral import wire
-from corral.reasoning_format import HARMONY, ReasoningFormat
+from corral.model.reasoning_format import HARMONY, ReasoningFormat
 from corral.worker.failures import RequestRejected
 from corral.worker.reasoning.split import HarmonySplitter, Splitter, TagSplitter
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 
-from corral.reasoning_format import ReasoningFormat
+from corral.model.reasoning_format import ReasoningFormat
 
 __all__ = ["TagSplitter", "HarmonySplitter", "Splitter", "partial_suffix"]
 

@@ -28,7 +28,7 @@ import ray as _ray_typed
 
 from corral.control.transport.ray import messages as m
 from corral.control.transport.ray.host import WorkerHost
-from corral.frames import FrameDecoder
+from corral.children.frames import FrameDecoder
 
 log = logging.getLogger("corral.control.transport.ray.bridge")
 

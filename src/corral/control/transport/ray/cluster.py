@@ -27,12 +27,12 @@ from typing import Any
 import msgspec
 
 from corral import wire
-from corral.config import ServerConfig
+from corral.config.file import ServerConfig
 from corral.control.transport.ray import messages as m
 from corral.errors import ClusterUnreachable, ConfigError
 from corral.events import EventBus, EventName
-from corral.exits import describe_exit
-from corral.frames import FrameDecoder, FrameTooLarge
+from corral.children.exits import describe_exit
+from corral.children.frames import FrameDecoder, FrameTooLarge
 from corral.control.transport.link import LinkOwner
 from corral.control.transport.ray.link import RayLink, RayUnavailable, file_estimate
 from corral.control.transport.ray.room import NodeRoom

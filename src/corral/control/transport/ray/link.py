@@ -28,7 +28,7 @@ from typing import Protocol
 
 from corral import wire
 from corral.control.transport.ray import messages as m
-from corral.exits import describe_exit
+from corral.children.exits import describe_exit
 from corral.control.transport.link import FrameReader, LinkExit, LinkOwner, Placement, WorkerLink
 
 __all__ = ["RayLink", "ActorControl", "RayUnavailable", "actor_resources", "file_estimate"]

@@ -23,7 +23,7 @@ from typing import Union
 
 import msgspec
 
-from corral.frames import frame
+from corral.children.frames import frame
 
 __all__ = [
     "ActorResources", "Spawn", "Kill", "Connected", "Placed", "SpawnFailed", "Exited",

@@ -28,7 +28,7 @@ def state_dir(configured: Path | None) -> Path:
 
 
 def prompt_cache_dir(configured: Path | None) -> Path:
-    """The prompt cache's files (corral/cache_files.py): ``<state_dir>/prompt-cache``."""
+    """The prompt cache's files (corral/state/cache_files.py): ``<state_dir>/prompt-cache``."""
     return state_dir(configured) / PROMPT_CACHE_DIR_NAME
 
 

@@ -1,6 +1,6 @@
 """How a config error is worded: each names the file, the table and the key (``[server]
 key 'max_queue'``, ``[models."a.b"] key 'ctx_len'``), from pydantic's errors and from
-``ModelSettings``'; an unknown key says to check the spelling (corral.config's phases)."""
+``ModelSettings``'; an unknown key says to check the spelling (corral.config.file's phases)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from corral.settings import SettingsError
+from corral.model.settings import SettingsError
 
 __all__ = ["pydantic_errors", "settings_errors", "location"]
 

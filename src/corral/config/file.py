@@ -21,11 +21,11 @@ import msgspec
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, IPvAnyNetwork, PrivateAttr,
                       ValidationError, ValidationInfo, field_validator)
 
-from corral.config_errors import pydantic_errors, settings_errors, location
+from corral.config.errors import pydantic_errors, settings_errors, location
 from corral.errors import ConfigError
-from corral.model_ids import id_problem
-from corral.byte_sizes import parse_bytes
-from corral.settings import ModelSettings, SettingsError, setting_names
+from corral.model.ids import id_problem
+from corral.units import parse_bytes
+from corral.model.settings import ModelSettings, SettingsError, setting_names
 
 __all__ = [
     "ServerConfig",
@@ -83,7 +83,7 @@ class ServerConfig(_NoBoolNumbers):
     max_queue: int = Field(64, ge=0)  # per model, requests waiting for a slot
     autoload: bool = True  # False: requests for unloaded models get 400 model_not_loaded
     api_key: str | None = None  # one admin key (usage counts it as key "api_key")
-    # the keys file (corral.keys_file; `corral keys add`): keys with scopes, models and limits,
+    # the keys file (corral.config.keys_file; `corral keys add`): keys with scopes, models and limits,
     # re-read when it changes or on SIGHUP. Set, every route but /health and the page needs a key.
     keys_file: Path | None = None
     # where the router keeps state (usage.db); None: $CORRAL_STATE_DIR, else
@@ -148,7 +148,7 @@ class ServerConfig(_NoBoolNumbers):
 
 class ModelConfig(BaseModel):
     """A ``[models.ID]`` table: the file, its aliases, and model settings
-    (``corral.settings.ModelSettings`` keys, validated there; ``settings`` holds the
+    (``corral.model.settings.ModelSettings`` keys, validated there; ``settings`` holds the
     ones this table sets)."""
 
     model_config = _STRICT

@@ -2,7 +2,7 @@
 
 ``ModelSettings`` is used everywhere a model's settings appear:
 
-- the config file (``[defaults]`` and ``[models.ID]`` tables; ``corral.config``),
+- the config file (``[defaults]`` and ``[models.ID]`` tables; ``corral.config.file``),
 - the catalog (``corral.control.catalog.ModelSpec`` extends it with id, path, aliases),
 - the wire (``corral.wire.WorkerSettings`` extends it with what one spawn needs),
 - the Nitro ``loadmodel`` route (its body's fields map onto these names).
@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 import msgspec
 from msgspec import Meta
 
-from corral.byte_sizes import parse_bytes
+from corral.units import parse_bytes
 
 __all__ = ["ModelSettings", "LoraAdapter", "MAX_LORA", "LORA_SCALE_MAX", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX", "DEFAULT_SLOT_CTX",
            "BYTE_FIELDS",
