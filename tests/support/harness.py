@@ -21,6 +21,7 @@ from corral.api.app import create_app
 from corral.config.file import CorralConfig, config_from_dict
 from corral.events import Event
 from corral.control.plane import ControlPlane
+from support.waiting import until_async
 from testkit.model_settings import TEST_CTX_LEN
 
 FAKE = Path(__file__).parent / "fake_worker.py"
@@ -118,8 +119,4 @@ def chat(model: str, content: str = "hi", **kw: Any) -> dict[str, Any]:
 
 async def _until(pred, timeout: float = 10.0) -> None:  # noqa: ANN001
     """For router-internal state with no event to await: poll with a deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
+    await until_async(pred, timeout, "a router-internal condition")
