@@ -27,7 +27,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from corral.api.core.adapter_models import AdapterModel, adapter_models, serving_model
-from corral.api.http import app_part, json_response, path_policy, plane_of, sse_data
+from corral.api.http import downloads_of, json_response, path_policy, plane_of, sse_data
 from corral.api.core.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitro_settings,
                                 parse_body)
 from corral.control.catalog import ModelSpec
@@ -61,7 +61,7 @@ async def metrics(request: Request) -> Response:
 @router.get("/models")
 async def list_models(request: Request) -> Response:
     plane = plane_of(request)
-    dm = app_part(request, "downloads")
+    dm = downloads_of(request)
     data = []
     visible = plane.visible_pools()  # the models the request's key may use
     for pool in visible:
@@ -123,7 +123,7 @@ async def model_events(request: Request) -> StreamingResponse:
 @router.post("/models/load")
 async def load_model(request: Request) -> Response:
     body = await parse_body(request, ModelRef)
-    dm = app_part(request, "downloads")
+    dm = downloads_of(request)
     pull = dm.find_by_model(body.model) if dm is not None else None
     if pull is not None and body.model not in plane_of(request).pools:
         raise Conflict(f"model {body.model!r} is still downloading ({pull.pull_id}); load it when "
@@ -137,9 +137,9 @@ async def load_model(request: Request) -> Response:
 @router.post("/models/unload")
 async def unload_model(request: Request) -> Response:
     body = await parse_body(request, ModelRef)
-    dm = app_part(request, "downloads")
+    dm = downloads_of(request)
     h = dm.find_by_model(body.model) if dm is not None else None
-    if h is not None:
+    if dm is not None and h is not None:
         await dm.cancel(h.pull_id)
         return json_response({"success": True, "cancelled": h.pull_id})
     plane = plane_of(request)

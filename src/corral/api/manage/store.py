@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral.store.downloads import DownloadManager, PullHandle
 from corral.api.core.schemas import parse_body
-from corral.api.http import app_part
+from corral.api.http import downloads_of, store_of
 from corral.control.scheduling.pool import ModelPool
 from corral.errors import Conflict, ModelNotFound, NotFound
 from corral.store.local import ModelStore
@@ -60,7 +60,7 @@ class PullBody(BaseModel):
 
 
 def _downloads(request: Request) -> DownloadManager:
-    dm: DownloadManager | None = app_part(request, "downloads")
+    dm: DownloadManager | None = downloads_of(request)
     if dm is None:  # an app made without a store (create_app(use_store=False))
         raise NotFound("this server has no model store: nothing to pull or delete")
     return dm
@@ -72,7 +72,7 @@ def _holder(request: Request) -> ModelHolder:
 
 
 def _store(request: Request) -> ModelStore:
-    store: ModelStore | None = app_part(request, "store")
+    store: ModelStore | None = store_of(request)
     if store is None:
         raise NotFound("this server has no model store: nothing to pull or delete")
     return store

@@ -29,7 +29,7 @@ from corral.control.placement.memory import memory_bytes
 from corral import wire
 from corral.model import reasoning_format
 from corral.api.core.adapter_models import AdapterModel, adapter_file_size, adapter_models, find_adapter_model
-from corral.api.http import app_part, json_response, ndjson_line, plane_of
+from corral.api.http import downloads_of, store_of, json_response, ndjson_line, plane_of
 from corral.api.ollama.schemas import OllamaCopyRequest, OllamaModelRequest, OllamaPullRequest
 from corral.api.core.schemas import parse_body
 from corral.api.manage.store import remove_from_store
@@ -52,7 +52,7 @@ def _iso(ts: float) -> str:
 
 
 def _store_sha(request: Request) -> dict[str, str]:
-    store = app_part(request, "store")
+    store = store_of(request)
     if store is None:
         return {}
     try:
@@ -264,7 +264,7 @@ async def _pull_lines(q: "asyncio.Queue[Event]", h: PullHandle, first: list[byte
 async def pull(request: Request) -> Response:
     body = await parse_body(request, OllamaPullRequest)
     name = body.model_name()
-    dm = app_part(request, "downloads")
+    dm = downloads_of(request)
     bus = request.app.state.bus
     if dm is None:
         raise InvalidRequest("pulling is not available: this server has no models_dir store")
@@ -317,7 +317,7 @@ async def delete(request: Request) -> Response:
         mid = plane.resolve(name)
     except ModelNotFound:
         mid = name
-    store = app_part(request, "store")
+    store = store_of(request)
     if store is None or store.get(mid) is None:
         if mid in plane.pools:
             raise InvalidRequest(f"model {mid!r} is not a pulled model ({plane.pools[mid].spec.source}); "
