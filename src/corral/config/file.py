@@ -13,6 +13,8 @@ message names the file, the table and the key.
 
 from __future__ import annotations
 
+import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, get_args
@@ -307,9 +309,14 @@ def _check_model_files(cfg: CorralConfig, name: str) -> None:
         where = location(("models", mid, "path"))
         if m.path.is_dir():
             raise ConfigError(f"{name}: {where}: {m.path} is a directory, not a GGUF model file")
-        try:
-            with open(m.path, "rb") as f:
-                magic = f.read(4)
+        try:  # non-blocking: a FIFO named as a model must not hold the config's load
+            fd = os.open(m.path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise ConfigError(f"{name}: {where}: {m.path} is not a regular file")
+                magic = os.pread(fd, 4, 0)
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             continue
         except OSError as exc:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 
+from corral.model.gguf_header import GGUFError, read_header
 from corral.store import messages as m
 from corral.store.fetch_resolve import Fail, Target, resolve
 from corral.store.fetch_transfer import Transfer, disk_fail, hash_file
@@ -117,6 +118,10 @@ def _obtain(req: m.FetchRequest, f: _File, chan: _Channel, offset: int,
             if sha != f.want_sha:
                 raise Fail("checksum", f"checksum mismatch: the cached file {path} has sha256 "
                            f"{sha}, expected {f.want_sha}")
+        try:
+            read_header(path)
+        except (GGUFError, FileNotFoundError) as exc:
+            raise Fail("invalid", f"the cached file {path.name} is not a readable GGUF file ({exc})") from None
         return sha, path.stat().st_size
     part, meta_path = f.part, f.meta_path
     xfer = Transfer(req, f.target, part, chan, offset=offset, grand_total=grand_total)
@@ -131,7 +136,20 @@ def _obtain(req: m.FetchRequest, f: _File, chan: _Channel, offset: int,
         part.with_suffix(".lock").unlink(missing_ok=True)
         raise Fail("checksum", f"checksum mismatch: downloaded {xfer.done} bytes of {f.target.filename} with "
                    f"sha256 {got}, expected {f.want_sha}; the file was removed")
+    _check_gguf(f, part, meta_path)
     return got, xfer.done
+
+
+def _check_gguf(f: _File, part: Path, meta_path: Path) -> None:
+    """A downloaded file whose header does not read (``corral.model.gguf_header``) is removed
+    with its notes, and the pull fails saying why: nothing of it stays in models_dir."""
+    try:
+        read_header(part)
+    except (GGUFError, FileNotFoundError) as exc:
+        for p in (part, meta_path, part.with_suffix(".lock")):
+            p.unlink(missing_ok=True)
+        raise Fail("invalid", f"{f.target.filename} is not a readable GGUF file ({exc}); "
+                   "the download was removed") from None
 
 
 def _place(store: ModelStore, f: _File) -> Path:
@@ -179,13 +197,21 @@ def _run(req: m.FetchRequest, chan: _Channel) -> None:
     for f in files:
         sums.append(_obtain(req, f, chan, done, grand))
         done += sums[-1][1]
-    paths = [_place(store, f) for f in files]
-    (sha, size), path = sums[0], paths[0]
-    projector = {"path": str(paths[1]), "sha256": sums[1][0], "size": sums[1][1]} if len(files) > 1 else None
-    try:
-        store.write_manifest(model_id, path=path, source=req.source, sha256=sha, size=size, projector=projector)
-    except OSError as exc:
-        raise disk_fail(exc, store.manifest_path(model_id)) from exc
+    paths: list[Path] = []
+    try:  # a pull that fails from here on takes back the files it placed
+        for f in files:
+            paths.append(_place(store, f))
+        (sha, size), path = sums[0], paths[0]
+        projector = {"path": str(paths[1]), "sha256": sums[1][0], "size": sums[1][1]} if len(files) > 1 else None
+        try:
+            store.write_manifest(model_id, path=path, source=req.source, sha256=sha, size=size, projector=projector)
+        except OSError as exc:
+            raise disk_fail(exc, store.manifest_path(model_id)) from exc
+    except BaseException:
+        for f, placed in zip(files, paths):
+            if f.part is not None and f.meta_path is not None:  # ours: a file in the HF cache stays
+                placed.unlink(missing_ok=True)
+        raise
     for f in files:  # the partial notes and locks go last
         if f.part is not None and f.meta_path is not None:
             f.meta_path.unlink(missing_ok=True)

@@ -10,7 +10,6 @@ for every model. ``parameter_size`` gives what Ollama's ``details`` shows ("268.
 from __future__ import annotations
 
 import functools
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +59,7 @@ def _read(path: Path) -> GGUFMetadata:
 def _cached(path: str, size: int, mtime_ns: int) -> GGUFMetadata | None:
     try:
         return _read(Path(path))
-    except (OSError, GGUFError, struct.error, KeyError):
+    except (OSError, GGUFError):
         return None
 
 
@@ -93,8 +92,9 @@ def _human_params(n: int) -> str:
 
 def read_gguf_info(path: Path) -> dict[str, Any]:
     """architecture, name, parameters, quantization, context length, chat template, size
-    (what ``corral show`` prints). Raises ``GGUFError`` or ``OSError``."""
-    meta = _read(path)
+    (what ``corral show`` prints). Raises ``GGUFError`` (saying why) or ``FileNotFoundError``."""
+    header = read_header(path)
+    meta = GGUFMetadata(header.values, header.n_params or None)
     values = meta.values
     arch = meta.architecture
     params = values.get("general.parameter_count", meta.n_params or 0)
@@ -109,5 +109,5 @@ def read_gguf_info(path: Path) -> dict[str, Any]:
         "embedding_length": values.get(f"{arch}.embedding_length") if arch else None,
         "block_count": values.get(f"{arch}.block_count") if arch else None,
         "chat_template": meta.chat_template,
-        "file_bytes": path.stat().st_size,
+        "file_bytes": header.file_bytes,
     }

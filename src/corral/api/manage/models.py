@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from corral.api.core.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel,
 from corral.control.catalog import ModelSpec
 from corral.errors import (ConfigError, Conflict, InvalidConfig, InvalidRequest, LoadFailed, ModelNotFound,
                            MethodNotAllowed, NitroLoadFailed)
+from corral.store.gguf import check_file
 from corral.store.local import validate_model_id
 
 __all__ = ["router"]
@@ -165,24 +167,24 @@ async def reload_models(request: Request) -> Response:
 # ------------------------------------------------------------------------ Nitro
 
 
-def _confined_model_file(request: Request, raw: str) -> Path:
+async def _confined_model_file(request: Request, raw: str) -> Path:
     """Nitro's llama_model_path, resolved and allowed (403 naming the setting otherwise);
-    only then is the file looked at, so nothing about files outside leaks."""
+    only then is the file looked at (off the event loop), so nothing about files outside
+    leaks. For corral's own worker its GGUF header must read (``corral.store.gguf``)."""
 
     path = path_policy(request.app).check(raw, param="llama_model_path")
     if path.is_dir():
         raise InvalidRequest(f"llama_model_path: {raw!r} is a directory, not a model file",
                              param="llama_model_path")
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except FileNotFoundError:
-        raise InvalidRequest(f"llama_model_path: no file at {raw!r}", param="llama_model_path") from None
-    except OSError:
-        raise InvalidRequest(f"llama_model_path: cannot read {raw!r}", param="llama_model_path") from None
-    if magic != b"GGUF" and plane_of(request).config.server.worker_command is None:
-        raise InvalidRequest(f"llama_model_path: {raw!r} is not a GGUF model file",
-                             param="llama_model_path")
+    if not os.path.lexists(path):
+        raise InvalidRequest(f"llama_model_path: no file at {raw!r}", param="llama_model_path")
+    if plane_of(request).config.server.worker_command is None:
+        problem = (await asyncio.to_thread(check_file, path)).problem
+        if problem is not None:
+            raise InvalidRequest(f"llama_model_path: {raw!r} is not a readable GGUF model file: {problem}",
+                                 param="llama_model_path")
+    elif not path.is_file():
+        raise InvalidRequest(f"llama_model_path: cannot read {raw!r}", param="llama_model_path")
     return path
 
 
@@ -192,7 +194,7 @@ async def nitro_load(request: Request) -> Response:
     plane = plane_of(request)
     validate_model_id(body.model_id, param="model_id")
     plane.sync.check_new_name(body.model_id, "model_id")  # the key's own names, never an adapter's id
-    path = _confined_model_file(request, body.llama_model_path)
+    path = await _confined_model_file(request, body.llama_model_path)
     try:
         owner = plane.catalog.resolve_id(body.model_id)
     except ModelNotFound:

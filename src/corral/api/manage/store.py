@@ -17,6 +17,7 @@ app's handler turns them into OpenAI-style bodies.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
@@ -139,7 +140,7 @@ async def remove_from_store(request: Request, model_id: str, *, force: bool) -> 
             raise Conflict(f"model {model_id!r} is downloading ({pulling.pull_id}); cancel it "
                            "first or delete with force=true", param="model")
         await dm.cancel(pulling.pull_id)
-    if store.get(model_id) is None:
+    if await asyncio.to_thread(store.get, model_id) is None:  # lists models_dir: off the loop
         if pulling is not None:
             return {"id": model_id, "deleted": False, "cancelled": pulling.pull_id}
         raise ModelNotFound(f"model {model_id!r} is not in the store", param="model")
@@ -149,6 +150,6 @@ async def remove_from_store(request: Request, model_id: str, *, force: bool) -> 
             raise Conflict(f"model {model_id!r} is loaded; unload it first or delete with "
                            "force=true", param="model")
         await holder.unload(holder.pool(model_id))
-    removed = store.remove(model_id)
+    removed = await asyncio.to_thread(store.remove, model_id)
     await holder.remove_model(model_id)  # drops it from the catalog; model_removed event
     return {"id": model_id, "deleted": True, "path": str(removed.path)}

@@ -51,12 +51,13 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def _store_sha(request: Request) -> dict[str, str]:
+async def _store_sha(request: Request) -> dict[str, str]:
+    """The pulled models' sha256 by id (listing models_dir reads headers: off the loop)."""
     store = store_of(request)
     if store is None:
         return {}
     try:
-        return {m.id: m.sha256 for m in store.list() if m.sha256}
+        return {m.id: m.sha256 for m in await asyncio.to_thread(store.list) if m.sha256}
     except OSError:
         return {}
 
@@ -77,8 +78,9 @@ def _entry(pool: ModelPool, meta: GGUFMetadata | None, shas: dict[str, str]) -> 
     except OSError:
         size, mtime = 0, 0.0
     digest = shas.get(spec.id) or hashlib.sha256(f"{spec.path}:{size}:{mtime}".encode()).hexdigest()
+    failed = {"status": "failed", "reason": pool.failure_reason} if pool.status() == "failed" else {}
     return {"name": spec.id, "model": spec.id, "modified_at": _iso(mtime), "size": size,
-            "digest": digest, "details": _details(meta)}
+            "digest": digest, "details": _details(meta), **failed}  # failed: corral's own fields
 
 
 async def _metas(pools: list[ModelPool]) -> list[GGUFMetadata | None]:
@@ -104,7 +106,7 @@ def _adapter_entry(m: AdapterModel, base: dict[str, Any]) -> dict[str, Any]:
 async def tags(request: Request) -> Response:
     plane = plane_of(request)
     pools, adapters = plane.visible_pools(), adapter_models(plane)
-    shas = _store_sha(request)
+    shas = await _store_sha(request)
     metas = await _metas(pools + [a.base for a in adapters])
     entries = [_entry(p, m, shas) for p, m in zip(pools + [a.base for a in adapters], metas)]
     return json_response({"models": entries[:len(pools)] + [
@@ -118,7 +120,7 @@ async def ps(request: Request) -> Response:
     plane = plane_of(request)
     pools = [p for p in plane.visible_pools() if p.status() == "loaded"]
     adapters = [a for a in adapter_models(plane) if a.base.status() == "loaded"]
-    shas = _store_sha(request)
+    shas = await _store_sha(request)
     bases = pools + [a.base for a in adapters]
     out = []
     for pool, meta in zip(bases, await _metas(bases)):
@@ -210,7 +212,7 @@ async def show(request: Request) -> Response:
     params += [f'stop "{s}"' for s in ("\nUser:", "\nAssistant:")] if not (
         spec.chat_template or (meta and meta.chat_template)) else []
     template = _template(pool, meta)
-    entry = _entry(pool, meta, _store_sha(request))
+    entry = _entry(pool, meta, await _store_sha(request))
     caps = capabilities(pool, meta)
     line = ""
     if adapter is not None:  # its base named: FROM it, details.parent_model; no images under an adapter
@@ -221,7 +223,7 @@ async def show(request: Request) -> Response:
                      + "".join(f"PARAMETER {p}\n" for p in params),
         "parameters": "\n".join(params), "template": template, "details": entry["details"],
         "model_info": info, "modified_at": entry["modified_at"],
-        "capabilities": caps})
+        "capabilities": caps, **{k: entry[k] for k in ("status", "reason") if k in entry}})
 
 
 
@@ -318,7 +320,7 @@ async def delete(request: Request) -> Response:
     except ModelNotFound:
         mid = name
     store = store_of(request)
-    if store is None or store.get(mid) is None:
+    if store is None or await asyncio.to_thread(store.get, mid) is None:
         if mid in plane.pools:
             raise InvalidRequest(f"model {mid!r} is not a pulled model ({plane.pools[mid].spec.source}); "
                                  "only models in models_dir can be deleted", param="model")
