@@ -207,3 +207,30 @@ async def test_the_malformed_set_costs_the_router_little_memory(harness: Harness
     for name in hostile_files():
         assert (await c.get("/models/show", params={"model": name})).json()["status"] == "failed"
     assert _rss("VmHWM") - before < 50 << 20
+
+
+async def test_nitro_loadmodel_and_config_paths_name_the_problem(harness: Harness, model_path: Path) -> None:
+    bad = harness.tmp / "files"
+    bad.mkdir()
+    for name in ("nested-3000", "array-2e62-u64", "tensor-offset-past-end"):
+        (bad / f"{name}.gguf").write_bytes(hostile_files()[name])
+    os.mkfifo(bad / "fifo.gguf")
+    cfg = harness.config({"cfgbad": {"path": str(bad / "nested-3000.gguf")}}, worker_command=None,
+                         allowed_model_dirs=[str(bad)])
+    await harness.start(cfg)
+    c = harness.client
+    assert c is not None
+    (m,) = (await c.get("/models")).json()["data"]
+    assert m["id"] == "cfgbad" and m["status"]["value"] == "failed" and "nests arrays" in m["status"]["reason"]
+    r = await _no_500(await c.post("/v1/completions", json={"model": "cfgbad", "prompt": "x", "max_tokens": 1}))
+    assert r.status_code == 503 and "nests arrays" in r.json()["error"]["message"], r.text
+    assert harness.plane.pools["cfgbad"].instances == []  # no worker was given the file
+    for name, words in (("array-2e62-u64", "elements"), ("tensor-offset-past-end", "past the end"),
+                        ("fifo", "not a regular file")):
+        r = await _no_500(await c.post("/inferences/llamacpp/loadmodel", json={
+            "model_id": f"n-{name}", "llama_model_path": str(bad / f"{name}.gguf")}))
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "llama_model_path", r.text
+        assert "not a readable GGUF" in err["message"] and words in err["message"], err
+        assert f"n-{name}" not in harness.plane.pools
+    assert (await c.get("/health")).status_code == 200
