@@ -41,6 +41,7 @@ __all__ = ["GGUFError", "GGUFHeader", "TensorInfo", "read_header", "array_len", 
 _FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _SIZE = {t: struct.calcsize(f) for t, f in _FMT.items()}
 _STRING, _ARRAY, _U32 = 8, 9, 4
+_U64 = struct.Struct("<Q")
 _MAX_KV = 1 << 16  # real models have 30-60 keys
 _MAX_TENSORS = 1 << 16  # the largest published models have about 2,000 (experts are merged)
 _MAX_STRING = 1 << 24  # 16 MiB: a chat template is a few KiB
@@ -122,9 +123,9 @@ class _Reader:
     def offset(self) -> int:
         return self.base + self.pos
 
-    def tick(self) -> None:
+    def tick(self, every: int = 0x1000) -> None:
         self.steps += 1
-        if self.steps & 0xFFF == 0 and time.monotonic() > self.deadline:
+        if self.steps % every == 0 and time.monotonic() > self.deadline:
             raise GGUFError(f"reading the header took longer than its time limit "
                             f"(at byte {self.offset} of {self.size})")
 
@@ -135,7 +136,8 @@ class _Reader:
         if self.offset + n > MAX_HEADER_BYTES:
             raise GGUFError(f"the GGUF header is longer than {MAX_HEADER_BYTES >> 20} MiB")
 
-    def take(self, n: int, what: str) -> bytes:
+    def _window(self, n: int, what: str) -> None:
+        """At least ``n`` bytes in the window from ``pos`` (checked against the file first)."""
         self._check(n, what)
         if self.pos + n > len(self.buf):
             rest = self.buf[self.pos:]
@@ -152,9 +154,29 @@ class _Reader:
             self.buf, self.pos = b"".join(chunks), 0
             if len(self.buf) < n:
                 raise GGUFError("truncated GGUF header (the file shrank while it was read)")
+
+    def take(self, n: int, what: str) -> bytes:
+        self._window(n, what)
         out = self.buf[self.pos:self.pos + n]
         self.pos += n
         return out
+
+    def skip_strings(self, count: int, what: str) -> None:
+        """``count`` strings skipped (a vocabulary: the hot loop of a real header)."""
+        unpack = _U64.unpack_from
+        for i in range(count):
+            if self.pos + 8 > len(self.buf):
+                self._window(8, what)
+            (n,) = unpack(self.buf, self.pos)
+            self.pos += 8
+            if n > _MAX_STRING:
+                raise GGUFError(f"{what} claims a string of {n} bytes (at most {_MAX_STRING})")
+            if self.pos + n <= len(self.buf):
+                self.pos += n
+            else:
+                self.skip(n, what)
+            if i & 0xFFF == 0xFFF:
+                self.tick(every=1)
 
     def skip(self, n: int, what: str) -> None:
         self._check(n, what)
@@ -208,6 +230,8 @@ class _Reader:
             return [self.value(etype, key, True, depth + 1) for _ in range(count)]
         if etype in _FMT:
             self.skip(least * count, f"the {count} elements of {key}")
+        elif etype == _STRING:
+            self.skip_strings(count, f"the strings of {key}")
         else:
             for _ in range(count):
                 self.value(etype, key, False, depth + 1)
