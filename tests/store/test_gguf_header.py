@@ -71,6 +71,23 @@ def test_a_symlink_loop_and_a_fifo_are_gguf_errors(tmp_path: Path) -> None:
     assert check_file(tmp_path / "missing.gguf").problem is None  # missing is not broken
 
 
+def test_a_block_count_past_llama_cpps_is_refused_before_the_layer_list_is_made(tmp_path: Path) -> None:
+    from corral.fit.layout import read_layout
+
+    p = tmp_path / "layers.gguf"
+    p.write_bytes(gguf([kv("general.architecture", STRING, struct.pack("<Q", 5) + b"llama"),
+                        kv("llama.block_count", U64, struct.pack("<Q", 1 << 40))], []))
+    tracemalloc.start()
+    try:
+        with pytest.raises(GGUFError, match="block_count"):
+            read_layout(p)
+        assert tracemalloc.get_traced_memory()[1] < 4 << 20
+    finally:
+        tracemalloc.stop()
+    p.write_bytes(small_gguf())
+    assert read_layout(p).n_layer == 2
+
+
 def test_more_tensors_than_the_bound_are_refused_before_they_are_read(tmp_path: Path) -> None:
     p = tmp_path / "many.gguf"
     p.write_bytes(many_tensors(70_000))

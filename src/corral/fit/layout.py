@@ -16,7 +16,9 @@ from corral import wire
 from corral.model.gguf_header import GGUFError, array_len, read_header
 from corral.model.settings import KV_CACHE_TYPES
 
-__all__ = ["ModelLayout", "read_layout", "kv_row_bytes", "GGUFError"]
+__all__ = ["ModelLayout", "read_layout", "kv_row_bytes", "GGUFError", "MAX_LAYERS"]
+
+MAX_LAYERS = 512  # LLAMA_MAX_LAYERS
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
@@ -94,6 +96,8 @@ def read_layout(path: str | Path) -> ModelLayout:
     n_layer = num("block_count")
     if n_layer <= 0:
         raise GGUFError(f"no {arch}.block_count in {path}")
+    if n_layer > MAX_LAYERS:  # a list of this length is made below: the count is the file's word only
+        raise GGUFError(f"{arch}.block_count {n_layer} is more than llama.cpp's {MAX_LAYERS} layers")
     n_embd = num("embedding_length")
     n_head = num("attention.head_count", 1)
     n_head_kv = num("attention.head_count_kv", n_head)
