@@ -71,7 +71,7 @@ def test_a_symlink_loop_and_a_fifo_are_gguf_errors(tmp_path: Path) -> None:
     assert check_file(tmp_path / "missing.gguf").problem is None  # missing is not broken
 
 
-def test_a_block_count_past_llama_cpps_is_refused_before_the_layer_list_is_made(tmp_path: Path) -> None:
+def test_layout_numbers_from_the_header_are_bounded(tmp_path: Path) -> None:
     from corral.fit.layout import read_layout
 
     p = tmp_path / "layers.gguf"
@@ -86,6 +86,11 @@ def test_a_block_count_past_llama_cpps_is_refused_before_the_layer_list_is_made(
         tracemalloc.stop()
     p.write_bytes(small_gguf())
     assert read_layout(p).n_layer == 2
+    for f32 in (float("inf"), float("nan")):  # a float where a count is: read as absent, not raised
+        p.write_bytes(gguf([kv("general.architecture", STRING, struct.pack("<Q", 5) + b"llama"),
+                            kv("llama.block_count", 4, struct.pack("<I", 2)),
+                            kv("llama.embedding_length", 6, struct.pack("<f", f32))], []))
+        assert read_layout(p).n_embd == 0
 
 
 def test_more_tensors_than_the_bound_are_refused_before_they_are_read(tmp_path: Path) -> None:

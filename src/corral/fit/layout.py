@@ -8,6 +8,7 @@ plans with, on both sides (neutral: imports only ``wire``, ``settings``, ``gguf_
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,6 +92,8 @@ def read_layout(path: str | Path) -> ModelLayout:
         v = meta.get(f"{arch}.{key}", default)
         if isinstance(v, list):  # per-layer arrays: take the largest
             v = max((x for x in v if isinstance(x, int)), default=default)
+        if isinstance(v, float) and not math.isfinite(v):
+            return default  # int(inf) would be an OverflowError, int(nan) a ValueError
         return int(v) if isinstance(v, (int, float)) else default
 
     n_layer = num("block_count")
