@@ -26,8 +26,6 @@ from corral.store import gguf as store_gguf
 from corral.store import gguf_meta
 from testkit.gguf_hostile import hostile_files, many_tensors, small_gguf
 
-pytestmark = pytest.mark.integration
-
 BAD = {"array-2e62-u64", "nested-3000", "empty", "not-gguf", "truncated-kv", "tensor-offset-past-end",
        "alignment-zero", "alignment-string", "string-2e62", "n-tensors-2e62"}
 
@@ -63,6 +61,7 @@ async def _no_500(r: httpx.Response) -> httpx.Response:
     return r
 
 
+@pytest.mark.integration
 async def test_bad_files_are_failed_models_beside_the_good_one(harness: Harness, model_path: Path) -> None:
     models = _models_dir(harness.tmp, model_path)
     c = await _start(harness, models, model_path)
