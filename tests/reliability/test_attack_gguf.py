@@ -231,3 +231,19 @@ async def test_nitro_loadmodel_and_config_paths_name_the_problem(harness: Harnes
         assert "not a readable GGUF" in err["message"] and words in err["message"], err
         assert f"n-{name}" not in harness.plane.pools
     assert (await c.get("/health")).status_code == 200
+
+
+async def test_corral_show_and_ls_say_why(harness: Harness, model_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from corral.cli.main import app
+
+    models = _models_dir(harness.tmp, model_path)
+    await _start(harness, models, model_path)
+    runner = CliRunner()
+    r = await asyncio.to_thread(runner.invoke, app, ["show", "nested-3000", "--server", harness.base_url])
+    assert r.exit_code == 0, r.output
+    assert "failed" in r.output and "reason" in r.output and "nests arrays" in r.output, r.output
+    r = await asyncio.to_thread(runner.invoke, app, ["ls", "--server", harness.base_url, "--models-dir", str(models)])
+    assert r.exit_code == 0, r.output
+    assert "array-2e62-u64: failed: key 'k' claims 4611686018427387904 elements" in r.output, r.output
