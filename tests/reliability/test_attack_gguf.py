@@ -165,11 +165,11 @@ async def test_header_reads_never_hold_the_event_loop(harness: Harness, model_pa
     c = await _start(harness, models, model_path)
     release.clear()
     (models / "many.gguf").write_bytes(many_tensors(60_000))  # a 2 MB header: 0.4 s of parsing here
-    for method, url, body in (("POST", "/models/reload", None), ("GET", "/models/show?model=many", None),
-                              ("GET", "/api/tags", None), ("DELETE", "/models/many", None)):
-        if method == "DELETE":  # a new version of the file: the store's cached check is read again
-            (models / "many.gguf").write_bytes(many_tensors(59_999))
-            os.utime(models / "many.gguf", ns=(1, 1))
+    for k, (method, url, body) in enumerate((("POST", "/models/reload", None), ("GET", "/models/show?model=many", None),
+                                            ("GET", "/api/tags", None), ("DELETE", "/models/many", None))):
+        if k:  # a new version of the file: the cached reads are read again
+            (models / "many.gguf").write_bytes(many_tensors(60_000 - k))
+            os.utime(models / "many.gguf", ns=(k, k))
         entered.clear()
         task = asyncio.create_task(c.request(method, url, json=body))
         assert await asyncio.to_thread(entered.wait, 10), url

@@ -98,6 +98,10 @@ def test_more_tensors_than_the_bound_are_refused_before_they_are_read(tmp_path: 
     p.write_bytes(many_tensors(70_000))
     with pytest.raises(GGUFError, match="tensor count 70000"):
         read_header(p)
+    p.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 4_000_000, 0))
+    os.truncate(p, 96 << 20)  # the 96 MB of 4,000,000 tensors (sparse here): refused at byte 24
+    with pytest.raises(GGUFError, match="tensor count 4000000"):
+        read_header(p)
 
 
 def test_the_read_is_bounded_in_time(tmp_path: Path) -> None:
