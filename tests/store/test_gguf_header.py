@@ -172,7 +172,8 @@ BASES = [small_gguf(), _rich_gguf()]
 _U64S = [0, 1, 63, 64, 65, 255, 1 << 31, 1 << 32, (1 << 62), (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(base=st.sampled_from(BASES), data=st.data())
 def test_fuzz_mutated_headers(base: bytes, data: st.DataObject) -> None:
     """Hypothesis: flipped bytes, 8-byte counts and lengths overwritten with extreme values,
