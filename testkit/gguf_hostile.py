@@ -101,6 +101,9 @@ def hostile_files() -> dict[str, bytes]:
         "alignment-zero": gguf([arch, kv("general.alignment", U32, struct.pack("<I", 0))], one, b"\0" * 64),
         "alignment-string": gguf([arch, kv("general.alignment", STRING, _s("32"))], one, b"\0" * 64),
         "alignment-three": gguf([arch, kv("general.alignment", U32, struct.pack("<I", 3))], one, b"\0" * 64),
+        "key-1mib-twice": gguf([kv("k" * (1 << 20), U8, b"\0")] * 2, [], align=1),
+        "tensor-1mib-name-twice": gguf([arch], [tensor_info("t" * (1 << 20), (4,), 0, 0)] * 2, b"\0" * 64),
+        "alignment-1mib-string": gguf([arch, kv("general.alignment", STRING, _s("3" * (1 << 20)))], one, b"\0" * 64),
         "alignment-u64": gguf([arch, kv("general.alignment", U64, struct.pack("<Q", 1 << 62))], one, b"\0" * 64),
     }
     assert len(files["array-2e62-u64"]) == 49, len(files["array-2e62-u64"])

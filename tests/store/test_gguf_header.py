@@ -41,7 +41,8 @@ def test_a_real_model_reads(model_path: Path) -> None:
 @pytest.mark.parametrize("name", sorted(hostile_files()))
 def test_each_hostile_file_is_a_gguf_error(tmp_path: Path, name: str) -> None:
     p = tmp_path / f"{name}.gguf"
-    p.write_bytes(hostile_files()[name])
+    data = hostile_files()[name]
+    p.write_bytes(data)
     tracemalloc.start()
     try:
         with pytest.raises(GGUFError) as caught:
@@ -50,7 +51,7 @@ def test_each_hostile_file_is_a_gguf_error(tmp_path: Path, name: str) -> None:
     finally:
         tracemalloc.stop()
     assert 10 < len(str(caught.value)) < 300, str(caught.value)
-    assert peak < 4 << 20, (name, peak)  # nothing allocated for what the file claims
+    assert peak < (4 << 20) + 3 * len(data), (name, peak)  # nothing allocated for what the file only claims
     assert check_file(p).problem == str(caught.value)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import os
+import reprlib
 import stat
 import struct
 import time
@@ -238,6 +239,11 @@ class _Reader:
         return {"array_len": count}
 
 
+def _named(text: str) -> str:
+    """A key or tensor name as an error quotes it: at most 80 characters (a name may be 16 MiB)."""
+    return repr(text if len(text) <= 80 else text[:80] + "...")
+
+
 def _open(p: Path) -> tuple[int, int]:
     """A descriptor of the regular file at ``p`` and its size. Opened non-blocking, so a FIFO
     named ``*.gguf`` cannot hold the reader; GGUFError for anything but a regular file."""
@@ -292,13 +298,13 @@ def _parse(r: _Reader, p: Path, tensors: bool) -> GGUFHeader:
     for _ in range(n_kv):
         key = r.string("a key")
         if key in values:
-            raise GGUFError(f"key {key!r} appears twice")
+            raise GGUFError(f"key {_named(key)} appears twice")
         vtype = r.u32()
-        values[key] = r.value(vtype, f"key {key!r}")
+        values[key] = r.value(vtype, f"key {_named(key)}")
         if key == "general.alignment":
             align = values[key]
             if vtype != _U32 or not 0 < align <= _MAX_ALIGNMENT or align & (align - 1):
-                raise GGUFError(f"general.alignment must be a power of two as u32, not {align!r} "
+                raise GGUFError(f"general.alignment must be a power of two as u32, not {reprlib.repr(align)} "
                                 f"(type {vtype})")
     if n_tensors > (r.size - r.offset) // _MIN_TENSOR_BYTES:
         raise GGUFError(f"implausible GGUF tensor count {n_tensors} for a file of {r.size} bytes")
@@ -308,29 +314,30 @@ def _parse(r: _Reader, p: Path, tensors: bool) -> GGUFHeader:
         for _ in range(n_tensors):
             r.tick()
             name = r.string("a tensor name")
+            label = f"tensor {_named(name)}"
             if name in names:
-                raise GGUFError(f"tensor {name!r} appears twice")
+                raise GGUFError(f"{label} appears twice")
             names.add(name)
             n_dims = r.u32()
             if n_dims > _MAX_DIMS:
-                raise GGUFError(f"tensor {name!r} has {n_dims} dimensions (at most {_MAX_DIMS})")
+                raise GGUFError(f"{label} has {n_dims} dimensions (at most {_MAX_DIMS})")
             shape = tuple(r.u64() for _ in range(n_dims))
             count = 1
             for d in shape:
                 count *= d
             if count >= 1 << 63:
-                raise GGUFError(f"tensor {name!r} has {count} elements (a shape of {shape})")
+                raise GGUFError(f"{label} has {count} elements (a shape of {shape})")
             ggml_type = r.u32()
             if ggml_type >= _MAX_GGML_TYPE:
-                raise GGUFError(f"tensor {name!r} has unknown ggml type {ggml_type}")
+                raise GGUFError(f"{label} has unknown ggml type {ggml_type}")
             infos.append(TensorInfo(name, shape, r.u64()))
     data_start = (r.offset + align - 1) // align * align
     if tensors:
         data_bytes = r.size - data_start
         for t in infos:
             if t.offset % align:
-                raise GGUFError(f"tensor {t.name!r}'s offset {t.offset} is not a multiple of {align}")
+                raise GGUFError(f"tensor {_named(t.name)}'s offset {t.offset} is not a multiple of {align}")
             if t.offset > data_bytes or (t.offset == data_bytes and 0 not in t.shape):
-                raise GGUFError(f"tensor {t.name!r}'s data at offset {t.offset} starts past the end "
+                raise GGUFError(f"tensor {_named(t.name)}'s data at offset {t.offset} starts past the end "
                                 f"of the file ({max(0, data_bytes)} bytes of data)")
     return GGUFHeader(values, tuple(infos), data_start if tensors else 0, r.size)
