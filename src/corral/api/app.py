@@ -118,7 +118,10 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
                              config_loader=config_loader, embedded=emb)
         downloads = None
         if store is not None:
-            downloads = DownloadManager(store, bus, on_finished=plane.on_download_finished)
+            private = config.server.allow_private_pull_urls
+            downloads = DownloadManager(store, bus, on_finished=plane.on_download_finished,
+                                        allow_private=private if isinstance(private, bool) else
+                                        [str(n) for n in private])
         holder: store_routes.ModelHolder = plane  # what the store routes use of it (mypy checks it)
         app.state.router = holder
         app.state.bus = bus

@@ -179,7 +179,7 @@ class ModelStore:
                 path=path,
                 size=size,
                 quantization=quantization_of(path),
-                source=data.get("source"),
+                source=_shown_source(data.get("source")),
                 sha256=data.get("sha256"),
                 mmproj=self._projector(data),
             )
@@ -233,9 +233,15 @@ class ModelStore:
         self.ensure_dirs()
         target = self.manifest_path(model_id)
         tmp = target.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(
-            {"id": model_id, "path": str(path), "source": source, "sha256": sha256,
-             "size": size, **({"mmproj": dict(projector)} if projector else {})}, indent=2))
+        from corral.store.sources import redact_url  # sources imports this module
+
+        source = redact_url(source)  # a pull URL's password is nobody's to read back
+        text = json.dumps({"id": model_id, "path": str(path), "source": source, "sha256": sha256,
+                           "size": size, **({"mmproj": dict(projector)} if projector else {})}, indent=2)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(text)
         os.replace(tmp, target)
         proj = Path(str(projector["path"])) if projector else None
         return LocalModel(model_id, path, size, quantization_of(path), source, sha256, proj)
@@ -258,3 +264,11 @@ class ModelStore:
             model.mmproj.unlink(missing_ok=True)  # the projector pulled with it, ours in models_dir
         mf.unlink(missing_ok=True)
         return model
+
+
+def _shown_source(source: object) -> str | None:
+    """A manifest's source as lists show it (a manifest written before redaction may hold a
+    pull URL's password)."""
+    from corral.store.sources import redact_url  # sources imports this module
+
+    return redact_url(source) if isinstance(source, str) else None

@@ -7,7 +7,9 @@ Forms:
     https://host/path/file.gguf   any http(s) URL
 An ``hf.co/`` or ``huggingface.co/`` prefix is accepted on the Hub forms.
 
-``parse_source`` is pure (the router calls it to reject bad input at once).
+``parse_source`` is pure (the router calls it to reject bad input at once). ``redact_url``
+hides a URL's credentials (``https://user:password@host/...``) wherever a source is shown:
+answers, events, logs, the manifest; only the download child gets the source whole.
 ``resolve`` talks to the Hub through huggingface_hub, so HF_TOKEN, HF_ENDPOINT and
 HF_HOME work; it runs only in the fetch child.
 """
@@ -23,13 +25,25 @@ from urllib.parse import unquote, urlsplit
 from corral.model.ids import id_problem
 from corral.store.local import model_id_from_filename
 
-__all__ = ["ParsedSource", "SourceError", "parse_source", "pick_file", "DEFAULT_TAG"]
+__all__ = ["ParsedSource", "SourceError", "parse_source", "pick_file", "redact_url", "DEFAULT_TAG"]
 
 DEFAULT_TAG = "Q4_K_M"
 _REPO_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _REPO_RE = re.compile(rf"^{_REPO_PART}/{_REPO_PART}$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+
+_URL_NETLOC = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/?#\s]*)")
+
+
+def redact_url(text: str) -> str:
+    """``text`` with the user and password of every URL in it replaced by ``***``."""
+    def hide(m: re.Match[str]) -> str:
+        netloc = m.group(2)
+        return m.group(1) + ("***@" + netloc.rpartition("@")[2] if "@" in netloc else netloc)
+
+    return _URL_NETLOC.sub(hide, text)
+
 
 _EXAMPLES = ("use owner/repo/file.gguf, owner/repo:Q4_K_M, or an http(s) URL of a .gguf file")
 
@@ -75,10 +89,10 @@ def parse_source(source: str) -> ParsedSource:
         parts = urlsplit(s)
         name = unquote(parts.path.rsplit("/", 1)[-1])
         if not parts.netloc or not name.lower().endswith(".gguf"):
-            raise SourceError(f"URL {s!r} does not name a .gguf file: {_EXAMPLES}")
+            raise SourceError(f"URL {redact_url(s)!r} does not name a .gguf file: {_EXAMPLES}")
         return ParsedSource("url", filename=name, url=s)
     if "://" in s:
-        raise SourceError(f"unsupported URL scheme in {s!r}: {_EXAMPLES}")
+        raise SourceError(f"unsupported URL scheme in {redact_url(s)!r}: {_EXAMPLES}")
     s = re.sub(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", "", s)
     if ":" in s:
         repo, tag = s.split(":", 1)
@@ -94,7 +108,7 @@ def parse_source(source: str) -> ParsedSource:
         return ParsedSource("hf_file", repo=repo, filename=filename)
     if _REPO_RE.match(s):
         return ParsedSource("hf_tag", repo=s, tag=None, name=source.strip())
-    raise SourceError(f"cannot read model source {source!r}: {_EXAMPLES}")
+    raise SourceError(f"cannot read model source {redact_url(source)!r}: {_EXAMPLES}")
 
 
 def pick_file(files: list[str], tag: str | None, repo: str) -> str:
