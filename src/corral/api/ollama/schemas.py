@@ -26,7 +26,7 @@ from corral.errors import InvalidRequest, UnsupportedOption
 
 __all__ = ["OllamaOptions", "OllamaChatRequest", "OllamaGenerateRequest", "OllamaEmbedRequest",
            "OllamaEmbeddingsRequest", "OllamaModelRequest", "OllamaPullRequest", "OllamaCopyRequest",
-           "parse_keep_alive", "KEEP_ALIVE_MAX_S", "sampling_from_options"]
+           "parse_keep_alive", "KEEP_ALIVE_MAX_S", "OPTION_NAMES", "sampling_from_options"]
 
 _LENIENT = ConfigDict(extra="ignore")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -109,6 +109,12 @@ class OllamaOptions(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     ignore_eos: bool = False  # corral's extension (as on its OpenAI routes): generate every token
+
+
+# the wire field each option fills, for a 400 of the wire's bounds (api/core/generation.py's check_bounds)
+OPTION_NAMES = {**{f"params.{k}": f"options.{k}" for k in (
+    "temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n", "presence_penalty",
+    "frequency_penalty")}, "params.max_tokens": "options.num_predict", "thinking_budget": "think"}
 
 
 def sampling_from_options(opts: OllamaOptions | None, slot_ctx: int) -> wire.SamplingParams:
