@@ -183,7 +183,7 @@ def test_the_connection_goes_to_the_checked_address(listeners: Any, monkeypatch:
     assert answers == ["rebind.invalid"]  # one question, and the connection went to its answer
     assert a.hits[0][2]["Host"] == f"rebind.invalid:{a.port}"  # the URL's host kept as Host
     monkeypatch.setattr(fetch_http, "resolve_addresses", lambda host, port: [ipaddress.ip_address("10.0.0.1")])
-    from corral.store.fetch_resolve import Fail
+    from corral.store.fetch_errors import Fail
 
     with pytest.raises(Fail) as exc, httpx.Client(trust_env=False, timeout=10) as c, \
             fetch_http.open_url(c, "GET", f"http://rebind.invalid:{a.port}/m.gguf", {}, False):

@@ -51,7 +51,8 @@ from corral.store import messages as m
 from corral.store.pulls import (OnFinished, ProgressThrottle, PullHandle, PullState, Rate,
                                 disk_free, file_size, start_error)
 from corral.store.local import ModelStore, validate_model_id
-from corral.store.sources import SourceError, parse_source, redact_url
+from corral.store.redaction import redact_url
+from corral.store.sources import SourceError, parse_source
 
 __all__ = ["DownloadManager", "PullHandle", "PullState", "ProgressThrottle", "disk_free"]
 

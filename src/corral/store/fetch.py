@@ -27,10 +27,11 @@ from pathlib import Path
 import msgspec
 
 from corral.store import messages as m
-from corral.store.fetch_resolve import Fail, Target, resolve
+from corral.store.fetch_errors import Fail
+from corral.store.fetch_resolve import Target, resolve
 from corral.store.fetch_transfer import Transfer, disk_fail, hash_file
 from corral.store.local import ModelStore, validate_model_id
-from corral.store.sources import redact_url
+from corral.store.redaction import redact_url
 
 __all__ = ["main", "partial_paths", "Fail"]
 

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from corral.store.address_policy import PrivateSetting, allowed_address, resolve_addresses
-from corral.store.fetch_resolve import Fail, Retryable
-from corral.store.sources import redact_url
+from corral.store.fetch_errors import Fail, Retryable
+from corral.store.redaction import redact_url
 
 __all__ = ["MAX_REDIRECTS", "open_url"]
 

@@ -1,6 +1,6 @@
 """The download child's first step: what a source names (the file, its size and
 sha256, where its bytes come from), from the Hugging Face Hub (or its local cache) or
-a plain URL. Failures are ``Fail`` (final, with a kind) or ``Retryable``.
+a plain URL. Failures are ``Fail`` (final, with a kind) or ``Retryable`` (store/fetch_errors.py).
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from typing import TypeVar
 import msgspec
 
 from corral.store import messages as m
+from corral.store.fetch_errors import Fail, Retryable
 from corral.store.address_policy import parse_setting
-from corral.store.sources import ParsedSource, SourceError, parse_source, pick_file, pick_projector, redact_url
+from corral.store.redaction import redact_url
+from corral.store.sources import ParsedSource, SourceError, parse_source, pick_file, pick_projector
 
-__all__ = ["Fail", "Retryable", "Target", "resolve", "host_of", "raise_for_status", "is_sha256"]
+__all__ = ["Target", "resolve", "host_of", "raise_for_status", "is_sha256"]
 
 T = TypeVar("T")
 _SHA_LEN = 64
@@ -25,19 +27,6 @@ _SHA_LEN = 64
 
 def is_sha256(s: str | None) -> bool:
     return s is not None and len(s) == _SHA_LEN and all(c in "0123456789abcdef" for c in s.lower())
-
-
-class Fail(Exception):
-    """Ends the child with a ``Failed`` message."""
-
-    def __init__(self, kind: m.FailureKind, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
-
-
-class Retryable(Exception):
-    """A failure worth another attempt (network, 429, 5xx)."""
 
 
 class Target(msgspec.Struct, kw_only=True):

@@ -20,7 +20,8 @@ from typing import BinaryIO, Protocol
 from corral.store import messages as m
 from corral.store.address_policy import parse_setting
 from corral.store.fetch_http import open_url
-from corral.store.fetch_resolve import Fail, Retryable, Target, host_of, raise_for_status
+from corral.store.fetch_errors import Fail, Retryable
+from corral.store.fetch_resolve import Target, host_of, raise_for_status
 
 __all__ = ["Transfer", "Sender", "disk_fail", "hash_file"]
 

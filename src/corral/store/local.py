@@ -35,6 +35,7 @@ from pathlib import Path
 from corral.errors import InvalidRequest, ModelNotFound
 from corral.model.ids import file_stem, id_from_file_stem, id_problem
 from corral.store.gguf import quantization_of
+from corral.store.redaction import redact_url
 
 __all__ = [
     "LocalModel",
@@ -233,8 +234,6 @@ class ModelStore:
         self.ensure_dirs()
         target = self.manifest_path(model_id)
         tmp = target.with_suffix(".json.tmp")
-        from corral.store.sources import redact_url  # sources imports this module
-
         source = redact_url(source)  # a pull URL's password is nobody's to read back
         text = json.dumps({"id": model_id, "path": str(path), "source": source, "sha256": sha256,
                            "size": size, **({"mmproj": dict(projector)} if projector else {})}, indent=2)
@@ -269,6 +268,4 @@ class ModelStore:
 def _shown_source(source: object) -> str | None:
     """A manifest's source as lists show it (a manifest written before redaction may hold a
     pull URL's password)."""
-    from corral.store.sources import redact_url  # sources imports this module
-
     return redact_url(source) if isinstance(source, str) else None

@@ -7,9 +7,8 @@ Forms:
     https://host/path/file.gguf   any http(s) URL
 An ``hf.co/`` or ``huggingface.co/`` prefix is accepted on the Hub forms.
 
-``parse_source`` is pure (the router calls it to reject bad input at once). ``redact_url``
-hides a URL's credentials (``https://user:password@host/...``) wherever a source is shown:
-answers, events, logs, the manifest; only the download child gets the source whole.
+``parse_source`` is pure (the router calls it to reject bad input at once); its errors show
+a URL redacted (corral.store.redaction).
 ``resolve`` talks to the Hub through huggingface_hub, so HF_TOKEN, HF_ENDPOINT and
 HF_HOME work; it runs only in the fetch child.
 """
@@ -24,26 +23,15 @@ from urllib.parse import unquote, urlsplit
 
 from corral.model.ids import id_problem
 from corral.store.local import model_id_from_filename
+from corral.store.redaction import redact_url
 
-__all__ = ["ParsedSource", "SourceError", "parse_source", "pick_file", "redact_url", "DEFAULT_TAG"]
+__all__ = ["ParsedSource", "SourceError", "parse_source", "pick_file", "DEFAULT_TAG"]
 
 DEFAULT_TAG = "Q4_K_M"
 _REPO_PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _REPO_RE = re.compile(rf"^{_REPO_PART}/{_REPO_PART}$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
-
-_URL_NETLOC = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/?#\s]*)")
-
-
-def redact_url(text: str) -> str:
-    """``text`` with the user and password of every URL in it replaced by ``***``."""
-    def hide(m: re.Match[str]) -> str:
-        netloc = m.group(2)
-        return m.group(1) + ("***@" + netloc.rpartition("@")[2] if "@" in netloc else netloc)
-
-    return _URL_NETLOC.sub(hide, text)
-
 
 _EXAMPLES = ("use owner/repo/file.gguf, owner/repo:Q4_K_M, or an http(s) URL of a .gguf file")
 
