@@ -26,7 +26,8 @@ from reliability.server import RouterProcess, alive, real_models, wait_until
 pytestmark = pytest.mark.integration
 
 NAN, INF = float("nan"), float("inf")
-HOSTILE: list[Any] = [-1, -(2**63) - 1, 2**63, 10**30, 1e308, -1e308, 1.5, NAN, INF, -INF, "12x"]
+# 300_000: past the test model's vocabulary (262,144) as a token id, in range as a length
+HOSTILE: list[Any] = [-1, -(2**63) - 1, 2**63, 10**30, 300_000, 1e308, -1e308, 1.5, NAN, INF, -INF, "12x"]
 
 CHAT = [{"role": "user", "content": "Hi"}]
 # route -> (the body every value goes into, its dialect's error shape, the fields)
@@ -121,8 +122,8 @@ def test_hostile_numbers_in_every_dialect(router: RouterProcess) -> None:
                     what = f"{route} {field}={value!r}: {r.status_code} {r.text[:200]}"
                     if r.status_code >= 500:
                         bad.append(what)
-                    elif r.status_code == 400 and "does not support infill" in r.text:
-                        counts["2xx"] += 1  # in range: the test model has no FIM tokens
+                    elif r.status_code == 400 and "does not support" in r.text:
+                        counts["2xx"] += 1  # in range, for a capability the test model lacks (FIM tokens, thinking)
                     elif r.status_code >= 400:
                         counts["4xx"] += 1
                         if not _shape_ok(shape, r.json(), field):
