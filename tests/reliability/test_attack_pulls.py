@@ -138,7 +138,7 @@ async def test_every_redirect_is_checked(listeners: Any, managers: Any) -> None:
     for i, t in enumerate(targets):
         a.redirects[f"/r{i}/m.gguf"] = t
     a.redirects["/chain/m.gguf"] = "/r0/m.gguf"  # a relative hop first, then off to b
-    dm, store, _ = managers(allow_private=["127.0.0.1/32"])
+    dm, store, _ = managers(allow_private=lambda: ["127.0.0.1/32"])
     for path in [f"/r{i}/m.gguf" for i in range(len(targets))] + ["/chain/m.gguf"]:
         with pytest.raises(PullUrlNotAllowed):
             await dm.start(f"http://127.0.0.1:{a.port}{path}")
@@ -149,13 +149,13 @@ async def test_every_redirect_is_checked(listeners: Any, managers: Any) -> None:
 async def test_an_allowed_network_is_let_through(listeners: Any, managers: Any) -> None:
     a, b = listeners
     a.redirects["/moved/m.gguf"] = f"http://127.0.0.2:{b.port}/there/m.gguf"
-    dm, store, _ = managers(allow_private=["127.0.0.0/30"])
+    dm, store, _ = managers(allow_private=lambda: ["127.0.0.0/30"])
     h = await dm.start(f"http://127.0.0.1:{a.port}/moved/m.gguf", model_id="moved")
     assert await h.wait() == "finished", h.reason
     assert [p for _, p, _ in b.hits] == ["/there/m.gguf"] * len(b.hits) and b.hits
     m = store.get("moved")
     assert m is not None and m.path.read_bytes() == BODY
-    dm2, store2, _ = managers(allow_private=True)
+    dm2, store2, _ = managers(allow_private=lambda: True)
     h = await dm2.start(f"http://127.0.0.1:{a.port}/plain/m.gguf")
     assert await h.wait() == "finished", h.reason
 
@@ -212,7 +212,7 @@ async def test_a_urls_password_is_shown_nowhere_and_sent_to_no_other_host(
     monkeypatch.setattr(downloads.asyncio, "create_subprocess_exec", recording)
     secret = "s3cret-pw"
     a.redirects["/away/m.gguf"] = f"http://127.0.0.2:{b.port}/m.gguf"
-    dm, store, bus = managers(allow_private=["127.0.0.0/30"])
+    dm, store, bus = managers(allow_private=lambda: ["127.0.0.0/30"])
     caplog.set_level("DEBUG")
     async with bus.subscribe() as q:
         h = await dm.start(f"http://alice:{secret}@127.0.0.1:{a.port}/away/m.gguf", model_id="away")
@@ -239,3 +239,37 @@ async def test_a_urls_password_is_shown_nowhere_and_sent_to_no_other_host(
     basic = "Basic " + base64.b64encode(f"alice:{secret}".encode()).decode()
     assert any(hd.get("Authorization") == basic for _, _, hd in a.hits)
     assert b.hits and all("Authorization" not in hd for _, _, hd in b.hits)
+
+
+async def test_through_the_api_the_setting_decides_and_no_answer_shows_the_password(
+        listeners: Any, tmp_path: Path) -> None:
+    from support.harness import Harness
+
+    a, _ = listeners
+    url = f"http://bob:pa55word@127.0.0.1:{a.port}/api-m.gguf"
+    for allowed in (False, ["127.0.0.1/32"]):
+        h = Harness(tmp_path / str(bool(allowed)))
+        h.tmp.mkdir()
+        (h.tmp / "models").mkdir()
+        try:
+            await h.start(h.config({}, models_dir=str(h.tmp / "models"), allow_private_pull_urls=allowed),
+                          use_store=True)
+            assert h.client is not None
+            r = await h.client.post("/models/pull", json={"model": url})
+            if not allowed:
+                assert r.status_code == 403, r.text
+                err = r.json()["error"]
+                assert err["code"] == "pull_url_not_allowed" and "allow_private_pull_urls" in err["message"]
+                assert "pa55word" not in r.text and a.hits == []
+                continue
+            assert r.status_code == 202, r.text
+            pull = r.json()["id"]
+            await h.app.state.downloads.get(pull).wait()
+            status = await h.client.get(f"/models/pull/{pull}")
+            models = await h.client.get("/models")
+            assert status.json()["status"] == "finished"
+            for text in (r.text, status.text, models.text):
+                assert "pa55word" not in text
+            assert "***@127.0.0.1" in status.text and a.hits
+        finally:
+            await h.stop()

@@ -31,6 +31,7 @@ import inspect
 import logging
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ class DownloadManager:
         progress_interval_s: float = 0.5,
         resolve_timeout_s: float = 120.0,
         kill_after_s: float = 3.0,
-        allow_private: bool | list[str] = False,
+        allow_private: Callable[[], bool | list[str]] = lambda: False,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -80,7 +81,8 @@ class DownloadManager:
         self.progress_interval_s = progress_interval_s
         self.resolve_timeout_s = resolve_timeout_s
         self.kill_after_s = kill_after_s
-        # URL pulls' address policy (``allow_private_pull_urls``; corral.store.address_policy)
+        # URL pulls' address policy, read at each pull (``allow_private_pull_urls``, which a
+        # reload may change; corral.store.address_policy): true, false or CIDR networks
         self.allow_private = allow_private
         self.spawned = 0  # child processes started (tests count them)
         self._by_id: dict[str, PullHandle] = {}
@@ -142,7 +144,7 @@ class DownloadManager:
         self._by_source[key] = h
         req = m.FetchRequest(source=source, models_dir=str(self.store.root), sha256=sha256,
                              model_id=model_id, retries=self.retries,
-                             retry_backoff_s=self.retry_backoff_s, allow_private=self.allow_private)
+                             retry_backoff_s=self.retry_backoff_s, allow_private=self.allow_private())
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "corral.store.fetch",  # the request goes on stdin, not argv
