@@ -153,8 +153,8 @@ def chat_spec(body: ChatCompletionRequest, endpoint: str = "chat") -> Generation
             speculative=body.speculative, lora=body.wire_lora(), t_max_predict_ms=body.t_max_predict_ms,
             **body.wire_reasoning()))
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
-    names = {"params.max_tokens": "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
-             "thinking_budget": "thinking_budget_tokens", "logprobs": "top_logprobs"}
+    names = {"params.max_tokens": _max_name(body), "thinking_budget": "thinking_budget_tokens",
+             "logprobs": "top_logprobs"}
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix, body.image_refs(), body.cache_salt,
                           field_names=names)
 
@@ -184,7 +184,11 @@ def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> G
                 t_max_predict_ms=body.t_max_predict_ms))
     first = prompts[0]
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, first if isinstance(first, str) else None,
-                          cache_salt=body.cache_salt, field_names={"prompt_tokens": "prompt"})
+                          cache_salt=body.cache_salt, field_names={"prompt_tokens": "prompt", "params.max_tokens": _max_name(body)})
+
+
+def _max_name(body: ChatCompletionRequest | CompletionRequest) -> str:
+    return "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
 
 
 def _fields(p: wire.SamplingParams) -> dict[str, Any]:
