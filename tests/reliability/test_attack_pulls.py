@@ -49,6 +49,9 @@ class Listener:
                 if not self.path.endswith(".gguf") or "missing" in self.path:
                     self.send_error(404)
                     return
+                if "broken" in self.path and body:  # HEAD answers, every GET fails: the pull fails mid-way
+                    self.send_error(500)
+                    return
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(BODY)))
                 self.end_headers()
@@ -224,6 +227,9 @@ async def test_a_urls_password_is_shown_nowhere_and_sent_to_no_other_host(
         except Exception as exc:  # noqa: BLE001 - a 404: its reason names the URL
             failed = str(exc)
         assert failed is not None and "missing.gguf" in failed
+        broken = await dm.start(f"http://alice:{secret}@127.0.0.1:{a.port}/broken.gguf")  # its partial note stays
+        assert await broken.wait() == "failed"
+        shown.append(json.dumps(broken.progress()) + (broken.reason or ""))
         events = []
         while not q.empty():
             events.append(q.get_nowait())

@@ -95,7 +95,8 @@ def _prepare(store: ModelStore, f: _File, source: str) -> None:
     _lock(part)
     # What the partial file is. A different source naming the same file (owner/repo:TAG
     # vs owner/repo/file.gguf) shares the key and resumes it; a new size or sha256 does not.
-    meta = {"key": f.target.key, "total": f.target.total, "sha256": f.want_sha}
+    # the note names the file by its key as it may be shown (a URL's password is nobody's to read)
+    meta = {"key": redact_url(f.target.key), "total": f.target.total, "sha256": f.want_sha}
     have = 0
     try:
         old = json.loads(meta_path.read_text())
