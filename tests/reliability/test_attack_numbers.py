@@ -43,7 +43,7 @@ ROUTES: dict[str, tuple[dict[str, Any], str, list[str]]] = {
         "max_output_tokens", "temperature", "top_p", "top_logprobs"]),
     "/v1/embeddings": ({"model": "m", "input": "Hi"}, "openai", ["dimensions", "input.0"]),
     "/v1/messages": ({"model": "m", "messages": CHAT, "max_tokens": 2}, "anthropic", [
-        "max_tokens", "temperature", "top_k", "top_p"]),
+        "max_tokens", "temperature", "top_k", "top_p", "thinking.budget_tokens"]),
     "/api/generate": ({"model": "m", "prompt": "Hi", "stream": False, "options": {"num_predict": 2}}, "ollama", [
         "options.num_predict", "options.num_ctx", "options.seed", "options.temperature", "options.top_k",
         "options.top_p", "options.min_p", "options.repeat_penalty", "options.repeat_last_n",
@@ -65,6 +65,8 @@ def _put(body: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         out[path.split(".")[0]] = [[value]]
     elif path == "tokens.0":
         out["tokens"] = [value]
+    elif path == "thinking.budget_tokens":
+        out["thinking"] = {"type": "enabled", "budget_tokens": value}
     elif "." in path:
         parent, leaf = path.split(".")
         out.setdefault(parent, {})[leaf] = value
