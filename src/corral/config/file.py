@@ -136,6 +136,9 @@ class ServerConfig(_NoBoolNumbers):
     allow_image_urls: bool = False  # images in requests: api/core/image_fetch.py, docs/internals/vision.md
     allow_private_image_urls: bool | list[IPvAnyNetwork] = False  # true (any), or CIDR networks
     image_url_timeout_s: float = Field(10.0, gt=0)
+    # pull URLs from loopback, link-local or private addresses: true (any), or CIDR networks
+    # (the same policy as image URLs: store/address_policy.py)
+    allow_private_pull_urls: bool | list[IPvAnyNetwork] = False
     max_image_bytes: ByteSize = 20 * 1024 * 1024  # one image, encoded
     max_image_pixels: int = Field(50_000_000, ge=1)  # width x height, checked before decoding
     max_images_per_request: int = Field(32, ge=1)

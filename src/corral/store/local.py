@@ -40,6 +40,7 @@ from pathlib import Path
 from corral.errors import InvalidRequest, ModelNotFound
 from corral.model.ids import file_stem, id_from_file_stem, id_problem
 from corral.store.gguf import check_file, quant_from_name
+from corral.store.redaction import redact_url
 
 __all__ = [
     "LocalModel",
@@ -189,7 +190,7 @@ class ModelStore:
             mid = data.get("id") if isinstance(data.get("id"), str) else mf.stem
             if id_problem(mid) is not None or file_stem(mid) != mf.stem:
                 continue  # not a manifest corral wrote for that id
-            out[mid] = _model(mid, path, size, source=data.get("source"), sha256=data.get("sha256"),
+            out[mid] = _model(mid, path, size, source=_shown_source(data.get("source")), sha256=data.get("sha256"),
                               mmproj=self._projector(data))
         return out
 
@@ -243,9 +244,13 @@ class ModelStore:
         self.ensure_dirs()
         target = self.manifest_path(model_id)
         tmp = target.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(
-            {"id": model_id, "path": str(path), "source": source, "sha256": sha256,
-             "size": size, **({"mmproj": dict(projector)} if projector else {})}, indent=2))
+        source = redact_url(source)  # a pull URL's password is nobody's to read back
+        text = json.dumps({"id": model_id, "path": str(path), "source": source, "sha256": sha256,
+                           "size": size, **({"mmproj": dict(projector)} if projector else {})}, indent=2)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(text)
         os.replace(tmp, target)
         proj = Path(str(projector["path"])) if projector else None
         return _model(model_id, path, size, source=source, sha256=sha256, mmproj=proj)
@@ -268,3 +273,9 @@ class ModelStore:
             model.mmproj.unlink(missing_ok=True)  # the projector pulled with it, ours in models_dir
         mf.unlink(missing_ok=True)
         return model
+
+
+def _shown_source(source: object) -> str | None:
+    """A manifest's source as lists show it (a manifest written before redaction may hold a
+    pull URL's password)."""
+    return redact_url(source) if isinstance(source, str) else None

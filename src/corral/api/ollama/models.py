@@ -51,6 +51,15 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
+def _expires_at(last_used: float, ttl: float | None) -> str:
+    """When an idle model unloads; _FOREVER for never, or for a ttl that reaches past it
+    (keep_alive is bounded where it is parsed, ollama/schemas.py, and the config's ttl_s)."""
+    forever = datetime.fromisoformat(_FOREVER.replace("Z", "+00:00")).timestamp()
+    if ttl is None or not last_used + ttl < forever:
+        return _FOREVER
+    return _iso(last_used + ttl)
+
+
 async def _store_sha(request: Request) -> dict[str, str]:
     """The pulled models' sha256 by id (listing models_dir reads headers: off the loop)."""
     store = store_of(request)
@@ -129,7 +138,7 @@ async def ps(request: Request) -> Response:
         slot = next((i.info.n_ctx_slot for i in pool.instances if i.info is not None),
                     pool.spec.ctx_len // pool.spec.n_parallel)
         out.append({**_entry(pool, meta, shas), "size": size, "size_vram": size_vram,
-                    "expires_at": _iso(pool.last_used + ttl) if ttl is not None else _FOREVER,
+                    "expires_at": _expires_at(pool.last_used, ttl),
                     "context_length": slot})
     return json_response({"models": out[:len(pools)] + [
         {**_adapter_entry(a, e), "size": e["size"], "size_vram": e["size_vram"]}

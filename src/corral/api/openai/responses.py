@@ -115,7 +115,9 @@ async def _prepare(request: Request, body: ResponsesRequest, owner: str) -> tupl
 def _spec(body: ResponsesRequest, conversation: list[dict[str, Any]], chat: dict[str, Any]) -> GenerationSpec:
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     return build_spec(body.model, "responses", system + conversation, body.sampling(),
-                      reasoning=body.wire_reasoning(), cache_salt=body.cache_salt, **chat)
+                      reasoning=body.wire_reasoning(), cache_salt=body.cache_salt,
+                      field_names={"params.max_tokens": "max_output_tokens", "logprobs": "top_logprobs",
+                                   "thinking_budget": "reasoning"}, **chat)
 
 
 def _output(shape: Shape, gen: Generation) -> list[dict[str, Any]]:
