@@ -42,6 +42,7 @@ from corral.api.ollama import routes as ollama_routes
 from corral.api.openai import responses as responses_routes
 from corral.api.openai import routes as openai_routes
 from corral.api.openai import tokenize as tokenize_routes
+from corral.api.page import hub as hub_routes
 from corral.api.page import live_stats
 from corral.api.page import routes as page_routes
 from corral.api.guard import GuardMiddleware
@@ -154,6 +155,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     app.include_router(anthropic_routes.router)
     app.include_router(responses_routes.router)
     app.include_router(page_routes.router)
+    app.include_router(hub_routes.router)
     app.include_router(live_stats.router)
     app.include_router(tokenize_routes.router)
     app.include_router(store_routes.router)

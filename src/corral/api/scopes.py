@@ -54,6 +54,11 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/v1/models/{model_id:path}"): "key",
     ("GET", "/models"): "key",
     ("GET", "/models/show"): "key",
+    ("GET", "/models/fit"): "key",  # the fit estimate of a model the key may use (visibility applies)
+    # the Hub with the server's HF token, on the server's time (api/page/hub.py): as pulls are
+    ("GET", "/hub/search"): "manage",
+    ("GET", "/hub/repo"): "manage",
+    ("GET", "/hub/fit"): "manage",
     ("GET", "/api/tags"): "key",
     ("GET", "/api/ps"): "key",
     ("GET", "/api/version"): "key",
