@@ -66,6 +66,11 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/docs/oauth2-redirect"): "key",
     ("GET", "/openapi.json"): "key",
     ("GET", "/usage"): "key",
+    ("GET", "/usage/now"): "key",  # running and queued per key now: another key's only with admin
+    # the keys (api/manage/keys.py): names, scopes and limits of every key; creating and revoking them
+    ("GET", "/keys"): "admin",
+    ("POST", "/keys"): "admin",
+    ("DELETE", "/keys/{name}"): "admin",
     ("GET", "/props"): "key",  # one model's settings (visibility applies), as /api/show
     ("GET", "/slots"): "key",  # slot counts and states, never prompts
     ("POST", "/slots/{id_slot}"): "manage",  # writes/reads the server's slot files, changes a slot's cache

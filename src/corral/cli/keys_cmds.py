@@ -221,7 +221,7 @@ def usage(host: str | None = HostOpt, port: int | None = PortOpt, server: str | 
           model: str | None = typer.Option(None, "--model", help="only this model"),
           since: str | None = typer.Option(None, "--since", help="from this day on (YYYY-MM-DD)"),
           as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """Requests and tokens per key, model and day (GET /usage of a running server)."""
+    """Requests, tokens, queue time, 429s and 503s per key, model and day (GET /usage of a running server)."""
     params = {k: v for k, v in (("key", key), ("model", model), ("since", since)) if v is not None}
     with Api(server_url(host, port, server)) as api:
         try:
@@ -234,13 +234,15 @@ def usage(host: str | None = HostOpt, port: int | None = PortOpt, server: str | 
     if not rows:
         out.print("no usage yet")
         return
+    cols = (("DAY", "day"), ("KEY", "key"), ("MODEL", "model"), ("REQUESTS", "requests"),
+            ("PROMPT TOKENS", "prompt_tokens"), ("COMPLETION TOKENS", "completion_tokens"),
+            ("CACHED TOKENS", "cached_tokens"), ("QUEUE S", "queue_ms"), ("429S", "limited"),
+            ("503S", "unavailable"))
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("DAY", "KEY", "MODEL", "REQUESTS", "PROMPT TOKENS", "COMPLETION TOKENS"):
-        table.add_column(col, justify="right" if col in ("REQUESTS", "PROMPT TOKENS", "COMPLETION TOKENS")
-                         else "left")
+    for title, field in cols:
+        table.add_column(title, justify="left" if field in ("day", "key", "model") else "right")
     for r in rows:
-        table.add_row(r["day"], r["key"], r["model"], str(r["requests"]), str(r["prompt_tokens"]),
-                      str(r["completion_tokens"]))
+        table.add_row(*(f"{r.get(f, 0) / 1000:.1f}" if f == "queue_ms" else str(r.get(f, 0)) for _, f in cols))
     out.print(table)
 
 

@@ -38,6 +38,7 @@ import stat
 import tempfile
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ __all__ = [
     "read_keys",
     "render_keys",
     "write_keys",
+    "locked_keys",
 ]
 
 SCOPES = ("infer", "manage", "admin")
@@ -234,6 +236,28 @@ def write_keys(path: Path, keys: dict[str, KeySpec]) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+@contextlib.contextmanager
+def locked_keys(path: Path) -> Iterator[dict[str, KeySpec]]:
+    """The file's keys under an exclusive lock (``PATH.lock``, the one `corral keys` takes);
+    what the body leaves in the dict is written (``write_keys``). For the router's key routes
+    (api/manage/keys.py), which run as the file's owner; ConfigError when it is unreadable."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_name(path.name + ".lock")
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"{lock}: cannot open the keys file's lock ({exc.strerror})") from None
+    with os.fdopen(fd) as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        keys = read_keys(path) if path.exists() else {}
+        before = dict(keys)
+        yield keys
+        if keys != before:
+            write_keys(path, keys)
 
 
 def now_iso() -> str:
