@@ -99,6 +99,7 @@ def test_search_open_a_repo_by_keyboard_and_see_the_fit(hub_page: Any, hub_serve
             assert row.locator(".fit").get_attribute("data-verdict") == want.json()["verdict"]
             assert row.locator(".fit-summary").inner_text() == want.json()["summary"]
     if SHOTS:
+        page.evaluate("document.querySelector('header.top').style.position = 'static'")  # not over the panel
         page.locator("section[aria-labelledby=hub-title]").screenshot(path=str(Path(SHOTS) / "find-a-model.png"))
 
 
@@ -174,5 +175,6 @@ def test_a_phone_in_the_dark(hub_page: Any) -> None:
     bg = page.evaluate("getComputedStyle(document.body).backgroundColor")
     assert bg == "rgb(18, 22, 20)", bg  # the dark palette
     if SHOTS:
+        page.evaluate("document.querySelector('header.top').style.position = 'static'")  # not over the panel
         page.locator("#hub-repo").scroll_into_view_if_needed()
         page.screenshot(path=str(Path(SHOTS) / "find-a-model-phone.png"))
