@@ -167,6 +167,26 @@ def test_fit_of_a_split_model_reads_every_part(client: httpx.Client,
     assert {k: r.json()[k] for k in want} == want
 
 
+def test_fit_with_the_projector_a_pull_brings(client: httpx.Client, fake_hub: tuple[FakeHub, dict[str, Path]]) -> None:
+    _, files = fake_hub
+    proj = files["acme/Vision-Coder-GGUF/mmproj-Vision-Coder-F16.gguf"]
+    plain = client.get("/hub/fit", params={"repo": "acme/Vision-Coder-GGUF", "file": "Vision-Coder-Q4_K_M.gguf"}).json()
+    r = client.get("/hub/fit", params={"repo": "acme/Vision-Coder-GGUF", "file": "Vision-Coder-Q4_K_M.gguf",
+                                       "projector": "mmproj-Vision-Coder-F16.gguf"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["gpus"] == [{"name": "FakeGPU0", "budget_bytes": 88 * MiB - proj.stat().st_size}]  # it sits there
+    layout = read_layout(files["acme/Vision-Coder-GGUF/Vision-Coder-Q4_K_M.gguf"])
+    want = estimate(layout, ModelSettings(ctx_len=2048, n_parallel=2, mmproj="mmproj-Vision-Coder-F16.gguf"),
+                    gpus=[GpuBudget("FakeGPU0", 88 * MiB - proj.stat().st_size)],
+                    host_available_bytes=body["host_available_bytes"]).to_dict()
+    assert {k: body[k] for k in want} == want
+    assert body["gpu_bytes"] > plain["gpu_bytes"]  # the side context's room
+    bad = client.get("/hub/fit", params={"repo": "acme/Vision-Coder-GGUF", "file": "Vision-Coder-Q4_K_M.gguf",
+                                         "projector": "../x.gguf"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "projector"
+
+
 def test_a_header_that_lies_is_a_clear_400_after_a_bounded_read(client: httpx.Client,
                                                                 fake_hub: tuple[FakeHub, dict[str, Path]]) -> None:
     hub, _ = fake_hub

@@ -121,7 +121,7 @@ def test_split_projector_and_a_lying_header_on_the_page(hub_page: Any) -> None:
     assert "Liar-Q4_K_M.gguf" in page.locator("table.quants .fit-summary").inner_text()
 
 
-def test_one_click_pulls_and_the_model_loads(hub_page: Any) -> None:
+def test_one_click_pulls_and_the_model_loads(hub_page: Any, hub_server: CorralServer) -> None:
     page = hub_page
     search(page, "gemma")
     page.locator('.hub-hit[data-repo="acme/Gemma-Coder-GGUF"] button').click()
@@ -133,9 +133,19 @@ def test_one_click_pulls_and_the_model_loads(hub_page: Any) -> None:
     card = page.locator(f'article.model[data-model="{model}"]')
     card.wait_for()
     card.locator(".card-fit .fit[data-verdict]").wait_for()  # the estimate on its card before it loads
+    with hub_server.client() as c:
+        fit = c.get("/models/fit", params={"model": model}).json()
+    assert card.locator(".card-fit .fit").get_attribute("data-verdict") == fit["verdict"] == "host"  # no GPU here
     card.locator("button[data-action=load]").click()
     page.wait_for_function(f"document.querySelector('article.model[data-model=\"{model}\"]')"
                            ".classList.contains('st-loaded')", timeout=120_000)
+    assert card.locator(".card-fit").count() == 0  # loaded: the worker's own numbers instead
+    # the estimate is what the worker then did: the context a slot, weights and KV within 10%
+    with hub_server.client() as c:
+        [inst] = next(m for m in c.get("/models").json()["data"] if m["id"] == model)["instances"]
+    assert inst["n_ctx_slot"] == fit["ctx_per_slot"]
+    loaded = inst["memory"]["model_bytes"] + inst["memory"]["kv_bytes"]
+    assert abs(loaded - fit["host_bytes"]) <= 0.1 * loaded, (loaded, fit)
 
 
 def test_bad_input_and_a_failing_hub_are_messages(hub_page: Any, hub: FakeHub) -> None:

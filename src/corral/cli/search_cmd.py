@@ -63,7 +63,8 @@ def _repo(api: Api, repo: str, as_json: bool) -> None:
     fits: list[dict[str, Any]] = []
     for q in listing["quants"]:
         try:
-            fits.append(api.get("/hub/fit", params={"repo": repo, "file": q["files"][0]}))
+            params = {"repo": repo, "file": q["files"][0], **({"projector": q["projector"]} if q.get("projector") else {})}
+            fits.append(api.get("/hub/fit", params=params))
         except ApiError as exc:
             fits.append({"error": str(exc)})
     if as_json:

@@ -115,6 +115,32 @@ class RemoteHeaders:
                 size_file.write_text(str(total))
                 self._trim()
 
+    def size(self, repo: str, filename: str, revision: str | None = None) -> int:
+        """A file's size from a HEAD request (a projector's, which sits on the first GPU beside
+        the layers): the Hub's ``X-Linked-Size`` for a large file, else ``Content-Length``."""
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers
+
+        what = f"{repo}/{filename}"
+        headers = build_hf_headers()
+        headers["Accept-Encoding"] = "identity"
+        try:
+            with httpx.Client(timeout=self._timeout, follow_redirects=False) as client:
+                r = client.head(hf_hub_url(repo, filename, revision=revision), headers=headers)
+        except httpx.TimeoutException:
+            raise RemoteHeaderError(f"{what}: the Hub did not answer in time") from None
+        except httpx.HTTPError as exc:
+            raise RemoteHeaderError(f"{what}: cannot reach the Hub ({type(exc).__name__})") from None
+        if r.status_code == 404:
+            raise RemoteHeaderError(f"{what}: not found on the Hub (HTTP 404)")
+        if r.status_code >= 400:
+            raise RemoteHeaderError(f"{what}: the Hub answered HTTP {r.status_code}")
+        for h in ("X-Linked-Size", "Content-Length"):
+            v = r.headers.get(h, "")
+            if v.isdigit():
+                return int(v)
+        raise RemoteHeaderError(f"{what}: the Hub did not say its size")
+
     def _cached(self, part: Path, size_file: Path) -> tuple[int, int | None]:
         try:
             return part.stat().st_size, int(size_file.read_text())

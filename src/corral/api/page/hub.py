@@ -8,10 +8,12 @@ is downloaded: the routes of the page's "Find a model" view and of ``corral sear
                                its quantizations: {"repo", "files", "truncated", "projectors",
                                "quants": [{"tag", "files", "size", "split", "projector",
                                "projector_size", "source", ...}]}
-    GET /hub/fit?repo=OWNER/NAME&file=PATH
+    GET /hub/fit?repo=OWNER/NAME&file=PATH[&projector=PATH]
                                the fit estimate of that quantization on this server (its first
                                file; a split model's other parts are read too), from its GGUF
-                               header read with range requests (corral.store.remote_header)
+                               header read with range requests (corral.store.remote_header);
+                               with the projector a pull brings: its size on the first GPU
+                               and the room for the vision side context, as a load plans them
     GET /models/fit?model=ID   the same estimate for a model on disk, before it is loaded
 
 An estimate (``corral.fit.estimate``) is ``{"verdict": "gpu" | "partial" | "host" | "none",
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -129,25 +132,33 @@ async def hub_repo(request: Request, repo: str = "") -> Response:
 
 
 @router.get("/hub/fit")
-async def hub_fit(request: Request, repo: str = "", file: str = "") -> Response:
+async def hub_fit(request: Request, repo: str = "", file: str = "", projector: str = "") -> Response:
     name = _repo(repo)
     parts = _parts(file)
     _, headers = _state(request)
     layout = await _ask_hub(request, lambda: headers.layout(name, parts), f"{name}/{file}")
-    return json_response(await _estimate(request, layout, plane_of(request).config.inherited_settings()))
+    settings = plane_of(request).config.inherited_settings()
+    proj_bytes = 0
+    if projector:  # pulled with it: its file on the first GPU, room for the side context
+        proj = _parts(projector, "projector")
+        if len(proj) != 1:
+            raise InvalidRequest("projector: one .gguf file of the repo", param="projector")
+        proj_bytes = await _ask_hub(request, lambda: headers.size(name, proj[0]), f"{name}/{projector}")
+        settings = msgspec.structs.replace(settings, mmproj=proj[0])
+    return json_response(await _estimate(request, layout, settings, first_gpu_bytes=proj_bytes))
 
 
-def _parts(file: str) -> list[str]:
+def _parts(file: str, param: str = "file") -> list[str]:
     """The file, or every part of a split model named by any of its parts."""
     if (not file.lower().endswith(".gguf") or len(file) > 512 or file.startswith("/") or "\\" in file
             or ".." in file.split("/")):
-        raise InvalidRequest(f"file: {file[:100]!r} is not a .gguf file of the repo", param="file")
+        raise InvalidRequest(f"{param}: {file[:100]!r} is not a .gguf file of the repo", param=param)
     m = _SPLIT.search(file)
     if m is None:
         return [file]
     n = int(m.group(2))
     if not 1 <= n <= _MAX_PARTS:
-        raise InvalidRequest(f"file: a split model of {n} parts (at most {_MAX_PARTS})", param="file")
+        raise InvalidRequest(f"{param}: a split model of {n} parts (at most {_MAX_PARTS})", param=param)
     return [f"{file[:m.start()]}-{k:05d}-of-{n:05d}.gguf" for k in range(1, n + 1)]
 
 

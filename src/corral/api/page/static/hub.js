@@ -108,7 +108,8 @@
     async function fit(signal) {
       let f;
       try {
-        f = await C.api("GET", "/hub/fit?repo=" + encodeURIComponent(repo) + "&file=" + encodeURIComponent(q.files[0]), undefined, { signal: signal });
+        f = await C.api("GET", "/hub/fit?repo=" + encodeURIComponent(repo) + "&file=" + encodeURIComponent(q.files[0]) +
+          (q.projector ? "&projector=" + encodeURIComponent(q.projector) : ""), undefined, { signal: signal });
       } catch (e) {
         if (signal.aborted || e instanceof C.AuthError) return;
         f = { error: e.message };
