@@ -78,3 +78,11 @@ def test_a_fixed_layer_count_takes_what_it_takes() -> None:
     e = estimate(LAYOUT, s, gpus=[GpuBudget("CUDA0", 70 * GiB)], host_available_bytes=64 * GiB)
     assert (e.verdict, e.gpu_layers) == ("partial", 10)
     assert estimate(LAYOUT, s, gpus=[GpuBudget("CUDA0", 100 * MiB)], host_available_bytes=64 * GiB).verdict == "none"
+
+
+def test_a_head_larger_than_the_gpus_largest_matrix_stays_on_the_host() -> None:
+    tied = ModelLayout(**{**LAYOUT.__dict__, "output_bytes": 0, "tied_output_bytes": 125 * MiB})
+    big = estimate(tied, S, gpus=[GpuBudget("Vulkan0", 70 * GiB)], host_available_bytes=64 * GiB)
+    small = estimate(tied, S, gpus=[GpuBudget("Vulkan0", 70 * GiB, max_tensor_bytes=64 * MiB)],
+                     host_available_bytes=64 * GiB)
+    assert big.gpu_bytes - small.gpu_bytes == 125 * MiB  # lavapipe's case: the copy of the embeddings not made

@@ -43,6 +43,7 @@ class GpuBudget:
 
     name: str
     budget_bytes: int
+    max_tensor_bytes: int = 0  # its backend's largest matrix (0: any); a larger output head stays on the host
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +97,8 @@ def estimate(layout: ModelLayout, settings: ModelSettings, *, gpus: Sequence[Gpu
 def _gpu_plan(layout: ModelLayout, s: ModelSettings, gpus: Sequence[GpuBudget],
               host: int | None) -> wire.FitPlan | str:
     budgets = [max(0, g.budget_bytes) for g in gpus]
-    devs = [wire.DeviceInfo(index=k, name=g.name, backend="GPU", kind="gpu", free_bytes=b, total_bytes=b)
-            for k, (g, b) in enumerate(zip(gpus, budgets))]
+    devs = [wire.DeviceInfo(index=k, name=g.name, backend="GPU", kind="gpu", free_bytes=b, total_bytes=b,
+                            max_tensor_bytes=g.max_tensor_bytes) for k, (g, b) in enumerate(zip(gpus, budgets))]
     n_ubatch = min(s.n_batch, 512)
     args: dict[str, Any] = dict(n_ubatch=n_ubatch, cache_types=(s.cache_type_k, s.cache_type_v),
                                 outputs=outputs_max(s, max(1, s.n_parallel)), side=has_side_context(s))

@@ -190,7 +190,7 @@ async def _estimate(request: Request, layout: ModelLayout, settings: ModelSettin
     host = None
     if budget is not None:
         await budget.inventory()
-        gpus = [GpuBudget(d.name, max(0, b - first_gpu_bytes) if k == 0 else b)
+        gpus = [GpuBudget(d.name, max(0, b - first_gpu_bytes) if k == 0 else b, d.max_tensor_bytes)
                 for k, (d, b) in enumerate(zip(budget.known, budget.budgets()))]
         host = budget.host_bytes
     if host is None:
