@@ -225,6 +225,16 @@ def test_a_hub_that_is_down_or_slow_is_a_503(client: httpx.Client, fake_hub: tup
         assert r.status_code == 503 and r.json()["error"]["code"] == "hub_unreachable", r.text
     finally:
         hub.search.status = None
+    # a header read the Hub fails: 503 too (the file is not at fault), nothing cached
+    f = hub.files["acme/Many-Files-Coder-GGUF/Many-Q4_K_M.gguf"]
+    f.behavior.get_status = 500
+    try:
+        r = client.get("/hub/fit", params={"repo": "acme/Many-Files-Coder-GGUF", "file": "Many-Q4_K_M.gguf"})
+        assert r.status_code == 503 and "HTTP 500" in r.json()["error"]["message"], r.text
+    finally:
+        f.behavior.get_status = None
+    r = client.get("/hub/fit", params={"repo": "acme/Many-Files-Coder-GGUF", "file": "Many-Q4_K_M.gguf"})
+    assert r.status_code == 200, r.text
     hub.search.released.clear()
     hub.search.delay_s = 60.0  # longer than the server's hub_timeout_s (3 s)
     try:

@@ -42,7 +42,12 @@ _TIMEOUT = httpx.Timeout(10.0, connect=5.0)
 
 class RemoteHeaderError(Exception):
     """The header could not be read: the Hub's answer, or a file that is not a GGUF we can
-    plan with. ``str()`` says which, for the page."""
+    plan with. ``str()`` says which, for the page; ``reach``: the Hub failed (unreachable, too
+    slow, 5xx), not the file."""
+
+    def __init__(self, message: str, *, reach: bool = False) -> None:
+        super().__init__(message)
+        self.reach = reach
 
 
 class RemoteHeaders:
@@ -51,6 +56,9 @@ class RemoteHeaders:
         self._timeout = timeout
         self._layouts: collections.OrderedDict[str, ModelLayout] = collections.OrderedDict()
         self._lock = threading.Lock()
+        # one reader of a cached file at a time (two requests for one quantization): a fixed
+        # set of locks, picked by the file's name, so their number stays bounded
+        self._file_locks = [threading.Lock() for _ in range(16)]
 
     def layout(self, repo: str, files: list[str], revision: str | None = None) -> ModelLayout:
         """The layout of ``files`` (one, or a split model's parts in order) of ``repo``."""
@@ -76,12 +84,15 @@ class RemoteHeaders:
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers
 
-        url = hf_hub_url(repo, filename, revision=revision)
         name = hashlib.sha256(f"{repo}\0{revision}\0{filename}".encode()).hexdigest()[:32]
+        with self._file_locks[int(name[:4], 16) % len(self._file_locks)]:
+            return self._header(hf_hub_url(repo, filename, revision=revision), name, f"{repo}/{filename}",
+                                build_hf_headers())
+
+    def _header(self, url: str, name: str, what: str, headers: dict[str, str]) -> GGUFHeader:
         private_dir(self._dir)
         part = self._dir / f"{name}.head"
         size_file = self._dir / f"{name}.size"
-        headers = build_hf_headers()
         headers["Accept-Encoding"] = "identity"
         have, total = self._cached(part, size_file)
         with httpx.Client(timeout=self._timeout, follow_redirects=True) as client:
@@ -92,18 +103,18 @@ class RemoteHeaders:
                     except GGUFError as exc:
                         if have >= min(total, MAX_HEADER_BYTES):
                             if have >= total:
-                                raise RemoteHeaderError(f"{repo}/{filename}: {exc}") from None
+                                raise RemoteHeaderError(f"{what}: {exc}") from None
                             raise RemoteHeaderError(
-                                f"{repo}/{filename}: its GGUF header does not end within the first "
+                                f"{what}: its GGUF header does not end within the first "
                                 f"{MAX_HEADER_BYTES // 2**20} MiB ({exc}); not read further") from None
                     except OSError as exc:
-                        raise RemoteHeaderError(f"{repo}/{filename}: cannot keep its header: {exc}") from None
+                        raise RemoteHeaderError(f"{what}: cannot keep its header: {exc}") from None
                     else:
                         return dataclasses.replace(h, file_bytes=total)
                 want = min(max(FIRST_READ, have * 2), MAX_HEADER_BYTES) - have
-                chunk, total = self._get(client, url, headers, have, want, f"{repo}/{filename}")
+                chunk, total = self._get(client, url, headers, have, want, what)
                 if not chunk:
-                    raise RemoteHeaderError(f"{repo}/{filename}: the Hub sent no bytes at offset {have}")
+                    raise RemoteHeaderError(f"{what}: the Hub sent no bytes at offset {have}")
                 mode = "r+b" if have else "wb"
                 fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o600)
                 os.close(fd)
@@ -128,13 +139,14 @@ class RemoteHeaders:
             with httpx.Client(timeout=self._timeout, follow_redirects=False) as client:
                 r = client.head(hf_hub_url(repo, filename, revision=revision), headers=headers)
         except httpx.TimeoutException:
-            raise RemoteHeaderError(f"{what}: the Hub did not answer in time") from None
+            raise RemoteHeaderError(f"{what}: the Hub did not answer in time", reach=True) from None
         except httpx.HTTPError as exc:
-            raise RemoteHeaderError(f"{what}: cannot reach the Hub ({type(exc).__name__})") from None
+            raise RemoteHeaderError(f"{what}: cannot reach the Hub ({type(exc).__name__})", reach=True) from None
         if r.status_code == 404:
             raise RemoteHeaderError(f"{what}: not found on the Hub (HTTP 404)")
         if r.status_code >= 400:
-            raise RemoteHeaderError(f"{what}: the Hub answered HTTP {r.status_code}")
+            raise RemoteHeaderError(f"{what}: the Hub answered HTTP {r.status_code}",
+                                    reach=r.status_code >= 500 or r.status_code == 429)
         for h in ("X-Linked-Size", "Content-Length"):
             v = r.headers.get(h, "")
             if v.isdigit():
@@ -161,8 +173,9 @@ class RemoteHeaders:
                 if r.status_code == 416:
                     raise RemoteHeaderError(f"{what}: the file ends before its GGUF header does")
                 if r.status_code not in (200, 206):
-                    raise RemoteHeaderError(f"{what}: the Hub answered HTTP {r.status_code}")
-                total = _size_of(r, start)
+                    raise RemoteHeaderError(f"{what}: the Hub answered HTTP {r.status_code}",
+                                            reach=r.status_code >= 500 or r.status_code == 429)
+                total = _size_of(r, start, what)
                 skip = start if r.status_code == 200 else 0  # Range ignored: the file from its start
                 out = bytearray()
                 for data in r.iter_bytes():
@@ -174,9 +187,9 @@ class RemoteHeaders:
                         break  # enough: closing the stream drops the rest
                 return bytes(out[:n]), total
         except httpx.TimeoutException:
-            raise RemoteHeaderError(f"{what}: the Hub did not answer in time") from None
+            raise RemoteHeaderError(f"{what}: the Hub did not answer in time", reach=True) from None
         except httpx.HTTPError as exc:
-            raise RemoteHeaderError(f"{what}: cannot reach the Hub ({type(exc).__name__})") from None
+            raise RemoteHeaderError(f"{what}: cannot reach the Hub ({type(exc).__name__})", reach=True) from None
 
     def _trim(self) -> None:
         """Keep the newest ``HEADER_CACHE_FILES`` headers."""
@@ -192,11 +205,11 @@ class RemoteHeaders:
                     pass
 
 
-def _size_of(r: httpx.Response, start: int) -> int:
+def _size_of(r: httpx.Response, start: int, what: str) -> int:
     cr = r.headers.get("Content-Range", "")
     if "/" in cr and cr.rsplit("/", 1)[1].isdigit():
         return int(cr.rsplit("/", 1)[1])
     cl = r.headers.get("Content-Length", "")
     if cl.isdigit():
         return int(cl) + (start if r.status_code == 206 else 0)
-    raise RemoteHeaderError("the Hub did not say the file's size")
+    raise RemoteHeaderError(f"{what}: the Hub did not say the file's size")

@@ -94,6 +94,8 @@ async def _ask_hub(request: Request, fn: Callable[[], T], what: str) -> T:
     except hub_search.HubError as exc:
         raise _from_hub(exc) from None
     except RemoteHeaderError as exc:
+        if exc.reach:
+            raise HubUnreachable(str(exc), retry_after_s=5.0) from None
         raise UnreadableModel(str(exc), param="file") from None
 
 
