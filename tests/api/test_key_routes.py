@@ -86,3 +86,7 @@ async def test_429s_count_in_the_usage_and_who_runs_now(harness: Harness) -> Non
     assert {"key": "root", "model": "a", "running": 1, "queued": 0} in now
     assert (await c.get("/usage/now", headers=alice)).json()["data"] == []  # not root's
     task.cancel()
+    # in /metrics too: the queue time per key and model
+    text = (await c.get("/metrics", headers=root)).text
+    assert 'corral_key_queue_seconds_total{key="alice",model="a"}' in text
+    assert 'corral_rate_limited_total{key="alice",kind="requests"} 1.0' in text

@@ -102,6 +102,8 @@ def test_keys_made_by_the_cli_work_on_a_running_server_and_usage_shows_them(
     assert lines and lines[0].replace("│", " ").split()[3:6] == ["2", "2", "8"]  # requests, prompt, completion
     assert json.loads(corral("usage", "--host", url, "--json", "--key", "nobody",
                              env={"CORRAL_API_KEY": root}).stdout) == []
+    r = corral("usage", "--host", url, "--now", env={"CORRAL_API_KEY": root})
+    assert r.returncode == 0 and "nobody is running or queued now" in r.stdout, r.stderr
     # rotated: the old secret is refused by the running server at once
     new = _secret(corral("keys", "rotate", "alice", *kf).stdout)
     assert httpx.get(f"{url}/v1/models", headers=bearer(alice)).status_code == 401

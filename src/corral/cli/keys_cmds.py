@@ -220,14 +220,18 @@ def usage(host: str | None = HostOpt, port: int | None = PortOpt, server: str | 
           key: str | None = typer.Option(None, "--key", help="only this key"),
           model: str | None = typer.Option(None, "--model", help="only this model"),
           since: str | None = typer.Option(None, "--since", help="from this day on (YYYY-MM-DD)"),
+          now: bool = typer.Option(False, "--now", help="who is running and queued now, per key and model"),
           as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Requests, tokens, queue time, 429s and 503s per key, model and day (GET /usage of a running server)."""
     params = {k: v for k, v in (("key", key), ("model", model), ("since", since)) if v is not None}
     with Api(server_url(host, port, server)) as api:
         try:
-            rows: list[dict[str, Any]] = api.get("/usage", params=params)["data"]
+            rows: list[dict[str, Any]] = api.get("/usage/now" if now else "/usage", params={} if now else params)["data"]
         except ApiError as exc:
             fail(str(exc))
+    if now:
+        _print_now(rows, as_json)
+        return
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -243,6 +247,21 @@ def usage(host: str | None = HostOpt, port: int | None = PortOpt, server: str | 
         table.add_column(title, justify="left" if field in ("day", "key", "model") else "right")
     for r in rows:
         table.add_row(*(f"{r.get(f, 0) / 1000:.1f}" if f == "queue_ms" else str(r.get(f, 0)) for _, f in cols))
+    out.print(table)
+
+
+def _print_now(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        out.print("nobody is running or queued now")
+        return
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("KEY", "MODEL", "RUNNING", "QUEUED"):
+        table.add_column(col, justify="right" if col in ("RUNNING", "QUEUED") else "left")
+    for r in rows:
+        table.add_row(r["key"], r["model"], str(r["running"]), str(r["queued"]))
     out.print(table)
 
 
