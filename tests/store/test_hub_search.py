@@ -241,6 +241,19 @@ def test_a_hub_that_is_down_or_slow_is_a_503(client: httpx.Client, fake_hub: tup
         r = client.get("/hub/search", params={"q": "coder"})
         assert r.status_code == 503 and "did not answer within 3 s" in r.json()["error"]["message"], r.text
         assert client.get("/health").status_code == 200  # the router still answers
+        # the hung search still holds its thread: at most HUB_CALLS (4) wait on the Hub, the
+        # others are refused at once, so a Hub that hangs cannot pile up threads
+        from concurrent.futures import ThreadPoolExecutor
+
+        from corral.api.page.hub import HUB_CALLS
+
+        before = sum(1 for q in hub.requests if q.path == "/api/models")
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: client.get("/hub/search", params={"q": "coder"}), range(8)))
+        assert all(a.status_code == 503 for a in answers)
+        waiting = [a for a in answers if "still waiting" in a.json()["error"]["message"]]
+        assert len(waiting) >= 8 - (HUB_CALLS - 1), [a.json()["error"]["message"] for a in answers]
+        assert sum(1 for q in hub.requests if q.path == "/api/models") - before <= HUB_CALLS - 1
     finally:
         hub.search.delay_s = 0.0
         hub.search.released.set()
