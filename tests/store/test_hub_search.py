@@ -99,6 +99,15 @@ def test_search_lists_gguf_repos_with_their_facts(client: httpx.Client) -> None:
     assert [h["id"] for h in r.json()["data"]][0] == "acme/Tiny-Coder-GGUF"  # most downloaded first
 
 
+def test_the_hub_is_asked_with_the_servers_token(client: httpx.Client, fake_hub: tuple[FakeHub, dict[str, Path]]) -> None:
+    hub, _ = fake_hub
+    assert client.get("/hub/search", params={"q": "tiny"}).status_code == 200
+    assert client.get("/hub/fit", params={"repo": "acme/Vision-Coder-GGUF", "file": "Vision-Coder-Q4_K_M.gguf"}) \
+        .status_code == 200
+    asked = [q for q in hub.requests if q.path == "/api/models" or q.path.endswith("/Vision-Coder-Q4_K_M.gguf")]
+    assert asked and all(q.auth == "Bearer hf_test_token" for q in asked), asked
+
+
 def test_repo_lists_quantizations_single_split_and_projector(client: httpx.Client,
                                                              fake_hub: tuple[FakeHub, dict[str, Path]]) -> None:
     _, files = fake_hub
