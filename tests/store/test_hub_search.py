@@ -121,6 +121,7 @@ def test_repo_lists_quantizations_single_split_and_projector(client: httpx.Clien
         assert q["source"] == f"acme/Tiny-Coder-GGUF:{tag}"
     split = client.get("/hub/repo", params={"repo": "acme/Big-Split-GGUF"}).json()["quants"]
     assert len(split) == 1 and split[0]["split"] and len(split[0]["files"]) == 2
+    assert split[0]["source"] == ""  # not pullable yet (a pull would bring its first part only)
     assert split[0]["size"] == sum(p.stat().st_size for k, p in files.items() if k.startswith("acme/Big-Split"))
     vision = client.get("/hub/repo", params={"repo": "acme/Vision-Coder-GGUF"}).json()
     assert [q["tag"] for q in vision["quants"]] == ["Q4_K_M"]  # the projector is not a quantization

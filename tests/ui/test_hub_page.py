@@ -110,6 +110,7 @@ def test_split_projector_and_a_lying_header_on_the_page(hub_page: Any) -> None:
     row = page.locator('table.quants tr[data-tag="Q4_K_M"]')
     row.wait_for()
     assert "split, 2 parts" in row.inner_text()
+    assert "not pullable yet" in row.inner_text() and row.locator("button").count() == 0
     search(page, "vision")
     page.locator('.hub-hit[data-repo="acme/Vision-Coder-GGUF"] button').click()
     page.locator("table.quants tr").nth(1).wait_for()

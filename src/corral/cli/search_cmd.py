@@ -83,7 +83,7 @@ def _repo(api: Api, repo: str, as_json: bool) -> None:
             label, style = _BADGE.get(f["verdict"], (f["verdict"], ""))
             fit = Text(label, style=style) + Text(": " + f["summary"])
         size = fmt_bytes(q["size"]) + (f" + {fmt_bytes(q['projector_size'])} projector" if q.get("projector") else "")
-        table.add_row(Text(tag), size, fit, Text(q["source"]))
+        table.add_row(Text(tag), size, fit, Text(q["source"] or "- (split: merge with llama-gguf-split)"))
     out.print(table)
 
 

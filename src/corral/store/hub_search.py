@@ -63,7 +63,7 @@ class Quant:
     split: bool
     projector: str | None = None  # what a pull of it brings along
     projector_size: int = 0
-    source: str = ""  # what to pull: owner/repo:TAG, or owner/repo/file.gguf
+    source: str = ""  # what to pull: owner/repo:TAG, or owner/repo/file.gguf; "" for a split model (not pullable yet)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,7 +159,8 @@ def repo_quants(repo: str) -> RepoListing:
         q = Quant(tag=tag, files=parts, size=sum(int(files[p].size) for p in parts),
                   sha256=[_sha(files[p]) for p in parts], split=split,
                   projector=proj, projector_size=int(files[proj].size) if proj else 0)
-        q.source = f"{repo}/{parts[0]}" if split else _source(repo, tag, parts[0], [g[0] for g in groups.values()])
+        # a split model is not pulled yet (sources.pick_file says so): no source to pull it by
+        q.source = "" if split else _source(repo, tag, parts[0], [g[0] for g in groups.values()])
         out.quants.append(q)
     out.quants.sort(key=lambda q: q.size)
     return out

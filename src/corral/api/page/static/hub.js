@@ -98,8 +98,10 @@
 
   function quantRow(repo, q) {
     const fitCell = el("td", { class: "fit-cell" }, C.fitBadge(null));
-    const pullBtn = el("button", { type: "button", class: "small", title: "pull " + q.source }, "Pull");
-    pullBtn.addEventListener("click", () => pull(q, pullBtn));
+    const pullBtn = q.source
+      ? el("button", { type: "button", class: "small", title: "pull " + q.source }, "Pull")
+      : el("span", { class: "muted small", title: "split models are not pulled yet: merge the parts with llama-gguf-split and put the file in the models dir" }, "split: not pullable yet");
+    if (q.source) pullBtn.addEventListener("click", () => pull(q, pullBtn));
     const what = el("td", {},
       el("strong", {}, q.tag),
       q.split ? el("span", { class: "pill", title: q.files.join("\n") }, "split, " + q.files.length + " parts") : null,
