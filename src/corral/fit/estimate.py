@@ -8,8 +8,8 @@ budgets as ``GET /models`` reports them, and the host's available memory:
   than asked when ``plan_fit`` had to bring the context down);
 - ``partial``: ``gpu_layers`` of ``n_layers`` on the GPU(s), the rest on the host;
 - ``host``: no GPU (or none holds even the output head): weights and KV in host RAM, the
-  context as the worker sizes it there (weights and KV within half of what is available,
-  ``worker/fit.py``'s ``fit_host_ctx``, down to the ``fit_ctx_floor``);
+  context as the worker sizes it there (``corral.fit.host``: weights and KV within half of
+  what is available, down to the ``fit_ctx_floor``);
 - ``none``: not even that; ``lacks_bytes`` says by how much.
 
 The GPU side is ``plan_fit`` itself (``n_gpu_layers = "auto"``, as the worker plans its load),
@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from corral import wire
+from corral.fit.host import host_bytes, host_ctx
 from corral.fit.layout import ModelLayout
 from corral.fit.plan import FitError, has_side_context, placement, plan_fit
 from corral.fit.rows import outputs_max
@@ -123,24 +124,12 @@ def _gpu_plan(layout: ModelLayout, s: ModelSettings, gpus: Sequence[GpuBudget],
         return str(exc)
 
 
-def _host_bytes(layout: ModelLayout, s: ModelSettings, ctx: int) -> int:
-    n = max(1, s.n_parallel)
-    parts = placement(layout, gpus=[], weights=None, ngl=0, ctx=ctx, n_slots=n, n_ubatch=min(s.n_batch, 512),
-                      cache_types=(s.cache_type_k, s.cache_type_v), outputs=outputs_max(s, n),
-                      side=has_side_context(s))
-    return sum(p.weight_bytes + p.kv_bytes for p in parts)
-
-
 def _host(layout: ModelLayout, s: ModelSettings, available: int | None, common: dict[str, Any]) -> FitEstimate:
-    """No GPU layers: the context as the worker sizes it with no GPU (``fit_host_ctx``)."""
+    """No GPU layers: the context as the worker sizes it with no GPU (``corral.fit.host``)."""
     n = max(1, s.n_parallel)
-    ctx = want = layout.trained_ctx(s.ctx_len, n)
-    step = _CTX_STEP * n
-    floor = min(ctx, max(step, s.fit_ctx_floor * n))
-    if available is not None:
-        while ctx > floor and _host_bytes(layout, s, ctx) > available // 2:
-            ctx = max(floor, (ctx - 1) // step * step)
-    need = _host_bytes(layout, s, ctx)
+    want = layout.trained_ctx(s.ctx_len, n)
+    ctx = host_ctx(layout, s, available)
+    need = host_bytes(layout, s, ctx)
     if available is not None and need > available:
         return _none(layout, s, f"host RAM: needs {_gib(need)}, {_gib(available)} available", available, common)
     cut = f" (asked {want // n})" if ctx < want else ""
@@ -154,7 +143,7 @@ def _none(layout: ModelLayout, s: ModelSettings, why: str, room: int | None,
     GPUs' budgets and the host's available memory together)."""
     n = max(1, s.n_parallel)
     floor_ctx = min(layout.trained_ctx(s.ctx_len, n), max(_CTX_STEP * n, s.fit_ctx_floor * n))
-    need = _host_bytes(layout, s, floor_ctx)
+    need = host_bytes(layout, s, floor_ctx)
     lacks = max(0, need - room) if room is not None else 0
     summary = f"does not fit: {why}" + (f" (lacks about {_gib(lacks)})" if lacks else "")
     return FitEstimate(verdict="none", summary=summary, gpu_layers=0, ctx_per_slot=0, gpu_bytes=0,
