@@ -19,7 +19,6 @@ model and day.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -45,12 +44,11 @@ from corral.config.keys_file import (
     SCOPES,
     KeySpec,
     hash_secret,
+    locked_keys,
     name_problem,
     new_secret,
     now_iso,
-    owner_and_mode,
     read_keys,
-    write_keys,
 )
 
 __all__ = ["register"]
@@ -76,49 +74,15 @@ def _path(keys_file: Path | None) -> Path:
     return keys_file.expanduser()
 
 
-def _lock_file(path: Path) -> int:
-    """The keys file's lock (``PATH.lock``) opened for flock (read-only: a lock needs no write).
-    Made 0600 whatever the umask and owned like the keys file, so the server's user keeps it;
-    one already there keeps its owner and mode."""
-    lock = path.with_name(path.name + ".lock")
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        try:
-            fd = os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return os.open(lock, flags)
-    except OSError as exc:
-        fail(f"{lock}: cannot open the keys file's lock ({exc.strerror}); "
-             "run `corral keys` as the keys file's owner or as root")
-    uid, gid, _ = owner_and_mode(path)
-    try:
-        if (uid, gid) != (os.geteuid(), os.getegid()):
-            os.fchown(fd, uid, gid)
-    except PermissionError:
-        os.close(fd)
-        os.unlink(lock)
-        fail(f"{path}: cannot keep the keys file's owner (uid {uid}, gid {gid}); "
-             "run `corral keys` as that user or as root")
-    return fd
-
-
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[dict[str, KeySpec]]:
-    """The file's keys, under an exclusive lock; what the body leaves in the dict is written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with os.fdopen(_lock_file(path)) as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            keys = read_keys(path)
-        except ConfigError as exc:
-            fail(f"{exc.message}; fix the file first")
-        before = dict(keys)
-        yield keys
-        if keys != before:
-            try:
-                write_keys(path, keys)
-            except ConfigError as exc:
-                fail(exc.message)
+    """The file's keys, under its lock (``keys_file.locked_keys``); what the body leaves in the
+    dict is written; a problem is one line."""
+    try:
+        with locked_keys(path) as keys:
+            yield keys
+    except ConfigError as exc:
+        fail(exc.message)
 
 
 def _scopes(raw: str) -> tuple[str, ...]:
