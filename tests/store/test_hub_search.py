@@ -97,6 +97,9 @@ def test_search_lists_gguf_repos_with_their_facts(client: httpx.Client) -> None:
     assert tiny["updated"].startswith("2026-11-01") and tiny["gguf_files"] == 3 and not tiny["projector"]
     assert hits["acme/Vision-Coder-GGUF"]["projector"]
     assert [h["id"] for h in r.json()["data"]][0] == "acme/Tiny-Coder-GGUF"  # most downloaded first
+    # several words: each in the name, in any order (the Hub matches the text as one piece)
+    words = client.get("/hub/search", params={"q": "coder tiny"}).json()["data"]
+    assert [h["id"] for h in words] == ["acme/Tiny-Coder-GGUF"]
 
 
 def test_the_hub_is_asked_with_the_servers_token(client: httpx.Client, fake_hub: tuple[FakeHub, dict[str, Path]]) -> None:

@@ -94,18 +94,32 @@ def _hub_error(exc: Exception, what: str) -> HubError:
 
 
 def search(text: str, limit: int = 30) -> list[RepoHit]:
-    """GGUF repositories whose name matches ``text``, most downloaded first."""
+    """GGUF repositories whose name matches ``text`` (or holds each of its words), most
+    downloaded first."""
     from huggingface_hub import HfApi
 
     text = text.strip()
     if not text or len(text) > MAX_QUERY:
         raise HubError(f"search text: 1 to {MAX_QUERY} characters", 400)
-    try:
-        found = list(islice(HfApi().list_models(
-            search=text, filter="gguf", sort="downloads", limit=min(limit, MAX_HITS),
-            expand=["downloads", "likes", "lastModified", "tags", "siblings", "cardData"]), MAX_HITS))
-    except Exception as exc:  # noqa: BLE001 - every failure of the Hub's answer becomes a HubError
-        raise _hub_error(exc, f"search {text!r}") from None
+    limit = min(limit, MAX_HITS)
+    api = HfApi()
+
+    def ask(words: str, n: int) -> list[Any]:
+        try:
+            return list(islice(api.list_models(
+                search=words, filter="gguf", sort="downloads", limit=n,
+                expand=["downloads", "likes", "lastModified", "tags", "siblings", "cardData"]), n))
+        except Exception as exc:  # noqa: BLE001 - every failure of the Hub's answer becomes a HubError
+            raise _hub_error(exc, f"search {text!r}") from None
+
+    found = ask(text, limit)
+    words = [w.lower() for w in text.split()]
+    if len(words) > 1 and len(found) < limit:
+        # the Hub matches the text as one piece of a repo's name: "qwen coder" finds no
+        # "Qwen2.5-Coder"; the repos matching its longest word that hold every word, too
+        seen = {m.id for m in found}
+        found += [m for m in ask(max(words, key=len), MAX_HITS * 2)
+                  if m.id not in seen and all(w in m.id.lower() for w in words)][:limit - len(found)]
     hits = []
     for m in found:
         names = [s.rfilename for s in (m.siblings or [])[:MAX_FILES]]
