@@ -208,6 +208,11 @@ def test_a_header_that_lies_is_a_clear_400_after_a_bounded_read(client: httpx.Cl
     assert r.json()["error"]["code"] == "unreadable_model"
     assert "Liar-Q4_K_M.gguf" in r.json()["error"]["message"]
     assert hub.bytes_served["acme/Liar-Coder-GGUF/Liar-Q4_K_M.gguf"] <= MAX_HEADER_BYTES
+    # asked again: refused from memory, not read again
+    before = hub.bytes_served["acme/Liar-Coder-GGUF/Liar-Q4_K_M.gguf"]
+    again = client.get("/hub/fit", params={"repo": "acme/Liar-Coder-GGUF", "file": "Liar-Q4_K_M.gguf"})
+    assert again.status_code == 400 and again.json()["error"]["message"] == r.json()["error"]["message"]
+    assert hub.bytes_served["acme/Liar-Coder-GGUF/Liar-Q4_K_M.gguf"] == before
 
 
 def test_bad_input_is_a_clear_4xx(client: httpx.Client) -> None:
@@ -292,3 +297,21 @@ def test_corral_search_on_the_command_line(server: CorralServer) -> None:
     assert verdicts == {"Q4_K_M": "gpu", "Q6_K": "partial", "F16": "none"}
     long = run("x" * 10_000)
     assert long.returncode == 1 and "1 to 200 characters" in long.stderr and "Traceback" not in long.stderr
+
+
+def test_the_header_cache_on_disk_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from corral.store import remote_header
+
+    monkeypatch.setattr(remote_header, "HEADER_CACHE_FILES", 5)
+    monkeypatch.setattr(remote_header, "HEADER_CACHE_BYTES", 10_000)
+    cache = remote_header.RemoteHeaders(tmp_path)
+    for i in range(8):
+        (tmp_path / f"h{i}.head").write_bytes(b"x" * 3000)
+        (tmp_path / f"h{i}.size").write_text("3000")
+        os.utime(tmp_path / f"h{i}.head", ns=(i * 10**9, i * 10**9))
+    cache._trim()
+    kept = sorted(p.name for p in tmp_path.glob("*.head"))
+    assert kept == ["h5.head", "h6.head", "h7.head"]  # the newest, within 10,000 bytes
+    assert sorted(p.name for p in tmp_path.glob("*.size")) == ["h5.size", "h6.size", "h7.size"]

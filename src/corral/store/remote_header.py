@@ -9,9 +9,10 @@ ignores ``Range`` is read only as far as asked, then the connection is closed. T
 size comes from ``Content-Range`` (or ``Content-Length``).
 
 The bytes read are kept, per repo, commit and file, in ``models_dir/.corral/headers/``
-(``HEADER_CACHE_FILES`` of them, the oldest dropped), and parsed with the one GGUF reader,
-``corral.model.gguf_header.read_header``; the layouts in memory (an LRU of
-``LAYOUT_CACHE``). Requests go where pulls go: ``HF_ENDPOINT``, with ``HF_TOKEN``'s token
+(``HEADER_CACHE_FILES`` of them and ``HEADER_CACHE_BYTES`` at most, the oldest dropped), and
+parsed with the one GGUF reader, ``corral.model.gguf_header.read_header``; the layouts in
+memory (an LRU of ``LAYOUT_CACHE``), with the refusals (a file that is not a GGUF we can plan
+with is not read again; a Hub that failed is asked again). Requests go where pulls go: ``HF_ENDPOINT``, with ``HF_TOKEN``'s token
 (huggingface_hub's ``hf_hub_url`` and ``build_hf_headers``). Synchronous (httpx): the router
 calls it in a thread (``corral.api.page.hub``).
 """
@@ -36,7 +37,8 @@ __all__ = ["RemoteHeaders", "RemoteHeaderError", "FIRST_READ", "MAX_HEADER_BYTES
 FIRST_READ = 256 * 1024
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 HEADER_CACHE_FILES = 128
-LAYOUT_CACHE = 256
+HEADER_CACHE_BYTES = 256 * 1024 * 1024  # on disk, all kept headers together
+LAYOUT_CACHE = 256  # layouts and refusals (a file that is no GGUF we can plan with) in memory
 _TIMEOUT = httpx.Timeout(10.0, connect=5.0)
 
 
@@ -54,7 +56,7 @@ class RemoteHeaders:
     def __init__(self, cache_dir: Path, *, timeout: httpx.Timeout = _TIMEOUT) -> None:
         self._dir = cache_dir
         self._timeout = timeout
-        self._layouts: collections.OrderedDict[str, ModelLayout] = collections.OrderedDict()
+        self._layouts: collections.OrderedDict[str, ModelLayout | str] = collections.OrderedDict()
         self._lock = threading.Lock()
         # one reader of a cached file at a time (two requests for one quantization): a fixed
         # set of locks, picked by the file's name, so their number stays bounded
@@ -67,16 +69,25 @@ class RemoteHeaders:
             hit = self._layouts.get(key)
             if hit is not None:
                 self._layouts.move_to_end(key)
-                return hit
-        headers = [self.header(repo, f, revision) for f in files]
+        if isinstance(hit, str):  # refused before: not read again (a lying header costs its 16 MiB once)
+            raise RemoteHeaderError(hit)
+        if hit is not None:
+            return hit
         try:
-            lo = layout_of(headers[0], *headers[1:], where=f"{repo}/{files[0]}")
+            headers = [self.header(repo, f, revision) for f in files]
+            lo: ModelLayout | str = layout_of(headers[0], *headers[1:], where=f"{repo}/{files[0]}")
         except GGUFError as exc:
-            raise RemoteHeaderError(f"{repo}/{files[0]}: {exc}") from None
+            lo = f"{repo}/{files[0]}: {exc}"
+        except RemoteHeaderError as exc:
+            if exc.reach:
+                raise  # the Hub's fault, not the file's: asked again next time
+            lo = str(exc)
         with self._lock:
             self._layouts[key] = lo
             while len(self._layouts) > LAYOUT_CACHE:
                 self._layouts.popitem(last=False)
+        if isinstance(lo, str):
+            raise RemoteHeaderError(lo)
         return lo
 
     def header(self, repo: str, filename: str, revision: str | None = None) -> GGUFHeader:
@@ -192,12 +203,22 @@ class RemoteHeaders:
             raise RemoteHeaderError(f"{what}: cannot reach the Hub ({type(exc).__name__})", reach=True) from None
 
     def _trim(self) -> None:
-        """Keep the newest ``HEADER_CACHE_FILES`` headers."""
+        """Keep the newest ``HEADER_CACHE_FILES`` headers, ``HEADER_CACHE_BYTES`` at most."""
         try:
             heads = sorted(self._dir.glob("*.head"), key=lambda p: p.stat().st_mtime_ns)
         except OSError:
             return
-        for old in heads[:max(0, len(heads) - HEADER_CACHE_FILES)]:
+        sizes = []
+        for p in heads:
+            try:
+                sizes.append(p.stat().st_size)
+            except OSError:
+                sizes.append(0)
+        total, drop = sum(sizes), max(0, len(heads) - HEADER_CACHE_FILES)
+        for k, old in enumerate(heads):
+            if k >= drop and total <= HEADER_CACHE_BYTES:
+                break
+            total -= sizes[k]
             for p in (old, old.with_suffix(".size")):
                 try:
                     p.unlink()
