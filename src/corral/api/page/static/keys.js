@@ -7,7 +7,6 @@
   const C = window.corral;
   const el = C.el;
   const $ = (id) => document.getElementById(id);
-  let isAdmin = null; // unknown until GET /keys answers
 
   function showError(message) {
     const box = $("keys-error");
@@ -28,7 +27,6 @@
     const box = $("keys-list");
     try {
       const r = await C.api("GET", "/keys");
-      isAdmin = true;
       $("keys-admin").hidden = false;
       $("keys-own").hidden = true;
       $("key-create").hidden = !r.keys_file;
@@ -39,7 +37,6 @@
     } catch (e) {
       if (e instanceof C.AuthError) return;
       if (e.status === 403) { // an infer or manage key: its own usage only
-        isAdmin = false;
         $("keys-admin").hidden = true;
         $("keys-own").hidden = false;
         return;
