@@ -39,7 +39,8 @@
     │   ├── CapacityTimeout          503 code=capacity_timeout (no room within the wait)
     │   ├── ModelLoading             503 code=model_loading    (still loading after the wait)
     │   ├── ClusterUnreachable       503 code=cluster_unreachable (the Ray cluster is lost)
-    │   └── ModelDownloading         503 code=model_downloading
+    │   ├── ModelDownloading         503 code=model_downloading
+    │   └── HubUnreachable           503 code=hub_unreachable (the Hub is down, slow or failing)
     ├── ModelError                   5xx                    an instance failed
     │   ├── LoadFailed               503 code=model_load_failed
     │   ├── WorkerCrashed            502 code=worker_crashed (in-flight requests end so)
@@ -103,6 +104,7 @@ __all__ = [
     "ModelLoading",
     "ClusterUnreachable",
     "ModelDownloading",
+    "HubUnreachable",
     "WorkerRequestFailed",
     "InternalError",
     "RouteNotFound",
@@ -338,6 +340,12 @@ class ClusterUnreachable(Unavailable):
 
 class ModelDownloading(Unavailable):
     code = "model_downloading"
+
+
+class HubUnreachable(Unavailable):
+    """A search, listing or header read the Hugging Face Hub did not answer in time, or
+    answered with a failure (api/page/hub.py)."""
+    code = "hub_unreachable"
 
 
 class ModelError(CorralError):

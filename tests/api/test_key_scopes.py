@@ -57,6 +57,7 @@ public  GET /health | GET / | GET /ui/{name}
 key     GET /v1/models | GET /v1/models/{model_id:path} | GET /models | GET /models/show | GET /api/tags
         GET /api/ps | POST /api/show | GET /api/version | GET /docs | GET /docs/oauth2-redirect
         GET /openapi.json | GET /usage | GET /props | GET /slots | GET /lora-adapters
+        GET /models/fit | GET /usage/now
 infer   POST /v1/chat/completions | POST /chat/completions | POST /v1/completions | POST /completions
         POST /v1/embeddings | POST /embeddings | POST /v1/messages | POST /v1/messages/count_tokens
         POST /v1/responses | POST /api/chat | POST /api/generate | POST /api/embed | POST /api/embeddings
@@ -69,7 +70,8 @@ manage  GET /stats | GET /metrics | GET /models/events | GET /models/sse | POST 
         GET /models/pull/{pull_id} | DELETE /models/pull/{pull_id} | POST /api/pull | POST /api/copy
         POST /inferences/llamacpp/loadmodel | GET /inferences/llamacpp/unloadmodel
         POST /inferences/llamacpp/unloadmodel | POST /slots/{id_slot} | POST /lora-adapters
-admin   DELETE /api/delete | DELETE /models/{model_id:path}
+        GET /hub/search | GET /hub/repo | GET /hub/fit
+admin   DELETE /api/delete | DELETE /models/{model_id:path} | GET /keys | POST /keys | DELETE /keys/{name}
 """
 
 

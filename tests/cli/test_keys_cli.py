@@ -99,9 +99,11 @@ def test_keys_made_by_the_cli_work_on_a_running_server_and_usage_shows_them(
     r = corral("usage", "--host", url, env={"CORRAL_API_KEY": root})
     assert r.returncode == 0 and "alice" in r.stdout and "COMPLETION TOKENS" in r.stdout
     lines = [line for line in r.stdout.splitlines() if "alice" in line]
-    assert lines and lines[0].replace("│", " ").split()[-3:] == ["2", "2", "8"]
+    assert lines and lines[0].replace("│", " ").split()[3:6] == ["2", "2", "8"]  # requests, prompt, completion
     assert json.loads(corral("usage", "--host", url, "--json", "--key", "nobody",
                              env={"CORRAL_API_KEY": root}).stdout) == []
+    r = corral("usage", "--host", url, "--now", env={"CORRAL_API_KEY": root})
+    assert r.returncode == 0 and "nobody is running or queued now" in r.stdout, r.stderr
     # rotated: the old secret is refused by the running server at once
     new = _secret(corral("keys", "rotate", "alice", *kf).stdout)
     assert httpx.get(f"{url}/v1/models", headers=bearer(alice)).status_code == 401

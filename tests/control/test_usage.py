@@ -28,6 +28,14 @@ async def _start(harness: Harness, **server: object) -> dict[str, str]:
     return secrets
 
 
+_OLD = ("key", "model", "day", "requests", "prompt_tokens", "completion_tokens")
+
+
+def _old(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The rows' original columns (queue_ms is what it is; the new counts are tested below)."""
+    return [{k: r[k] for k in _OLD} for r in rows]
+
+
 def _rows(db: Path) -> list[tuple[object, ...]]:
     """What the database holds, read as another process would (no table yet: nothing)."""
     with contextlib.closing(sqlite3.connect(db)) as conn:
@@ -60,16 +68,18 @@ async def test_usage_per_key_and_model_in_every_dialect(harness: Harness) -> Non
              "completion_tokens": 4 + 12},
             {"key": "bob", "model": "e", "day": today, "requests": 1, "prompt_tokens": 2, "completion_tokens": 0}]
     r = await c.get("/usage", headers=root)
-    assert r.status_code == 200 and r.json() == {"data": want}
+    assert r.status_code == 200 and _old(r.json()["data"]) == want
+    assert all(row["limited"] == row["unavailable"] == row["cached_tokens"] == 0 and row["queue_ms"] >= 0
+               for row in r.json()["data"])
     # a key sees its own usage only
-    assert (await c.get("/usage", headers=a)).json()["data"] == want[:2]
+    assert _old((await c.get("/usage", headers=a)).json()["data"]) == want[:2]
     r = await c.get("/usage", params={"key": "bob"}, headers=a)
     assert r.status_code == 403
     # filters
-    assert (await c.get("/usage", params={"key": "bob"}, headers=root)).json()["data"] == want[2:]
-    assert (await c.get("/usage", params={"model": "a"}, headers=root)).json()["data"] == [want[0], want[2]]
+    assert _old((await c.get("/usage", params={"key": "bob"}, headers=root)).json()["data"]) == want[2:]
+    assert _old((await c.get("/usage", params={"model": "a"}, headers=root)).json()["data"]) == [want[0], want[2]]
     assert (await c.get("/usage", params={"since": "2999-01-01"}, headers=root)).json()["data"] == []
-    assert (await c.get("/usage", params={"since": today}, headers=root)).json()["data"] == want
+    assert _old((await c.get("/usage", params={"since": today}, headers=root)).json()["data"]) == want
     r = await c.get("/usage", params={"since": "yesterday"}, headers=root)
     assert r.status_code == 400 and r.json()["error"]["param"] == "since"
     # kept: flushed to the database within a second or so
@@ -90,8 +100,8 @@ async def test_without_keys_usage_is_anonymous(harness: Harness) -> None:
     c = harness.client
     assert (await c.post("/v1/chat/completions", json=chat("a"))).status_code == 200
     r = await c.get("/usage")
-    assert r.json()["data"] == [{"key": "-", "model": "a", "day": utc_day(), "requests": 1,
-                                 "prompt_tokens": 1, "completion_tokens": 4}]
+    assert _old(r.json()["data"]) == [{"key": "-", "model": "a", "day": utc_day(), "requests": 1,
+                                       "prompt_tokens": 1, "completion_tokens": 4}]
 
 
 async def test_the_api_key_counts_as_api_key(harness: Harness) -> None:
@@ -113,7 +123,8 @@ def test_the_book_flushes_in_batches_off_the_caller(tmp_path: Path) -> None:
         t.join()
     assert not (tmp_path / "st" / "usage.db").exists()
     assert book.query() == [{"key": "k", "model": "m", "day": utc_day(), "requests": 2000,
-                             "prompt_tokens": 4000, "completion_tokens": 6000}]
+                             "prompt_tokens": 4000, "completion_tokens": 6000, "cached_tokens": 0, "queue_ms": 0,
+                             "limited": 0, "unavailable": 0}]
     book.record("k", "m", requests=1, prompt_tokens=0, completion_tokens=0, day="2020-01-01")
     book.close()  # flushes what is left
     assert _rows(tmp_path / "st" / "usage.db") == [("k", "m", "2020-01-01", 1, 0, 0),
@@ -121,6 +132,24 @@ def test_the_book_flushes_in_batches_off_the_caller(tmp_path: Path) -> None:
     again = UsageBook(tmp_path / "st")
     assert again.day_tokens("k", utc_day()) == 10000
     assert [r["day"] for r in again.query(since="2021-01-01")] == [utc_day()]
+    again.close()
+
+
+def test_a_database_of_an_older_corral_gets_the_new_counts(tmp_path: Path) -> None:
+    (tmp_path / "st").mkdir()
+    with contextlib.closing(sqlite3.connect(tmp_path / "st" / "usage.db")) as conn:
+        conn.execute("CREATE TABLE usage (key TEXT NOT NULL, model TEXT NOT NULL, day TEXT NOT NULL, "
+                     "requests INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0, "
+                     "completion_tokens INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (key, model, day))")
+        conn.execute("INSERT INTO usage VALUES ('k', 'm', '2020-01-01', 3, 4, 5)")
+        conn.commit()
+    book = UsageBook(tmp_path / "st")
+    book.record("k", "m", cached_tokens=7, queue_ms=250, limited=2, unavailable=1, day="2020-01-01")
+    book.close()
+    again = UsageBook(tmp_path / "st")
+    assert again.query() == [{"key": "k", "model": "m", "day": "2020-01-01", "requests": 3, "prompt_tokens": 4,
+                              "completion_tokens": 5, "cached_tokens": 7, "queue_ms": 250, "limited": 2,
+                              "unavailable": 1}]
     again.close()
 
 

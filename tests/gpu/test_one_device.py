@@ -3,6 +3,8 @@ CORRAL_GPU_BACKEND=cuda): real workers and the embedded model. Lean, because a l
 worker is slow to start (its shader pipelines, kept in Mesa's cache on disk) and decodes
 about a token a second: one router, three worker starts, a few tokens each.
 
+- ``GET /models/fit`` before the load (the page's estimate) says what the worker then does:
+  every layer on the device, the context a slot, the device bytes within 10%.
 - ``n_gpu_layers = "auto"`` puts the whole model on the device; GET /models shows the plan,
   the placement and the device's memory as the backend reports it; the bytes corral planned
   on the device are what llama.cpp logged allocating there (weights and KV cache).
@@ -101,10 +103,15 @@ async def test_the_seeds_cases_on_one_device(harness: Harness, model_path: Path)
     cfg = harness.config(models, worker_command=None, gpu_memory_margin=0, gpu_memory_budget=[budget],
                          max_loaded_models=3, load_timeout_s=1800, queue_timeout_s=5)
     plane = await harness.start(cfg)
+    # the page's estimate before the load (GET /models/fit): what the worker then does
+    fit = (await harness.client.get("/models/fit", params={"model": "a"})).json()  # type: ignore[union-attr]
 
     # auto: every layer and the head on the device, as planned and as llama.cpp allocated
     state = await load(harness, "a")
     a = instance(state, "a")
+    assert fit["verdict"] == "gpu" and fit["gpu_layers"] == a["fit"]["n_gpu_layers"], (fit, a["fit"])
+    assert fit["ctx_per_slot"] == a["n_ctx_slot"], (fit, a["n_ctx_slot"])
+    assert abs(fit["gpu_bytes"] - a["fit"]["device_bytes"]) <= a["fit"]["device_bytes"] // 10, (fit, a["fit"])
     [gpu] = state["gpus"]
     device = f"{DEVICE}0"
     assert gpu["name"] == device and gpu["budget_bytes"] == budget

@@ -4,6 +4,8 @@ Speaks what huggingface_hub 2.x and corral's fetch child use:
     HEAD/GET /{owner}/{repo}/resolve/{revision}/{path}   file bytes + Hub headers, Range
     GET      /api/models/{owner}/{repo}/tree/{revision}  the file listing (``:TAG`` form)
     HEAD/GET /plain/{name}                                 a plain file (URL sources)
+    GET      /api/models?search=TEXT&filter=gguf...        the search (list_models): repos with a
+                                                           .gguf whose name holds TEXT
 
 Each file has a ``Behavior`` the test can change: cut the connection after N bytes
 (for the first ``cut_times`` GETs), serve wrong bytes, throttle, answer a status
@@ -48,6 +50,7 @@ class HubFile:
     sha256: str = ""
     behavior: Behavior = field(default_factory=Behavior)
     gets: int = 0
+    key: str = ""
 
     def read(self, start: int, end: int) -> bytes:
         if self.data is not None:
@@ -66,9 +69,29 @@ class Request:
     auth: str | None
 
 
+@dataclass
+class RepoMeta:
+    """What the search says of a repo besides its files."""
+
+    downloads: int = 0
+    likes: int = 0
+    license: str | None = None
+    last_modified: str = "2026-11-01T12:00:00.000Z"
+
+
+@dataclass
+class SearchBehavior:
+    status: int | None = None  # answer the search (and tree listings) with this status
+    delay_s: float = 0.0  # a slow Hub: wait this long before answering a search or listing
+    released: threading.Event = field(default_factory=threading.Event)  # set: stop waiting at once
+
+
 class FakeHub:
     def __init__(self) -> None:
         self.files: dict[str, HubFile] = {}  # "owner/repo/path" or "plain/name"
+        self.repos: dict[str, RepoMeta] = {}  # "owner/repo" -> search metadata
+        self.search = SearchBehavior()
+        self.bytes_served: dict[str, int] = {}  # file key -> body bytes sent
         self.requests: list[Request] = []
         self._lock = threading.Lock()
         hub = self
@@ -106,6 +129,7 @@ class FakeHub:
         else:
             assert path is not None and sha256 is not None
             f = HubFile(path=path, size=path.stat().st_size, sha256=sha256)
+        f.key = key
         self.files[key] = f
         return f
 
@@ -117,10 +141,18 @@ class FakeHub:
     def _serve(self, h: BaseHTTPRequestHandler, head: bool) -> None:
         path = h.path.split("?", 1)[0]
         rng = h.headers.get("Range")
-        start = int(m.group(1)) if rng and (m := re.match(r"bytes=(\d+)-", rng)) else None
+        rm = re.match(r"bytes=(\d+)-(\d*)", rng) if rng else None
+        start = int(rm.group(1)) if rm else None
+        last = int(rm.group(2)) if rm and rm.group(2) else None  # bytes=a-b: b included
         with self._lock:
             self.requests.append(Request(h.command, path, start, h.headers.get("Authorization")))
-        if (m := re.match(r"^/api/models/([^/]+/[^/]+)/tree/[^/]+", path)):
+        if path == "/api/models" or (m := re.match(r"^/api/models/([^/]+/[^/]+)/tree/[^/]+", path)):
+            if self.search.delay_s:
+                self.search.released.wait(self.search.delay_s)
+            if self.search.status:
+                return self._status(h, self.search.status)
+            if path == "/api/models":
+                return self._search(h, h.path)
             return self._tree(h, m.group(1))
         if (m := re.match(r"^/([^/]+/[^/]+)/resolve/[^/]+/(.+)$", path)):
             key = f"{m.group(1)}/{m.group(2)}"
@@ -154,28 +186,29 @@ class FakeHub:
             h.end_headers()
             return
         begin = start if partial else 0
+        end = min(f.size, last + 1) if partial and last is not None else f.size
         h.send_response(206 if partial else 200)
-        h.send_header("Content-Length", str(f.size - begin))  # type: ignore[operator]
+        h.send_header("Content-Length", str(end - begin))  # type: ignore[operator]
         h.send_header("Accept-Ranges", "bytes")
         h.send_header("X-Repo-Commit", COMMIT)
         h.send_header("ETag", f'"{f.sha256}"')
         h.send_header("X-Linked-Etag", f'"{f.sha256}"')
         h.send_header("X-Linked-Size", str(f.size))
         if partial:
-            h.send_header("Content-Range", f"bytes {begin}-{f.size - 1}/{f.size}")
+            h.send_header("Content-Range", f"bytes {begin}-{end - 1}/{f.size}")
         h.end_headers()
         if head:
             return
         cut = b.cut_after if b.cut_after is not None and n <= b.cut_times else None
-        self._body(h, f, begin, cut)  # type: ignore[arg-type]
+        self._body(h, f, begin, cut, end)  # type: ignore[arg-type]
 
-    def _body(self, h: BaseHTTPRequestHandler, f: HubFile, begin: int, cut: int | None) -> None:
+    def _body(self, h: BaseHTTPRequestHandler, f: HubFile, begin: int, cut: int | None, end: int) -> None:
         pos, sent = begin, 0
         chunk = 16 * 1024 if f.behavior.bytes_per_s else 256 * 1024
         t0 = time.monotonic()
         try:
-            while pos < f.size:
-                n = min(chunk, f.size - pos)
+            while pos < end:
+                n = min(chunk, end - pos)
                 if cut is not None:
                     n = min(n, cut - sent)
                     if n <= 0:
@@ -186,12 +219,14 @@ class FakeHub:
                 h.wfile.write(data)
                 pos += n
                 sent += n
+                with self._lock:
+                    self.bytes_served[f.key] = self.bytes_served.get(f.key, 0) + n
                 if f.behavior.bytes_per_s:
                     ahead = sent / f.behavior.bytes_per_s - (time.monotonic() - t0)
                     if ahead > 0:
                         time.sleep(ahead)
             h.wfile.flush()
-            if cut is not None and pos < f.size:
+            if cut is not None and pos < end:
                 h.connection.shutdown(socket.SHUT_RDWR)  # drop it mid-file
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass  # the client went away (cancel)
@@ -206,6 +241,34 @@ class FakeHub:
         if not entries:
             return self._status(h, 404, "RepoNotFound")
         body = json.dumps(entries).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def _search(self, h: BaseHTTPRequestHandler, raw: str) -> None:
+        from urllib.parse import parse_qs, urlsplit
+
+        q = parse_qs(urlsplit(raw).query)
+        text = (q.get("search") or [""])[0].lower()
+        limit = int((q.get("limit") or ["1000"])[0])
+        repos: dict[str, list[str]] = {}
+        for k in self.files:
+            if not k.startswith("plain/"):
+                owner, name, rest = k.split("/", 2)
+                repos.setdefault(f"{owner}/{name}", []).append(rest)
+        out = []
+        for repo, files in repos.items():
+            if text not in repo.lower() or not any(f.lower().endswith(".gguf") for f in files):
+                continue
+            meta = self.repos.get(repo, RepoMeta())
+            out.append({"id": repo, "_id": hashlib.sha1(repo.encode()).hexdigest()[:24],
+                        "downloads": meta.downloads, "likes": meta.likes, "lastModified": meta.last_modified,
+                        "tags": ["gguf", *([f"license:{meta.license}"] if meta.license else [])],
+                        "siblings": [{"rfilename": f} for f in sorted(files)]})
+        out.sort(key=lambda e: -int(e["downloads"]))  # type: ignore[call-overload]
+        body = json.dumps(out[:limit]).encode()
         h.send_response(200)
         h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(body)))

@@ -56,6 +56,7 @@ def authorize(access: Access, routes: RouteScopes, scope: Scope, presented: list
     if needed in ("infer", "manage", "admin") and not key.allows(needed):
         raise ScopeDenied(f"key {key.name!r} lacks the {needed!r} scope that {method} {template} needs "
                           f"(its scopes: {', '.join(sorted(key.scopes)) or 'none'})")
+    access.used(key.name)
     routed = "GET" if method == "HEAD" else method  # a HEAD runs the GET route
     return Caller(key), template is not None and (routed, template) in MODEL_ROUTES
 
@@ -109,6 +110,7 @@ class ModelRequest:
             await limiter.enter(key.name, spec, self.timeout)
         except RateLimited as exc:
             self.access.metrics.rate_limited.labels(key.name, exc.type).inc()
+            self.access.rejected("-", 429)  # before a model was named: counted on the key alone
             await error_response(scope["path"], exc)(scope, receive, send)
             return
         headers = [(k.encode(), v.encode()) for k, v in limiter.headers(key.name, spec).items()]

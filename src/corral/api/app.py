@@ -34,6 +34,7 @@ from corral.api.llamacpp import rerank as rerank_routes
 from corral.api.llamacpp import schemas as llamacpp_schemas
 from corral.api.llamacpp import slot_files as slot_file_routes
 from corral.api.llamacpp import streams as stream_routes
+from corral.api.manage import keys as key_routes
 from corral.api.manage import models as management_routes
 from corral.api.manage import store as store_routes
 from corral.api.manage import usage as usage_routes
@@ -42,6 +43,7 @@ from corral.api.ollama import routes as ollama_routes
 from corral.api.openai import responses as responses_routes
 from corral.api.openai import routes as openai_routes
 from corral.api.openai import tokenize as tokenize_routes
+from corral.api.page import hub as hub_routes
 from corral.api.page import live_stats
 from corral.api.page import routes as page_routes
 from corral.api.guard import GuardMiddleware
@@ -161,9 +163,11 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     app.include_router(anthropic_routes.router)
     app.include_router(responses_routes.router)
     app.include_router(page_routes.router)
+    app.include_router(hub_routes.router)
     app.include_router(live_stats.router)
     app.include_router(tokenize_routes.router)
     app.include_router(store_routes.router)
+    app.include_router(key_routes.router)
     app.include_router(usage_routes.router)
     for part in (infill_routes, rerank_routes, inspect_routes, slot_file_routes, lora_routes,
                  stream_routes):  # llama-server's own routes

@@ -54,6 +54,11 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/v1/models/{model_id:path}"): "key",
     ("GET", "/models"): "key",
     ("GET", "/models/show"): "key",
+    ("GET", "/models/fit"): "key",  # the fit estimate of a model the key may use (visibility applies)
+    # the Hub with the server's HF token, on the server's time (api/page/hub.py): as pulls are
+    ("GET", "/hub/search"): "manage",
+    ("GET", "/hub/repo"): "manage",
+    ("GET", "/hub/fit"): "manage",
     ("GET", "/api/tags"): "key",
     ("GET", "/api/ps"): "key",
     ("GET", "/api/version"): "key",
@@ -61,6 +66,11 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/docs/oauth2-redirect"): "key",
     ("GET", "/openapi.json"): "key",
     ("GET", "/usage"): "key",
+    ("GET", "/usage/now"): "key",  # running and queued per key now: another key's only with admin
+    # the keys (api/manage/keys.py): names, scopes and limits of every key; creating and revoking them
+    ("GET", "/keys"): "admin",
+    ("POST", "/keys"): "admin",
+    ("DELETE", "/keys/{name}"): "admin",
     ("GET", "/props"): "key",  # one model's settings (visibility applies), as /api/show
     ("GET", "/slots"): "key",  # slot counts and states, never prompts
     ("POST", "/slots/{id_slot}"): "manage",  # writes/reads the server's slot files, changes a slot's cache

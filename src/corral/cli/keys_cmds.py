@@ -19,7 +19,6 @@ model and day.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -45,12 +44,11 @@ from corral.config.keys_file import (
     SCOPES,
     KeySpec,
     hash_secret,
+    locked_keys,
     name_problem,
     new_secret,
     now_iso,
-    owner_and_mode,
     read_keys,
-    write_keys,
 )
 
 __all__ = ["register"]
@@ -76,49 +74,15 @@ def _path(keys_file: Path | None) -> Path:
     return keys_file.expanduser()
 
 
-def _lock_file(path: Path) -> int:
-    """The keys file's lock (``PATH.lock``) opened for flock (read-only: a lock needs no write).
-    Made 0600 whatever the umask and owned like the keys file, so the server's user keeps it;
-    one already there keeps its owner and mode."""
-    lock = path.with_name(path.name + ".lock")
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        try:
-            fd = os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return os.open(lock, flags)
-    except OSError as exc:
-        fail(f"{lock}: cannot open the keys file's lock ({exc.strerror}); "
-             "run `corral keys` as the keys file's owner or as root")
-    uid, gid, _ = owner_and_mode(path)
-    try:
-        if (uid, gid) != (os.geteuid(), os.getegid()):
-            os.fchown(fd, uid, gid)
-    except PermissionError:
-        os.close(fd)
-        os.unlink(lock)
-        fail(f"{path}: cannot keep the keys file's owner (uid {uid}, gid {gid}); "
-             "run `corral keys` as that user or as root")
-    return fd
-
-
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[dict[str, KeySpec]]:
-    """The file's keys, under an exclusive lock; what the body leaves in the dict is written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with os.fdopen(_lock_file(path)) as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            keys = read_keys(path)
-        except ConfigError as exc:
-            fail(f"{exc.message}; fix the file first")
-        before = dict(keys)
-        yield keys
-        if keys != before:
-            try:
-                write_keys(path, keys)
-            except ConfigError as exc:
-                fail(exc.message)
+    """The file's keys, under its lock (``keys_file.locked_keys``); what the body leaves in the
+    dict is written; a problem is one line."""
+    try:
+        with locked_keys(path) as keys:
+            yield keys
+    except ConfigError as exc:
+        fail(exc.message)
 
 
 def _scopes(raw: str) -> tuple[str, ...]:
@@ -220,27 +184,48 @@ def usage(host: str | None = HostOpt, port: int | None = PortOpt, server: str | 
           key: str | None = typer.Option(None, "--key", help="only this key"),
           model: str | None = typer.Option(None, "--model", help="only this model"),
           since: str | None = typer.Option(None, "--since", help="from this day on (YYYY-MM-DD)"),
+          now: bool = typer.Option(False, "--now", help="who is running and queued now, per key and model"),
           as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """Requests and tokens per key, model and day (GET /usage of a running server)."""
+    """Requests, tokens, queue time, 429s and 503s per key, model and day (GET /usage of a running server)."""
     params = {k: v for k, v in (("key", key), ("model", model), ("since", since)) if v is not None}
     with Api(server_url(host, port, server)) as api:
         try:
-            rows: list[dict[str, Any]] = api.get("/usage", params=params)["data"]
+            rows: list[dict[str, Any]] = api.get("/usage/now" if now else "/usage", params={} if now else params)["data"]
         except ApiError as exc:
             fail(str(exc))
+    if now:
+        _print_now(rows, as_json)
+        return
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     if not rows:
         out.print("no usage yet")
         return
+    cols = (("DAY", "day"), ("KEY", "key"), ("MODEL", "model"), ("REQUESTS", "requests"),
+            ("PROMPT TOKENS", "prompt_tokens"), ("COMPLETION TOKENS", "completion_tokens"),
+            ("CACHED TOKENS", "cached_tokens"), ("QUEUE S", "queue_ms"), ("429S", "limited"),
+            ("503S", "unavailable"))
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("DAY", "KEY", "MODEL", "REQUESTS", "PROMPT TOKENS", "COMPLETION TOKENS"):
-        table.add_column(col, justify="right" if col in ("REQUESTS", "PROMPT TOKENS", "COMPLETION TOKENS")
-                         else "left")
+    for title, field in cols:
+        table.add_column(title, justify="left" if field in ("day", "key", "model") else "right")
     for r in rows:
-        table.add_row(r["day"], r["key"], r["model"], str(r["requests"]), str(r["prompt_tokens"]),
-                      str(r["completion_tokens"]))
+        table.add_row(*(f"{r.get(f, 0) / 1000:.1f}" if f == "queue_ms" else str(r.get(f, 0)) for _, f in cols))
+    out.print(table)
+
+
+def _print_now(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        out.print("nobody is running or queued now")
+        return
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("KEY", "MODEL", "RUNNING", "QUEUED"):
+        table.add_column(col, justify="right" if col in ("RUNNING", "QUEUED") else "left")
+    for r in rows:
+        table.add_row(r["key"], r["model"], str(r["running"]), str(r["queued"]))
     out.print(table)
 
 

@@ -100,6 +100,8 @@ class ServerConfig(_NoBoolNumbers):
     prompt_cache_write_s: float = Field(3.0, ge=0)
     # directories outside models_dir whose models requests may name (Nitro llama_model_path)
     allowed_model_dirs: list[Path] = []
+    # the page's Hub search, listings and header reads (api/page/hub.py): each gives up after this
+    hub_timeout_s: float = Field(20.0, gt=0, le=600)
     # streams that outlive their client (X-Conversation-Id, GET/DELETE /v1/stream:
     # corral.control.conversations): per key, how many are kept, how many bytes of events
     # they may hold together, and how long a finished one stays readable

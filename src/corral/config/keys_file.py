@@ -38,6 +38,7 @@ import stat
 import tempfile
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ __all__ = [
     "read_keys",
     "render_keys",
     "write_keys",
+    "locked_keys",
 ]
 
 SCOPES = ("infer", "manage", "admin")
@@ -234,6 +236,53 @@ def write_keys(path: Path, keys: dict[str, KeySpec]) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def _lock_file(path: Path) -> int:
+    """The keys file's lock (``PATH.lock``) opened for flock (read-only: a lock needs no write).
+    Made 0600 whatever the umask and owned like the keys file, so the server's user keeps it;
+    one already there keeps its owner and mode."""
+    lock = path.with_name(path.name + ".lock")
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(lock, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return os.open(lock, flags)
+    except OSError as exc:
+        raise ConfigError(f"{lock}: cannot open the keys file's lock ({exc.strerror}); "
+                          "run `corral keys` as the keys file's owner or as root") from None
+    uid, gid, _ = owner_and_mode(path)
+    try:
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            os.fchown(fd, uid, gid)
+    except PermissionError:
+        os.close(fd)
+        os.unlink(lock)
+        raise ConfigError(f"{path}: cannot keep the keys file's owner (uid {uid}, gid {gid}); "
+                          "run `corral keys` as that user or as root") from None
+    return fd
+
+
+@contextlib.contextmanager
+def locked_keys(path: Path) -> Iterator[dict[str, KeySpec]]:
+    """The file's keys under an exclusive lock (``PATH.lock``); what the body leaves in the
+    dict is written (``write_keys``). `corral keys` and the router's key routes
+    (api/manage/keys.py) edit the file through it. ConfigError when the file is unreadable,
+    the lock cannot be taken or the owner cannot be kept."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with os.fdopen(_lock_file(path)) as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            keys = read_keys(path)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc.message}; fix the file first") from None
+        before = dict(keys)
+        yield keys
+        if keys != before:
+            write_keys(path, keys)
 
 
 def now_iso() -> str:

@@ -23,7 +23,7 @@ from corral.control.request_frame import encode_request, input_param
 from corral.control.scheduling.fair_queue import requester
 from corral.control.scheduling.pool import ModelPool
 from corral.control.stream import RequestStream
-from corral.errors import CapacityTimeout, CorralError, LoadFailed, ModelNotFound, ModelNotLoaded, ModelUnloaded
+from corral.errors import CapacityTimeout, CorralError, LoadFailed, ModelNotFound, ModelNotLoaded, ModelUnloaded, RateLimited
 
 if TYPE_CHECKING:
     from corral.control.transport.ray.cluster import RayCluster
@@ -95,12 +95,18 @@ class Dispatch:
 
     async def submit(self, pool: ModelPool, msg: Msg, prefix: str | None) -> RequestStream:
         frame = encode_request(msg)  # before a slot is taken: what cannot be sent takes none
-        sent_msg, held = self._access.reserve(msg, pool)  # the key's tokens ahead (limits.py)
+        try:
+            sent_msg, held = self._access.reserve(msg, pool)  # the key's tokens ahead (limits.py)
+        except RateLimited:
+            self._access.rejected(pool.spec.id, 429)
+            raise
         try:
             return await self._send(pool, sent_msg, frame if sent_msg is msg else encode_request(sent_msg),
                                     prefix, held)
-        except BaseException:
+        except BaseException as exc:
             self._access.release(held)
+            if isinstance(exc, CorralError) and exc.status in (429, 503):  # counted for the key's usage
+                self._access.rejected(pool.spec.id, exc.status)
             raise
 
     async def _send(self, pool: ModelPool, msg: Msg, frame: bytes, prefix: str | None,

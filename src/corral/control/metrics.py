@@ -101,6 +101,12 @@ class Metrics:
                                              ["key", "model"], registry=r)
         self.rate_limited = Counter("corral_rate_limited", "Requests refused by a key's limits",
                                     ["key", "kind"], registry=r)
+        self.key_cached_tokens = Counter("corral_key_cached_tokens", "Prompt tokens reused from the KV cache per key "
+                                         "and model", ["key", "model"], registry=r)
+        self.key_queue_seconds = Counter("corral_key_queue_seconds", "Time requests waited for a slot per key and "
+                                         "model", ["key", "model"], registry=r)
+        self.key_unavailable = Counter("corral_key_unavailable", "Requests answered 503 (no room, a full queue) per "
+                                       "key and model", ["key", "model"], registry=r)
         self.failures = Counter("corral_instance_failures", "Worker failures (crash or failed load)",
                                 ["model", "instance"], registry=r)
 

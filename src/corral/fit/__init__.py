@@ -9,6 +9,8 @@ loads there (docs/internals/gpu-placement.md). Its modules:
 - ``corral.fit.split``: llama.cpp's split of the layers over several GPUs, in float32, and
   the ``tensor_split`` corral gives it.
 - ``corral.fit.draft``: a draft model's file, settings and per-GPU need (``speculative = "draft"``).
+- ``corral.fit.host``: a load with no GPU layers: its context (``host_ctx``) and bytes (``host_bytes``).
+- ``corral.fit.estimate``: will a model fit, before a download or a load (``estimate``: the page's badges).
 - ``corral.fit.rows``: the logits rows a context may ask for (``n_outputs_max``).
 
 Neutral: imports only ``corral.wire``, ``corral.model.settings`` and ``corral.model.gguf_header``, never

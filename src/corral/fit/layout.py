@@ -1,7 +1,8 @@
 """A model's memory by layer, read from its GGUF file: ``ModelLayout`` (the weights of each
 repeating layer, the output head, the input layer, the attention shape that sizes the KV
 cache, the sliding window) and ``read_layout`` (the GGUF tensor table and metadata).
-``kv_row_bytes``: a cache type's bytes for a row of elements. What ``corral.fit.plan``
+``layout_of``: the same from headers already read (a split model's parts, a header read over
+HTTP). ``kv_row_bytes``: a cache type's bytes for a row of elements. What ``corral.fit.plan``
 plans with, on both sides (neutral: imports only ``wire``, ``settings``, ``gguf_header``).
 """
 
@@ -14,10 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from corral import wire
-from corral.model.gguf_header import GGUFError, array_len, read_header
+from corral.model.gguf_header import GGUFError, GGUFHeader, array_len, read_header
 from corral.model.settings import KV_CACHE_TYPES
 
-__all__ = ["ModelLayout", "read_layout", "kv_row_bytes", "GGUFError", "MAX_LAYERS"]
+__all__ = ["ModelLayout", "read_layout", "layout_of", "kv_row_bytes", "GGUFError", "MAX_LAYERS"]
 
 MAX_LAYERS = 512  # LLAMA_MAX_LAYERS
 
@@ -84,7 +85,14 @@ def kv_row_bytes(n: int, cache_type: str) -> int:
 
 def read_layout(path: str | Path) -> ModelLayout:
     """The layout of a GGUF file (``GGUFError`` when it has no ``ARCH.block_count``)."""
-    header = read_header(path)
+    return layout_of(read_header(path), where=str(path))
+
+
+def layout_of(header: GGUFHeader, *more: GGUFHeader, where: str = "the GGUF header") -> ModelLayout:
+    """The layout a GGUF header describes; with ``more``, the other parts of a split model
+    (their tensors counted with the first part's, whose metadata describes the model). The
+    page's fit estimate reads headers over HTTP (``corral.store.remote_header``) and gives
+    them here with ``file_bytes`` the remote file's size."""
     meta = header.values
     arch = str(meta.get("general.architecture", ""))
 
@@ -98,7 +106,7 @@ def read_layout(path: str | Path) -> ModelLayout:
 
     n_layer = num("block_count")
     if n_layer <= 0:
-        raise GGUFError(f"no {arch}.block_count in {path}")
+        raise GGUFError(f"no {arch}.block_count in {where}")
     if n_layer > MAX_LAYERS:  # a list of this length is made below: the count is the file's word only
         raise GGUFError(f"{arch}.block_count {n_layer} is more than llama.cpp's {MAX_LAYERS} layers")
     n_embd = num("embedding_length")
@@ -110,7 +118,9 @@ def read_layout(path: str | Path) -> ModelLayout:
         head_v = 0
     layers = [0] * n_layer
     output = inputs = 0
-    tensors = header.tensor_bytes()
+    tensors: dict[str, int] = {}
+    for part in (header, *more):
+        tensors.update(part.tensor_bytes())
     for name, nbytes in tensors.items():
         m = _LAYER.match(name)
         if m and int(m.group(1)) < n_layer:

@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 
 from corral import wire
+from corral.fit.host import host_ctx
 from corral.fit.rows import outputs_max
 from corral.fit.layout import GGUFError, ModelLayout, read_layout
-from corral.fit.plan import DEFAULT_MARGIN_BYTES, FitError, has_side_context, placement, plan_fit
+from corral.fit.plan import DEFAULT_MARGIN_BYTES, FitError, has_side_context, plan_fit
 from corral.worker.host.devices import host_available_bytes, offload_devices
 
 __all__ = ["FitLoadError", "fit_gpus", "fit_host_ctx", "split_gpus"]
 
-_CTX_STEP = 256
 log = logging.getLogger("corral.worker.fit")
 
 
@@ -59,27 +59,14 @@ def fit_gpus(s: wire.WorkerSettings, devices: list[wire.DeviceInfo],
 
 
 def fit_host_ctx(s: wire.WorkerSettings, layout: ModelLayout | None, available: int | None) -> int:
-    """The context (KV cells) of a load with no GPU (see the module docstring); ``layout``:
+    """The context (KV cells) of a load with no GPU (``corral.fit.host.host_ctx``); ``layout``:
     as the KV cache is sized (``kv_sized``); None (unreadable) or ``available`` None: as asked."""
-    n = max(1, s.n_parallel)
     if layout is None:
         return s.ctx_len
-    ctx = layout.trained_ctx(s.ctx_len, n)
-    if available is None:
-        return ctx
-
-    def host_bytes(cells: int) -> int:
-        parts = placement(layout, gpus=[], weights=None, ngl=0, ctx=cells, n_slots=n, n_ubatch=min(s.n_batch, 512),
-                          cache_types=(s.cache_type_k, s.cache_type_v), outputs=outputs_max(s, n),
-                          side=has_side_context(s))
-        return sum(p.weight_bytes + p.kv_bytes for p in parts)
-
-    step = _CTX_STEP * n
-    floor = min(ctx, max(step, s.fit_ctx_floor * n))
-    want = ctx
-    while ctx > floor and host_bytes(ctx) > available // 2:
-        ctx = max(floor, (ctx - 1) // step * step)
-    if ctx < want:
+    want = layout.trained_ctx(s.ctx_len, max(1, s.n_parallel))
+    ctx = host_ctx(layout, s, available)
+    if ctx < want and available is not None:
         log.warning("context %d -> %d cells (%d a slot): weights and KV within half of the host's %d MiB "
-                    "available", want, ctx, ctx // n, available >> 20)
+                    "available", want, ctx, ctx // max(1, s.n_parallel), available >> 20)
     return ctx
+

@@ -35,6 +35,8 @@ _ASSETS = {
     "models.js": "text/javascript; charset=utf-8",
     "downloads.js": "text/javascript; charset=utf-8",
     "chat.js": "text/javascript; charset=utf-8",
+    "hub.js": "text/javascript; charset=utf-8",
+    "keys.js": "text/javascript; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
 PUBLIC_PATHS = frozenset({"/", "/health", *(f"/ui/{name}" for name in _ASSETS)})

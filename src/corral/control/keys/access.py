@@ -18,6 +18,7 @@ api_key`` is ``api_key``.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -67,6 +68,7 @@ class Access:
         self.keys = KeyRing(lambda: self.config.server.keys_file, lambda: self.config.server.api_key, bus)
         self.usage = UsageBook(state_dir(config.server.state_dir))
         self.limiter = Limiter(day_tokens=self.usage.day_tokens)
+        self.last_used: dict[str, float] = {}  # key name -> when its last request was admitted (epoch s)
 
     def reconfigure(self, config: CorralConfig) -> None:
         """A reloaded config: the keys file (maybe another one) is read again."""
@@ -141,10 +143,34 @@ class Access:
         except Exception:
             log.exception("counting the usage of request %s failed", stream.id)
 
+    def used(self, name: str) -> None:
+        """The key ``name`` was just let in (the guard, for GET /keys' ``last_used``). Names
+        from the keys file, "api_key", "-": bounded by the file."""
+        self.last_used[name] = time.time()
+
+    def rejected(self, model: str, status: int) -> None:
+        """The current key's request was answered 429 (its limits) or 503 (no room, the
+        queue full); ``model``: "-" when it was refused before a model was named."""
+        caller = CALLER.get()
+        if caller is None:
+            return
+        if status == 429:
+            self.usage.record(caller.name, model, limited=1)
+        else:
+            self.usage.record(caller.name, model, unavailable=1)
+            self.metrics.key_unavailable.labels(caller.name, model).inc()
+
     def _count(self, caller: Caller, stream: RequestStream, first: bool, held: Reservation | None) -> None:
         prompt, completion = _tokens(stream)
         key, model = caller.name, stream.model
-        self.usage.record(key, model, requests=int(first), prompt_tokens=prompt, completion_tokens=completion)
+        cached = stream.finished.usage.cached_tokens if stream.finished is not None else 0
+        queue_s = _queue_s(stream)
+        self.usage.record(key, model, requests=int(first), prompt_tokens=prompt, completion_tokens=completion,
+                          cached_tokens=cached, queue_ms=round(queue_s * 1000))
+        if cached:
+            self.metrics.key_cached_tokens.labels(key, model).inc(cached)
+        if queue_s > 0:
+            self.metrics.key_queue_seconds.labels(key, model).inc(queue_s)
         if first:
             self.metrics.key_requests.labels(key, model).inc()
         if prompt:
@@ -153,6 +179,14 @@ class Access:
             self.metrics.key_completion_tokens.labels(key, model).inc(completion)
         if held is not None:
             self.limiter.settle(held, prompt + completion)
+
+
+def _queue_s(stream: RequestStream) -> float:
+    """How long a worker request waited for a slot: in the router's queue (created until handed
+    to a worker) and in the worker's (its timings)."""
+    router = (stream.started - stream.created) if stream.started is not None else 0.0
+    worker = stream.finished.timings.queued_ms / 1000 if stream.finished is not None else 0.0
+    return max(0.0, router) + max(0.0, worker)
 
 
 def _tokens(stream: RequestStream) -> tuple[int, int]:

@@ -1,5 +1,8 @@
 """Usage, counted and kept: requests and tokens per key, model and UTC day, in SQLite.
 
+Per (key, model, day): requests, prompt, completion and cached tokens, the time waited for a
+slot (ms), the requests answered 429 (the key's limits) and 503 (no room, a full queue).
+
 ``UsageBook.record`` (on the event loop, once per worker request when it ends) only adds
 to an in-memory map. A writer thread flushes that map to ``STATE_DIR/usage.db`` at most
 every second (one transaction, an upsert per (key, model, day)), so the request path
@@ -26,20 +29,24 @@ from typing import Any
 from corral.control.keys.limits import utc_day
 from corral.state.paths import private_dir, private_sqlite, state_dir
 
-__all__ = ["USAGE_DB", "UsageBook", "state_dir"]
+__all__ = ["USAGE_DB", "COUNTS", "UsageBook", "state_dir"]
 
 log = logging.getLogger("corral.usage")
 
 USAGE_DB = "usage.db"
+# the counts of a (key, model, day) row, in this order; queue_ms: time waiting for a slot
+# (the router's queue and the worker's); limited: answered 429; unavailable: answered 503
+COUNTS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "queue_ms", "limited",
+          "unavailable")
 _SCHEMA = """CREATE TABLE IF NOT EXISTS usage (
     key TEXT NOT NULL, model TEXT NOT NULL, day TEXT NOT NULL,
     requests INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0,
     completion_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (key, model, day))"""
-_UPSERT = """INSERT INTO usage (key, model, day, requests, prompt_tokens, completion_tokens)
-    VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (key, model, day) DO UPDATE SET
-    requests = requests + excluded.requests, prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = completion_tokens + excluded.completion_tokens"""
+_ADDED = COUNTS[3:]  # columns a database written by an older corral lacks (added on open)
+_UPSERT = (f"INSERT INTO usage (key, model, day, {', '.join(COUNTS)}) VALUES (?, ?, ?, {', '.join('?' * len(COUNTS))}) "
+           "ON CONFLICT (key, model, day) DO UPDATE SET "
+           + ", ".join(f"{c} = {c} + excluded.{c}" for c in COUNTS))
 
 Row = tuple[str, str, str]  # key, model, day
 
@@ -49,6 +56,10 @@ def _connect(path: Path) -> sqlite3.Connection:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute(_SCHEMA)
+    have = {r[1] for r in db.execute("PRAGMA table_info(usage)")}
+    for col in _ADDED:
+        if col not in have:
+            db.execute(f"ALTER TABLE usage ADD COLUMN {col} INTEGER NOT NULL DEFAULT 0")
     db.commit()
     return db
 
@@ -68,20 +79,18 @@ class UsageBook:
 
     # ------------------------------------------------------------------ counting
 
-    def record(self, key: str, model: str, *, requests: int, prompt_tokens: int,
-               completion_tokens: int, day: str | None = None) -> None:
+    def record(self, key: str, model: str, *, requests: int = 0, prompt_tokens: int = 0,
+               completion_tokens: int = 0, cached_tokens: int = 0, queue_ms: int = 0, limited: int = 0,
+               unavailable: int = 0, day: str | None = None) -> None:
         row = (key, model, day or utc_day())
+        add = (requests, prompt_tokens, completion_tokens, cached_tokens, queue_ms, limited, unavailable)
         with self._lock:
             if self._thread is None and not self._closing:
                 self._thread = threading.Thread(target=self._run, name="usage-writer", daemon=True)
                 self._thread.start()
-            acc = self._pending.get(row)
-            if acc is None:
-                self._pending[row] = [requests, prompt_tokens, completion_tokens]
-            else:
-                acc[0] += requests
-                acc[1] += prompt_tokens
-                acc[2] += completion_tokens
+            acc = self._pending.setdefault(row, [0] * len(COUNTS))
+            for i, v in enumerate(add):
+                acc[i] += v
 
     # ------------------------------------------------------------------ the writer
 
@@ -119,8 +128,8 @@ class UsageBook:
             self._failed = True
             with self._lock:  # put it back, merged with what came meanwhile
                 for row, acc in batch.items():
-                    cur = self._pending.setdefault(row, [0, 0, 0])
-                    for i in range(3):
+                    cur = self._pending.setdefault(row, [0] * len(COUNTS))
+                    for i in range(len(COUNTS)):
                         cur[i] += acc[i]
 
     def close(self) -> None:
@@ -141,30 +150,31 @@ class UsageBook:
 
     def query(self, *, key: str | None = None, model: str | None = None,
               since: str | None = None) -> list[dict[str, Any]]:
-        """Rows ``{key, model, day, requests, prompt_tokens, completion_tokens}``,
-        ordered by day, key, model; flushed and pending counts together."""
+        """Rows ``{key, model, day, requests, prompt_tokens, completion_tokens, cached_tokens,
+        queue_ms, limited, unavailable}``, ordered by day, key, model; flushed and pending
+        counts together."""
         where, args = [], []
         for col, val, op in (("key", key, "="), ("model", model, "="), ("day", since, ">=")):
             if val is not None:
                 where.append(f"{col} {op} ?")
                 args.append(val)
-        sql = "SELECT key, model, day, requests, prompt_tokens, completion_tokens FROM usage"
+        sql = f"SELECT key, model, day, {', '.join(COUNTS)} FROM usage"
         if where:
             sql += " WHERE " + " AND ".join(where)
         totals: dict[Row, list[int]] = {}
         if self.path.exists():
             with self._db_lock:
-                for k, m, d, r, p, c in self._open().execute(sql, args):
-                    totals[(k, m, d)] = [r, p, c]
+                for k, m, d, *counts in self._open().execute(sql, args):
+                    totals[(k, m, d)] = list(counts)
         with self._lock:
             pending = list(self._pending.items())
         for (k, m, d), acc in pending:
             if (key is None or k == key) and (model is None or m == model) and (since is None or d >= since):
-                cur = totals.setdefault((k, m, d), [0, 0, 0])
-                for i in range(3):
+                cur = totals.setdefault((k, m, d), [0] * len(COUNTS))
+                for i in range(len(COUNTS)):
                     cur[i] += acc[i]
-        return [{"key": k, "model": m, "day": d, "requests": r, "prompt_tokens": p, "completion_tokens": c}
-                for (k, m, d), (r, p, c) in sorted(totals.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1]))]
+        return [{"key": k, "model": m, "day": d, **dict(zip(COUNTS, counts))}
+                for (k, m, d), counts in sorted(totals.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1]))]
 
     def day_tokens(self, key: str, day: str) -> int:
         """Prompt + completion tokens of ``key`` on ``day`` (seeds the tokens-per-day limit)."""

@@ -187,6 +187,7 @@ class GpuBudget:
         self._command = command  # the worker's argv prefix (the probe adds --list-devices)
         self._server = server
         self._inventory: list[wire.DeviceInfo] | None = None
+        self._host: int | None = None  # the probe's CPU device: the host's available memory then
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ inventory
@@ -201,6 +202,7 @@ class GpuBudget:
                     if key not in _probed:
                         _probed[key] = await asyncio.to_thread(probe_devices, command)
                     self._inventory = _gpus(_probed[key])
+                    self._host = next((d.free_bytes for d in _probed[key] if d.kind == "cpu"), None)
                     log.info("GPUs: %s", ", ".join(f"{d.name} ({d.free_bytes} B free)" for d in self._inventory)
                              or "none")
         return self._inventory
@@ -216,6 +218,12 @@ class GpuBudget:
                     if gpus:
                         self._inventory = gpus
                         return
+
+    @property
+    def host_bytes(self) -> int | None:
+        """The host memory the probe saw available (its CPU device; None before the probe or
+        where it lists none)."""
+        return self._host
 
     @property
     def known(self) -> list[wire.DeviceInfo]:

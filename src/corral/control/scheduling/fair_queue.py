@@ -184,6 +184,10 @@ class FairQueue:
         share = self._keys.get(key)
         return share.weight if share is not None else 1.0
 
+    def by_key(self) -> dict[str, tuple[int, int]]:
+        """Each key with work here: (slots running its requests, its requests waiting)."""
+        return {k: (s.busy, len(s.waiting)) for k, s in self._keys.items() if s.active}
+
     def busy_of(self, key: str) -> int:
         share = self._keys.get(key)
         return share.busy if share is not None else 0

@@ -80,7 +80,9 @@
     try { data = await r.json(); } catch (e) { data = null; }
     if (!r.ok) {
       const m = data && data.error && data.error.message ? data.error.message : "HTTP " + r.status;
-      throw new Error(m);
+      const err = new Error(m);
+      err.status = r.status;
+      throw err;
     }
     return data;
   };
@@ -191,6 +193,7 @@
       if (v) localStorage.setItem(KEY_STORE, v); else localStorage.removeItem(KEY_STORE);
       $("key-panel").hidden = true;
       start();
+      if (C.refreshKeys) C.refreshKeys();
     });
     $("key-button").addEventListener("click", () => showKeyPanel(C.key() ? "Change the API key." : "Set an API key.", false));
     $("key-cancel").addEventListener("click", () => { $("key-panel").hidden = true; });

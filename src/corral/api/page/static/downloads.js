@@ -69,6 +69,14 @@
       d.reason ? el("p", { class: "error dl-reason" }, d.reason) : null);
   }
 
+  // A pull started here or by the search panel (hub.js): POST /models/pull's answer.
+  C.trackPull = function (r, source) {
+    const d = downloads.get(r.id) || upsert(r.id, { model: r.model, source: r.source || source, total: r.total, done: r.done || 0 });
+    if (r.status === "failed") { d.state = "failed"; d.reason = r.reason; }
+    render();
+    return d;
+  };
+
   function render() {
     const box = document.getElementById("downloads");
     const list = [...downloads.values()].reverse();
@@ -87,10 +95,8 @@
       btn.disabled = true;
       try {
         const r = await C.api("POST", "/models/pull", { model: source });
-        const d = downloads.get(r.id) || upsert(r.id, { model: r.model, source: r.source || source, total: r.total, done: r.done || 0 });
-        if (r.status === "failed") { d.state = "failed"; d.reason = r.reason; }
+        C.trackPull(r, source);
         input.value = "";
-        render();
       } catch (err) {
         if (!(err instanceof C.AuthError)) { errBox.textContent = "Pull failed: " + err.message; errBox.hidden = false; }
       } finally { btn.disabled = false; }

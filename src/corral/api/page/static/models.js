@@ -115,6 +115,7 @@
         el("span", { class: "status " + st, "data-status": st }, st)),
       el("div", { class: "model-sub" }, (m.aliases && m.aliases.length ? "aka " + m.aliases.join(", ") + " · " : "") + bits.join(" · ")),
       live ? el("div", { class: "model-sub live" }, live) : null,
+      !m.adapter && C.cardFit ? C.cardFit(m) : null,
       progress(m), st === "failed" || (m.instances || []).some((i) => i.reason) ? failure(m) : null,
       instanceRows(m),
       err ? el("p", { class: "error" }, err) : null,
