@@ -112,8 +112,9 @@ class _Reader:
     what is left of the file and of ``MAX_HEADER_BYTES`` first, and read at most
     ``_CHUNK`` more than asked for."""
 
-    def __init__(self, fd: int, size: int, deadline: float) -> None:
+    def __init__(self, fd: int, size: int, deadline: float, have: int | None = None) -> None:
         self.fd, self.size, self.deadline = fd, size, deadline
+        self.have = size if have is None else min(have, size)  # bytes present: a prefix of the file, or all
         self.buf = b""
         self.pos = 0  # in buf
         self.base = 0  # the file offset of buf[0]
@@ -136,13 +137,16 @@ class _Reader:
                             f"the file has {self.size - self.offset} left")
         if self.offset + n > MAX_HEADER_BYTES:
             raise GGUFError(f"the GGUF header is longer than {MAX_HEADER_BYTES >> 20} MiB")
+        if self.offset + n > self.have:
+            raise GGUFError(f"the GGUF header goes on past the first {self.have} bytes present "
+                            f"({what} at offset {self.offset})")
 
     def _window(self, n: int, what: str) -> None:
         """At least ``n`` bytes in the window from ``pos`` (checked against the file first)."""
         self._check(n, what)
         if self.pos + n > len(self.buf):
             rest = self.buf[self.pos:]
-            want = min(max(n - len(rest), _CHUNK), self.size - self.base - len(self.buf))
+            want = min(max(n - len(rest), _CHUNK), self.have - self.base - len(self.buf))
             chunks = [rest]
             got = 0
             while got < want:
@@ -265,13 +269,18 @@ def _open(p: Path) -> tuple[int, int]:
     return fd, st.st_size
 
 
-def read_header(path: str | Path, *, tensors: bool = True, time_limit_s: float = READ_TIME_S) -> GGUFHeader:
+def read_header(path: str | Path, *, tensors: bool = True, time_limit_s: float = READ_TIME_S,
+                file_size: int | None = None) -> GGUFHeader:
     """The header of the GGUF file at ``path`` (``tensors=False``: the key/value pairs only).
+    ``file_size``: ``path`` holds only the first bytes of a file of that size (a header read
+    remotely by ranges); every count and offset is checked against that size, and a header
+    that goes on past the bytes present is a GGUFError saying so.
     Raises ``GGUFError`` saying what is wrong, or ``FileNotFoundError``."""
     p = Path(path)
-    fd, size = _open(p)
+    fd, have = _open(p)
+    size = have if file_size is None else file_size
     try:
-        return _parse(_Reader(fd, size, time.monotonic() + time_limit_s), p, tensors)
+        return _parse(_Reader(fd, size, time.monotonic() + time_limit_s, have), p, tensors)
     except OSError as exc:  # an I/O error part way
         raise GGUFError(f"{p.name}: cannot read: {exc.strerror or exc}") from None
     except (struct.error, OverflowError, MemoryError, RecursionError) as exc:  # the checks above leave none: a last guard

@@ -20,7 +20,6 @@ calls it in a thread (``corral.api.page.hub``).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import os
 import threading
@@ -110,7 +109,7 @@ class RemoteHeaders:
             while True:
                 if have > 0 and total is not None:
                     try:
-                        h = read_header(part)
+                        h = read_header(part, file_size=total)
                     except GGUFError as exc:
                         if have >= min(total, MAX_HEADER_BYTES):
                             if have >= total:
@@ -121,7 +120,7 @@ class RemoteHeaders:
                     except OSError as exc:
                         raise RemoteHeaderError(f"{what}: cannot keep its header: {exc}") from None
                     else:
-                        return dataclasses.replace(h, file_bytes=total)
+                        return h
                 want = min(max(FIRST_READ, have * 2), MAX_HEADER_BYTES) - have
                 chunk, total = self._get(client, url, headers, have, want, what)
                 if not chunk:

@@ -37,7 +37,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from corral.api.http import app_part, json_response, plane_of
+from corral.api.http import json_response, plane_of, store_of
 from corral.errors import (HubUnauthorized, HubUnreachable, InvalidRequest, ModelFileMissing, NotFound,
                            UnreadableModel)
 from corral.fit.estimate import FitEstimate, GpuBudget, estimate
@@ -61,7 +61,7 @@ def _state(request: Request) -> tuple[asyncio.Semaphore, RemoteHeaders]:
     """The app's Hub call slots and header reader (made on first use)."""
     st = request.app.state
     if getattr(st, "hub_calls", None) is None:
-        store = app_part(request, "store")
+        store = store_of(request)
         if store is None:
             raise NotFound("this server has no model store: nothing to search or pull")
         st.hub_calls = asyncio.Semaphore(HUB_CALLS)
