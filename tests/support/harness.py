@@ -21,7 +21,7 @@ from corral.api.app import create_app
 from corral.config.file import CorralConfig, config_from_dict
 from corral.events import Event
 from corral.control.plane import ControlPlane
-from testkit.model_settings import TEST_CTX_LEN
+from testkit.model_settings import TEST_CTX_LEN, TEST_N_PARALLEL
 
 FAKE = Path(__file__).parent / "fake_worker.py"
 
@@ -50,7 +50,7 @@ class Harness:
         """The router config of ``models`` (each inherits ``[defaults] ctx_len = TEST_CTX_LEN``
         unless its table sets one)."""
         srv = self.server_table(**server)
-        return config_from_dict({"server": srv, "defaults": {"ctx_len": TEST_CTX_LEN}, "models": models},
+        return config_from_dict({"server": srv, "defaults": {"ctx_len": TEST_CTX_LEN, "n_parallel": TEST_N_PARALLEL}, "models": models},
                                 name="test.toml", base_dir=self.tmp)
 
     def server_table(self, **server: Any) -> dict[str, Any]:

@@ -50,7 +50,7 @@ from corral.fit.split import f32, layer_shares, router_split, split_weights
 from corral.model.settings import ModelSettings
 
 __all__ = ["FitError", "plan_fit", "device_need", "device_needs", "placement", "DEFAULT_MARGIN_BYTES",
-           "has_side_context"]
+           "has_side_context", "sizes_on_devices"]
 
 DEFAULT_MARGIN_BYTES = 512 * 1024 * 1024
 _CTX_STEP = 256
@@ -171,6 +171,17 @@ class _Sizes:
         return first, weights, sum(self.kv_layer(i, ctx) for i in range(first))
 
 
+def sizes_on_devices(layout: ModelLayout, *, n_slots: int, n_ubatch: int, gpus: Sequence[wire.DeviceInfo],
+                     tensor_split: Sequence[float] | None, cache_types: tuple[str, str], outputs: int,
+                     side: bool) -> _Sizes:
+    """The sizes ``plan_fit`` plans with, for ``n_slots`` slots over ``gpus`` (split by
+    ``tensor_split``, else by their free memory), for the slot plan (``corral.fit.slots``)."""
+    weights = split_weights(len(gpus), tensor_split) if gpus else None
+    return _Sizes(layout, max(1, n_slots), max(1, n_ubatch),
+                  layer_shares(weights or [d.free_bytes for d in gpus]) if gpus else (1.0,),
+                  cache_types, outputs, side)
+
+
 def _pad256(n: int) -> int:
     return -(-n // 256) * 256
 
@@ -250,17 +261,24 @@ def device_needs(layout: ModelLayout, settings: ModelSettings, *, budgets: Seque
     layout = layout.kv_sized(settings.swa_full)
     shares = list(budgets if free is None else free)
     weights = router_split(settings, budgets, free)
+    if settings.slots_asked() is None:  # n_parallel = "auto": the slots the worker will plan there
+        from corral.fit.slots import plan_slots, with_slots  # slots imports this module
+        devs = [wire.DeviceInfo(index=k, name=f"GPU{k}", backend="GPU", kind="gpu", free_bytes=max(0, f),
+                                total_bytes=max(0, f)) for k, f in enumerate(shares)]
+        settings = with_slots(settings, plan_slots(layout, settings, gpus=devs if ngl != 0 else [],
+                                                   limits=[max(0, b) for b in budgets], tensor_split=weights))
     kv_types = (settings.cache_type_k, settings.cache_type_v)
-    outputs, side = outputs_max(settings, max(1, settings.n_parallel)), has_side_context(settings)
+    n_slots = settings.slots_asked() or 1
+    outputs, side = outputs_max(settings, n_slots), has_side_context(settings)
     if ngl == "auto":
         devs = [wire.DeviceInfo(index=k, name=f"GPU{k}", backend="GPU", kind="gpu", free_bytes=max(0, f),
                                 total_bytes=max(0, f)) for k, f in enumerate(shares)]
         plan = plan_fit(layout, devices=devs, limits=[max(0, b) for b in budgets], ctx_len=settings.ctx_len,
-                        n_slots=settings.n_parallel, ctx_floor_per_slot=settings.fit_ctx_floor,
+                        n_slots=n_slots, ctx_floor_per_slot=settings.fit_ctx_floor,
                         n_ubatch=n_ubatch, margin_bytes=0, tensor_split=weights, cache_types=kv_types,
                         outputs=outputs, side=side)
         return [d.bytes for d in plan.devices] or [plan.device_bytes]
-    s = _Sizes(layout, max(1, settings.n_parallel), max(1, n_ubatch), layer_shares(weights or shares), kv_types,
+    s = _Sizes(layout, n_slots, max(1, n_ubatch), layer_shares(weights or shares), kv_types,
                outputs, side)
     return s.per_device(layout.n_layer + 1 if ngl < 0 else ngl, settings.ctx_len)
 
