@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -45,6 +46,7 @@ from corral.api.openai import tokenize as tokenize_routes
 from corral.api.page import live_stats
 from corral.api.page import routes as page_routes
 from corral.api.guard import GuardMiddleware
+from corral.api.overload import LoadMonitor, freeze_startup_objects
 from corral.api.http import error_response, invalid_request, path_policy
 from corral.api.hot_routes import HotRoutes
 from corral.api.scopes import RouteScopes, app_routes
@@ -129,6 +131,11 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         await plane.start()
         app.state.stats = live_stats.StatsRecorder(plane)
         app.state.stats.start()
+        app.state.load = LoadMonitor()  # the loop's lag: shedding past saturation (api/overload.py)
+        app.state.load.start()
+        metrics.registry.register(app.state.load.collector())
+        if os.environ.get("CORRAL_GC_FREEZE", "1") != "0":
+            freeze_startup_objects()
         loop = asyncio.get_running_loop()
         if handle_sighup:
             loop.add_signal_handler(signal.SIGHUP, plane.reload_soon, "SIGHUP")
@@ -138,6 +145,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
             if handle_sighup:
                 loop.remove_signal_handler(signal.SIGHUP)
             await app.state.stats.close()
+            await app.state.load.close()
             if downloads is not None:
                 with contextlib.suppress(Exception):
                     await downloads.close()
@@ -176,5 +184,6 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         return plane.access if plane is not None else None
 
     app.add_middleware(GuardMiddleware, get_server=server, get_access=access,
-                       routes=lambda: RouteScopes(app_routes(app.routes)))
+                       routes=lambda: RouteScopes(app_routes(app.routes)),
+                       get_load=lambda: getattr(app.state, "load", None))
     return app
