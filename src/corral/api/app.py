@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -131,11 +130,10 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         await plane.start()
         app.state.stats = live_stats.StatsRecorder(plane)
         app.state.stats.start()
+        freeze_startup_objects()  # what exists now is never collected (api/overload.py)
         app.state.load = LoadMonitor()  # the loop's lag: shedding past saturation (api/overload.py)
         app.state.load.start()
         metrics.registry.register(app.state.load.collector())
-        if os.environ.get("CORRAL_GC_FREEZE", "1") != "0":
-            freeze_startup_objects()
         loop = asyncio.get_running_loop()
         if handle_sighup:
             loop.add_signal_handler(signal.SIGHUP, plane.reload_soon, "SIGHUP")
