@@ -103,9 +103,11 @@ def _store(config: CorralConfig) -> ModelStore:
 
 def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig] | None = None,
                embedded: bool | tuple[str, Path, tuple[str, ...]] | None = True,
-               use_store: bool = True, handle_sighup: bool = False) -> FastAPI:
+               use_store: bool = True, handle_sighup: bool = False, freeze_gc: bool = False) -> FastAPI:
     """The router app. ``embedded=True`` serves the embedded default model (unless the
-    config turns it off); ``use_store`` lists models_dir; ``handle_sighup`` reloads on SIGHUP."""
+    config turns it off); ``use_store`` lists models_dir; ``handle_sighup`` reloads on SIGHUP;
+    ``freeze_gc``: ``gc.freeze()`` once started (the server process: ``corral serve``; not an
+    app of a test, whose process goes on to build others)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -130,7 +132,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         await plane.start()
         app.state.stats = live_stats.StatsRecorder(plane)
         app.state.stats.start()
-        freeze_startup_objects()  # what exists now is never collected (api/overload.py)
+        if freeze_gc:
+            freeze_startup_objects()  # what exists now is never collected (api/overload.py)
         app.state.load = LoadMonitor()  # the loop's lag: shedding past saturation (api/overload.py)
         app.state.load.start()
         metrics.registry.register(app.state.load.collector())
