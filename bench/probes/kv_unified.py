@@ -22,7 +22,7 @@ from bench.probes.inproc import bench_params, embedded_model, open_engine, start
 
 
 def measure(model: str, threads: int, reps: int, slot_ctx: int, batches: tuple[int, ...] = (8, 64),
-            steps: int = 20) -> dict[str, dict[int, float]]:
+            steps: int = 20, gpu_layers: int = 0) -> dict[str, dict[int, float]]:
     import corral.worker.model as worker_model
 
     plain = worker_model.context_params
@@ -33,7 +33,8 @@ def measure(model: str, threads: int, reps: int, slot_ctx: int, batches: tuple[i
                 return plain(*a, **{**kw, "kv_unified": layout == "unified"})
 
             worker_model.context_params = params  # type: ignore[assignment]
-            e = open_engine(model, threads=threads, threads_batch=threads, n_parallel=64, ctx_len=64 * slot_ctx)
+            e = open_engine(model, threads=threads, threads_batch=threads, n_parallel=64, ctx_len=64 * slot_ctx,
+                            n_gpu_layers=gpu_layers)
             try:
                 for b in batches:
                     start_streams(e, b, bench_params(steps + 8), f"{rep}-{layout}-{b}", first_prompt=rep * 100)
@@ -58,8 +59,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--slot-ctx", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--gpu-layers", type=int, default=0)
     a = ap.parse_args()
-    r = measure(a.model or embedded_model(), a.threads, a.reps, a.slot_ctx, steps=a.steps)
+    r = measure(a.model or embedded_model(), a.threads, a.reps, a.slot_ctx, steps=a.steps, gpu_layers=a.gpu_layers)
     print("| KV layout | batch | step ms (median) | tok/s |\n|---|---|---|---|")
     for layout, d in r.items():
         for b, ms in d.items():
