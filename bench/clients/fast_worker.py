@@ -12,7 +12,9 @@ names a JSON file whose ``mode`` says how:
            arrives: as fast as it can
 
 ``step_s`` (step mode): a step at most every that many seconds, as a model's step time (0:
-as fast as the socket takes them).
+as fast as the socket takes them); ``spread``: a generation ends up to that many tokens before
+its ``max_tokens`` (drawn at random), so that answers of a closed loop do not all end in the same
+step and their clients do not all come back at once.
 
 Abort ends a request with Finished(abort); StatsRequest is answered; Shutdown exits.
 """
@@ -23,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import socket
 import sys
 import time
@@ -35,8 +38,9 @@ _TIMINGS = wire.Timings(0.1, 0.1, 1000.0, 1000.0)
 
 
 class FastWorker:
-    def __init__(self, s: wire.WorkerSettings, mode: str, writer: asyncio.StreamWriter, step_s: float = 0.0) -> None:
-        self.s, self.mode, self.w, self.step_s = s, mode, writer, step_s
+    def __init__(self, s: wire.WorkerSettings, mode: str, writer: asyncio.StreamWriter, step_s: float = 0.0,
+                 spread: int = 0) -> None:
+        self.s, self.mode, self.w, self.step_s, self.spread = s, mode, writer, step_s, spread
         self.running: dict[str, list[int]] = {}  # id -> [tokens sent, tokens asked, prompt tokens]
         self.wake = asyncio.Event()
         self.generated = 0
@@ -44,6 +48,7 @@ class FastWorker:
     def handle(self, msg: wire.ToWorker) -> bool:
         if isinstance(msg, wire.GenerateRequest):
             n = msg.params.max_tokens if msg.params.max_tokens is not None else 16
+            n = max(1, n - random.randint(0, self.spread)) if self.spread else n
             prompt = len((msg.prompt or "").split()) or 1
             if self.mode == "burst":
                 out = [wire.encode(wire.Delta(msg.id, "x", 1)) for _ in range(n)]
@@ -97,7 +102,7 @@ async def main() -> int:
     mode = script.get("mode", "step")
     reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=args.fd))
     n = s.slots_asked() or 1
-    w = FastWorker(s, mode, writer, float(script.get("step_s", 0.0)))
+    w = FastWorker(s, mode, writer, float(script.get("step_s", 0.0)), int(script.get("spread", 0)))
     w.w.write(wire.encode(wire.Loading(os.getpid())))
     info = wire.ModelInfo(description=f"fast worker ({mode})", n_params=1, n_vocab=10, n_ctx_train=s.ctx_len,
                           n_ctx=s.ctx_len, n_ctx_slot=s.ctx_len // n, n_slots=n, n_embd=4, embedding=False,

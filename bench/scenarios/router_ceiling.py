@@ -7,9 +7,9 @@ it is asked. Measured, each with the router's own CPU time (its process, not the
 
 1. streamed tokens per router CPU-second, 64 clients (goal >= 50,000 with ``step``);
 2. non-streamed 1-token requests per router CPU-second, 64 clients (goal >= 1,000);
-3. the latency the router adds: the same streamed 16-token requests to a worker stepping
-   every 50 ms (``paced``: a model's pace, so that the load, not the router, sets the
-   rate) reached directly over its socket (bench/clients/wire_driver.py) and through the
+3. the latency the router adds: the same streamed requests of 8 to 16 tokens (so that the
+   clients come back at different steps, as with real answers) to a worker stepping every
+   50 ms (``paced``: a model's pace, so that the load, not the router, sets the rate) reached directly over its socket (bench/clients/wire_driver.py) and through the
    router, at c=1, 64 and 256: time to the first token and to the last (goal: p95 added
    < 2 ms at c=64);
 4. past saturation: an open loop at twice the peak rate of (2): the goodput (answers a
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -51,7 +52,7 @@ NO_FREEZE = "import gc, sys; gc.freeze = lambda: None; sys.argv[0] = 'corral'; f
 async def sc_router_ceiling(ctx: Ctx) -> list[Table]:
     scripts = {}
     for name, script in (("step", {"mode": "step"}), ("burst", {"mode": "burst"}),
-                         ("paced", {"mode": "step", "step_s": PACED_STEP_S})):
+                         ("paced", {"mode": "step", "step_s": PACED_STEP_S, "spread": PACED_TOKENS // 2})):
         scripts[name] = ctx.tmp / f"fast-{name}.json"
         scripts[name].write_text(json.dumps(script))
     models = {mode: {"path": str(p), "n_parallel": SLOTS, "ctx_len": SLOTS * 1024} for mode, p in scripts.items()}
@@ -124,7 +125,8 @@ async def _plain(ctx: Ctx, srv: Server) -> tuple[float, Table, float | None]:
 
 
 async def _added_latency(ctx: Ctx, srv: Server) -> Table:
-    t = Table(f"Router ceiling, added latency: streamed {PACED_TOKENS}-token requests, a worker stepping every "
+    t = Table(f"Router ceiling, added latency: streamed requests of {PACED_TOKENS // 2}-{PACED_TOKENS} tokens, "
+              f"a worker stepping every "
               f"{PACED_STEP_S * 1000:.0f} ms, direct over its socket vs through the router (lean client), closed loop",
               ["c", "requests", "TTFT direct p50/p95 ms", "TTFT router p50/p95 ms", "added TTFT p50/p95 ms",
                "last token direct p50/p95 ms", "last token router p50/p95 ms", "added p50/p95 ms"])
@@ -181,6 +183,9 @@ async def _saturation(ctx: Ctx, srv: Server, peak: float) -> Table:
                        f"{len(shed)} ({len(with_retry)})", str(other), fmt(pct(lats, 50), 1), fmt(pct(lats, 95), 1)])
         log(f"router_ceiling {factor}x: goodput {good:.0f} req/s of offered {rate:.0f}, router CPU {share:.0%}, "
             f"{len(shed)} shed, {other} client errors")
+        kinds = Counter((x.error or "?").split(":")[0] for x in res if not x.ok and x.status != 503)
+        if kinds:
+            t.notes.append(f"client errors at {factor:g}x: " + ", ".join(f"{k} ({n})" for k, n in kinds.most_common(3)))
     t.notes.append(f"a request whose body never came, sent mid-way through the 2x load: {unread}")
     t.notes.append("goodput: 200s answered within the offered window, a second; goal at 2x: >= 90% of the peak. "
                    "Router CPU share under 100%: the open-loop client (on the same cores) is the limit, not the router")
