@@ -174,9 +174,9 @@ def main() -> int:
                     help="layers on the GPU for every server (llama-server -ngl, corral n_gpu_layers); 0: CPU")
     ap.add_argument("--max-tokens", type=int, default=64,
                     help="throughput: tokens per request (default 64; a CPU-emulated GPU device wants few)")
-    ap.add_argument("--llama-kvu", choices=("on", "off"), default="on",
-                    help="throughput: llama-server with -kvu (a unified KV cache; default on: faster at c=64 "
-                         "on 2 cores, docs/benchmarks.md)")
+    ap.add_argument("--llama-kvu", choices=("on", "off"), default="off",
+                    help="throughput: llama-server with -kvu (one unified KV cache); default off: the same "
+                         "engine's step at 64 slots was 17%% slower unified (bench.probes.kv_unified)")
     ap.add_argument("--concurrency", default="1,8,32,64",
                     help="throughput: comma-separated client counts (default 1,8,32,64); slots = max(8, largest)")
     ap.add_argument("--no-build", action="store_true", help="never build llama-server; skip its rows if absent")

@@ -12,7 +12,7 @@
 # + llama-server from the same sources); (3) write a random-weight TinyLlama-1.1B-shaped
 # GGUF (speed does not depend on the weights' values); (4) run python -m bench.run: the seed's
 # case (two model ids on one GPU, concurrent streaming: no crash), corral vs llama-server
-# with full offload at c=1, 8, 32, 64 (llama-server -np 64, -kvu unless LLAMA_KVU=off), corral's
+# with full offload at c=1, 8, 32, 64 (llama-server -np 64; LLAMA_KVU=on adds -kvu), corral's
 # default slots ("auto", sized from the GPU's memory) vs 4 at c=64, two instances of one model
 # on one GPU, the router's own ceiling over workers that answer at once (scenario router_ceiling,
 # 16 cores: the router is the limit, not the clients), one KV stream a slot vs a unified cache
@@ -50,7 +50,7 @@ MODEL=${MODEL:-/tmp/tinyllama-random.gguf}
 MODEL_ARGS=${MODEL_ARGS:-}          # e.g. "--layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2" for a CPU test
 GPU_LAYERS=${GPU_LAYERS:-999}
 CONCURRENCY=${CONCURRENCY:-1,8,32,64}
-LLAMA_KVU=${LLAMA_KVU:-on}          # llama-server -kvu in the throughput scenario (on|off)
+LLAMA_KVU=${LLAMA_KVU:-off}         # llama-server -kvu in the throughput scenario (on|off)
 THREADS=${THREADS:-4}
 ONLY=${ONLY:-throughput,multimodel,instances,router_ceiling}
 SAMPLING=${SAMPLING:-1}

@@ -1,5 +1,6 @@
 """Scenario ``throughput``: c=1, 8, 32 and 64 streaming (``--concurrency``), 64 tokens
-(``--max-tokens``): llama-server with ``-np`` the largest c (and ``-kvu``, ``--llama-kvu``),
+(``--max-tokens``): llama-server with ``-np`` the largest c (``-kvu`` with ``--llama-kvu on``: off
+by default, a unified cache made the same engine's step at 64 slots slower, bench/probes/kv_unified.py),
 llama-cpp-python's server (up to c=8: it serves one request at a time, so above that it
 only measures its queue) and corral with as many slots, all up at once, measured in
 interleaved rounds. Before the rounds each server answers the same greedy prompt: the table
@@ -31,7 +32,7 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
     # at ~37 tok/s on 2 cores) stays under two minutes
     per_round = {c: max(ctx.n(8, 3), (ctx.n(2, 1) if c <= 8 else 1) * c) for c in c_list}
     n_slots = max(8, *c_list)
-    kvu = getattr(ctx.args, "llama_kvu", "on") == "on"
+    kvu = getattr(ctx.args, "llama_kvu", "off") == "on"
     lcp_max_c = 8  # llama-cpp-python's server decodes one request at a time
     max_tokens = ctx.args.max_tokens
     gpu = f", {ctx.gpu_layers} layers on the GPU" if ctx.gpu_layers else ""
