@@ -10,8 +10,8 @@ ratios. Results also go to ``bench/results/`` (gitignored).
     .venv/bin/python -m bench.run --only throughput --repeat 5   # the ratios of 5 runs side by side
 
 Scenarios (see bench/README.md):
-  throughput  c=1, 8, 32 and 64 streaming, 64 tokens: llama-server -np 64, llama-cpp-python (c<=8), corral;
-              then corral's default slots ("auto") vs 4 at c=64
+  throughput  c=1, 8, 32 and 64 streaming, 64 tokens: llama-server -np 64, llama-cpp-python (c<=8), corral
+  default_slots  corral's default slots ("auto", sized from memory) vs 4, 64 clients at once (bench/scenarios/throughput.py)
   overhead    one corral worker reached directly over its socket vs through the HTTP router
   multimodel  two model ids (4 slots each) at c=4 each at once vs one model (8 slots) at c=8; llama.cpp router too
   coldstart   POST /models/load -> first token; corral vs llama.cpp router mode
@@ -53,12 +53,14 @@ from bench.scenarios import (coldstart, dialects, fairness, instances, keys_over
 from bench.servers import ROOT, stop_all
 
 SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects", "instances", "sampling",
-             "fairness", "keys_overhead", "speculation", "speculation-draft", "swap", "router_ceiling")
+             "fairness", "keys_overhead", "speculation", "speculation-draft", "swap", "router_ceiling",
+             "default_slots")
 
 # hang guards per scenario (seconds; x0.6 with --quick), far above normal run times
 LIMITS_S = {"instances": 300, "throughput": 1500, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
             "dialects": 1200, "sampling": 600, "fairness": 700, "keys_overhead": 240, "speculation": 900,
-            "speculation-draft": 900, "swap": 900, "router_ceiling": 600}
+            "speculation-draft": 900, "swap": 900, "router_ceiling": 600,
+            "default_slots": 900}
 
 FUNCS: dict[str, Callable[[Ctx], Awaitable[list[Table]]]] = {
     "instances": instances.sc_instances, "throughput": throughput.sc_throughput, "overhead": overhead.sc_overhead,
@@ -66,7 +68,7 @@ FUNCS: dict[str, Callable[[Ctx], Awaitable[list[Table]]]] = {
     "dialects": dialects.sc_dialects, "sampling": sampling.sc_sampling, "fairness": fairness.sc_fairness,
     "keys_overhead": keys_overhead.sc_keys_overhead, "speculation": lambda ctx: _speculation(ctx),
     "speculation-draft": speculation_draft.sc_speculation_draft, "swap": swap.sc_swap,
-    "router_ceiling": router_ceiling.sc_router_ceiling}
+    "router_ceiling": router_ceiling.sc_router_ceiling, "default_slots": throughput.sc_default_slots}
 
 
 async def _speculation(ctx: Ctx) -> list[Table]:

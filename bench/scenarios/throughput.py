@@ -6,7 +6,7 @@ only measures its queue) and corral with as many slots, all up at once, measured
 interleaved rounds. Before the rounds each server answers the same greedy prompt: the table
 says whether corral's text is llama-server's (same GGUF, same backend: the same tokens).
 
-Then ``sc_default_slots``: corral as a user who sets nothing gets it (``n_parallel = "auto"``,
+Scenario ``default_slots`` (``sc_default_slots``): corral as a user who sets nothing gets it (``n_parallel = "auto"``,
 32,768 tokens a slot) against today's former default of 4 slots, 64 clients at once: the
 slots each got (and why) and the TTFT p95 of each.
 """
@@ -139,7 +139,7 @@ async def sc_throughput(ctx: Ctx) -> list[Table]:
              if r.tokens_per_request is not None and r.tokens_per_request < max_tokens - 0.01]
     if short:
         t.notes.append("warning: fewer than max_tokens per request: " + ", ".join(short))
-    return [t, *await sc_default_slots(ctx)]
+    return [t]
 
 
 async def sc_default_slots(ctx: Ctx) -> list[Table]:
