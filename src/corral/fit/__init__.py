@@ -10,6 +10,8 @@ loads there (docs/internals/gpu-placement.md). Its modules:
   the ``tensor_split`` corral gives it.
 - ``corral.fit.draft``: a draft model's file, settings and per-GPU need (``speculative = "draft"``).
 - ``corral.fit.rows``: the logits rows a context may ask for (``n_outputs_max``).
+- ``corral.fit.slots``: ``n_parallel = "auto"``'s slots from the memory left after the weights
+  (``plan_slots``, ``with_slots``).
 
 Neutral: imports only ``corral.wire``, ``corral.model.settings`` and ``corral.model.gguf_header``, never
 ``llama_cpp``; the worker plans its load with it, the router estimates and places with it.
