@@ -21,6 +21,7 @@
     │   │   ├── HostNotAllowed       403 code=host_not_allowed
     │   │   ├── OriginNotAllowed     403 code=origin_not_allowed
     │   │   ├── ImageUrlNotAllowed   403 code=image_url_not_allowed (off, or a private address)
+    │   │   ├── PullUrlNotAllowed    403 code=pull_url_not_allowed (a private address, allow_private_pull_urls)
     │   │   ├── NameNotAllowed       403 code=name_not_allowed (a name outside the key's models)
     │   │   └── ScopeDenied          403 code=insufficient_scope (the key lacks the route's scope)
     │   ├── ModelNotFound            404 code=model_not_found
@@ -67,6 +68,7 @@ __all__ = [
     "ModelNotLoaded",
     "AuthenticationError",
     "Forbidden",
+    "PullUrlNotAllowed",
     "PathNotAllowed",
     "HostNotAllowed",
     "OriginNotAllowed",
@@ -221,6 +223,12 @@ class OriginNotAllowed(Forbidden):
 
 class ImageUrlNotAllowed(Forbidden):
     code = "image_url_not_allowed"
+
+
+class PullUrlNotAllowed(Forbidden):
+    """A pull URL (or a redirect of it) whose host is an address the policy refuses
+    (corral.store.address_policy, ``allow_private_pull_urls``)."""
+    code = "pull_url_not_allowed"
 
 
 class NameNotAllowed(Forbidden):

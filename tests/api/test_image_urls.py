@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from corral.api.core.image_fetch import address_allowed
+from corral.store.address_policy import address_allowed
 from support.harness import Harness
 
 
@@ -182,7 +182,7 @@ async def test_anthropic_url_images_follow_the_same_rules(harness: Harness, serv
     ("127.0.0.1", False), ("10.1.2.3", False), ("172.16.0.1", False), ("192.168.1.1", False),
     ("169.254.169.254", False), ("100.64.0.1", False), ("0.0.0.0", False), ("224.0.0.1", False),
     ("::1", False), ("fe80::1", False), ("fd00::1", False), ("::ffff:127.0.0.1", False), ("::ffff:10.0.0.1", False),
-    ("::", False),
+    ("::", False), ("::7f00:1", False), ("64:ff9b::7f00:1", False), ("2002:7f00:1::", False),
 ])
 def test_which_addresses_are_private(addr: str, ok: bool) -> None:
     ip = ipaddress.ip_address(addr)

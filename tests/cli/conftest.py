@@ -11,6 +11,9 @@ from ui.server import CorralServer
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CorralServer]:
-    srv = CorralServer(tmp_path_factory.mktemp("cli-server"))
+    tmp = tmp_path_factory.mktemp("cli-server")
+    cfg = tmp / "corral.toml"  # `corral pull` from the loopback file server: allowed by name
+    cfg.write_text('[server]\nallow_private_pull_urls = ["127.0.0.1/32"]\n')
+    srv = CorralServer(tmp, args=("-c", str(cfg)))
     yield srv
     srv.stop()

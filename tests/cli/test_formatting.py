@@ -38,7 +38,7 @@ def _gguf(kv: list[tuple[str, int, bytes]], tensors: list[tuple[str, list[int]]]
     for name, dims in tensors:
         out += _s(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
         out += struct.pack("<IQ", 0, 0)
-    return out
+    return out + b"\0" * (-len(out) % 32 + 256)  # to the alignment, then the tensors' data
 
 
 def test_gguf_info_reads_metadata_and_counts_parameters(tmp_path: Path) -> None:

@@ -143,6 +143,10 @@ async def test_lm_eval_remote_tokenizer_and_scoring(harness: Harness, model_path
     await _start(harness, model_path)
     session = recorded("lm_eval_local_completions")
     assert session[0]["path"] == "/tokenizer_info"
+    # a GET loads nothing: the harness's first request finds the model loaded (load_on_startup)
+    r = await harness.client.get("/tokenizer_info")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_loaded", r.text
+    assert (await harness.client.post("/models/load", json={"model": "gemma-3-270m"})).status_code < 300
     answers = []
     for item in session:
         r = await _replay(harness, item)

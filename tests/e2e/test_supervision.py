@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from testkit.gguf_hostile import small_gguf
 from support.harness import Harness, chat, wait_event
 from support.harness import _until
 
@@ -151,8 +152,9 @@ __all__ = ["asyncio"]
 
 async def test_real_load_failure_is_reported(harness: Harness, model_path: Path) -> None:
     bad = harness.tmp / "broken.gguf"
-    # GGUF magic (so the config accepts it), then junk: only llama.cpp finds out
-    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"this is not a gguf file" * 100)
+    # a GGUF header the router reads (corral.model.gguf_header), of no model llama.cpp knows how
+    # to build (no context length, no vocabulary): only llama.cpp finds out
+    bad.write_bytes(small_gguf())
     cfg = harness.config({"broken": {"path": str(bad), "threads": 1, "ctx_len": 512}}, worker_command=None)
     plane = await harness.start(cfg)
     r = await harness.client.post("/v1/completions", json={"model": "broken", "prompt": "x"})

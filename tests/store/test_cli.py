@@ -45,6 +45,19 @@ def test_ls_and_rm_locally(runner: CliRunner, store: ModelStore) -> None:
     assert r.exit_code == 0 and store.list() == []
 
 
+def test_ls_shows_a_file_that_does_not_read_as_failed(runner: CliRunner, store: ModelStore) -> None:
+    from testkit.gguf_hostile import hostile_files
+
+    (store.root / "fine.gguf").write_bytes(small_gguf(2000))
+    (store.root / "deep.gguf").write_bytes(hostile_files()["nested-3000"])
+    r = runner.invoke(app, ["ls", "--server", NO_SERVER, "--models-dir", str(store.root)])
+    assert r.exit_code == 0, r.output
+    assert "fine" in r.output and "failed" in r.output and "deep: failed: key 'k' nests arrays" in r.output
+    r = runner.invoke(app, ["ls", "--json", "--server", NO_SERVER, "--models-dir", str(store.root)])
+    rows = {row["id"]: row for row in json.loads(r.stdout)}
+    assert rows["fine"]["problem"] is None and "nests arrays" in rows["deep"]["problem"]
+
+
 def test_pull_locally(runner: CliRunner, hub: FakeHub, store: ModelStore) -> None:
     data = small_gguf(80_000)
     hub.add(f"{REPO}/c-Q8_0.gguf", data)

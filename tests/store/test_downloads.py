@@ -199,7 +199,7 @@ async def test_wrong_bytes_fail_checksum_and_are_removed(hub: FakeHub, store: Mo
 async def test_url_source_with_user_sha256(hub: FakeHub, store: ModelStore, bus: EventBus) -> None:
     data = small_gguf(100_000)
     hub.add("plain/web-F16.gguf", data)
-    dm = manager(store, bus)
+    dm = manager(store, bus, allow_private=lambda: ["127.0.0.1/32"])  # the fake hub is on loopback
     h = await dm.start(f"{hub.url}/plain/web-F16.gguf", sha256="ab" * 32)
     assert await h.wait() == "failed" and "checksum mismatch" in (h.reason or "")
     h = await dm.start(f"{hub.url}/plain/web-F16.gguf", sha256=hashlib.sha256(data).hexdigest())

@@ -34,7 +34,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CorralServer]:
     for i in range(EXTRA_MODELS):
         name = f"org-with-a-long-name-{i:02d}-Meta-Llama-3.1-70B-Instruct-abliterated-v2-Q4_K_M.gguf"
         (models / name).write_bytes(small_gguf(2000, seed=i))
-    srv = CorralServer(tmp, api_key=KEY)
+    cfg = tmp / "corral.toml"  # pulls from the loopback file server: allowed by name
+    cfg.write_text('[server]\nallow_private_pull_urls = ["127.0.0.1/32"]\n')
+    srv = CorralServer(tmp, api_key=KEY, args=("-c", str(cfg)))
     yield srv
     srv.stop()
 

@@ -97,6 +97,12 @@ def _embedded() -> tuple[str, Path, tuple[str, ...]] | None:
         return None
 
 
+def _pull_policy(srv: ServerConfig) -> bool | list[str]:
+    """``allow_private_pull_urls`` as the download child gets it (store/address_policy.py)."""
+    private = srv.allow_private_pull_urls
+    return private if isinstance(private, bool) else [str(n) for n in private]
+
+
 def _store(config: CorralConfig) -> ModelStore:
     return ModelStore(config.server.models_dir or default_models_dir())
 
@@ -121,7 +127,8 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
                              config_loader=config_loader, embedded=emb)
         downloads = None
         if store is not None:
-            downloads = DownloadManager(store, bus, on_finished=plane.on_download_finished)
+            downloads = DownloadManager(store, bus, on_finished=plane.on_download_finished,
+                                        allow_private=lambda: _pull_policy(plane.config.server))
         holder: store_routes.ModelHolder = plane  # what the store routes use of it (mypy checks it)
         app.state.router = holder
         app.state.bus = bus

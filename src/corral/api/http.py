@@ -36,6 +36,8 @@ from starlette.responses import Response, StreamingResponse
 
 from corral.errors import CorralError, InvalidRequest, Unavailable
 from corral.store.confine import PathPolicy
+from corral.store.downloads import DownloadManager
+from corral.store.local import ModelStore
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
     from corral.control.plane import ControlPlane
 
 __all__ = ["Dialect", "dialect_of", "error_body", "error_response", "ANTHROPIC_OVERLOADED_STATUS",
-           "json_response", "ndjson_line", "sse_data", "sse_stream", "plane_of", "app_part",
+           "json_response", "ndjson_line", "sse_data", "sse_stream", "plane_of", "store_of", "downloads_of",
            "invalid_request", "path_policy", "model_or_only"]
 
 Dialect = Literal["openai", "ollama", "anthropic"]
@@ -130,9 +132,16 @@ def model_or_only(plane: ControlPlane, name: str | None) -> str:
                          "GET /v1/models lists them)", param="model")
 
 
-def app_part(request: Request, name: str) -> Any:
-    """A part of the app's state (``store``, ``downloads``, ``responses``), or None when absent."""
-    return getattr(request.app.state, name, None)
+def store_of(request: Request) -> ModelStore | None:
+    """The app's model store, or None (an app made with ``use_store=False``)."""
+    store: ModelStore | None = getattr(request.app.state, "store", None)  # set by the app's lifespan
+    return store
+
+
+def downloads_of(request: Request) -> DownloadManager | None:
+    """The app's download manager, or None (an app made with ``use_store=False``)."""
+    downloads: DownloadManager | None = getattr(request.app.state, "downloads", None)  # likewise
+    return downloads
 
 
 _HIDDEN_LOC = ("body", "query", "path")

@@ -41,7 +41,7 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("GET", "/"): "public",
     ("GET", "/ui/{name}"): "public",
     **{("POST", p): "infer" for p in _INFER_POSTS},
-    ("GET", "/tokenizer_info"): "infer",  # loads the model, like a request
+    ("GET", "/tokenizer_info"): "infer",  # a loaded model's tokenizer (it loads nothing: a GET)
     # a key's own stored responses (api/openai/responses.py): another key's are 404
     ("GET", "/v1/responses/{response_id}"): "infer",
     ("DELETE", "/v1/responses/{response_id}"): "infer",

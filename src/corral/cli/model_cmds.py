@@ -164,6 +164,8 @@ def show(model: str = typer.Argument(..., help="model id or alias"),
             ("layers", str(info.get("block_count") or "-")),
             ("file", f"{info.get('path')} ({fmt_bytes(info['file_bytes']) if info.get('file_bytes') else '-'})"),
             ("source", info.get("source") or "-"), ("status", info.get("status") or "-")]
+    if info.get("reason"):  # a failed model: why (a file that does not read as GGUF, a failed load)
+        rows.append(("reason", info["reason"]))
     table = Table(box=None, show_header=False, pad_edge=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")

@@ -146,7 +146,7 @@ async def _pull_locally(store: ModelStore, source: str, sha256: str | None,
     from corral.events import EventBus
 
     bus = EventBus()
-    dm = DownloadManager(store, bus)
+    dm = DownloadManager(store, bus, allow_private=lambda: True)  # your own pull, as you: any address
     interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, interrupted.set)
@@ -273,6 +273,8 @@ def register(app: typer.Typer) -> None:
                     by_id[m["id"]] = row
                 row["status"] = m["status"]["value"]
                 row["loaded"] = m["status"]["value"] == "loaded"
+                if m["status"]["value"] == "failed" and m["status"].get("reason"):
+                    row["problem"] = m["status"]["reason"]
         if as_json:
             out.print_json(data=rows)
             return
@@ -281,12 +283,15 @@ def register(app: typer.Typer) -> None:
             return
         table = Table("ID", "SIZE", "QUANT", "SOURCE", "STATUS", "PATH", box=None, pad_edge=False)
         for r in rows:
-            status = r.get("status") or ("-" if served is None else "not served")
+            status = r.get("status") or ("failed" if r.get("problem") else "-" if served is None else "not served")
             size = r.get("size")
             table.add_row(r["id"], "?" if size is None else fmt_bytes(size), r.get("quantization") or "-",
                           r.get("source") or "local",
                           f"[bold green]{status}[/]" if r.get("loaded") else status, str(r.get("path")))
         out.print(table)
+        for r in rows:  # a file that does not read as GGUF: why (corral.store.gguf.check_file)
+            if r.get("problem"):
+                err.print(f"{r['id']}: failed: {r['problem']}", markup=False, highlight=False)
         if served is None:
             err.print("(no server answered: loaded models are not marked)")
 

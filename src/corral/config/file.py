@@ -13,6 +13,8 @@ message names the file, the table and the key.
 
 from __future__ import annotations
 
+import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, get_args
@@ -137,6 +139,9 @@ class ServerConfig(_NoBoolNumbers):
     allow_image_urls: bool = False  # images in requests: api/core/image_fetch.py, docs/internals/vision.md
     allow_private_image_urls: bool | list[IPvAnyNetwork] = False  # true (any), or CIDR networks
     image_url_timeout_s: float = Field(10.0, gt=0)
+    # pull URLs from loopback, link-local or private addresses: true (any), or CIDR networks
+    # (the same policy as image URLs: store/address_policy.py)
+    allow_private_pull_urls: bool | list[IPvAnyNetwork] = False
     max_image_bytes: ByteSize = 20 * 1024 * 1024  # one image, encoded
     max_image_pixels: int = Field(50_000_000, ge=1)  # width x height, checked before decoding
     max_images_per_request: int = Field(32, ge=1)
@@ -310,9 +315,14 @@ def _check_model_files(cfg: CorralConfig, name: str) -> None:
         where = location(("models", mid, "path"))
         if m.path.is_dir():
             raise ConfigError(f"{name}: {where}: {m.path} is a directory, not a GGUF model file")
-        try:
-            with open(m.path, "rb") as f:
-                magic = f.read(4)
+        try:  # non-blocking: a FIFO named as a model must not hold the config's load
+            fd = os.open(m.path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise ConfigError(f"{name}: {where}: {m.path} is not a regular file")
+                magic = os.pread(fd, 4, 0)
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             continue
         except OSError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +33,21 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
     path: Path
     aliases: tuple[str, ...] = ()
     source: str = "config"
+    # why its file does not read as GGUF when the catalog was read (corral.store.gguf.check_file):
+    # the model is listed with status "failed" and this reason, and is never handed to a worker
+    problem: str | None = None
 
     @classmethod
     def make(cls, model_id: str, path: Path, settings: ModelSettings, *,
-             aliases: tuple[str, ...] = (), source: str, projector: Path | None = None) -> "ModelSpec":
+             aliases: tuple[str, ...] = (), source: str, projector: Path | None = None,
+             problem: str | None = None) -> "ModelSpec":
         """``mmproj`` becomes the projector's path, or None (corral.store.projector's rule;
         ``projector``: the one pulled with the model)."""
         fields = settings.to_dict()
-        found = projector_for(Path(path), settings.mmproj, projector)
+        found = projector_for(Path(path), settings.mmproj, projector) if problem is None else None
         fields["mmproj"] = str(found) if found is not None else None
-        return cls(id=model_id, path=Path(path), aliases=tuple(aliases), source=source, **fields)
+        return cls(id=model_id, path=Path(path), aliases=tuple(aliases), source=source, problem=problem,
+                   **fields)
 
     def projector_bytes(self) -> int:
         """The projector file's size (0 without one, or while it is missing)."""
@@ -111,13 +116,16 @@ def default_threads(spec: ModelSpec, max_loaded_models: int, n_models: int,
 
 
 def specs_from_config(cfg: CorralConfig, store_models: list[Any] | None = None,
-                      embedded: tuple[str, Path, tuple[str, ...]] | None = None
-                      ) -> list[ModelSpec]:
+                      embedded: tuple[str, Path, tuple[str, ...]] | None = None,
+                      problems: Mapping[Path, str] | None = None) -> list[ModelSpec]:
+    """The specs of the config's models, the store's and the embedded one; ``problems``: why a
+    config model's file does not read (by path), a store model's is its own ``problem``."""
     specs: list[ModelSpec] = []
     taken: set[str] = set()
+    problems = problems or {}
     for mid, m in cfg.models.items():
-        specs.append(ModelSpec.make(mid, m.path, cfg.model_settings(mid),
-                                    aliases=tuple(m.aliases), source="config"))
+        specs.append(ModelSpec.make(mid, m.path, cfg.model_settings(mid), aliases=tuple(m.aliases),
+                                    source="config", problem=problems.get(m.path)))
         taken.add(mid)
         taken.update(m.aliases)
     inherited = cfg.inherited_settings()
@@ -125,7 +133,7 @@ def specs_from_config(cfg: CorralConfig, store_models: list[Any] | None = None,
         if lm.id in taken:
             continue
         specs.append(ModelSpec.make(lm.id, lm.path, inherited, source="store",
-                                    projector=lm.mmproj))
+                                    projector=lm.mmproj, problem=lm.problem))
         taken.add(lm.id)
     if embedded is not None:
         eid, epath, ealiases = embedded

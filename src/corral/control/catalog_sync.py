@@ -19,6 +19,7 @@ A pool is added in one place (``add``), which also publishes ``model_added``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -35,9 +36,10 @@ from corral.control.keys.ring import current_caller
 from corral.errors import Conflict, InvalidRequest, ModelNotFound, NameNotAllowed
 from corral.model.ids import id_problem
 from corral.model.settings import ModelSettings
+from corral.store.gguf import check_file
 
 if TYPE_CHECKING:
-    from corral.store.local import ModelStore
+    from corral.store.local import LocalModel, ModelStore
 
 __all__ = ["CatalogSync"]
 
@@ -62,17 +64,33 @@ class CatalogSync:
         self._extra_specs: dict[str, ModelSpec] = {}  # added at run time (Nitro loadmodel, pulls)
         self._copies: dict[str, str] = {}  # alias -> model id, added by Ollama's /api/copy
 
-    def specs(self, cfg: CorralConfig) -> list[ModelSpec]:
-        """Every model ``cfg`` (plus models_dir, the embedded model and what was added at
-        run time) names."""
-        store_models = []
+    def _read_files(self, cfg: CorralConfig) -> tuple[list[LocalModel] | None, dict[Path, str]]:
+        """The store's models (None when models_dir cannot be listed) and why each config
+        model's file does not read (blocking: reads headers, cached per file version; run
+        off the event loop). A file's problem counts only for corral's own worker: another
+        ``worker_command`` reads its files its own way."""
+        store_models: list[LocalModel] | None = []
         if self.store is not None:
             try:
                 store_models = self.store.list()
             except Exception as exc:  # noqa: BLE001 - an unreadable models_dir must not stop the router
-                log.warning("cannot list models_dir: %s", exc)
+                log.warning("cannot list models_dir (its models stay as they were): %s", exc)
+                store_models = None
+        if cfg.server.worker_command is not None:
+            return [dataclasses.replace(m, problem=None) for m in store_models or []], {}
+        problems = {m.path: p for m in cfg.models.values() if (p := check_file(m.path).problem) is not None}
+        return store_models, problems
+
+    async def specs(self, cfg: CorralConfig) -> list[ModelSpec]:
+        """Every model ``cfg`` (plus models_dir, the embedded model and what was added at
+        run time) names; the files are read off the event loop. Where models_dir cannot be
+        listed, the store's models stay as they are (never all unloaded by one bad read)."""
+        store_models, problems = await asyncio.to_thread(self._read_files, cfg)
         embedded = self._embedded if cfg.server.include_default_model else None
-        specs = specs_from_config(cfg, store_models, embedded)
+        specs = specs_from_config(cfg, store_models or [], embedded, problems)
+        if store_models is None:
+            taken = {s.id for s in specs} | {a for s in specs for a in s.aliases}
+            specs += [p.spec for p in self.pools.values() if p.spec.source == "store" and p.spec.id not in taken]
         ids = {s.id for s in specs}
         specs += [s for mid, s in self._extra_specs.items() if mid not in ids]
         if self._copies:  # aliases added at run time (Ollama's /api/copy) outlive reloads
@@ -140,11 +158,14 @@ class CatalogSync:
         self._extra_specs[spec.id] = spec
         return self.add(spec)
 
-    def on_download_finished(self, model_id: str, path: Path, inherited: ModelSettings) -> None:
+    async def on_download_finished(self, model_id: str, path: Path, inherited: ModelSettings) -> None:
         if model_id not in self.pools:
-            pulled = self.store.get(model_id) if self.store is not None else None  # its manifest: the projector
-            self.add(ModelSpec.make(model_id, Path(path), inherited, source="store",
-                                    projector=pulled.mmproj if pulled is not None else None))
+            store = self.store  # its manifest: the projector; its header checked (off the loop)
+            pulled = await asyncio.to_thread(store.get, model_id) if store is not None else None
+            if model_id not in self.pools:
+                self.add(ModelSpec.make(model_id, Path(path), inherited, source="store",
+                                        projector=pulled.mmproj if pulled is not None else None,
+                                        problem=pulled.problem if pulled is not None else None))
 
     async def remove_model(self, model_id: str) -> None:
         """Unload (if needed) and forget a model (e.g. its file was deleted)."""
@@ -173,7 +194,7 @@ class CatalogSync:
         """Bring the pools in line with ``config``. Changed models restart, removed ones
         unload, running requests finish. Models whose restart or removal failed are
         logged and listed under ``failed``."""
-        new_specs = {s.id: s for s in self.specs(config)}
+        new_specs = {s.id: s for s in await self.specs(config)}
         result: dict[str, list[str]] = {"added": [], "removed": [], "restarted": [], "updated": []}
         jobs: dict[str, asyncio.Future[None] | Any] = {}
         for mid in list(self.pools):

@@ -110,7 +110,7 @@ class ControlPlane:
     async def start(self) -> None:
         if self.ray is not None:
             await self.ray.start()
-        for spec in self.sync.specs(self.config):
+        for spec in await self.sync.specs(self.config):
             self.sync.add(spec, announce=False)
         housekeeper = Housekeeper(self.pools, self.admission, self._background)
         self._housekeeper = asyncio.get_running_loop().create_task(housekeeper.run(), name="housekeeper")
@@ -258,9 +258,9 @@ class ControlPlane:
         """A model learned at run time (Nitro loadmodel, a finished pull)."""
         return await self.sync.add_model(spec, replace=replace)
 
-    def on_download_finished(self, model_id: str, path: Path) -> None:
+    async def on_download_finished(self, model_id: str, path: Path) -> None:
         """DownloadManager callback: the pulled model can be served now."""
-        self.sync.on_download_finished(model_id, path, self.config.inherited_settings())
+        await self.sync.on_download_finished(model_id, path, self.config.inherited_settings())
 
     async def remove_model(self, model_id: str) -> None:
         """Unload (if needed) and forget a model (e.g. its file was deleted)."""

@@ -8,6 +8,7 @@ plans with, on both sides (neutral: imports only ``wire``, ``settings``, ``gguf_
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +17,9 @@ from corral import wire
 from corral.model.gguf_header import GGUFError, array_len, read_header
 from corral.model.settings import KV_CACHE_TYPES
 
-__all__ = ["ModelLayout", "read_layout", "kv_row_bytes", "GGUFError"]
+__all__ = ["ModelLayout", "read_layout", "kv_row_bytes", "GGUFError", "MAX_LAYERS"]
+
+MAX_LAYERS = 512  # LLAMA_MAX_LAYERS
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
@@ -89,11 +92,15 @@ def read_layout(path: str | Path) -> ModelLayout:
         v = meta.get(f"{arch}.{key}", default)
         if isinstance(v, list):  # per-layer arrays: take the largest
             v = max((x for x in v if isinstance(x, int)), default=default)
+        if isinstance(v, float) and not math.isfinite(v):
+            return default  # int(inf) would be an OverflowError, int(nan) a ValueError
         return int(v) if isinstance(v, (int, float)) else default
 
     n_layer = num("block_count")
     if n_layer <= 0:
         raise GGUFError(f"no {arch}.block_count in {path}")
+    if n_layer > MAX_LAYERS:  # a list of this length is made below: the count is the file's word only
+        raise GGUFError(f"{arch}.block_count {n_layer} is more than llama.cpp's {MAX_LAYERS} layers")
     n_embd = num("embedding_length")
     n_head = num("attention.head_count", 1)
     n_head_kv = num("attention.head_count_kv", n_head)

@@ -14,6 +14,10 @@ Pull states: resolving -> downloading -> finished | failed | cancelled.
 A failure while resolving (404, gated repo, no file with that tag, not enough disk
 space) also raises from ``start()`` so the HTTP caller gets a 4xx/5xx at once.
 
+A pull URL's credentials reach only the child (``FetchRequest``): the handle, the events,
+the log and the manifest show it redacted (``redact_url``); the child fetches a URL under
+the address policy (``allow_private``, corral.store.fetch_http).
+
 Two pulls of the same source (or that resolve to the same model id) share one child
 and one pull id. Cancel = SIGTERM, then SIGKILL after ``kill_after_s``; the partial
 file stays, and a later pull of the same file resumes from it.
@@ -27,6 +31,7 @@ import inspect
 import logging
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +52,7 @@ from corral.store import messages as m
 from corral.store.pulls import (OnFinished, ProgressThrottle, PullHandle, PullState, Rate,
                                 disk_free, file_size, start_error)
 from corral.store.local import ModelStore, validate_model_id
+from corral.store.redaction import redact_url
 from corral.store.sources import SourceError, parse_source
 
 __all__ = ["DownloadManager", "PullHandle", "PullState", "ProgressThrottle", "disk_free"]
@@ -65,6 +71,7 @@ class DownloadManager:
         progress_interval_s: float = 0.5,
         resolve_timeout_s: float = 120.0,
         kill_after_s: float = 3.0,
+        allow_private: Callable[[], bool | list[str]] = lambda: False,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -74,6 +81,9 @@ class DownloadManager:
         self.progress_interval_s = progress_interval_s
         self.resolve_timeout_s = resolve_timeout_s
         self.kill_after_s = kill_after_s
+        # URL pulls' address policy, read at each pull (``allow_private_pull_urls``, which a
+        # reload may change; corral.store.address_policy): true, false or CIDR networks
+        self.allow_private = allow_private
         self.spawned = 0  # child processes started (tests count them)
         self._by_id: dict[str, PullHandle] = {}
         self._by_source: dict[tuple[str, str | None], PullHandle] = {}
@@ -129,15 +139,15 @@ class DownloadManager:
             return await self._joined(existing)
 
         pull_id = "pull-" + uuid.uuid4().hex[:12]
-        h = PullHandle(pull_id, model_id or parsed.provisional_id, source)
+        h = PullHandle(pull_id, model_id or parsed.provisional_id, redact_url(source))  # as shown
         self._by_id[pull_id] = h
         self._by_source[key] = h
         req = m.FetchRequest(source=source, models_dir=str(self.store.root), sha256=sha256,
                              model_id=model_id, retries=self.retries,
-                             retry_backoff_s=self.retry_backoff_s)
+                             retry_backoff_s=self.retry_backoff_s, allow_private=self.allow_private())
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "corral.store.fetch", msgspec.json.encode(req).decode(),
+                sys.executable, "-m", "corral.store.fetch",  # the request goes on stdin, not argv
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 start_new_session=True,  # a Ctrl-C in a terminal reaches us, not the child
             )
@@ -146,6 +156,8 @@ class DownloadManager:
             h._ended.set()
             raise DownloadError(h.reason or "") from exc
         self.spawned += 1
+        assert proc.stdin is not None
+        proc.stdin.write(m.encode(req))  # read by the child before anything else; drained with Proceed
         self._procs[pull_id] = proc
         self._tasks[pull_id] = asyncio.create_task(self._watch(h, proc), name=pull_id)
         if pull_id in self._cancelling:  # cancelled while the process was starting
@@ -318,7 +330,7 @@ class DownloadManager:
             return
         was_resolving = h.state == "resolving"
         h.state = state
-        h.reason = reason
+        h.reason = reason = redact_url(reason) if reason is not None else None
         if state == "finished":
             self.bus.publish(EventName.DOWNLOAD_FINISHED, h.model_id, pull_id=h.pull_id,
                              path=str(h.path), sha256=h.sha256, size=h.done)

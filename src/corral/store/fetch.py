@@ -1,8 +1,11 @@
-"""The download child process: ``python -m corral.store.fetch '<FetchRequest JSON>'``.
+"""The download child process: ``python -m corral.store.fetch``, its ``FetchRequest`` the
+first frame on stdin.
 
 It resolves the source, waits for ``Proceed``, moves the bytes into
 ``models_dir/.corral/partial/<key>.part`` (resuming from what is there), verifies the
-sha256, fsyncs, renames to ``models_dir/<id>.gguf`` and writes the manifest last. It
+sha256, fsyncs, renames to ``models_dir/<id>.gguf`` and writes the manifest last (0600, the
+source's credentials redacted: corral.store.sources.redact_url; so are the failure reasons it sends).
+A URL source is fetched under the address policy (corral.store.fetch_http). It
 talks to the manager only through ``corral.store.messages`` frames on its stdout.
 A repo's vision projector (``owner/repo[:TAG]`` with an ``mmproj*.gguf`` beside the model
 file) comes along the same way, into ``models_dir/<id>.mmproj.gguf``, after the model:
@@ -23,10 +26,13 @@ from pathlib import Path
 
 import msgspec
 
+from corral.model.gguf_header import GGUFError, read_header
 from corral.store import messages as m
-from corral.store.fetch_resolve import Fail, Target, resolve
+from corral.store.fetch_errors import Fail
+from corral.store.fetch_resolve import Target, resolve
 from corral.store.fetch_transfer import Transfer, disk_fail, hash_file
 from corral.store.local import ModelStore, validate_model_id
+from corral.store.redaction import redact_url
 
 __all__ = ["main", "partial_paths", "Fail"]
 
@@ -43,19 +49,24 @@ class _Channel:
         self._out = os.fdopen(os.dup(1), "wb", buffering=0)
         os.dup2(2, 1)
         self._in = sys.stdin.buffer
+        self._reader = m.FrameReader()
+        self._pending: list[bytes] = []
 
     def send(self, msg: m.FromFetch) -> None:
         self._out.write(m.encode(msg))
 
-    def wait_proceed(self) -> bool:
-        reader = m.FrameReader()
-        while True:
+    def receive(self) -> m.FetchRequest | m.Proceed | None:
+        """The manager's next message; None once it is gone."""
+        while not self._pending:
             data = os.read(self._in.fileno(), 4096)
             if not data:
-                return False  # the manager is gone or decided against it
-            for body in reader.feed(data):
-                m.decode_to_fetch(body)
-                return True
+                return None
+            self._pending += self._reader.feed(data)
+        return m.decode_to_fetch(self._pending.pop(0))
+
+    def wait_proceed(self) -> bool:
+        """False: the manager is gone or decided against it."""
+        return isinstance(self.receive(), m.Proceed)
 
 
 # ---------------------------------------------------------------------- the pull
@@ -85,7 +96,8 @@ def _prepare(store: ModelStore, f: _File, source: str) -> None:
     _lock(part)
     # What the partial file is. A different source naming the same file (owner/repo:TAG
     # vs owner/repo/file.gguf) shares the key and resumes it; a new size or sha256 does not.
-    meta = {"key": f.target.key, "total": f.target.total, "sha256": f.want_sha}
+    # the note names the file by its key as it may be shown (a URL's password is nobody's to read)
+    meta = {"key": redact_url(f.target.key), "total": f.target.total, "sha256": f.want_sha}
     have = 0
     try:
         old = json.loads(meta_path.read_text())
@@ -97,7 +109,7 @@ def _prepare(store: ModelStore, f: _File, source: str) -> None:
         pass
     try:
         _private_write(part, b"", keep=have > 0)
-        _private_write(meta_path, json.dumps({**meta, "source": source}).encode())
+        _private_write(meta_path, json.dumps({**meta, "source": redact_url(source)}).encode())
     except OSError as exc:
         raise disk_fail(exc, part) from exc
     f.part, f.meta_path, f.have = part, meta_path, have
@@ -117,6 +129,10 @@ def _obtain(req: m.FetchRequest, f: _File, chan: _Channel, offset: int,
             if sha != f.want_sha:
                 raise Fail("checksum", f"checksum mismatch: the cached file {path} has sha256 "
                            f"{sha}, expected {f.want_sha}")
+        try:
+            read_header(path)
+        except (GGUFError, FileNotFoundError) as exc:
+            raise Fail("invalid", f"the cached file {path.name} is not a readable GGUF file ({exc})") from None
         return sha, path.stat().st_size
     part, meta_path = f.part, f.meta_path
     xfer = Transfer(req, f.target, part, chan, offset=offset, grand_total=grand_total)
@@ -131,7 +147,20 @@ def _obtain(req: m.FetchRequest, f: _File, chan: _Channel, offset: int,
         part.with_suffix(".lock").unlink(missing_ok=True)
         raise Fail("checksum", f"checksum mismatch: downloaded {xfer.done} bytes of {f.target.filename} with "
                    f"sha256 {got}, expected {f.want_sha}; the file was removed")
+    _check_gguf(f, part, meta_path)
     return got, xfer.done
+
+
+def _check_gguf(f: _File, part: Path, meta_path: Path) -> None:
+    """A downloaded file whose header does not read (``corral.model.gguf_header``) is removed
+    with its notes, and the pull fails saying why: nothing of it stays in models_dir."""
+    try:
+        read_header(part)
+    except (GGUFError, FileNotFoundError) as exc:
+        for p in (part, meta_path, part.with_suffix(".lock")):
+            p.unlink(missing_ok=True)
+        raise Fail("invalid", f"{f.target.filename} is not a readable GGUF file ({exc}); "
+                   "the download was removed") from None
 
 
 def _place(store: ModelStore, f: _File) -> Path:
@@ -167,7 +196,7 @@ def _run(req: m.FetchRequest, chan: _Channel) -> None:
         _prepare(store, f, req.source)
     totals = [f.target.total for f in files]
     grand = None if None in totals else sum(t or 0 for t in totals)
-    chan.send(m.Resolved(model_id=model_id, filename=target.filename, url=target.url,
+    chan.send(m.Resolved(model_id=model_id, filename=target.filename, url=redact_url(target.url or "") or None,
                          total=grand, sha256=want_sha, cached_path=target.cached_path,
                          have=sum(f.have for f in files),
                          partial_path=str(model.part) if model.part else None))
@@ -179,13 +208,21 @@ def _run(req: m.FetchRequest, chan: _Channel) -> None:
     for f in files:
         sums.append(_obtain(req, f, chan, done, grand))
         done += sums[-1][1]
-    paths = [_place(store, f) for f in files]
-    (sha, size), path = sums[0], paths[0]
-    projector = {"path": str(paths[1]), "sha256": sums[1][0], "size": sums[1][1]} if len(files) > 1 else None
-    try:
-        store.write_manifest(model_id, path=path, source=req.source, sha256=sha, size=size, projector=projector)
-    except OSError as exc:
-        raise disk_fail(exc, store.manifest_path(model_id)) from exc
+    paths: list[Path] = []
+    try:  # a pull that fails from here on takes back the files it placed
+        for f in files:
+            paths.append(_place(store, f))
+        (sha, size), path = sums[0], paths[0]
+        projector = {"path": str(paths[1]), "sha256": sums[1][0], "size": sums[1][1]} if len(files) > 1 else None
+        try:
+            store.write_manifest(model_id, path=path, source=req.source, sha256=sha, size=size, projector=projector)
+        except OSError as exc:
+            raise disk_fail(exc, store.manifest_path(model_id)) from exc
+    except BaseException:
+        for f, placed in zip(files, paths):
+            if f.part is not None and f.meta_path is not None:  # ours: a file in the HF cache stays
+                placed.unlink(missing_ok=True)
+        raise
     for f in files:  # the partial notes and locks go last
         if f.part is not None and f.meta_path is not None:
             f.meta_path.unlink(missing_ok=True)
@@ -242,25 +279,28 @@ def _lock(part: Path) -> None:
     _held_locks.append(fd)  # released by the kernel when we exit, however we exit
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+def main() -> int:
     chan = _Channel()
     try:
-        req = msgspec.json.decode(args[0].encode(), type=m.FetchRequest)
-    except (IndexError, msgspec.DecodeError) as exc:
-        chan.send(m.Failed(kind="internal", reason=f"bad fetch request: {exc}"))
+        req = chan.receive()
+    except (msgspec.DecodeError, ValueError) as exc:
+        req, error = None, str(exc)
+    else:
+        error = "none came" if req is None else "a Proceed came first"
+    if not isinstance(req, m.FetchRequest):
+        chan.send(m.Failed(kind="internal", reason=f"bad fetch request: {error}"))
         return 2
     try:
         _run(req, chan)
     except Fail as exc:
-        chan.send(m.Failed(kind=exc.kind, reason=exc.reason))
+        chan.send(m.Failed(kind=exc.kind, reason=redact_url(exc.reason)))
         return 1
     except Exception as exc:  # noqa: BLE001 - the manager must get a reason, not a traceback
         from corral.errors import CorralError
 
         reason = exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}"
         chan.send(m.Failed(kind="invalid" if isinstance(exc, CorralError) else "internal",
-                           reason=reason))
+                           reason=redact_url(reason)))
         return 1
     return 0
 

@@ -1,6 +1,6 @@
 """The download child's first step: what a source names (the file, its size and
 sha256, where its bytes come from), from the Hugging Face Hub (or its local cache) or
-a plain URL. Failures are ``Fail`` (final, with a kind) or ``Retryable``.
+a plain URL. Failures are ``Fail`` (final, with a kind) or ``Retryable`` (store/fetch_errors.py).
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ from typing import TypeVar
 import msgspec
 
 from corral.store import messages as m
+from corral.store.fetch_errors import Fail, Retryable
+from corral.store.address_policy import parse_setting
+from corral.store.redaction import redact_url
 from corral.store.sources import ParsedSource, SourceError, parse_source, pick_file, pick_projector
 
-__all__ = ["Fail", "Retryable", "Target", "resolve", "host_of", "raise_for_status", "is_sha256"]
+__all__ = ["Target", "resolve", "host_of", "raise_for_status", "is_sha256"]
 
 T = TypeVar("T")
 _SHA_LEN = 64
@@ -24,19 +27,6 @@ _SHA_LEN = 64
 
 def is_sha256(s: str | None) -> bool:
     return s is not None and len(s) == _SHA_LEN and all(c in "0123456789abcdef" for c in s.lower())
-
-
-class Fail(Exception):
-    """Ends the child with a ``Failed`` message."""
-
-    def __init__(self, kind: m.FailureKind, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
-
-
-class Retryable(Exception):
-    """A failure worth another attempt (network, 429, 5xx)."""
 
 
 class Target(msgspec.Struct, kw_only=True):
@@ -48,6 +38,7 @@ class Target(msgspec.Struct, kw_only=True):
     sha256: str | None = None
     cached_path: str | None = None
     projector: "Target | None" = None  # the repo's vision projector, pulled with the model (:TAG form)
+    guarded: bool = False  # a URL a client named: fetched under the address policy (store/fetch_http.py)
 
 
 def _hub_errors(exc: Exception, what: str) -> Fail | Retryable:
@@ -164,24 +155,27 @@ def _cached_listing(repo: str) -> list[str]:
 def _resolve_url(req: m.FetchRequest, src: ParsedSource) -> Target:
     import httpx
 
+    from corral.store.fetch_http import open_url
+
     url, filename = src.url, src.filename
     assert url is not None and filename is not None
     headers = {"Accept-Encoding": "identity", "User-Agent": "corral"}
+    policy = parse_setting(req.allow_private)
 
     def head() -> int | None:
         try:
-            with httpx.Client(follow_redirects=True, timeout=req.timeout_s) as c:
-                r = c.head(url, headers=headers)
+            with httpx.Client(timeout=req.timeout_s, trust_env=False) as c, \
+                    open_url(c, "HEAD", url, headers, policy) as r:
+                status, length = r.status_code, r.headers.get("Content-Length")
         except httpx.HTTPError as exc:
             raise Retryable(f"cannot reach {host_of(url)}: {exc}") from exc
-        if r.status_code in (405, 501):
+        if status in (405, 501):
             return None  # no HEAD: the size comes with the GET
-        raise_for_status(r.status_code, url)
-        cl = r.headers.get("Content-Length")
-        return int(cl) if cl and cl.isdigit() else None
+        raise_for_status(status, url)
+        return int(length) if length and length.isdigit() else None
 
-    total = _with_retries(req, head, url)
-    return Target(filename=filename, key=f"url:{url}", url=url, headers=headers, total=total)
+    total = _with_retries(req, head, redact_url(url))
+    return Target(filename=filename, key=f"url:{url}", url=url, headers=headers, total=total, guarded=True)
 
 
 def raise_for_status(status: int, url: str) -> None:
@@ -190,18 +184,20 @@ def raise_for_status(status: int, url: str) -> None:
     if status in (401, 403):
         hint = ("it is gated or private; set HF_TOKEN to a token that can read it"
                 if "/resolve/" in url else "the server wants credentials")
-        raise Fail("unauthorized", f"access denied (HTTP {status}) for {url}: {hint}")
+        raise Fail("unauthorized", f"access denied (HTTP {status}) for {redact_url(url)}: {hint}")
     if status == 404:
-        raise Fail("not_found", f"file not found (HTTP 404): {url}")
+        raise Fail("not_found", f"file not found (HTTP 404): {redact_url(url)}")
     if status >= 500 or status == 429:
         raise Retryable(f"{host_of(url)} answered HTTP {status}")
-    raise Fail("internal", f"{host_of(url)} answered HTTP {status} for {url}")
+    raise Fail("internal", f"{host_of(url)} answered HTTP {status} for {redact_url(url)}")
 
 
 def host_of(url: str) -> str:
+    """host[:port] of a URL (never its user and password)."""
     from urllib.parse import urlsplit
 
-    return urlsplit(url).netloc or url
+    netloc = urlsplit(url).netloc
+    return netloc.rpartition("@")[2] if netloc else redact_url(url)
 
 
 # ---------------------------------------------------------------------- transfer

@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from corral.store import messages as m
-from corral.store.fetch_resolve import Fail, Retryable, Target, host_of, raise_for_status
+from corral.store.address_policy import parse_setting
+from corral.store.fetch_http import open_url
+from corral.store.fetch_errors import Fail, Retryable
+from corral.store.fetch_resolve import Target, host_of, raise_for_status
 
 __all__ = ["Transfer", "Sender", "disk_fail", "hash_file"]
 
@@ -96,10 +99,10 @@ class Transfer:
         if self.done:
             headers["Range"] = f"bytes={self.done}-"
         assert self.t.url is not None
+        policy = parse_setting(self.req.allow_private) if self.t.guarded else None
         try:
-            with httpx.Client(follow_redirects=True,
-                              timeout=httpx.Timeout(self.req.timeout_s)) as client:
-                with client.stream("GET", self.t.url, headers=headers) as r:
+            with httpx.Client(timeout=httpx.Timeout(self.req.timeout_s), trust_env=policy is None) as client:
+                with open_url(client, "GET", self.t.url, headers, policy) as r:
                     if r.status_code == 416 and self.done:
                         # Range beyond the end: what we have is all there is (or junk).
                         if self.total is None or self.done >= self.total:
@@ -107,7 +110,7 @@ class Transfer:
                         self.start_from(0)
                         self._truncate()
                         raise Retryable("the server refused our Range; starting over")
-                    raise_for_status(r.status_code, str(r.url))
+                    raise_for_status(r.status_code, self.t.url)
                     if self.done and r.status_code != 206:
                         self.start_from(0)  # Range ignored: the body is the whole file
                         self._truncate()

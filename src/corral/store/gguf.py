@@ -1,17 +1,26 @@
-"""A model's quantization: from its GGUF header (``general.file_type``, read with
-``corral.model.gguf_header``, the one GGUF reader), else from its file name. No llama_cpp
-import: the router reads headers too.
+"""Whether a model file reads as GGUF, and its quantization: from its header (read whole,
+tensor table included, with ``corral.model.gguf_header``, the one GGUF reader), else from its
+file name. No llama_cpp import: the router reads headers too.
+
+``check_file(path)`` is what the store lists: a ``FileCheck`` with the quantization and, for a
+file that does not read, the reader's reason (a model with status ``failed``). Cached per
+(path, size, mtime, inode): the store lists every file on every call, and a header is read
+again only when its file changed. Blocking: the router calls it off its event loop.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from corral.model.gguf_header import GGUFError, read_header
 
-__all__ = ["FILE_TYPES", "read_file_type", "quantization_of", "quant_from_name", "GGUFError"]
+__all__ = ["FILE_TYPES", "FileCheck", "check_file", "read_file_type", "quantization_of", "quant_from_name",
+           "GGUFError"]
 
 # llama_ftype (llama.h) -> the name people use in file names.
 FILE_TYPES: dict[int, str] = {
@@ -42,19 +51,36 @@ def quant_from_name(name: str) -> str | None:
     return found[-1].upper() if found else None
 
 
-@functools.lru_cache(maxsize=512)
-def _cached(path: str, size: int, mtime_ns: int) -> str | None:
+@dataclass(frozen=True, slots=True)
+class FileCheck:
+    quantization: str | None  # the header's general.file_type, by name
+    problem: str | None  # why the file does not read as GGUF; None when it does
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked(path: str, size: int, mtime_ns: int, inode: int) -> FileCheck:
     try:
-        ft = read_file_type(Path(path))
-    except (OSError, GGUFError):
-        return None
-    return FILE_TYPES.get(ft) if ft is not None else None
+        ft = read_header(Path(path)).values.get("general.file_type")
+    except FileNotFoundError:
+        return FileCheck(None, None)
+    except GGUFError as exc:
+        return FileCheck(None, str(exc))
+    return FileCheck(FILE_TYPES.get(ft) if isinstance(ft, int) else None, None)
+
+
+def check_file(path: Path) -> FileCheck:
+    """Whether the file at ``path`` reads as GGUF, and its quantization (blocking, cached). A
+    missing file has no problem here: whoever loads it finds it missing."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return FileCheck(None, None)
+    except OSError as exc:  # a symlink loop, a directory it may not enter
+        why = "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+        return FileCheck(None, f"{Path(path).name}: cannot read: {why}")
+    return _checked(str(path), st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def quantization_of(path: Path) -> str | None:
     """From the header (general.file_type), else from the file name, else None."""
-    try:
-        st = path.stat()
-    except OSError:
-        return quant_from_name(path.name)
-    return _cached(str(path), st.st_size, st.st_mtime_ns) or quant_from_name(path.name)
+    return check_file(path).quantization or quant_from_name(path.name)

@@ -9,8 +9,8 @@ for every model. ``parameter_size`` gives what Ollama's ``details`` shows ("268.
 
 from __future__ import annotations
 
+import errno
 import functools
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,26 +51,34 @@ class GGUFMetadata:
         return v if isinstance(v, int) else None
 
 
-def _read(path: Path) -> GGUFMetadata:
-    header = read_header(path)
+@functools.lru_cache(maxsize=256)
+def _cached(path: str, size: int, mtime_ns: int) -> GGUFMetadata | GGUFError:
+    """The file's metadata, or the reader's error (kept too: a bad file is not read again
+    until it changes)."""
+    try:
+        header = read_header(Path(path))
+    except FileNotFoundError:
+        return GGUFError(f"{Path(path).name} is gone")
+    except GGUFError as exc:
+        return GGUFError(str(exc))  # without its traceback (the frames of the read)
     return GGUFMetadata(header.values, header.n_params or None)
 
 
-@functools.lru_cache(maxsize=256)
-def _cached(path: str, size: int, mtime_ns: int) -> GGUFMetadata | None:
-    try:
-        return _read(Path(path))
-    except (OSError, GGUFError, struct.error, KeyError):
-        return None
+def _metadata(path: Path) -> tuple[GGUFMetadata | GGUFError, int]:
+    """Through the cache, with the file's size. FileNotFoundError (or another OSError) from
+    the stat."""
+    st = Path(path).stat()
+    return _cached(str(path), st.st_size, st.st_mtime_ns), st.st_size
 
 
 def read_metadata(path: Path) -> GGUFMetadata | None:
-    """The header's metadata, or None when the file is missing or not readable GGUF."""
+    """The header's metadata, or None when the file is missing or not readable GGUF
+    (blocking, cached per (path, size, mtime))."""
     try:
-        st = Path(path).stat()
+        meta, _ = _metadata(path)
     except OSError:
         return None
-    return _cached(str(path), st.st_size, st.st_mtime_ns)
+    return meta if isinstance(meta, GGUFMetadata) else None
 
 
 def parameter_size(n_params: int | None) -> str:
@@ -93,8 +101,17 @@ def _human_params(n: int) -> str:
 
 def read_gguf_info(path: Path) -> dict[str, Any]:
     """architecture, name, parameters, quantization, context length, chat template, size
-    (what ``corral show`` prints). Raises ``GGUFError`` or ``OSError``."""
-    meta = _read(path)
+    (what ``corral show`` prints; blocking, cached with ``read_metadata``). Raises ``GGUFError``
+    (saying why) or ``FileNotFoundError``."""
+    try:
+        meta, size = _metadata(path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # a symlink loop, a directory it may not enter
+        why = "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
+        raise GGUFError(f"{path.name}: cannot read: {why}") from None
+    if isinstance(meta, GGUFError):
+        raise GGUFError(str(meta))  # a new one: the cached one's traceback would grow with each raise
     values = meta.values
     arch = meta.architecture
     params = values.get("general.parameter_count", meta.n_params or 0)
@@ -109,5 +126,5 @@ def read_gguf_info(path: Path) -> dict[str, Any]:
         "embedding_length": values.get(f"{arch}.embedding_length") if arch else None,
         "block_count": values.get(f"{arch}.block_count") if arch else None,
         "chat_template": meta.chat_template,
-        "file_bytes": path.stat().st_size,
+        "file_bytes": size,
     }

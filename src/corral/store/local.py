@@ -20,6 +20,11 @@ Deleting a model removes its directory entry (a symlink itself, never what it po
 A model appears in ``list()`` only when its file is complete: pulls write to
 ``partial/``, verify, fsync and rename into place, and write the manifest last.
 Files named ``*mmproj*`` (vision projectors) are not models on their own and are skipped.
+
+Every listed file's header is checked (``corral.store.gguf.check_file``: cached per file
+version, blocking, so the router lists off its event loop). A file that does not read as
+GGUF (truncated, crafted, a symlink loop) is still listed, with ``problem`` saying why: the
+router shows it as a ``failed`` model and it can be deleted; it never hides its neighbours.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from pathlib import Path
 
 from corral.errors import InvalidRequest, ModelNotFound
 from corral.model.ids import file_stem, id_from_file_stem, id_problem
-from corral.store.gguf import quantization_of
+from corral.store.gguf import check_file, quant_from_name
+from corral.store.redaction import redact_url
 
 __all__ = [
     "LocalModel",
@@ -88,6 +94,7 @@ class LocalModel:
     source: str | None  # where it was pulled from; None for a loose file
     sha256: str | None  # known for pulled models; None for loose files (not hashed)
     mmproj: Path | None = None  # the vision projector pulled with it (corral.store.projector)
+    problem: str | None = None  # why its file does not read as GGUF (listed, status "failed")
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -98,7 +105,16 @@ class LocalModel:
             "source": self.source,
             "sha256": self.sha256,
             "mmproj": str(self.mmproj) if self.mmproj else None,
+            "problem": self.problem,
         }
+
+
+def _model(model_id: str, path: Path, size: int, *, source: str | None = None, sha256: str | None = None,
+           mmproj: Path | None = None) -> LocalModel:
+    """A model as listed: its header checked (``corral.store.gguf.check_file``, cached)."""
+    check = check_file(path)
+    return LocalModel(model_id, path, size, check.quantization or quant_from_name(path.name), source, sha256,
+                      mmproj, check.problem)
 
 
 class ModelStore:
@@ -174,15 +190,8 @@ class ModelStore:
             mid = data.get("id") if isinstance(data.get("id"), str) else mf.stem
             if id_problem(mid) is not None or file_stem(mid) != mf.stem:
                 continue  # not a manifest corral wrote for that id
-            out[mid] = LocalModel(
-                id=mid,
-                path=path,
-                size=size,
-                quantization=quantization_of(path),
-                source=data.get("source"),
-                sha256=data.get("sha256"),
-                mmproj=self._projector(data),
-            )
+            out[mid] = _model(mid, path, size, source=_shown_source(data.get("source")), sha256=data.get("sha256"),
+                              mmproj=self._projector(data))
         return out
 
     def _projector(self, manifest: dict[str, object]) -> Path | None:
@@ -207,9 +216,11 @@ class ModelStore:
                     continue  # the same stem twice: the first (sorted) wins
                 try:
                     size = path.stat().st_size
-                except OSError:
-                    continue
-                out[mid] = LocalModel(mid, path, size, quantization_of(path), None, None)
+                except FileNotFoundError:
+                    continue  # gone meanwhile, or a link to nothing
+                except OSError:  # a symlink loop: listed, failed (check_file says why)
+                    size = 0
+                out[mid] = _model(mid, path, size)
         return out
 
     def list(self) -> list[LocalModel]:
@@ -233,12 +244,16 @@ class ModelStore:
         self.ensure_dirs()
         target = self.manifest_path(model_id)
         tmp = target.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(
-            {"id": model_id, "path": str(path), "source": source, "sha256": sha256,
-             "size": size, **({"mmproj": dict(projector)} if projector else {})}, indent=2))
+        source = redact_url(source)  # a pull URL's password is nobody's to read back
+        text = json.dumps({"id": model_id, "path": str(path), "source": source, "sha256": sha256,
+                           "size": size, **({"mmproj": dict(projector)} if projector else {})}, indent=2)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(text)
         os.replace(tmp, target)
         proj = Path(str(projector["path"])) if projector else None
-        return LocalModel(model_id, path, size, quantization_of(path), source, sha256, proj)
+        return _model(model_id, path, size, source=source, sha256=sha256, mmproj=proj)
 
     def remove(self, model_id: str) -> LocalModel:
         """Delete a model. A pulled file inside ``models_dir`` is deleted; a file in the
@@ -258,3 +273,9 @@ class ModelStore:
             model.mmproj.unlink(missing_ok=True)  # the projector pulled with it, ours in models_dir
         mf.unlink(missing_ok=True)
         return model
+
+
+def _shown_source(source: object) -> str | None:
+    """A manifest's source as lists show it (a manifest written before redaction may hold a
+    pull URL's password)."""
+    return redact_url(source) if isinstance(source, str) else None

@@ -3,11 +3,12 @@
 Separate from ``corral.wire`` (router <-> worker): a different conversation. Same
 framing: 4-byte big-endian length + msgpack body of a tagged msgspec struct.
 
-The child reads ``Proceed`` on stdin and writes to its stdout (kept for messages only;
-anything else it prints goes to stderr):
+The child reads ``FetchRequest`` and ``Proceed`` on stdin (the request never on its command
+line, where every local user could read a pull URL's password) and writes to its stdout
+(kept for messages only; anything else it prints goes to stderr):
 
     manager                                  fetch child
-      | ---- spawn (FetchRequest as JSON) ---> |
+      | ---- spawn, FetchRequest ------------> |
       | <-------- Resolved | Failed ---------- |   (metadata known; nothing written yet)
       | ------------- Proceed -------------->  |   (after dedupe and the free-space check)
       | <------------ Progress* ------------- |   (at most every progress_interval_s)
@@ -48,11 +49,12 @@ FailureKind = Literal[
     "checksum",  # the bytes are not what the sha256 says
     "disk",  # not enough space, disk full, permission denied
     "busy",  # another process is downloading this very file
+    "forbidden",  # the URL (or a redirect) names an address the policy refuses (store/address_policy.py)
     "internal",  # anything else
 ]
 
 
-class FetchRequest(msgspec.Struct, frozen=True, kw_only=True):
+class FetchRequest(msgspec.Struct, frozen=True, kw_only=True, tag="fetch"):
     source: str
     models_dir: str
     sha256: str | None = None
@@ -61,6 +63,8 @@ class FetchRequest(msgspec.Struct, frozen=True, kw_only=True):
     retry_backoff_s: float = 0.5
     progress_interval_s: float = 0.2
     timeout_s: float = 30.0
+    # a URL source's address policy (``allow_private_pull_urls``): true, false, or CIDR networks
+    allow_private: bool | list[str] = False
 
 
 class Resolved(msgspec.Struct, frozen=True, tag="resolved", kw_only=True):
@@ -98,10 +102,10 @@ FromFetch = Union[Resolved, Progress, Finished, Failed]
 
 _enc = msgspec.msgpack.Encoder()
 _from = msgspec.msgpack.Decoder(FromFetch)
-_to = msgspec.msgpack.Decoder(Proceed)
+_to = msgspec.msgpack.Decoder(Union[FetchRequest, Proceed])
 
 
-def encode(msg: FromFetch | Proceed) -> bytes:
+def encode(msg: FromFetch | FetchRequest | Proceed) -> bytes:
     return frame(_enc.encode(msg), MAX_FRAME)
 
 
@@ -109,7 +113,7 @@ def decode_from_fetch(body: bytes) -> FromFetch:
     return _from.decode(body)
 
 
-def decode_to_fetch(body: bytes) -> Proceed:
+def decode_to_fetch(body: bytes) -> FetchRequest | Proceed:
     return _to.decode(body)
 
 

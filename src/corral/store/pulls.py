@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from corral.errors import (Conflict, CorralError, DownloadError, DownloadNetworkError, HubUnauthorized,
-                           InsufficientStorage, InvalidRequest, NotFound)
+                           InsufficientStorage, InvalidRequest, NotFound, PullUrlNotAllowed)
 from corral.store import messages as m
 
 __all__ = ["PullState", "OnFinished", "PullHandle", "ProgressThrottle", "Rate", "disk_free",
@@ -109,6 +109,8 @@ def start_error(msg: m.Failed) -> CorralError:
         return InvalidRequest(msg.reason, param="model")
     if msg.kind == "not_found":
         return NotFound(msg.reason, param="model")
+    if msg.kind == "forbidden":
+        return PullUrlNotAllowed(msg.reason, param="model")
     if msg.kind == "busy":
         return Conflict(msg.reason, param="model")
     if msg.kind == "unauthorized":

@@ -7,7 +7,8 @@ Forms:
     https://host/path/file.gguf   any http(s) URL
 An ``hf.co/`` or ``huggingface.co/`` prefix is accepted on the Hub forms.
 
-``parse_source`` is pure (the router calls it to reject bad input at once).
+``parse_source`` is pure (the router calls it to reject bad input at once); its errors show
+a URL redacted (corral.store.redaction).
 ``resolve`` talks to the Hub through huggingface_hub, so HF_TOKEN, HF_ENDPOINT and
 HF_HOME work; it runs only in the fetch child.
 """
@@ -22,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 from corral.model.ids import id_problem
 from corral.store.local import model_id_from_filename
+from corral.store.redaction import redact_url
 
 __all__ = ["ParsedSource", "SourceError", "parse_source", "pick_file", "DEFAULT_TAG"]
 
@@ -75,10 +77,10 @@ def parse_source(source: str) -> ParsedSource:
         parts = urlsplit(s)
         name = unquote(parts.path.rsplit("/", 1)[-1])
         if not parts.netloc or not name.lower().endswith(".gguf"):
-            raise SourceError(f"URL {s!r} does not name a .gguf file: {_EXAMPLES}")
+            raise SourceError(f"URL {redact_url(s)!r} does not name a .gguf file: {_EXAMPLES}")
         return ParsedSource("url", filename=name, url=s)
     if "://" in s:
-        raise SourceError(f"unsupported URL scheme in {s!r}: {_EXAMPLES}")
+        raise SourceError(f"unsupported URL scheme in {redact_url(s)!r}: {_EXAMPLES}")
     s = re.sub(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", "", s)
     if ":" in s:
         repo, tag = s.split(":", 1)
@@ -94,7 +96,7 @@ def parse_source(source: str) -> ParsedSource:
         return ParsedSource("hf_file", repo=repo, filename=filename)
     if _REPO_RE.match(s):
         return ParsedSource("hf_tag", repo=s, tag=None, name=source.strip())
-    raise SourceError(f"cannot read model source {source!r}: {_EXAMPLES}")
+    raise SourceError(f"cannot read model source {redact_url(source)!r}: {_EXAMPLES}")
 
 
 def pick_file(files: list[str], tag: str | None, repo: str) -> str:

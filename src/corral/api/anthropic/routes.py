@@ -72,7 +72,7 @@ def _tool_use(call: wire.ToolCall) -> dict[str, Any]:
 def _spec(body: AnthropicCountTokensRequest, endpoint: str, params: wire.SamplingParams) -> GenerationSpec:
     salt = body.cache_salt if isinstance(body, AnthropicMessagesRequest) else None
     return build_spec(body.model, endpoint, body.openai_messages(), params, reasoning=body.reasoning(),
-                      cache_salt=salt, **body.openai_chat())
+                      cache_salt=salt, field_names={"thinking_budget": "thinking.budget_tokens"}, **body.openai_chat())
 
 
 def signature(thinking: str) -> str:

@@ -48,13 +48,15 @@ def parse_arguments(call: wire.ToolCall) -> dict[str, Any]:
 
 
 def build_spec(model: str, endpoint: str, messages: list[dict[str, Any]], params: wire.SamplingParams, *,
-               prompt: str | None = None, reasoning: dict[str, Any] | None = None, **chat: Any) -> GenerationSpec:
+               prompt: str | None = None, reasoning: dict[str, Any] | None = None,
+               field_names: dict[str, str] | None = None, **chat: Any) -> GenerationSpec:
     """A spec on the one request path: ``messages`` (OpenAI chat shape) and ``chat`` (tools,
     tool_choice, response_format, parallel_tool_calls, cache_salt) are validated by the OpenAI chat
     request; ``params`` (the dialect's sampling) replace its sampling. ``prompt``: a raw
     prompt sent as it is instead of the rendered messages (Ollama's raw generate).
     ``reasoning``: the dialect's thinking as wire fields (think, thinking_budget,
-    reasoning_effort)."""
+    reasoning_effort). ``field_names``: the dialect's name of each wire field it fills from a
+    differently named one (a 400 of the wire's bounds names that)."""
     raw = {"model": model, "messages": messages or [{"role": "user", "content": prompt or ""}],
            **{k: v for k, v in chat.items() if v is not None}}
     try:
@@ -70,6 +72,7 @@ def build_spec(model: str, endpoint: str, messages: list[dict[str, Any]], params
             r = msgspec.structs.replace(r, params=params)
         reqs.append(msgspec.structs.replace(r, **reasoning) if reasoning else r)
     spec.requests = reqs
+    spec.field_names = {**spec.field_names, "params.max_tokens": "max_tokens", **(field_names or {})}
     if prompt is not None:
         spec.prefix = prompt
     return spec

@@ -6,6 +6,9 @@ here; Ollama, Anthropic and Responses translate onto it).
     stream = await open_stream(request, spec)    # first output arrived (or a CorralError raised)
     async for event in stream.events(): ...      # ReasoningEvent | TextEvent | ToolCallEvent | FinishEvent
 
+Numbers are validated once, against the wire's bounds (``check_bounds``, before any choice
+takes a slot), and a 400 names the field as the client's dialect calls it (``field_names``).
+
 A spec holds one ``wire.GenerateRequest`` per choice (``n`` > 1: each choice runs in its
 own slot, seeds derived from the request's). Errors are ``CorralError`` (400 naming the field,
 404, 503...), in each API's own error shape. A client that goes away aborts every choice.
@@ -32,11 +35,11 @@ from corral.api.core.target import Target, resolve
 from corral.api.http import plane_of
 from corral.control.plane import ControlPlane
 from corral.control.stream import RequestStream
-from corral.errors import CorralError
+from corral.errors import CorralError, InvalidRequest
 
 __all__ = ["GenerationSpec", "Choice", "GenerationResult", "TextEvent", "ReasoningEvent", "ToolCallEvent",
            "FinishEvent", "Event", "GenerationStream", "chat_spec", "completion_spec", "generate",
-           "open_stream", "finish_reason", "target_of"]
+           "open_stream", "finish_reason", "target_of", "check_bounds"]
 
 
 @dataclass
@@ -50,6 +53,9 @@ class GenerationSpec:
     images: list[list[ImageRef]] | None = None  # each message's images, loaded by attach_images at submit
     cache_salt: str | None = None  # the body's cache_salt: ControlPlane.generate's tenant (control/keys/cache_tenant.py)
     target: Target | None = None  # ``model`` resolved (api/core/target.py): by the route that needed it first, else at submit
+    # the body's name of each wire field whose value came from a differently named one
+    # (``check_bounds``: a 400 names the field the client sent); the rest: the wire's leaf name
+    field_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -113,6 +119,18 @@ def finish_reason(fin: wire.Finished | None, n_calls: int) -> str:
     return "tool_calls" if n_calls and reason == "stop" else reason
 
 
+def check_bounds(spec: GenerationSpec) -> None:
+    """Every request of the spec within the wire's bounds (``wire.invalid_field``: the one set
+    of numeric bounds the worker applies too), before any takes a slot; else a 400 naming
+    the field as the client's dialect calls it (``spec.field_names``)."""
+    for req in spec.requests:
+        bad = wire.invalid_field(req)
+        if bad is not None:
+            path, text = bad
+            name = spec.field_names.get(path) or path.rsplit(".", 1)[-1] or None
+            raise InvalidRequest(f"{name}: {text}" if name else text, param=name)
+
+
 def _seed(base: int | None, i: int) -> int | None:
     return None if base is None else (base + i) & 0x7FFFFFFF
 
@@ -135,7 +153,10 @@ def chat_spec(body: ChatCompletionRequest, endpoint: str = "chat") -> Generation
             speculative=body.speculative, lora=body.wire_lora(), t_max_predict_ms=body.t_max_predict_ms,
             **body.wire_reasoning()))
     prefix = "\x00".join(f"{m.role}\x01{m.content}" for m in messages)
-    return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix, body.image_refs(), body.cache_salt)
+    names = {"params.max_tokens": _max_name(body), "thinking_budget": "thinking_budget_tokens",
+             "logprobs": "top_logprobs"}
+    return GenerationSpec(body.model_name(), endpoint, rid, reqs, prefix, body.image_refs(), body.cache_salt,
+                          field_names=names)
 
 
 def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> GenerationSpec:
@@ -163,7 +184,11 @@ def completion_spec(body: CompletionRequest, endpoint: str = "completions") -> G
                 t_max_predict_ms=body.t_max_predict_ms))
     first = prompts[0]
     return GenerationSpec(body.model_name(), endpoint, rid, reqs, first if isinstance(first, str) else None,
-                          cache_salt=body.cache_salt)
+                          cache_salt=body.cache_salt, field_names={"prompt_tokens": "prompt", "params.max_tokens": _max_name(body)})
+
+
+def _max_name(body: ChatCompletionRequest | CompletionRequest) -> str:
+    return "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
 
 
 def _fields(p: wire.SamplingParams) -> dict[str, Any]:
@@ -178,6 +203,7 @@ def target_of(request: Request, spec: GenerationSpec) -> Target:
 
 
 async def _submit(request: Request, spec: GenerationSpec, *, wait_all: bool) -> list[RequestStream]:
+    check_bounds(spec)
     target = target_of(request, spec)
     if spec.images is not None:  # loaded and checked once, before any choice is submitted
         spec.requests, spec.images = await attach_images(request, target.pool, spec.requests, spec.images), None

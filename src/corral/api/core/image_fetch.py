@@ -2,9 +2,9 @@
 
 Only with ``[server] allow_image_urls = true`` (else 403 ``image_url_not_allowed``). Then:
 
-- the host is resolved once; an address that is not globally routable (loopback,
-  link-local, private, shared, reserved, multicast; IPv4-mapped IPv6 judged as IPv4) is
-  refused unless ``allow_private_image_urls`` is true or a network listed there holds it;
+- the host is resolved once; an address that is not globally routable is refused unless
+  ``allow_private_image_urls`` is true or a network listed there holds it (the policy of
+  corral.store.address_policy, which pull URLs share);
 - the connection goes to the checked address itself (the URL's host stays the ``Host``
   header and the TLS server name, so certificates are checked against it): a second DNS
   answer cannot move it elsewhere (no DNS rebinding);
@@ -21,36 +21,22 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Sequence
-from typing import Union
 
 import httpx
 
 from corral.errors import ImageUrlNotAllowed, InvalidImage, PayloadTooLarge
+from corral.store.address_policy import PrivateSetting, allowed_address
 
-__all__ = ["fetch_image", "address_allowed"]
+__all__ = ["fetch_image"]
 
 _MAX_REDIRECTS = 3
-Address = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
-Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
-
-
-def address_allowed(ip: Address, private: bool | Sequence[Network]) -> bool:
-    """Whether the router may connect to ``ip`` for an image (``private``: the setting)."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if private is True:
-        return True
-    if ip.is_global and not ip.is_multicast:
-        return True
-    return bool(private) and not isinstance(private, bool) and any(ip in net for net in private)
 
 
 def _short(url: str) -> str:
     return url if len(url) <= 120 else url[:117] + "..."
 
 
-async def _checked_address(url: httpx.URL, where: str, private: bool | Sequence[Network]) -> str:
+async def _checked_address(url: httpx.URL, where: str, private: PrivateSetting) -> str:
     host = url.host
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
@@ -58,16 +44,16 @@ async def _checked_address(url: httpx.URL, where: str, private: bool | Sequence[
     except (socket.gaierror, UnicodeError) as exc:
         raise InvalidImage(f"{where}: cannot resolve the image URL's host {host!r} ({exc})", param=where) from None
     addrs = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
-    for ip in addrs:
-        if address_allowed(ip, private):
-            return str(ip)
+    ip = allowed_address(addrs, private)
+    if ip is not None:
+        return str(ip)
     raise ImageUrlNotAllowed(
         f"{where}: the image URL's host {host!r} is {', '.join(sorted({str(a) for a in addrs}))}, a loopback, "
         "link-local or private address; the router does not fetch from there (allow_private_image_urls)",
         param=where)
 
 
-async def fetch_image(url: str, where: str, *, private: bool | Sequence[Network], max_bytes: int,
+async def fetch_image(url: str, where: str, *, private: PrivateSetting, max_bytes: int,
                       timeout_s: float, limit_name: str = "max_image_bytes") -> bytes:
     """The bytes at ``url`` (an http(s) URL), fetched by the rules above; ``limit_name``:
     the setting ``max_bytes`` comes from, for the 413."""
@@ -79,7 +65,7 @@ async def fetch_image(url: str, where: str, *, private: bool | Sequence[Network]
                            "(image_url_timeout_s)", param=where) from None
 
 
-async def _fetch(url: str, where: str, private: bool | Sequence[Network], max_bytes: int,
+async def _fetch(url: str, where: str, private: PrivateSetting, max_bytes: int,
                  limit_name: str) -> bytes:
     async with httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=None) as client:
         for _hop in range(_MAX_REDIRECTS + 1):

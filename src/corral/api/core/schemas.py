@@ -75,7 +75,7 @@ class SamplingFields(BaseModel):
     model_id: str | None = Field(None, min_length=1)  # Nitro
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # numeric bounds: wire.SamplingParams's, checked in sampling() (one set with the worker)
+    # numeric bounds: wire.SamplingParams's, checked by generation.check_bounds (one set with the worker)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     temperature: float | None = None
@@ -144,15 +144,9 @@ class SamplingFields(BaseModel):
             v = getattr(self, name)
             if v is not None:
                 kw[name] = v
-        params = wire.SamplingParams(max_tokens=self.max_new_tokens(), stop=self.stop_list(),
-                                     ignore_eos=self.ignore_eos, logit_bias=self.token_bias(), **kw)
-        bad = wire.invalid_field(params)
-        if bad is not None:
-            name, msg = bad
-            if name == "max_tokens" and self.max_completion_tokens is not None:
-                name = "max_completion_tokens"
-            raise InvalidRequest(f"{name}: {msg}", param=name)
-        return params
+        # bounds: checked once for the whole request (api/core/generation.py's check_bounds)
+        return wire.SamplingParams(max_tokens=self.max_new_tokens(), stop=self.stop_list(),
+                                   ignore_eos=self.ignore_eos, logit_bias=self.token_bias(), **kw)
 
     @property
     def include_usage(self) -> bool:

@@ -14,7 +14,7 @@ from starlette.requests import Request
 
 from corral import wire
 from corral.api.core.adapter_models import find_adapter_model
-from corral.api.http import app_part, plane_of
+from corral.api.http import downloads_of, plane_of
 from corral.control.plane import ControlPlane
 from corral.control.scheduling.pool import ModelPool
 from corral.errors import CorralError, ModelDownloading, ModelNotFound
@@ -57,7 +57,7 @@ def find(plane: ControlPlane, name: str, *, adapters: bool = True) -> Target:
 
 def _raise_if_downloading(request: Request, name: str, exc: CorralError) -> None:
     """A model that is still being pulled is not "not found": 503 with its progress."""
-    dm = app_part(request, "downloads")
+    dm = downloads_of(request)
     if not isinstance(exc, ModelNotFound) or dm is None:
         return
     pull = dm.find_by_model(name)

@@ -70,7 +70,7 @@ async def infill(request: Request) -> Response:
     req = wire.GenerateRequest(id=rid, prompt=body.prompt, params=params, infill=body.infill(), lora=lora,
                                t_max_predict_ms=body.t_max_predict_ms)
     spec = GenerationSpec(model, "infill", rid, [req], prefix=body.input_prefix or body.input_suffix,
-                          cache_salt=body.cache_salt)
+                          cache_salt=body.cache_salt, field_names={"params.max_tokens": "n_predict"})
     gen = await run_generation(request, spec, stream=body.stream)
     if not body.stream:
         return json_response(_final(gen, gen.text, params))

@@ -95,13 +95,9 @@ class InfillBody(BaseModel):
             "frequency_penalty") if getattr(self, k) is not None}
         if self.seed is not None and self.seed >= 0:  # llama-server: -1 is a random seed
             kw["seed"] = self.seed
-        params = wire.SamplingParams(max_tokens=None if n is None or n < 0 else n, stop=self.stop,
-                                     ignore_eos=self.ignore_eos, **kw)
-        bad = wire.invalid_field(params)
-        if bad is not None:
-            name = "n_predict" if bad[0] == "max_tokens" else bad[0]
-            raise InvalidRequest(f"{name}: {bad[1]}", param=name)
-        return params
+        # bounds: checked once for the whole request (api/core/generation.py's check_bounds)
+        return wire.SamplingParams(max_tokens=None if n is None or n < 0 else n, stop=self.stop,
+                                   ignore_eos=self.ignore_eos, **kw)
 
 
 class RerankBody(BaseModel):

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,13 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from corral.api.core.adapter_models import AdapterModel, adapter_models, serving_model
-from corral.api.http import app_part, json_response, path_policy, plane_of, sse_data
+from corral.api.http import downloads_of, json_response, path_policy, plane_of, sse_data
 from corral.api.core.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitro_settings,
                                 parse_body)
 from corral.control.catalog import ModelSpec
 from corral.errors import (ConfigError, Conflict, InvalidConfig, InvalidRequest, LoadFailed, ModelNotFound,
                            MethodNotAllowed, NitroLoadFailed)
+from corral.store.gguf import check_file
 from corral.store.local import validate_model_id
 
 __all__ = ["router"]
@@ -61,7 +63,7 @@ async def metrics(request: Request) -> Response:
 @router.get("/models")
 async def list_models(request: Request) -> Response:
     plane = plane_of(request)
-    dm = app_part(request, "downloads")
+    dm = downloads_of(request)
     data = []
     visible = plane.visible_pools()  # the models the request's key may use
     for pool in visible:
@@ -123,7 +125,7 @@ async def model_events(request: Request) -> StreamingResponse:
 @router.post("/models/load")
 async def load_model(request: Request) -> Response:
     body = await parse_body(request, ModelRef)
-    dm = app_part(request, "downloads")
+    dm = downloads_of(request)
     pull = dm.find_by_model(body.model) if dm is not None else None
     if pull is not None and body.model not in plane_of(request).pools:
         raise Conflict(f"model {body.model!r} is still downloading ({pull.pull_id}); load it when "
@@ -137,9 +139,9 @@ async def load_model(request: Request) -> Response:
 @router.post("/models/unload")
 async def unload_model(request: Request) -> Response:
     body = await parse_body(request, ModelRef)
-    dm = app_part(request, "downloads")
+    dm = downloads_of(request)
     h = dm.find_by_model(body.model) if dm is not None else None
-    if h is not None:
+    if dm is not None and h is not None:
         await dm.cancel(h.pull_id)
         return json_response({"success": True, "cancelled": h.pull_id})
     plane = plane_of(request)
@@ -165,24 +167,24 @@ async def reload_models(request: Request) -> Response:
 # ------------------------------------------------------------------------ Nitro
 
 
-def _confined_model_file(request: Request, raw: str) -> Path:
+async def _confined_model_file(request: Request, raw: str) -> Path:
     """Nitro's llama_model_path, resolved and allowed (403 naming the setting otherwise);
-    only then is the file looked at, so nothing about files outside leaks."""
+    only then is the file looked at (off the event loop), so nothing about files outside
+    leaks. For corral's own worker its GGUF header must read (``corral.store.gguf``)."""
 
     path = path_policy(request.app).check(raw, param="llama_model_path")
     if path.is_dir():
         raise InvalidRequest(f"llama_model_path: {raw!r} is a directory, not a model file",
                              param="llama_model_path")
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except FileNotFoundError:
-        raise InvalidRequest(f"llama_model_path: no file at {raw!r}", param="llama_model_path") from None
-    except OSError:
-        raise InvalidRequest(f"llama_model_path: cannot read {raw!r}", param="llama_model_path") from None
-    if magic != b"GGUF" and plane_of(request).config.server.worker_command is None:
-        raise InvalidRequest(f"llama_model_path: {raw!r} is not a GGUF model file",
-                             param="llama_model_path")
+    if not os.path.lexists(path):
+        raise InvalidRequest(f"llama_model_path: no file at {raw!r}", param="llama_model_path")
+    if plane_of(request).config.server.worker_command is None:
+        problem = (await asyncio.to_thread(check_file, path)).problem
+        if problem is not None:
+            raise InvalidRequest(f"llama_model_path: {raw!r} is not a readable GGUF model file: {problem}",
+                                 param="llama_model_path")
+    elif not path.is_file():
+        raise InvalidRequest(f"llama_model_path: cannot read {raw!r}", param="llama_model_path")
     return path
 
 
@@ -192,7 +194,7 @@ async def nitro_load(request: Request) -> Response:
     plane = plane_of(request)
     validate_model_id(body.model_id, param="model_id")
     plane.sync.check_new_name(body.model_id, "model_id")  # the key's own names, never an adapter's id
-    path = _confined_model_file(request, body.llama_model_path)
+    path = await _confined_model_file(request, body.llama_model_path)
     try:
         owner = plane.catalog.resolve_id(body.model_id)
     except ModelNotFound:

@@ -17,6 +17,7 @@ app's handler turns them into OpenAI-style bodies.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Request
@@ -25,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral.store.downloads import DownloadManager, PullHandle
 from corral.api.core.schemas import parse_body
-from corral.api.http import app_part
+from corral.api.http import downloads_of, store_of
 from corral.control.scheduling.pool import ModelPool
 from corral.errors import Conflict, ModelNotFound, NotFound
 from corral.store.local import ModelStore
@@ -60,7 +61,7 @@ class PullBody(BaseModel):
 
 
 def _downloads(request: Request) -> DownloadManager:
-    dm: DownloadManager | None = app_part(request, "downloads")
+    dm: DownloadManager | None = downloads_of(request)
     if dm is None:  # an app made without a store (create_app(use_store=False))
         raise NotFound("this server has no model store: nothing to pull or delete")
     return dm
@@ -72,7 +73,7 @@ def _holder(request: Request) -> ModelHolder:
 
 
 def _store(request: Request) -> ModelStore:
-    store: ModelStore | None = app_part(request, "store")
+    store: ModelStore | None = store_of(request)
     if store is None:
         raise NotFound("this server has no model store: nothing to pull or delete")
     return store
@@ -139,7 +140,7 @@ async def remove_from_store(request: Request, model_id: str, *, force: bool) -> 
             raise Conflict(f"model {model_id!r} is downloading ({pulling.pull_id}); cancel it "
                            "first or delete with force=true", param="model")
         await dm.cancel(pulling.pull_id)
-    if store.get(model_id) is None:
+    if await asyncio.to_thread(store.get, model_id) is None:  # lists models_dir: off the loop
         if pulling is not None:
             return {"id": model_id, "deleted": False, "cancelled": pulling.pull_id}
         raise ModelNotFound(f"model {model_id!r} is not in the store", param="model")
@@ -149,6 +150,6 @@ async def remove_from_store(request: Request, model_id: str, *, force: bool) -> 
             raise Conflict(f"model {model_id!r} is loaded; unload it first or delete with "
                            "force=true", param="model")
         await holder.unload(holder.pool(model_id))
-    removed = store.remove(model_id)
+    removed = await asyncio.to_thread(store.remove, model_id)
     await holder.remove_model(model_id)  # drops it from the catalog; model_removed event
     return {"id": model_id, "deleted": True, "path": str(removed.path)}

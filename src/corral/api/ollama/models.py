@@ -29,7 +29,7 @@ from corral.control.placement.memory import memory_bytes
 from corral import wire
 from corral.model import reasoning_format
 from corral.api.core.adapter_models import AdapterModel, adapter_file_size, adapter_models, find_adapter_model
-from corral.api.http import app_part, json_response, ndjson_line, plane_of
+from corral.api.http import downloads_of, store_of, json_response, ndjson_line, plane_of
 from corral.api.ollama.schemas import OllamaCopyRequest, OllamaModelRequest, OllamaPullRequest
 from corral.api.core.schemas import parse_body
 from corral.api.manage.store import remove_from_store
@@ -51,12 +51,22 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
-def _store_sha(request: Request) -> dict[str, str]:
-    store = app_part(request, "store")
+def _expires_at(last_used: float, ttl: float | None) -> str:
+    """When an idle model unloads; _FOREVER for never, or for a ttl that reaches past it
+    (keep_alive is bounded where it is parsed, ollama/schemas.py, and the config's ttl_s)."""
+    forever = datetime.fromisoformat(_FOREVER.replace("Z", "+00:00")).timestamp()
+    if ttl is None or not last_used + ttl < forever:
+        return _FOREVER
+    return _iso(last_used + ttl)
+
+
+async def _store_sha(request: Request) -> dict[str, str]:
+    """The pulled models' sha256 by id (listing models_dir reads headers: off the loop)."""
+    store = store_of(request)
     if store is None:
         return {}
     try:
-        return {m.id: m.sha256 for m in store.list() if m.sha256}
+        return {m.id: m.sha256 for m in await asyncio.to_thread(store.list) if m.sha256}
     except OSError:
         return {}
 
@@ -77,8 +87,9 @@ def _entry(pool: ModelPool, meta: GGUFMetadata | None, shas: dict[str, str]) -> 
     except OSError:
         size, mtime = 0, 0.0
     digest = shas.get(spec.id) or hashlib.sha256(f"{spec.path}:{size}:{mtime}".encode()).hexdigest()
+    failed = {"status": "failed", "reason": pool.failure_reason} if pool.status() == "failed" else {}
     return {"name": spec.id, "model": spec.id, "modified_at": _iso(mtime), "size": size,
-            "digest": digest, "details": _details(meta)}
+            "digest": digest, "details": _details(meta), **failed}  # failed: corral's own fields
 
 
 async def _metas(pools: list[ModelPool]) -> list[GGUFMetadata | None]:
@@ -104,7 +115,7 @@ def _adapter_entry(m: AdapterModel, base: dict[str, Any]) -> dict[str, Any]:
 async def tags(request: Request) -> Response:
     plane = plane_of(request)
     pools, adapters = plane.visible_pools(), adapter_models(plane)
-    shas = _store_sha(request)
+    shas = await _store_sha(request)
     metas = await _metas(pools + [a.base for a in adapters])
     entries = [_entry(p, m, shas) for p, m in zip(pools + [a.base for a in adapters], metas)]
     return json_response({"models": entries[:len(pools)] + [
@@ -118,7 +129,7 @@ async def ps(request: Request) -> Response:
     plane = plane_of(request)
     pools = [p for p in plane.visible_pools() if p.status() == "loaded"]
     adapters = [a for a in adapter_models(plane) if a.base.status() == "loaded"]
-    shas = _store_sha(request)
+    shas = await _store_sha(request)
     bases = pools + [a.base for a in adapters]
     out = []
     for pool, meta in zip(bases, await _metas(bases)):
@@ -127,7 +138,7 @@ async def ps(request: Request) -> Response:
         slot = next((i.info.n_ctx_slot for i in pool.instances if i.info is not None),
                     pool.spec.slot_ctx())
         out.append({**_entry(pool, meta, shas), "size": size, "size_vram": size_vram,
-                    "expires_at": _iso(pool.last_used + ttl) if ttl is not None else _FOREVER,
+                    "expires_at": _expires_at(pool.last_used, ttl),
                     "context_length": slot})
     return json_response({"models": out[:len(pools)] + [
         {**_adapter_entry(a, e), "size": e["size"], "size_vram": e["size_vram"]}
@@ -210,7 +221,7 @@ async def show(request: Request) -> Response:
     params += [f'stop "{s}"' for s in ("\nUser:", "\nAssistant:")] if not (
         spec.chat_template or (meta and meta.chat_template)) else []
     template = _template(pool, meta)
-    entry = _entry(pool, meta, _store_sha(request))
+    entry = _entry(pool, meta, await _store_sha(request))
     caps = capabilities(pool, meta)
     line = ""
     if adapter is not None:  # its base named: FROM it, details.parent_model; no images under an adapter
@@ -221,7 +232,7 @@ async def show(request: Request) -> Response:
                      + "".join(f"PARAMETER {p}\n" for p in params),
         "parameters": "\n".join(params), "template": template, "details": entry["details"],
         "model_info": info, "modified_at": entry["modified_at"],
-        "capabilities": caps})
+        "capabilities": caps, **{k: entry[k] for k in ("status", "reason") if k in entry}})
 
 
 
@@ -264,7 +275,7 @@ async def _pull_lines(q: "asyncio.Queue[Event]", h: PullHandle, first: list[byte
 async def pull(request: Request) -> Response:
     body = await parse_body(request, OllamaPullRequest)
     name = body.model_name()
-    dm = app_part(request, "downloads")
+    dm = downloads_of(request)
     bus = request.app.state.bus
     if dm is None:
         raise InvalidRequest("pulling is not available: this server has no models_dir store")
@@ -317,8 +328,8 @@ async def delete(request: Request) -> Response:
         mid = plane.resolve(name)
     except ModelNotFound:
         mid = name
-    store = app_part(request, "store")
-    if store is None or store.get(mid) is None:
+    store = store_of(request)
+    if store is None or await asyncio.to_thread(store.get, mid) is None:
         if mid in plane.pools:
             raise InvalidRequest(f"model {mid!r} is not a pulled model ({plane.pools[mid].spec.source}); "
                                  "only models in models_dir can be deleted", param="model")

@@ -33,7 +33,7 @@ from corral.api.core.dialect import (Generation, Outcome, ReasoningEvent, TextEv
 from corral.api.http import json_response, ndjson_line, plane_of
 from corral.api.ollama.context import fit_num_ctx
 from corral.api.ollama.schemas import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
-                                       OllamaGenerateRequest, parse_keep_alive, sampling_from_options)
+                                       OllamaGenerateRequest, OPTION_NAMES, parse_keep_alive, sampling_from_options)
 from corral.api.core.schemas import parse_body
 from corral.api.core.target import Target, find, resolve
 from corral.control.keys.ring import current_caller
@@ -150,7 +150,8 @@ async def _run(request: Request, body: OllamaChatRequest | OllamaGenerateRequest
         if cap is not None and (params.max_tokens is None or params.max_tokens > cap):
             params = msgspec.structs.replace(params, max_tokens=cap)
     spec = build_spec(body.model, endpoint, messages, params, prompt=prompt, tools=tools,
-                      response_format=body.response_format(), reasoning=body.reasoning(), cache_salt=body.cache_salt)
+                      response_format=body.response_format(), reasoning=body.reasoning(), cache_salt=body.cache_salt,
+                      field_names=OPTION_NAMES)
     spec.target = target
     if isinstance(body, OllamaGenerateRequest) and body.suffix is not None:  # fill-in-the-middle
         fim = wire.Infill(prefix=body.prompt, suffix=body.suffix)

@@ -13,6 +13,7 @@ JSON schema) and ``tools`` go through corral's structured output and tool callin
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Literal
 
@@ -25,24 +26,33 @@ from corral.errors import InvalidRequest, UnsupportedOption
 
 __all__ = ["OllamaOptions", "OllamaChatRequest", "OllamaGenerateRequest", "OllamaEmbedRequest",
            "OllamaEmbeddingsRequest", "OllamaModelRequest", "OllamaPullRequest", "OllamaCopyRequest",
-           "parse_keep_alive", "sampling_from_options"]
+           "parse_keep_alive", "KEEP_ALIVE_MAX_S", "OPTION_NAMES", "sampling_from_options"]
 
 _LENIENT = ConfigDict(extra="ignore")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
+# Go's time.Duration holds at most 2^63-1 ns (about 292 years): Ollama refuses a longer
+# duration string ("invalid duration"), and so does corral, for numbers too
+KEEP_ALIVE_MAX_S = (2**63 - 1) / 1e9
+
+
 def parse_keep_alive(value: float | str | None) -> float | None:
-    """Seconds (negative: forever) from a number of seconds or a Go duration string."""
+    """Seconds (negative: forever) from a number of seconds or a Go duration string.
+    NaN, infinities and a duration longer than Go's (``KEEP_ALIVE_MAX_S``) are 400s
+    naming ``keep_alive``; a negative one of any size is "forever" (-1)."""
     if value is None:
         return None
+    if isinstance(value, bool):
+        raise _bad_keep_alive(value)
     if isinstance(value, (int, float)):
-        return float(value)
+        return _bounded(float(value) if isinstance(value, float) else _int_s(value), value)
     text = value.strip()
     sign = -1.0 if text.startswith("-") else 1.0
     body = text.lstrip("+-")
     try:
-        return sign * float(body)  # "0", "300": seconds
+        return _bounded(sign * float(body), value)  # "0", "300": seconds
     except ValueError:
         pass
     pos, total = 0, 0.0
@@ -52,9 +62,36 @@ def parse_keep_alive(value: float | str | None) -> float | None:
         total += float(m.group(1)) * _UNIT_S[m.group(2)]
         pos = m.end()
     if pos != len(body) or not body:
-        raise InvalidRequest(f"keep_alive: {value!r} is not a duration; write e.g. \"5m\", \"1h\", "
-                             "\"0\" or a number of seconds (negative: keep loaded)", param="keep_alive")
-    return sign * total
+        raise _bad_keep_alive(value)
+    return _bounded(sign * total, value)
+
+
+def _int_s(value: int) -> float:
+    if abs(value) > KEEP_ALIVE_MAX_S:  # 10**400 is no float: judge it as an int
+        return math.copysign(math.inf, value)
+    return float(value)
+
+
+def _bounded(seconds: float, value: object) -> float:
+    if math.isnan(seconds):
+        raise _bad_keep_alive(value)
+    if seconds < 0:
+        return -1.0  # forever, however negative
+    if seconds > KEEP_ALIVE_MAX_S:
+        raise InvalidRequest(f"keep_alive: {_shown(value)} is longer than the longest duration "
+                             f"({KEEP_ALIVE_MAX_S:.0f} s, about 292 years); a negative value keeps the "
+                             "model loaded", param="keep_alive")
+    return seconds
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _bad_keep_alive(value: object) -> InvalidRequest:
+    return InvalidRequest(f"keep_alive: {_shown(value)} is not a duration; write e.g. \"5m\", \"1h\", "
+                          "\"0\" or a number of seconds (negative: keep loaded)", param="keep_alive")
 
 
 class OllamaOptions(BaseModel):
@@ -72,6 +109,12 @@ class OllamaOptions(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     ignore_eos: bool = False  # corral's extension (as on its OpenAI routes): generate every token
+
+
+# the wire field each option fills, for a 400 of the wire's bounds (api/core/generation.py's check_bounds)
+OPTION_NAMES = {**{f"params.{k}": f"options.{k}" for k in (
+    "temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n", "presence_penalty",
+    "frequency_penalty")}, "params.max_tokens": "options.num_predict", "thinking_budget": "think"}
 
 
 def sampling_from_options(opts: OllamaOptions | None, slot_ctx: int) -> wire.SamplingParams:

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import msgspec
 from fastapi import APIRouter, Request
+from starlette.datastructures import State
 from starlette.requests import Request as StarletteRequest
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
@@ -40,7 +42,7 @@ from corral.api.core.dialect import Generation, build_spec, run_generation
 from corral.api.core.generation import GenerationSpec
 from corral.api.core.schemas import parse_body
 from corral.api.core.token_count import count_chat_tokens
-from corral.api.http import app_part, json_response
+from corral.api.http import json_response
 from corral.api.openai.responses_schemas import ResponsesRequest
 from corral.api.openai.responses_store import ResponseStore, StoredResponse
 from corral.api.openai.responses_stream import Shape, events, status_of
@@ -70,14 +72,14 @@ class _Responses:
         self.store.close()
 
 
-def open_store(app_state: Any, configured_dir: Any) -> None:
+def open_store(app_state: State, configured_dir: Path | None) -> None:
     """Called by the app's lifespan: the store in ``state_dir``; ``close_store`` at the end."""
     app_state.responses = _Responses(ResponseStore(state_dir(configured_dir)))
 
 
 def _responses(request: Request) -> _Responses:
-    parts: _Responses | None = app_part(request, "responses")
-    if parts is None:
+    parts = getattr(request.app.state, "responses", None)
+    if not isinstance(parts, _Responses):
         raise CorralError("the response store is not open")
     return parts
 
@@ -113,7 +115,9 @@ async def _prepare(request: Request, body: ResponsesRequest, owner: str) -> tupl
 def _spec(body: ResponsesRequest, conversation: list[dict[str, Any]], chat: dict[str, Any]) -> GenerationSpec:
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     return build_spec(body.model, "responses", system + conversation, body.sampling(),
-                      reasoning=body.wire_reasoning(), cache_salt=body.cache_salt, **chat)
+                      reasoning=body.wire_reasoning(), cache_salt=body.cache_salt,
+                      field_names={"params.max_tokens": "max_output_tokens", "logprobs": "top_logprobs",
+                                   "thinking_budget": "reasoning"}, **chat)
 
 
 def _output(shape: Shape, gen: Generation) -> list[dict[str, Any]]:

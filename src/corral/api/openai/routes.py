@@ -237,9 +237,11 @@ async def embeddings(request: Request) -> Response:
 
 
 def _openai_model(plane: ControlPlane, pool: ModelPool) -> dict[str, Any]:
+    status = pool.status()
     return {"id": pool.spec.id, "object": "model", "created": int(plane.started_at),
             "owned_by": "corral", "aliases": list(pool.spec.aliases),
-            "status": {"value": pool.status()}, "vision": can(pool, "vision")}
+            "status": {"value": status, **({"failed": True, "reason": pool.failure_reason} if status == "failed" else {})},
+            "vision": can(pool, "vision")}
 
 
 def _openai_adapter_model(plane: ControlPlane, m: AdapterModel) -> dict[str, Any]:

@@ -8,7 +8,7 @@ configured.
                      vLLM's names are accepted too: "prompt" for "content",
                      "add_special_tokens" for "add_special"
     POST /detokenize {"model", "tokens": [ids]} -> {"content": text, "prompt": text (vLLM's name)}
-    GET  /tokenizer_info[?model=...]
+    GET  /tokenizer_info[?model=...]   (a loaded model's; a GET loads nothing: 400 model_not_loaded)
                   -> {"model", "bos_token", "eos_token", "eot_token", "pad_token" (null where the
                       vocabulary has none), "add_bos_token", "add_eos_token" (vLLM's names), "add_bos"
                       (llama.cpp's: the same as add_bos_token), "chat_template"
@@ -34,11 +34,10 @@ from starlette.responses import Response
 
 from corral import wire
 from corral.api.core.submit import observe, submit
-from corral.api.core.target import Target, resolve
+from corral.api.core.target import resolve
 from corral.api.http import json_response, model_or_only, plane_of
 from corral.api.core.schemas import parse_body
-from corral.control.stream import RequestStream
-from corral.errors import InvalidRequest
+from corral.errors import InvalidRequest, ModelNotLoaded
 
 __all__ = ["router", "BODIES"]
 
@@ -68,17 +67,12 @@ BODIES: dict[tuple[str, str], type[BaseModel]] = {("post", "/tokenize"): Tokeniz
 _model = model_or_only
 
 
-async def _stream(request: Request, name: str | None, msg_kw: dict[str, Any]) -> tuple[Target, RequestStream]:
+async def _run(request: Request, name: str | None, msg_kw: dict[str, Any]) -> wire.Tokenized:
     plane = plane_of(request)
     target = resolve(request, _model(plane, name), "tokenize", adapters=False)
     msg = wire.TokenizeRequest(id="tok-" + secrets.token_hex(8), **msg_kw)
     [stream] = await submit(request, target, "tokenize", [plane.tokenize(target.pool, msg)], wait_all=True)
     observe(plane, stream, "tokenize", 200)
-    return target, stream
-
-
-async def _run(request: Request, name: str | None, msg_kw: dict[str, Any]) -> wire.Tokenized:
-    _, stream = await _stream(request, name, msg_kw)
     assert stream.tokenized is not None
     return stream.tokenized
 
@@ -109,13 +103,17 @@ async def detokenize(request: Request) -> Response:
 
 @router.get("/tokenizer_info")
 async def tokenizer_info(request: Request, model: str | None = None) -> Response:
-    # an empty tokenize on the one request path: loads the model if it is not (autoload),
-    # and names the instance whose load report (wire.ModelInfo) describes its vocabulary
-    target, stream = await _stream(request, model, {"text": ""})
+    """From the load report (wire.ModelInfo) of a running instance: a GET loads nothing (an
+    ``<img>`` on any web page can send one), so a model not loaded is a 400
+    ``model_not_loaded`` saying how to load it."""
+    plane = plane_of(request)
+    target = resolve(request, _model(plane, model), "tokenizer_info", adapters=False)
     pool, name = target.pool, target.id
-    inst = next((i for i in pool.instances if i.index == stream.instance_index and i.info is not None), None)
-    info = inst.info if inst is not None else None
-    if info is None or info.tokenizer is None:
+    info = next((i.info for i in pool.instances if i.info is not None), None)
+    if info is None:
+        raise ModelNotLoaded(f"model {name!r} is not loaded, and a GET does not load it: send it a request "
+                             "or POST /models/load, then ask again", param="model")
+    if info.tokenizer is None:
         raise InvalidRequest(f"model {name!r}: its worker did not report its tokenizer", param="model")
     t = info.tokenizer
     return json_response({

@@ -27,7 +27,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from corral.api.http import app_part, json_response
+from corral.api.http import json_response
 from corral.control.instance.instance import InstanceState
 from corral.control.plane import ControlPlane
 
@@ -122,7 +122,7 @@ class StatsRecorder:
 
 @router.get("/stats")
 async def stats(request: Request) -> Response:
-    rec: StatsRecorder | None = app_part(request, "stats")
-    if rec is None:
+    rec = getattr(request.app.state, "stats", None)
+    if not isinstance(rec, StatsRecorder):
         return json_response({"interval_s": None, "now": time.time(), "models": {}})
     return json_response(rec.history())

@@ -13,6 +13,7 @@ header too. Assets ship inside the package (``corral/api/page/static``): no CDN,
 
 from __future__ import annotations
 
+import asyncio
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -74,22 +75,28 @@ async def asset(name: str) -> Response:
 
 @router.get("/models/show")
 async def show_model(request: Request, model: str = "") -> Response:
+    """A model and its GGUF header (read off the event loop). A file that does not read as
+    GGUF is the model's status ``failed`` with the reason (for corral's own worker; another
+    ``worker_command`` reads its files its own way: 400 unreadable_model)."""
     if not model:
         raise InvalidRequest("model: required (GET /models/show?model=ID)", param="model")
     plane = plane_of(request)
     pool = plane.pool(model)
     path = Path(pool.spec.path)
+    status = pool.status()
     body: dict[str, Any] = {"id": pool.spec.id, "aliases": list(pool.spec.aliases),
                             "path": str(path), "source": pool.spec.source,
-                            "status": pool.status()}
+                            "status": status, "reason": pool.failure_reason if status == "failed" else None}
     from corral.store.gguf import GGUFError
     from corral.store.gguf_meta import read_gguf_info
     try:
-        body.update(read_gguf_info(path))
+        body.update(await asyncio.to_thread(read_gguf_info, path))
     except FileNotFoundError:
         raise ModelFileMissing(f"model {pool.spec.id!r}: its file {str(path)!r} is missing",
                                param="model") from None
-    except (OSError, GGUFError) as exc:
-        raise UnreadableModel(f"model {pool.spec.id!r}: cannot read its GGUF header: {exc}",
-                              param="model") from None
+    except GGUFError as exc:
+        if plane.config.server.worker_command is not None:
+            raise UnreadableModel(f"model {pool.spec.id!r}: cannot read its GGUF header: {exc}",
+                                  param="model") from None
+        body.update(status="failed", reason=str(exc))
     return json_response(body)

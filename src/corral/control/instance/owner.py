@@ -3,8 +3,9 @@ in each state (the table in instance.py's docstring), the spawn, a worker's news
 Ready, a load failure, its channel closing, its exit) and the transitions, each checked
 against ``ALLOWED``, published as ``status_change`` and passed to ``on_change``. A crash
 fails in-flight requests with ``WorkerCrashed``; the ``RestartPolicy`` decides whether and
-when it restarts. ``Instance`` (instance.py) is this plus its commands and views: only this
-part writes the state.
+when it restarts. ``Instance`` (instance.py) holds one ``Owner`` and puts its commands and
+its link's news into the owner's inbox; it reads the state through the owner's attributes and
+never writes them: only the owner task does.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from corral import wire
 from corral.control.catalog import ModelSpec
-from corral.control.instance.inbox import (KEPT, Closed, Discard, Exited, Inbox, Kept, Lifecycle, LoadTimeout,
-                                           RestartDue, Start, Stop, fail_all, resolve, resolve_all)
+from corral.control.instance.inbox import (KEPT, Closed, Discard, Exited, Inbox, Lifecycle, LoadTimeout,
+                                           RestartDue, Start, Stop, consume, fail_all, resolve, resolve_all)
 from corral.control.instance.restart import RestartPolicy
 from corral.control.instance.state import ALLOWED, InstanceState, Timeouts, Transition, failure_reason, status_fields
 from corral.control.placement.gpu_slot import GpuSlot
@@ -35,44 +36,50 @@ _EXIT_AFTER_EOF_S = 1.0  # a worker whose channel closed must exit within this, 
 
 
 class Owner:
-    # set by Instance.__init__; the public ones are read by the pool and the views
-    spec: ModelSpec
-    index: int
-    name: str
-    threads: int | None
-    state: InstanceState
-    pid: int | None
-    placement: Placement
-    reason: str | None
-    exit_code: int | None
-    info: wire.ModelInfo | None
-    restarts: int
-    final: bool
-    restart_pending: bool
-    last_load_s: float | None
-    _spawner: Spawner
-    _timeouts: Timeouts
-    _policy: RestartPolicy
-    _bus: EventBus
-    _gpu: GpuSlot | None
-    _link: WorkerLink | None
-    _inbox: Inbox
-    _load_started: float
-    _load_error: str | None
-    _start_waiters: list[asyncio.Future[None]]
-    _stop_waiters: list[asyncio.Future[None]]
-    _start_after_stop: bool
-    _stop_reason: str
-    _timers: list[asyncio.TimerHandle]
-    _tasks: set[asyncio.Task[None]]
+    """An instance's state and the one task that changes it. Its public attributes are read
+    by the instance's views (the pool, admission, /models); none is written from outside."""
 
-    if TYPE_CHECKING:
-        def request_start(self, *, reset: bool = False, gpu: GpuSlot | None | Kept = KEPT) -> asyncio.Future[None]: ...
-        def _changed(self, t: Transition) -> None: ...  # the Instance tells its pool (on_change)
+    def __init__(self, spec: ModelSpec, index: int, name: str, threads: int | None, *, spawner: Spawner,
+                 timeouts: Timeouts, policy: RestartPolicy, bus: EventBus, link_owner: LinkOwner,
+                 on_change: Callable[[Transition], None]) -> None:
+        self.spec = spec
+        self.index = index
+        self.name = name
+        self.threads = threads
+        self._spawner = spawner
+        self._timeouts = timeouts
+        self.policy = policy  # its failures and backoff are read by the instance's views
+        self._bus = bus
+        self._link_owner = link_owner  # the Instance: what the links this owner spawns report to
+        self._on_change = on_change
+
+        self.state = InstanceState.STOPPED
+        self.pid: int | None = None
+        self.placement = Placement()
+        self.gpu: GpuSlot | None = None  # the placement of the latest start carried out
+        self.reason: str | None = None
+        self.exit_code: int | None = None
+        self.info: wire.ModelInfo | None = None
+        self.restarts = 0  # restarts performed after crashes, lifetime
+        self.final = False  # failed and no restart will follow
+        self.restart_pending = False
+        self.last_load_s: float | None = None
+        self.link: WorkerLink | None = None  # the current spawn's; news from another is ignored
+        self.inbox = Inbox()
+
+        self._load_started = 0.0
+        self._load_error: str | None = None
+        self._start_waiters: list[asyncio.Future[None]] = []
+        self._stop_waiters: list[asyncio.Future[None]] = []
+        self._start_after_stop = False
+        self._stop_reason = "stopped"
+        self._timers: list[asyncio.TimerHandle] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.task = asyncio.get_running_loop().create_task(self._own(), name=f"instance {name}")
 
     async def _own(self) -> None:
         while True:
-            item = await self._inbox.get()
+            item = await self.inbox.get()
             if isinstance(item, Discard):
                 self._discard()
                 return
@@ -81,15 +88,15 @@ class Owner:
             except Exception:
                 log.exception("%s: error handling %r", self.name, item)
             finally:
-                self._inbox.handled(item)
+                self.inbox.handled(item)
 
     async def _handle(self, item: object) -> None:
         st = self.state
         if isinstance(item, Start):
             if item.reset:
-                self._policy.reset()
+                self.policy.reset()
             if item.gpu is not KEPT:
-                self._gpu = item.gpu
+                self.gpu = item.gpu
             if st is S.READY:
                 resolve(item.reply)
             elif st is S.STARTING:
@@ -110,7 +117,7 @@ class Owner:
                 self.restarts += 1
                 await self._spawn(restart=True)
         elif isinstance(item, (Lifecycle, Closed, Exited, LoadTimeout)):
-            if item.link is self._link:  # else: news from an earlier worker
+            if item.link is self.link:  # else: news from an earlier worker
                 self._on_link_news(item)
 
     def _on_stop(self, item: Stop) -> None:
@@ -134,8 +141,8 @@ class Owner:
             self._set(S.STOPPING, reason=item.reason)
             fail_all(self._start_waiters,
                      Unavailable(f"{self.spec.id} was stopped while loading: {item.reason}"))
-            if self._link is not None:
-                self._spawn_task(self._link.shutdown(self._timeouts.stop_grace_s))
+            if self.link is not None:
+                self._spawn_task(self.link.shutdown(self._timeouts.stop_grace_s))
 
     def _on_link_news(self, item: Lifecycle | Closed | Exited | LoadTimeout) -> None:
         st = self.state
@@ -165,7 +172,7 @@ class Owner:
                 return  # (a worker already refused is being killed)
             self.info = msg.info
             self.last_load_s = time.monotonic() - self._load_started
-            self._policy.on_ready()
+            self.policy.on_ready()
             self._cancel_timers()
             self._set(S.READY)
             resolve_all(self._start_waiters)
@@ -179,19 +186,19 @@ class Owner:
         self.reason = None
         self.final = False
         self._load_started = time.monotonic()
-        settings = self.spec.worker_settings(self.index, self.threads, self._gpu)
+        settings = self.spec.worker_settings(self.index, self.threads, self.gpu)
         try:
-            link = await self._spawner.spawn(settings, cast(LinkOwner, self))  # an Instance: the link's owner
+            link = await self._spawner.spawn(settings, self._link_owner)
         except OSError as exc:  # final, unless the spawner says a later try may work (Ray: no room now)
             self._set(S.STARTING, restart=restart)
             self._to_failed(f"cannot start worker: {exc}", None, retryable=getattr(exc, "retryable", False))
             return
-        self._link = link
+        self.link = link
         self.placement = link.placement
         self.pid = link.placement.pid
         self._set(S.STARTING, restart=restart)
         self._timers.append(asyncio.get_running_loop().call_later(
-            self._timeouts.load_timeout_s, self._inbox.put, LoadTimeout(link)))
+            self._timeouts.load_timeout_s, self.inbox.put, LoadTimeout(link)))
 
     def _on_exit(self, link: WorkerLink, exit: LinkExit) -> None:
         self._cancel_timers()
@@ -202,9 +209,9 @@ class Owner:
                 f"{self.spec.id} was stopped ({self._stop_reason}) before the request finished"))
             self._set(S.STOPPED, reason=self._stop_reason, exit_code=exit.code)
             resolve_all(self._stop_waiters)
-            if self._start_after_stop:
+            if self._start_after_stop:  # the waiters of that start are in _start_waiters
                 self._start_after_stop = False
-                self.request_start()
+                self._handle_later(Start(asyncio.get_running_loop().create_future(), False))
             return
         if st not in (S.STARTING, S.READY):
             return
@@ -213,14 +220,14 @@ class Owner:
         self._to_failed(reason, exit.code, retryable=self._load_error is None)
 
     def _to_failed(self, reason: str, code: int | None, *, retryable: bool) -> None:
-        decision = self._policy.on_failure(retryable=retryable)
+        decision = self.policy.on_failure(retryable=retryable)
         self.reason = reason
         self.final = decision.final
         self.restart_pending = decision.restart
         self._set(S.FAILED, reason=reason, exit_code=code, restart=decision.restart)
         if decision.restart:
             self._timers.append(asyncio.get_running_loop().call_later(
-                decision.delay_s, self._inbox.put, RestartDue()))
+                decision.delay_s, self.inbox.put, RestartDue()))
         else:
             fail_all(self._start_waiters, LoadFailed(f"{self.spec.id} failed to load: {reason}"))
 
@@ -229,7 +236,7 @@ class Owner:
         self.restart_pending = False
         for task in self._tasks:
             task.cancel()
-        link = self._link
+        link = self.link
         if link is not None and link.exit is None:
             link.kill()
             link.fail_requests(WorkerCrashed(f"{self.spec.id} instance replaced"))
@@ -237,7 +244,7 @@ class Owner:
         fail_all(self._start_waiters, gone)
         self._start_after_stop = False
         resolve_all(self._stop_waiters)
-        self._inbox.close(gone)  # commands nobody will run
+        self.inbox.close(gone)  # commands nobody will run
 
     # ----------------------------------------------------------------- helpers
 
@@ -249,12 +256,16 @@ class Owner:
         self.state = new
         self._bus.publish(EventName.STATUS_CHANGE, self.spec.id,
                           **status_fields(self.index, old, new, self.pid, self.placement, reason, exit_code))
-        self._changed(Transition(old, new, restart))
+        self._on_change(Transition(old, new, restart))
 
     def _cancel_timers(self) -> None:
         for t in self._timers:
             t.cancel()
         self._timers.clear()
+
+    def _handle_later(self, item: Start) -> None:
+        item.reply.add_done_callback(consume)
+        self.inbox.put(item)
 
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -43,6 +43,7 @@ from corral.control.placement.gpus import GpuBudget, Shortage, device_use
 from corral.control.scheduling.load_gate import LoadGate
 from corral.control.scheduling.pool import ModelPool
 from corral.errors import CapacityTimeout, LoadFailed
+from corral.store.gguf import check_file
 
 __all__ = ["Admission"]
 
@@ -74,7 +75,13 @@ class Admission:
     async def load(self, pool: ModelPool, *, fresh: bool = True) -> None:
         """Start ``pool`` (making room first) unless it already holds its place; wait
         until an instance is ready. ``fresh=False``: failed instances retry with their
-        failure counts (after a crash loop's backoff)."""
+        failure counts (after a crash loop's backoff). LoadFailed for a file that does
+        not read as GGUF (checked again here, off the event loop: it may have changed since
+        the catalog was read); nothing is started for it."""
+        if not pool.occupies and self._server().worker_command is None:
+            problem = (await asyncio.to_thread(check_file, pool.spec.path)).problem
+            if problem is not None:
+                raise LoadFailed(f"model {pool.spec.id!r} failed: its file does not read as GGUF: {problem}")
         if not pool.occupies:
             async with self._lock.turn():
                 if not pool.occupies:

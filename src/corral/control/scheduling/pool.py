@@ -106,10 +106,11 @@ class ModelPool:
 
     @property
     def failure_reason(self) -> str | None:
+        """Why its last load failed, else why its file does not read (``spec.problem``)."""
         for i in self.instances:
             if i.state is S.FAILED and i.reason:
                 return i.reason
-        return None
+        return self.spec.problem
 
     @property
     def inflight(self) -> int:
@@ -144,8 +145,8 @@ class ModelPool:
             return "loaded"
         if any(i.holds_memory for i in self.instances):  # starting, or about to
             return "loading"
-        if S.FAILED in states:
-            return "failed"
+        if S.FAILED in states or self.spec.problem is not None:
+            return "failed"  # a load failed, or its file does not read as GGUF
         return "unloaded"
 
     def live(self) -> list[Instance]:
