@@ -10,6 +10,7 @@ loads there (docs/internals/gpu-placement.md). Its modules:
   the ``tensor_split`` corral gives it.
 - ``corral.fit.draft``: a draft model's file, settings and per-GPU need (``speculative = "draft"``).
 - ``corral.fit.rows``: the logits rows a context may ask for (``n_outputs_max``).
+- ``corral.fit.sizes``: a context's memory by device as llama.cpp sizes it (``Sizes``), for both plans.
 - ``corral.fit.slots``: ``n_parallel = "auto"``'s slots from the memory left after the weights
   (``plan_slots``, ``with_slots``).
 

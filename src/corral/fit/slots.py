@@ -32,7 +32,7 @@ import msgspec
 
 from corral import wire
 from corral.fit.layout import ModelLayout
-from corral.fit.plan import has_side_context, sizes_on_devices
+from corral.fit.sizes import has_side_context, sizes_on_devices
 from corral.fit.rows import outputs_max
 from corral.model.settings import ModelSettings
 
