@@ -74,7 +74,7 @@ def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
     asked to). ``limits[k]``: at most this much of
     device ``k`` (the router's share; None: its free memory less the margin). ``outputs``:
     the context's logits rows (``fit.rows.outputs_max``; 0: a micro-batch); ``side``: room
-    for the vision side context too (``_Sizes``)."""
+    for the vision side context too (``corral.fit.sizes.Sizes``)."""
     devs = list(devices) if devices else ([device] if device is not None else [])
     if not devs:
         raise ValueError("plan_fit needs a device")
