@@ -42,7 +42,7 @@ class Ctx:
         self.model: str = args.model
         self.threads: int = args.threads
         self.gpu_layers: int = getattr(args, "gpu_layers", 0)
-        self.concurrency: list[int] = [int(x) for x in str(getattr(args, "concurrency", "1,8")).split(",")
+        self.concurrency: list[int] = [int(x) for x in str(getattr(args, "concurrency", None) or "1,8,32,64").split(",")
                                        if x.strip()]
         self.tmp = Path(tempfile.mkdtemp(prefix="corral-bench-"))
         self.llama_bin: Path | None = None

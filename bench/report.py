@@ -43,13 +43,13 @@ def ratio(a: float | None, b: float | None) -> str:
 
 
 LOAD_COLUMNS = ["server", "c", "requests", "tok/s", "ratio", "TTFT p50 ms", "TTFT p95 ms",
-                "latency p50 ms", "tok/req", "errors"]
+                "ITL p95 ms", "latency p50 ms", "tok/req", "errors"]
 
 
 def load_row(name: str, r: LoadResult, ref: float | None) -> list[str]:
     errs = str(r.errors) + (f" ({r.status_5xx}x 5xx)" if r.status_5xx else "")
     return [name, str(r.concurrency), str(r.n_requests), fmt(r.tok_s), ratio(r.tok_s, ref),
-            fmt(r.ttft_p50_ms, 0), fmt(r.ttft_p95_ms, 0), fmt(r.latency_p50_ms, 0),
+            fmt(r.ttft_p50_ms, 0), fmt(r.ttft_p95_ms, 0), fmt(r.itl_p95_ms, 0), fmt(r.latency_p50_ms, 0),
             fmt(r.tokens_per_request, 1), errs]
 
 

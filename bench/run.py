@@ -10,7 +10,8 @@ ratios. Results also go to ``bench/results/`` (gitignored).
     .venv/bin/python -m bench.run --only throughput --repeat 5   # the ratios of 5 runs side by side
 
 Scenarios (see bench/README.md):
-  throughput  c=1 and c=8 streaming, 64 tokens: llama-server -np 8, llama-cpp-python, corral
+  throughput  c=1, 8, 32 and 64 streaming, 64 tokens: llama-server -np 64, llama-cpp-python (c<=8), corral
+  default_slots  corral's default slots ("auto", sized from memory) vs 4, 64 clients at once (bench/scenarios/throughput.py)
   overhead    one corral worker reached directly over its socket vs through the HTTP router
   multimodel  two model ids (4 slots each) at c=4 each at once vs one model (8 slots) at c=8; llama.cpp router too
   coldstart   POST /models/load -> first token; corral vs llama.cpp router mode
@@ -22,6 +23,8 @@ Scenarios (see bench/README.md):
   keys_overhead  a 1-token chat through keys, limits and usage vs no keys (bench/scenarios/keys_overhead.py)
   speculation n-gram speculative decoding: edit and chat, c=1 and c=4, corral vs llama-server with/without (bench/scenarios/speculation.py)
   swap        one model at a time, two alternating, 2,000-token system prompts: first token after a swap, prompt cache on/off, llama.cpp router (bench/scenarios/swap.py)
+  router_ceiling  the router alone over workers that answer at once: tokens and requests per router CPU-second,
+              added latency at c=1/64/256, goodput past saturation (bench/scenarios/router_ceiling.py)
   speculation-draft  a draft model (CORRAL_BENCH_DRAFT, else the model itself): corral vs llama-server -md (bench/scenarios/speculation_draft.py)
 """
 
@@ -45,24 +48,27 @@ from bench import llama_server
 from bench.context import SLOT_CTX, Ctx, log
 from bench.report import Table, repeat_summary, write_results
 from bench.scenarios import (coldstart, dialects, fairness, instances, keys_overhead, multimodel, overhead, queue,
-                             sampling, speculation, speculation_draft, swap,
+                             router_ceiling, sampling, speculation, speculation_draft, swap,
                              throughput)
 from bench.servers import ROOT, stop_all
 
 SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects", "instances", "sampling",
-             "fairness", "keys_overhead", "speculation", "speculation-draft", "swap")
+             "fairness", "keys_overhead", "speculation", "speculation-draft", "swap", "router_ceiling",
+             "default_slots")
 
 # hang guards per scenario (seconds; x0.6 with --quick), far above normal run times
-LIMITS_S = {"instances": 300, "throughput": 480, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
+LIMITS_S = {"instances": 300, "throughput": 1500, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
             "dialects": 1200, "sampling": 600, "fairness": 700, "keys_overhead": 240, "speculation": 900,
-            "speculation-draft": 900, "swap": 900}
+            "speculation-draft": 900, "swap": 900, "router_ceiling": 600,
+            "default_slots": 900}
 
 FUNCS: dict[str, Callable[[Ctx], Awaitable[list[Table]]]] = {
     "instances": instances.sc_instances, "throughput": throughput.sc_throughput, "overhead": overhead.sc_overhead,
     "multimodel": multimodel.sc_multimodel, "coldstart": coldstart.sc_coldstart, "queue": queue.sc_queue,
     "dialects": dialects.sc_dialects, "sampling": sampling.sc_sampling, "fairness": fairness.sc_fairness,
     "keys_overhead": keys_overhead.sc_keys_overhead, "speculation": lambda ctx: _speculation(ctx),
-    "speculation-draft": speculation_draft.sc_speculation_draft, "swap": swap.sc_swap}
+    "speculation-draft": speculation_draft.sc_speculation_draft, "swap": swap.sc_swap,
+    "router_ceiling": router_ceiling.sc_router_ceiling, "default_slots": throughput.sc_default_slots}
 
 
 async def _speculation(ctx: Ctx) -> list[Table]:
@@ -170,8 +176,11 @@ def main() -> int:
                     help="layers on the GPU for every server (llama-server -ngl, corral n_gpu_layers); 0: CPU")
     ap.add_argument("--max-tokens", type=int, default=64,
                     help="throughput: tokens per request (default 64; a CPU-emulated GPU device wants few)")
-    ap.add_argument("--concurrency", default="1,8",
-                    help="throughput: comma-separated client counts (default 1,8); slots = max(8, largest)")
+    ap.add_argument("--llama-kvu", choices=("on", "off"), default="off",
+                    help="throughput: llama-server with -kvu (one unified KV cache); default off: the same "
+                         "engine's step at 64 slots was 17%% slower unified (bench.probes.kv_unified)")
+    ap.add_argument("--concurrency", default="1,8,32,64",
+                    help="throughput: comma-separated client counts (default 1,8,32,64); slots = max(8, largest)")
     ap.add_argument("--no-build", action="store_true", help="never build llama-server; skip its rows if absent")
     ap.add_argument("--no-reference", action="store_true", help="queue scenario: skip the llama-server row")
     ap.add_argument("-j", "--jobs", type=int, default=2, help="build parallelism for llama-server")

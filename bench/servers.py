@@ -268,11 +268,12 @@ def stop_all() -> None:
 
 
 def llama_server_cmd(binary: str | Path, model: str, port: int, *, n_parallel: int, slot_ctx: int,
-                     threads: int, gpu_layers: int = 0) -> list[str]:
+                     threads: int, gpu_layers: int = 0, kv_unified: bool = False) -> list[str]:
+    """``kv_unified``: ``-kvu``, one KV buffer shared by the slots (the same ``-c`` cells in all)."""
     return [
         str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(port),
         "-np", str(n_parallel), "-c", str(n_parallel * slot_ctx), "-t", str(threads), "-tb", str(threads),
-        "-cb", "--no-warmup", "-ngl", str(gpu_layers), *buffer_args(),
+        "-cb", "--no-warmup", "-ngl", str(gpu_layers), *(["-kvu"] if kv_unified else []), *buffer_args(),
     ]
 
 

@@ -60,6 +60,7 @@ async def _stream_one(conn: _Conn, path: str, body: bytes, res: RequestResult) -
         return
     pending = b""
     chunks = 0
+    last = t0
     usage_tokens: int | None = None
     done = False
     while not done:
@@ -84,8 +85,12 @@ async def _stream_one(conn: _Conn, path: str, body: bytes, res: RequestResult) -
             choices = obj.get("choices") or ()
             if choices and choices[0].get("text"):
                 chunks += 1
+                now = time.perf_counter()
                 if res.ttft_s is None:
-                    res.ttft_s = time.perf_counter() - t0
+                    res.ttft_s = now - t0
+                else:
+                    res.gaps_s.append(now - last)
+                last = now
             usage = obj.get("usage")
             if usage and usage.get("completion_tokens") is not None:
                 usage_tokens = int(usage["completion_tokens"])
@@ -171,3 +176,117 @@ class LeanLatency:
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(f"1-token request failed: {head.splitlines()[0]!r} {answer[:200]!r}")
         return ms
+
+
+async def _post_one(conn: _Conn, path: str, body: bytes, res: RequestResult) -> None:
+    """One non-streamed request on ``conn``; ``res`` gets its status, tokens and latency (a
+    503's ``Retry-After`` is kept in ``res.error``)."""
+    assert conn.reader is not None and conn.writer is not None
+    head = (f"POST {path} HTTP/1.1\r\nHost: {conn.host}:{conn.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    t0 = time.perf_counter()
+    res.t0 = t0
+    conn.writer.write(head + body)
+    got = await conn.reader.readuntil(b"\r\n\r\n")
+    res.status = int(got.split(b" ", 2)[1])
+    length, retry_after = 0, None
+    for line in got.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        key = name.strip().lower()
+        if key == b"content-length":
+            length = int(value)
+        elif key == b"retry-after":
+            retry_after = value.strip().decode()
+    answer = await conn.reader.readexactly(length)
+    res.latency_s = time.perf_counter() - t0
+    if res.status != 200:
+        res.error = f"HTTP {res.status} (Retry-After: {retry_after})"
+        return
+    usage = _decode(answer).get("usage") or {}
+    res.completion_tokens = int(usage.get("completion_tokens") or 0)
+    res.ok = True
+
+
+async def run_posts_lean(base_url: str, *, label: str, model: str | None, concurrency: int, n_requests: int,
+                         max_tokens: int = 1, timeout_s: float = 60.0) -> LoadResult:
+    """Closed loop of non-streamed /v1/completions with this client (``concurrency`` users,
+    one keep-alive connection each)."""
+    u = urlsplit(base_url)
+    host, port = u.hostname or "127.0.0.1", u.port or 80
+    counter = iter(range(n_requests))
+    results: list[RequestResult] = []
+    body = msgspec.json.encode(completion_body(model, 0, max_tokens, stream=False))
+    t0 = time.perf_counter()
+
+    async def user() -> None:
+        conn = _Conn(host, port)
+        await conn.open()
+        try:
+            for _ in counter:
+                res = RequestResult(ok=False)
+                try:
+                    await asyncio.wait_for(_post_one(conn, "/v1/completions", body, res), timeout_s)
+                except (OSError, asyncio.IncompleteReadError, ValueError, TimeoutError) as exc:
+                    res.error = f"{type(exc).__name__}: {exc}"[:200]
+                    conn.close()
+                    conn = _Conn(host, port)
+                    await conn.open()
+                results.append(res)
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(user() for _ in range(concurrency)))
+    return summarize(label, concurrency, results, time.perf_counter() - t0)
+
+
+async def open_loop_posts(base_url: str, *, model: str | None, rate_per_s: float, duration_s: float,
+                          max_tokens: int = 1, timeout_s: float = 30.0, max_conns: int = 4096) -> list[RequestResult]:
+    """Open loop: a non-streamed request every ``1 / rate_per_s`` seconds for ``duration_s``,
+    whatever the answers (each on an idle kept-alive connection, else a new one, at most
+    ``max_conns``): what a server does past its saturation. The results in order of start."""
+    u = urlsplit(base_url)
+    host, port = u.hostname or "127.0.0.1", u.port or 80
+    body = msgspec.json.encode(completion_body(model, 0, max_tokens, stream=False))
+    idle: list[_Conn] = []
+    results: list[RequestResult] = []
+    tasks: list[asyncio.Task[None]] = []
+    opened = 0
+
+    async def one(res: RequestResult) -> None:
+        nonlocal opened
+        conn = idle.pop() if idle else None
+        if conn is None:
+            if opened >= max_conns:
+                res.error = "client: no connection left"
+                return
+            opened += 1
+            conn = _Conn(host, port)
+            try:
+                await conn.open()
+            except OSError as exc:
+                res.error = f"connect: {exc}"[:200]
+                opened -= 1
+                return
+        try:
+            await asyncio.wait_for(_post_one(conn, "/v1/completions", body, res), timeout_s)
+            idle.append(conn)
+        except (OSError, asyncio.IncompleteReadError, ValueError, TimeoutError) as exc:
+            res.error = f"{type(exc).__name__}: {exc}"[:200]
+            conn.close()
+            opened -= 1
+
+    t0 = time.perf_counter()
+    k = 0
+    while (now := time.perf_counter() - t0) < duration_s:
+        due = int(now * rate_per_s) + 1
+        while k < due:
+            res = RequestResult(ok=False)
+            res.t0 = time.perf_counter()
+            results.append(res)
+            tasks.append(asyncio.create_task(one(res)))
+            k += 1
+        await asyncio.sleep(max(0.0, (k / rate_per_s) - (time.perf_counter() - t0)))
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for c in idle:
+        c.close()
+    return results

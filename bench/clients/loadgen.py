@@ -65,6 +65,7 @@ class RequestResult:
     error: str | None = None
     cut: bool = False  # cancelled at the load's hard deadline; its tokens so far still count
     t0: float | None = None
+    gaps_s: list[float] = field(default_factory=list)  # between a stream's events that carry text
 
 
 @dataclass
@@ -84,6 +85,8 @@ class LoadResult:
     latency_p50_ms: float | None = None
     latency_p95_ms: float | None = None
     latency_max_ms: float | None = None
+    itl_p50_ms: float | None = None  # inter-token latency: gaps between a stream's text events
+    itl_p95_ms: float | None = None
     tokens_per_request: float | None = None
     cut: int = 0  # requests stopped at the hard deadline (their streamed tokens are counted)
     cut_tokens: int = 0
@@ -112,6 +115,8 @@ def summarize(label: str, concurrency: int, results: list[RequestResult], wall_s
     r.ttft_p50_ms, r.ttft_p95_ms = pct(ttfts, 50), pct(ttfts, 95)
     r.latency_p50_ms, r.latency_p95_ms = pct(lats, 50), pct(lats, 95)
     r.latency_max_ms = max(lats) if lats else None
+    gaps = [g * 1000 for x in ok for g in x.gaps_s]
+    r.itl_p50_ms, r.itl_p95_ms = pct(gaps, 50), pct(gaps, 95)
     r.tokens_per_request = ((r.completion_tokens - r.cut_tokens) / r.ok) if r.ok else None
     seen: list[str] = []
     for x in results:
@@ -157,6 +162,7 @@ async def one_request(
                         return res
                     chunks = 0
                     res.t0 = t0
+                    last = t0
                     usage_tokens = None
                     async for line in resp.aiter_lines():
                         if not line.startswith("data:"):
@@ -175,8 +181,12 @@ async def one_request(
                         if _chunk_text(obj):
                             chunks += 1
                             res.completion_tokens = chunks
+                            now = time.perf_counter()
                             if res.ttft_s is None:
-                                res.ttft_s = time.perf_counter() - t0
+                                res.ttft_s = now - t0
+                            else:
+                                res.gaps_s.append(now - last)
+                            last = now
                         usage = obj.get("usage")
                         if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
                             usage_tokens = int(usage["completion_tokens"])

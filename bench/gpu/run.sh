@@ -12,7 +12,11 @@
 # + llama-server from the same sources); (3) write a random-weight TinyLlama-1.1B-shaped
 # GGUF (speed does not depend on the weights' values); (4) run python -m bench.run: the seed's
 # case (two model ids on one GPU, concurrent streaming: no crash), corral vs llama-server
-# with full offload at c=1, 8, 32, and two instances of one model on one GPU, and where corral
+# with full offload at c=1, 8, 32, 64 (llama-server -np 64; LLAMA_KVU=on adds -kvu), corral's
+# default slots ("auto", sized from the GPU's memory) vs 4 at c=64, two instances of one model
+# on one GPU, the router's own ceiling over workers that answer at once (scenario router_ceiling,
+# 16 cores: the router is the limit, not the clients), one KV stream a slot vs a unified cache
+# at batch 8 and 64 (bench/probes/kv_unified.py), and where corral
 # says the layers and KV went next to what llama.cpp logged allocating (bench/probes/placement_check.py,
 # 0, 12 and all layers, q8_0 KV cache); (5) sampling
 # threads (bench/probes/sampling_threads.py): c=32 tok/s with sampling_threads 1 vs auto on that
@@ -45,9 +49,10 @@ BUILD=${BUILD:-/tmp/corral-build}
 MODEL=${MODEL:-/tmp/tinyllama-random.gguf}
 MODEL_ARGS=${MODEL_ARGS:-}          # e.g. "--layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2" for a CPU test
 GPU_LAYERS=${GPU_LAYERS:-999}
-CONCURRENCY=${CONCURRENCY:-1,8,32}
+CONCURRENCY=${CONCURRENCY:-1,8,32,64}
+LLAMA_KVU=${LLAMA_KVU:-off}         # llama-server -kvu in the throughput scenario (on|off)
 THREADS=${THREADS:-4}
-ONLY=${ONLY:-throughput,multimodel,instances}
+ONLY=${ONLY:-throughput,multimodel,instances,router_ceiling}
 SAMPLING=${SAMPLING:-1}
 DRAFT=${DRAFT:-1}                   # 6/6: draft-model speculation with a generated pair (DRAFT=0 skips it)
 PAIR_TARGET=${PAIR_TARGET:-/tmp/pair-target.gguf}
@@ -100,8 +105,11 @@ fi
 log "4/5 bench ($ONLY)"
 set -o pipefail
 "$PY" -m bench.run --no-build --model "$MODEL" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" \
-  --concurrency "$CONCURRENCY" --servers llama-server,corral $(printf -- '--only %s ' ${ONLY//,/ }) \
-  2>"$OUT/bench.log" | tee "$OUT/table.md"
+  --concurrency "$CONCURRENCY" --llama-kvu "$LLAMA_KVU" --servers llama-server,corral \
+  $(printf -- '--only %s ' ${ONLY//,/ }) 2>"$OUT/bench.log" | tee "$OUT/table.md"
+echo "#### one KV stream a slot vs a unified KV cache (kv_unified), 64 slots: $(basename "$MODEL")" | tee -a "$OUT/table.md"
+"$PY" -m bench.probes.kv_unified --model "$MODEL" --threads "$THREADS" --gpu-layers "$GPU_LAYERS" --reps 2 \
+  2>>"$OUT/bench.log" | tee -a "$OUT/table.md" || true
 cp bench/results/latest.md "$OUT/results.md" 2>/dev/null || true
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null | tee -a "$OUT/table.md" || true
 echo "#### where corral says the parts went, next to llama.cpp's buffers: $(basename "$MODEL")" | tee -a "$OUT/table.md"

@@ -22,10 +22,11 @@ def open_engine(model: str | None, **settings: Any) -> "Engine":
     ggml's threads spinning as in a worker (0.2 ms, not 3 ms, after a decode)."""
     from corral.worker.process import _cpu_wait_policy
 
-    _cpu_wait_policy()
+    s = wire.WorkerSettings(model_id="bench", model_path=model or embedded_model(), **settings)
+    _cpu_wait_policy(s)
     from corral.worker.engine import Engine
 
-    return Engine(wire.WorkerSettings(model_id="bench", model_path=model or embedded_model(), **settings))
+    return Engine(s)
 
 
 def bench_params(max_tokens: int, **extra: Any) -> wire.SamplingParams:

@@ -15,12 +15,12 @@ import pytest
 from corral.config.file import load_config
 from support.harness import Harness, chat, wait_event
 from support.harness import _until
-from testkit.model_settings import TEST_CTX_LEN
+from testkit.model_settings import TEST_CTX_LEN, TEST_N_PARALLEL
 
 
 def write_config(path: Path, server: dict[str, Any], models: dict[str, dict[str, Any]]) -> None:
     lines = ["[server]"] + [f"{k} = {json.dumps(v)}" for k, v in server.items()]
-    lines += ["[defaults]", f"ctx_len = {TEST_CTX_LEN}"]
+    lines += ["[defaults]", f"ctx_len = {TEST_CTX_LEN}", f"n_parallel = {TEST_N_PARALLEL}"]
     for mid, m in models.items():
         lines.append(f'[models."{mid}"]')
         lines += [f"{k} = {json.dumps(v)}" for k, v in m.items()]

@@ -141,7 +141,7 @@ class RayRouter:
     """`corral serve -c FILE` with `ray_address` set, in its own session."""
 
     def __init__(self, tmp: Path, nodes: Nodes, models: dict[str, dict[str, Any]], **server: Any) -> None:
-        from testkit.model_settings import TEST_CTX_LEN
+        from testkit.model_settings import TEST_CTX_LEN, TEST_N_PARALLEL
         from testkit.ray_cluster import free_port
 
         self.port = free_port()
@@ -152,7 +152,7 @@ class RayRouter:
                                "load_timeout_s": 120.0}
         srv.update(server)
         cfg = tmp / "corral.toml"
-        cfg.write_text(toml({"server": srv, "defaults": {"ctx_len": TEST_CTX_LEN}, "models": models}))
+        cfg.write_text(toml({"server": srv, "defaults": {"ctx_len": TEST_CTX_LEN, "n_parallel": TEST_N_PARALLEL}, "models": models}))
         self.log_path = tmp / "router.log"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "corral.cli.main", "serve", "-c", str(cfg)],

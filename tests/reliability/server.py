@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from support.waiting import until
-from testkit.model_settings import TEST_CTX_LEN
+from testkit.model_settings import TEST_CTX_LEN, TEST_N_PARALLEL
 
 
 def free_port() -> int:
@@ -37,7 +37,7 @@ def toml_value(v: Any) -> str:
 
 def write_config(path: Path, models: dict[str, dict[str, Any]], server: dict[str, Any]) -> Path:
     lines = ["[server]"] + [f"{k} = {toml_value(v)}" for k, v in server.items()]
-    lines += ["\n[defaults]", f"ctx_len = {TEST_CTX_LEN}"]
+    lines += ["\n[defaults]", f"ctx_len = {TEST_CTX_LEN}", f"n_parallel = {TEST_N_PARALLEL}"]
     for mid, table in models.items():
         lines.append(f'\n[models."{mid}"]')
         lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]

@@ -14,7 +14,7 @@ import uvicorn
 
 from corral.api.app import create_app
 from corral.config.file import config_from_dict
-from testkit.model_settings import TEST_CTX_LEN
+from testkit.model_settings import TEST_CTX_LEN, TEST_N_PARALLEL
 
 from .fake_hub import FakeHub
 
@@ -36,7 +36,7 @@ async def test_pull_then_load_and_query(hub: FakeHub, model_path: Path, tmp_path
     models_dir = tmp_path / "models"
     cfg = config_from_dict(
         {"server": {"models_dir": str(models_dir), "include_default_model": False,
-                    "log_dir": str(tmp_path / "logs")}, "defaults": {"ctx_len": TEST_CTX_LEN}, "models": {}},
+                    "log_dir": str(tmp_path / "logs")}, "defaults": {"ctx_len": TEST_CTX_LEN, "n_parallel": TEST_N_PARALLEL}, "models": {}},
         name="e2e.toml", base_dir=tmp_path)
     app = create_app(cfg, embedded=None, use_store=True)
     sock = socket.socket()

@@ -28,7 +28,7 @@ from corral.control.transport.link import LinkExit, LinkOwner, Placement, Worker
 from corral.events import EventBus
 from corral.children.exits import describe_exit
 from corral.model.settings import ModelSettings
-from testkit.model_settings import TEST_CTX_LEN
+from testkit.model_settings import TEST_CTX_LEN, TEST_N_PARALLEL
 
 _pids = itertools.count(90_000)
 
@@ -165,7 +165,7 @@ class FakeSpawner:
 
 def spec(model_id: str = "m", **settings: Any) -> ModelSpec:
     """A model whose file does not matter (nothing reads it)."""
-    settings = {"ctx_len": TEST_CTX_LEN, **settings}
+    settings = {"ctx_len": TEST_CTX_LEN, "n_parallel": TEST_N_PARALLEL, **settings}
     return ModelSpec.make(model_id, Path(f"/nonexistent/{model_id}.gguf"), ModelSettings(**settings),
                           source="config")
 

@@ -22,7 +22,7 @@ from corral.config.file import CorralConfig, config_from_dict
 from corral.events import Event
 from corral.control.plane import ControlPlane
 from support.waiting import until_async
-from testkit.model_settings import TEST_CTX_LEN
+from testkit.model_settings import TEST_CTX_LEN, TEST_N_PARALLEL
 
 FAKE = Path(__file__).parent / "fake_worker.py"
 
@@ -51,7 +51,7 @@ class Harness:
         """The router config of ``models`` (each inherits ``[defaults] ctx_len = TEST_CTX_LEN``
         unless its table sets one)."""
         srv = self.server_table(**server)
-        return config_from_dict({"server": srv, "defaults": {"ctx_len": TEST_CTX_LEN}, "models": models},
+        return config_from_dict({"server": srv, "defaults": {"ctx_len": TEST_CTX_LEN, "n_parallel": TEST_N_PARALLEL}, "models": models},
                                 name="test.toml", base_dir=self.tmp)
 
     def server_table(self, **server: Any) -> dict[str, Any]:

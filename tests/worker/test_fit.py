@@ -198,11 +198,11 @@ def test_the_worker_plans_over_every_gpu_it_sees_within_the_routers_budgets() ->
 def test_the_head_goes_first_and_a_tied_head_is_a_copy_of_the_embeddings() -> None:
     """As llama.cpp places them: n_gpu_layers = 1 is the output head alone; a model without
     output.weight (tied embeddings) gets a copy of the token embeddings there."""
-    from corral.fit.plan import _Sizes
+    from corral.fit.sizes import Sizes
 
     tied = ModelLayout(**{**LAYOUT.__dict__, "tied_output_bytes": 300 * MiB})
     for lo, head in ((LAYOUT, 125 * MiB), (tied, 425 * MiB)):
-        s = _Sizes(lo, 1, 512)
+        s = Sizes(lo, 1, 512)
         compute = s.compute(1024)
         assert s.on_device(1, 1024) == head + compute
         assert s.on_device(2, 1024) == head + 40 * MiB + s.kv_layer(21, 1024) + compute  # and the last layer
@@ -216,7 +216,7 @@ def test_a_head_too_large_for_the_device_stays_on_the_host() -> None:
     embedded Gemma's 170 MiB tied head stays on the host, measured in tests/gpu): a tied head
     then costs nothing of its own; an output.weight counts on the host. The limit of the last
     GPU counts (it holds the head)."""
-    from corral.fit.plan import _Sizes
+    from corral.fit.sizes import Sizes
 
     def gpu(limit: int) -> wire.DeviceInfo:
         return wire.DeviceInfo(index=0, name="Vulkan0", backend="Vulkan", kind="gpu", free_bytes=8 * GiB,
@@ -229,7 +229,7 @@ def test_a_head_too_large_for_the_device_stays_on_the_host() -> None:
     assert tied.on_devices([gpu(128 * MiB), gpu(1 * GiB)]) == tied
     own = LAYOUT.on_devices([gpu(100 * MiB)])  # a 125 MiB output.weight
     assert own.head_bytes == 0 and own.input_bytes == LAYOUT.input_bytes + LAYOUT.output_bytes
-    s, host = _Sizes(own, 1, 512), _Sizes(LAYOUT, 1, 512)
+    s, host = Sizes(own, 1, 512), Sizes(LAYOUT, 1, 512)
     assert s.on_device(23, 1024) == host.on_device(23, 1024) - LAYOUT.output_bytes
     assert s.on_host(23, 1024) == host.on_host(23, 1024) + LAYOUT.output_bytes
 
@@ -308,14 +308,15 @@ def test_placement_says_where_the_layers_and_kv_are() -> None:
     """As llama.cpp places them: n_gpu_layers = 10 is the head and the last 9 layers on the
     GPUs (here split 1:1 by the weights given), the rest on the host; every byte of the
     plan is in exactly one place."""
-    from corral.fit.plan import _Sizes, placement
+    from corral.fit.plan import placement
+    from corral.fit.sizes import Sizes
 
     ctx = 8192
     kv = LAYOUT.kv_bytes_per_cell() * ctx
     parts = placement(LAYOUT, gpus=gpus(GiB, GiB), weights=[1.0, 1.0], ngl=10, ctx=ctx, n_slots=2, n_ubatch=512)
     assert [(p.device, p.first_layer, p.layers, p.output) for p in parts] == [
         ("CUDA0", 13, 5, False), ("CUDA1", 18, 4, True), ("CPU", 0, 13, False)]
-    s = _Sizes(LAYOUT, 2, 512, (0.5, 1.0))
+    s = Sizes(LAYOUT, 2, 512, (0.5, 1.0))
     assert [p.weight_bytes + p.kv_bytes + p.compute_bytes for p in parts[:2]] == s.per_device(10, ctx)  # the plan's
     assert parts[2].weight_bytes + parts[2].kv_bytes == s.on_host(10, ctx)
     assert [p.compute_bytes for p in parts] == [s.compute(ctx) - s.logits(), s.compute(ctx), 0]  # logits: the head's
@@ -378,14 +379,14 @@ def test_the_kv_cache_types_are_the_ones_llama_cpp_knows() -> None:
 
 
 def test_kv_cells_are_padded_as_llama_cpp_pads_them() -> None:
-    from corral.fit.plan import _Sizes
+    from corral.fit.sizes import Sizes
 
     swa = ModelLayout(**{**LAYOUT.__dict__, "sliding_window": 512, "swa_pattern": 6})
-    s = _Sizes(swa, 3, 512)
+    s = Sizes(swa, 3, 512)
     cell = LAYOUT.kv_bytes_per_cell()
     assert s.kv_layer(5, 4096) == cell * 1536 * 3  # 4096 // 3 = 1365 per slot, padded to 1536
     assert s.kv_layer(0, 4096) == cell * 1024 * 3  # a window layer: min(1536, 512 + 512)
-    assert _Sizes(swa, 3, 300).kv_layer(0, 4096) == cell * 1024 * 3  # 812 cells, padded to 1024
+    assert Sizes(swa, 3, 300).kv_layer(0, 4096) == cell * 1024 * 3  # 812 cells, padded to 1024
 
 
 def test_the_estimate_counts_the_logits_rows_asked_for_and_a_projectors_side_context() -> None:

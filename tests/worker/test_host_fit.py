@@ -35,8 +35,10 @@ def host_bytes(s: wire.WorkerSettings, cells: int) -> int:
 
 def test_an_unset_context_is_32k_a_slot_and_zero_means_unset() -> None:
     assert DEFAULT_SLOT_CTX == 32768
-    assert ModelSettings().ctx_len == 4 * 32768 and ModelSettings(n_parallel=2).ctx_len == 2 * 32768
+    assert ModelSettings().n_parallel == "auto" and ModelSettings().slot_ctx() == 32768  # auto: ctx_len is a slot's
+    assert ModelSettings(n_parallel=4).ctx_len == 4 * 32768 and ModelSettings(n_parallel=2).ctx_len == 2 * 32768
     assert ModelSettings.layered([{"ctx_len": 4096}, {"n_parallel": 8}, {"ctx_len": 0}]).ctx_len == 8 * 32768
+    assert ModelSettings(n_parallel=8, ctx_len=4096).slot_ctx() == 512 and ModelSettings(ctx_len=4096).slot_ctx() == 4096
     assert ModelSettings(ctx_len=100).ctx_len == 100  # a context that is set is kept
     from corral.model.settings import SettingsError
 

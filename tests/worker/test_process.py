@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from corral import wire
-from testkit.model_settings import TEST_CTX_LEN
+from testkit.model_settings import TEST_CTX_LEN, TEST_N_PARALLEL
 
 from .client import WorkerClient
 from .conftest import settings_for
@@ -96,7 +96,7 @@ def test_stats(worker: WorkerClient) -> None:
 
 
 def _load_failure(model_path: str, tmp_path: Path) -> tuple[str, int]:
-    s = wire.WorkerSettings(model_id="bad", model_path=model_path, threads=1, ctx_len=TEST_CTX_LEN)
+    s = wire.WorkerSettings(model_id="bad", model_path=model_path, threads=1, ctx_len=TEST_CTX_LEN, n_parallel=TEST_N_PARALLEL)
     with WorkerClient(s) as c:
         assert isinstance(c.recv(30), wire.Loading)
         msg = c.recv(60)

@@ -17,7 +17,7 @@ import pytest
 
 from corral import wire
 from corral.fit.layout import read_layout
-from corral.fit.plan import _Sizes
+from corral.fit.sizes import Sizes
 from corral.worker.vision import side as vision_side
 from corral.worker.engine import Engine
 from corral.worker.cache.kv_store import restore_seq, save_seq
@@ -147,7 +147,7 @@ def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_t
     # the room the router's estimate and the fit plan keep for it from the start (fit.plan): its KV to the byte
     lo = read_layout(model_path)
     ctx = engine2.m.n_ctx_slot * engine2.m.n_slots
-    planned, main = (_Sizes(lo, engine2.m.n_slots, v.piece, side=side) for side in (True, False))
+    planned, main = (Sizes(lo, engine2.m.n_slots, v.piece, side=side) for side in (True, False))
     side_kv = sum(planned.kv_layer(i, ctx) - main.kv_layer(i, ctx) for i in range(lo.n_layer))
     assert side_kv == v.side.kv_bytes - v.side.compute_bytes
     niced, policies = seen

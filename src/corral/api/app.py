@@ -47,6 +47,7 @@ from corral.api.page import hub as hub_routes
 from corral.api.page import live_stats
 from corral.api.page import routes as page_routes
 from corral.api.guard import GuardMiddleware
+from corral.api.overload import LoadMonitor, freeze_startup_objects
 from corral.api.http import error_response, invalid_request, path_policy
 from corral.api.hot_routes import HotRoutes
 from corral.api.scopes import RouteScopes, app_routes
@@ -110,9 +111,11 @@ def _store(config: CorralConfig) -> ModelStore:
 
 def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig] | None = None,
                embedded: bool | tuple[str, Path, tuple[str, ...]] | None = True,
-               use_store: bool = True, handle_sighup: bool = False) -> FastAPI:
+               use_store: bool = True, handle_sighup: bool = False, freeze_gc: bool = False) -> FastAPI:
     """The router app. ``embedded=True`` serves the embedded default model (unless the
-    config turns it off); ``use_store`` lists models_dir; ``handle_sighup`` reloads on SIGHUP."""
+    config turns it off); ``use_store`` lists models_dir; ``handle_sighup`` reloads on SIGHUP;
+    ``freeze_gc``: ``gc.freeze()`` once started (the server process: ``corral serve``; not an
+    app of a test, whose process goes on to build others)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -138,6 +141,11 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         await plane.start()
         app.state.stats = live_stats.StatsRecorder(plane)
         app.state.stats.start()
+        if freeze_gc:
+            freeze_startup_objects()  # what exists now is never collected (api/overload.py)
+        app.state.load = LoadMonitor()  # the loop's lag: shedding past saturation (api/overload.py)
+        app.state.load.start()
+        metrics.registry.register(app.state.load.collector())
         loop = asyncio.get_running_loop()
         if handle_sighup:
             loop.add_signal_handler(signal.SIGHUP, plane.reload_soon, "SIGHUP")
@@ -147,6 +155,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
             if handle_sighup:
                 loop.remove_signal_handler(signal.SIGHUP)
             await app.state.stats.close()
+            await app.state.load.close()
             if downloads is not None:
                 with contextlib.suppress(Exception):
                     await downloads.close()
@@ -187,5 +196,6 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         return plane.access if plane is not None else None
 
     app.add_middleware(GuardMiddleware, get_server=server, get_access=access,
-                       routes=lambda: RouteScopes(app_routes(app.routes)))
+                       routes=lambda: RouteScopes(app_routes(app.routes)),
+                       get_load=lambda: getattr(app.state, "load", None))
     return app

@@ -25,7 +25,10 @@ A pure ASGI middleware (not BaseHTTPMiddleware: it must not buffer streams). In 
    cross-site without a preflight. Any other type, or none, is read as JSON (every route
    that takes a body takes JSON), as Ollama does: LiteLLM's ``ollama/`` providers send
    JSON with no Content-Type, or ``application/octet-stream``.
-5. **Body size**: ``Content-Length`` over ``max_body_bytes`` -> 413 at once; a chunked
+5. **Overload**: while the router's loop lags more than ``[server] shed_lag_s``
+   (``corral.api.overload``), a request to a model is answered 503 with ``Retry-After``
+   before its body is read.
+6. **Body size**: ``Content-Length`` over ``max_body_bytes`` -> 413 at once; a chunked
    body is counted as it streams in. Over the limit before the response started: 413;
    after (a stream already running): the request ends as if the client had left.
 
@@ -52,8 +55,9 @@ from corral.config.file import ServerConfig
 from corral.control.keys.access import Access
 from corral.control.keys.ring import CALLER, Caller
 from corral.api.page.routes import is_public_path
+from corral.api.overload import LoadMonitor
 from corral.errors import (AuthenticationError, CorralError, HostNotAllowed, OriginNotAllowed,
-                           PayloadTooLarge, UnsupportedMediaType)
+                           PayloadTooLarge, Unavailable, UnsupportedMediaType)
 
 __all__ = ["GuardMiddleware", "host_allowed", "key_matches"]
 
@@ -146,12 +150,15 @@ def _cross_site_type(content_type: bytes | None) -> bool:
 class GuardMiddleware:
     def __init__(self, app: ASGIApp, get_server: Callable[[], ServerConfig],
                  get_access: Callable[[], Access | None] | None = None,
-                 routes: RouteScopes | Callable[[], RouteScopes] | None = None) -> None:
+                 routes: RouteScopes | Callable[[], RouteScopes] | None = None,
+                 get_load: Callable[[], LoadMonitor | None] | None = None) -> None:
         """``get_access``: the control plane's ``Access`` (None before it exists: only
-        ``[server] api_key`` is checked); ``routes``: the app's routes and their scopes."""
+        ``[server] api_key`` is checked); ``routes``: the app's routes and their scopes;
+        ``get_load``: the router's load monitor (None: nothing is shed)."""
         self.app = app
         self.get_server = get_server
         self.get_access = get_access or (lambda: None)
+        self.get_load = get_load or (lambda: None)
         self._routes = routes
 
     @property
@@ -172,6 +179,9 @@ class GuardMiddleware:
             try:
                 caller, model_route = self._authorize(scope, srv)
                 refusal = self._media_refusal(scope)
+                load = self.get_load()
+                if refusal is None and model_route and load is not None and load.overloaded(srv.shed_lag_s):
+                    refusal = Unavailable("the server is overloaded; try again shortly", retry_after_s=1)
             except CorralError as exc:
                 refusal = exc
         if refusal is not None:

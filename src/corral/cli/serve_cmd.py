@@ -104,7 +104,7 @@ def serve(
     from corral.api.server import protocol_with_header_timeout
     from corral.api.shutdown import serve as run_server
 
-    app = create_app(cfg, config_loader=loader, handle_sighup=True)
+    app = create_app(cfg, config_loader=loader, handle_sighup=True, freeze_gc=True)
     typer.echo(f"corral: serving on http://{cfg.server.host}:{cfg.server.port}", err=True)
     run_server(app, cfg, log_level=log_level.lower(), http=protocol_with_header_timeout(cfg.server.header_timeout_s))
 

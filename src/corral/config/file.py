@@ -120,6 +120,9 @@ class ServerConfig(_NoBoolNumbers):
     # a request's wait for a slot; absent: as long as its client waits (like llama-server, vLLM,
     # Ollama); shedding is max_queue's immediate 503 + Retry-After (docs/internals/fair-share.md)
     request_queue_timeout_s: float | None = Field(None, gt=0)
+    # past the router's own saturation: while its loop lags more than this (smoothed), new
+    # requests to a model get 503 + Retry-After before their body is read (api/overload.py); 0: never
+    shed_lag_s: float = Field(0.25, ge=0)
     # the fair queue (control/scheduling/fair_queue.py): waiting this long raises a request's priority by one
     priority_aging_s: float = Field(10.0, gt=0)
     # at max_loaded_models, a loaded model keeps its place this long after loading (an idle one

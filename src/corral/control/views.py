@@ -64,7 +64,9 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "pid": i.pid,
             "node": (None if i.placement.node_id is None else
                      {"id": i.placement.node_id, "address": i.placement.node_address}),
-            "slots": {"busy": pool.busy(i), "total": i.slots_total},
+            # the plan says how many and why (n_parallel = "auto": from the memory left after the weights)
+            "slots": {"busy": pool.busy(i), "total": i.slots_total,
+                      "plan": msgspec.to_builtins(i.info.slot_plan) if i.info and i.info.slot_plan else None},
             # the context a slot got: ctx_len // n_parallel, capped at n_ctx_train, fitted to memory
             "n_ctx_slot": i.info.n_ctx_slot if i.info else None,
             "memory": {"model_bytes": rep.model_bytes if rep else None,  # a draft model's included
@@ -113,6 +115,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "exit_code": next((i.exit_code for i in pool.instances if i.state is InstanceState.FAILED), None),
         },
         "settings": {"ctx_len": spec.ctx_len, "n_parallel": spec.n_parallel,
+                     "n_parallel_max": spec.n_parallel_max,
                      "instances": spec.instances, "n_gpu_layers": spec.n_gpu_layers, "devices": spec.devices,
                      "threads": spec.threads, "embedding": spec.embedding,
                      "ttl_s": spec.ttl_s, "pinned": spec.pinned, "speculative": spec.speculative,

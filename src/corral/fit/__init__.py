@@ -12,6 +12,9 @@ loads there (docs/internals/gpu-placement.md). Its modules:
 - ``corral.fit.host``: a load with no GPU layers: its context (``host_ctx``) and bytes (``host_bytes``).
 - ``corral.fit.estimate``: will a model fit, before a download or a load (``estimate``: the page's badges).
 - ``corral.fit.rows``: the logits rows a context may ask for (``n_outputs_max``).
+- ``corral.fit.sizes``: a context's memory by device as llama.cpp sizes it (``Sizes``), for both plans.
+- ``corral.fit.slots``: ``n_parallel = "auto"``'s slots from the memory left after the weights
+  (``plan_slots``, ``with_slots``).
 
 Neutral: imports only ``corral.wire``, ``corral.model.settings`` and ``corral.model.gguf_header``, never
 ``llama_cpp``; the worker plans its load with it, the router estimates and places with it.

@@ -29,6 +29,7 @@ from corral.fit.host import host_bytes, host_ctx
 from corral.fit.layout import ModelLayout
 from corral.fit.plan import FitError, has_side_context, placement, plan_fit
 from corral.fit.rows import outputs_max
+from corral.fit.slots import plan_slots, with_slots
 from corral.fit.split import router_split
 from corral.model.settings import ModelSettings
 
@@ -67,9 +68,15 @@ class FitEstimate:
 
 def estimate(layout: ModelLayout, settings: ModelSettings, *, gpus: Sequence[GpuBudget],
              host_available_bytes: int | None) -> FitEstimate:
-    """Where ``layout`` would go with ``settings`` on these GPUs and this host (module docstring)."""
-    n = max(1, settings.n_parallel)
+    """Where ``layout`` would go with ``settings`` on these GPUs and this host (module docstring).
+    ``n_parallel = "auto"`` is first resolved as the worker will (``corral.fit.slots``)."""
     kv = layout.kv_sized(settings.swa_full)
+    if settings.slots_asked() is None:
+        on_gpus = bool(gpus) and settings.n_gpu_layers != 0
+        settings = with_slots(settings, plan_slots(
+            kv, settings, gpus=_devices(gpus) if on_gpus else (),
+            host_available_bytes=None if on_gpus else host_available_bytes))
+    n = settings.slots_asked() or 1
     asked = kv.trained_ctx(settings.ctx_len, n)
     common = dict(n_layers=kv.n_layer + 1, n_slots=n, ctx_per_slot_asked=asked // n,
                   host_available_bytes=host_available_bytes)
@@ -95,29 +102,35 @@ def estimate(layout: ModelLayout, settings: ModelSettings, *, gpus: Sequence[Gpu
     return _host(kv, settings, host_available_bytes, common)
 
 
+def _devices(gpus: Sequence[GpuBudget]) -> list[wire.DeviceInfo]:
+    """The GPUs as devices whose free memory is corral's budget of them."""
+    return [wire.DeviceInfo(index=k, name=g.name, backend="GPU", kind="gpu", free_bytes=max(0, g.budget_bytes),
+                            total_bytes=max(0, g.budget_bytes), max_tensor_bytes=g.max_tensor_bytes)
+            for k, g in enumerate(gpus)]
+
+
 def _gpu_plan(layout: ModelLayout, s: ModelSettings, gpus: Sequence[GpuBudget],
               host: int | None) -> wire.FitPlan | str:
     budgets = [max(0, g.budget_bytes) for g in gpus]
-    devs = [wire.DeviceInfo(index=k, name=g.name, backend="GPU", kind="gpu", free_bytes=b, total_bytes=b,
-                            max_tensor_bytes=g.max_tensor_bytes) for k, (g, b) in enumerate(zip(gpus, budgets))]
+    devs = _devices(gpus)
     n_ubatch = min(s.n_batch, 512)
     args: dict[str, Any] = dict(n_ubatch=n_ubatch, cache_types=(s.cache_type_k, s.cache_type_v),
-                                outputs=outputs_max(s, max(1, s.n_parallel)), side=has_side_context(s))
+                                outputs=outputs_max(s, (s.slots_asked() or 1)), side=has_side_context(s))
     if s.n_gpu_layers != "auto":  # a fixed number of layers takes what it takes
         ngl = layout.n_layer + 1 if s.n_gpu_layers < 0 else min(s.n_gpu_layers, layout.n_layer + 1)
         parts = placement(layout.on_devices(devs), gpus=devs, weights=router_split(s, budgets, None), ngl=ngl,
-                          ctx=layout.trained_ctx(s.ctx_len, max(1, s.n_parallel)), n_slots=s.n_parallel,
+                          ctx=layout.trained_ctx(s.ctx_len, (s.slots_asked() or 1)), n_slots=s.slots_asked() or 1,
                           **args)
         gpu = sum(p.weight_bytes + p.kv_bytes + p.compute_bytes for p in parts if p.device != "CPU")
         cpu = sum(p.weight_bytes + p.kv_bytes for p in parts if p.device == "CPU")
         if gpu > sum(budgets):
             return f"{ngl} layers on the GPU need {_gib(gpu)}, the budget is {_gib(sum(budgets))}"
-        ctx = layout.trained_ctx(s.ctx_len, max(1, s.n_parallel))
+        ctx = layout.trained_ctx(s.ctx_len, (s.slots_asked() or 1))
         return wire.FitPlan(n_gpu_layers=ngl, n_layers=layout.n_layer + 1, ctx_len=ctx, ctx_len_asked=s.ctx_len,
                             device=None, device_bytes=gpu, host_bytes=cpu, free_bytes=sum(budgets),
                             margin_bytes=0, notes="")
     try:
-        return plan_fit(layout.on_devices(devs), devices=devs, ctx_len=s.ctx_len, n_slots=s.n_parallel,
+        return plan_fit(layout.on_devices(devs), devices=devs, ctx_len=s.ctx_len, n_slots=s.slots_asked() or 1,
                         ctx_floor_per_slot=s.fit_ctx_floor, margin_bytes=0, host_available_bytes=host,
                         tensor_split=router_split(s, budgets, None), **args)
     except FitError as exc:
@@ -126,7 +139,7 @@ def _gpu_plan(layout: ModelLayout, s: ModelSettings, gpus: Sequence[GpuBudget],
 
 def _host(layout: ModelLayout, s: ModelSettings, available: int | None, common: dict[str, Any]) -> FitEstimate:
     """No GPU layers: the context as the worker sizes it with no GPU (``corral.fit.host``)."""
-    n = max(1, s.n_parallel)
+    n = (s.slots_asked() or 1)
     want = layout.trained_ctx(s.ctx_len, n)
     ctx = host_ctx(layout, s, available)
     need = host_bytes(layout, s, ctx)
@@ -141,7 +154,7 @@ def _none(layout: ModelLayout, s: ModelSettings, why: str, room: int | None,
           common: dict[str, Any]) -> FitEstimate:
     """Not even at the context floor: ``lacks_bytes`` is its weights and KV less ``room`` (the
     GPUs' budgets and the host's available memory together)."""
-    n = max(1, s.n_parallel)
+    n = (s.slots_asked() or 1)
     floor_ctx = min(layout.trained_ctx(s.ctx_len, n), max(_CTX_STEP * n, s.fit_ctx_floor * n))
     need = host_bytes(layout, s, floor_ctx)
     lacks = max(0, need - room) if room is not None else 0

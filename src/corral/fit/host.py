@@ -22,7 +22,7 @@ _CTX_STEP = 256
 
 def host_bytes(layout: ModelLayout, s: ModelSettings, cells: int) -> int:
     """Weights and KV in host RAM with ``cells`` KV cells in all, nothing offloaded."""
-    n = max(1, s.n_parallel)
+    n = s.slots_asked() or 1  # resolved before (fit.slots.with_slots) where it was "auto"
     parts = placement(layout, gpus=[], weights=None, ngl=0, ctx=cells, n_slots=n, n_ubatch=min(s.n_batch, 512),
                       cache_types=(s.cache_type_k, s.cache_type_v), outputs=outputs_max(s, n),
                       side=has_side_context(s))
@@ -32,7 +32,7 @@ def host_bytes(layout: ModelLayout, s: ModelSettings, cells: int) -> int:
 def host_ctx(layout: ModelLayout, s: ModelSettings, available: int | None) -> int:
     """The KV cells of a load with no GPU; ``layout`` as the KV cache is sized (``kv_sized``);
     ``available`` None: as asked (capped at ``n_ctx_train``)."""
-    n = max(1, s.n_parallel)
+    n = s.slots_asked() or 1  # resolved before (fit.slots.with_slots) where it was "auto"
     ctx = layout.trained_ctx(s.ctx_len, n)
     if available is None:
         return ctx

@@ -26,7 +26,8 @@ Neutral (imports only ``wire``, ``settings`` and its own ``fit`` modules): the w
 4. The host must hold what is left on it (weights, KV of host layers): when even that
    does not fit in the host's available memory, the load is refused with the numbers.
 
-Memory per layer comes from the GGUF tensor table (``read_layout``, corral.fit.layout); KV per cell and layer
+The sizes (``corral.fit.sizes.Sizes``): memory per layer comes from the GGUF tensor table (``read_layout``,
+corral.fit.layout); KV per cell and layer
 is ``n_head_kv * (head_dim_k + head_dim_v)`` elements of the cache types (f16: 2 bytes) (a sliding-window layer
 holds at most ``n_swa + n_ubatch`` cells per slot); the compute buffer is an estimate
 (the logits rows the context asks for, ``fit.rows.outputs_max``, and activations of one
@@ -39,14 +40,14 @@ Pure functions: tested with made-up devices and layouts.
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 from collections.abc import Sequence
 
 from corral import wire
 from corral.fit.layout import ModelLayout
 from corral.fit.rows import outputs_max
-from corral.fit.split import f32, layer_shares, router_split, split_weights
+from corral.fit.slots import plan_slots, with_slots
+from corral.fit.sizes import Sizes, has_side_context
+from corral.fit.split import layer_shares, router_split, split_weights
 from corral.model.settings import ModelSettings
 
 __all__ = ["FitError", "plan_fit", "device_need", "device_needs", "placement", "DEFAULT_MARGIN_BYTES",
@@ -56,123 +57,8 @@ DEFAULT_MARGIN_BYTES = 512 * 1024 * 1024
 _CTX_STEP = 256
 
 
-def has_side_context(s: ModelSettings) -> bool:
-    """Whether a worker with these settings keeps room for the vision side context (a
-    projector on a model that generates): one slot's KV and its compute buffers, created on
-    the first image beside other streams and planned for from the start."""
-    return bool(s.mmproj) and not s.embedding
-
-
 class FitError(Exception):
     """Even the floor does not fit: ``str(exc)`` says what was needed and what was free."""
-
-
-@dataclasses.dataclass
-class _Share:
-    """One device's part: its repeating layers (``first`` and on), the output head or not."""
-
-    first: int = -1
-    layers: int = 0
-    output: bool = False
-    weights: int = 0
-    kv: int = 0
-    compute: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class _Sizes:
-    layout: ModelLayout
-    n_slots: int
-    n_ubatch: int
-    shares: tuple[float, ...] = (1.0,)  # each device's cumulative share of the GPU layers (llama.cpp's splits)
-    cache_types: tuple[str, str] = ("f16", "f16")  # K and V
-    outputs: int = 0  # the context's logits rows (fit.rows.outputs_max; 0: a whole micro-batch, llama.cpp's default)
-    side: bool = False  # a vision projector: the side context for images beside streams (worker/vision/side.py)
-
-    def kv_layer(self, layer: int, ctx: int) -> int:
-        """KV bytes of one layer with ``ctx`` cells asked for in all, sized as llama.cpp
-        sizes a cache of one stream per slot (``llama_context``, ``llama_kv_cache_iswa``):
-        each slot's share padded to 256 cells; a sliding-window layer's to at most
-        ``n_swa + n_ubatch``, padded to 256 too. With ``side``, one more slot's cells: the
-        side context's one sequence (``n_ctx`` one slot's share, padded the same way)."""
-        lo = self.layout
-        seq = _pad256(_pad256(ctx // self.n_slots * self.n_slots) // self.n_slots)
-        side = _pad256(ctx // self.n_slots) if self.side else 0
-        if lo.sliding_window > 0 and lo.swa_pattern > 1 and (layer + 1) % lo.swa_pattern != 0:
-            seq = _pad256(min(seq, lo.sliding_window + self.n_ubatch))
-            side = _pad256(min(side, lo.sliding_window + self.n_ubatch)) if side else 0
-        return lo.kv_bytes_per_cell(*self.cache_types) * (seq * self.n_slots + side)
-
-    def logits(self) -> int:
-        """The main context's logits rows in its compute buffer (``n_outputs_max`` of them, at
-        most a micro-batch)."""
-        rows = min(self.n_ubatch, self.outputs) if self.outputs > 0 else self.n_ubatch
-        return 4 * rows * self.layout.n_vocab
-
-    def compute(self, ctx: int) -> int:
-        """The compute buffers of the device holding the last offloaded unit: the main
-        context's (its logits and one micro-batch's activations) and, with ``side``, the side
-        context's (activations over one slot's cells, one row of logits)."""
-        return self.logits() + self._activations(ctx) + (
-            self._activations(ctx // self.n_slots) + 4 * self.layout.n_vocab if self.side else 0)
-
-    def _activations(self, ctx: int) -> int:
-        return 4 * self.n_ubatch * 16 * self.layout.n_embd + 4 * self.n_ubatch * min(ctx, 4096)
-
-    def detail(self, ngl: int, ctx: int) -> list[_Share]:
-        """What each device holds with ``ngl`` layers offloaded, split as llama.cpp's
-        ``load_tensors`` does (split mode "layer"): GPU layer ``u`` of ``act`` (the output
-        head last) goes to the first device whose cumulative share of the split weights
-        exceeds ``u / act`` (float32, as there); each layer's KV goes with it;
-        the device of the last GPU layer gets the whole compute estimate, the others its
-        activation part (no logits)."""
-        lo = self.layout
-        out = [_Share() for _ in self.shares]
-        act = min(max(ngl, 0), lo.n_layer + 1)
-        if act == 0:
-            return out
-        # the offloaded units in llama.cpp's order (``i_gpu_start = n_layer + 1 - ngl``):
-        # the last ``act - 1`` repeating layers, then the output head
-        units = list(range(lo.n_layer + 1 - act, lo.n_layer)) + [lo.n_layer]
-        dev = 0
-        for u, il in enumerate(units):
-            dev = min(bisect.bisect_right(self.shares, f32(f32(u) / act)), len(out) - 1)
-            d = out[dev]
-            if il == lo.n_layer:
-                d.output, d.weights = True, d.weights + lo.head_bytes
-            else:
-                d.first = il if d.layers == 0 else d.first
-                d.layers, d.weights, d.kv = d.layers + 1, d.weights + lo.layer_bytes[il], d.kv + self.kv_layer(il, ctx)
-        for k, d in enumerate(out):
-            if k == dev:
-                d.compute = self.compute(ctx)
-            elif d.weights > 0:
-                d.compute = self.compute(ctx) - self.logits() - (4 * lo.n_vocab if self.side else 0)
-        return out
-
-    def per_device(self, ngl: int, ctx: int) -> list[int]:
-        """Bytes on each device with ``ngl`` layers offloaded (``detail``)."""
-        return [d.weights + d.kv + d.compute for d in self.detail(ngl, ctx)]
-
-    def on_device(self, ngl: int, ctx: int) -> int:
-        return sum(self.per_device(ngl, ctx))
-
-    def on_host(self, ngl: int, ctx: int) -> int:
-        _, weights, kv = self.host_parts(ngl, ctx)
-        return weights + kv
-
-    def host_parts(self, ngl: int, ctx: int) -> tuple[int, int, int]:
-        """(repeating layers kept on the host, their weights with the input layer and, with
-        nothing offloaded, the output head, their KV)."""
-        lo = self.layout
-        act = min(max(ngl, 0), lo.n_layer + 1)
-        first = lo.n_layer - max(0, act - 1)  # the repeating layers before the offloaded ones
-        weights = lo.input_bytes + sum(lo.layer_bytes[:first]) + (lo.output_bytes if act == 0 else 0)
-        return first, weights, sum(self.kv_layer(i, ctx) for i in range(first))
-
-
-def _pad256(n: int) -> int:
-    return -(-n // 256) * 256
 
 
 def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
@@ -188,7 +74,7 @@ def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
     asked to). ``limits[k]``: at most this much of
     device ``k`` (the router's share; None: its free memory less the margin). ``outputs``:
     the context's logits rows (``fit.rows.outputs_max``; 0: a micro-batch); ``side``: room
-    for the vision side context too (``_Sizes``)."""
+    for the vision side context too (``corral.fit.sizes.Sizes``)."""
     devs = list(devices) if devices else ([device] if device is not None else [])
     if not devs:
         raise ValueError("plan_fit needs a device")
@@ -196,7 +82,7 @@ def plan_fit(layout: ModelLayout, *, device: wire.DeviceInfo | None = None,
     free = [d.free_bytes if lim is None else min(d.free_bytes, lim + margin_bytes) for d, lim in zip(devs, lims)]
     caps = [f - margin_bytes for f in free]
     weights = split_weights(len(devs), tensor_split)
-    s = _Sizes(layout, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in devs]),
+    s = Sizes(layout, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in devs]),
                cache_types, outputs, side)
     names = ",".join(d.name for d in devs)
     want = layout.trained_ctx(ctx_len, s.n_slots)  # ctx_len_asked stays what was asked
@@ -250,17 +136,23 @@ def device_needs(layout: ModelLayout, settings: ModelSettings, *, budgets: Seque
     layout = layout.kv_sized(settings.swa_full)
     shares = list(budgets if free is None else free)
     weights = router_split(settings, budgets, free)
+    if settings.slots_asked() is None:  # n_parallel = "auto": the slots the worker will plan there
+        devs = [wire.DeviceInfo(index=k, name=f"GPU{k}", backend="GPU", kind="gpu", free_bytes=max(0, f),
+                                total_bytes=max(0, f)) for k, f in enumerate(shares)]
+        settings = with_slots(settings, plan_slots(layout, settings, gpus=devs if ngl != 0 else [],
+                                                   limits=[max(0, b) for b in budgets], tensor_split=weights))
     kv_types = (settings.cache_type_k, settings.cache_type_v)
-    outputs, side = outputs_max(settings, max(1, settings.n_parallel)), has_side_context(settings)
+    n_slots = settings.slots_asked() or 1
+    outputs, side = outputs_max(settings, n_slots), has_side_context(settings)
     if ngl == "auto":
         devs = [wire.DeviceInfo(index=k, name=f"GPU{k}", backend="GPU", kind="gpu", free_bytes=max(0, f),
                                 total_bytes=max(0, f)) for k, f in enumerate(shares)]
         plan = plan_fit(layout, devices=devs, limits=[max(0, b) for b in budgets], ctx_len=settings.ctx_len,
-                        n_slots=settings.n_parallel, ctx_floor_per_slot=settings.fit_ctx_floor,
+                        n_slots=n_slots, ctx_floor_per_slot=settings.fit_ctx_floor,
                         n_ubatch=n_ubatch, margin_bytes=0, tensor_split=weights, cache_types=kv_types,
                         outputs=outputs, side=side)
         return [d.bytes for d in plan.devices] or [plan.device_bytes]
-    s = _Sizes(layout, max(1, settings.n_parallel), max(1, n_ubatch), layer_shares(weights or shares), kv_types,
+    s = Sizes(layout, n_slots, max(1, n_ubatch), layer_shares(weights or shares), kv_types,
                outputs, side)
     return s.per_device(layout.n_layer + 1 if ngl < 0 else ngl, settings.ctx_len)
 
@@ -279,7 +171,7 @@ def placement(layout: ModelLayout, *, gpus: Sequence[wire.DeviceInfo], weights: 
     context is counted with the layers' KV and the compute, as ``plan_fit`` planned it."""
     lo = layout
     act = 0 if not gpus else lo.n_layer + 1 if ngl < 0 else min(ngl, lo.n_layer + 1)
-    s = _Sizes(lo, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in gpus]),
+    s = Sizes(lo, max(1, n_slots), max(1, n_ubatch), layer_shares(weights or [d.free_bytes for d in gpus]),
                cache_types, outputs, side)
     out = [wire.DevicePlacement(device=g.name, first_layer=d.first, layers=d.layers, output=d.output,
                                 weight_bytes=d.weights, kv_bytes=d.kv, compute_bytes=d.compute)

@@ -70,11 +70,15 @@ class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How one model is run. Defaults here are the only defaults."""
 
-    # total KV cells; per slot ctx_len // n_parallel. 0 (the default): unset, n_parallel x
-    # DEFAULT_SLOT_CTX; the worker caps a slot at the model's n_ctx_train, and n_gpu_layers =
-    # "auto" shrinks it to fit the GPU or, with no GPU, the host's RAM (worker/fit.py)
+    # KV cells. With a number of slots (n_parallel = N): the total, a slot gets ctx_len // N;
+    # with n_parallel = "auto": one slot's context. 0 (the default): unset, DEFAULT_SLOT_CTX a
+    # slot; the worker caps a slot at the model's n_ctx_train, and n_gpu_layers = "auto"
+    # shrinks it to fit the GPU or, with no GPU, the host's RAM (worker/fit.py)
     ctx_len: Annotated[int, Meta(ge=0, le=INT32_MAX)] = 0
-    n_parallel: Annotated[int, Meta(ge=1, le=256)] = 4  # slots: sequences decoded together
+    # slots: sequences decoded together. "auto": as many as the memory the plan leaves after
+    # the weights holds, each with its whole context, at most n_parallel_max (corral/fit/slots.py)
+    n_parallel: Annotated[int, Meta(ge=1, le=256)] | Literal["auto"] = "auto"
+    n_parallel_max: Annotated[int, Meta(ge=1, le=256)] = 64  # n_parallel = "auto": the most slots
     instances: Annotated[int, Meta(ge=1, le=64)] = 1  # worker processes of this model
     n_batch: _Positive32 = 512  # max tokens per llama_decode
     # layers on the GPU: a number (-1: all), or "auto": fit layers and context to the
@@ -167,7 +171,17 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         if 0 < self.ctx_len < MIN_CTX_LEN:  # msgspec's ValidationError, with the key's path
             raise ValueError(f"Expected `int` >= {MIN_CTX_LEN}, or 0 (unset: {DEFAULT_SLOT_CTX} a slot)")
         if self.ctx_len == 0:  # not set: sized per slot
-            msgspec.structs.force_setattr(self, "ctx_len", self.n_parallel * DEFAULT_SLOT_CTX)
+            n = 1 if self.n_parallel == "auto" else self.n_parallel
+            msgspec.structs.force_setattr(self, "ctx_len", n * DEFAULT_SLOT_CTX)
+
+    def slot_ctx(self) -> int:
+        """The context one slot asks for: ``ctx_len // n_parallel``, or with ``"auto"``
+        ``ctx_len`` itself (before the worker caps it at ``n_ctx_train`` and fits it)."""
+        return self.ctx_len if self.n_parallel == "auto" else max(1, self.ctx_len // self.n_parallel)
+
+    def slots_asked(self) -> int | None:
+        """The slots set (``n_parallel``), or None for ``"auto"`` (the worker plans them)."""
+        return None if self.n_parallel == "auto" else self.n_parallel
 
     @classmethod
     def check_partial(cls, values: Mapping[str, Any]) -> dict[str, Any]:

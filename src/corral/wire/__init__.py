@@ -73,7 +73,7 @@ from corral.wire.gpu import BufferSize, DeviceInfo, DevicePlacement, DevicePlan,
 from corral.wire.lifecycle import (PROTOCOL_VERSION, Loading, LoadFailed, Ready, Shutdown, Stats, StatsRequest,
                                    WorkerSettings)
 from corral.wire.lora import LoraAdapterInfo, LoraScale
-from corral.wire.model import DraftInfo, ModelInfo
+from corral.wire.model import DraftInfo, ModelInfo, SlotPlan
 from corral.wire.preempt import Paused, Preempt, Resume
 from corral.wire.requests import (MEDIA_MARKER, Abort, ChatMessage, EmbedRequest, GenerateRequest, SamplingParams,
                                   TokenizeRequest, ToolCall, invalid_field)
@@ -82,7 +82,7 @@ from corral.wire.slots import SlotFileAction, SlotFileDone, SlotFileError, SlotF
 __all__ = [
     "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams", "MEDIA_MARKER",
     "invalid_field", "GenerateRequest", "EmbedRequest", "Abort", "StatsRequest", "Shutdown",
-    "Loading", "ModelInfo", "DraftInfo", "TokenizerInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize",
+    "Loading", "ModelInfo", "DraftInfo", "SlotPlan", "TokenizerInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize",
     "FitPlan", "host_and_gpu_bytes", "Ready", "LoadFailed", "Delta",
     "TokenLogprob", "TopLogprob", "Usage", "Timings", "Finished", "RequestFailed", "Embeddings",
     "TokenizeRequest", "Tokenized", "Stats", "ToWorker", "FromWorker", "FinishReason",

@@ -10,7 +10,21 @@ from corral.wire.editors import TokenizerInfo
 from corral.wire.gpu import BufferSize, DeviceInfo, DevicePlacement, FitPlan
 from corral.wire.lora import LoraAdapterInfo
 
-__all__ = ["ModelInfo", "DraftInfo"]
+__all__ = ["ModelInfo", "DraftInfo", "SlotPlan"]
+
+
+class SlotPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """How many slots a model got and why (``corral.fit.slots.plan_slots``): the number set
+    (``n_parallel = N``), or with ``"auto"`` as many as the memory left after the weights
+    holds, each with its whole context, within ``n_parallel_max``."""
+
+    n_slots: int
+    asked: str  # "auto", or the n_parallel set ("8")
+    slot_ctx: int  # KV cells a slot asked for (capped at n_ctx_train), before the fit to memory
+    slot_bytes: int  # one slot's KV at slot_ctx (auto; 0 when set)
+    budget_bytes: int  # memory left for KV after the weights and compute on ``where`` (auto; 0 when set)
+    where: str  # the memory planned in: GPU names ("CUDA0"), "host", or "" (set)
+    reason: str  # in words
 
 
 class DraftInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,5 +69,6 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     mmproj_bytes: int = 0  # the projector file's size (held in memory beside the weights); 0 without one
     mmproj_device: str = ""  # the backend libmtmd runs it on ("CLIP using Vulkan0 backend"; "CPU")
     mmproj_buffers: list[BufferSize] = []  # its compute buffers, as libmtmd logged them
+    slot_plan: SlotPlan | None = None  # how many slots it got and why (fit/slots.py)
     draft: DraftInfo | None = None  # speculative = "draft": the draft model (its bytes are in the two above)
     lora: list[LoraAdapterInfo] = []  # the LoRA adapters loaded (their bytes are in model_bytes)

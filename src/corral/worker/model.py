@@ -24,7 +24,7 @@ from corral.fit.rows import outputs_max
 from corral.fit.layout import GGUFError, ModelLayout, read_layout
 from corral.fit.plan import has_side_context, placement
 from corral.fit.split import split_weights
-from corral.worker.fit import FitLoadError, fit_gpus, fit_host_ctx, split_gpus
+from corral.worker.fit import FitLoadError, fit_gpus, fit_host_ctx, fit_slots, split_gpus
 from corral.worker.host.devices import host_available_bytes, list_devices, logged_buffers, offload_devices
 from corral.worker.llama_context import ContextFailed, context_params, model_params, open_context
 from corral.worker.llama_context import buffer_lines as _buffer_lines
@@ -154,10 +154,6 @@ def tokenizer_info(vocab: ll.llama_vocab_p, chat_template: str | None) -> wire.T
 def load_model(s: wire.WorkerSettings) -> LoadedModel:
     """Load ``s.model_path`` and create one context with ``s.n_parallel`` sequences."""
     t0 = time.perf_counter()
-    if s.n_parallel < 1:
-        raise ModelLoadError(f"n_parallel must be at least 1, got {s.n_parallel}")
-    if s.ctx_len < s.n_parallel * 16:
-        raise ModelLoadError(f"ctx_len {s.ctx_len} is too small for {s.n_parallel} slots")
     if s.n_batch < 1:
         raise ModelLoadError(f"n_batch must be at least 1, got {s.n_batch}")
     check_gguf_file(s.model_path)
@@ -174,6 +170,10 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
         layout: ModelLayout | None = read_layout(s.model_path).kv_sized(s.swa_full).on_devices(gpus)
     except (GGUFError, OSError, ValueError):
         layout = None  # llama.cpp may still load it; no plan or placement then
+    s, slot_plan = fit_slots(s, devices, layout)  # n_parallel = "auto": from the memory left after the weights
+    n_slots = s.slots_asked() or 1
+    if s.ctx_len < n_slots * 16:
+        raise ModelLoadError(f"ctx_len {s.ctx_len} is too small for {n_slots} slots")
     plan: wire.FitPlan | None = None
     if s.n_gpu_layers == "auto":  # fitted to the GPUs; with none, the context to the host's RAM
         try:
@@ -207,7 +207,8 @@ def load_model(s: wire.WorkerSettings) -> LoadedModel:
     parts = [] if layout is None else _placement(s, layout, loaded, offload_devices(devices), weights, n_gpu_layers)
     # the KV cache llama.cpp logged allocating; else the one computed for the placement
     kv_bytes = sum(b.bytes for b in buffers if b.kind == "kv") or sum(p.kv_bytes for p in parts)
-    loaded.info = msgspec.structs.replace(loaded.info, placement=parts, buffers=buffers, kv_bytes=kv_bytes)
+    loaded.info = msgspec.structs.replace(loaded.info, placement=parts, buffers=buffers, kv_bytes=kv_bytes,
+                                          slot_plan=slot_plan)
     return loaded
 
 
@@ -233,7 +234,7 @@ def _placement(s: wire.WorkerSettings, layout: ModelLayout, m: LoadedModel, offl
 
 def _make_context(s: wire.WorkerSettings, model: ll.llama_model_p, t0: float, *, gpu_layers: int,
                   devices: list[wire.DeviceInfo], plan: wire.FitPlan | None) -> LoadedModel:
-    n_slots = s.n_parallel
+    n_slots = s.slots_asked() or 1  # resolved by load_model
     n_ctx_slot = s.ctx_len // n_slots
     n_ctx_train = ll.llama_model_n_ctx_train(model)
     if n_ctx_train > 0:

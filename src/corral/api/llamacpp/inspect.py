@@ -15,6 +15,8 @@ import asyncio
 import secrets
 from typing import Any
 
+import msgspec
+
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from starlette.responses import Response
@@ -56,14 +58,16 @@ async def props(request: Request, model: str | None = None) -> Response:
     pool = plane.pool(model_for(plane, model))
     spec = pool.spec
     info = _info(pool)
-    n_ctx = info.n_ctx_slot if info else spec.ctx_len // spec.n_parallel
-    slots = info.n_slots if info else spec.n_parallel
+    n_ctx = info.n_ctx_slot if info else spec.slot_ctx()
+    slots = info.n_slots if info else spec.slots_asked() or 1
     return json_response({
         "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": n_ctx, "speculative": False,
                                         "is_processing": False,
                                         "params": {"n_predict": -1, "temperature": 0.8, "top_k": 40, "top_p": 0.95,
                                                    "min_p": 0.05, "seed": spec.seed if spec.seed is not None else -1}},
         "total_slots": slots * max(1, spec.instances),
+        # how the slots were sized (n_parallel = "auto": from memory, corral/fit/slots.py); None before a load
+        "slots_plan": msgspec.to_builtins(info.slot_plan) if info and info.slot_plan else None,
         "model_alias": spec.id, "model_path": str(spec.path), "is_loaded": info is not None,
         "modalities": {"vision": False, "audio": False},
         "chat_template": (info.tokenizer.chat_template if info and info.tokenizer else None) or spec.chat_template or "",

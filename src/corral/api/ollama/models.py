@@ -136,7 +136,7 @@ async def ps(request: Request) -> Response:
         ttl = pool.ttl_s
         size, size_vram = _sizes(pool)
         slot = next((i.info.n_ctx_slot for i in pool.instances if i.info is not None),
-                    pool.spec.ctx_len // pool.spec.n_parallel)
+                    pool.spec.slot_ctx())
         out.append({**_entry(pool, meta, shas), "size": size, "size_vram": size_vram,
                     "expires_at": _expires_at(pool.last_used, ttl),
                     "context_length": slot})
@@ -217,7 +217,7 @@ async def show(request: Request) -> Response:
         info = {k: ([] if isinstance(v, dict) else v) for k, v in meta.values.items()
                 if k != "tokenizer.chat_template"}
         info["general.parameter_count"] = meta.n_params
-    params = [f"num_ctx {spec.ctx_len // spec.n_parallel}"]
+    params = [f"num_ctx {spec.slot_ctx()}"]
     params += [f'stop "{s}"' for s in ("\nUser:", "\nAssistant:")] if not (
         spec.chat_template or (meta and meta.chat_template)) else []
     template = _template(pool, meta)

@@ -60,7 +60,7 @@ def _slot_context(pool: ModelPool) -> int:
     for inst in pool.instances:
         if inst.info is not None:
             return int(inst.info.n_ctx_slot)
-    return max(1, pool.spec.ctx_len // pool.spec.n_parallel)
+    return pool.spec.slot_ctx()
 
 
 def _allowed_keep_alive(keep_alive: float | None) -> tuple[float | None, str | None]:

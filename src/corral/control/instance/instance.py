@@ -130,7 +130,7 @@ class Instance:
 
     @property
     def slots_total(self) -> int:
-        return self.info.n_slots if self.info is not None else self.spec.n_parallel
+        return self.info.n_slots if self.info is not None else self.spec.slots_asked() or 1
 
     @property
     def accepting(self) -> bool:

@@ -201,4 +201,4 @@ def _tokens(stream: RequestStream) -> tuple[int, int]:
 def _slot_context(pool: ModelPool) -> int:
     """A slot's context in tokens: as a loaded instance reports it, else as configured."""
     loaded = next((i.info.n_ctx_slot for i in pool.instances if i.info is not None), None)
-    return int(loaded) if loaded is not None else max(1, pool.spec.ctx_len // max(1, pool.spec.n_parallel))
+    return int(loaded) if loaded is not None else pool.spec.slot_ctx()

@@ -186,7 +186,7 @@ class ModelPool:
         for old in self.instances:
             old.discard()
         self.instances = instances
-        self._slots = {i: _Slots(recent=deque(maxlen=max(2, 2 * self.spec.n_parallel)))
+        self._slots = {i: _Slots(recent=deque(maxlen=max(2, 2 * (self.spec.slots_asked() or self.spec.n_parallel_max))))
                        for i in instances}
 
     async def stop(self, reason: str) -> None:

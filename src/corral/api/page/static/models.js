@@ -47,6 +47,8 @@
       const facts = [
         ["pid", i.pid === null ? "–" : String(i.pid)],
         ["slots", slotsText(m.id, i)],
+        // how many slots it got and why (n_parallel = "auto": from the memory left after the weights)
+        ...(i.slots && i.slots.plan ? [["slot plan", i.slots.plan.reason]] : []),
         ["model", C.bytes(mem.model_bytes)], ["KV", C.bytes(mem.kv_bytes)], ["RSS", C.bytes(mem.rss_bytes)],
         ["threads", i.threads === null || i.threads === undefined ? "–" : String(i.threads)],
         ["restarts", String(i.restarts || 0)]];
@@ -98,7 +100,7 @@
     card.root.className = "model st-" + st;
     // an adapter model id runs on its base's workers: the base's card loads and unloads them
     const bits = [m.adapter ? "adapter " + m.adapter.id + " of " + m.adapter.base : "", m.source || "",
-      s.ctx_len ? "ctx " + s.ctx_len : "", s.n_parallel ? s.n_parallel + " slots" : "",
+      s.ctx_len ? "ctx " + s.ctx_len : "", s.n_parallel === "auto" ? "auto slots (at most " + s.n_parallel_max + ")" : s.n_parallel ? s.n_parallel + " slots" : "",
       s.instances > 1 ? s.instances + " instances" : "", m.memory_bytes ? C.bytes(m.memory_bytes) : "",
       s.ttl_s ? "ttl " + C.duration(s.ttl_s) : "", s.pinned ? "pinned" : "", s.embedding ? "embedding" : "", m.vision ? "vision" : ""].filter(Boolean);
     const acts = [];
