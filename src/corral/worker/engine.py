@@ -13,8 +13,13 @@ A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) 
    by side on the ``sampling_threads`` (sampling/pool.py), then per slot in batch order on this thread:
    detokenizes, matches stop strings, emits Deltas (docs/internals/worker-engine.md, "One step").
 
-Per-request features (speculation and preemption too) are ``StepFeature``s (slots.py), in ``self.features``
-only when on (features.py): the engine runs their moments, never a check of its own for a feature.
+Per-request features (media, LoRA, reasoning, the prompt cache, the time limit, speculation, preemption) are
+``StepFeature``s (slots.py), in ``self.features`` only when on (features.py): the step runs their moments and
+checks for none of them; the engine names a feature only to build it, report it (model info, stats) and close
+it, and the prompt cache's ``admit`` is part of the slot choice. The engine's core, no feature: the queue and
+the slot choice, prefill, the decode, the draws, echo (the prompt's text, and its logprobs: a prompt read with
+every token's logits, no prefix reused: prefill.py) and embeddings (embed/, between steps). What a prompt is
+(its KV positions, the spans a reused prefix may not cut) the step asks the prompt (media/prompt.py).
 
 Only the thread that calls ``step()`` changes llama.cpp's context (the draws only read it, each with its
 own slot's sampler). ``submit``/``abort`` only queue; ``prepare`` (tokenizing) may run on another thread.
@@ -77,8 +82,6 @@ class Engine:
         self.prompts.media = self.media
         self.reasoning = ReasoningFeature(settings, self.template, self.tok, self.info.reasoning_format, self.m.n_vocab)
         self.embedder = Embedder(self.m, self.tok, settings)  # embeddings, reranking (embed/)
-        self.intake = Intake(settings, self.m, self.prompts, self.reasoning, self.lora)  # a request's way in
-        self.prepare = self.intake.prepare  # tokenize and check (RequestRejected); thread-safe (intake.py)
         self.slots = [Slot(i) for i in range(self.m.n_slots)]
         self.waiting: deque[Job] = deque()
         self.out: list[Outgoing] = []
@@ -95,6 +98,8 @@ class Engine:
         self.features = step_features(settings, self.media, self.lora, self.reasoning, self.prompt_cache, self.spec,
                                       self.preempt)  # the step features turned on (features.py)
         self.on = Moments(self.features, self.m.ctx)  # for each engine-wide moment, the features with it
+        self.intake = Intake(settings, self.m, self.prompts, self.lora, self.features)  # a request's way in
+        self.prepare = self.intake.prepare  # tokenize and check (RequestRejected); thread-safe (intake.py)
 
     # ------------------------------------------------------------------ commands
 

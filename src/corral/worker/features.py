@@ -14,6 +14,7 @@ from corral.worker.batch import Batch
 from corral.worker.lora.adapters import LoraAdapters
 from corral.worker.cache.prompt_cache import PromptCache
 from corral.worker.preempt.preemption import Preemption
+from corral.worker.preempt.urgent import UrgentDecode
 from corral.worker.reasoning.feature import ReasoningFeature
 from corral.worker.prefill import write_pending
 from corral.worker.slots import Slot, StepFeature, overrides, owner
@@ -42,7 +43,10 @@ def step_features(settings: wire.WorkerSettings, media: MediaSteps, lora: LoraAd
         features.append(TimeLimitFeature())  # t_max_predict_ms (per request)
     if spec.mode != "off" and not settings.embedding:
         features.append(spec)  # write_decodes (drafts), draws, taken (after reasoning: its admitted reads the split)
-    features.append(preempt)  # paused requests; urgent starts: before_batch (last), decode
+    if not settings.embedding:  # the router preempts generations only
+        if preempt.urgent.can_abort:
+            features.append(UrgentDecode(preempt.urgent))  # decode: aborted for an urgent request, undone
+        features.append(preempt)  # paused requests (before_admit, abort, ...); an urgent prompt alone (before_batch)
     return features
 
 

@@ -53,7 +53,6 @@ MIN_GAIN_TOKENS = 16  # restore only when it serves this many more tokens than t
 
 
 class PromptCache(StepFeature):
-    name = "prompt_cache"
 
     def __init__(self, m: LoadedModel, settings: wire.WorkerSettings) -> None:
         self.m = m

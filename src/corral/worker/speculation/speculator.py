@@ -95,7 +95,6 @@ class Speculator(StepFeature):
     is not "off"). ``m``: the model (None only in tests of the bookkeeping), ``is_eog``: the
     tokenizer's end-of-generation test."""
 
-    name = "speculation"
     undoable = True  # an aborted decode can be undone (the drafts were only in the batch: preempt/urgent.py)
 
     def __init__(self, s: wire.WorkerSettings, n_ubatch: int, gpu_layers: int = 0, *, m: LoadedModel | None = None,
