@@ -229,6 +229,25 @@ def test_the_worker_imports_only_down_its_floors() -> None:
     assert upward_imports(graph, "corral.worker") == []
 
 
+# the step's files that ask a prompt what it is (media/prompt.py) and never which media it holds:
+# a new chunk kind (audio) lands in media/ and changes none of them (issue 42)
+ASKS_THE_PROMPT = ("prefill", "preempt.urgent", "preempt.preemption", "intake", "speculation.speculator",
+                   "cache.prompt_cache", "prompt.prompts", "slots")
+
+
+def media_reaches(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of media/ by the step's files other than its prompt questions (media.prompt)."""
+    return [f"{mod} -> {dep}" for mod in ASKS_THE_PROMPT for dep in sorted(graph[f"corral.worker.{mod}"])
+            if dep.startswith("corral.worker.media") and dep != "corral.worker.media.prompt"]
+
+
+def test_the_step_asks_the_prompt_and_names_no_modality() -> None:
+    graph = import_graph(SRC)
+    assert media_reaches(graph) == []
+    graph["corral.worker.prefill"].add("corral.worker.media.image")  # e.g. prefill testing for an image
+    assert media_reaches(graph) == ["prefill -> corral.worker.media.image"]
+
+
 def test_an_arrow_back_up_the_worker_fails() -> None:
     graph = {k: set(v) for k, v in import_graph(SRC).items()}
     graph["corral.worker.slots"].add("corral.worker.engine")  # e.g. slot files reaching for the engine
