@@ -188,9 +188,9 @@ WORKER_FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("failures", "host.*", "llama_context", "batch", "*.state", "lora", "speculation", "time_limit", "host")),
     ("model", ("model", "fit", "tokens")),
     ("parts", ("sampling*", "output*", "prompt*", "embed*", "reasoning", "reasoning.plan", "reasoning.split",
-               "vision", "vision.projector", "vision.mrope", "cache", "cache.kv_store")),
+               "media", "media.prompt", "media.image", "media.projector", "media.mrope", "cache", "cache.kv_store")),
     ("slot", ("slots", "prefill")),
-    ("features", ("intake", "reasoning.feature", "lora.adapters", "vision.steps", "vision.side", "cache.prompt_cache",
+    ("features", ("intake", "reasoning.feature", "lora.adapters", "media.steps", "media.side", "cache.prompt_cache",
                   "cache.disk", "cache.slot_files", "speculation.*", "time_limit.feature", "preempt*")),
     ("engine", ("features", "engine")),
     ("process", ("process", "__main__")),
@@ -225,8 +225,27 @@ def upward_imports(graph: dict[str, set[str]], prefix: str) -> list[str]:
 
 def test_the_worker_imports_only_down_its_floors() -> None:
     graph = import_graph(SRC)
-    assert "corral.worker.engine" in graph and "corral.worker.vision.steps" in graph
+    assert "corral.worker.engine" in graph and "corral.worker.media.steps" in graph
     assert upward_imports(graph, "corral.worker") == []
+
+
+# the step's files that ask a prompt what it is (media/prompt.py) and never which media it holds:
+# a new chunk kind (audio) lands in media/ and changes none of them (issue 42)
+ASKS_THE_PROMPT = ("prefill", "preempt.urgent", "preempt.preemption", "intake", "speculation.speculator",
+                   "cache.prompt_cache", "prompt.prompts", "slots")
+
+
+def media_reaches(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of media/ by the step's files other than its prompt questions (media.prompt)."""
+    return [f"{mod} -> {dep}" for mod in ASKS_THE_PROMPT for dep in sorted(graph[f"corral.worker.{mod}"])
+            if dep.startswith("corral.worker.media") and dep != "corral.worker.media.prompt"]
+
+
+def test_the_step_asks_the_prompt_and_names_no_modality() -> None:
+    graph = import_graph(SRC)
+    assert media_reaches(graph) == []
+    graph["corral.worker.prefill"].add("corral.worker.media.image")  # e.g. prefill testing for an image
+    assert media_reaches(graph) == ["prefill -> corral.worker.media.image"]
 
 
 def test_an_arrow_back_up_the_worker_fails() -> None:

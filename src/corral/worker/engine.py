@@ -13,8 +13,13 @@ A slot's life: FREE -> PREFILL (prompt chunks) -> GENERATE (one token per step) 
    by side on the ``sampling_threads`` (sampling/pool.py), then per slot in batch order on this thread:
    detokenizes, matches stop strings, emits Deltas (docs/internals/worker-engine.md, "One step").
 
-Per-request features (speculation and preemption too) are ``StepFeature``s (slots.py), in ``self.features``
-only when on (features.py): the engine runs their moments, never a check of its own for a feature.
+Per-request features (media, LoRA, reasoning, the prompt cache, the time limit, speculation, preemption) are
+``StepFeature``s (slots.py), in ``self.features`` only when on (features.py): the step runs their moments and
+checks for none of them; the engine names a feature only to build it, report it (model info, stats) and close
+it, and the prompt cache's ``admit`` is part of the slot choice. The engine's core, no feature: the queue and
+the slot choice, prefill, the decode, the draws, echo (the prompt's text, and its logprobs: a prompt read with
+every token's logits, no prefix reused: prefill.py) and embeddings (embed/, between steps). What a prompt is
+(its KV positions, the spans a reused prefix may not cut) the step asks the prompt (media/prompt.py).
 
 Only the thread that calls ``step()`` changes llama.cpp's context (the draws only read it, each with its
 own slot's sampler). ``submit``/``abort`` only queue; ``prepare`` (tokenizing) may run on another thread.
@@ -48,9 +53,9 @@ from corral.worker.reasoning.feature import ReasoningFeature
 from corral.worker.output.slot_output import SlotOutput
 from corral.worker.batch import Batch
 from corral.worker.slots import (Job, Slot, aborted_in_queue, begin, finished_message, equip,
-                                 free_samplers, pick_slot, release, slot_states)
+                                 free_samplers, keep_prefix, pick_slot, release, slot_states)
 from corral.worker.tokens import Tokenizer
-from corral.worker.vision.steps import VisionSteps
+from corral.worker.media.steps import MediaSteps
 
 __all__ = ["Engine", "Outgoing", "PreparedRequest"]
 
@@ -66,19 +71,17 @@ class Engine:
         self.threadpool = threadpool.attach(self.m.ctx, max(self.m.threads, self.m.threads_batch))  # as llama-server
         self.set_threads = self.m.set_threads  # threads for the next decodes (the thread governor's)
         self.lora = LoraAdapters.load(self.m, settings)  # the adapters and their turns (lora/)
-        self.vision = VisionSteps.load(settings, self.m, self._fail)  # the projector, images in the step (vision/)
-        self.m.info = self.vision.model_info(self.lora.report(self.m.info))
+        self.media = MediaSteps.load(settings, self.m, self._fail)  # the projector, media in the step (media/)
+        self.m.info = self.media.model_info(self.lora.report(self.m.info))
         self.tok = Tokenizer(self.m)
         self.spec = draft.speculator(settings, self.m, self.tok.is_eog)  # n-gram or draft-model drafts (speculation/)
         self.info = self.m.info
         self.template, self._template_error = model_template(settings, self.m, self.tok)  # prompt/prompts.py
         self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot,
                                       model_id=settings.model_id, n_batch=self.m.n_batch)
-        self.prompts.vision = self.vision
+        self.prompts.media = self.media
         self.reasoning = ReasoningFeature(settings, self.template, self.tok, self.info.reasoning_format, self.m.n_vocab)
         self.embedder = Embedder(self.m, self.tok, settings)  # embeddings, reranking (embed/)
-        self.intake = Intake(settings, self.m, self.prompts, self.reasoning, self.lora)  # a request's way in
-        self.prepare = self.intake.prepare  # tokenize and check (RequestRejected); thread-safe (intake.py)
         self.slots = [Slot(i) for i in range(self.m.n_slots)]
         self.waiting: deque[Job] = deque()
         self.out: list[Outgoing] = []
@@ -92,9 +95,11 @@ class Engine:
         side = EngineSide(self.m, self.slots, self.batch, self.jobs.get, self.waiting.remove, self.waiting.appendleft,
                           self._ended, self.lora.use)  # all preemption reaches of the engine
         self.preempt = Preemption(side, self.prompt_cache.store, abort_decodes=self.spec.undoable)  # preempt/
-        self.features = step_features(settings, self.vision, self.lora, self.reasoning, self.prompt_cache, self.spec,
+        self.features = step_features(settings, self.media, self.lora, self.reasoning, self.prompt_cache, self.spec,
                                       self.preempt)  # the step features turned on (features.py)
         self.on = Moments(self.features, self.m.ctx)  # for each engine-wide moment, the features with it
+        self.intake = Intake(settings, self.m, self.prompts, self.lora, self.features)  # a request's way in
+        self.prepare = self.intake.prepare  # tokenize and check (RequestRejected); thread-safe (intake.py)
 
     # ------------------------------------------------------------------ commands
 
@@ -145,7 +150,7 @@ class Engine:
     def stats(self) -> wire.Stats:
         return wire.Stats(slots_busy=sum(1 for s in self.slots if s.busy), slots_total=len(self.slots),
                           waiting=len(self.waiting) + len(self.embedder.waiting), rss_bytes=rss_bytes(),
-                          model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes + self.vision.kv_bytes,
+                          model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes + self.media.kv_bytes,
                           tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt,
                           slots=slot_states(self.slots, self.m.n_ctx_slot), spec_drafted=self.spec.drafted,
                           spec_accepted=self.spec.accepted, gen_steps=self.gen_steps,
@@ -155,8 +160,8 @@ class Engine:
         self.pool.close()
         for f in self.features:
             f.close()
-        if not self.vision.on:
-            self.vision.close()  # its image threads, there without a projector too
+        if not self.media.on:
+            self.media.close()  # its threads, there without a projector too
         free_samplers(self.slots, self.waiting)
         self.m.free()
         if self.threadpool is not None:
@@ -202,17 +207,9 @@ class Engine:
         slot.cached = []
 
     def _start(self, slot: Slot, job: Job, reuse: int) -> None:
-        mem = self.m.memory
         req = job.req
         echo_lp = req.echo and req.logprobs is not None
-        reuse = self.vision.snap(job.tokens, reuse)  # never part of an image
-        if echo_lp:
-            reuse = 0  # every prompt token's logits are needed
-        if reuse > 0 and ll.llama_memory_seq_rm(mem, slot.index, self.vision.kv_pos(job.tokens, reuse), -1):
-            del slot.cached[reuse:]
-        else:
-            reuse = 0
-            self._clear_slot(slot)
+        reuse = keep_prefix(slot, job.tokens, 0 if echo_lp else reuse, self.m)  # echo: every prompt token's logits
         p = job.req.params
         begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter(), self.settings.default_max_tokens)
         requested = job.grammar is not None

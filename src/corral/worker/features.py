@@ -14,24 +14,25 @@ from corral.worker.batch import Batch
 from corral.worker.lora.adapters import LoraAdapters
 from corral.worker.cache.prompt_cache import PromptCache
 from corral.worker.preempt.preemption import Preemption
+from corral.worker.preempt.urgent import UrgentDecode
 from corral.worker.reasoning.feature import ReasoningFeature
 from corral.worker.prefill import write_pending
 from corral.worker.slots import Slot, StepFeature, overrides, owner
 from corral.worker.speculation.speculator import Speculator
 from corral.worker.time_limit.feature import TimeLimitFeature
-from corral.worker.vision.steps import VisionSteps
+from corral.worker.media.steps import MediaSteps
 
 __all__ = ["Moments", "step_features"]
 
 
-def step_features(settings: wire.WorkerSettings, vision: VisionSteps, lora: LoraAdapters,
+def step_features(settings: wire.WorkerSettings, media: MediaSteps, lora: LoraAdapters,
                   reasoning: ReasoningFeature, prompt_cache: PromptCache, spec: Speculator,
                   preempt: Preemption) -> list[StepFeature]:
     """The features of an engine with ``settings``, in the order their moments run (the
     engine's loaded parts passed in: each is listed only when it is on)."""
     features: list[StepFeature] = []
-    if vision.on:
-        features.append(vision)  # images in the step (before_batch: encodes, pieces; idle)
+    if media.on:
+        features.append(media)  # media chunks in the step (before_batch: encodes, pieces; idle)
     if lora.specs:
         features.append(lora)  # before_batch: the slots of one adapter set, in turn
     if reasoning.on:
@@ -42,7 +43,10 @@ def step_features(settings: wire.WorkerSettings, vision: VisionSteps, lora: Lora
         features.append(TimeLimitFeature())  # t_max_predict_ms (per request)
     if spec.mode != "off" and not settings.embedding:
         features.append(spec)  # write_decodes (drafts), draws, taken (after reasoning: its admitted reads the split)
-    features.append(preempt)  # paused requests; urgent starts: before_batch (last), decode
+    if not settings.embedding:  # the router preempts generations only
+        if preempt.urgent.can_abort:
+            features.append(UrgentDecode(preempt.urgent))  # decode: aborted for an urgent request, undone
+        features.append(preempt)  # paused requests (before_admit, abort, ...); an urgent prompt alone (before_batch)
     return features
 
 

@@ -1,7 +1,8 @@
-"""A generation request's way in, before the step: ``prepare`` (tokens, the thinking's plan, the
-checks, the grammar's text; thread-safe: the worker's reader thread calls it, so long prompts and
-schema conversion never stall ``Engine.step``) and ``job`` (on the engine thread: the queued
-``Job`` with its adapter set and grammar sampler). RequestRejected where a request cannot run."""
+"""A generation request's way in, before the step: ``prepare`` (tokens and a feature's plan: the
+``prompt`` moment, ``StepFeature.prompt``, else ``plain_prompt``; the checks, the grammar's text;
+thread-safe: the worker's reader thread calls it, so long prompts and schema conversion never
+stall ``Engine.step``) and ``job`` (on the engine thread: the queued ``Job`` with its adapter set
+and grammar sampler). RequestRejected where a request cannot run."""
 
 from __future__ import annotations
 
@@ -10,31 +11,40 @@ import time
 from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.lora.adapters import LoraAdapters
+from corral.worker.media.prompt import has_media
 from corral.worker.model import LoadedModel
 from corral.worker.prompt import requests
 from corral.worker.prompt.prompts import PreparedRequest, PromptPreparer
-from corral.worker.reasoning.feature import ReasoningFeature
+from corral.worker.reasoning.plan import ReasoningPlan, refuse_thinking
 from corral.worker.prefill import prompt_cuts
-from corral.worker.slots import Job, check_params
+from corral.worker.slots import Job, StepFeature, check_params, owner
 
 __all__ = ["Intake"]
 
 
 class Intake:
     def __init__(self, settings: wire.WorkerSettings, m: LoadedModel, prompts: PromptPreparer,
-                 reasoning: ReasoningFeature, lora: LoraAdapters) -> None:
-        self.model_id, self.m, self.prompts, self.reasoning, self.lora = settings.model_id, m, prompts, reasoning, lora
+                 lora: LoraAdapters, features: list[StepFeature]) -> None:
+        self.settings, self.model_id, self.m, self.prompts, self.lora = settings, settings.model_id, m, prompts, lora
         self.cuts = prompt_cuts(m)  # where a completion's prompt chunks stop (not infill's, as llama-server)
+        self.prompt = owner(features, "prompt", self.plain_prompt)  # reasoning's, where the model thinks
 
     def prepare(self, req: wire.GenerateRequest) -> PreparedRequest:
         """Tokenize and check ``req``, and turn its schema into a grammar's text."""
         if self.m.embedding:
             raise RequestRejected("invalid_request", f"model {self.model_id} is loaded for embeddings only")
-        tokens, plan = self.reasoning.prepare(req, self.prompts)
+        tokens, plan = self.prompt(req, self.prompts)
         check_params(req.params)
         requests.check_generation_fields(req, self.m.n_vocab, len(tokens))
-        self.lora.check(req, bool(getattr(tokens, "images", None)))  # an unknown adapter is a 400
+        self.lora.check(req, has_media(tokens))  # an unknown adapter is a 400
         return PreparedRequest(req, tokens, requests.grammar_text(req), plan)
+
+    def plain_prompt(self, req: wire.GenerateRequest, prompts: PromptPreparer) -> tuple[list[int], ReasoningPlan | None]:
+        """The ``prompt`` moment where no feature has it (a model without a reasoning format):
+        the prompt's tokens, the request's template variables as given, no plan; a request that
+        asks for thinking is refused (``reasoning.plan.refuse_thinking``)."""
+        refuse_thinking(self.settings, req)
+        return prompts.tokens_text(req, dict(req.template_kwargs or {}))[0], None
 
     def job(self, prepared: PreparedRequest) -> Job:
         """The queued job of a prepared request (its grammar compiled here, on the engine thread)."""

@@ -2,7 +2,7 @@
 
 The step-feature interface (``StepFeature``): what a per-request feature of the step implements.
 
-A feature (a time limit, speculation, reasoning, LoRA, vision, ...) is a ``StepFeature``
+A feature (a time limit, speculation, reasoning, LoRA, media, ...) is a ``StepFeature``
 subclass in its own folder under ``corral/worker/`` that overrides the moments it needs;
 the others are no-ops. The engine (``corral.worker.engine``) holds the features the model's
 settings turn on (``Engine.features``; a feature turned off is not in the list, so it costs
@@ -11,34 +11,32 @@ nothing), and each slot holds the features its request uses (``Slot.features``, 
 feature never pays for it either.
 
     moment            when, on which thread                         what it may do
+    prompt *          a request is prepared (the reader thread)     its prompt's tokens and plan (reasoning)
     admitted          a job has just taken a slot (engine thread)   set its state on the slot; True: run for it
     before_admit      before the queue's jobs take free slots       its own first (a paused job resuming)
     before_batch      before the step's batch is built (engine)     narrow the slots that fill it this step
     write_decodes *   the generating slots' tokens into the batch   their drafts too (speculation)
-    decode *          the step's ``llama_decode``                   abort it, undone (preemption's urgent starts)
-    idle              the step had nothing to decode (engine)       wait for work in flight (an image)
+    decode *          the step's ``llama_decode``                   abort it, undone (the urgent decode: preempt/)
+    idle              the step had nothing to decode (engine)       wait for work in flight (a media encode)
     after_logits      a slot's logits are ready (a sampling thread) force a token instead of the draw
     draws             then (the same thread)                        draw at several positions (a draft's)
     end_of_generation the slot drew an end-of-generation token      a token to take instead (else: stop)
     token_accepted    a drawn token went into the output (engine)   end the request ("stop", "length")
     taken             the slot's drawn tokens were all taken        settle (a rejected draft out of the KV)
-    paused            the slot's request is paused (preemption)     drop what is not on the slot
-    resumed           it resumes, maybe into another slot           rebuild what is not on the slot
     finished          the request ended, before the slot is freed   free what it holds, count it
     abort / fail_all  a request (every one) ends, not on a slot     end those the feature holds (paused ones)
     has_work / close  is work waiting / the engine closes           say so / free what the feature holds
 
 ``*``: at most one feature of an engine implements it (``owner``); else the engine's plain path
-(``prefill.write_pending``: each slot's pending token; ``Batch.decode``), so with speculation
-off no speculation code runs in a step.
+(``Intake.plain_prompt``: the prompt's tokens; ``prefill.write_pending``: each slot's pending
+token; ``Batch.decode``), so with speculation off no speculation code runs in a step.
 
 A feature's per-slot state is ONE typed field of ``Slot`` (``corral.worker.slots``), named
 after the feature and ``None`` (or its empty value) while no request uses it. Pausing copies a
 slot's request fields (every field but the cell fields, ``slots.CELL_FIELDS``) into the
 paused job and back into the slot it resumes in, and the prompt cache keys a slot's cells by
 its cell fields: a feature whose state is on the slot is carried by both without a line of
-its own. Only a feature that keeps state outside the slot (a second context's sequence)
-needs ``paused``/``resumed``.
+its own (no feature keeps per-request state outside the slot).
 
 The recipe ("adding a step feature", docs/architecture.md): a folder
 ``corral/worker/<feature>/`` with the subclass, its state's field on ``Slot``, one line in
@@ -51,7 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import llama_cpp as ll
 
@@ -61,16 +59,18 @@ from corral.worker.sampling import sampler as sampling
 from corral.worker.sampling.pool import Drawn
 from corral.worker.failures import RequestRejected
 from corral.worker.lora.state import BASE, LoraKey
+from corral.worker.media.prompt import kv_pos, reuse_cut
 from corral.worker.model import LoadedModel
 from corral.worker.reasoning.plan import ReasoningPlan, SlotReasoning
 from corral.worker.output.infill import slot_output
 from corral.worker.output.slot_output import SlotOutput
+from corral.worker.prompt.prompts import PromptPreparer
 from corral.worker.prompt.requests import tool_parser
 from corral.worker.tokens import Tokenizer
 from corral.worker.speculation.state import SlotSpec
 from corral.worker.time_limit.state import TimeLimit
 
-__all__ = ["CELL_FIELDS", "Job", "Slot", "StepFeature", "begin", "check_params", "finished_message", "release", "reuse_len",
+__all__ = ["CELL_FIELDS", "Job", "Slot", "StepFeature", "begin", "check_params", "finished_message", "keep_prefix", "release", "reuse_len",
            "aborted_in_queue", "equip", "free_samplers", "overrides", "owner", "pick_slot", "slot_states"]
 
 C = TypeVar("C", bound=Callable[..., Any])
@@ -134,7 +134,10 @@ LAST_CUT = 4
 class StepFeature:
     """One per-request feature of the step; every moment is a no-op until overridden."""
 
-    name: ClassVar[str]  # the feature's folder, and the name its state has on ``Slot``
+    def prompt(self, req: wire.GenerateRequest, prompts: PromptPreparer) -> tuple[list[int], ReasoningPlan | None]:
+        """On the reader thread, as ``req`` is prepared: its prompt's tokens (``prompts``
+        renders and tokenizes) and the plan its slot will run (a thinking's). One feature at most."""
+        raise NotImplementedError
 
     def admitted(self, slot: Slot, job: Job) -> bool:
         """``job`` has taken ``slot`` (its counters reset; its sampler and output are made
@@ -186,12 +189,6 @@ class StepFeature:
 
     def taken(self, slot: Slot, job: Job, drawn: list[Drawn]) -> None:
         """``job``'s tokens ``drawn`` this step were taken (it may have ended: then the slot is free)."""
-
-    def paused(self, slot: Slot) -> None:
-        """The slot's request is being paused; its request fields move with it."""
-
-    def resumed(self, slot: Slot) -> None:
-        """A paused request's fields are in ``slot`` again (maybe not the slot it left)."""
 
     def finished(self, slot: Slot, fin: wire.Finished) -> None:
         """The slot's request ended with ``fin`` (sent next); the slot is freed after."""
@@ -326,6 +323,19 @@ def reuse_len(slot: Slot, tokens: list[int], m: LoadedModel, tail: int = 1) -> i
         if pos_min > max(0, n - m.n_swa):
             return 0
     return n
+
+
+def keep_prefix(slot: Slot, tokens: list[int], reuse: int, m: LoadedModel) -> int:
+    """Cut ``slot``'s cells to its first ``reuse`` entries, which are ``tokens``' (cut back to
+    whole media chunks: ``media.prompt.reuse_cut``; at their KV position, ``kv_pos``); every
+    cell goes where none is kept or llama.cpp cannot cut there. Returns the entries kept."""
+    reuse = reuse_cut(tokens, reuse)
+    if reuse > 0 and ll.llama_memory_seq_rm(m.memory, slot.index, kv_pos(tokens, reuse), -1):
+        del slot.cached[reuse:]
+        return reuse
+    ll.llama_memory_seq_rm(m.memory, slot.index, -1, -1)
+    slot.cached = []
+    return 0
 
 
 def pick_slot(free: list[Slot], tokens: list[int], m: LoadedModel, tenant: str = "",

@@ -42,7 +42,7 @@ from corral.worker.cache.kv_store import HostKVStore, KVEntry, common_prefix, re
 from corral.worker.lora.state import BASE, LoraKey
 from corral.worker.model import LoadedModel
 from corral.worker.slots import LAST_CUT, Job, Slot, StepFeature, reuse_len
-from corral.worker.vision.mrope import kv_pos
+from corral.worker.media.prompt import kv_pos
 
 __all__ = ["PromptCache", "MIN_SAVE_TOKENS", "MIN_GAIN_TOKENS"]
 
@@ -53,7 +53,6 @@ MIN_GAIN_TOKENS = 16  # restore only when it serves this many more tokens than t
 
 
 class PromptCache(StepFeature):
-    name = "prompt_cache"
 
     def __init__(self, m: LoadedModel, settings: wire.WorkerSettings) -> None:
         self.m = m

@@ -55,7 +55,6 @@ log = logging.getLogger("corral.worker.lora.adapters")
 class LoraAdapters(StepFeature):
     """A worker's adapters and the set its context has now; a step feature (``turn``)."""
 
-    name = "lora"
 
     def __init__(self, model: LoadedModel, specs: list[wire.LoraAdapterInfo],
                  handles: list[Any], default: LoraKey = BASE) -> None:

@@ -24,8 +24,8 @@ other streams, or speculation's drafts; then a near tie may flip, as with a reus
 request's id stays in use; Abort answers Finished(abort) and frees its samplers; an
 engine failure fails it like a running one. A request mid-prefill that collects prompt
 logprobs (echo) is not paused (``Paused(paused=False)``): those depend on the batch; nor
-one with images still prefilling, or with images and no room in the store (an image's
-positions hold embeddings, not tokens: they cannot be recomputed from ``slot.cached``).
+one whose prompt cannot be recomputed (``media.prompt.recomputable``: a media chunk's
+positions hold embeddings, not tokens) while it prefills, or when the store has no room.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
 
 import llama_cpp as ll
 
@@ -46,9 +45,10 @@ from corral.worker.sampling import sampler as sampling
 from corral.worker.cache.kv_store import HostKVStore, restore_seq, save_seq
 from corral.worker.model import LoadedModel
 from corral.worker.lora.state import BASE, LoraKey
+from corral.worker.media.prompt import recomputable
 from corral.worker.slots import (CELL_FIELDS, Job, Slot, StepFeature, aborted_in_queue, finished_message, pick_slot,
                                  release)
-from corral.worker.preempt.urgent import UrgentStarts, Before
+from corral.worker.preempt.urgent import UrgentStarts
 
 __all__ = ["EngineSide", "Preemption", "PausedJob", "store_key"]
 
@@ -89,11 +89,12 @@ class PausedJob:
 
 class Preemption(StepFeature):
     """The engine's paused requests, a step feature of every generation engine (the engine
-    thread only): ``before_admit`` resumes, ``before_batch`` and ``decode`` are the urgent
-    starts' (urgent.py), ``abort``/``fail_all``/``has_work``/``close`` the paused requests'.
-    ``abort_decodes``: False where an aborted decode cannot be undone (a draft model's drafts)."""
+    thread only; the router may preempt any of its requests): ``before_admit`` resumes,
+    ``before_batch`` is the urgent starts' prompt rule (urgent.py), ``abort``/``fail_all``/
+    ``has_work``/``close`` the paused requests'. ``abort_decodes``: False where an aborted
+    decode cannot be undone (a draft model's drafts); where it can, the urgent starts' decode
+    is a feature of its own (``urgent.UrgentDecode``, features.py)."""
 
-    name = "preempt"
 
     def __init__(self, engine: EngineSide, store: HostKVStore, *, abort_decodes: bool = True) -> None:
         self.e = engine
@@ -104,7 +105,6 @@ class Preemption(StepFeature):
         self.kept = 0
         self.recomputed = 0  # resumes that prefilled their tokens again (some or all)
         self.urgent = UrgentStarts(engine.m, abort=abort_decodes)  # the request that takes a paused slot starts at once
-        self._undo: list[Before] = []  # the step's slots as they were before its batch was filled
 
     def pause(self, request_id: str) -> wire.Paused:
         e = self.e
@@ -117,16 +117,14 @@ class Preemption(StepFeature):
             self.held[request_id] = PausedJob(job, None, [], False, time.monotonic())
             self.pauses += 1
             return wire.Paused(id=request_id, paused=True)
-        images = bool(getattr(job.tokens, "images", None))  # placeholders: their KV cannot be recomputed
-        if slot.echo_logprobs is not None or (images and slot.n_gen == 0):
+        fixed = not recomputable(job.tokens)  # media: their KV holds embeddings, not tokens (media/prompt.py)
+        if slot.echo_logprobs is not None or (fixed and slot.n_gen == 0):
             return wire.Paused(id=request_id, paused=False)
         tokens = list(slot.cached)
         state = save_seq(e.m.ctx, slot.index) if tokens else b""
         kept = bool(state) and self.store.put(store_key(request_id), tokens, state, pinned=True)
-        if images and not kept:
+        if fixed and not kept:
             return wire.Paused(id=request_id, paused=False)
-        for f in slot.features:
-            f.paused(slot)
         saved, empty = Slot(slot.index), Slot(slot.index)
         for name in _KEPT_FIELDS:  # the objects now belong to the paused job: release() frees nothing
             setattr(saved, name, getattr(slot, name))
@@ -148,12 +146,7 @@ class Preemption(StepFeature):
         return bool(self._resuming)
 
     def before_batch(self, slots: list[Slot]) -> list[Slot]:
-        self._undo = self.urgent.before(slots)
         return self.urgent.plan(slots, self.e.job, self.e.batch.cap)
-
-    def decode(self, b: Batch, n: int, outputs: list[tuple[Slot, int]], echo_chunks: list[Any]) -> int:
-        undo, self._undo = self._undo, []
-        return self.urgent.decode(b, n, undo, outputs, echo_chunks)
 
     def before_admit(self) -> None:
         """Resume what waits to resume, into free slots (before the engine's queue)."""
@@ -201,8 +194,6 @@ class Preemption(StepFeature):
         assert p.slot is not None
         for name in _KEPT_FIELDS:
             setattr(slot, name, getattr(p.slot, name))
-        for f in slot.features:
-            f.resumed(slot)
 
     def _recompute(self, slot: Slot, tokens: list[int], reuse: int, n_prompt: int, cuts: tuple[int, ...]) -> None:
         """Decode ``tokens`` into ``slot`` again (its first ``reuse`` are there), as they were

@@ -26,7 +26,8 @@ The callback is libc's ``strlen`` on a two-byte buffer (``b"\\x01\\0"``: length 
 ``b"\\0\\0"``: 0, false): a C function that reads a byte, so ggml's compute thread never
 takes the GIL. It is armed only around the step's own decode (never a recompute, a restore
 or a draft model's decode), and only where an abort can be undone exactly: one ubatch, no
-draft model, no image in the batch. Elsewhere urgent requests still get the prefill rule.
+draft model (``UrgentDecode`` is a step feature only where it can abort: features.py), no
+media in the batch (``media.prompt.has_media``). Elsewhere urgent requests still get the prefill rule.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ from corral import wire
 from corral.worker import llama_context
 from corral.worker.model import LoadedModel
 from corral.worker.batch import Batch
-from corral.worker.slots import Slot
-from corral.worker.vision.projector import VisionTokens
+from corral.worker.slots import Slot, StepFeature
+from corral.worker.media.prompt import has_media
 
-__all__ = ["UrgentStarts", "ABORTED", "Before", "libc_strlen"]
+__all__ = ["UrgentDecode", "UrgentStarts", "ABORTED", "Before", "libc_strlen"]
 
 log = logging.getLogger("corral.worker.preempt.urgent")
 
@@ -154,14 +155,14 @@ class UrgentStarts:
             if job is not None and job.req.id in self.ids:
                 if s.n_gen == 0 and s.prompt_pos < len(job.tokens):
                     prefilling.append(s)
-                    if not isinstance(job.tokens, VisionTokens):
+                    if not has_media(job.tokens):
                         last += len(job.tokens) - s.prompt_pos
                 else:
                     started.add(job.req.id)
         self.ids = {i for i in self.ids if live(i) is not None and i not in started}
         if not prefilling:
             return slots
-        if 0 < last <= cap and all(not isinstance(s.job.tokens, VisionTokens) for s in prefilling if s.job):
+        if 0 < last <= cap and not any(has_media(s.job.tokens) for s in prefilling if s.job):
             return prefilling
         return [s for s in slots if s in prefilling or not _prompting(s)]  # a generating slot writes no chunk
 
@@ -173,11 +174,10 @@ class UrgentStarts:
                echo_chunks: list[Any]) -> int:
         """The step's ``llama_decode`` of ``n`` tokens (``before``: its slots as they were),
         aborted for an urgent request where that can be undone exactly (one ubatch, no
-        image in it). An aborted batch is undone, ``outputs`` and ``echo_chunks`` emptied
+        media in it). An aborted batch is undone, ``outputs`` and ``echo_chunks`` emptied
         (nothing to draw), and 0 returned: the next step decodes the same tokens."""
         b.batch.n_tokens = n
-        arm = self.can_abort and n <= self._n_ubatch and not any(
-            isinstance(x.slot.job.tokens, VisionTokens) and x.slot.job.tokens.images for x in before if x.slot.job)
+        arm = self.can_abort and n <= self._n_ubatch and not any(has_media(x.slot.job.tokens) for x in before if x.slot.job)
         if arm:
             with self._lock:
                 self._armed = True
@@ -210,3 +210,20 @@ class UrgentStarts:
             self._in_a_row = 0
         return int(rc)
 
+
+class UrgentDecode(StepFeature):
+    """The step's decode, aborted for an urgent request (``UrgentStarts.decode``): a step feature
+    only where an aborted decode can be undone (``UrgentStarts.can_abort``: features.py), listed
+    right before preemption: its ``before_batch`` records the slots preemption's plan narrows."""
+
+    def __init__(self, urgent: UrgentStarts) -> None:
+        self.urgent = urgent
+        self._undo: list[Before] = []  # the step's slots as they were before its batch was filled
+
+    def before_batch(self, slots: list[Slot]) -> list[Slot]:
+        self._undo = self.urgent.before(slots)
+        return slots
+
+    def decode(self, b: Batch, n: int, outputs: list[tuple[Slot, int]], echo_chunks: list[Any]) -> int:
+        undo, self._undo = self._undo, []
+        return self.urgent.decode(b, n, undo, outputs, echo_chunks)

@@ -2,8 +2,8 @@
 worker/reasoning/plan.py and worker/reasoning/split.py). Its per-slot state is ``Slot.reasoning``
 (``SlotReasoning``), so pausing and resuming carry it.
 
-- ``prepare`` (at prepare, any thread; not a step moment): the request's thinking (on/off,
-  budget), the template variables, the rendered prompt's tokens and the plan;
+- ``prompt`` (at prepare, the reader thread): the request's thinking (on/off, budget), the
+  template variables, the rendered prompt's tokens and the plan;
 - ``admitted``: a slot's ``SlotReasoning`` for a job with a plan (it takes the job's grammar
   and holds it back until the answer), with the tag tokens' text (control tokens such as
   gpt-oss's ``<|channel|>`` render as nothing otherwise; ``SlotOutput.token``);
@@ -22,7 +22,6 @@ from corral import wire
 from corral.model import reasoning_format
 from corral.worker.reasoning import plan as reasoning
 from corral.worker.sampling import sampler as sampling
-from corral.worker.failures import RequestRejected
 from corral.worker.prompt.prompts import PromptPreparer
 from corral.worker.slots import Job, Slot, StepFeature
 from corral.worker.prompt.templates import ChatTemplate
@@ -36,7 +35,6 @@ _HARMONY_REOPEN = "<|start|>assistant<|channel|>final<|message|>"
 
 
 class ReasoningFeature(StepFeature):
-    name = "reasoning"
 
     def __init__(self, settings: wire.WorkerSettings, template: ChatTemplate | None, tok: Tokenizer,
                  fmt_name: str, n_vocab: int = 0) -> None:
@@ -61,12 +59,10 @@ class ReasoningFeature(StepFeature):
     def _tokens(self, text: str) -> list[int]:
         return self.tok.tokenize(text, add_special=False, parse_special=True) if text else []
 
-    def prepare(self, req: wire.GenerateRequest, prompts: PromptPreparer
-                ) -> tuple[list[int], reasoning.ReasoningPlan | None]:
+    def prompt(self, req: wire.GenerateRequest, prompts: PromptPreparer
+               ) -> tuple[list[int], reasoning.ReasoningPlan | None]:
         if req.messages is None:  # a raw prompt: no template, no split
-            if req.think:
-                raise RequestRejected("invalid_request", "think: thinking is split from chat messages only, "
-                                                         "not from a raw prompt")
+            reasoning.refuse_thinking(self.settings, req)
             return prompts.tokens_text(req)[0], None
         t = reasoning.wanted(self.fmt, self.settings, req)
         tokens, text = prompts.tokens_text(req, reasoning.template_vars(t, req, self.source))

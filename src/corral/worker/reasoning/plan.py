@@ -107,6 +107,17 @@ def wanted(fmt: ReasoningFormat | None, s: wire.WorkerSettings, req: wire.Genera
     return Thinking(on, budget if on else 0, effort)
 
 
+def refuse_thinking(s: wire.WorkerSettings, req: wire.GenerateRequest) -> None:
+    """RequestRejected where ``req`` asks for thinking it cannot have: from a raw prompt (no
+    template, no split), or from a model without a reasoning format (``wanted``'s checks)."""
+    if req.messages is None:
+        if req.think:
+            raise RequestRejected("invalid_request", "think: thinking is split from chat messages only, "
+                                                     "not from a raw prompt")
+        return
+    wanted(None, s, req)
+
+
 def template_vars(t: Thinking | None, req: wire.GenerateRequest, source: str) -> dict[str, Any]:
     """What the chat template renders with: the request's ``chat_template_kwargs``, and
     ``enable_thinking`` / ``reasoning_effort`` where the template takes them."""

@@ -12,7 +12,8 @@ __all__ = ["TimeLimitFeature"]
 
 
 class TimeLimitFeature(StepFeature):
-    name = "time_limit"
+    """``t_max_predict_ms``: a request ends with ``length`` at the first token after a new line once
+    its generation has run that long."""
 
     def admitted(self, slot: Slot, job: Job) -> bool:
         ms = job.req.t_max_predict_ms
