@@ -23,7 +23,6 @@ async def _start(harness: Harness, **server: object) -> dict[str, str]:
 async def test_create_use_list_and_revoke_a_key(harness: Harness) -> None:
     secrets = await _start(harness)
     c = harness.client
-    assert c is not None
     root = bearer(secrets["root"])
     r = await c.post("/keys", json={"name": "carol", "scopes": ["infer"], "models": ["a"], "tpm": 5000}, headers=root)
     assert r.status_code == 201, r.text
@@ -56,7 +55,6 @@ async def test_create_use_list_and_revoke_a_key(harness: Harness) -> None:
 async def test_an_infer_key_sees_only_its_own(harness: Harness) -> None:
     secrets = await _start(harness)
     c = harness.client
-    assert c is not None
     alice = bearer(secrets["alice"])
     assert (await c.get("/keys", headers=alice)).status_code == 403
     assert (await c.post("/keys", json={"name": "mallory", "scopes": ["admin"]}, headers=alice)).status_code == 403
@@ -69,7 +67,6 @@ async def test_an_infer_key_sees_only_its_own(harness: Harness) -> None:
 async def test_429s_count_in_the_usage_and_who_runs_now(harness: Harness) -> None:
     secrets = await _start(harness)
     c = harness.client
-    assert c is not None
     alice, root = bearer(secrets["alice"]), bearer(secrets["root"])
     assert (await c.post("/v1/chat/completions", json=chat("a"), headers=alice)).status_code == 200
     assert (await c.post("/v1/chat/completions", json=chat("a"), headers=alice)).status_code == 429  # rpm 1

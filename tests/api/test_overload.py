@@ -12,14 +12,13 @@ from support.harness import Harness, chat
 
 
 async def test_a_lagging_router_sheds_model_requests_before_reading_their_body(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, shed_lag_s=0.25))
     c = harness.client
-    assert c is not None
     load = harness.app.state.load
     await load.close()  # the sampler no longer updates lag_s
     assert (await c.post("/v1/chat/completions", json=chat("a"))).status_code == 200
 
-    load.lag_s = 1.0  # over the default shed_lag_s (0.25)
+    load.lag_s = 1.0  # over shed_lag_s (0.25, the default)
     r = await c.post("/v1/chat/completions", json=chat("a"))
     assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
     assert r.json()["error"]["code"] == "unavailable" and "overloaded" in r.json()["error"]["message"]
@@ -47,7 +46,6 @@ async def test_a_lagging_router_sheds_model_requests_before_reading_their_body(h
 async def test_shed_lag_s_zero_never_sheds(harness: Harness) -> None:
     await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, shed_lag_s=0))
     c = harness.client
-    assert c is not None
     await harness.app.state.load.close()
     harness.app.state.load.lag_s = 60.0
     assert (await c.post("/v1/chat/completions", json=chat("a"))).status_code == 200

@@ -37,7 +37,6 @@ async def test_auto_slots_come_from_the_host_memory_and_a_number_set_is_kept(
                          worker_command=None, max_loaded_models=2)
     await harness.start(cfg)
     c = harness.client
-    assert c is not None
     for model in ("auto", "set"):
         r = await c.post("/models/load", json={"model": model})
         assert r.status_code == 200, r.text

@@ -57,7 +57,10 @@ class Harness:
     def server_table(self, **server: Any) -> dict[str, Any]:
         srv = {"worker_command": [sys.executable, str(FAKE)], "include_default_model": False,
                "log_dir": str(self.tmp / "logs"), "restart_backoff_s": 0.05, "stop_grace_s": 2.0,
-               "queue_timeout_s": 10.0, "load_timeout_s": 20.0}
+               "queue_timeout_s": 10.0, "load_timeout_s": 20.0,
+               # the router runs on the test's own loop, whose sync steps would count as its lag:
+               # no shedding unless a test asks for it (tests/api/test_overload.py)
+               "shed_lag_s": 0}
         srv.update(server)
         return srv
 
