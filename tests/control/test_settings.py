@@ -55,3 +55,26 @@ async def test_nitro_loadmodel_checks_settings_by_its_own_names(harness: Harness
     r = await harness.client.post("/inferences/llamacpp/loadmodel",
                                   json={"model_id": "n", "llama_model_path": str(path), "ngl": -5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "ngl"
+
+
+def test_generation_defaults_are_checked_with_file_table_and_key() -> None:
+    with pytest.raises(ConfigError, match=r"t.toml: \[models.m\] key 'temperature'.*<= 2"):
+        config_from_dict({"models": {"m": {"path": "/m", "temperature": 3.0}}}, name="t.toml")
+    with pytest.raises(ConfigError, match=r"t.toml: \[defaults\] key 'stop'"):
+        config_from_dict({"defaults": {"stop": [""]}}, name="t.toml")
+    with pytest.raises(ConfigError, match=r"\[defaults\] key 'top_k'"):
+        config_from_dict({"defaults": {"top_k": "many"}}, name="t.toml")
+    with pytest.raises(ConfigError, match=r"\[models.m\] key 'chat_template_kwargs'"):
+        config_from_dict({"models": {"m": {"path": "/m", "chat_template_kwargs": "x"}}}, name="t.toml")
+    cfg = config_from_dict({"defaults": {"top_k": 20}, "models": {"m": {"path": "/m", "temperature": 0.6}}})
+    s = cfg.model_settings("m")
+    assert (s.temperature, s.top_k, s.top_p) == (0.6, 20, None)
+
+
+def test_a_generation_default_is_no_load_setting() -> None:
+    """Changing one restarts no worker (the router adds them to each request)."""
+    a = ModelSpec(id="m", path=Path("/m"))
+    b = ModelSpec(id="m", path=Path("/m"), temperature=0.1, system="x", chat_template_kwargs={"k": 1},
+                  seed=3, default_max_tokens=5)
+    assert a.worker_key() == b.worker_key()
+    assert a.worker_key() != ModelSpec(id="m", path=Path("/m"), n_parallel=2).worker_key()

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral import wire
 from corral.config.file import CorralConfig
-from corral.control import views
+from corral.control import generation_defaults, views
 from corral.control.keys import cache_tenant
 from corral.control.keys.access import Access
 from corral.control.placement.admission import Admission
@@ -210,7 +210,9 @@ class ControlPlane:
 
     async def generate(self, pool: ModelPool, msg: wire.GenerateRequest, prefix: str | None,
                        cache_salt: str | None = None) -> RequestStream:  # tenant: control/keys/cache_tenant.py
-        """``pool``: the model the request named, resolved once by ``pool`` (control/dispatch.py)."""
+        """``pool``: the model the request named, resolved once by ``pool`` (control/dispatch.py);
+        its generation defaults fill what the request left out (control/generation_defaults.py)."""
+        msg = generation_defaults.apply(pool.spec, msg)
         msg = cache_tenant.with_tenant(msg, current_caller(), cache_salt)
         return await self.dispatch.submit(pool, msg, cache_tenant.affinity_prefix(msg, prefix))
 
@@ -218,7 +220,7 @@ class ControlPlane:
         return await self.dispatch.submit(pool, msg, None)
 
     async def tokenize(self, pool: ModelPool, msg: wire.TokenizeRequest) -> RequestStream:
-        return await self.dispatch.tokenize(pool, msg)
+        return await self.dispatch.tokenize(pool, generation_defaults.with_system(pool.spec, msg))
 
     def keep_alive(self, pool: ModelPool, seconds: float | None) -> None:
         self.dispatch.keep_alive(pool, seconds)

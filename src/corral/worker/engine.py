@@ -214,12 +214,12 @@ class Engine:
             reuse = 0
             self._clear_slot(slot)
         p = job.req.params
-        begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter(), self.settings.default_max_tokens)
+        begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter())
         requested = job.grammar is not None
         slot.features = tuple(f for f in self.features if f.admitted(slot, job))  # may take the grammar (reasoning)
         grammar, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
         chat = req.messages is not None and self.template is not None and not p.ignore_eos and not requested
-        equip(slot, job, grammar, self.tok, default_seed=self.settings.seed,
+        equip(slot, job, grammar, self.tok, n_ctx=self.m.n_ctx_slot,
               template_stops=self.template.stop_strings if chat and self.template is not None else ())
         slot.echo_logprobs = [wire.TokenLogprob(self.tok.prompt_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
