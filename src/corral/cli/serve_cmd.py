@@ -16,6 +16,8 @@ __all__ = ["register", "serve"]
 def serve(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (see examples/corral.toml)."),
     models_dir: Optional[Path] = typer.Option(None, "--models-dir", help="Every .gguf under it is a model."),
+    models_preset: Optional[Path] = typer.Option(
+        None, "--models-preset", help="A llama.cpp preset file (INI): each section one more model."),
     host: Optional[str] = typer.Option(None, "--host", help="Address to listen on [127.0.0.1]."),
     port: Optional[int] = typer.Option(None, "--port", "-p", help="Port [8080]."),
     max_loaded_models: Optional[int] = typer.Option(None, "--max-loaded-models", help="1 = single-GPU mode."),
@@ -54,6 +56,7 @@ def serve(
 
     server_overrides: dict[str, Any] = {
         "host": host, "port": port, "models_dir": str(models_dir) if models_dir else None,
+        "models_preset": str(models_preset.resolve()) if models_preset else None,
         "max_loaded_models": max_loaded_models, "memory_budget": memory_budget,
         "api_key": api_key, "autoload": False if no_autoload else None,
         "ray_address": ray, "ray_namespace": ray_namespace,

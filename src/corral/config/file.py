@@ -22,6 +22,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, IPvAnyNetwo
                       ValidationError, ValidationInfo, field_validator)
 
 from corral.config.errors import pydantic_errors, settings_errors, location
+from corral.config.preset import read_preset
 from corral.errors import ConfigError
 from corral.model.ids import id_problem
 from corral.units import parse_bytes
@@ -79,6 +80,9 @@ class ServerConfig(_NoBoolNumbers):
     gpu_memory_margin: ByteSize = 512 * 1024 * 1024
     gpu_memory_budget: list[ByteSize] = []
     models_dir: Path | None = None  # None: corral.store.local.default_models_dir()
+    # a llama.cpp preset file (llama-server's --models-preset; corral.config.preset): each section
+    # one more model, re-read on reload
+    models_preset: Path | None = None
     include_default_model: bool = True  # serve the embedded gemma-3-270m (alias "default")
     max_queue: int = Field(64, ge=0)  # per model, requests waiting for a slot
     autoload: bool = True  # False: requests for unloaded models get 400 model_not_loaded
@@ -156,10 +160,20 @@ class ModelConfig(BaseModel):
     path: Path
     aliases: list[str] = []
     _settings: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _origin: str | None = PrivateAttr(default=None)
 
     @property
     def settings(self) -> dict[str, Any]:
         return self._settings
+
+    @property
+    def origin(self) -> str | None:
+        """The preset file this model came from (None: the TOML file)."""
+        return self._origin
+
+    @origin.setter
+    def origin(self, value: str | None) -> None:
+        self._origin = value
 
 
 class CorralConfig(BaseModel):
@@ -264,7 +278,7 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
         if table.get("lora"):  # adapter files resolve like the model's path
             table["lora"] = [msgspec.structs.replace(a, path=str(_resolve(Path(a.path), base)))
                              for a in table["lora"]]
-    for attr in ("models_dir", "log_dir", "keys_file", "state_dir"):
+    for attr in ("models_dir", "log_dir", "keys_file", "state_dir", "models_preset"):
         p = getattr(cfg.server, attr)
         if p is not None:
             p = p.expanduser()
@@ -272,8 +286,42 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
     cfg.server.allowed_model_dirs = [d.expanduser() if d.expanduser().is_absolute()
                                      else base / d.expanduser()
                                      for d in cfg.server.allowed_model_dirs]
+    if cfg.server.models_preset is not None:
+        _add_preset(cfg, cfg.server.models_preset, name)
     _check_model_files(cfg, name)
     return cfg
+
+
+def _add_preset(cfg: CorralConfig, path: Path, name: str) -> None:
+    """The preset's sections as models beside the file's (corral.config.preset): the
+    preset's ``[*]`` and section settings above ``[defaults]``, the command line above all."""
+    preset = read_preset(path)
+    for m in preset.models:
+        if m.id in cfg.models:
+            raise ConfigError(f"{preset.name}: [{m.id}]: model {m.id!r} is in {name} too; "
+                              "keep one of them")
+        if m.path is None:
+            raise ConfigError(f"{preset.name}: [{m.id}] key 'hf-repo': a model from the Hub needs "
+                              f"`corral serve -hf {m.source}` or `corral pull {m.source}` first "
+                              "(then give its file as model)")
+        mc = ModelConfig(path=m.path, aliases=m.aliases)
+        mc.settings.update(m.settings)
+        mc.origin = preset.name
+        cfg.models[m.id] = mc
+    errors: list[str] = []
+    for m in preset.models:  # the rules between settings, as the section and [*] combine
+        try:
+            cfg.model_settings(m.id)
+        except SettingsError as exc:
+            errors += [f"{preset.name}: [{m.id}] key {key!r}: {msg}" for key, msg in exc.errors]
+    try:
+        if errors:
+            raise ConfigError("; ".join(errors))
+        _check_names(cfg, name)
+    except ConfigError:
+        for m in preset.models:
+            cfg.models.pop(m.id, None)
+        raise
 
 
 def _resolve(p: Path, base: Path) -> Path:

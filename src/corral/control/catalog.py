@@ -117,7 +117,7 @@ def specs_from_config(cfg: CorralConfig, store_models: list[Any] | None = None,
     taken: set[str] = set()
     for mid, m in cfg.models.items():
         specs.append(ModelSpec.make(mid, m.path, cfg.model_settings(mid),
-                                    aliases=tuple(m.aliases), source="config"))
+                                    aliases=tuple(m.aliases), source="config" if m.origin is None else "preset"))
         taken.add(mid)
         taken.update(m.aliases)
     inherited = cfg.inherited_settings()

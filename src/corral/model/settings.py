@@ -209,6 +209,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     prompt_cache_ram: Annotated[int, Meta(ge=0, le=2**50)] = 1024**3
     # router only (changing these needs no worker restart)
     ttl_s: Annotated[float, Meta(gt=0)] | None = None  # unload after this long idle
+    # an unload lets running requests finish this long (llama-server preset's stop-timeout);
+    # None: [server] drain_timeout_s
+    drain_timeout_s: Annotated[float, Meta(ge=0, le=86400)] | None = None
     pinned: bool = False  # never evicted
     load_on_startup: bool = False
 
@@ -317,7 +320,7 @@ VISIBLE_DEVICES_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_
 BYTE_FIELDS = frozenset({"prompt_cache_ram"})
 
 # changing these applies to a loaded model at once (no worker restart)
-LIVE_FIELDS = frozenset({"ttl_s", "pinned", "load_on_startup"})
+LIVE_FIELDS = frozenset({"ttl_s", "pinned", "load_on_startup", "drain_timeout_s"})
 
 # what the router adds to a request (corral.control.generation_defaults): a model's
 # generation defaults, no worker restart when they change, and what a variant may differ in

@@ -40,8 +40,8 @@ def _info(pool: ModelPool) -> wire.ModelInfo | None:
 
 
 def generation_settings(spec: ModelSettings) -> dict[str, Any]:
-    """The defaults in force, as llama-server's ``default_generation_settings.params``
-    names them (``n_predict`` -1: no limit; ``seed`` -1: random)."""
+    """The defaults in force, as llama-server names them in the ``params`` of
+    ``default_generation_settings`` (``n_predict`` -1: no limit; ``seed`` -1: random)."""
     g = in_force(spec)
     out = {k: g[k] for k in SAMPLING_KEYS}
     out.update(n_predict=-1 if g["max_tokens"] is None else g["max_tokens"],
