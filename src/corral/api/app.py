@@ -57,6 +57,7 @@ from corral.control.plane import ControlPlane
 from corral.errors import CorralError, InternalError, error_for_status
 from corral.store.downloads import DownloadManager
 from corral.store.embedded import EMBEDDED_MODEL_ALIASES, EMBEDDED_MODEL_ID, embedded_model_path
+from corral.store.llama_cache import llama_cache_dir
 from corral.store.local import ModelStore, default_models_dir
 
 __all__ = ["create_app"]
@@ -97,7 +98,8 @@ def _embedded() -> tuple[str, Path, tuple[str, ...]] | None:
 
 
 def _store(config: CorralConfig) -> ModelStore:
-    return ModelStore(config.server.models_dir or default_models_dir())
+    return ModelStore(config.server.models_dir or default_models_dir(),
+                      llama_cache=llama_cache_dir() if config.server.llama_cache else None)
 
 
 def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig] | None = None,

@@ -36,6 +36,7 @@ from starlette.responses import Response, StreamingResponse
 
 from corral.errors import CorralError, InvalidRequest, Unavailable
 from corral.store.confine import PathPolicy
+from corral.store.llama_cache import llama_cache_dir
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -166,4 +167,5 @@ def path_policy(app: FastAPI) -> PathPolicy:
     files = [p.spec.path for p in plane.pools.values() if p.spec.source in ("config", "embedded")]
     files += [m.path for m in plane.config.models.values()]
     root = store.root if store is not None else srv.models_dir
-    return PathPolicy(root, srv.allowed_model_dirs, files)
+    cache = [llama_cache_dir()] if srv.llama_cache else []  # served in place, as the HF cache
+    return PathPolicy(root, [*srv.allowed_model_dirs, *cache], files)

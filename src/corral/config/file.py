@@ -84,6 +84,9 @@ class ServerConfig(_NoBoolNumbers):
     # one more model, re-read on reload
     models_preset: Path | None = None
     include_default_model: bool = True  # serve the embedded gemma-3-270m (alias "default")
+    # list the models of llama.cpp's cache ($LLAMA_CACHE, else ~/.cache/llama.cpp: what
+    # llama-server -hf pulled) beside models_dir's, served in place (corral.store.llama_cache)
+    llama_cache: bool = True
     max_queue: int = Field(64, ge=0)  # per model, requests waiting for a slot
     autoload: bool = True  # False: requests for unloaded models get 400 model_not_loaded
     api_key: str | None = None  # one admin key (usage counts it as key "api_key")

@@ -20,6 +20,7 @@ from corral.config.file import CorralConfig
 from corral.control.placement.gpu_slot import GpuSlot
 from corral.errors import ModelNotFound
 from corral.model.settings import ModelSettings
+from corral.store.local import LLAMA_CACHE_SOURCE
 from corral.store.projector import projector_for
 
 __all__ = ["ModelSpec", "Catalog", "specs_from_config", "default_threads"]
@@ -124,7 +125,8 @@ def specs_from_config(cfg: CorralConfig, store_models: list[Any] | None = None,
     for lm in store_models or []:
         if lm.id in taken:
             continue
-        specs.append(ModelSpec.make(lm.id, lm.path, inherited, source="store",
+        specs.append(ModelSpec.make(lm.id, lm.path, inherited,
+                                    source=lm.source if lm.source == LLAMA_CACHE_SOURCE else "store",
                                     projector=lm.mmproj))
         taken.add(lm.id)
     if embedded is not None:

@@ -20,6 +20,10 @@ Deleting a model removes its directory entry (a symlink itself, never what it po
 A model appears in ``list()`` only when its file is complete: pulls write to
 ``partial/``, verify, fsync and rename into place, and write the manifest last.
 Files named ``*mmproj*`` (vision projectors) are not models on their own and are skipped.
+
+With ``llama_cache``, the models of llama.cpp's own cache (corral.store.llama_cache) are
+listed too, under ids the store does not have (source ``llama.cpp cache``); they are served
+in place and never deleted by corral.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 from corral.errors import InvalidRequest, ModelNotFound
 from corral.model.ids import file_stem, id_from_file_stem, id_problem
 from corral.store.gguf import quantization_of
+from corral.store.llama_cache import cached_models
 
 __all__ = [
     "LocalModel",
@@ -42,9 +47,11 @@ __all__ = [
     "default_models_dir",
     "validate_model_id",
     "model_id_from_filename",
+    "LLAMA_CACHE_SOURCE",
 ]
 
 log = logging.getLogger("corral.store")
+LLAMA_CACHE_SOURCE = "llama.cpp cache"  # a listed model's source when it is in llama.cpp's cache
 _META = ".corral"
 
 
@@ -104,9 +111,11 @@ class LocalModel:
 class ModelStore:
     """Reads the directory on every call: files a user drops in show up at once."""
 
-    def __init__(self, root: Path, may_serve: Callable[[Path], bool] | None = None) -> None:
+    def __init__(self, root: Path, may_serve: Callable[[Path], bool] | None = None,
+                 llama_cache: Path | None = None) -> None:
         self.root = Path(root).expanduser()
         self.may_serve = may_serve
+        self.llama_cache = llama_cache
         self._warned: set[Path] = set()
 
     def _reachable(self, path: Path) -> bool:
@@ -216,6 +225,15 @@ class ModelStore:
         manifests = self._manifests()
         loose = self._loose({m.path for m in manifests.values()})
         merged = {**loose, **manifests}  # a manifest wins over a loose file of that id
+        for c in cached_models(self.llama_cache, model_id_from_filename) if self.llama_cache else []:
+            if c.id in merged:
+                continue
+            try:
+                size = c.path.stat().st_size
+            except OSError:
+                continue
+            merged[c.id] = LocalModel(c.id, c.path, size, quantization_of(c.path), LLAMA_CACHE_SOURCE, None,
+                                      c.mmproj)
         return [merged[k] for k in sorted(merged)]
 
     def get(self, model_id: str) -> LocalModel | None:
@@ -247,6 +265,9 @@ class ModelStore:
         if model is None:
             raise ModelNotFound(f"model {model_id!r} is not in the store ({self.root})",
                                 param="model")
+        if model.source == LLAMA_CACHE_SOURCE:
+            raise InvalidRequest(f"model {model_id!r} is in llama.cpp's cache ({self.llama_cache}); corral "
+                                 "does not delete there (remove it with llama.cpp's tools)", param="model")
         mf = self.manifest_path(model_id)
         try:  # the directory entry is ours when its directory is inside models_dir
             inside = model.path.parent.resolve().is_relative_to(self.root.resolve())
