@@ -165,7 +165,7 @@ def path_policy(app: FastAPI) -> PathPolicy:
         return PathPolicy(store.root if store is not None else None)
     srv = plane.config.server
     files = [p.spec.path for p in plane.pools.values() if p.spec.source in ("config", "embedded")]
-    files += [m.path for m in plane.config.models.values()]
+    files += [m.path for m in plane.config.models.values() if m.path is not None]
     root = store.root if store is not None else srv.models_dir
     cache = [llama_cache_dir()] if srv.llama_cache else []  # served in place, as the HF cache
     return PathPolicy(root, [*srv.allowed_model_dirs, *cache], files)

@@ -35,6 +35,7 @@ __all__ = [
     "load_config",
     "config_from_dict",
     "default_config",
+    "add_pulled_model",
 ]
 
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
@@ -160,8 +161,11 @@ class ModelConfig(BaseModel):
 
     model_config = _STRICT
 
-    path: Path
+    path: Path | None = None  # None: the file of ``pull``, once pulled into the store
     aliases: list[str] = []
+    # a Hub source (a preset's hf-repo: owner/repo[:TAG]) pulled through the store, under this
+    # model's id, when a request first needs it
+    pull: str | None = None
     _settings: dict[str, Any] = PrivateAttr(default_factory=dict)
     _origin: str | None = PrivateAttr(default=None)
 
@@ -271,7 +275,12 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
     _check_names(cfg, name)
     _check_across(cfg, name)
     base = base_dir or Path.cwd()
-    for m in cfg.models.values():
+    for mid, m in cfg.models.items():
+        if m.path is None:
+            if m.pull is None:
+                raise ConfigError(f"{name}: {location(('models', mid, 'path'))}: required key is missing "
+                                  "(the model's file; or pull = \"owner/repo:TAG\")")
+            continue
         p = m.path.expanduser()
         m.path = p if p.is_absolute() else (base / p)
         if m.settings.get("mmproj"):  # the projector file resolves like the model's ("": none)
@@ -303,11 +312,7 @@ def _add_preset(cfg: CorralConfig, path: Path, name: str) -> None:
         if m.id in cfg.models:
             raise ConfigError(f"{preset.name}: [{m.id}]: model {m.id!r} is in {name} too; "
                               "keep one of them")
-        if m.path is None:
-            raise ConfigError(f"{preset.name}: [{m.id}] key 'hf-repo': a model from the Hub needs "
-                              f"`corral serve -hf {m.source}` or `corral pull {m.source}` first "
-                              "(then give its file as model)")
-        mc = ModelConfig(path=m.path, aliases=m.aliases)
+        mc = ModelConfig(path=m.path, aliases=m.aliases, pull=m.source if m.path is None else None)
         mc.settings.update(m.settings)
         mc.origin = preset.name
         cfg.models[m.id] = mc
@@ -356,6 +361,8 @@ def _check_model_files(cfg: CorralConfig, name: str) -> None:
     gguf_only = cfg.server.worker_command is None
     for mid, m in cfg.models.items():
         where = location(("models", mid, "path"))
+        if m.path is None:
+            continue
         if m.path.is_dir():
             raise ConfigError(f"{name}: {where}: {m.path} is a directory, not a GGUF model file")
         try:
@@ -414,6 +421,18 @@ def load_config(path: Path | None, *, server_overrides: dict[str, Any] | None = 
         _check_across(cfg, "<command line>", options=True)
     cfg.source = path.resolve() if path is not None else None
     return cfg
+
+
+def add_pulled_model(cfg: CorralConfig, source: str) -> None:
+    """A model named by its Hub source (``corral serve -hf user/repo:TAG`` of a repo without a
+    preset), pulled under that name when a request first needs it."""
+    model_id = source.strip()
+    problem = id_problem(model_id)
+    if problem is not None:
+        raise ConfigError(f"-hf {source!r}: not a usable model name: {problem}")
+    if model_id not in cfg.models:
+        cfg.models[model_id] = ModelConfig(pull=model_id)
+        _check_names(cfg, "<command line>")
 
 
 def default_config() -> CorralConfig:

@@ -38,8 +38,8 @@ from corral.errors import ConfigError
 from corral.model.ids import id_problem
 from corral.model.settings import ModelSettings, SettingsError
 
-__all__ = ["PresetModel", "Preset", "read_preset", "parse_preset", "MAX_PRESET_BYTES", "OPTIONS", "IGNORED",
-           "option_for"]
+__all__ = ["PresetModel", "Preset", "read_preset", "parse_preset", "select_section", "MAX_PRESET_BYTES",
+           "OPTIONS", "IGNORED", "option_for"]
 
 log = logging.getLogger("corral.config")
 
@@ -466,6 +466,18 @@ def parse_preset(text: str, *, name: str, base: Path, only: str | None = None) -
     for w in warnings:
         log.warning("%s", w)
     return Preset(name, models, warnings)
+
+
+def select_section(text: str, section: str) -> str:
+    """The preset's text with only its top level, ``[*]`` and ``[section]`` (comments kept)."""
+    keep, out = True, []
+    for line in text.splitlines(keepends=True):
+        head = line.strip()
+        if head.startswith("[") and head.endswith("]"):
+            keep = head[1:-1].strip() in (GLOBAL, section)
+        if keep:
+            out.append(line)
+    return "".join(out)
 
 
 def _ini_error(exc: configparser.Error) -> str:

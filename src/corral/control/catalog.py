@@ -20,7 +20,7 @@ from corral.config.file import CorralConfig
 from corral.control.placement.gpu_slot import GpuSlot
 from corral.errors import ModelNotFound
 from corral.model.settings import ModelSettings
-from corral.store.local import LLAMA_CACHE_SOURCE
+from corral.store.local import LLAMA_CACHE_SOURCE, ModelStore, default_models_dir
 from corral.store.projector import projector_for
 
 __all__ = ["ModelSpec", "Catalog", "specs_from_config", "default_threads"]
@@ -34,16 +34,20 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
     path: Path
     aliases: tuple[str, ...] = ()
     source: str = "config"
+    # a Hub source this model's file is pulled from, under its id, when first needed
+    # (a preset's hf-repo; api/core/target.py starts it); None: the file is there
+    pull: str | None = None
 
     @classmethod
     def make(cls, model_id: str, path: Path, settings: ModelSettings, *,
-             aliases: tuple[str, ...] = (), source: str, projector: Path | None = None) -> "ModelSpec":
+             aliases: tuple[str, ...] = (), source: str, projector: Path | None = None,
+             pull: str | None = None) -> "ModelSpec":
         """``mmproj`` becomes the projector's path, or None (corral.store.projector's rule;
         ``projector``: the one pulled with the model)."""
         fields = settings.to_dict()
         found = projector_for(Path(path), settings.mmproj, projector)
         fields["mmproj"] = str(found) if found is not None else None
-        return cls(id=model_id, path=Path(path), aliases=tuple(aliases), source=source, **fields)
+        return cls(id=model_id, path=Path(path), aliases=tuple(aliases), source=source, pull=pull, **fields)
 
     def projector_bytes(self) -> int:
         """The projector file's size (0 without one, or while it is missing)."""
@@ -116,9 +120,16 @@ def specs_from_config(cfg: CorralConfig, store_models: list[Any] | None = None,
                       ) -> list[ModelSpec]:
     specs: list[ModelSpec] = []
     taken: set[str] = set()
+    pulled = {lm.id: lm for lm in store_models or []}
     for mid, m in cfg.models.items():
-        specs.append(ModelSpec.make(mid, m.path, cfg.model_settings(mid),
-                                    aliases=tuple(m.aliases), source="config" if m.origin is None else "preset"))
+        path, projector = m.path, None
+        if path is None:  # pulled under its id: the store's file once there, else where it will land
+            have = pulled.get(mid)
+            path = have.path if have is not None else pull_target(cfg, mid)
+            projector = have.mmproj if have is not None else None
+        specs.append(ModelSpec.make(mid, path, cfg.model_settings(mid), aliases=tuple(m.aliases),
+                                    source="config" if m.origin is None else "preset", projector=projector,
+                                    pull=m.pull))
         taken.add(mid)
         taken.update(m.aliases)
     inherited = cfg.inherited_settings()
@@ -136,6 +147,11 @@ def specs_from_config(cfg: CorralConfig, store_models: list[Any] | None = None,
             specs.append(ModelSpec.make(eid, epath, inherited, aliases=free_aliases,
                                         source="embedded"))
     return specs
+
+
+def pull_target(cfg: CorralConfig, model_id: str) -> Path:
+    """Where the store puts the file of a model pulled under ``model_id``."""
+    return ModelStore(cfg.server.models_dir or default_models_dir()).model_file_path(model_id)
 
 
 class Catalog:

@@ -141,6 +141,16 @@ class CatalogSync:
         return self.add(spec)
 
     def on_download_finished(self, model_id: str, path: Path, inherited: ModelSettings) -> None:
+        pool = self.pools.get(model_id)
+        if pool is not None and pool.spec.pull is not None and not pool.occupies:
+            # a model pulled when first needed (a preset's hf-repo): its file is here now
+            pulled = self.store.get(model_id) if self.store is not None else None
+            pool.spec = msgspec.structs.replace(
+                pool.spec, path=Path(path),
+                mmproj=str(pulled.mmproj) if pulled is not None and pulled.mmproj and not pool.spec.mmproj
+                else pool.spec.mmproj)
+            self.catalog.put(pool.spec)
+            return
         if model_id not in self.pools:
             pulled = self.store.get(model_id) if self.store is not None else None  # its manifest: the projector
             self.add(ModelSpec.make(model_id, Path(path), inherited, source="store",

@@ -182,6 +182,11 @@ class ControlPlane:
         return task
 
     def _load_soon(self, pool: ModelPool) -> None:
+        if pool.spec.pull is not None and not pool.spec.path.exists():  # never loads '' (llama.cpp's regression)
+            log.warning("%s: load_on_startup skipped: its file is pulled from %s when a request first needs it",
+                        pool.spec.id, pool.spec.pull)
+            return
+
         async def load() -> None:
             try:
                 await self.load(pool)

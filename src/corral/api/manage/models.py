@@ -27,6 +27,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from corral.api.core.adapter_models import AdapterModel, adapter_models, serving_model
+from corral.api.core.target import pull_if_needed
 from corral.api.http import app_part, json_response, path_policy, plane_of, sse_data
 from corral.api.core.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitro_settings,
                                 parse_body)
@@ -130,7 +131,9 @@ async def load_model(request: Request) -> Response:
                        "the download has finished", param="model")
     plane = plane_of(request)
     served = serving_model(plane, body.model)
-    await plane.load(plane.pool(served))
+    pool = plane.pool(served)
+    pull_if_needed(request, pool)  # a model pulled when first needed: 503 while it is pulled
+    await plane.load(pool)
     return json_response({"success": True, **_base_of(body.model, served)})
 
 
