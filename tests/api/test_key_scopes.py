@@ -69,6 +69,7 @@ manage  GET /stats | GET /metrics | GET /models/events | GET /models/sse | POST 
         GET /models/pull/{pull_id} | DELETE /models/pull/{pull_id} | POST /api/pull | POST /api/copy
         POST /inferences/llamacpp/loadmodel | GET /inferences/llamacpp/unloadmodel
         POST /inferences/llamacpp/unloadmodel | POST /slots/{id_slot} | POST /lora-adapters
+        POST /api/create | GET /api/blobs/{digest} | POST /api/blobs/{digest}
 admin   DELETE /api/delete | DELETE /models/{model_id:path}
 """
 

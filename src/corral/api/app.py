@@ -37,6 +37,7 @@ from corral.api.llamacpp import streams as stream_routes
 from corral.api.manage import models as management_routes
 from corral.api.manage import store as store_routes
 from corral.api.manage import usage as usage_routes
+from corral.api.ollama import create as ollama_create
 from corral.api.ollama import models as ollama_models
 from corral.api.ollama import routes as ollama_routes
 from corral.api.openai import responses as responses_routes
@@ -128,7 +129,13 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         app.state.downloads = downloads
         app.state.metrics = metrics
         responses_routes.open_store(app.state, config.server.state_dir)
+        ollama_create.open_created(app.state, config.server.state_dir)
         await plane.start()
+        for rec in app.state.created.load():  # models made with Ollama's create, kept across restarts
+            try:
+                await plane.add_model(ollama_create.spec_of(rec))
+            except Exception as exc:  # noqa: BLE001 - one broken record must not stop the server (logged)
+                log.warning("created model %s not added: %s", rec.name, exc)
         app.state.stats = live_stats.StatsRecorder(plane)
         app.state.stats.start()
         loop = asyncio.get_running_loop()
@@ -153,6 +160,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     app.include_router(management_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(ollama_models.router)
+    app.include_router(ollama_create.router)
     app.include_router(anthropic_routes.router)
     app.include_router(responses_routes.router)
     app.include_router(page_routes.router)

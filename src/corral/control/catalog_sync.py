@@ -132,6 +132,10 @@ class CatalogSync:
         """A model learned at run time (Nitro loadmodel, a finished pull)."""
         existing = self.pools.get(spec.id)
         if existing is not None:
+            if replace and existing.spec != spec and existing.spec.worker_key() == spec.worker_key():
+                self._extra_specs[spec.id] = spec  # what a request carries changed: no restart
+                existing.spec = spec
+                self.catalog.put(spec)
             if not replace or existing.spec.worker_key() == spec.worker_key():
                 return existing
             self._extra_specs[spec.id] = spec

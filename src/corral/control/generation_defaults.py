@@ -2,7 +2,8 @@
 
 A model's table (or ``[defaults]``, a preset's section, a Modelfile's ``PARAMETER``) may
 set the sampling knobs (``corral.model.settings.SAMPLING_KEYS``), ``seed``,
-``default_max_tokens``, ``stop``, ``system`` and ``chat_template_kwargs``. The router adds
+``default_max_tokens``, ``stop``, ``system``, ``messages`` (an opening conversation) and
+``chat_template_kwargs``. The router adds
 them to a ``wire.GenerateRequest`` here, in ``ControlPlane.generate``, the one door every
 generation passes: a knob the request set is the request's; one it left out (None on the
 wire) is the model's; the worker fills what is still unset from ``SAMPLING_BUILTIN``
@@ -41,8 +42,14 @@ def apply(s: ModelSettings, msg: wire.GenerateRequest) -> wire.GenerateRequest:
     params = msg.params.over(sampling_defaults(s))
     if params is not msg.params:
         change["params"] = params
-    if s.system is not None and msg.messages is not None and not any(m.role == "system" for m in msg.messages):
-        change["messages"] = [wire.ChatMessage("system", s.system), *msg.messages]
+    if msg.messages is not None and (s.messages or s.system is not None):
+        turns = list(msg.messages)
+        lead = 1 if turns and turns[0].role == "system" else 0
+        opening = [wire.ChatMessage(t.role, t.content) for t in s.messages or []]
+        if s.system is not None and not any(m.role == "system" for m in turns):
+            turns.insert(0, wire.ChatMessage("system", s.system))
+            lead = 1
+        change["messages"] = [*turns[:lead], *opening, *turns[lead:]]
     if s.chat_template_kwargs:
         change["template_kwargs"] = {**s.chat_template_kwargs, **(msg.template_kwargs or {})}
     return msgspec.structs.replace(msg, **change) if change else msg

@@ -27,7 +27,7 @@ from msgspec import Meta
 
 from corral.units import parse_bytes
 
-__all__ = ["ModelSettings", "LoraAdapter", "MAX_LORA", "LORA_SCALE_MAX", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX", "DEFAULT_SLOT_CTX",
+__all__ = ["ModelSettings", "LoraAdapter", "Turn", "MAX_LORA", "LORA_SCALE_MAX", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX", "DEFAULT_SLOT_CTX",
            "BYTE_FIELDS", "SAMPLING_BUILTIN", "SAMPLING_KEYS", "GENERATION_FIELDS", "MAX_STOPS",
            "setting_names"]
 
@@ -76,6 +76,13 @@ SAMPLING_BUILTIN: dict[str, Any] = {
     "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
     "dry_sequence_breakers": ["\n", ":", "\"", "*"], "stop": []}
 SAMPLING_KEYS = tuple(SAMPLING_BUILTIN)
+
+
+class Turn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A turn of a model's opening conversation (Ollama's ``MESSAGE``)."""
+
+    role: Literal["user", "assistant", "system"]
+    content: Annotated[str, Meta(max_length=1 << 20)]
 
 
 class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -167,6 +174,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # variables every chat template render gets (llama-server's --chat-template-kwargs,
     # e.g. {enable_thinking = false}); a request's chat_template_kwargs win key by key
     chat_template_kwargs: dict[str, Any] | None = None
+    # turns every chat request starts with, after the system message (Ollama's MESSAGE)
+    messages: Annotated[list[Turn], Meta(max_length=256)] | None = None
     # tokens generated for a request that sets no limit (llama-server's -n, Ollama's
     # num_predict); None: until the slot's context is full
     default_max_tokens: Annotated[int, Meta(ge=1, le=INT32_MAX)] | None = None
@@ -324,7 +333,8 @@ LIVE_FIELDS = frozenset({"ttl_s", "pinned", "load_on_startup", "drain_timeout_s"
 
 # what the router adds to a request (corral.control.generation_defaults): a model's
 # generation defaults, no worker restart when they change, and what a variant may differ in
-GENERATION_FIELDS = frozenset({*SAMPLING_KEYS, "seed", "default_max_tokens", "system", "chat_template_kwargs"})
+GENERATION_FIELDS = frozenset({*SAMPLING_KEYS, "seed", "default_max_tokens", "system", "chat_template_kwargs",
+                               "messages"})
 
 
 def setting_names() -> tuple[str, ...]:

@@ -157,6 +157,13 @@ def _sizes(pool: ModelPool) -> tuple[int, int]:
 _OLLAMA_NAMES = {"default_max_tokens": "num_predict"}
 
 
+def _license(request: Request, model_id: str) -> list[str]:
+    created = app_part(request, "created")
+    if created is None:
+        return []
+    return next((r.license for r in created.load() if r.name == model_id), [])
+
+
 def modelfile_parameters(spec: ModelSettings) -> list[str]:
     """The generation defaults the model sets, as Ollama's ``PARAMETER`` lines (``stop``
     once per string, strings quoted)."""
@@ -244,6 +251,7 @@ async def show(request: Request) -> Response:
                      + system + "".join(f"PARAMETER {p}\n" for p in params),
         "parameters": "\n".join(params), "template": template, "details": entry["details"],
         **({"system": spec.system} if spec.system is not None else {}),
+        **({"license": "\n".join(lic)} if (lic := _license(request, spec.id)) else {}),
         "model_info": info, "modified_at": entry["modified_at"],
         "capabilities": caps})
 
@@ -341,6 +349,11 @@ async def delete(request: Request) -> Response:
         mid = plane.resolve(name)
     except ModelNotFound:
         mid = name
+    created = app_part(request, "created")
+    if mid in plane.pools and plane.pools[mid].spec.source == "created" and created is not None:
+        created.remove(mid)  # its blobs stay (another model may use them)
+        await plane.remove_model(mid)
+        return Response(status_code=200)
     store = app_part(request, "store")
     if store is None or store.get(mid) is None:
         if mid in plane.pools:
