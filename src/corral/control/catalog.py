@@ -76,6 +76,10 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
         """What a running worker depends on: a change restarts it."""
         return (self.path, *super().worker_key())
 
+    def load_key(self) -> tuple[Any, ...]:
+        """What a load fixes: equal ones are variants of one loaded model (control/plane.py's serving)."""
+        return (self.path, *super().load_key())
+
     def worker_settings(self, index: int, threads: int | None, gpu: GpuSlot | None = None) -> wire.WorkerSettings:
         """One spawn's settings; ``gpu``: where admission placed it (its GPUs and budget)."""
         fields = self.to_dict()

@@ -22,7 +22,7 @@ import msgspec
 from corral import wire
 from corral.model.settings import SAMPLING_BUILTIN, SAMPLING_KEYS, ModelSettings
 
-__all__ = ["apply", "in_force", "sampling_defaults", "with_system"]
+__all__ = ["apply", "in_force", "sampling_defaults", "with_prompt_format", "with_system"]
 
 
 def sampling_defaults(s: ModelSettings) -> dict[str, Any]:
@@ -53,6 +53,14 @@ def apply(s: ModelSettings, msg: wire.GenerateRequest) -> wire.GenerateRequest:
     if s.chat_template_kwargs:
         change["template_kwargs"] = {**s.chat_template_kwargs, **(msg.template_kwargs or {})}
     return msgspec.structs.replace(msg, **change) if change else msg
+
+
+def with_prompt_format(s: ModelSettings, msg: wire.GenerateRequest) -> wire.GenerateRequest:
+    """``msg`` carrying ``s``'s plain prompt (pre/user/ai/system_prompt): a variant's, for
+    a worker loaded for another id (the worker renders a model without a chat template so)."""
+    fmt = wire.PromptFormat(pre_prompt=s.pre_prompt, user_prompt=s.user_prompt, ai_prompt=s.ai_prompt,
+                            system_prompt=s.system_prompt)
+    return msgspec.structs.replace(msg, prompt_format=fmt)
 
 
 def with_system(s: ModelSettings, msg: wire.TokenizeRequest) -> wire.TokenizeRequest:

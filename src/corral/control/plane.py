@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ControlPlane"]
 
+VARIANT_SOURCES = frozenset({"nitro", "created", "preset"})  # the models ``serving`` may share
+
 log = logging.getLogger("corral.plane")
 
 
@@ -209,6 +211,22 @@ class ControlPlane:
         self.access.check_visible(name, pool)
         return pool
 
+    def serving(self, pool: ModelPool) -> ModelPool:
+        """The pool whose instances serve ``pool``'s requests: its own, or, while it holds none,
+        a loaded (or loading) model's equal in all a load fixes (``ModelSpec.load_key``: the
+        file, context, GPU layers, projector, cache types...): ``pool`` is then a variant of
+        it, served with no second load (its generation defaults and plain prompt go with
+        each request). Ids made at run time (Nitro's loadmodel, Ollama's create) and a
+        preset's sections are variants so; two [models] tables of one file stay two models,
+        as the operator wrote them (tests and placement rely on that)."""
+        if pool.occupies or pool.spec.source not in VARIANT_SOURCES:
+            return pool
+        key = pool.spec.load_key()
+        for other in self.pools.values():
+            if other is not pool and other.occupies and other.spec.load_key() == key:
+                return other
+        return pool
+
     def visible_pools(self) -> list[ModelPool]:
         """The models the request's key may use (every model outside a request)."""
         return [p for p in self.pools.values() if self.access.visible(p.spec)]
@@ -216,10 +234,15 @@ class ControlPlane:
     async def generate(self, pool: ModelPool, msg: wire.GenerateRequest, prefix: str | None,
                        cache_salt: str | None = None) -> RequestStream:  # tenant: control/keys/cache_tenant.py
         """``pool``: the model the request named, resolved once by ``pool`` (control/dispatch.py);
-        its generation defaults fill what the request left out (control/generation_defaults.py)."""
+        its generation defaults fill what the request left out (control/generation_defaults.py).
+        A variant (``serving``) runs on the model that serves it, under its own id."""
         msg = generation_defaults.apply(pool.spec, msg)
+        runs_on = self.serving(pool)
+        if runs_on is not pool:
+            msg = generation_defaults.with_prompt_format(pool.spec, msg)
         msg = cache_tenant.with_tenant(msg, current_caller(), cache_salt)
-        return await self.dispatch.submit(pool, msg, cache_tenant.affinity_prefix(msg, prefix))
+        return await self.dispatch.submit(runs_on, msg, cache_tenant.affinity_prefix(msg, prefix),
+                                          as_model=pool.spec.id)
 
     async def embed(self, pool: ModelPool, msg: wire.EmbedRequest) -> RequestStream:
         return await self.dispatch.submit(pool, msg, None)
@@ -246,7 +269,7 @@ class ControlPlane:
         409 when another request unloaded it before it was ready (the later call wins).
         ``pool``: what the request resolved its name to (``pool``), once, where it entered."""
         try:
-            await self.admission.load(pool)
+            await self.admission.load(self.serving(pool))  # a variant: the model that serves it
         except ModelUnloaded as exc:
             raise Conflict(f"{exc.message}: another request unloaded it before it was ready",
                            param="model") from None

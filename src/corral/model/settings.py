@@ -28,7 +28,7 @@ from msgspec import Meta
 from corral.units import parse_bytes
 
 __all__ = ["ModelSettings", "LoraAdapter", "Turn", "MAX_LORA", "LORA_SCALE_MAX", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX", "DEFAULT_SLOT_CTX",
-           "BYTE_FIELDS", "SAMPLING_BUILTIN", "SAMPLING_KEYS", "GENERATION_FIELDS", "MAX_STOPS",
+           "BYTE_FIELDS", "PROMPT_FIELDS", "SAMPLING_BUILTIN", "SAMPLING_KEYS", "GENERATION_FIELDS", "MAX_STOPS",
            "setting_names"]
 
 INT32_MAX = 2**31 - 1
@@ -321,6 +321,12 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         return tuple(getattr(self, f) for f in ModelSettings.__struct_fields__
                      if f not in LIVE_FIELDS and f not in GENERATION_FIELDS)
 
+    def load_key(self) -> tuple[Any, ...]:
+        """What a load fixes: two models equal in it (and in their file) are variants, served
+        by one model's instances (the rest, PROMPT_FIELDS too, a request carries)."""
+        return tuple(getattr(self, f) for f in ModelSettings.__struct_fields__
+                     if f not in LIVE_FIELDS and f not in GENERATION_FIELDS and f not in PROMPT_FIELDS)
+
 
 # the variables that choose the GPUs a process sees (CUDA, ROCm/HIP, Vulkan)
 VISIBLE_DEVICES_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES")
@@ -330,6 +336,9 @@ BYTE_FIELDS = frozenset({"prompt_cache_ram"})
 
 # changing these applies to a loaded model at once (no worker restart)
 LIVE_FIELDS = frozenset({"ttl_s", "pinned", "load_on_startup", "drain_timeout_s"})
+
+# the plain (Nitro-style) prompt's parts: a request carries them (wire.PromptFormat) for a variant
+PROMPT_FIELDS = frozenset({"pre_prompt", "user_prompt", "ai_prompt", "system_prompt"})
 
 # what the router adds to a request (corral.control.generation_defaults): a model's
 # generation defaults, no worker restart when they change, and what a variant may differ in

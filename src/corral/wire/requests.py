@@ -21,7 +21,7 @@ from corral.model.settings import (INT32_MAX, SAMPLING_BUILTIN, SAMPLING_KEYS, B
 from corral.wire.editors import Infill
 from corral.wire.lora import LoraScale
 
-__all__ = ["ToolCall", "MEDIA_MARKER", "ChatMessage", "INT64_MIN", "INT64_MAX", "SamplingParams", "SamplingValues", "invalid_field",
+__all__ = ["ToolCall", "MEDIA_MARKER", "ChatMessage", "INT64_MIN", "INT64_MAX", "SamplingParams", "SamplingValues", "PromptFormat", "invalid_field",
            "GenerateRequest", "TokenizeRequest", "EmbedRequest", "Abort"]
 
 
@@ -139,6 +139,16 @@ def invalid_field(obj: msgspec.Struct) -> tuple[str, str] | None:
     return None
 
 
+class PromptFormat(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The plain (Nitro-style) prompt of a variant (model settings of the same names): a
+    worker whose model has no chat template renders this request's chat with these."""
+
+    pre_prompt: str | None = None
+    user_prompt: str | None = None
+    ai_prompt: str | None = None
+    system_prompt: str | None = None
+
+
 class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True, omit_defaults=True):
     """Exactly one of prompt / prompt_tokens / messages is set. The worker renders
     messages with the model's template (or the configured pre/user/ai prompts).
@@ -186,6 +196,8 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     # llama-server's generation time limit: end with "length" at a new line once generating
     # (from the first token) took longer than this many ms; 0: none (worker/time_limit/)
     t_max_predict_ms: Annotated[int, Meta(ge=0, le=1 << 40)] = 0
+    # a variant's plain prompt (None: the worker's own; only models without a chat template)
+    prompt_format: PromptFormat | None = None
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):

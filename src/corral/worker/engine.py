@@ -44,6 +44,7 @@ from corral.worker.preempt.preemption import EngineSide, Preemption
 from corral.worker.prefill import EchoChunk, fill_prompt_chunks, prompt_logprobs
 from corral.worker.cache.prompt_cache import PromptCache
 from corral.worker.prompt.prompts import PreparedRequest, PromptPreparer, model_template
+from corral.worker.prompt.templates import with_format
 from corral.worker.reasoning.feature import ReasoningFeature
 from corral.worker.output.slot_output import SlotOutput
 from corral.worker.batch import Batch
@@ -220,7 +221,8 @@ class Engine:
         grammar, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
         chat = req.messages is not None and self.template is not None and not p.ignore_eos and not requested
         equip(slot, job, grammar, self.tok, n_ctx=self.m.n_ctx_slot,
-              template_stops=self.template.stop_strings if chat and self.template is not None else ())
+              template_stops=with_format(self.template, req.prompt_format).stop_strings
+              if chat and self.template is not None else ())
         slot.echo_logprobs = [wire.TokenLogprob(self.tok.prompt_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))

@@ -67,6 +67,8 @@ async def list_models(request: Request) -> Response:
     visible = plane.visible_pools()  # the models the request's key may use
     for pool in visible:
         entry = plane.describe(pool)
+        runs_on = plane.serving(pool)  # a variant: listed under its own id, served by another's instances
+        entry["variant_of"] = runs_on.spec.id if runs_on is not pool else None
         progress = dm.progress(pool.spec.id) if dm is not None else None
         if progress is not None and entry["status"]["value"] == "unloaded":
             entry["status"]["value"] = "downloading"
