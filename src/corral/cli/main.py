@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from corral.cli import cache_cmds, create_cmd, keys_cmds, model_cmds, run_cmd, serve_cmd, store_cmds
+from corral.cli import cache_cmds, config_cmds, create_cmd, keys_cmds, model_cmds, run_cmd, serve_cmd, store_cmds
 
 app = typer.Typer(
     name="corral",
@@ -19,6 +19,7 @@ run_cmd.register(app)
 keys_cmds.register(app)
 cache_cmds.register(app)
 create_cmd.register(app)
+config_cmds.register(app)
 
 if __name__ == "__main__":
     app()

@@ -24,7 +24,13 @@ from typing import Any
 
 from corral.errors import ConfigError
 
-__all__ = ["Modelfile", "parse_modelfile", "MAX_MODELFILE_BYTES"]
+__all__ = ["Modelfile", "parse_modelfile", "MAX_MODELFILE_BYTES", "PARAMETERS"]
+
+# Ollama's PARAMETER names -> the model setting (generation defaults, and a few a load fixes)
+PARAMETERS = {n: n for n in ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
+                             "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "stop")}
+PARAMETERS.update(num_predict="default_max_tokens", num_gpu="n_gpu_layers", num_thread="threads",
+                  num_batch="n_batch", num_ctx="ctx_len")
 
 MAX_MODELFILE_BYTES = 1 << 20
 _INSTRUCTIONS = ("from", "parameter", "system", "template", "adapter", "message", "license", "requires")

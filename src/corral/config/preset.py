@@ -39,7 +39,7 @@ from corral.model.ids import id_problem
 from corral.model.settings import ModelSettings, SettingsError
 
 __all__ = ["PresetModel", "Preset", "read_preset", "parse_preset", "select_section", "MAX_PRESET_BYTES",
-           "OPTIONS", "IGNORED", "option_for"]
+           "OPTIONS", "IGNORED", "option_for", "option_entries", "GLOBAL"]
 
 log = logging.getLogger("corral.config")
 
@@ -396,6 +396,20 @@ def option_for(key: str) -> Option | str | None:
     if not k.startswith("LLAMA_ARG_") and k.lower() in _BY_NAME:  # keys are case-insensitive but env names
         return _BY_NAME[k.lower()]
     return None
+
+
+def option_entries(key: str, value: str, base: Path) -> tuple[list[tuple[str, Any]], str | None]:
+    """One llama-server option as model-table entries (``path``, ``hf_repo``, ``hf_file``,
+    ``aliases``, ``lora+`` or a setting), or why it is not carried over (corral config import)."""
+    opt = option_for(key)
+    if opt is None:
+        return [], "not a llama-server option corral can honour"
+    if isinstance(opt, str):
+        return [], f"ignored: {IGNORED.get(opt, 'it tunes only llama-server itself')}"
+    try:
+        return opt.handler(value, _Ctx(base)), None
+    except _Bad as exc:
+        return [], str(exc)
 
 
 # --------------------------------------------------------------------------- reading

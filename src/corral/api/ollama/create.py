@@ -27,6 +27,7 @@ from starlette.responses import Response, StreamingResponse
 from corral.api.core.schemas import parse_body
 from corral.api.http import app_part, json_response, ndjson_line, plane_of
 from corral.control.catalog import ModelSpec
+from corral.config.modelfile import PARAMETERS
 from corral.control.created_models import CreatedModel, CreatedModels
 from corral.errors import Conflict, InvalidRequest, ModelNotFound, NotFound, UnsupportedOption
 from corral.model.ids import id_problem
@@ -35,7 +36,7 @@ from corral.state.paths import state_dir
 from corral.store.blobs import BlobStore, parse_digest
 from corral.store.local import default_models_dir
 
-__all__ = ["router", "open_created", "created_models", "spec_of", "PARAMETERS"]
+__all__ = ["router", "open_created", "created_models", "spec_of"]
 
 router = APIRouter()
 
@@ -58,11 +59,6 @@ class CreateBody(BaseModel):
     stream: bool = True
 
 
-# Ollama's PARAMETER names -> the model setting (generation defaults unless said)
-PARAMETERS = {n: n for n in ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
-                             "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "stop")}
-PARAMETERS.update(num_predict="default_max_tokens", num_gpu="n_gpu_layers", num_thread="threads",
-                  num_batch="n_batch", num_ctx="ctx_len")
 
 
 def open_created(app_state: Any, configured_dir: Path | None) -> None:
