@@ -78,3 +78,19 @@ def test_a_generation_default_is_no_load_setting() -> None:
                   seed=3, default_max_tokens=5)
     assert a.worker_key() == b.worker_key()
     assert a.worker_key() != ModelSpec(id="m", path=Path("/m"), n_parallel=2).worker_key()
+
+
+def test_a_variant_differs_only_in_what_a_request_carries() -> None:
+    """ModelSpec.load_key (control/plane.py's serving): generation defaults, the plain
+    prompt and adapter scales a request carries; the file, context and adapters a load fixes."""
+    from corral.model.settings import LoraAdapter
+
+    a = ModelSpec(id="a", path=Path("/m"), pre_prompt="A", lora=[LoraAdapter(id="x", path="/x.gguf", scale=1.0)])
+    b = ModelSpec(id="b", path=Path("/m"), pre_prompt="B", temperature=0.1, system="s",
+                  lora=[LoraAdapter(id="x", path="/x.gguf", scale=0.25)])
+    assert a.load_key() == b.load_key()
+    assert a.worker_key() != b.worker_key()  # its own instances would still restart for a new pre_prompt
+    for other in (ModelSpec(id="c", path=Path("/other"), pre_prompt="A"),
+                  ModelSpec(id="c", path=Path("/m"), ctx_len=4096, lora=a.lora),
+                  ModelSpec(id="c", path=Path("/m"), lora=[LoraAdapter(id="x", path="/y.gguf")])):
+        assert other.load_key() != a.load_key()

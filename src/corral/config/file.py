@@ -264,6 +264,10 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
     data = dict(data)
     errors: list[str] = []
     defaults, per_model = _split_settings(data, name, errors)
+    for mid, tbl in (data.get("models") or {}).items() if isinstance(data.get("models"), dict) else ():
+        if isinstance(tbl, dict) and tbl.get("path") is None and tbl.get("pull") is None:
+            errors.append(f"{name}: {location(('models', str(mid), 'path'))}: required key is missing "
+                          "(the model's file; or pull = \"owner/repo:TAG\")")
     cfg: CorralConfig | None = None
     try:
         cfg = CorralConfig.model_validate(data)

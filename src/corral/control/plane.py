@@ -28,6 +28,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from corral import wire
 from corral.config.file import CorralConfig
 from corral.control import generation_defaults, views
@@ -240,6 +242,9 @@ class ControlPlane:
         runs_on = self.serving(pool)
         if runs_on is not pool:
             msg = generation_defaults.with_prompt_format(pool.spec, msg)
+            if msg.lora is None and pool.spec.lora:  # the variant's own adapter scales
+                msg = msgspec.structs.replace(msg, lora=[
+                    wire.LoraScale(i, a.scale if a.model is None else 0.0) for i, a in enumerate(pool.spec.lora)])
         msg = cache_tenant.with_tenant(msg, current_caller(), cache_salt)
         return await self.dispatch.submit(runs_on, msg, cache_tenant.affinity_prefix(msg, prefix),
                                           as_model=pool.spec.id)

@@ -324,7 +324,8 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     def load_key(self) -> tuple[Any, ...]:
         """What a load fixes: two models equal in it (and in their file) are variants, served
         by one model's instances (the rest, PROMPT_FIELDS too, a request carries)."""
-        return tuple(getattr(self, f) for f in ModelSettings.__struct_fields__
+        return tuple((tuple((a.id, a.path, a.model) for a in self.lora) if f == "lora" else getattr(self, f))
+                     for f in ModelSettings.__struct_fields__  # an adapter's scale a request carries too
                      if f not in LIVE_FIELDS and f not in GENERATION_FIELDS and f not in PROMPT_FIELDS)
 
 
