@@ -26,10 +26,12 @@ def model_path() -> Path:
 @pytest.fixture(autouse=True, scope="session")
 def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Routers started by tests (in process or as children) keep their state (usage.db)
-    in a temporary directory, never in ~/.local/state/corral. Session-wide, so that
+    in a temporary directory, never in ~/.local/state/corral, and list an empty llama.cpp
+    cache. Session-wide, so that
     module-scoped servers get it too; a test that needs its own sets [server] state_dir."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CORRAL_STATE_DIR", str(tmp_path_factory.mktemp("corral-state")))
+        mp.setenv("LLAMA_CACHE", str(tmp_path_factory.mktemp("llama-cache")))  # never the user's
         yield
 
 

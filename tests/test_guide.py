@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from corral.api.app import create_app
 from corral.config.file import CorralConfig, ModelConfig, ServerConfig
-from corral.model.settings import LoraAdapter, ModelSettings
+from corral.model.settings import LoraAdapter, ModelSettings, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -39,6 +39,7 @@ SECTIONS: dict[type, str] = {
     ModelConfig: '## `[models."ID"]`',
     ModelSettings: "## Model settings",
     LoraAdapter: "### A LoRA adapter",
+    Turn: "### An opening message",
 }
 
 

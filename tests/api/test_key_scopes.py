@@ -71,6 +71,7 @@ manage  GET /stats | GET /metrics | GET /models/events | GET /models/sse | POST 
         POST /inferences/llamacpp/loadmodel | GET /inferences/llamacpp/unloadmodel
         POST /inferences/llamacpp/unloadmodel | POST /slots/{id_slot} | POST /lora-adapters
         GET /hub/search | GET /hub/repo | GET /hub/fit
+        POST /api/create | GET /api/blobs/{digest} | POST /api/blobs/{digest}
 admin   DELETE /api/delete | DELETE /models/{model_id:path} | GET /keys | POST /keys | DELETE /keys/{name}
 """
 

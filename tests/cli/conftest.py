@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from support.fixtures import harness  # noqa: F401 - the fixture, shared
 from ui.server import CorralServer
 
 

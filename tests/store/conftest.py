@@ -9,6 +9,8 @@ import pytest
 from corral.events import EventBus
 from corral.store.local import ModelStore
 
+from support.fixtures import harness  # noqa: F401 - the fixture, shared
+
 from .fake_hub import FakeHub
 
 

@@ -8,6 +8,7 @@ import llama_cpp as ll
 import pytest
 
 from corral import wire
+from corral.control import generation_defaults
 from corral.worker.engine import Engine
 
 from .conftest import run_engine, settings_for, REUSED_TAIL
@@ -139,12 +140,15 @@ def test_max_tokens_none_runs_to_slot_context(engine: Engine) -> None:
 
 
 def test_the_models_default_max_tokens_caps_a_request_that_sets_none(model_path: Path) -> None:
-    e = Engine(settings_for(model_path, n_parallel=1, ctx_len=256, default_max_tokens=5))
+    """The router adds the model's default_max_tokens (control/generation_defaults.py) to
+    a request that sets none; the worker runs what it got."""
+    settings = settings_for(model_path, n_parallel=1, ctx_len=256, default_max_tokens=5)
+    e = Engine(settings)
     try:
-        unlimited = wire.SamplingParams(max_tokens=None, temperature=0.0, ignore_eos=True)
-        _, finals, _ = run_engine(e, [gen("capped", params=unlimited),
-                                      gen("asked", params=wire.SamplingParams(max_tokens=9, temperature=0.0,
-                                                                              ignore_eos=True))])
+        unlimited = gen("capped", params=wire.SamplingParams(max_tokens=None, temperature=0.0, ignore_eos=True))
+        asked = gen("asked", params=wire.SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True))
+        _, finals, _ = run_engine(e, [generation_defaults.apply(settings, unlimited),
+                                      generation_defaults.apply(settings, asked)])
         assert (finals["capped"].finish_reason, finals["capped"].usage.completion_tokens) == ("length", 5)
         assert finals["asked"].usage.completion_tokens == 9  # a request's own limit wins
     finally:

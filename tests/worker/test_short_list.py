@@ -72,8 +72,8 @@ def test_short_list_draws_what_the_full_chain_draws(name: str) -> None:
             x[EOG[1]] = x.max() + 1.0
     draws: dict[str, list[int]] = {}
     for seed in (3, 4):
-        full = make_sampler(p, n_vocab=N_VOCAB, seed=seed, eog_tokens=EOG, prompt_tail=[])
-        short = SlotSampler(p, n_vocab=N_VOCAB, seed=seed, eog_tokens=EOG, prompt_tail=[])
+        full = make_sampler(p.values(), n_vocab=N_VOCAB, seed=seed, eog_tokens=EOG, prompt_tail=[])
+        short = SlotSampler(p.values(), n_vocab=N_VOCAB, seed=seed, eog_tokens=EOG, prompt_tail=[])
         try:
             assert short.short is not None and short.chain is not None
             a = [full_draw(full, x) for x in stream]
@@ -90,7 +90,7 @@ def test_short_list_draws_what_the_full_chain_draws(name: str) -> None:
         assert 777 in draws["3"]
     if name == "ignore_eos":
         assert not set(draws["3"]) & set(EOG)
-    if p.temperature > 0 and name != "top_k_1":
+    if p.values().temperature > 0 and name != "top_k_1":
         assert draws["3"] != draws["4"], "different seeds should draw differently"
 
 
@@ -98,8 +98,8 @@ def test_greedy_ties_go_to_the_lowest_id_like_the_full_chain() -> None:
     x = np.zeros(N_VOCAB, dtype=np.float32)
     x[[900, 17, 4000]] = 9.0
     p = wire.SamplingParams(temperature=0.0)
-    full = make_sampler(p, n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[])
-    short = SlotSampler(p, n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[])
+    full = make_sampler(p.values(), n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[])
+    short = SlotSampler(p.values(), n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[])
     try:
         assert short.short is not None and short.chain is not None
         assert short.short.sample(short.chain, x) == full_draw(full, x) == 17
@@ -113,7 +113,7 @@ def test_greedy_ties_go_to_the_lowest_id_like_the_full_chain() -> None:
                                wire.SamplingParams(top_k=MAX_K + 1),
                                wire.SamplingParams(presence_penalty=0.5)])
 def test_chains_that_need_every_token_take_the_full_path(p: wire.SamplingParams) -> None:
-    s = SlotSampler(p, n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[5, 6])
+    s = SlotSampler(p.values(), n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[5, 6])
     try:
         assert s.short is None
     finally:
@@ -123,7 +123,7 @@ def test_chains_that_need_every_token_take_the_full_path(p: wire.SamplingParams)
 def test_flat_logits_fall_back_and_a_slot_stops_trying() -> None:
     x = np.zeros(N_VOCAB, dtype=np.float32)  # every token ties: more than MAX_SHORT
     assert N_VOCAB > MAX_SHORT
-    chain = make_sampler(wire.SamplingParams(), n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[])
+    chain = make_sampler(wire.SamplingParams().values(), n_vocab=N_VOCAB, seed=1, eog_tokens=EOG, prompt_tail=[])
     try:
         sl = ShortList(40, [], N_VOCAB)
         assert sl.sample(chain, x) is None
@@ -141,8 +141,8 @@ def test_an_infinite_logit_takes_the_full_path_without_moving_the_chain() -> Non
     x[10] = math.inf  # not one of the sampled logits (every stride-th)
     sl = ShortList(40, [], N_VOCAB)
     assert 10 % sl.stride != 0
-    a = make_sampler(wire.SamplingParams(), n_vocab=N_VOCAB, seed=9, eog_tokens=EOG, prompt_tail=[])
-    b = make_sampler(wire.SamplingParams(), n_vocab=N_VOCAB, seed=9, eog_tokens=EOG, prompt_tail=[])
+    a = make_sampler(wire.SamplingParams().values(), n_vocab=N_VOCAB, seed=9, eog_tokens=EOG, prompt_tail=[])
+    b = make_sampler(wire.SamplingParams().values(), n_vocab=N_VOCAB, seed=9, eog_tokens=EOG, prompt_tail=[])
     try:
         assert sl.sample(a, x) is None
         assert sl.loads == 0
@@ -155,7 +155,7 @@ def test_an_infinite_logit_takes_the_full_path_without_moving_the_chain() -> Non
 
 def test_a_nan_logit_is_never_drawn() -> None:
     sl = ShortList(40, [], N_VOCAB)
-    chain = make_sampler(wire.SamplingParams(temperature=1.5, top_p=1.0, min_p=0.0), n_vocab=N_VOCAB, seed=2,
+    chain = make_sampler(wire.SamplingParams(temperature=1.5, top_p=1.0, min_p=0.0).values(), n_vocab=N_VOCAB, seed=2,
                          eog_tokens=EOG, prompt_tail=[])
     try:
         drawn = []
@@ -257,7 +257,7 @@ def test_the_top_64_decides_a_resample_only_with_k_allowed_tokens(model_path) ->
         drawn: dict[str, list[int]] = {}
         for path in ("short", "full"):
             for seed in range(12):
-                s = GrammarSampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=EOG, prompt_tail=[],
+                s = GrammarSampler(p.values(), n_vocab=n_vocab, seed=seed, eog_tokens=EOG, prompt_tail=[],
                                    grammar=ll.llama_sampler_init_grammar(vocab, b"root ::= [a-z]+", b"root"))
                 levels = s.short_tops
                 try:

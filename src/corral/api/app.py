@@ -38,6 +38,7 @@ from corral.api.manage import keys as key_routes
 from corral.api.manage import models as management_routes
 from corral.api.manage import store as store_routes
 from corral.api.manage import usage as usage_routes
+from corral.api.ollama import create as ollama_create
 from corral.api.ollama import models as ollama_models
 from corral.api.ollama import routes as ollama_routes
 from corral.api.openai import responses as responses_routes
@@ -60,6 +61,7 @@ from corral.control.plane import ControlPlane
 from corral.errors import CorralError, InternalError, error_for_status
 from corral.store.downloads import DownloadManager
 from corral.store.embedded import EMBEDDED_MODEL_ALIASES, EMBEDDED_MODEL_ID, embedded_model_path
+from corral.store.llama_cache import llama_cache_dir
 from corral.store.local import ModelStore, default_models_dir
 
 __all__ = ["create_app"]
@@ -106,7 +108,8 @@ def _pull_policy(srv: ServerConfig) -> bool | list[str]:
 
 
 def _store(config: CorralConfig) -> ModelStore:
-    return ModelStore(config.server.models_dir or default_models_dir())
+    return ModelStore(config.server.models_dir or default_models_dir(),
+                      llama_cache=llama_cache_dir() if config.server.llama_cache else None)
 
 
 def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig] | None = None,
@@ -138,7 +141,13 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         app.state.downloads = downloads
         app.state.metrics = metrics
         responses_routes.open_store(app.state, config.server.state_dir)
+        ollama_create.open_created(app.state, config.server.state_dir)
         await plane.start()
+        for rec in app.state.created.load():  # models made with Ollama's create, kept across restarts
+            try:
+                await plane.add_model(ollama_create.spec_of(rec))
+            except Exception as exc:  # noqa: BLE001 - one broken record must not stop the server (logged)
+                log.warning("created model %s not added: %s", rec.name, exc)
         app.state.stats = live_stats.StatsRecorder(plane)
         app.state.stats.start()
         if freeze_gc:
@@ -169,6 +178,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     app.include_router(management_routes.router)
     app.include_router(ollama_routes.router)
     app.include_router(ollama_models.router)
+    app.include_router(ollama_create.router)
     app.include_router(anthropic_routes.router)
     app.include_router(responses_routes.router)
     app.include_router(page_routes.router)

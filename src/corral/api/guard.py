@@ -200,7 +200,9 @@ class GuardMiddleware:
             app = ModelRequest(self.app, access, caller, srv.queue_timeout_s)
         token = CALLER.set(caller)
         try:
-            await self._guarded(scope, receive, send, srv.max_body_bytes, cors_origin, app)
+            limit = srv.max_upload_bytes if scope["method"] == "POST" and str(scope.get("path", "")).startswith(
+                "/api/blobs/") else srv.max_body_bytes  # an upload for Ollama's create: a model file
+            await self._guarded(scope, receive, send, limit, cors_origin, app)
         finally:
             CALLER.reset(token)
 

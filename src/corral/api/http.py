@@ -36,7 +36,9 @@ from starlette.responses import Response, StreamingResponse
 
 from corral.errors import CorralError, InvalidRequest, Unavailable
 from corral.store.confine import PathPolicy
+from corral.control.created_models import CreatedModels
 from corral.store.downloads import DownloadManager
+from corral.store.llama_cache import llama_cache_dir
 from corral.store.local import ModelStore
 
 if TYPE_CHECKING:
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
     from corral.control.plane import ControlPlane
 
 __all__ = ["Dialect", "dialect_of", "error_body", "error_response", "ANTHROPIC_OVERLOADED_STATUS",
-           "json_response", "ndjson_line", "sse_data", "sse_stream", "plane_of", "store_of", "downloads_of",
+           "json_response", "ndjson_line", "sse_data", "sse_stream", "plane_of", "store_of", "downloads_of", "created_of",
            "invalid_request", "path_policy", "model_or_only"]
 
 Dialect = Literal["openai", "ollama", "anthropic"]
@@ -138,6 +140,12 @@ def store_of(request: Request) -> ModelStore | None:
     return store
 
 
+def created_of(request: Request) -> CreatedModels | None:
+    """The models made by Ollama's create (kept in the state directory), or None (no store)."""
+    created: CreatedModels | None = getattr(request.app.state, "created", None)  # likewise
+    return created
+
+
 def downloads_of(request: Request) -> DownloadManager | None:
     """The app's download manager, or None (an app made with ``use_store=False``)."""
     downloads: DownloadManager | None = getattr(request.app.state, "downloads", None)  # likewise
@@ -173,6 +181,7 @@ def path_policy(app: FastAPI) -> PathPolicy:
         return PathPolicy(store.root if store is not None else None)
     srv = plane.config.server
     files = [p.spec.path for p in plane.pools.values() if p.spec.source in ("config", "embedded")]
-    files += [m.path for m in plane.config.models.values()]
+    files += [m.path for m in plane.config.models.values() if m.path is not None]
     root = store.root if store is not None else srv.models_dir
-    return PathPolicy(root, srv.allowed_model_dirs, files)
+    cache = [llama_cache_dir()] if srv.llama_cache else []  # served in place, as the HF cache
+    return PathPolicy(root, [*srv.allowed_model_dirs, *cache], files)

@@ -89,6 +89,9 @@ ROUTE_SCOPES: dict[tuple[str, str], Scope] = {
     ("DELETE", "/models/pull/{pull_id}"): "manage",
     ("POST", "/api/pull"): "manage",
     ("POST", "/api/copy"): "manage",
+    ("POST", "/api/create"): "manage",  # a new model (api/ollama/create.py)
+    ("POST", "/api/blobs/{digest}"): "manage",  # a file for it
+    ("GET", "/api/blobs/{digest}"): "manage",  # is it here (and HEAD, as Ollama's clients ask)
     ("POST", "/inferences/llamacpp/loadmodel"): "manage",
     ("GET", "/inferences/llamacpp/unloadmodel"): "manage",
     ("POST", "/inferences/llamacpp/unloadmodel"): "manage",

@@ -81,7 +81,8 @@ def model_path(prefix: str, model_id: str) -> str:
 
 def error_message(r: httpx.Response) -> str:
     with contextlib.suppress(ValueError, KeyError, TypeError):
-        return str(r.json()["error"]["message"])
+        error = r.json()["error"]
+        return error if isinstance(error, str) else str(error["message"])  # Ollama's routes: a string
     return f"HTTP {r.status_code}: {r.text[:200]}"
 
 

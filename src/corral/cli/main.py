@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from corral.cli import cache_cmds, keys_cmds, model_cmds, run_cmd, search_cmd, serve_cmd, store_cmds
+from corral.cli import (cache_cmds, config_cmds, create_cmd, keys_cmds, model_cmds, run_cmd, search_cmd, serve_cmd,
+                        store_cmds)
 
 app = typer.Typer(
     name="corral",
@@ -19,6 +20,8 @@ run_cmd.register(app)
 keys_cmds.register(app)
 cache_cmds.register(app)
 search_cmd.register(app)
+create_cmd.register(app)
+config_cmds.register(app)
 
 if __name__ == "__main__":
     app()

@@ -16,6 +16,12 @@ __all__ = ["register", "serve"]
 def serve(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML config file (see examples/corral.toml)."),
     models_dir: Optional[Path] = typer.Option(None, "--models-dir", help="Every .gguf under it is a model."),
+    hf_repo: Optional[str] = typer.Option(
+        None, "--hf-repo", "-hf",
+        help="A Hub repo: its preset.ini as the presets (user/repo:NAME: that preset), else the model it holds "
+             "(user/repo:TAG), pulled when first asked for."),
+    models_preset: Optional[Path] = typer.Option(
+        None, "--models-preset", help="A llama.cpp preset file (INI): each section one more model."),
     host: Optional[str] = typer.Option(None, "--host", help="Address to listen on [127.0.0.1]."),
     port: Optional[int] = typer.Option(None, "--port", "-p", help="Port [8080]."),
     max_loaded_models: Optional[int] = typer.Option(None, "--max-loaded-models", help="1 = single-GPU mode."),
@@ -50,10 +56,11 @@ def serve(
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API (no arguments: the embedded default model)."""
-    from corral.config.file import CorralConfig, load_config
+    from corral.config.file import CorralConfig, add_pulled_model, load_config
 
     server_overrides: dict[str, Any] = {
         "host": host, "port": port, "models_dir": str(models_dir) if models_dir else None,
+        "models_preset": str(models_preset.resolve()) if models_preset else None,
         "max_loaded_models": max_loaded_models, "memory_budget": memory_budget,
         "api_key": api_key, "autoload": False if no_autoload else None,
         "ray_address": ray, "ray_namespace": ray_namespace,
@@ -72,10 +79,24 @@ def serve(
     if flash_attn in ("on", "off"):  # auto: the setting stays unset (llama.cpp decides)
         model_overrides["flash_attn"] = flash_attn == "on"
 
+    pull_model: str | None = None  # -hf of a repo without a preset: its model
+
     def loader() -> CorralConfig:
-        return load_config(config, server_overrides=server_overrides, model_overrides=model_overrides)
+        cfg = load_config(config, server_overrides=server_overrides, model_overrides=model_overrides)
+        if pull_model is not None:
+            add_pulled_model(cfg, pull_model)
+        return cfg
 
     try:
+        if hf_repo is not None:  # the Hub's preset.ini, fetched once here (a reload re-reads its copy)
+            from corral.state.paths import state_dir
+            from corral.store.hub_preset import hub_preset
+
+            found = hub_preset(hf_repo, state_dir(loader().server.state_dir))
+            if found.path is not None:
+                server_overrides["models_preset"] = str(found.path)
+            else:
+                pull_model = hf_repo.strip()
         cfg = loader()
     except ConfigError as exc:
         typer.echo(f"corral serve: {exc.message}", err=True)

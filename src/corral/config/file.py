@@ -24,6 +24,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, IPvAnyNetwo
                       ValidationError, ValidationInfo, field_validator)
 
 from corral.config.errors import pydantic_errors, settings_errors, location
+from corral.config.preset import read_preset
 from corral.errors import ConfigError
 from corral.model.ids import id_problem
 from corral.units import parse_bytes
@@ -36,6 +37,7 @@ __all__ = [
     "load_config",
     "config_from_dict",
     "default_config",
+    "add_pulled_model",
 ]
 
 ByteSize = Annotated[int, BeforeValidator(parse_bytes), Field(ge=0)]
@@ -81,7 +83,13 @@ class ServerConfig(_NoBoolNumbers):
     gpu_memory_margin: ByteSize = 512 * 1024 * 1024
     gpu_memory_budget: list[ByteSize] = []
     models_dir: Path | None = None  # None: corral.store.local.default_models_dir()
+    # a llama.cpp preset file (llama-server's --models-preset; corral.config.preset): each section
+    # one more model, re-read on reload
+    models_preset: Path | None = None
     include_default_model: bool = True  # serve the embedded gemma-3-270m (alias "default")
+    # list the models of llama.cpp's cache ($LLAMA_CACHE, else ~/.cache/llama.cpp: what
+    # llama-server -hf pulled) beside models_dir's, served in place (corral.store.llama_cache)
+    llama_cache: bool = True
     max_queue: int = Field(64, ge=0)  # per model, requests waiting for a slot
     autoload: bool = True  # False: requests for unloaded models get 400 model_not_loaded
     api_key: str | None = None  # one admin key (usage counts it as key "api_key")
@@ -138,6 +146,8 @@ class ServerConfig(_NoBoolNumbers):
     max_restarts: int = Field(3, ge=0)  # consecutive failures before an instance stays failed
     restart_backoff_s: float = Field(1.0, ge=0)  # doubles per consecutive failure, max 30 s
     max_body_bytes: ByteSize = 8 * 1024 * 1024
+    # one file uploaded for Ollama's create (POST /api/blobs/:digest: a GGUF or an adapter)
+    max_upload_bytes: ByteSize = 256 * 1024**3
     allow_image_urls: bool = False  # images in requests: api/core/image_fetch.py, docs/internals/media.md
     allow_private_image_urls: bool | list[IPvAnyNetwork] = False  # true (any), or CIDR networks
     image_url_timeout_s: float = Field(10.0, gt=0)
@@ -163,13 +173,26 @@ class ModelConfig(BaseModel):
 
     model_config = _STRICT
 
-    path: Path
+    path: Path | None = None  # None: the file of ``pull``, once pulled into the store
     aliases: list[str] = []
+    # a Hub source (a preset's hf-repo: owner/repo[:TAG]) pulled through the store, under this
+    # model's id, when a request first needs it
+    pull: str | None = None
     _settings: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _origin: str | None = PrivateAttr(default=None)
 
     @property
     def settings(self) -> dict[str, Any]:
         return self._settings
+
+    @property
+    def origin(self) -> str | None:
+        """The preset file this model came from (None: the TOML file)."""
+        return self._origin
+
+    @origin.setter
+    def origin(self, value: str | None) -> None:
+        self._origin = value
 
 
 class CorralConfig(BaseModel):
@@ -251,6 +274,10 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
     data = dict(data)
     errors: list[str] = []
     defaults, per_model = _split_settings(data, name, errors)
+    for mid, tbl in (data.get("models") or {}).items() if isinstance(data.get("models"), dict) else ():
+        if isinstance(tbl, dict) and tbl.get("path") is None and tbl.get("pull") is None:
+            errors.append(f"{name}: {location(('models', str(mid), 'path'))}: required key is missing "
+                          "(the model's file; or pull = \"owner/repo:TAG\")")
     cfg: CorralConfig | None = None
     try:
         cfg = CorralConfig.model_validate(data)
@@ -264,7 +291,12 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
     _check_names(cfg, name)
     _check_across(cfg, name)
     base = base_dir or Path.cwd()
-    for m in cfg.models.values():
+    for mid, m in cfg.models.items():
+        if m.path is None:
+            if m.pull is None:
+                raise ConfigError(f"{name}: {location(('models', mid, 'path'))}: required key is missing "
+                                  "(the model's file; or pull = \"owner/repo:TAG\")")
+            continue
         p = m.path.expanduser()
         m.path = p if p.is_absolute() else (base / p)
         if m.settings.get("mmproj"):  # the projector file resolves like the model's ("": none)
@@ -274,7 +306,7 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
         if table.get("lora"):  # adapter files resolve like the model's path
             table["lora"] = [msgspec.structs.replace(a, path=str(_resolve(Path(a.path), base)))
                              for a in table["lora"]]
-    for attr in ("models_dir", "log_dir", "keys_file", "state_dir"):
+    for attr in ("models_dir", "log_dir", "keys_file", "state_dir", "models_preset"):
         p = getattr(cfg.server, attr)
         if p is not None:
             p = p.expanduser()
@@ -282,8 +314,38 @@ def config_from_dict(data: dict[str, Any], *, name: str = "<config>",
     cfg.server.allowed_model_dirs = [d.expanduser() if d.expanduser().is_absolute()
                                      else base / d.expanduser()
                                      for d in cfg.server.allowed_model_dirs]
+    if cfg.server.models_preset is not None:
+        _add_preset(cfg, cfg.server.models_preset, name)
     _check_model_files(cfg, name)
     return cfg
+
+
+def _add_preset(cfg: CorralConfig, path: Path, name: str) -> None:
+    """The preset's sections as models beside the file's (corral.config.preset): the
+    preset's ``[*]`` and section settings above ``[defaults]``, the command line above all."""
+    preset = read_preset(path)
+    for m in preset.models:
+        if m.id in cfg.models:
+            raise ConfigError(f"{preset.name}: [{m.id}]: model {m.id!r} is in {name} too; "
+                              "keep one of them")
+        mc = ModelConfig(path=m.path, aliases=m.aliases, pull=m.source if m.path is None else None)
+        mc.settings.update(m.settings)
+        mc.origin = preset.name
+        cfg.models[m.id] = mc
+    errors: list[str] = []
+    for m in preset.models:  # the rules between settings, as the section and [*] combine
+        try:
+            cfg.model_settings(m.id)
+        except SettingsError as exc:
+            errors += [f"{preset.name}: [{m.id}] key {key!r}: {msg}" for key, msg in exc.errors]
+    try:
+        if errors:
+            raise ConfigError("; ".join(errors))
+        _check_names(cfg, name)
+    except ConfigError:
+        for m in preset.models:
+            cfg.models.pop(m.id, None)
+        raise
 
 
 def _resolve(p: Path, base: Path) -> Path:
@@ -315,6 +377,8 @@ def _check_model_files(cfg: CorralConfig, name: str) -> None:
     gguf_only = cfg.server.worker_command is None
     for mid, m in cfg.models.items():
         where = location(("models", mid, "path"))
+        if m.path is None:
+            continue
         if m.path.is_dir():
             raise ConfigError(f"{name}: {where}: {m.path} is a directory, not a GGUF model file")
         try:  # non-blocking: a FIFO named as a model must not hold the config's load
@@ -378,6 +442,18 @@ def load_config(path: Path | None, *, server_overrides: dict[str, Any] | None = 
         _check_across(cfg, "<command line>", options=True)
     cfg.source = path.resolve() if path is not None else None
     return cfg
+
+
+def add_pulled_model(cfg: CorralConfig, source: str) -> None:
+    """A model named by its Hub source (``corral serve -hf user/repo:TAG`` of a repo without a
+    preset), pulled under that name when a request first needs it."""
+    model_id = source.strip()
+    problem = id_problem(model_id)
+    if problem is not None:
+        raise ConfigError(f"-hf {source!r}: not a usable model name: {problem}")
+    if model_id not in cfg.models:
+        cfg.models[model_id] = ModelConfig(pull=model_id)
+        _check_names(cfg, "<command line>")
 
 
 def default_config() -> CorralConfig:

@@ -20,6 +20,7 @@ from corral.config.file import CorralConfig
 from corral.control.placement.gpu_slot import GpuSlot
 from corral.errors import ModelNotFound
 from corral.model.settings import ModelSettings
+from corral.store.local import LLAMA_CACHE_SOURCE, ModelStore, default_models_dir
 from corral.store.projector import projector_for
 
 __all__ = ["ModelSpec", "Catalog", "specs_from_config", "default_threads"]
@@ -36,18 +37,21 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
     # why its file does not read as GGUF when the catalog was read (corral.store.gguf.check_file):
     # the model is listed with status "failed" and this reason, and is never handed to a worker
     problem: str | None = None
+    # a Hub source this model's file is pulled from, under its id, when first needed
+    # (a preset's hf-repo; api/core/target.py starts it); None: the file is there
+    pull: str | None = None
 
     @classmethod
     def make(cls, model_id: str, path: Path, settings: ModelSettings, *,
              aliases: tuple[str, ...] = (), source: str, projector: Path | None = None,
-             problem: str | None = None) -> "ModelSpec":
+             problem: str | None = None, pull: str | None = None) -> "ModelSpec":
         """``mmproj`` becomes the projector's path, or None (corral.store.projector's rule;
         ``projector``: the one pulled with the model)."""
         fields = settings.to_dict()
         found = projector_for(Path(path), settings.mmproj, projector) if problem is None else None
         fields["mmproj"] = str(found) if found is not None else None
         return cls(id=model_id, path=Path(path), aliases=tuple(aliases), source=source, problem=problem,
-                   **fields)
+                   pull=pull, **fields)
 
     def projector_bytes(self) -> int:
         """The projector file's size (0 without one, or while it is missing)."""
@@ -75,6 +79,10 @@ class ModelSpec(ModelSettings, frozen=True, kw_only=True):
     def worker_key(self) -> tuple[Any, ...]:
         """What a running worker depends on: a change restarts it."""
         return (self.path, *super().worker_key())
+
+    def load_key(self) -> tuple[Any, ...]:
+        """What a load fixes: equal ones are variants of one loaded model (control/plane.py's serving)."""
+        return (self.path, *super().load_key())
 
     def worker_settings(self, index: int, threads: int | None, gpu: GpuSlot | None = None) -> wire.WorkerSettings:
         """One spawn's settings; ``gpu``: where admission placed it (its GPUs and budget)."""
@@ -123,16 +131,25 @@ def specs_from_config(cfg: CorralConfig, store_models: list[Any] | None = None,
     specs: list[ModelSpec] = []
     taken: set[str] = set()
     problems = problems or {}
+    pulled = {lm.id: lm for lm in store_models or []}
     for mid, m in cfg.models.items():
-        specs.append(ModelSpec.make(mid, m.path, cfg.model_settings(mid), aliases=tuple(m.aliases),
-                                    source="config", problem=problems.get(m.path)))
+        path, projector, problem = m.path, None, problems.get(m.path) if m.path is not None else None
+        if path is None:  # pulled under its id: the store's file once there, else where it will land
+            have = pulled.get(mid)
+            path = have.path if have is not None else pull_target(cfg, mid)
+            projector = have.mmproj if have is not None else None
+            problem = have.problem if have is not None else None
+        specs.append(ModelSpec.make(mid, path, cfg.model_settings(mid), aliases=tuple(m.aliases),
+                                    source="config" if m.origin is None else "preset", projector=projector,
+                                    problem=problem, pull=m.pull))
         taken.add(mid)
         taken.update(m.aliases)
     inherited = cfg.inherited_settings()
     for lm in store_models or []:
         if lm.id in taken:
             continue
-        specs.append(ModelSpec.make(lm.id, lm.path, inherited, source="store",
+        specs.append(ModelSpec.make(lm.id, lm.path, inherited,
+                                    source=lm.source if lm.source == LLAMA_CACHE_SOURCE else "store",
                                     projector=lm.mmproj, problem=lm.problem))
         taken.add(lm.id)
     if embedded is not None:
@@ -142,6 +159,11 @@ def specs_from_config(cfg: CorralConfig, store_models: list[Any] | None = None,
             specs.append(ModelSpec.make(eid, epath, inherited, aliases=free_aliases,
                                         source="embedded"))
     return specs
+
+
+def pull_target(cfg: CorralConfig, model_id: str) -> Path:
+    """Where the store puts the file of a model pulled under ``model_id``."""
+    return ModelStore(cfg.server.models_dir or default_models_dir()).model_file_path(model_id)
 
 
 class Catalog:

@@ -150,6 +150,10 @@ class CatalogSync:
         """A model learned at run time (Nitro loadmodel, a finished pull)."""
         existing = self.pools.get(spec.id)
         if existing is not None:
+            if replace and existing.spec != spec and existing.spec.worker_key() == spec.worker_key():
+                self._extra_specs[spec.id] = spec  # what a request carries changed: no restart
+                existing.spec = spec
+                self.catalog.put(spec)
             if not replace or existing.spec.worker_key() == spec.worker_key():
                 return existing
             self._extra_specs[spec.id] = spec
@@ -159,6 +163,18 @@ class CatalogSync:
         return self.add(spec)
 
     async def on_download_finished(self, model_id: str, path: Path, inherited: ModelSettings) -> None:
+        pool = self.pools.get(model_id)
+        if pool is not None and pool.spec.pull is not None and not pool.occupies:
+            # a model pulled when first needed (a preset's hf-repo): its file is here now
+            store = self.store  # its manifest: the projector; its header checked (off the loop)
+            pulled = await asyncio.to_thread(store.get, model_id) if store is not None else None
+            pool.spec = msgspec.structs.replace(
+                pool.spec, path=Path(path),
+                mmproj=str(pulled.mmproj) if pulled is not None and pulled.mmproj and not pool.spec.mmproj
+                else pool.spec.mmproj,
+                problem=pulled.problem if pulled is not None else None)
+            self.catalog.put(pool.spec)
+            return
         if model_id not in self.pools:
             store = self.store  # its manifest: the projector; its header checked (off the loop)
             pulled = await asyncio.to_thread(store.get, model_id) if store is not None else None

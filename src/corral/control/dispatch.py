@@ -93,7 +93,10 @@ class Dispatch:
                 self._access.track(stream)
                 return stream
 
-    async def submit(self, pool: ModelPool, msg: Msg, prefix: str | None) -> RequestStream:
+    async def submit(self, pool: ModelPool, msg: Msg, prefix: str | None,
+                     as_model: str | None = None) -> RequestStream:
+        """``as_model``: the id the stream answers as, its metrics and usage (a variant's;
+        None: ``pool``'s)."""
         frame = encode_request(msg)  # before a slot is taken: what cannot be sent takes none
         try:
             sent_msg, held = self._access.reserve(msg, pool)  # the key's tokens ahead (limits.py)
@@ -102,7 +105,7 @@ class Dispatch:
             raise
         try:
             return await self._send(pool, sent_msg, frame if sent_msg is msg else encode_request(sent_msg),
-                                    prefix, held)
+                                    prefix, held, as_model)
         except BaseException as exc:
             self._access.release(held)
             if isinstance(exc, CorralError) and exc.status in (429, 503):  # counted for the key's usage
@@ -110,13 +113,13 @@ class Dispatch:
             raise
 
     async def _send(self, pool: ModelPool, msg: Msg, frame: bytes, prefix: str | None,
-                    held: Reservation | None) -> RequestStream:
+                    held: Reservation | None, as_model: str | None = None) -> RequestStream:
         loop = asyncio.get_running_loop()
         who = requester()  # whom the request is for: read once, passed to the queue and preemption
         bound = self._server().request_queue_timeout_s  # None: waits while its client does
         deadline = None if bound is None else loop.time() + bound
         while True:
-            stream = RequestStream(msg.id, self.current(pool).spec.id, input_param(msg))
+            stream = RequestStream(msg.id, as_model or self.current(pool).spec.id, input_param(msg))
             inst = pool.try_acquire(prefix, who)
             if inst is None:
                 if not pool.has_ready and not pool.draining:

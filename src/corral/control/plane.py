@@ -28,9 +28,11 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from corral import wire
 from corral.config.file import CorralConfig
-from corral.control import views
+from corral.control import generation_defaults, views
 from corral.control.keys import cache_tenant
 from corral.control.keys.access import Access
 from corral.control.placement.admission import Admission
@@ -57,6 +59,8 @@ if TYPE_CHECKING:
     from corral.store.local import ModelStore
 
 __all__ = ["ControlPlane"]
+
+VARIANT_SOURCES = frozenset({"nitro", "created", "preset"})  # the models ``serving`` may share
 
 log = logging.getLogger("corral.plane")
 
@@ -182,6 +186,11 @@ class ControlPlane:
         return task
 
     def _load_soon(self, pool: ModelPool) -> None:
+        if pool.spec.pull is not None and not pool.spec.path.exists():  # never loads '' (llama.cpp's regression)
+            log.warning("%s: load_on_startup skipped: its file is pulled from %s when a request first needs it",
+                        pool.spec.id, pool.spec.pull)
+            return
+
         async def load() -> None:
             try:
                 await self.load(pool)
@@ -204,21 +213,47 @@ class ControlPlane:
         self.access.check_visible(name, pool)
         return pool
 
+    def serving(self, pool: ModelPool) -> ModelPool:
+        """The pool whose instances serve ``pool``'s requests: its own, or, while it holds none,
+        a loaded (or loading) model's equal in all a load fixes (``ModelSpec.load_key``: the
+        file, context, GPU layers, projector, cache types...): ``pool`` is then a variant of
+        it, served with no second load (its generation defaults and plain prompt go with
+        each request). Ids made at run time (Nitro's loadmodel, Ollama's create) and a
+        preset's sections are variants so; two [models] tables of one file stay two models,
+        as the operator wrote them (tests and placement rely on that)."""
+        if pool.occupies or pool.spec.source not in VARIANT_SOURCES:
+            return pool
+        key = pool.spec.load_key()
+        for other in self.pools.values():
+            if other is not pool and other.occupies and other.spec.load_key() == key:
+                return other
+        return pool
+
     def visible_pools(self) -> list[ModelPool]:
         """The models the request's key may use (every model outside a request)."""
         return [p for p in self.pools.values() if self.access.visible(p.spec)]
 
     async def generate(self, pool: ModelPool, msg: wire.GenerateRequest, prefix: str | None,
                        cache_salt: str | None = None) -> RequestStream:  # tenant: control/keys/cache_tenant.py
-        """``pool``: the model the request named, resolved once by ``pool`` (control/dispatch.py)."""
+        """``pool``: the model the request named, resolved once by ``pool`` (control/dispatch.py);
+        its generation defaults fill what the request left out (control/generation_defaults.py).
+        A variant (``serving``) runs on the model that serves it, under its own id."""
+        msg = generation_defaults.apply(pool.spec, msg)
+        runs_on = self.serving(pool)
+        if runs_on is not pool:
+            msg = generation_defaults.with_prompt_format(pool.spec, msg)
+            if msg.lora is None and pool.spec.lora:  # the variant's own adapter scales
+                msg = msgspec.structs.replace(msg, lora=[
+                    wire.LoraScale(i, a.scale if a.model is None else 0.0) for i, a in enumerate(pool.spec.lora)])
         msg = cache_tenant.with_tenant(msg, current_caller(), cache_salt)
-        return await self.dispatch.submit(pool, msg, cache_tenant.affinity_prefix(msg, prefix))
+        return await self.dispatch.submit(runs_on, msg, cache_tenant.affinity_prefix(msg, prefix),
+                                          as_model=pool.spec.id)
 
     async def embed(self, pool: ModelPool, msg: wire.EmbedRequest) -> RequestStream:
         return await self.dispatch.submit(pool, msg, None)
 
     async def tokenize(self, pool: ModelPool, msg: wire.TokenizeRequest) -> RequestStream:
-        return await self.dispatch.tokenize(pool, msg)
+        return await self.dispatch.tokenize(pool, generation_defaults.with_system(pool.spec, msg))
 
     def keep_alive(self, pool: ModelPool, seconds: float | None) -> None:
         self.dispatch.keep_alive(pool, seconds)
@@ -239,7 +274,7 @@ class ControlPlane:
         409 when another request unloaded it before it was ready (the later call wins).
         ``pool``: what the request resolved its name to (``pool``), once, where it entered."""
         try:
-            await self.admission.load(pool)
+            await self.admission.load(self.serving(pool))  # a variant: the model that serves it
         except ModelUnloaded as exc:
             raise Conflict(f"{exc.message}: another request unloaded it before it was ready",
                            param="model") from None

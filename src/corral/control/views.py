@@ -9,6 +9,7 @@ import msgspec
 
 from corral.control.placement.memory import memory_bytes
 from corral import wire
+from corral.control import generation_defaults
 from corral.control.capabilities import can
 from corral.control.instance.instance import InstanceState
 from corral.control.scheduling.pool import ModelPool
@@ -120,6 +121,8 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
                      "threads": spec.threads, "embedding": spec.embedding,
                      "ttl_s": spec.ttl_s, "pinned": spec.pinned, "speculative": spec.speculative,
                      "draft_max": spec.draft_max, "draft_min": spec.draft_min, "swa_full": spec.swa_full},
+        # what a request that sets none of them gets (control/generation_defaults.py)
+        "generation": generation_defaults.in_force(spec),
         "queued": len(pool.waiters),
         "preemption": pool.preempt.stats.view(pool.preempt.paused),  # fair-share pauses (control/scheduling/preempt.py)
         "last_used": pool.last_used or None,

@@ -27,8 +27,8 @@ from msgspec import Meta
 
 from corral.units import parse_bytes
 
-__all__ = ["ModelSettings", "LoraAdapter", "MAX_LORA", "LORA_SCALE_MAX", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX", "DEFAULT_SLOT_CTX",
-           "BYTE_FIELDS",
+__all__ = ["ModelSettings", "LoraAdapter", "Turn", "MAX_LORA", "LORA_SCALE_MAX", "SettingsError", "LIVE_FIELDS", "VISIBLE_DEVICES_VARS", "KV_CACHE_TYPES", "CacheType", "INT32_MAX", "UINT32_MAX", "DEFAULT_SLOT_CTX",
+           "BYTE_FIELDS", "PROMPT_FIELDS", "SAMPLING_BUILTIN", "SAMPLING_KEYS", "GENERATION_FIELDS", "MAX_STOPS",
            "setting_names"]
 
 INT32_MAX = 2**31 - 1
@@ -51,6 +51,38 @@ DEFAULT_SLOT_CTX = 32768
 MIN_CTX_LEN = 16  # a ctx_len that is set
 MAX_LORA = 32  # adapters per model
 LORA_SCALE_MAX = 100.0  # |scale| of an adapter, in the config and in a request
+
+
+# The sampling knobs: one bound each, shared by a model's defaults (``ModelSettings``) and
+# a request's own values (``corral.wire.SamplingParams``); llama-server's names differ only
+# in dashes (``top-k``), Ollama's ``PARAMETER`` names are these.
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]  # 0: greedy
+Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+TopK = Annotated[int, Meta(ge=0, le=INT32_MAX)]  # 0: off
+RepeatPenalty = Annotated[float, Meta(gt=0.0, le=100.0)]
+LastN = Annotated[int, Meta(ge=-1, le=INT32_MAX)]  # -1: the whole context
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+DryMultiplier = Annotated[float, Meta(ge=0.0, le=100.0)]  # 0: DRY off
+DryBase = Annotated[float, Meta(ge=1.0, le=100.0)]
+DryLength = Annotated[int, Meta(ge=0, le=INT32_MAX)]
+MAX_STOPS = 16  # stop strings (of a model's defaults; a request's own: its API's limit)
+StopList = Annotated[list[Annotated[str, Meta(min_length=1, max_length=1024)]], Meta(max_length=MAX_STOPS)]
+Breakers = Annotated[list[Annotated[str, Meta(min_length=1, max_length=64)]], Meta(max_length=64)]
+
+# what a request that sets none of them samples with (llama-server's defaults)
+SAMPLING_BUILTIN: dict[str, Any] = {
+    "temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "typical_p": 1.0,
+    "repeat_penalty": 1.0, "repeat_last_n": 64, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+    "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+    "dry_sequence_breakers": ["\n", ":", "\"", "*"], "stop": []}
+SAMPLING_KEYS = tuple(SAMPLING_BUILTIN)
+
+
+class Turn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A turn of a model's opening conversation (Ollama's ``MESSAGE``)."""
+
+    role: Literal["user", "assistant", "system"]
+    content: Annotated[str, Meta(max_length=1 << 20)]
 
 
 class LoraAdapter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -122,6 +154,32 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     ai_prompt: str | None = None
     system_prompt: str | None = None
     seed: Annotated[int, Meta(ge=0, le=UINT32_MAX)] | None = None  # for requests that give none
+    # generation defaults (docs/guide/configuration.md, "Generation defaults"): what a
+    # request that sets none of these samples with; None: corral's built-in
+    # (SAMPLING_BUILTIN, llama-server's). A request's own value always wins.
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    top_k: TopK | None = None
+    min_p: Probability | None = None
+    typical_p: Probability | None = None  # 1: off
+    repeat_penalty: RepeatPenalty | None = None
+    repeat_last_n: LastN | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    # DRY ("don't repeat yourself", llama-server's --dry-*): multiplier 0 is off
+    dry_multiplier: DryMultiplier | None = None
+    dry_base: DryBase | None = None
+    dry_allowed_length: DryLength | None = None
+    dry_penalty_last_n: LastN | None = None
+    dry_sequence_breakers: Breakers | None = None
+    stop: StopList | None = None  # stop strings of a request that gives none
+    # the system message of a chat request that sends none (Ollama's SYSTEM)
+    system: Annotated[str, Meta(max_length=1 << 20)] | None = None
+    # variables every chat template render gets (llama-server's --chat-template-kwargs,
+    # e.g. {enable_thinking = false}); a request's chat_template_kwargs win key by key
+    chat_template_kwargs: dict[str, Any] | None = None
+    # turns every chat request starts with, after the system message (Ollama's MESSAGE)
+    messages: Annotated[list[Turn], Meta(max_length=256)] | None = None
     # tokens generated for a request that sets no limit (llama-server's -n, Ollama's
     # num_predict); None: until the slot's context is full
     default_max_tokens: Annotated[int, Meta(ge=1, le=INT32_MAX)] | None = None
@@ -164,6 +222,9 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     prompt_cache_ram: Annotated[int, Meta(ge=0, le=2**50)] = 1024**3
     # router only (changing these needs no worker restart)
     ttl_s: Annotated[float, Meta(gt=0)] | None = None  # unload after this long idle
+    # an unload lets running requests finish this long (llama-server preset's stop-timeout);
+    # None: [server] drain_timeout_s
+    drain_timeout_s: Annotated[float, Meta(ge=0, le=86400)] | None = None
     pinned: bool = False  # never evicted
     load_on_startup: bool = False
 
@@ -271,7 +332,15 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     def worker_key(self) -> tuple[Any, ...]:
         """The settings whose change needs the worker restarted."""
-        return tuple(getattr(self, f) for f in ModelSettings.__struct_fields__ if f not in LIVE_FIELDS)
+        return tuple(getattr(self, f) for f in ModelSettings.__struct_fields__
+                     if f not in LIVE_FIELDS and f not in GENERATION_FIELDS)
+
+    def load_key(self) -> tuple[Any, ...]:
+        """What a load fixes: two models equal in it (and in their file) are variants, served
+        by one model's instances (the rest, PROMPT_FIELDS too, a request carries)."""
+        return tuple((tuple((a.id, a.path, a.model) for a in self.lora) if f == "lora" else getattr(self, f))
+                     for f in ModelSettings.__struct_fields__  # an adapter's scale a request carries too
+                     if f not in LIVE_FIELDS and f not in GENERATION_FIELDS and f not in PROMPT_FIELDS)
 
 
 # the variables that choose the GPUs a process sees (CUDA, ROCm/HIP, Vulkan)
@@ -281,7 +350,15 @@ VISIBLE_DEVICES_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GGML_VK_
 BYTE_FIELDS = frozenset({"prompt_cache_ram"})
 
 # changing these applies to a loaded model at once (no worker restart)
-LIVE_FIELDS = frozenset({"ttl_s", "pinned", "load_on_startup"})
+LIVE_FIELDS = frozenset({"ttl_s", "pinned", "load_on_startup", "drain_timeout_s"})
+
+# the plain (Nitro-style) prompt's parts: a request carries them (wire.PromptFormat) for a variant
+PROMPT_FIELDS = frozenset({"pre_prompt", "user_prompt", "ai_prompt", "system_prompt"})
+
+# what the router adds to a request (corral.control.generation_defaults): a model's
+# generation defaults, no worker restart when they change, and what a variant may differ in
+GENERATION_FIELDS = frozenset({*SAMPLING_KEYS, "seed", "default_max_tokens", "system", "chat_template_kwargs",
+                               "messages"})
 
 
 def setting_names() -> tuple[str, ...]:

@@ -25,6 +25,10 @@ Every listed file's header is checked (``corral.store.gguf.check_file``: cached 
 version, blocking, so the router lists off its event loop). A file that does not read as
 GGUF (truncated, crafted, a symlink loop) is still listed, with ``problem`` saying why: the
 router shows it as a ``failed`` model and it can be deleted; it never hides its neighbours.
+
+With ``llama_cache``, the models of llama.cpp's own cache (corral.store.llama_cache) are
+listed too, under ids the store does not have (source ``llama.cpp cache``); they are served
+in place and never deleted by corral.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from pathlib import Path
 from corral.errors import InvalidRequest, ModelNotFound
 from corral.model.ids import file_stem, id_from_file_stem, id_problem
 from corral.store.gguf import check_file, quant_from_name
+from corral.store.llama_cache import cached_models
 from corral.store.redaction import redact_url
 
 __all__ = [
@@ -48,9 +53,11 @@ __all__ = [
     "default_models_dir",
     "validate_model_id",
     "model_id_from_filename",
+    "LLAMA_CACHE_SOURCE",
 ]
 
 log = logging.getLogger("corral.store")
+LLAMA_CACHE_SOURCE = "llama.cpp cache"  # a listed model's source when it is in llama.cpp's cache
 _META = ".corral"
 
 
@@ -120,9 +127,11 @@ def _model(model_id: str, path: Path, size: int, *, source: str | None = None, s
 class ModelStore:
     """Reads the directory on every call: files a user drops in show up at once."""
 
-    def __init__(self, root: Path, may_serve: Callable[[Path], bool] | None = None) -> None:
+    def __init__(self, root: Path, may_serve: Callable[[Path], bool] | None = None,
+                 llama_cache: Path | None = None) -> None:
         self.root = Path(root).expanduser()
         self.may_serve = may_serve
+        self.llama_cache = llama_cache
         self._warned: set[Path] = set()
 
     def _reachable(self, path: Path) -> bool:
@@ -227,6 +236,14 @@ class ModelStore:
         manifests = self._manifests()
         loose = self._loose({m.path for m in manifests.values()})
         merged = {**loose, **manifests}  # a manifest wins over a loose file of that id
+        for c in cached_models(self.llama_cache, model_id_from_filename) if self.llama_cache else []:
+            if c.id in merged:
+                continue
+            try:
+                size = c.path.stat().st_size
+            except OSError:
+                continue
+            merged[c.id] = _model(c.id, c.path, size, source=LLAMA_CACHE_SOURCE, mmproj=c.mmproj)
         return [merged[k] for k in sorted(merged)]
 
     def get(self, model_id: str) -> LocalModel | None:
@@ -262,6 +279,9 @@ class ModelStore:
         if model is None:
             raise ModelNotFound(f"model {model_id!r} is not in the store ({self.root})",
                                 param="model")
+        if model.source == LLAMA_CACHE_SOURCE:
+            raise InvalidRequest(f"model {model_id!r} is in llama.cpp's cache ({self.llama_cache}); corral "
+                                 "does not delete there (remove it with llama.cpp's tools)", param="model")
         mf = self.manifest_path(model_id)
         try:  # the directory entry is ours when its directory is inside models_dir
             inside = model.path.parent.resolve().is_relative_to(self.root.resolve())

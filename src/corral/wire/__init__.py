@@ -75,12 +75,12 @@ from corral.wire.lifecycle import (PROTOCOL_VERSION, Loading, LoadFailed, Ready,
 from corral.wire.lora import LoraAdapterInfo, LoraScale
 from corral.wire.model import DraftInfo, ModelInfo, SlotPlan
 from corral.wire.preempt import Paused, Preempt, Resume
-from corral.wire.requests import (MEDIA_MARKER, Abort, ChatMessage, EmbedRequest, GenerateRequest, SamplingParams,
-                                  TokenizeRequest, ToolCall, invalid_field)
+from corral.wire.requests import (MEDIA_MARKER, Abort, ChatMessage, EmbedRequest, GenerateRequest, PromptFormat,
+                                  SamplingParams, SamplingValues, TokenizeRequest, ToolCall, invalid_field)
 from corral.wire.slots import SlotFileAction, SlotFileDone, SlotFileError, SlotFileVerb, filename_problem
 
 __all__ = [
-    "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams", "MEDIA_MARKER",
+    "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams", "SamplingValues", "PromptFormat", "MEDIA_MARKER",
     "invalid_field", "GenerateRequest", "EmbedRequest", "Abort", "StatsRequest", "Shutdown",
     "Loading", "ModelInfo", "DraftInfo", "SlotPlan", "TokenizerInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize",
     "FitPlan", "host_and_gpu_bytes", "Ready", "LoadFailed", "Delta",

@@ -16,7 +16,7 @@ from corral.wire.model import ModelInfo
 __all__ = ["PROTOCOL_VERSION", "WorkerSettings", "Loading", "Ready", "LoadFailed", "StatsRequest", "Stats",
            "Shutdown"]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class WorkerSettings(ModelSettings, frozen=True, kw_only=True):

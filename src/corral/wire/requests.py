@@ -10,16 +10,18 @@ decode applies the same bounds. Imports only ``corral.model.settings`` and the w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
-from corral.model.settings import INT32_MAX
+from corral.model.settings import (INT32_MAX, SAMPLING_BUILTIN, SAMPLING_KEYS, Breakers, DryBase, DryLength,
+                                   DryMultiplier, LastN, Penalty, Probability, RepeatPenalty, Temperature, TopK)
 from corral.wire.editors import Infill
 from corral.wire.lora import LoraScale
 
-__all__ = ["ToolCall", "MEDIA_MARKER", "ChatMessage", "INT64_MIN", "INT64_MAX", "SamplingParams", "invalid_field",
+__all__ = ["ToolCall", "MEDIA_MARKER", "ChatMessage", "INT64_MIN", "INT64_MAX", "SamplingParams", "SamplingValues", "PromptFormat", "invalid_field",
            "GenerateRequest", "TokenizeRequest", "EmbedRequest", "Abort"]
 
 
@@ -55,21 +57,71 @@ INT64_MAX = 2**63 - 1
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
-    # None: until EOS or the slot's context is full; 0: nothing is generated
+    """A request's sampling. A knob left None is "the model's default": the router fills it
+    from the model's generation defaults (``corral.control.generation_defaults``), and the
+    worker takes the rest from ``SAMPLING_BUILTIN`` (``values``). The bounds are the
+    model settings' (``corral.model.settings``): declared once."""
+
+    # None: the model's default_max_tokens, else until EOS or the slot's context is full;
+    # 0: nothing is generated
     max_tokens: Annotated[int, Meta(ge=0, le=INT32_MAX)] | None = None
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] = 0.8  # 0: greedy
-    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.95
-    top_k: Annotated[int, Meta(ge=0, le=INT32_MAX)] = 40  # 0: off
-    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.05
-    repeat_penalty: Annotated[float, Meta(gt=0.0, le=100.0)] = 1.0
-    repeat_last_n: Annotated[int, Meta(ge=-1, le=INT32_MAX)] = 64  # -1: the whole context
-    presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] = 0.0
-    frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] = 0.0
+    temperature: Temperature | None = None  # 0: greedy
+    top_p: Probability | None = None
+    top_k: TopK | None = None  # 0: off
+    min_p: Probability | None = None
+    typical_p: Probability | None = None  # 1: off
+    repeat_penalty: RepeatPenalty | None = None
+    repeat_last_n: LastN | None = None  # -1: the whole context
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    dry_multiplier: DryMultiplier | None = None  # 0: DRY off
+    dry_base: DryBase | None = None
+    dry_allowed_length: DryLength | None = None
+    dry_penalty_last_n: LastN | None = None
+    dry_sequence_breakers: Breakers | None = None
     seed: Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)] | None = None
-    stop: list[str] = []
+    stop: list[str] | None = None
     ignore_eos: bool = False
     # token id -> added to its logit; <= -100 bans it
     logit_bias: dict[Annotated[int, Meta(ge=0, le=INT32_MAX)], Annotated[float, Meta(ge=-100.0, le=100.0)]] = {}
+
+    def over(self, defaults: Mapping[str, Any]) -> "SamplingParams":
+        """These params with each knob left None taken from ``defaults`` (a model's)."""
+        fill = {k: v for k, v in defaults.items() if v is not None and getattr(self, k, 0) is None}
+        return msgspec.structs.replace(self, **fill) if fill else self
+
+    def values(self) -> "SamplingValues":
+        """Every knob set: the request's (or the model's, filled by the router), else
+        ``SAMPLING_BUILTIN``."""
+        got = {k: getattr(self, k) for k in SAMPLING_KEYS}
+        return SamplingValues(**{k: SAMPLING_BUILTIN[k] if v is None else v for k, v in got.items()},
+                              max_tokens=self.max_tokens, seed=self.seed, ignore_eos=self.ignore_eos,
+                              logit_bias=self.logit_bias)
+
+
+class SamplingValues(msgspec.Struct, frozen=True, kw_only=True):
+    """``SamplingParams`` with every knob set (``SamplingParams.values``): what the
+    worker's sampler reads."""
+
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    typical_p: float
+    repeat_penalty: float
+    repeat_last_n: int
+    presence_penalty: float
+    frequency_penalty: float
+    dry_multiplier: float
+    dry_base: float
+    dry_allowed_length: int
+    dry_penalty_last_n: int
+    dry_sequence_breakers: list[str]
+    seed: int | None
+    stop: list[str]
+    ignore_eos: bool
+    logit_bias: dict[int, float]
 
 
 def invalid_field(obj: msgspec.Struct) -> tuple[str, str] | None:
@@ -85,6 +137,16 @@ def invalid_field(obj: msgspec.Struct) -> tuple[str, str] | None:
             return "", text
         return path.rstrip("`").split("[")[0], head
     return None
+
+
+class PromptFormat(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The plain (Nitro-style) prompt of a variant (model settings of the same names): a
+    worker whose model has no chat template renders this request's chat with these."""
+
+    pre_prompt: str | None = None
+    user_prompt: str | None = None
+    ai_prompt: str | None = None
+    system_prompt: str | None = None
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True, omit_defaults=True):
@@ -134,6 +196,8 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     # llama-server's generation time limit: end with "length" at a new line once generating
     # (from the first token) took longer than this many ms; 0: none (worker/time_limit/)
     t_max_predict_ms: Annotated[int, Meta(ge=0, le=1 << 40)] = 0
+    # a variant's plain prompt (None: the worker's own; only models without a chat template)
+    prompt_format: PromptFormat | None = None
 
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):

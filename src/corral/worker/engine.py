@@ -49,6 +49,7 @@ from corral.worker.preempt.preemption import EngineSide, Preemption
 from corral.worker.prefill import EchoChunk, fill_prompt_chunks, prompt_logprobs
 from corral.worker.cache.prompt_cache import PromptCache
 from corral.worker.prompt.prompts import PreparedRequest, PromptPreparer, model_template
+from corral.worker.prompt.templates import with_format
 from corral.worker.reasoning.feature import ReasoningFeature
 from corral.worker.output.slot_output import SlotOutput
 from corral.worker.batch import Batch
@@ -211,13 +212,14 @@ class Engine:
         echo_lp = req.echo and req.logprobs is not None
         reuse = keep_prefix(slot, job.tokens, 0 if echo_lp else reuse, self.m)  # echo: every prompt token's logits
         p = job.req.params
-        begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter(), self.settings.default_max_tokens)
+        begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter())
         requested = job.grammar is not None
         slot.features = tuple(f for f in self.features if f.admitted(slot, job))  # may take the grammar (reasoning)
         grammar, job.grammar = job.grammar, None  # the slot's sampler owns it (frees it on failure too)
         chat = req.messages is not None and self.template is not None and not p.ignore_eos and not requested
-        equip(slot, job, grammar, self.tok, default_seed=self.settings.seed,
-              template_stops=self.template.stop_strings if chat and self.template is not None else ())
+        equip(slot, job, grammar, self.tok, n_ctx=self.m.n_ctx_slot,
+              template_stops=with_format(self.template, req.prompt_format).stop_strings
+              if chat and self.template is not None else ())
         slot.echo_logprobs = [wire.TokenLogprob(self.tok.prompt_piece(job.tokens[0]), None, [], job.tokens[0])] if echo_lp else None
         if req.echo and not echo_lp:
             self.out.append(wire.Delta(req.id, requests.echo_text(self.tok, req, job.tokens), 0))

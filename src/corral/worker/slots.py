@@ -221,10 +221,11 @@ def owner(features: Iterable[StepFeature], moment: str, plain: C) -> C:
     return cast(C, getattr(found[0], moment)) if found else plain
 
 
-def begin(slot: Slot, job: Job, reuse: int, room: int, now: float, default_max: int | None = None) -> None:
+def begin(slot: Slot, job: Job, reuse: int, room: int, now: float) -> None:
     """Reset ``slot`` for ``job``, whose first ``reuse`` prompt tokens are in its cache and
-    which has ``room`` cells left after the prompt; ``default_max``: the model's limit for a
-    request that sets none."""
+    which has ``room`` cells left after the prompt (a request without ``max_tokens``, which
+    the router filled from the model's ``default_max_tokens`` where it has one, runs until
+    the room is used)."""
     p = job.req.params
     if job.req.token_budget is not None:  # the key's reservation bounds prompt + completion
         room = min(room, max(0, job.req.token_budget - len(job.tokens)))
@@ -233,22 +234,22 @@ def begin(slot: Slot, job: Job, reuse: int, room: int, now: float, default_max: 
     slot.n_cached = reuse
     slot.pending = -1
     slot.n_gen = 0
-    limit = p.max_tokens if p.max_tokens is not None else default_max
-    slot.max_tokens = room if limit is None else min(limit, room)
+    slot.max_tokens = room if p.max_tokens is None else min(p.max_tokens, room)
     slot.ignore_eos = p.ignore_eos
     slot.logprobs = job.req.logprobs
     slot.t_start = now
     slot.t_first = 0.0
 
 
-def equip(slot: Slot, job: Job, grammar: ll.llama_sampler_p | None, tok: Tokenizer, *, default_seed: int | None,
+def equip(slot: Slot, job: Job, grammar: ll.llama_sampler_p | None, tok: Tokenizer, *, n_ctx: int,
           template_stops: Iterable[str] = ()) -> None:
     """Give ``slot`` (``begin`` done, the step features admitted) the sampler ``job`` draws
-    with, which owns ``grammar``, and its output (``template_stops``: the chat template's)."""
-    p = job.req.params
-    slot.sampler = sampling.slot_sampler(p, n_vocab=tok.n_vocab, seed=sampling.resolve_seed(p, default_seed),
+    with, which owns ``grammar``, and its output (``template_stops``: the chat template's;
+    ``n_ctx``: the slot's context, DRY's whole window)."""
+    p = job.req.params.values()
+    slot.sampler = sampling.slot_sampler(p, n_vocab=tok.n_vocab, seed=sampling.resolve_seed(p),
                                          eog_tokens=tok.eog_tokens if p.ignore_eos else [],
-                                         prompt_tail=job.tokens, grammar=grammar)
+                                         prompt_tail=job.tokens, grammar=grammar, dry=sampling.Dry(tok.vocab, n_ctx))
     slot.out = slot_output(job.req, list(p.stop), tool_parser(job.req), template_stops=list(template_stops),
                            reasoning=slot.reasoning)
 

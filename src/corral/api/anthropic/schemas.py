@@ -339,7 +339,8 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest):
             v = getattr(self, name)
             if v is not None:
                 kw[name] = v
-        return wire.SamplingParams(max_tokens=self.max_tokens, stop=list(self.stop_sequences or []),
+        return wire.SamplingParams(max_tokens=self.max_tokens,
+                                   stop=None if self.stop_sequences is None else list(self.stop_sequences),
                                    ignore_eos=self.ignore_eos, **kw)
 
 

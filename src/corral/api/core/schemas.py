@@ -68,6 +68,13 @@ MAX_CACHE_SALT_CHARS = 256
 CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS, strict=True)]
 
 
+# the sampling knobs a request body may carry under these names (OpenAI's and llama-server's);
+# each one it leaves out is the model's default (corral.control.generation_defaults)
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
+                   "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length",
+                   "dry_penalty_last_n", "dry_sequence_breakers", "seed")
+
+
 class SamplingFields(BaseModel):
     """The sampling fields chat and completions share (and their checks)."""
     model_config = _LENIENT
@@ -82,9 +89,16 @@ class SamplingFields(BaseModel):
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
+    typical_p: float | None = None
     repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    dry_multiplier: float | None = None  # llama-server's DRY
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES)
@@ -139,13 +153,13 @@ class SamplingFields(BaseModel):
 
     def sampling(self) -> wire.SamplingParams:
         kw: dict[str, Any] = {}
-        for name in ("temperature", "top_p", "top_k", "min_p", "repeat_penalty",
-                     "presence_penalty", "frequency_penalty", "seed"):
+        for name in SAMPLING_FIELDS:
             v = getattr(self, name)
             if v is not None:
                 kw[name] = v
         # bounds: checked once for the whole request (api/core/generation.py's check_bounds)
-        return wire.SamplingParams(max_tokens=self.max_new_tokens(), stop=self.stop_list(),
+        return wire.SamplingParams(max_tokens=self.max_new_tokens(),
+                                   stop=None if self.stop is None else self.stop_list(),
                                    ignore_eos=self.ignore_eos, logit_bias=self.token_bias(), **kw)
 
     @property

@@ -8,6 +8,8 @@ with its progress instead."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -17,9 +19,11 @@ from corral.api.core.adapter_models import find_adapter_model
 from corral.api.http import downloads_of, plane_of
 from corral.control.plane import ControlPlane
 from corral.control.scheduling.pool import ModelPool
-from corral.errors import CorralError, ModelDownloading, ModelNotFound
+from corral.errors import CorralError, ModelDownloading, ModelError, ModelNotFound
 
-__all__ = ["Target", "find", "resolve"]
+__all__ = ["Target", "find", "resolve", "pull_if_needed"]
+
+log = logging.getLogger("corral.api")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +41,47 @@ def resolve(request: Request, name: str, endpoint: str, *, adapters: bool = True
     the module's docstring."""
     plane = plane_of(request)
     try:
-        return find(plane, name, adapters=adapters)
+        target = find(plane, name, adapters=adapters)
     except CorralError as exc:
         plane.metrics.observe_request("unknown", None, endpoint, exc.status)
         _raise_if_downloading(request, name, exc)
         raise
+    pull_if_needed(request, target.pool)
+    return target
+
+
+_pull_tasks: set[asyncio.Task[object]] = set()  # pulls started for a request, kept until they began
+
+
+def pull_if_needed(request: Request, pool: ModelPool) -> None:
+    """A model pulled when first needed (``spec.pull``: a preset's hf-repo) whose file is
+    not here yet: its pull starts now (through the store, with progress, cancel and resume
+    as any pull) or goes on, and the request is a 503 with its progress; once the file is
+    here, the model loads like any other."""
+    spec = pool.spec
+    if spec.pull is None or spec.path.exists():
+        return
+    dm = downloads_of(request)
+    if dm is None:
+        raise ModelError(f"model {spec.id!r} comes from {spec.pull} and is not pulled yet; "
+                         "this server has no store to pull it into")
+    pull = dm.find_by_model(spec.id)
+    if pull is None:
+        task = asyncio.ensure_future(dm.start(spec.pull, model_id=spec.id))
+        _pull_tasks.add(task)
+        task.add_done_callback(_pull_started)
+        raise ModelDownloading(f"model {spec.id!r} is being pulled from {spec.pull} (started now; "
+                               "GET /models shows its progress); try again later", retry_after_s=5)
+    p = pull.progress()
+    done = f"{p['done']} of {p['total']} bytes" if p.get("total") else f"{p['done']} bytes"
+    raise ModelDownloading(f"model {spec.id!r} is still being pulled from {spec.pull} ({done}); "
+                           "try again later", retry_after_s=5)
+
+
+def _pull_started(task: asyncio.Task[object]) -> None:
+    _pull_tasks.discard(task)
+    if not task.cancelled() and task.exception() is not None:  # published as download_failed too
+        log.warning("pull failed to start: %s", task.exception())
 
 
 def find(plane: ControlPlane, name: str, *, adapters: bool = True) -> Target:

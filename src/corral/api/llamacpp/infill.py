@@ -25,6 +25,7 @@ from corral.api.core.schemas import parse_body
 from corral.api.http import json_response, plane_of, sse_data, sse_stream
 from corral.api.llamacpp.schemas import InfillBody, model_that
 from corral.api.openai.routes import timings_body
+from corral.control.generation_defaults import sampling_defaults
 from corral.errors import CorralError
 
 __all__ = ["infill_request", "router"]
@@ -48,14 +49,14 @@ def _stop_type(o: Outcome) -> str:
 def _final(gen: Generation, content: str, params: wire.SamplingParams) -> dict[str, Any]:
     o = gen.outcome()
     fin = gen.stream.finished
+    v = params.values()
     return {"index": 0, "content": content, "tokens": [], "id_slot": fin.slot if fin else -1, "stop": True,
             "model": gen.model, "tokens_predicted": o.completion_tokens, "tokens_evaluated": o.prompt_tokens,
             "tokens_cached": o.prompt_tokens + o.completion_tokens, "truncated": False,
             "has_new_line": "\n" in content, "stop_type": _stop_type(o), "stopping_word": o.stop_string or "",
-            "generation_settings": {"n_predict": -1 if params.max_tokens is None else params.max_tokens,
-                                    "temperature": params.temperature, "top_k": params.top_k,
-                                    "top_p": params.top_p, "min_p": params.min_p, "seed": params.seed,
-                                    "stop": params.stop, "model": gen.model},
+            "generation_settings": {"n_predict": -1 if v.max_tokens is None else v.max_tokens,
+                                    "temperature": v.temperature, "top_k": v.top_k, "top_p": v.top_p,
+                                    "min_p": v.min_p, "seed": v.seed, "stop": v.stop, "model": gen.model},
             "timings": timings_body(fin.timings, fin.usage) if fin else None}
 
 
@@ -72,6 +73,8 @@ async def infill(request: Request) -> Response:
     spec = GenerationSpec(model, "infill", rid, [req], prefix=body.input_prefix or body.input_suffix,
                           cache_salt=body.cache_salt, field_names={"params.max_tokens": "n_predict"})
     gen = await run_generation(request, spec, stream=body.stream)
+    if spec.target is not None:  # the settings it ran with: the model's defaults where it gave none
+        params = params.over(sampling_defaults(spec.target.pool.spec))
     if not body.stream:
         return json_response(_final(gen, gen.text, params))
 

@@ -28,7 +28,9 @@ from corral.api.core.target import resolve
 from corral.api.core.schemas import parse_body
 from corral.api.http import invalid_request, json_response, plane_of
 from corral.api.llamacpp.schemas import ApplyTemplateBody, model_for
+from corral.control.generation_defaults import in_force
 from corral.control.scheduling.pool import ModelPool
+from corral.model.settings import SAMPLING_KEYS, ModelSettings
 
 __all__ = ["router"]
 
@@ -37,6 +39,16 @@ router = APIRouter()
 
 def _info(pool: ModelPool) -> wire.ModelInfo | None:
     return next((i.info for i in pool.instances if i.info is not None), None)
+
+
+def generation_settings(spec: ModelSettings) -> dict[str, Any]:
+    """The defaults in force, as llama-server names them in the ``params`` of
+    ``default_generation_settings`` (``n_predict`` -1: no limit; ``seed`` -1: random)."""
+    g = in_force(spec)
+    out = {k: g[k] for k in SAMPLING_KEYS}
+    out.update(n_predict=-1 if g["max_tokens"] is None else g["max_tokens"],
+               seed=-1 if g["seed"] is None else g["seed"], chat_template_kwargs=g["chat_template_kwargs"])
+    return out
 
 
 def _slot_body(s: wire.SlotState, slot_id: int) -> dict[str, Any]:
@@ -63,8 +75,7 @@ async def props(request: Request, model: str | None = None) -> Response:
     return json_response({
         "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": n_ctx, "speculative": False,
                                         "is_processing": False,
-                                        "params": {"n_predict": -1, "temperature": 0.8, "top_k": 40, "top_p": 0.95,
-                                                   "min_p": 0.05, "seed": spec.seed if spec.seed is not None else -1}},
+                                        "params": generation_settings(spec)},
         "total_slots": slots * max(1, spec.instances),
         # how the slots were sized (n_parallel = "auto": from memory, corral/fit/slots.py); None before a load
         "slots_plan": msgspec.to_builtins(info.slot_plan) if info and info.slot_plan else None,

@@ -72,7 +72,13 @@ class InfillBody(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
-    stop: list[str] = []
+    typical_p: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    stop: list[str] | None = None
     ignore_eos: bool = False
     lora: LoraList | None = None  # [{id, scale}] (api/core/lora.py)
     cache_salt: CacheSalt | None = None  # shares the prompt cache only with the same salt
@@ -80,7 +86,7 @@ class InfillBody(BaseModel):
     def check(self) -> None:
         if self.input_prefix is None and self.input_suffix is None:
             raise InvalidRequest("input_prefix or input_suffix is required", param="input_prefix")
-        if len(self.stop) > 16 or any(not s for s in self.stop):
+        if self.stop is not None and (len(self.stop) > 16 or any(not s for s in self.stop)):
             raise InvalidRequest("stop: at most 16 non-empty strings", param="stop")
 
     def infill(self) -> wire.Infill:
@@ -91,8 +97,9 @@ class InfillBody(BaseModel):
     def sampling(self) -> wire.SamplingParams:
         n = self.n_predict if self.n_predict is not None else self.max_tokens
         kw: dict[str, Any] = {k: getattr(self, k) for k in (
-            "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
-            "frequency_penalty") if getattr(self, k) is not None}
+            "temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
+            "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length",
+            "dry_penalty_last_n", "dry_sequence_breakers") if getattr(self, k) is not None}
         if self.seed is not None and self.seed >= 0:  # llama-server: -1 is a random seed
             kw["seed"] = self.seed
         # bounds: checked once for the whole request (api/core/generation.py's check_bounds)

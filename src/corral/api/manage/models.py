@@ -28,6 +28,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from corral.api.core.adapter_models import AdapterModel, adapter_models, serving_model
+from corral.api.core.target import pull_if_needed
 from corral.api.http import downloads_of, json_response, path_policy, plane_of, sse_data
 from corral.api.core.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitro_settings,
                                 parse_body)
@@ -68,6 +69,8 @@ async def list_models(request: Request) -> Response:
     visible = plane.visible_pools()  # the models the request's key may use
     for pool in visible:
         entry = plane.describe(pool)
+        runs_on = plane.serving(pool)  # a variant: listed under its own id, served by another's instances
+        entry["variant_of"] = runs_on.spec.id if runs_on is not pool else None
         progress = dm.progress(pool.spec.id) if dm is not None else None
         if progress is not None and entry["status"]["value"] == "unloaded":
             entry["status"]["value"] = "downloading"
@@ -132,7 +135,9 @@ async def load_model(request: Request) -> Response:
                        "the download has finished", param="model")
     plane = plane_of(request)
     served = serving_model(plane, body.model)
-    await plane.load(plane.pool(served))
+    pool = plane.pool(served)
+    pull_if_needed(request, pool)  # a model pulled when first needed: 503 while it is pulled
+    await plane.load(pool)
     return json_response({"success": True, **_base_of(body.model, served)})
 
 

@@ -102,6 +102,7 @@ class OllamaOptions(BaseModel):
     top_k: int | None = Field(None, ge=0)
     top_p: float | None = Field(None, ge=0, le=1)
     min_p: float | None = Field(None, ge=0, le=1)
+    typical_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = None
     stop: list[str] | str | None = None
     repeat_penalty: float | None = Field(None, ge=0)
@@ -122,7 +123,7 @@ def sampling_from_options(opts: OllamaOptions | None, slot_ctx: int) -> wire.Sam
     if opts is None:
         return wire.SamplingParams()
     kw: dict[str, Any] = {}
-    for name in ("temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty",
+    for name in ("temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "repeat_penalty",
                  "presence_penalty", "frequency_penalty"):
         v = getattr(opts, name)
         if v is not None:
@@ -134,7 +135,7 @@ def sampling_from_options(opts: OllamaOptions | None, slot_ctx: int) -> wire.Sam
     stops = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
     if any(not s for s in stops):
         raise InvalidRequest("options.stop: stop strings must not be empty", param="options.stop")
-    return wire.SamplingParams(stop=stops, ignore_eos=opts.ignore_eos, **kw)
+    return wire.SamplingParams(stop=None if opts.stop is None else stops, ignore_eos=opts.ignore_eos, **kw)
 
 
 class _Generating(BaseModel):

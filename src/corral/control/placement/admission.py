@@ -185,7 +185,7 @@ class Admission:
         pool.draining = True
         try:
             if drain and pool.inflight:
-                await pool.wait_idle(self._server().drain_timeout_s)
+                await pool.wait_idle(self._drain_s(pool))
             await pool.stop(reason)
         finally:
             pool.draining = False
@@ -194,6 +194,11 @@ class Admission:
             else:
                 pool.wake_waiters()
             self.notify_capacity()
+
+    def _drain_s(self, pool: ModelPool) -> float:
+        """How long an unload waits for running requests: the model's own, else the server's."""
+        own = pool.spec.drain_timeout_s
+        return own if own is not None else self._server().drain_timeout_s
 
     async def unload_idle(self, pool: ModelPool, reason: str) -> None:
         """Unload only if still idle when this runs (a request may have come meanwhile);
@@ -210,7 +215,7 @@ class Admission:
         pool.draining = True
         try:
             if was_active:
-                await pool.wait_idle(self._server().drain_timeout_s)
+                await pool.wait_idle(self._drain_s(pool))
                 await pool.stop("config changed: restarting with new settings")
             pool.forget_failure()
             apply()

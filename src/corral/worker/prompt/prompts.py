@@ -24,7 +24,8 @@ from corral.worker.media.prompt import MediaTokenizer, request_media
 from corral.worker.output.infill import infill_tokens
 from corral.worker.model import LoadedModel, ModelLoadError
 from corral.worker.reasoning.plan import ReasoningPlan
-from corral.worker.prompt.templates import ChatTemplate, TemplateError, TemplateRefused, choose_template, render_chat
+from corral.worker.prompt.templates import (ChatTemplate, TemplateError, TemplateRefused, choose_template, render_chat,
+                                            with_format)
 from corral.worker.tokens import Tokenizer
 
 __all__ = ["PreparedRequest", "PromptPreparer", "model_template"]
@@ -92,13 +93,13 @@ class PromptPreparer:
                 f"context per request holds can cover (at most {bound} bytes); it was not tokenized")
 
     def render(self, messages: list[wire.ChatMessage], tools: list[dict[str, Any]] | None,
-               extra: dict[str, Any] | None = None) -> str:
+               extra: dict[str, Any] | None = None, fmt: wire.PromptFormat | None = None) -> str:
         """The chat as the model's template renders it (the prompt a chat request runs on);
-        ``extra``: template variables."""
+        ``extra``: template variables; ``fmt``: a variant's plain prompt."""
         if self.template is None:
             raise RequestRejected("invalid_request", f"chat template unusable: {self.template_error}")
         try:
-            return render_chat(self.template, messages, tools, extra)
+            return render_chat(with_format(self.template, fmt), messages, tools, extra)
         except TemplateError as exc:
             raise RequestRejected("invalid_request", str(exc)) from exc
 
@@ -120,7 +121,7 @@ class PromptPreparer:
             raise RequestRejected("invalid_request", "exactly one of prompt and messages must be given")
         if req.messages is not None:
             self._check_bytes("".join(m.content for m in req.messages), "messages")
-            text = self.render(req.messages, req.tools, extra)
+            text = self.render(req.messages, req.tools, extra, req.prompt_format)
             self._check_bytes(text, "rendered chat")
             tokens = self._tokenize(text, request_media(req), add_special=not self.tok.starts_with_bos(text))
         elif req.prompt_tokens is not None:

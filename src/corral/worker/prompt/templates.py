@@ -37,7 +37,8 @@ from corral.worker.prompt.template_bounds import (
     DEFAULT_BOUNDS, BoundedSandbox, TemplateBoundExceeded, TemplateBounds, bounded, render_bounded)
 from corral.worker.prompt.tool_prompt import generic_tool_messages, uses_tool_fields
 
-__all__ = ["TemplateError", "TemplateRefused", "ChatTemplate", "JinjaTemplate", "PlainTemplate", "choose_template", "render_chat"]
+__all__ = ["TemplateError", "TemplateRefused", "ChatTemplate", "JinjaTemplate", "PlainTemplate", "choose_template", "render_chat",
+           "with_format"]
 
 DEFAULT_USER_PROMPT = "User: "
 DEFAULT_AI_PROMPT = "Assistant: "
@@ -248,6 +249,15 @@ class PlainTemplate:
                 raise TemplateError(f"unknown message role {m.role!r}")
         lines.append(self.ai_prompt.rstrip(" ") if self.ai_prompt.endswith(" ") else self.ai_prompt)
         return "\n".join(lines)
+
+
+def with_format(template: ChatTemplate, fmt: wire.PromptFormat | None) -> ChatTemplate:
+    """The template a request renders with: a variant's plain prompt (``fmt``) where the
+    model has no chat template, else the model's own."""
+    if fmt is None or not isinstance(template, PlainTemplate):
+        return template
+    return PlainTemplate(pre_prompt=fmt.pre_prompt, user_prompt=fmt.user_prompt, ai_prompt=fmt.ai_prompt,
+                         system_prompt=fmt.system_prompt)
 
 
 def choose_template(

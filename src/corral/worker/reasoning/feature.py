@@ -100,11 +100,12 @@ class ReasoningFeature(StepFeature):
         grammar = r.take_grammar() if r is not None else None
         if grammar is None or job is None:
             return None
-        p = job.req.params
+        p = job.req.params.values()
         old = slot.sampler
         slot.sampler = sampling.slot_sampler(
-            p, n_vocab=self.n_vocab, seed=sampling.resolve_seed(p, self.settings.seed),
-            eog_tokens=self.tok.eog_tokens if p.ignore_eos else [], prompt_tail=list(slot.cached), grammar=grammar)
+            p, n_vocab=self.n_vocab, seed=sampling.resolve_seed(p),
+            eog_tokens=self.tok.eog_tokens if p.ignore_eos else [], prompt_tail=list(slot.cached), grammar=grammar,
+            dry=sampling.Dry(self.tok.vocab, len(slot.cached) + slot.max_tokens))
         if old is not None:
             old.free()
         return None

@@ -2,8 +2,9 @@
 token logprobs.
 
 Chain order follows llama-server: logit bias (the request's ``logit_bias``, -inf on
-end-of-generation tokens with ``ignore_eos``), penalties, then ``temperature <= 0``:
-greedy, else top_k, top_p, min_p, temperature, dist(seed).
+end-of-generation tokens with ``ignore_eos``), penalties, DRY, then ``temperature <= 0``:
+greedy, else top_k, typical_p, top_p, min_p, temperature, dist(seed). The knobs arrive
+set (``wire.SamplingValues``: the request's, the model's defaults, else the built-in).
 
 Two ways to sample a slot:
 
@@ -47,7 +48,7 @@ import numpy.typing as npt
 from corral import wire
 from corral.worker.sampling.candidates import MAX_K, ShortList
 
-__all__ = ["make_sampler", "free_sampler", "resolve_seed", "SlotSampler", "GrammarSampler", "Sampler",
+__all__ = ["Dry", "make_sampler", "free_sampler", "resolve_seed", "SlotSampler", "GrammarSampler", "Sampler",
            "slot_sampler", "token_logprobs", "logits_at", "Logits", "BAN"]
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
@@ -57,11 +58,24 @@ _SHORT_RESAMPLE_TOPS = (64, 1024)  # the same from a short list (worker/sampling
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
 
-def resolve_seed(params: wire.SamplingParams, default: int | None) -> int:
-    seed = params.seed if params.seed is not None else default
+def resolve_seed(params: wire.SamplingValues) -> int:
+    """The request's seed (the router filled in the model's where it gave none): None is a
+    random one, a negative one llama.cpp's default."""
+    seed = params.seed
     if seed is None or seed < 0:
         return random.getrandbits(32) if seed is None else LLAMA_DEFAULT_SEED
     return seed & 0xFFFFFFFF
+
+
+class Dry:
+    """What DRY needs beside the request's knobs: the vocabulary (to detokenize the
+    sequence breakers) and the slot's context (the window of ``dry_penalty_last_n = -1``)."""
+
+    __slots__ = ("vocab", "n_ctx")
+
+    def __init__(self, vocab: ll.llama_vocab_p, n_ctx: int) -> None:
+        self.vocab = vocab
+        self.n_ctx = n_ctx
 
 
 def _new_chain() -> ll.llama_sampler_p:
@@ -69,8 +83,9 @@ def _new_chain() -> ll.llama_sampler_p:
     return chain
 
 
-def _add_pre(chain: ll.llama_sampler_p, p: wire.SamplingParams, n_vocab: int, eog_tokens: list[int]) -> bool:
-    """Logit bias and penalties; True when any sampler was added."""
+def _add_pre(chain: ll.llama_sampler_p, p: wire.SamplingValues, n_vocab: int, eog_tokens: list[int],
+             dry: Dry | None) -> bool:
+    """Logit bias, penalties and DRY; True when any sampler was added."""
     add = ll.llama_sampler_chain_add
     bias: dict[int, float] = {t: (-math.inf if b <= BAN else b) for t, b in p.logit_bias.items()}
     if p.ignore_eos:
@@ -88,21 +103,32 @@ def _add_pre(chain: ll.llama_sampler_p, p: wire.SamplingParams, n_vocab: int, eo
         add(chain, ll.llama_sampler_init_penalties(n_vocab, last_n, p.repeat_penalty, p.frequency_penalty,
                                                    p.presence_penalty))
         added = True
+    if p.dry_multiplier > 0.0 and dry is not None:
+        breakers = [b.encode() for b in p.dry_sequence_breakers]
+        strings = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
+        last_n = dry.n_ctx if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n
+        add(chain, ll.llama_sampler_init_dry(dry.vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
+                                             last_n, strings, len(breakers)))
+        added = True
     return added
 
 
-def _has_penalties(p: wire.SamplingParams) -> bool:
-    return (p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) \
-        and p.repeat_last_n != 0
+def _has_penalties(p: wire.SamplingValues) -> bool:
+    """Samplers that keep the sequence's history (they must see the prompt, and rule out
+    the short candidate list): penalties, DRY."""
+    return ((p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0)
+            and p.repeat_last_n != 0) or p.dry_multiplier > 0.0
 
 
-def _add_post(chain: ll.llama_sampler_p, p: wire.SamplingParams, seed: int) -> None:
+def _add_post(chain: ll.llama_sampler_p, p: wire.SamplingValues, seed: int) -> None:
     add = ll.llama_sampler_chain_add
     if p.temperature <= 0.0:
         add(chain, ll.llama_sampler_init_greedy())
         return
     if p.top_k > 0:
         add(chain, ll.llama_sampler_init_top_k(p.top_k))
+    if 0.0 < p.typical_p < 1.0:
+        add(chain, ll.llama_sampler_init_typical(p.typical_p, 1))
     if 0.0 < p.top_p < 1.0:
         add(chain, ll.llama_sampler_init_top_p(p.top_p, 1))
     if p.min_p > 0.0:
@@ -111,20 +137,20 @@ def _add_post(chain: ll.llama_sampler_p, p: wire.SamplingParams, seed: int) -> N
     add(chain, ll.llama_sampler_init_dist(seed))
 
 
-def _prime(chain: ll.llama_sampler_p, p: wire.SamplingParams, n_vocab: int, prompt_tail: list[int]) -> None:
-    """Feed the last prompt tokens to the penalties (only they keep history)."""
+def _prime(chain: ll.llama_sampler_p, p: wire.SamplingValues, n_vocab: int, prompt_tail: list[int]) -> None:
+    """Feed the last prompt tokens to the penalties and DRY (only they keep history)."""
     if _has_penalties(p):
-        keep = n_vocab if p.repeat_last_n < 0 else p.repeat_last_n
+        keep = n_vocab if p.repeat_last_n < 0 or p.dry_multiplier > 0.0 else p.repeat_last_n
         for t in prompt_tail[-keep:]:
             if t >= 0:  # an image's positions (negative pseudo-ids, worker/media/projector.py) are no tokens
                 ll.llama_sampler_accept(chain, t)
 
 
-def make_sampler(p: wire.SamplingParams, *, n_vocab: int, seed: int, eog_tokens: list[int],
-                 prompt_tail: list[int]) -> ll.llama_sampler_p:
+def make_sampler(p: wire.SamplingValues, *, n_vocab: int, seed: int, eog_tokens: list[int],
+                 prompt_tail: list[int], dry: Dry | None = None) -> ll.llama_sampler_p:
     """The whole chain in one (the plain path). ``prompt_tail`` primes the penalties."""
     chain = _new_chain()
-    _add_pre(chain, p, n_vocab, eog_tokens)
+    _add_pre(chain, p, n_vocab, eog_tokens, dry)
     _add_post(chain, p, seed)
     _prime(chain, p, n_vocab, prompt_tail)
     return chain
@@ -161,7 +187,7 @@ def token_logprobs(logits: Logits, token: int, k: int, piece: Callable[[int], by
     return wire.TokenLogprob(piece(token), float(logits[token]) - lse, top, token)
 
 
-def _short_list(p: wire.SamplingParams, n_vocab: int, eog_tokens: list[int], k: int | None = None) -> ShortList | None:
+def _short_list(p: wire.SamplingValues, n_vocab: int, eog_tokens: list[int], k: int | None = None) -> ShortList | None:
     """A short candidate list (worker/sampling/candidates.py) for chains that can use one: for the
     chain's own top-k, or for a top-``k`` in front of a grammar."""
     if _has_penalties(p) or not (p.temperature <= 0.0 or 0 < p.top_k <= MAX_K):
@@ -174,11 +200,11 @@ class SlotSampler:
     """One request's sampling without a grammar: the whole chain, over the short list
     where it serves. ``sample`` returns the token."""
 
-    def __init__(self, p: wire.SamplingParams, *, n_vocab: int, seed: int, eog_tokens: list[int],
-                 prompt_tail: list[int]) -> None:
+    def __init__(self, p: wire.SamplingValues, *, n_vocab: int, seed: int, eog_tokens: list[int],
+                 prompt_tail: list[int], dry: Dry | None = None) -> None:
         self.n_vocab = n_vocab
         self.chain: ll.llama_sampler_p | None = make_sampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=eog_tokens,
-                                                             prompt_tail=prompt_tail)
+                                                             prompt_tail=prompt_tail, dry=dry)
         self.short = _short_list(p, n_vocab, eog_tokens)
 
     def free(self) -> None:
@@ -201,8 +227,8 @@ class GrammarSampler:
     ``sample`` returns the token, or None when the grammar allows nothing any more (the
     answer is complete: finish with "stop")."""
 
-    def __init__(self, p: wire.SamplingParams, *, n_vocab: int, seed: int, eog_tokens: list[int],
-                 prompt_tail: list[int], grammar: ll.llama_sampler_p) -> None:
+    def __init__(self, p: wire.SamplingValues, *, n_vocab: int, seed: int, eog_tokens: list[int],
+                 prompt_tail: list[int], grammar: ll.llama_sampler_p, dry: Dry | None = None) -> None:
         self.n_vocab = n_vocab
         self.grammar: ll.llama_sampler_p | None = grammar
         self.grammar_s = 0.0  # time spent in grammar work
@@ -214,7 +240,7 @@ class GrammarSampler:
         self.short_tops: list[tuple[int, ShortList, ll.llama_sampler_p]] = []
         try:
             self.pre = _new_chain()
-            if not _add_pre(self.pre, p, n_vocab, eog_tokens):
+            if not _add_pre(self.pre, p, n_vocab, eog_tokens, dry):
                 ll.llama_sampler_free(self.pre)
                 self.pre = None
             else:
@@ -355,10 +381,10 @@ class GrammarSampler:
 Sampler = SlotSampler | GrammarSampler
 
 
-def slot_sampler(p: wire.SamplingParams, *, n_vocab: int, seed: int, eog_tokens: list[int], prompt_tail: list[int],
-                 grammar: ll.llama_sampler_p | None = None) -> Sampler:
+def slot_sampler(p: wire.SamplingValues, *, n_vocab: int, seed: int, eog_tokens: list[int], prompt_tail: list[int],
+                 grammar: ll.llama_sampler_p | None = None, dry: Dry | None = None) -> Sampler:
     """A request's sampler: plain, or constrained by ``grammar`` (which it then owns)."""
     if grammar is None:
-        return SlotSampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=eog_tokens, prompt_tail=prompt_tail)
+        return SlotSampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=eog_tokens, prompt_tail=prompt_tail, dry=dry)
     return GrammarSampler(p, n_vocab=n_vocab, seed=seed, eog_tokens=eog_tokens, prompt_tail=prompt_tail,
-                          grammar=grammar)
+                          grammar=grammar, dry=dry)
