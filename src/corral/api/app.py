@@ -39,6 +39,7 @@ from corral.api.manage import store as store_routes
 from corral.api.manage import usage as usage_routes
 from corral.api.ollama import models as ollama_models
 from corral.api.ollama import routes as ollama_routes
+from corral.api.openai import audio_routes
 from corral.api.openai import responses as responses_routes
 from corral.api.openai import routes as openai_routes
 from corral.api.openai import tokenize as tokenize_routes
@@ -153,6 +154,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     app.include_router(ollama_models.router)
     app.include_router(anthropic_routes.router)
     app.include_router(responses_routes.router)
+    app.include_router(audio_routes.router)
     app.include_router(page_routes.router)
     app.include_router(live_stats.router)
     app.include_router(tokenize_routes.router)

@@ -27,11 +27,14 @@ routes (api/openai/audio_routes.py), each cut on the quietest 100 ms of the last
 from __future__ import annotations
 
 import asyncio
+import binascii
 import os
 import signal
 import struct
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -39,8 +42,11 @@ import numpy.typing as npt
 from corral.config.file import ServerConfig
 from corral.errors import InvalidAudio, InvalidRequest, PayloadTooLarge
 
-__all__ = ["RATE", "WINDOW_S", "AudioBudget", "Pcm", "sniff", "decode_audio", "wav_bytes", "windows",
-           "is_audio", "FORMATS"]
+if TYPE_CHECKING:
+    from corral.api.core.images import ImageRef
+
+__all__ = ["RATE", "WINDOW_S", "AudioBudget", "Pcm", "sniff", "check_format", "decode_audio", "decode_recordings",
+           "wav_bytes", "windows", "is_audio", "FORMATS"]
 
 RATE = 16_000
 WINDOW_S = 30.0  # a Whisper-style encoder's window (libmtmd pads each started one to 30 s)
@@ -64,8 +70,8 @@ def sniff(data: bytes) -> str | None:
         return "ogg"
     if data[:4] == b"\x1a\x45\xdf\xa3":
         return "matroska"
-    if data[4:8] == b"ftyp":
-        return "mov"
+    if data[4:8] == b"ftyp":  # ISO media: MP4/M4A audio, unless a picture's brand (HEIC, AVIF)
+        return None if data[8:12] in (b"heic", b"heix", b"mif1", b"heif", b"avif", b"msf1") else "mov"
     if data[:3] == b"ID3":
         return "mp3"
     if len(data) >= 2 and data[0] == 0xFF:
@@ -174,6 +180,41 @@ async def decode_audio(data: bytes, where: str, srv: ServerConfig, budget: Audio
     samples = np.frombuffer(out, dtype="<i2").copy()
     budget.seconds -= len(samples) / RATE
     return Pcm(samples)
+
+
+def _base64(url: str, where: str, max_bytes: int) -> bytes:
+    """A recording's bytes from its ``data:`` URL (the dialects put a base64 payload in one)."""
+    text = "".join(url.partition(",")[2].split())
+    if len(text) // 4 * 3 > max_bytes + 2:
+        raise PayloadTooLarge(f"{where}: the audio file is larger than {max_bytes} bytes (max_audio_bytes)",
+                              param=where)
+    try:
+        return binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidAudio(f"{where}: the audio's base64 is not valid ({exc})", param=where) from None
+
+
+async def decode_recordings(refs: Sequence[ImageRef], srv: ServerConfig) -> dict[int, bytes]:
+    """Each recording of a request (``id(ref)`` -> the WAV the worker gets), decoded one
+    after another within the request's budget; the count and the encoded bytes are checked
+    for all of them before any is decoded."""
+    if len(refs) > srv.max_audio_files_per_request:
+        where = refs[srv.max_audio_files_per_request].where
+        raise InvalidRequest(f"{where}: the request has {len(refs)} audio files, more than the "
+                             f"{srv.max_audio_files_per_request} allowed (max_audio_files_per_request)", param=where)
+    total = 0
+    for ref in refs:
+        total += len("".join(ref.url.partition(",")[2].split())) // 4 * 3
+        if total > srv.max_audio_bytes_per_request + 2:
+            raise PayloadTooLarge(f"{ref.where}: the request's audio files hold more than "
+                                  f"{srv.max_audio_bytes_per_request} bytes together (max_audio_bytes_per_request)",
+                                  param=ref.where)
+    budget = AudioBudget.of(srv)
+    out: dict[int, bytes] = {}
+    for ref in refs:
+        raw = _base64(ref.url, ref.where, srv.max_audio_bytes)
+        out[id(ref)] = wav_bytes(await decode_audio(raw, ref.where, srv, budget, ref.format))
+    return out
 
 
 def wav_bytes(pcm: Pcm) -> bytes:

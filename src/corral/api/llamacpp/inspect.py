@@ -26,6 +26,7 @@ from corral.api.core.target import resolve
 from corral.api.core.schemas import parse_body
 from corral.api.http import invalid_request, json_response, plane_of
 from corral.api.llamacpp.schemas import ApplyTemplateBody, model_for
+from corral.control.capabilities import can
 from corral.control.scheduling.pool import ModelPool
 
 __all__ = ["router"]
@@ -65,7 +66,7 @@ async def props(request: Request, model: str | None = None) -> Response:
                                                    "min_p": 0.05, "seed": spec.seed if spec.seed is not None else -1}},
         "total_slots": slots * max(1, spec.instances),
         "model_alias": spec.id, "model_path": str(spec.path), "is_loaded": info is not None,
-        "modalities": {"vision": False, "audio": False},
+        "modalities": {"vision": can(pool, "vision"), "audio": can(pool, "audio")},
         "chat_template": (info.tokenizer.chat_template if info and info.tokenizer else None) or spec.chat_template or "",
         "bos_token": info.tokenizer.bos_token if info and info.tokenizer else "",
         "eos_token": info.tokenizer.eos_token if info and info.tokenizer else "",
