@@ -43,7 +43,7 @@ from corral.worker.model import LoadedModel, ModelLoadError
 
 __all__ = ["ImageSpan", "Projector", "VisionTokens", "image_ids", "load_projector"]
 
-_CHUNK_IMAGE = 1  # MTMD_INPUT_CHUNK_TYPE_IMAGE (0 text, 2 audio)
+_CHUNK_IMAGE, _CHUNK_AUDIO = 1, 2  # MTMD_INPUT_CHUNK_TYPE_* (0 text)
 _ID_SPACE = 2**31 - 1  # pseudo-ids are -1 .. -(2**31 - 1): they fit the batch's int32 tokens
 _USING = re.compile(r"CLIP using (\S+) backend")  # clip.cpp's line at the load
 
@@ -115,6 +115,8 @@ class Projector:
     path: str
     nbytes: int
     mrope: bool = False  # 4 positions an embedding, images advance by n_pos (vision/mrope.py)
+    vision: bool = True  # it has an image encoder (mtmd_support_vision)
+    audio: bool = False  # it has an audio encoder (mtmd_support_audio): recordings are spans too
     device: str = ""  # the backend libmtmd runs it on, as it logged it ("Vulkan0", "CPU")
     buffers: list[wire.BufferSize] = field(default_factory=list)  # its compute buffers, as logged
     encodes: int = 0  # images encoded (a cache hit is none)
@@ -162,13 +164,17 @@ class Projector:
                                   if rc == 2 else "the image markers and the images do not pair up")
         out = VisionTokens()
         spans: list[ImageSpan] = []
-        digests = iter(d for _, d in bitmaps)
+        by_id = {d.hex(): d for _, d in bitmaps}
+        parts: dict[bytes, int] = {}  # a recording over 30 s is several audio chunks of one bitmap
         for i in range(mtmd.mtmd_input_chunks_size(chunks.ptr)):
             chunk = mtmd.mtmd_input_chunks_get(chunks.ptr, i)
             kind = mtmd.mtmd_input_chunk_get_type(chunk)
-            if kind == _CHUNK_IMAGE:
+            if kind in (_CHUNK_IMAGE, _CHUNK_AUDIO):
                 n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
-                digest = next(digests)
+                digest = by_id[(mtmd.mtmd_input_chunk_get_id(chunk) or b"").decode()]
+                k = parts[digest] = parts.get(digest, -1) + 1 if kind == _CHUNK_AUDIO else 0
+                if k:  # the k-th window of a recording: ids of its own
+                    digest = hashlib.blake2b(digest + k.to_bytes(4, "little"), digest_size=16).digest()
                 spans.append(ImageSpan(len(out), n, digest, chunk, chunks,
                                        bool(mtmd.mtmd_decode_use_non_causal(self.ctx, chunk)),
                                        mtmd.mtmd_input_chunk_get_n_pos(chunk)))
@@ -178,7 +184,7 @@ class Projector:
                 toks = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
                 out.extend(toks[: count.value] if count.value else [])
             else:
-                raise RequestRejected("invalid_request", "this model takes images, not audio")
+                raise RequestRejected("invalid_request", f"the projector gave a chunk of unknown type {kind}")
         out.images = tuple(spans)
         if spans and spans[-1].end == len(out):
             raise RequestRejected("invalid_request", "the prompt may not end with an image")
@@ -230,10 +236,12 @@ def _load(s: wire.WorkerSettings, path: str, m: LoadedModel) -> Projector:
     if not ctx:
         detail = "; ".join(line for line in _log_lines if line)[-500:]
         raise ModelLoadError(f"mmproj: libmtmd could not load {path} for this model" + (f": {detail}" if detail else ""))
-    if not mtmd.mtmd_support_vision(ctx):
+    vision, audio = bool(mtmd.mtmd_support_vision(ctx)), bool(mtmd.mtmd_support_audio(ctx))
+    if not vision and not audio:
         mtmd.mtmd_free(ctx)
-        raise ModelLoadError(f"mmproj: {path} has no vision encoder (an audio projector is not supported)")
+        raise ModelLoadError(f"mmproj: {path} has neither a vision nor an audio encoder")
     used = [u.group(1) for u in map(_USING.search, lines) if u]
     return Projector(ctx, ll.llama_model_n_embd_inp(m.model), path, os.path.getsize(path),  # n_embd_inp: Qwen3-VL adds deepstack
-                     mrope=bool(mtmd.mtmd_decode_use_mrope(ctx)), device=used[-1] if used else "",
+                     mrope=bool(mtmd.mtmd_decode_use_mrope(ctx)), vision=vision, audio=audio,
+                     device=used[-1] if used else "",
                      buffers=logged_buffers(lines))

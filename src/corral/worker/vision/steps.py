@@ -121,7 +121,7 @@ class VisionSteps(StepFeature):
     def model_info(self, info: wire.ModelInfo) -> wire.ModelInfo:
         if self.proj is None:
             return info
-        return msgspec.structs.replace(info, vision=True, mmproj_bytes=self.proj.nbytes, mmproj_device=self.proj.device,
+        return msgspec.structs.replace(info, vision=self.proj.vision, audio=self.proj.audio, mmproj_bytes=self.proj.nbytes, mmproj_device=self.proj.device,
                                        mmproj_buffers=self.proj.buffers)
 
     @property
