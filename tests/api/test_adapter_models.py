@@ -28,7 +28,6 @@ async def _start(harness: Harness) -> dict[str, str]:
 
 async def _lists(harness: Harness, secret: str) -> dict[str, dict[str, dict]]:
     c = harness.client
-    assert c is not None
     h = bearer(secret)
     return {
         "/v1/models": {m["id"]: m for m in (await c.get("/v1/models", headers=h)).json()["data"]},
@@ -60,7 +59,6 @@ async def test_adapter_models_are_listed_with_their_base_for_the_keys_that_see_t
 async def test_the_adapter_model_answers_show_and_get_and_runs_on_the_base(harness: Harness) -> None:
     secrets = await _start(harness)
     c = harness.client
-    assert c is not None
     h = bearer(secrets["alice"])
     r = await c.get("/v1/models/gemma-poet", headers=h)
     assert r.status_code == 200 and r.json()["parent"] == "gemma"
@@ -80,7 +78,6 @@ async def test_the_adapter_model_answers_show_and_get_and_runs_on_the_base(harne
 async def test_a_key_that_may_not_see_the_adapter_model_gets_the_unknown_models_404(harness: Harness) -> None:
     secrets = await _start(harness)
     c = harness.client
-    assert c is not None
     for who in ("bob", "carol"):
         h = bearer(secrets[who])
         for method, path, body in (("POST", "/v1/chat/completions", chat("gemma-poet")),
@@ -97,7 +94,6 @@ async def test_a_key_that_may_not_see_the_adapter_model_gets_the_unknown_models_
 async def test_loading_and_unloading_an_adapter_model_act_on_its_base_and_ps_lists_it(harness: Harness) -> None:
     secrets = await _start(harness)
     c = harness.client
-    assert c is not None
     root, alice = bearer(secrets["root"]), bearer(secrets["alice"])
 
     async def ps(h: dict[str, str]) -> dict[str, dict]:

@@ -51,7 +51,6 @@ async def _replay(harness: Harness, name: str, max_tokens: int = 4) -> dict[str,
     """Send a recorded request; its SSE events checked in Anthropic's order; the final
     message_delta."""
     path, headers, body = recorded(name)
-    assert harness.client is not None
     r = await harness.client.post(path, headers=headers, content=json.dumps({**body, "max_tokens": max_tokens}),
                                   timeout=900)
     assert r.status_code == 200, r.text
@@ -108,7 +107,6 @@ async def test_claude_model_names_thinking_on_a_model_that_does_not_think(harnes
         path, headers, body = recorded(name)
         short = {**body, "stream": False, "stop_sequences": ["\n"], "tools": body["tools"][:1],
                  "system": body["system"][:2], "messages": [{"role": "user", "content": "Say hello."}]}
-        assert harness.client is not None
         r = await harness.client.post(path, headers=headers, content=json.dumps(short), timeout=300)
         assert r.status_code == 200, r.text
         m = r.json()

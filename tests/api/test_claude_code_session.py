@@ -84,7 +84,6 @@ async def test_a_claude_code_session_of_three_turns_with_a_tool_call(harness: Ha
                          state_dir=str(harness.tmp / "state"))  # its own prompt cache: none of another test's
     await harness.start(cfg)
     c = harness.client
-    assert c is not None
     _, _, _, tool_turn = recorded("turn2_tool_result")
     call, result = tool_turn["messages"][-2]["content"][0], tool_turn["messages"][-1]["content"][0]
     assert call["type"] == "tool_use" and call["name"] == "Bash" and call["input"] == {"command": "cat notes.txt"}

@@ -29,7 +29,6 @@ async def test_codex_responses_bodies_are_served(harness: Harness, name: str) ->
     ``web_search`` tool, developer messages, ``store: false``, ``include``, streamed."""
     await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
     c = harness.client
-    assert c is not None
     body = _body("codex", name)
     async with c.stream("POST", "/v1/responses", json=body) as r:
         assert r.status_code == 200, await r.aread()
@@ -74,7 +73,6 @@ def test_tool_calls_come_back_in_their_tools_item_types() -> None:
 async def test_background_response_runs_without_the_connection(harness: Harness) -> None:
     await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
     c = harness.client
-    assert c is not None
     r = await c.post("/v1/responses", json={"model": "a", "input": "hi", "background": True})
     assert r.status_code == 200 and r.json()["status"] == "queued", r.text
     rid = r.json()["id"]
@@ -110,7 +108,6 @@ async def test_ollama_bodies_without_a_json_content_type_are_served(harness: Har
     ``options.num_ctx`` = prompt x 1.25 + 8192, over the slot's 1,024 tokens here."""
     await harness.start(harness.config({"gemma": {"path": str(harness.script("a"))}}))
     c = harness.client
-    assert c is not None
     for name, rec in _recorded(client):
         headers = {"content-type": rec["content_type"]} if rec["content_type"] else {}
         content = json.dumps(rec["body"]).encode()

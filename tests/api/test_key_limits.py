@@ -30,7 +30,6 @@ async def _start(harness: Harness, server: dict[str, Any] | None = None, **keys:
 async def test_requests_per_minute_with_headers_in_every_dialect(harness: Harness) -> None:
     secrets = await _start(harness, o={"rpm": 2}, an={"rpm": 1}, ol={"rpm": 1})
     c = harness.client
-    assert c is not None
     h = bearer(secrets["o"])
     r1 = await c.post("/v1/chat/completions", json=chat("a"), headers=h)
     r2 = await c.post("/v1/chat/completions", json=chat("a"), headers=h)
@@ -66,7 +65,6 @@ async def test_requests_per_minute_with_headers_in_every_dialect(harness: Harnes
 async def test_tokens_per_minute_and_per_day(harness: Harness) -> None:
     secrets = await _start(harness, t={"tpm": 3}, d={"tpd": 3}, root={"scopes": ["admin"]})
     c = harness.client
-    assert c is not None
     h = bearer(secrets["t"])
     r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)  # 1 prompt + 2 completion tokens: its budget
     assert r.status_code == 200 and r.headers["x-ratelimit-limit-tokens"] == "3"
@@ -89,7 +87,6 @@ async def test_tokens_per_minute_and_per_day(harness: Harness) -> None:
 async def test_concurrency_and_queue(harness: Harness) -> None:
     secrets = await _start(harness, one={"concurrency": 1, "queue": 1}, none={"concurrency": 1, "queue": 0})
     c = harness.client
-    assert c is not None
     limiter = harness.plane.access.limiter
     h = bearer(secrets["one"])
     async with c.stream("POST", "/v1/chat/completions", json=chat("a", "FOREVER", stream=True), headers=h) as s1:
@@ -118,7 +115,6 @@ async def test_priority_is_bounded_by_the_keys_max(harness: Harness) -> None:
     secrets = await _start(harness, {"api_key": "s3cret"}, low={}, high={"max_priority": 5},
                            root={"scopes": ["admin"]})
     c = harness.client
-    assert c is not None
     for body, path in ((chat("a"), "/v1/chat/completions"), (MSG, "/v1/messages"),
                        (chat("a", stream=False), "/api/chat")):
         assert (await c.post(path, json={**body, "priority": 5}, headers=bearer(secrets["high"]))).status_code == 200
@@ -206,7 +202,6 @@ def test_token_need_bounds_what_a_request_may_use() -> None:
 async def test_a_request_holds_its_reservation_until_it_ends_and_gets_the_rest_back(harness: Harness) -> None:
     secrets = await _start(harness, k={"tpm": 100000})
     c = harness.client
-    assert c is not None
     limiter = harness.plane.access.limiter
     frozen = time.time()
     limiter._clock = lambda: frozen  # no refill meanwhile: what comes back is exactly the unused rest

@@ -19,7 +19,6 @@ async def _start(harness: Harness) -> dict[str, str]:
     models["secret-model"]["aliases"] = ["best"]
     await harness.start(harness.config(models, keys_file=str(path)))
     c = harness.client
-    assert c is not None
     for m in MODELS:  # loaded, so that /api/ps lists them
         assert (await c.post("/models/load", json={"model": m}, headers=bearer(secrets["root"]))).status_code == 200
     return secrets
@@ -27,7 +26,6 @@ async def _start(harness: Harness) -> dict[str, str]:
 
 async def _lists(harness: Harness, secret: str) -> dict[str, set[str]]:
     c = harness.client
-    assert c is not None
     h = bearer(secret)
     return {
         "/v1/models": {m["id"] for m in (await c.get("/v1/models", headers=h)).json()["data"]},
@@ -64,7 +62,6 @@ def _requests(model: str) -> list[tuple[str, dict[str, Any]]]:
 async def test_a_hidden_model_is_not_found_as_if_it_did_not_exist(harness: Harness) -> None:
     secrets = await _start(harness)
     c = harness.client
-    assert c is not None
     h = bearer(secrets["alice"])
     for path, body in _requests("secret-model"):
         hidden = await c.post(path, json=body, headers=h)

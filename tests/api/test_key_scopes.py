@@ -104,7 +104,6 @@ def test_every_route_has_a_scope_decision(harness: Harness) -> None:
 async def test_route_by_scope_table(harness: Harness) -> None:
     secrets = await _start(harness)
     c = harness.client
-    assert c is not None
     table: dict[tuple[str, str], dict[str | None, int]] = {}
     for (method, path), scope in sorted(ROUTE_SCOPES.items()):
         url = _url(path)
@@ -130,7 +129,6 @@ async def test_route_by_scope_table(harness: Harness) -> None:
 async def test_scope_refusals_in_each_dialect(harness: Harness) -> None:
     secrets = await _start(harness)
     c = harness.client
-    assert c is not None
     h = bearer(secrets["manager"])
     r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)
     assert r.status_code == 403 and r.json()["error"]["code"] == "insufficient_scope"
@@ -152,7 +150,6 @@ async def test_scope_refusals_in_each_dialect(harness: Harness) -> None:
 async def test_api_key_is_one_admin_key_next_to_the_file(harness: Harness) -> None:
     secrets = await _start(harness, api_key="s3cret")
     c = harness.client
-    assert c is not None
     assert (await c.post("/models/load", json={"model": "a"}, headers=bearer("s3cret"))).status_code == 200
     assert (await c.get("/metrics", headers={"x-api-key": "s3cret"})).status_code == 200
     assert (await c.post("/v1/chat/completions", json=chat("a"), headers=bearer("s3cret"))).status_code == 200
@@ -165,7 +162,6 @@ async def test_an_empty_keys_file_refuses_everyone(harness: Harness) -> None:
     cfg = harness.config({"a": {"path": str(harness.script("a"))}}, keys_file=str(harness.tmp / "keys.toml"))
     await harness.start(cfg)
     c = harness.client
-    assert c is not None
     assert (await c.get("/v1/models")).status_code == 401
     assert (await c.get("/health")).status_code == 200
 
@@ -183,7 +179,6 @@ def test_every_infer_route_is_admitted_as_a_model_request() -> None:
 async def test_keep_alive_needs_manage_and_an_open_server_keeps_it(harness: Harness) -> None:
     secrets = await _start(harness)
     c = harness.client
-    assert c is not None
     body = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "stream": False, "keep_alive": -1}
     r = await c.post("/api/chat", json=body, headers=bearer(secrets["inferrer"]))
     assert r.status_code == 200 and "manage scope" in r.headers["x-corral-keep-alive-ignored"]
@@ -196,7 +191,6 @@ async def test_keep_alive_needs_manage_and_an_open_server_keeps_it(harness: Harn
 async def test_without_keys_keep_alive_applies(harness: Harness) -> None:
     await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
     c = harness.client
-    assert c is not None
     r = await c.post("/api/generate", json={"model": "a", "prompt": "hi", "stream": False, "keep_alive": "-1"})
     assert r.status_code == 200 and "x-corral-keep-alive-ignored" not in r.headers
     assert harness.plane.pools["a"].pinned

@@ -66,7 +66,6 @@ async def test_the_model_lists_of_both_connections_a_pull_with_progress_and_a_de
         hub.files["owner/tiny-GGUF/tiny-Q8_0.gguf"].behavior.bytes_per_s = 6_000_000
         await harness.start(_config(harness, model_path, models_dir=str(tmp_path / "models")), use_store=True)
         c = harness.client
-        assert c is not None
 
         async def lists() -> tuple[list[str], list[str]]:
             answers = {}
@@ -126,7 +125,6 @@ async def test_chats_with_the_built_in_tools_on_both_connections(harness: Harnes
     that starts with ``[`` streamed as it comes rather than held to its end."""
     await harness.start(_config(harness, model_path))
     c = harness.client
-    assert c is not None
     body = recorded(13)["body"]
     assert len(body["tools"]) == 36 and body["stream"] is True
     pieces, finish = await _sse_content(c, body)
@@ -170,7 +168,6 @@ async def test_stop_during_the_prefill_is_a_499_without_a_traceback(
             await _until(lambda: plane.pools[MODEL].inflight == 1, timeout=120)
         # the page's Stop: Open WebUI drops the connection before the first token
     await _until(lambda: plane.pools[MODEL].inflight == 0, timeout=120)
-    assert harness.client is not None
     metrics = (await harness.client.get("/metrics")).text
     counted = [line for line in metrics.splitlines() if line.startswith("corral_requests_total")]
     assert sum(float(line.rsplit(" ", 1)[1]) for line in counted if 'status="499"' in line) == 1, counted

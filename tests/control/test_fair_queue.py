@@ -100,7 +100,6 @@ async def _burst(harness: Harness, plane: Any, opener: str,
     """Hold the one slot with ``opener``'s stream, queue ``queued`` (key secret, body) in
     this order, free the slot; the prompts in the order the worker got them."""
     c = harness.client
-    assert c is not None
     pool = plane.pools["a"]
     tasks: list[asyncio.Task[httpx.Response]] = []
     async with c.stream("POST", "/v1/chat/completions", headers=bearer(opener),

@@ -55,7 +55,6 @@ async def test_a_pin_to_a_gpu_the_server_does_not_see_is_refused(
     models = {"far": model(harness, "far", 3000, devices=[0, 3]), "ok": model(harness, "ok", 3000, devices=[1])}
     plane = await harness.start(config(harness, models))
     c = harness.client
-    assert c is not None
     for r in (await c.post("/models/load", json={"model": "far"}),
               await c.post("/v1/completions", json={"model": "far", "prompt": "x"})):
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"

@@ -22,7 +22,6 @@ async def _order(harness: Harness, keyed: bool) -> list[str]:
         server["keys_file"] = str(path)
     plane = await harness.start(harness.config(_models(harness), **server))
     c = harness.client
-    assert c is not None
     heavy = bearer(secrets["heavy"]) if keyed else {}
     light = bearer(secrets["light"]) if keyed else {}
     gate = plane.admission._lock

@@ -67,7 +67,6 @@ async def _settled(plane: Any) -> None:
 async def test_heavy_key_over_its_share_is_paused_for_a_light_key(harness: Harness) -> None:
     secrets, plane = await _start(harness)
     c = harness.client
-    assert c is not None
     pool = plane.pools["a"]
     s0, s1 = asyncio.Event(), asyncio.Event()
     h0 = asyncio.create_task(_stream(c, secrets["heavy"], "heavy 0", s0))
@@ -93,7 +92,6 @@ async def test_heavy_key_over_its_share_is_paused_for_a_light_key(harness: Harne
 async def test_abort_while_paused_gives_every_slot_back(harness: Harness) -> None:
     secrets, plane = await _start(harness)
     c = harness.client
-    assert c is not None
     pool = plane.pools["a"]
     s0 = asyncio.Event()
     h0 = asyncio.create_task(_stream(c, secrets["heavy"], "heavy 0", s0))
@@ -114,7 +112,6 @@ async def test_abort_while_paused_gives_every_slot_back(harness: Harness) -> Non
 async def test_a_worker_dying_with_a_paused_request_fails_it(harness: Harness) -> None:
     secrets, plane = await _start(harness)
     c = harness.client
-    assert c is not None
     pool = plane.pools["a"]
     s0, s1 = asyncio.Event(), asyncio.Event()
     h0 = asyncio.create_task(_stream(c, secrets["heavy"], "FOREVER 0", s0))
@@ -136,7 +133,6 @@ async def test_a_worker_dying_with_a_paused_request_fails_it(harness: Harness) -
 async def test_one_key_alone_is_never_paused(harness: Harness) -> None:
     _, plane = await _start(harness, keys=False)
     c = harness.client
-    assert c is not None
     results = await asyncio.gather(*(_stream(c, None, f"p{i}") for i in range(4)))
     assert all(r == (FULL, "stop") for r in results)
     assert _frames(harness, "preempt") == []
@@ -145,7 +141,6 @@ async def test_one_key_alone_is_never_paused(harness: Harness) -> None:
 async def test_preemption_can_be_turned_off(harness: Harness) -> None:
     secrets, plane = await _start(harness, preempt=False)
     c = harness.client
-    assert c is not None
     s0, s1 = asyncio.Event(), asyncio.Event()
     h = [asyncio.create_task(_stream(c, secrets["heavy"], "heavy 0", s0))]
     await s0.wait()
@@ -160,7 +155,6 @@ async def test_preemption_can_be_turned_off(harness: Harness) -> None:
 async def test_a_request_that_cannot_pause_keeps_its_slot(harness: Harness) -> None:
     secrets, plane = await _start(harness)
     c = harness.client
-    assert c is not None
     pool = plane.pools["a"]
     s0, s1 = asyncio.Event(), asyncio.Event()
     h0 = asyncio.create_task(_stream(c, secrets["heavy"], "NOPAUSE 0", s0))
@@ -181,7 +175,6 @@ async def test_a_request_that_cannot_pause_keeps_its_slot(harness: Harness) -> N
 async def test_a_resumed_sequence_is_not_paused_again_at_once(harness: Harness) -> None:
     secrets, plane = await _start(harness, preempt_min_run_s=60)
     c = harness.client
-    assert c is not None
     s0, s1 = asyncio.Event(), asyncio.Event()
     h0 = asyncio.create_task(_stream(c, secrets["heavy"], "FOREVER heavy 0", s0))
     await s0.wait()

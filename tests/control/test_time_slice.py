@@ -16,7 +16,6 @@ async def test_an_idle_model_keeps_its_place_within_its_slice(harness: Harness) 
     cfg = harness.config(_models(harness), max_loaded_models=1, model_time_slice_s=3.0)
     plane = await harness.start(cfg)
     c = harness.client
-    assert c is not None
     assert (await c.post("/v1/completions", json={"model": "a", "prompt": "a1"})).status_code == 200
     b = asyncio.create_task(c.post("/v1/completions", json={"model": "b", "prompt": "b1"}))
     # a is idle, but within its slice: b waits for room (no slice: it evicts a at once) ...
@@ -32,7 +31,6 @@ async def test_a_busy_model_yields_after_its_slice(harness: Harness) -> None:
     cfg = harness.config(_models(harness), max_loaded_models=1, model_time_slice_s=0.3)
     plane = await harness.start(cfg)
     c = harness.client
-    assert c is not None
     assert (await c.post("/v1/completions", json={"model": "a", "prompt": "warm"})).status_code == 200
     finished: list[str] = []
 

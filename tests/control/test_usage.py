@@ -41,7 +41,6 @@ def _rows(db: Path) -> list[tuple[object, ...]]:
 async def test_usage_per_key_and_model_in_every_dialect(harness: Harness) -> None:
     secrets = await _start(harness)
     c = harness.client
-    assert c is not None
     a, b, root = bearer(secrets["alice"]), bearer(secrets["bob"]), bearer(secrets["root"])
     assert (await c.post("/v1/chat/completions", json=chat("a", "one two"), headers=a)).status_code == 200
     assert (await c.post("/v1/messages", json=MSG, headers=a)).status_code == 200
@@ -89,7 +88,6 @@ async def test_without_keys_usage_is_anonymous(harness: Harness) -> None:
     cfg = harness.config({"a": {"path": str(harness.script("a"))}}, state_dir=str(harness.tmp / "state"))
     await harness.start(cfg)
     c = harness.client
-    assert c is not None
     assert (await c.post("/v1/chat/completions", json=chat("a"))).status_code == 200
     r = await c.get("/usage")
     assert r.json()["data"] == [{"key": "-", "model": "a", "day": utc_day(), "requests": 1,
@@ -99,7 +97,6 @@ async def test_without_keys_usage_is_anonymous(harness: Harness) -> None:
 async def test_the_api_key_counts_as_api_key(harness: Harness) -> None:
     await _start(harness, api_key="s3cret")
     c = harness.client
-    assert c is not None
     assert (await c.post("/v1/chat/completions", json=chat("a"), headers=bearer("s3cret"))).status_code == 200
     rows = (await c.get("/usage", headers=bearer("s3cret"))).json()["data"]
     assert [(r["key"], r["requests"]) for r in rows] == [("api_key", 1)]

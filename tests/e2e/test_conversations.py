@@ -77,7 +77,6 @@ async def test_a_conversation_outlives_its_client_and_replays_from_any_event(har
                                                                            model_path: Path) -> None:
     secrets = await _start(harness, model_path)
     c = harness.client
-    assert c is not None
     plane = harness.plane
     async with plane.bus.subscribe() as q:
         await _leave_at_first_token(c, secrets["alice"], "c-1")
@@ -105,7 +104,6 @@ async def test_a_conversation_outlives_its_client_and_replays_from_any_event(har
 async def test_delete_stops_the_generation_and_frees_the_slot(harness: Harness, model_path: Path) -> None:
     secrets = await _start(harness, model_path)
     c = harness.client
-    assert c is not None
     plane = harness.plane
     await _leave_at_first_token(c, secrets["alice"], "long", max_tokens=800)
     assert plane.pools["m"].inflight == 1  # still generating for nobody
@@ -125,7 +123,6 @@ async def test_delete_stops_the_generation_and_frees_the_slot(harness: Harness, 
 async def test_the_per_key_bounds_refuse_or_stop_what_is_over(harness: Harness, model_path: Path) -> None:
     secrets = await _start(harness, model_path, max_conversations_per_key=1, conversation_bytes_per_key="6KB")
     c = harness.client
-    assert c is not None
     plane = harness.plane
     async with plane.bus.subscribe() as q:
         await _leave_at_first_token(c, secrets["alice"], "first", max_tokens=800)
@@ -147,7 +144,6 @@ async def test_the_per_key_bounds_refuse_or_stop_what_is_over(harness: Harness, 
 async def test_a_conversation_is_kept_across_a_config_reload(harness: Harness, model_path: Path) -> None:
     secrets = await _start(harness, model_path)
     c = harness.client
-    assert c is not None
     plane = harness.plane
     async with plane.bus.subscribe() as q:
         await _leave_at_first_token(c, secrets["alice"], "kept")

@@ -21,7 +21,6 @@ PROMPT = "Here is some code:\ndef add(a, b):\n    return a + b\n\ndef sub(a, b):
 async def _model(harness: Harness, mid: str) -> dict:
     for inst in harness.plane.pools[mid].instances:
         await inst.fetch_stats()
-    assert harness.client is not None
     r = await harness.client.get("/models")
     return next(m for m in r.json()["data"] if m["id"] == mid)
 
@@ -46,7 +45,6 @@ async def test_a_draft_model_through_the_router(harness: Harness, model_path: Pa
     after = (await _model(harness, "gemma"))["instances"][0]["speculation"]
     assert after["draft_tokens"] > 0 and after["acceptance_rate"] > 0.8 and after["tokens_per_step"] > 1.0
     assert on.choices[0].text[:30] == off.choices[0].text[:30]  # (later tokens may part inside the noise)
-    assert harness.client is not None
     metrics = (await harness.client.get("/metrics")).text
     assert 'corral_spec_method{instance="0",method="draft",model="gemma"' in metrics
 

@@ -53,16 +53,18 @@ async def test_ollama_client_generation_and_models(harness: Harness, model_path:
         if not part.done:
             pieces.append(part.message.content)
         last = part
-    assert len(pieces) >= 2 and "".join(pieces)
     assert last is not None and last.done and last.eval_count <= 8
+    whole = await client.chat(model="gemma:latest", messages=[{"role": "user", "content": "Count: one, two,"}],
+                              options={"num_predict": 8, "temperature": 0, "seed": 1})
+    assert len(pieces) >= 2 and "".join(pieces) == whole.message.content  # the same text, streamed
 
     g = await client.generate(model="gemma", prompt="The capital of France is", raw=True,
                               options={"num_predict": 5, "temperature": 0, "stop": ["\n\n"]})
     assert g.response and g.done and g.eval_count <= 5
     streamed = [p.response async for p in await client.generate(
         model="gemma", prompt="The capital of France is", raw=True, stream=True,
-        options={"num_predict": 5, "temperature": 0})]
-    assert "".join(streamed) == g.response or "".join(streamed)  # same greedy text, or at least text
+        options={"num_predict": 5, "temperature": 0, "stop": ["\n\n"]})]
+    assert len(streamed) >= 2 and "".join(streamed) == g.response  # the same greedy text, in pieces
 
     ps = (await client.ps()).models
     assert [p.model for p in ps] == ["gemma:latest"] and ps[0].size > 0 and ps[0].context_length == 512

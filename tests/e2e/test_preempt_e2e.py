@@ -49,7 +49,6 @@ async def test_a_preempted_stream_sees_only_a_pause(harness: Harness, model_path
                          worker_command=None, keys_file=str(keys))
     plane = await harness.start(cfg)
     c = harness.client
-    assert c is not None
     want = []
     for p in PROMPTS:  # each alone first, on a fresh slot (no prefix of the other in it)
         r = await c.post("/v1/completions", headers=bearer(secrets["heavy"]), json=_body(p, False))

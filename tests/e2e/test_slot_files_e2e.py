@@ -102,7 +102,6 @@ async def test_a_changed_file_or_other_settings_are_refused(harness: Harness, mo
     await harness.stop()
 
     # the same model with another context: the state does not belong to it
-    harness.server = harness.task = harness.client = None
     await _start(harness, model_path, ctx_len=1024)
     r = await _slot(harness, "restore", "b.bin")
     assert r.status_code == 400, r.text

@@ -20,7 +20,6 @@ async def _speculation(harness: Harness) -> dict:
     for pool in harness.plane.pools.values():
         for inst in pool.instances:
             await inst.fetch_stats()
-    assert harness.client is not None
     r = await harness.client.get("/models")
     model = next(m for m in r.json()["data"] if m["id"] == "gemma")
     assert model["settings"]["speculative"] == "ngram"
@@ -42,6 +41,5 @@ async def test_speculation_through_the_router(harness: Harness, model_path: Path
     assert after["draft_tokens"] > 0 and after["accepted_tokens"] > 0
     assert after["tokens_per_step"] > 1.0
     assert on.choices[0].text[:40] == off.choices[0].text[:40]  # (later tokens may part inside the noise)
-    assert harness.client is not None
     metrics = (await harness.client.get("/metrics")).text
     assert 'corral_spec_acceptance_rate{instance="0",model="gemma"' in metrics

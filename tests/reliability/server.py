@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from support.waiting import until
 from testkit.model_settings import TEST_CTX_LEN
 
 
@@ -124,7 +125,4 @@ class RouterProcess:
 
 def wait_until(pred: Any, timeout: float, what: str, interval: float = 0.1) -> None:
     """Poll a condition of another process (nothing to await across processes)."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(interval)
+    until(pred, timeout, what, interval)

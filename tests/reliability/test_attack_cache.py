@@ -69,7 +69,6 @@ def _cached(dialect: str, body: dict[str, Any]) -> tuple[int, int]:
 
 async def ask(h: Harness, who: dict[str, str], pin: str, dialect: str = "completions",
               salt: str | None = None) -> tuple[int, int]:
-    assert h.client is not None
     url, body = _body(dialect, pin, salt)
     r = await h.client.post(url, json=body, headers=who)
     assert r.status_code == 200, r.text
@@ -158,7 +157,6 @@ async def test_a_server_without_keys_shares_as_before(harness: Harness, model_pa
 async def test_a_swap_restores_no_other_tenants_prefix_from_disk(harness: Harness, model_path: Path) -> None:
     keys = await start(harness, model_path)
     _, n_prompt = await ask(harness, keys["alice"], SECRET)
-    assert harness.client is not None
     r = await harness.client.post("/models/unload", json={"model": "m"}, headers=keys["alice"])
     assert r.status_code == 200, r.text  # the worker wrote Alice's prefix to disk as it stopped
     cached, _ = await ask(harness, keys["mallory"], SECRET)  # a fresh worker: only the disk holds it
@@ -170,7 +168,6 @@ async def test_a_swap_restores_no_other_tenants_prefix_from_disk(harness: Harnes
 async def test_a_restored_slot_file_serves_only_its_tenant(harness: Harness, model_path: Path) -> None:
     keys = await start(harness, model_path, prompt_cache_disk=0)
     c = harness.client
-    assert c is not None
     _, n_prompt = await ask(harness, keys["alice"], SECRET)
     slot = await _alice_slot(c, keys["alice"])
     r = await c.post(f"/slots/{slot}?action=save", json={"filename": "desk.bin"}, headers=keys["alice"])
@@ -211,7 +208,6 @@ async def _alice_slot(c: httpx.AsyncClient, who: dict[str, str]) -> int:
 async def test_a_bad_cache_salt_is_a_400_in_the_dialects_shape(harness: Harness, url: str, body: dict[str, Any],
                                                                shape: str, salt: Any) -> None:
     await harness.start(harness.config({"m": {"path": str(harness.script("m"))}}))
-    assert harness.client is not None
     r = await harness.client.post(url, json={"model": "m", **body, "cache_salt": salt})
     assert r.status_code == 400, r.text
     err = r.json()

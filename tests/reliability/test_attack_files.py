@@ -82,7 +82,6 @@ async def test_what_the_server_keeps_is_its_owners_alone(harness: Harness, model
     os.chmod(state / "old-notes", 0o600)
     alice = await _start(harness, model_path, state)
     c = harness.client
-    assert c is not None
     prompt = PROMPT
     r = await c.post("/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 2}, headers=alice)
     assert r.status_code == 200, r.text  # usage.db
@@ -104,7 +103,6 @@ async def test_what_the_server_keeps_is_its_owners_alone(harness: Harness, model
 async def test_a_slot_filename_fits_the_workers_temporary_names(harness: Harness, model_path: Path) -> None:
     alice = await _start(harness, model_path, harness.tmp / "state")
     c = harness.client
-    assert c is not None
     r = await c.post("/v1/completions", json={"model": "m", "prompt": "Hello", "max_tokens": 1}, headers=alice)
     assert r.status_code == 200, r.text
     longest = "s" * 200  # its temporary names (".NAME.corral.PID.NS.tmp") still fit in 255 bytes
@@ -154,7 +152,6 @@ async def test_a_crafted_cache_file_is_dropped_and_the_model_loads(harness: Harn
     state = harness.tmp / "state"
     alice = await _start(harness, model_path, state)
     c = harness.client
-    assert c is not None
     r = await c.post("/v1/completions", json={"model": "m", "prompt": PROMPT, "max_tokens": 1},
                      headers=alice)
     assert r.status_code == 200, r.text
@@ -176,7 +173,6 @@ async def test_a_failed_load_answers_its_reason_without_the_workers_log(harness:
     await harness.start(harness.config(_models(model_path), worker_command=crash,
                                        state_dir=str(harness.tmp / "state")))
     c = harness.client
-    assert c is not None
     r = await c.post("/v1/completions", json={"model": "m", "prompt": "Hi", "max_tokens": 1})
     assert r.status_code == 503, r.text
     text = r.json()["error"]["message"]
@@ -189,7 +185,6 @@ async def test_a_failed_load_answers_its_reason_without_the_workers_log(harness:
 async def test_no_request_schema_names_a_source_file(harness: Harness, model_path: Path) -> None:
     await harness.start(harness.config(_models(model_path)))
     c = harness.client
-    assert c is not None
     r = await c.get("/openapi.json")
     assert r.status_code == 200
     doc = r.text

@@ -23,7 +23,6 @@ async def _start(harness: Harness) -> dict[str, str]:
 async def test_another_keys_response_id_is_404(harness: Harness) -> None:
     secrets = await _start(harness)
     c = harness.client
-    assert c is not None
     alice, mallory = bearer(secrets["alice"]), bearer(secrets["mallory"])
     r = await c.post("/v1/responses", json={"model": "a", "input": "SECRET plan"}, headers=alice)
     assert r.status_code == 200, r.text
@@ -59,7 +58,6 @@ async def test_another_keys_response_id_is_404(harness: Harness) -> None:
         {"a": {"path": str(harness.script("a"))}}, keys_file=str(harness.tmp / "keys.toml"),
         state_dir=str(harness.tmp / "state")))
     c = harness.client
-    assert c is not None
     assert (await c.get(f"/v1/responses/{rid}", headers=alice)).json()["id"] == rid
     assert (await c.get(f"/v1/responses/{rid}", headers=mallory)).status_code == 404
     assert (await c.delete(f"/v1/responses/{rid}", headers=alice)).json()["deleted"] is True

@@ -36,7 +36,6 @@ async def test_an_infer_key_cannot_unload_or_pin_a_shared_model(harness: Harness
                                         "e": {"path": str(harness.script("e")), "embedding": True}},
                                        keys_file=str(path)))
     c = harness.client
-    assert c is not None
     user, ops = bearer(secrets["user"]), bearer(secrets["ops"])
     pool = harness.plane.pools["a"]
     r = await c.post("/api/generate", json={"model": "a", "prompt": "hi", "stream": False}, headers=user)
@@ -79,7 +78,6 @@ async def test_a_manage_key_cannot_take_over_names_it_cannot_see(harness: Harnes
               "private": {"path": str(harness.script("private"))}}
     await harness.start(harness.config(models, keys_file=str(path), allowed_model_dirs=[str(nitro_file.parent)]))
     c = harness.client
-    assert c is not None
     m = bearer(secrets["mallory"])
     # the adapter model's id, bare or with :latest: 409 in Ollama's shape
     for name in ("gemma-poet", "gemma-poet:latest"):
@@ -122,7 +120,6 @@ async def test_concurrency_cannot_multiply_a_token_limit(harness: Harness, model
                          keys_file=str(path), worker_command=None)
     await harness.start(cfg)
     c = harness.client
-    assert c is not None
     body = {"model": "gemma", "messages": [{"role": "user", "content": "Count from one to one hundred."}],
             "temperature": 0, "ignore_eos": True}
     for name in ("small", "minute"):
@@ -147,7 +144,6 @@ async def test_tokenizer_info_is_admitted_like_every_model_request(harness: Harn
     secrets = write_keys_file(path, slow={"rpm": 1}, one={"concurrency": 1, "queue": 0}, spent={"tpd": 3})
     await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, keys_file=str(path)))
     c = harness.client
-    assert c is not None
     pool = harness.plane.pools["a"]
     h = bearer(secrets["slow"])
     assert (await c.post("/v1/chat/completions", json=chat("a"), headers=h)).status_code == 200

@@ -21,6 +21,7 @@ from corral.api.app import create_app
 from corral.config.file import CorralConfig, config_from_dict
 from corral.events import Event
 from corral.control.plane import ControlPlane
+from support.waiting import until_async
 from testkit.model_settings import TEST_CTX_LEN
 
 FAKE = Path(__file__).parent / "fake_worker.py"
@@ -31,7 +32,7 @@ class Harness:
         self.tmp = tmp_path
         self.server: uvicorn.Server | None = None
         self.task: asyncio.Task[None] | None = None
-        self.client: httpx.AsyncClient | None = None
+        self._client: httpx.AsyncClient | None = None
         self.base_url = ""
         self.app: Any = None
 
@@ -78,19 +79,26 @@ class Harness:
             assert loop.time() < deadline, "server did not start"
             await asyncio.sleep(0.01)
         self.base_url = f"http://127.0.0.1:{port}"
-        self.client = httpx.AsyncClient(base_url=self.base_url, timeout=30)
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=30)
         return self.plane
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The client of the started server (``start`` first)."""
+        assert self._client is not None, "Harness.start() first"
+        return self._client
 
     @property
     def plane(self) -> ControlPlane:
         return self.app.state.router
 
     async def stop(self) -> None:
-        if self.client is not None:
-            await self.client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
         if self.server is not None and self.task is not None:
             self.server.should_exit = True
             await asyncio.wait_for(self.task, 30)
+        self.server = self.task = self._client = None  # start() may run again
 
 
 async def wait_event(q: "asyncio.Queue[Event]", pred: Callable[[Event], bool],
@@ -111,8 +119,4 @@ def chat(model: str, content: str = "hi", **kw: Any) -> dict[str, Any]:
 
 async def _until(pred, timeout: float = 10.0) -> None:  # noqa: ANN001
     """For router-internal state with no event to await: poll with a deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
+    await until_async(pred, timeout, "a router-internal condition")

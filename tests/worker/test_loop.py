@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from corral import wire
 from corral.worker import process
 from corral.worker.sampling.pool import SamplePool
+from support.waiting import until
 
 
 class _Engine:
@@ -60,12 +61,28 @@ class _NoGovernor:
         pass
 
 
-def _run(engine: _Engine, feed) -> None:  # noqa: ANN001
-    inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
-    t = threading.Thread(target=feed, args=(inbox,))
+def _loop_beside(engine: _Engine, inbox, feed) -> None:  # noqa: ANN001
+    """Run the loop while ``feed`` runs in a thread; what the feed raised (a wait past its
+    deadline) fails the test."""
+    raised: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            feed()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            raised.append(exc)
+
+    t = threading.Thread(target=guarded)
     t.start()
     assert process._loop(engine, inbox, _Out(), _NoGovernor()) == 0
     t.join()
+    if raised:
+        raise raised[0]
+
+
+def _run(engine: _Engine, feed) -> None:  # noqa: ANN001
+    inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+    _loop_beside(engine, inbox, lambda: feed(inbox))
     assert engine.pool.cap == _NoGovernor.free_cores  # sampling never on more than the free cores
 
 
@@ -83,9 +100,10 @@ def test_requests_arriving_together_at_an_idle_engine_start_in_one_step(monkeypa
         for i in range(4):
             inbox.put(_req(i))
             time.sleep(0.002)  # clients whose requests ended together come back apart
-        while engine.has_work or not engine.steps_seen:
-            time.sleep(0.001)
-        inbox.put(process._EOF)
+        try:
+            until(lambda: engine.steps_seen and not engine.has_work, what="the four requests to end")
+        finally:
+            inbox.put(process._EOF)
 
     _run(engine, feed)
     assert engine.steps_seen[0] == ["r0", "r1", "r2", "r3"]
@@ -107,17 +125,15 @@ def test_a_busy_engine_does_not_wait_for_more_requests() -> None:
     inbox.put(_req(0))
 
     def feed() -> None:
-        while len(engine.steps_seen) < 5:
-            time.sleep(0.0005)
-        inbox.put(_req(1))
-        while not any("r1" in seen for seen in engine.steps_seen[-100:]):
-            time.sleep(0.0005)
-        inbox.put(process._EOF)
+        try:
+            until(lambda: len(engine.steps_seen) >= 5, what="five steps", interval=0.0005)
+            inbox.put(_req(1))
+            until(lambda: any("r1" in seen for seen in engine.steps_seen[-100:]), what="r1 in a step",
+                  interval=0.0005)
+        finally:
+            inbox.put(process._EOF)
 
-    t = threading.Thread(target=feed)
-    t.start()
-    assert process._loop(engine, inbox, _Out(), _NoGovernor()) == 0
-    t.join()
+    _loop_beside(engine, inbox, feed)
     assert engine.pool.cap == _NoGovernor.free_cores  # sampling never on more than the free cores
     joined = next(i for i, seen in enumerate(engine.steps_seen) if "r1" in seen)
     assert joined > 0
