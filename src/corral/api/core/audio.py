@@ -34,16 +34,12 @@ import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from corral.config.file import ServerConfig
 from corral.errors import InvalidAudio, InvalidRequest, PayloadTooLarge
-
-if TYPE_CHECKING:
-    from corral.api.core.images import ImageRef
 
 __all__ = ["RATE", "WINDOW_S", "AudioBudget", "Pcm", "sniff", "check_format", "decode_audio", "decode_recordings",
            "wav_bytes", "windows", "is_audio", "FORMATS"]
@@ -194,26 +190,26 @@ def _base64(url: str, where: str, max_bytes: int) -> bytes:
         raise InvalidAudio(f"{where}: the audio's base64 is not valid ({exc})", param=where) from None
 
 
-async def decode_recordings(refs: Sequence[ImageRef], srv: ServerConfig) -> dict[int, bytes]:
-    """Each recording of a request (``id(ref)`` -> the WAV the worker gets), decoded one
-    after another within the request's budget; the count and the encoded bytes are checked
-    for all of them before any is decoded."""
+async def decode_recordings(refs: Sequence[tuple[str, str, str | None]], srv: ServerConfig) -> list[bytes]:
+    """Each recording of a request (its ``data:`` URL, the field it came from, its declared
+    format) as the WAV the worker gets, decoded one after another within the request's
+    budget; the count and the encoded bytes are checked for all of them before any is decoded."""
     if len(refs) > srv.max_audio_files_per_request:
-        where = refs[srv.max_audio_files_per_request].where
+        where = refs[srv.max_audio_files_per_request][1]
         raise InvalidRequest(f"{where}: the request has {len(refs)} audio files, more than the "
                              f"{srv.max_audio_files_per_request} allowed (max_audio_files_per_request)", param=where)
     total = 0
-    for ref in refs:
-        total += len("".join(ref.url.partition(",")[2].split())) // 4 * 3
+    for url, where, _ in refs:
+        total += len("".join(url.partition(",")[2].split())) // 4 * 3
         if total > srv.max_audio_bytes_per_request + 2:
-            raise PayloadTooLarge(f"{ref.where}: the request's audio files hold more than "
+            raise PayloadTooLarge(f"{where}: the request's audio files hold more than "
                                   f"{srv.max_audio_bytes_per_request} bytes together (max_audio_bytes_per_request)",
-                                  param=ref.where)
+                                  param=where)
     budget = AudioBudget.of(srv)
-    out: dict[int, bytes] = {}
-    for ref in refs:
-        raw = _base64(ref.url, ref.where, srv.max_audio_bytes)
-        out[id(ref)] = wav_bytes(await decode_audio(raw, ref.where, srv, budget, ref.format))
+    out: list[bytes] = []
+    for url, where, declared in refs:
+        raw = _base64(url, where, srv.max_audio_bytes)
+        out.append(wav_bytes(await decode_audio(raw, where, srv, budget, declared)))
     return out
 
 

@@ -1,6 +1,6 @@
 """The audio decoding child: one untrusted media file in, 16 kHz mono PCM out.
 
-Run by ``corral.api.core.audio_decode`` as ``python -m corral.api.core.audio_child
+Run by ``corral.api.core.audio`` (``decode_audio``) as ``python -m corral.api.core.audio_child
 CONTAINER MAX_SAMPLES MAX_AS_BYTES CPU_S``: the file's bytes on stdin, signed 16-bit little-endian
 samples on stdout, a one-line reason on stderr. Before it parses a byte it lowers its own
 limits (address space, CPU seconds, no core files, no new files), so a decoder that

@@ -155,12 +155,12 @@ async def attach_images(request: Request, pool: ModelPool, requests: list[wire.G
             "encoder (set mmproj in its [models] table to one, e.g. Qwen2-Audio's or Ultravox's)",
             param=heard[0].where)
     seen = [[r for r in rs if not r.audio] for rs in refs]
-    recordings = await decode_recordings(heard, srv)
+    recordings = iter(await decode_recordings([(r.url, r.where, r.format) for r in heard], srv))
     pictures = await _load_images(pool, seen, srv) if any(seen) else [[] for _ in refs]
     images: list[list[bytes]] = []
     for rs, pics in zip(refs, pictures):
         it = iter(pics)
-        images.append([recordings[id(r)] if r.audio else next(it) for r in rs])
+        images.append([next(recordings) if r.audio else next(it) for r in rs])
     return _attach(requests, images)
 
 
