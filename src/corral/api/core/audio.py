@@ -222,20 +222,25 @@ def wav_bytes(pcm: Pcm) -> bytes:
 
 
 def windows(pcm: Pcm, window_s: float = WINDOW_S) -> list[tuple[int, int]]:
-    """Sample ranges (start, end) of at most ``window_s`` each covering ``pcm``: each cut on
-    the quietest 100 ms within the last 5 s before the window would end (speech rarely
-    stops exactly there; a pause nearby is a better place to cut a word than the middle)."""
+    """Sample ranges (start, end) of at most ``window_s`` each covering ``pcm``, as few as
+    whole windows allow: each cut aims at an even share of what is left and goes on the
+    quietest 100 ms of the 5 s around that aim (never past ``window_s`` from the window's
+    start): speech rarely pauses exactly at the aim, and a pause nearby is a better place
+    to cut than the middle of a word."""
     n, size = len(pcm.samples), int(window_s * RATE)
     search = int(_SEARCH_S * RATE)
     out: list[tuple[int, int]] = []
     start = 0
     while n - start > size:
-        lo, hi = start + size - search, start + size
+        left = -(-(n - start) // size)  # windows still needed
+        aim = start + (n - start) // left
+        hi = min(start + size, aim + search // 2)
+        lo = max(start + _FRAME, hi - search)
         seg = pcm.samples[lo:hi].astype(np.float32)
         frames = seg[: len(seg) // _FRAME * _FRAME].reshape(-1, _FRAME)
         energy = (frames * frames).mean(axis=1)
-        quiet = int(np.argmin(energy[::-1]))  # the latest of equally quiet frames
-        cut = hi - quiet * _FRAME - _FRAME // 2  # the middle of that frame
+        quiet = len(energy) - 1 - int(np.argmin(energy[::-1]))  # the latest of equally quiet frames
+        cut = lo + quiet * _FRAME + _FRAME // 2  # the middle of that frame
         out.append((start, cut))
         start = cut
     out.append((start, n))
