@@ -188,9 +188,9 @@ WORKER_FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("failures", "host.*", "llama_context", "batch", "*.state", "lora", "speculation", "time_limit", "host")),
     ("model", ("model", "fit", "tokens")),
     ("parts", ("sampling*", "output*", "prompt*", "embed*", "reasoning", "reasoning.plan", "reasoning.split",
-               "vision", "vision.projector", "vision.mrope", "cache", "cache.kv_store")),
+               "media", "media.prompt", "media.image", "media.audio", "media.projector", "media.mrope", "cache", "cache.kv_store")),
     ("slot", ("slots", "prefill")),
-    ("features", ("intake", "reasoning.feature", "lora.adapters", "vision.steps", "vision.side", "cache.prompt_cache",
+    ("features", ("intake", "reasoning.feature", "lora.adapters", "media.steps", "media.side", "cache.prompt_cache",
                   "cache.disk", "cache.slot_files", "speculation.*", "time_limit.feature", "preempt*")),
     ("engine", ("features", "engine")),
     ("process", ("process", "__main__")),
@@ -225,7 +225,7 @@ def upward_imports(graph: dict[str, set[str]], prefix: str) -> list[str]:
 
 def test_the_worker_imports_only_down_its_floors() -> None:
     graph = import_graph(SRC)
-    assert "corral.worker.engine" in graph and "corral.worker.vision.steps" in graph
+    assert "corral.worker.engine" in graph and "corral.worker.media.steps" in graph
     assert upward_imports(graph, "corral.worker") == []
 
 

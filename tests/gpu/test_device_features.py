@@ -19,7 +19,7 @@ Each check fails with its mutation (on lavapipe, 2026-12-03): the fit plan's nei
 counted once reported (``placement.gpus._fitted`` returning ``_plan_shares``: used 85,408,256
 bytes, the plan alone, against the 86,150,560 needed, the LoRA case); the projector left out of
 the estimate (``_need``: the feature model loads beside ``plain``); the projector on the host
-(``use_gpu = False`` in worker/vision/projector.py: ``mmproj_device`` "CPU").
+(``use_gpu = False`` in worker/media/projector.py: ``mmproj_device`` "CPU").
 tests/control/test_projector_memory.py checks the same accounting with fake workers.
 
 Cold (an empty Mesa shader cache) the first run took 38 minutes on 2 loaded cores, nearly

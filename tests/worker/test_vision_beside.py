@@ -1,4 +1,4 @@
-"""Images beside other streams (worker/vision/side.py): the policy that keeps the streams'
+"""Images beside other streams (worker/media/side.py): the policy that keeps the streams'
 rate. Alone, an image is encoded on the normal-priority image thread and decoded on the
 engine's thread; beside a generating slot, both run on the niced image thread (its OpenMP
 threads niced with it) and the decode goes to the side context, whose KV is copied back
@@ -18,10 +18,10 @@ import pytest
 from corral import wire
 from corral.fit.layout import read_layout
 from corral.fit.plan import _Sizes
-from corral.worker.vision import side as vision_side
+from corral.worker.media import side as media_side
 from corral.worker.engine import Engine
 from corral.worker.cache.kv_store import restore_seq, save_seq
-from corral.worker.vision.side import BESIDE_NICE, BESIDE_THREAD, restream, thread_nice
+from corral.worker.media.side import BESIDE_NICE, BESIDE_THREAD, restream, thread_nice
 
 from .conftest import run_engine, settings_for
 from .test_vision_engine import GREEDY, M, chat, picture, user
@@ -77,7 +77,7 @@ def test_an_image_alone_goes_on_the_engines_thread(engine2: Engine, monkeypatch:
     """Alone, the encode runs on the engine's own thread (its OpenMP team), as llama-server's:
     no second team of OpenMP threads comes to life (vision_side.py: libgomp would make every
     team's barriers sleep while the teams outnumber the CPUs)."""
-    v = engine2.vision
+    v = engine2.media
     submitted, pieces, side = dict(v.threads.submitted), v.pieces, v.side_images
     threads: list[int] = []
     encode = v.proj.encode  # type: ignore[union-attr]
@@ -112,7 +112,7 @@ def _beside_a_stream(e: Engine, rid: str, *turns: wire.ChatMessage) -> str:
 def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_tokens(
         engine2: Engine, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     req = (user(f"Describe {M} briefly.", picture(42)),)
-    v = engine2.vision
+    v = engine2.media
     v.side.usable = False  # the reference: the same image beside the same stream, decoded in the steps
     try:
         pieces = v.pieces
@@ -163,14 +163,14 @@ def test_an_image_beside_a_stream_goes_niced_to_the_side_context_with_the_same_t
 def test_a_side_context_that_cannot_be_created_leaves_the_image_to_the_engine(
         engine2: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     req = (user(f"Name {M}.", picture(43)),)
-    v = engine2.vision
+    v = engine2.media
     v.side.usable = False
     try:
         in_steps = _beside_a_stream(engine2, "ref", *req)
     finally:
         v.side.usable = True
     kept, v.side.ctx = v.side.ctx, None  # as before the first image beside a stream
-    monkeypatch.setattr(vision_side.ll, "llama_init_from_model", lambda *a: None)  # no room for it
+    monkeypatch.setattr(media_side.ll, "llama_init_from_model", lambda *a: None)  # no room for it
     try:
         pieces, side = v.pieces, v.side_images
         text = _beside_a_stream(engine2, "no-room", *req)

@@ -15,7 +15,8 @@ from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.cache.kv_store import common_prefix
 from corral.worker.speculation.speculator import find_draft
-from corral.worker.vision.projector import VisionTokens, image_ids
+from corral.worker.media.projector import media_ids
+from corral.worker.media.prompt import MediaPrompt
 from testkit.gguf_vision import image_tokens
 
 from .conftest import run_engine, settings_for
@@ -65,39 +66,39 @@ def test_model_info_says_vision(vengine: Engine, mmproj_path: Path) -> None:
 
 
 def test_an_image_request_answers(vengine: Engine) -> None:
-    before = vengine.vision.encodes
+    before = vengine.media.encodes
     texts, finals, _ = run_engine(vengine, [chat("one", user(f"Describe {M} please.", picture(1)))])
     fin = finished(finals, "one")
     assert fin.usage.completion_tokens > 0
     text_only = vengine.prepare(chat("t", user("Describe  please.")))
     # the image's positions plus <start_of_image> ... <end_of_image> and the spaces around them
     assert fin.usage.prompt_tokens >= len(text_only.tokens) + N_IMG
-    assert vengine.vision.encodes == before + 1
+    assert vengine.media.encodes == before + 1
     assert texts.get("one", "") != "" or fin.finish_reason == "stop"
 
 
 def test_prompt_positions_of_images(vengine: Engine) -> None:
     p = vengine.prepare(chat("pos", user(f"a {M} b {M} c", picture(2), picture(3))))
     toks = p.tokens
-    assert isinstance(toks, VisionTokens) and len(toks.images) == 2
-    for span in toks.images:
+    assert isinstance(toks, MediaPrompt) and len(toks.chunks) == 2
+    for span in toks.chunks:
         ids = toks[span.start: span.end]
         assert len(ids) == N_IMG and all(t < 0 for t in ids)
-    assert all(t >= 0 for i, t in enumerate(toks) if toks.span_at(i) is None)
+    assert all(t >= 0 for i, t in enumerate(toks) if toks.chunk_at(i) is None)
     # the same pixels in another file format: the same ids; other pixels: other ids
-    a, b = toks.images
+    a, b = toks.chunks
     again = vengine.prepare(chat("pos2", user(f"x {M}", picture(2, "BMP")))).tokens
-    assert isinstance(again, VisionTokens)
-    s = again.images[0]
+    assert isinstance(again, MediaPrompt)
+    s = again.chunks[0]
     assert again[s.start: s.end] == toks[a.start: a.end]
     assert toks[a.start: a.end] != toks[b.start: b.end]
 
 
 def test_two_images_in_one_message_and_across_turns(vengine: Engine) -> None:
-    before = vengine.vision.encodes
+    before = vengine.media.encodes
     _, finals, _ = run_engine(vengine, [chat("two", user(f"Compare {M} with {M}.", picture(4), picture(5, "JPEG")))])
     assert finished(finals, "two").usage.prompt_tokens > 2 * N_IMG
-    assert vengine.vision.encodes == before + 2
+    assert vengine.media.encodes == before + 2
     turns = (user(f"First {M}", picture(6)), wire.ChatMessage(role="assistant", content="A picture."),
              user(f"And this one {M}?", picture(7)))
     _, finals, _ = run_engine(vengine, [chat("turns", *turns)])
@@ -110,20 +111,20 @@ def test_same_image_next_turn_is_a_prefix_hit(vengine: Engine) -> None:
     texts, finals, _ = run_engine(vengine, [chat("turn1", first)])
     answer = texts.get("turn1", "") or "something"
     p1 = vengine.prepare(chat("p1", first)).tokens
-    assert isinstance(p1, VisionTokens)
-    encodes = vengine.vision.encodes
+    assert isinstance(p1, MediaPrompt)
+    encodes = vengine.media.encodes
     turn2 = (first, wire.ChatMessage(role="assistant", content=answer), user("Say it again."))
     _, finals, _ = run_engine(vengine, [chat("turn2", *turn2)])
     fin = finished(finals, "turn2")
-    assert fin.usage.cached_tokens >= p1.images[0].end  # the image's positions came from the cache
-    assert vengine.vision.encodes == encodes  # and it was not encoded again
+    assert fin.usage.cached_tokens >= p1.chunks[0].end  # the image's positions came from the cache
+    assert vengine.media.encodes == encodes  # and it was not encoded again
     # another picture at the same place: a miss from its first position on, and an encode
     other = (user(f"What is in {M}?", picture(12)), wire.ChatMessage(role="assistant", content=answer),
              user("Say it again."))
     _, finals, _ = run_engine(vengine, [chat("turn2b", *other)])
     fin = finished(finals, "turn2b")
-    assert fin.usage.cached_tokens <= p1.images[0].start
-    assert vengine.vision.encodes == encodes + 1
+    assert fin.usage.cached_tokens <= p1.chunks[0].start
+    assert vengine.media.encodes == encodes + 1
 
 
 def test_greedy_is_deterministic(vengine: Engine) -> None:
@@ -144,7 +145,7 @@ def test_an_image_prefill_does_not_stall_another_stream(vengine: Engine) -> None
         if any(s.job is not None and s.job.req.id == "stream" and s.n_gen > 0 for s in vengine.slots):
             break
     stream = next(s for s in vengine.slots if s.job is not None and s.job.req.id == "stream")
-    pieces, side = vengine.vision.pieces, vengine.vision.side_images
+    pieces, side = vengine.media.pieces, vengine.media.side_images
     vengine.submit(chat("img", user(f"What is {M}?", picture(31, size=(300, 200)))))
     gen_per_step: list[int] = []
     first_delta = False
@@ -157,7 +158,7 @@ def test_an_image_prefill_does_not_stall_another_stream(vengine: Engine) -> None
         gen_per_step.append(stream.n_gen - n)
         first_delta = any(isinstance(m, wire.Delta | wire.Finished) and m.id == "img" for m in msgs)
     # beside a stream the image is decoded in the side context (vision_side.py), not in the steps
-    assert vengine.vision.pieces == pieces and vengine.vision.side_images - side == 1
+    assert vengine.media.pieces == pieces and vengine.media.side_images - side == 1
     assert steps >= 3  # the text before it, the image copied in, the text after it
     assert all(g == 1 for g in gen_per_step), gen_per_step  # the stream drew a token every step
     vengine.abort("stream")
@@ -188,7 +189,7 @@ def test_an_undecodable_image_is_refused(vengine: Engine, data: bytes) -> None:
 
 def test_markers_and_images_must_pair_up(vengine: Engine) -> None:
     fin = failed(vengine, chat("pair", user(f"One marker {M}", picture(1), picture(2))))
-    assert fin.code == "invalid_request" and "1 image marker(s) but 2 image(s)" in fin.message
+    assert fin.code == "invalid_request" and "1 media marker(s) but 2 file(s)" in fin.message
 
 
 def test_other_requests_run_on_beside_a_bad_image(vengine: Engine) -> None:
@@ -242,7 +243,7 @@ def test_a_bad_projector_is_a_load_error(model_path: Path, tmp_path: Path) -> No
 
 
 def test_pseudo_ids_compare_like_tokens() -> None:
-    a, b = image_ids(b"a" * 16, N_IMG), image_ids(b"b" * 16, N_IMG)
+    a, b = media_ids(b"a" * 16, N_IMG), media_ids(b"b" * 16, N_IMG)
     assert all(-(2**31) <= t < 0 for t in a + b) and len(set(a)) == N_IMG
     text = [2, 100, 200]
     assert common_prefix(text + a + [5], text + a + [6]) == len(text) + N_IMG
@@ -250,7 +251,7 @@ def test_pseudo_ids_compare_like_tokens() -> None:
 
 
 def test_speculation_never_drafts_a_pseudo_id() -> None:
-    ids = image_ids(b"c" * 16, 4)
+    ids = media_ids(b"c" * 16, 4)
     hist = np.array([7, 8, 9, *ids, 10, 11, 7, 8, 9], dtype=np.int32)
     assert find_draft(hist, 8, n_max=3, n_min=2) == []  # what followed 7 8 9 was an image
     hist = np.array([7, 8, 9, 12, 13, *ids, 7, 8, 9], dtype=np.int32)

@@ -24,8 +24,8 @@ from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.sampling.sampler import logits_at
 from corral.worker.slots import Slot
-from corral.worker.vision.projector import VisionTokens
-from corral.worker.vision.mrope import kv_pos
+from corral.worker.media.prompt import MediaPrompt
+from corral.worker.media.prompt import kv_pos
 from testkit.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj, write_qwen2vl_model
 
 from .conftest import run_engine, settings_for
@@ -78,13 +78,13 @@ def reference(e: Engine, prompt: str, images: list[bytes], n: int = N_GEN) -> li
     """Greedy tokens (end of generation banned) through libmtmd's helper (its positions), on the
     last slot's sequence."""
     seq = e.slots[-1].index
-    assert e.vision.proj is not None and not any(s.busy for s in e.slots)
-    toks = e.vision.tokenize(prompt, images, add_special=True)
-    assert isinstance(toks, VisionTokens) and toks.images
+    assert e.media.proj is not None and not any(s.busy for s in e.slots)
+    toks = e.media.tokenize(prompt, images, add_special=True)
+    assert isinstance(toks, MediaPrompt) and toks.chunks
     e._clear_slot(e.slots[-1])
     n_past = ll.llama_pos(0)
-    rc = mtmd.mtmd_helper_eval_chunks(e.vision.proj.ctx, e.m.ctx, toks.images[0].owner.ptr, 0, seq,
-                                      e.vision.piece, True, ctypes.byref(n_past))
+    rc = mtmd.mtmd_helper_eval_chunks(e.media.proj.ctx, e.m.ctx, toks.chunks[0].owner.ptr, 0, seq,
+                                      e.media.piece, True, ctypes.byref(n_past))
     assert rc == 0
     b = ll.llama_batch_init(1, 0, 1)
     out: list[int] = []
@@ -105,14 +105,14 @@ def reference(e: Engine, prompt: str, images: list[bytes], n: int = N_GEN) -> li
 
 
 def test_an_mrope_projector_loads(qengine: Engine) -> None:
-    assert qengine.vision.proj is not None and qengine.vision.proj.mrope
+    assert qengine.media.proj is not None and qengine.media.proj.mrope
     assert qengine.info.vision is True
 
 
 def test_positions_advance_by_n_pos(qengine: Engine) -> None:
     toks = qengine.prepare(raw("pos", f"the picture {M} caption:", picture(1))).tokens
-    assert isinstance(toks, VisionTokens) and len(toks.images) == 1
-    span = toks.images[0]
+    assert isinstance(toks, MediaPrompt) and len(toks.chunks) == 1
+    span = toks.chunks[0]
     nx, ny = image_grid(W, H)
     assert (span.n_tokens, span.n_pos) == (nx * ny, max(nx, ny))
     assert kv_pos(toks, span.start) == span.start
@@ -146,8 +146,8 @@ def test_wrong_positions_differ(qengine: Engine) -> None:
     right = reference(qengine, prompt, img)
     qengine.submit(qengine.prepare(raw("w", prompt, *img)))
     toks = qengine.jobs["w"].tokens
-    assert isinstance(toks, VisionTokens)
-    toks.images[0].n_pos = toks.images[0].n_tokens
+    assert isinstance(toks, MediaPrompt)
+    toks.chunks[0].n_pos = toks.chunks[0].n_tokens
     _, _, deltas = run_engine(qengine, [])
     assert len(tokens_of(deltas, "w")) == N_GEN and tokens_of(deltas, "w") != right
 
@@ -220,7 +220,7 @@ def test_an_image_beside_a_stream_decodes_in_the_side_context_at_its_positions(q
     """Beside a generating slot an M-RoPE image is decoded in the side context with its 2-D
     positions (vision_side.py), and the KV copied back gives the tokens the engine's own steps
     give beside the same stream."""
-    v = qengine.vision
+    v = qengine.media
     prompt, img = f"the picture {M} caption: the", picture(8)
     v.side.usable = False  # the reference: the image decoded in the steps beside the same stream
     try:
@@ -285,7 +285,7 @@ def test_qwen25vl_windowed_projector_matches_libmtmd(qwen_pair: tuple[Path, Path
     mmproj = write_qwen2vl_mmproj(tmp_path_factory.mktemp("qwen25vl") / "mmproj.gguf", version="2.5")
     e = _engine((qwen_pair[0], mmproj), n_parallel=2)
     try:
-        assert e.vision.proj is not None and e.vision.proj.mrope
+        assert e.media.proj is not None and e.media.proj.mrope
         prompt, imgs = f"see {M} it is", [picture(9, (96, 64))]
         _, _, deltas = run_engine(e, [raw("q25", prompt, *imgs)])
         assert tokens_of(deltas, "q25") == reference(e, prompt, imgs)
@@ -299,8 +299,8 @@ def test_qwen3vl_deepstack_embeddings_match_libmtmd(tmp_path_factory: pytest.Tem
     model = write_qwen2vl_model(d / "qwen3vl.gguf", arch="qwen3vl")
     e = _engine((model, write_qwen2vl_mmproj(d / "mmproj.gguf", version="3")), n_parallel=2)
     try:
-        assert e.vision.proj is not None and e.vision.proj.mrope
-        assert e.vision.proj.n_embd == 2 * ll.llama_model_n_embd(e.m.model)
+        assert e.media.proj is not None and e.media.proj.mrope
+        assert e.media.proj.n_embd == 2 * ll.llama_model_n_embd(e.m.model)
         prompt, imgs = f"see {M} it is", [picture(10, (96, 64))]
         _, _, deltas = run_engine(e, [raw("q3", prompt, *imgs)])
         assert tokens_of(deltas, "q3") == reference(e, prompt, imgs)

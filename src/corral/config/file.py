@@ -131,7 +131,7 @@ class ServerConfig(_NoBoolNumbers):
     max_restarts: int = Field(3, ge=0)  # consecutive failures before an instance stays failed
     restart_backoff_s: float = Field(1.0, ge=0)  # doubles per consecutive failure, max 30 s
     max_body_bytes: ByteSize = 8 * 1024 * 1024
-    allow_image_urls: bool = False  # images in requests: api/core/image_fetch.py, docs/internals/vision.md
+    allow_image_urls: bool = False  # images in requests: api/core/image_fetch.py, docs/internals/media.md
     allow_private_image_urls: bool | list[IPvAnyNetwork] = False  # true (any), or CIDR networks
     image_url_timeout_s: float = Field(10.0, gt=0)
     max_image_bytes: ByteSize = 20 * 1024 * 1024  # one image, encoded

@@ -87,7 +87,7 @@ class _Sizes:
     shares: tuple[float, ...] = (1.0,)  # each device's cumulative share of the GPU layers (llama.cpp's splits)
     cache_types: tuple[str, str] = ("f16", "f16")  # K and V
     outputs: int = 0  # the context's logits rows (fit.rows.outputs_max; 0: a whole micro-batch, llama.cpp's default)
-    side: bool = False  # a vision projector: the side context for images beside streams (worker/vision/side.py)
+    side: bool = False  # a vision projector: the side context for images beside streams (worker/media/side.py)
 
     def kv_layer(self, layer: int, ctx: int) -> int:
         """KV bytes of one layer with ``ctx`` cells asked for in all, sized as llama.cpp

@@ -48,9 +48,9 @@ from corral.worker.reasoning.feature import ReasoningFeature
 from corral.worker.output.slot_output import SlotOutput
 from corral.worker.batch import Batch
 from corral.worker.slots import (Job, Slot, aborted_in_queue, begin, finished_message, equip,
-                                 free_samplers, pick_slot, release, slot_states)
+                                 free_samplers, keep_prefix, pick_slot, release, slot_states)
 from corral.worker.tokens import Tokenizer
-from corral.worker.vision.steps import VisionSteps
+from corral.worker.media.steps import MediaSteps
 
 __all__ = ["Engine", "Outgoing", "PreparedRequest"]
 
@@ -66,15 +66,15 @@ class Engine:
         self.threadpool = threadpool.attach(self.m.ctx, max(self.m.threads, self.m.threads_batch))  # as llama-server
         self.set_threads = self.m.set_threads  # threads for the next decodes (the thread governor's)
         self.lora = LoraAdapters.load(self.m, settings)  # the adapters and their turns (lora/)
-        self.vision = VisionSteps.load(settings, self.m, self._fail)  # the projector, images in the step (vision/)
-        self.m.info = self.vision.model_info(self.lora.report(self.m.info))
+        self.media = MediaSteps.load(settings, self.m, self._fail)  # the projector, media in the step (media/)
+        self.m.info = self.media.model_info(self.lora.report(self.m.info))
         self.tok = Tokenizer(self.m)
         self.spec = draft.speculator(settings, self.m, self.tok.is_eog)  # n-gram or draft-model drafts (speculation/)
         self.info = self.m.info
         self.template, self._template_error = model_template(settings, self.m, self.tok)  # prompt/prompts.py
         self.prompts = PromptPreparer(self.tok, self.template, self._template_error, self.m.n_ctx_slot,
                                       model_id=settings.model_id, n_batch=self.m.n_batch)
-        self.prompts.vision = self.vision
+        self.prompts.media = self.media
         self.reasoning = ReasoningFeature(settings, self.template, self.tok, self.info.reasoning_format, self.m.n_vocab)
         self.embedder = Embedder(self.m, self.tok, settings)  # embeddings, reranking (embed/)
         self.intake = Intake(settings, self.m, self.prompts, self.reasoning, self.lora)  # a request's way in
@@ -92,7 +92,7 @@ class Engine:
         side = EngineSide(self.m, self.slots, self.batch, self.jobs.get, self.waiting.remove, self.waiting.appendleft,
                           self._ended, self.lora.use)  # all preemption reaches of the engine
         self.preempt = Preemption(side, self.prompt_cache.store, abort_decodes=self.spec.undoable)  # preempt/
-        self.features = step_features(settings, self.vision, self.lora, self.reasoning, self.prompt_cache, self.spec,
+        self.features = step_features(settings, self.media, self.lora, self.reasoning, self.prompt_cache, self.spec,
                                       self.preempt)  # the step features turned on (features.py)
         self.on = Moments(self.features, self.m.ctx)  # for each engine-wide moment, the features with it
 
@@ -145,7 +145,7 @@ class Engine:
     def stats(self) -> wire.Stats:
         return wire.Stats(slots_busy=sum(1 for s in self.slots if s.busy), slots_total=len(self.slots),
                           waiting=len(self.waiting) + len(self.embedder.waiting), rss_bytes=rss_bytes(),
-                          model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes + self.vision.kv_bytes,
+                          model_bytes=self.info.model_bytes, kv_bytes=self.info.kv_bytes + self.embedder.kv_bytes + self.media.kv_bytes,
                           tokens_generated=self.tokens_generated, tokens_prompt=self.tokens_prompt,
                           slots=slot_states(self.slots, self.m.n_ctx_slot), spec_drafted=self.spec.drafted,
                           spec_accepted=self.spec.accepted, gen_steps=self.gen_steps,
@@ -155,8 +155,8 @@ class Engine:
         self.pool.close()
         for f in self.features:
             f.close()
-        if not self.vision.on:
-            self.vision.close()  # its image threads, there without a projector too
+        if not self.media.on:
+            self.media.close()  # its threads, there without a projector too
         free_samplers(self.slots, self.waiting)
         self.m.free()
         if self.threadpool is not None:
@@ -202,17 +202,9 @@ class Engine:
         slot.cached = []
 
     def _start(self, slot: Slot, job: Job, reuse: int) -> None:
-        mem = self.m.memory
         req = job.req
         echo_lp = req.echo and req.logprobs is not None
-        reuse = self.vision.snap(job.tokens, reuse)  # never part of an image
-        if echo_lp:
-            reuse = 0  # every prompt token's logits are needed
-        if reuse > 0 and ll.llama_memory_seq_rm(mem, slot.index, self.vision.kv_pos(job.tokens, reuse), -1):
-            del slot.cached[reuse:]
-        else:
-            reuse = 0
-            self._clear_slot(slot)
+        reuse = keep_prefix(slot, job.tokens, 0 if echo_lp else reuse, self.m)  # echo: every prompt token's logits
         p = job.req.params
         begin(slot, job, reuse, self.m.n_ctx_slot - len(job.tokens), time.perf_counter(), self.settings.default_max_tokens)
         requested = job.grammar is not None

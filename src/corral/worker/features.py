@@ -19,19 +19,19 @@ from corral.worker.prefill import write_pending
 from corral.worker.slots import Slot, StepFeature, overrides, owner
 from corral.worker.speculation.speculator import Speculator
 from corral.worker.time_limit.feature import TimeLimitFeature
-from corral.worker.vision.steps import VisionSteps
+from corral.worker.media.steps import MediaSteps
 
 __all__ = ["Moments", "step_features"]
 
 
-def step_features(settings: wire.WorkerSettings, vision: VisionSteps, lora: LoraAdapters,
+def step_features(settings: wire.WorkerSettings, media: MediaSteps, lora: LoraAdapters,
                   reasoning: ReasoningFeature, prompt_cache: PromptCache, spec: Speculator,
                   preempt: Preemption) -> list[StepFeature]:
     """The features of an engine with ``settings``, in the order their moments run (the
     engine's loaded parts passed in: each is listed only when it is on)."""
     features: list[StepFeature] = []
-    if vision.on:
-        features.append(vision)  # images in the step (before_batch: encodes, pieces; idle)
+    if media.on:
+        features.append(media)  # media chunks in the step (before_batch: encodes, pieces; idle)
     if lora.specs:
         features.append(lora)  # before_batch: the slots of one adapter set, in turn
     if reasoning.on:

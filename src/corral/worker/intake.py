@@ -10,6 +10,7 @@ import time
 from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.lora.adapters import LoraAdapters
+from corral.worker.media.prompt import has_media
 from corral.worker.model import LoadedModel
 from corral.worker.prompt import requests
 from corral.worker.prompt.prompts import PreparedRequest, PromptPreparer
@@ -33,7 +34,7 @@ class Intake:
         tokens, plan = self.reasoning.prepare(req, self.prompts)
         check_params(req.params)
         requests.check_generation_fields(req, self.m.n_vocab, len(tokens))
-        self.lora.check(req, bool(getattr(tokens, "images", None)))  # an unknown adapter is a 400
+        self.lora.check(req, has_media(tokens))  # an unknown adapter is a 400
         return PreparedRequest(req, tokens, requests.grammar_text(req), plan)
 
     def job(self, prepared: PreparedRequest) -> Job:

@@ -23,8 +23,7 @@ from corral.worker.model import LoadedModel
 from corral.worker.batch import Batch
 from corral.worker.slots import LAST_CUT, Slot
 from corral.worker.tokens import Tokenizer
-from corral.worker.vision.projector import VisionTokens
-from corral.worker.vision.mrope import kv_pos
+from corral.worker.media.prompt import kv_pos, text_end
 
 __all__ = ["EchoChunk", "cut_chunk", "fill_prompt_chunks", "prompt_cuts", "prompt_logprobs", "write_pending"]
 
@@ -41,7 +40,7 @@ def write_pending(b: Batch, slots: list[Slot]) -> tuple[int, list[tuple[Slot, in
         if job is None or slot.pending < 0:
             continue
         b.token[n] = slot.pending
-        b.pos[n] = kv_pos(job.tokens, len(slot.cached))  # M-RoPE: vision/mrope.py
+        b.pos[n] = kv_pos(job.tokens, len(slot.cached))  # after M-RoPE media: less (media/prompt.py)
         b.seq[n] = slot.index
         b.logits[n] = 1
         outputs.append((slot, n))
@@ -82,7 +81,7 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
         if job is None or slot.prompt_pos >= len(job.tokens) or slot.n_gen > 0:
             continue
         toks = job.tokens
-        stop = toks.text_end(slot.prompt_pos) if isinstance(toks, VisionTokens) else len(toks)  # images: vision/steps.py
+        stop = text_end(toks, slot.prompt_pos)  # the next media chunk's start: media/steps.py decodes it
         take = min(budget, stop - slot.prompt_pos)
         if take <= 0:
             continue
@@ -94,7 +93,7 @@ def fill_prompt_chunks(b: Batch, slots: list[Slot], n: int, outputs: list[tuple[
                 continue
             echo_room -= take
             echo_chunks.append((slot, n, slot.prompt_pos, take))
-        start = kv_pos(toks, len(slot.cached))  # after an M-RoPE image: less (vision/mrope.py)
+        start = kv_pos(toks, len(slot.cached))  # after M-RoPE media: less (media/prompt.py)
         for k in range(take):
             b.token[n + k] = toks[slot.prompt_pos + k]
             b.pos[n + k] = start + k

@@ -354,7 +354,7 @@ def _cpu_wait_policy(settings: wire.WorkerSettings) -> None:
     GOMP_SPINCOUNT. Must run before llama_cpp (libgomp) is loaded.
 
     A worker with a vision projector keeps libgomp's own spin (``VISION_SPINCOUNT``): its
-    niced image thread (vision/side.py, ``SCHED_IDLE``) runs on any core a decode thread
+    niced image thread (media/side.py, ``SCHED_IDLE``) runs on any core a decode thread
     leaves, and with the short spin the decode threads leave one at every wait longer than
     0.2 ms. Two streams in-process beside a ``SCHED_IDLE`` thread that only computes kept
     0.81x of their rate with the short spin and 1.02x with libgomp's.

@@ -61,6 +61,7 @@ from corral.worker.sampling import sampler as sampling
 from corral.worker.sampling.pool import Drawn
 from corral.worker.failures import RequestRejected
 from corral.worker.lora.state import BASE, LoraKey
+from corral.worker.media.prompt import kv_pos, reuse_cut
 from corral.worker.model import LoadedModel
 from corral.worker.reasoning.plan import ReasoningPlan, SlotReasoning
 from corral.worker.output.infill import slot_output
@@ -70,7 +71,7 @@ from corral.worker.tokens import Tokenizer
 from corral.worker.speculation.state import SlotSpec
 from corral.worker.time_limit.state import TimeLimit
 
-__all__ = ["CELL_FIELDS", "Job", "Slot", "StepFeature", "begin", "check_params", "finished_message", "release", "reuse_len",
+__all__ = ["CELL_FIELDS", "Job", "Slot", "StepFeature", "begin", "check_params", "finished_message", "keep_prefix", "release", "reuse_len",
            "aborted_in_queue", "equip", "free_samplers", "overrides", "owner", "pick_slot", "slot_states"]
 
 C = TypeVar("C", bound=Callable[..., Any])
@@ -326,6 +327,19 @@ def reuse_len(slot: Slot, tokens: list[int], m: LoadedModel, tail: int = 1) -> i
         if pos_min > max(0, n - m.n_swa):
             return 0
     return n
+
+
+def keep_prefix(slot: Slot, tokens: list[int], reuse: int, m: LoadedModel) -> int:
+    """Cut ``slot``'s cells to its first ``reuse`` entries, which are ``tokens``' (cut back to
+    whole media chunks: ``media.prompt.reuse_cut``; at their KV position, ``kv_pos``); every
+    cell goes where none is kept or llama.cpp cannot cut there. Returns the entries kept."""
+    reuse = reuse_cut(tokens, reuse)
+    if reuse > 0 and ll.llama_memory_seq_rm(m.memory, slot.index, kv_pos(tokens, reuse), -1):
+        del slot.cached[reuse:]
+        return reuse
+    ll.llama_memory_seq_rm(m.memory, slot.index, -1, -1)
+    slot.cached = []
+    return 0
 
 
 def pick_slot(free: list[Slot], tokens: list[int], m: LoadedModel, tenant: str = "",

@@ -42,7 +42,7 @@ from corral.worker.cache.kv_store import HostKVStore, KVEntry, common_prefix, re
 from corral.worker.lora.state import BASE, LoraKey
 from corral.worker.model import LoadedModel
 from corral.worker.slots import LAST_CUT, Job, Slot, StepFeature, reuse_len
-from corral.worker.vision.mrope import kv_pos
+from corral.worker.media.prompt import kv_pos
 
 __all__ = ["PromptCache", "MIN_SAVE_TOKENS", "MIN_GAIN_TOKENS"]
 

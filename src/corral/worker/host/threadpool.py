@@ -5,7 +5,7 @@ Without one, every graph computes on a threadpool ggml makes and frees for it; l
 level 50. Measured in-process on the bench's vision settings (docs/benchmarks.md): a
 256-position image decode 10% faster with it (380 against 420 ms), generation steps the
 same. With OpenMP the pool's work still runs in the calling thread's team, so the engine's
-thread computes as before; the side context (vision/side.py), which computes on another
+thread computes as before; the side context (media/side.py), which computes on another
 thread at the same time, keeps ggml's own. ``set_threads`` may go no higher than the pool's
 threads (ggml caps a graph at them).
 

@@ -46,6 +46,7 @@ from corral.worker.sampling import sampler as sampling
 from corral.worker.cache.kv_store import HostKVStore, restore_seq, save_seq
 from corral.worker.model import LoadedModel
 from corral.worker.lora.state import BASE, LoraKey
+from corral.worker.media.prompt import recomputable
 from corral.worker.slots import (CELL_FIELDS, Job, Slot, StepFeature, aborted_in_queue, finished_message, pick_slot,
                                  release)
 from corral.worker.preempt.urgent import UrgentStarts, Before
@@ -117,13 +118,13 @@ class Preemption(StepFeature):
             self.held[request_id] = PausedJob(job, None, [], False, time.monotonic())
             self.pauses += 1
             return wire.Paused(id=request_id, paused=True)
-        images = bool(getattr(job.tokens, "images", None))  # placeholders: their KV cannot be recomputed
-        if slot.echo_logprobs is not None or (images and slot.n_gen == 0):
+        fixed = not recomputable(job.tokens)  # media: their KV holds embeddings, not tokens (media/prompt.py)
+        if slot.echo_logprobs is not None or (fixed and slot.n_gen == 0):
             return wire.Paused(id=request_id, paused=False)
         tokens = list(slot.cached)
         state = save_seq(e.m.ctx, slot.index) if tokens else b""
         kept = bool(state) and self.store.put(store_key(request_id), tokens, state, pinned=True)
-        if images and not kept:
+        if fixed and not kept:
             return wire.Paused(id=request_id, paused=False)
         for f in slot.features:
             f.paused(slot)

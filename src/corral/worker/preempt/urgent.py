@@ -48,7 +48,7 @@ from corral.worker import llama_context
 from corral.worker.model import LoadedModel
 from corral.worker.batch import Batch
 from corral.worker.slots import Slot
-from corral.worker.vision.projector import VisionTokens
+from corral.worker.media.prompt import has_media
 
 __all__ = ["UrgentStarts", "ABORTED", "Before", "libc_strlen"]
 
@@ -154,14 +154,14 @@ class UrgentStarts:
             if job is not None and job.req.id in self.ids:
                 if s.n_gen == 0 and s.prompt_pos < len(job.tokens):
                     prefilling.append(s)
-                    if not isinstance(job.tokens, VisionTokens):
+                    if not has_media(job.tokens):
                         last += len(job.tokens) - s.prompt_pos
                 else:
                     started.add(job.req.id)
         self.ids = {i for i in self.ids if live(i) is not None and i not in started}
         if not prefilling:
             return slots
-        if 0 < last <= cap and all(not isinstance(s.job.tokens, VisionTokens) for s in prefilling if s.job):
+        if 0 < last <= cap and not any(has_media(s.job.tokens) for s in prefilling if s.job):
             return prefilling
         return [s for s in slots if s in prefilling or not _prompting(s)]  # a generating slot writes no chunk
 
@@ -176,8 +176,7 @@ class UrgentStarts:
         image in it). An aborted batch is undone, ``outputs`` and ``echo_chunks`` emptied
         (nothing to draw), and 0 returned: the next step decodes the same tokens."""
         b.batch.n_tokens = n
-        arm = self.can_abort and n <= self._n_ubatch and not any(
-            isinstance(x.slot.job.tokens, VisionTokens) and x.slot.job.tokens.images for x in before if x.slot.job)
+        arm = self.can_abort and n <= self._n_ubatch and not any(has_media(x.slot.job.tokens) for x in before if x.slot.job)
         if arm:
             with self._lock:
                 self._armed = True

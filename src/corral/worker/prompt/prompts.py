@@ -14,27 +14,18 @@ than the slot holds. Below that bound it is tokenized and the exact count decide
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import llama_cpp as ll
 
 from corral import wire
 from corral.worker.failures import RequestRejected
+from corral.worker.media.prompt import MediaTokenizer, request_media
 from corral.worker.output.infill import infill_tokens
 from corral.worker.model import LoadedModel, ModelLoadError
 from corral.worker.reasoning.plan import ReasoningPlan
 from corral.worker.prompt.templates import ChatTemplate, TemplateError, TemplateRefused, choose_template, render_chat
 from corral.worker.tokens import Tokenizer
-
-if TYPE_CHECKING:
-    from corral.worker.vision.projector import VisionTokens
-
-
-class ImageTokenizer(Protocol):
-    """What prompts need of the engine's images (``vision.steps.VisionSteps``, a floor above)."""
-
-    def tokenize(self, text: str, images: list[bytes], *, add_special: bool) -> VisionTokens: ...
-
 
 __all__ = ["PreparedRequest", "PromptPreparer", "model_template"]
 
@@ -76,7 +67,7 @@ class PromptPreparer:
         self.template_error = template_error
         self.n_ctx_slot = n_ctx_slot
         self._max_piece: int | None = None
-        self.vision: ImageTokenizer | None = None  # the engine's images (worker/vision/steps.py)
+        self.media: MediaTokenizer | None = None  # the engine's media (worker/media/steps.py)
 
     def max_piece_bytes(self) -> int:
         """The longest token text in bytes (computed once, when first needed)."""
@@ -131,8 +122,7 @@ class PromptPreparer:
             self._check_bytes("".join(m.content for m in req.messages), "messages")
             text = self.render(req.messages, req.tools, extra)
             self._check_bytes(text, "rendered chat")
-            images = [im for m in req.messages for im in m.images or ()]
-            tokens = self._tokenize(text, images, add_special=not self.tok.starts_with_bos(text))
+            tokens = self._tokenize(text, request_media(req), add_special=not self.tok.starts_with_bos(text))
         elif req.prompt_tokens is not None:
             tokens = list(req.prompt_tokens)
             bad = next((t for t in tokens if not 0 <= t < self.tok.n_vocab), None)
@@ -141,18 +131,19 @@ class PromptPreparer:
                                                          f"vocabulary (0..{self.tok.n_vocab - 1})")
         else:
             self._check_bytes(req.prompt or "", "prompt")
-            if req.images and req.echo:
-                raise RequestRejected("invalid_request", "echo is for text prompts, not prompts with images")
-            tokens = self._tokenize(req.prompt or "", req.images or [], add_special=req.add_special)
+            media = request_media(req)
+            if media and req.echo:
+                raise RequestRejected("invalid_request", "echo is for text prompts, not prompts with images or other media")
+            tokens = self._tokenize(req.prompt or "", media, add_special=req.add_special)
         return self._check_length(tokens), text
 
-    def _tokenize(self, text: str, images: list[bytes], *, add_special: bool) -> list[int]:
-        """Text alone, or text and its images (worker/vision/projector.py: image positions as pseudo-ids)."""
-        if not images:
+    def _tokenize(self, text: str, media: list[bytes], *, add_special: bool) -> list[int]:
+        """Text alone, or text and its media (worker/media/prompt.py: a ``MediaPrompt``)."""
+        if not media:
             return self.tok.tokenize(text, add_special=add_special)
-        if self.vision is None:
-            raise RequestRejected("invalid_request", f"model {self.model_id} does not take images")
-        return self.vision.tokenize(text, images, add_special=add_special)
+        if self.media is None:
+            raise RequestRejected("invalid_request", f"model {self.model_id} does not take images or other media")
+        return self.media.tokenize(text, media, add_special=add_special)
 
     def _check_length(self, tokens: list[int]) -> list[int]:
         if not tokens:

@@ -116,7 +116,7 @@ def _prime(chain: ll.llama_sampler_p, p: wire.SamplingParams, n_vocab: int, prom
     if _has_penalties(p):
         keep = n_vocab if p.repeat_last_n < 0 else p.repeat_last_n
         for t in prompt_tail[-keep:]:
-            if t >= 0:  # an image's positions (negative pseudo-ids, worker/vision/projector.py) are no tokens
+            if t >= 0:  # an image's positions (negative pseudo-ids, worker/media/projector.py) are no tokens
                 ll.llama_sampler_accept(chain, t)
 
 

@@ -54,7 +54,7 @@ from corral.worker.sampling.pool import Drawn
 from corral.worker.slots import Job, Slot, StepFeature
 from corral.worker.speculation.cost import StepCosts, best_length
 from corral.worker.speculation.state import PAUSE_STEPS, SlotSpec
-from corral.worker.vision.mrope import kv_pos
+from corral.worker.media.prompt import kv_pos
 
 __all__ = ["Speculator", "SlotSpec", "find_draft", "NGRAM_MAX", "NGRAM_MIN", "PAUSE_STEPS"]
 
@@ -144,7 +144,7 @@ class Speculator(StepFeature):
             st = slot.spec
             st.draft = draft
             st.base = len(slot.cached)
-            at = kv_pos(slot.job.tokens, st.base) if slot.job is not None else st.base  # M-RoPE: vision/mrope.py
+            at = kv_pos(slot.job.tokens, st.base) if slot.job is not None else st.base  # after M-RoPE media: less (media/prompt.py)
             for k, tok in enumerate([slot.pending, *st.draft]):
                 b.token[n + k] = tok
                 b.pos[n + k] = at + k
@@ -239,7 +239,7 @@ class Speculator(StepFeature):
         st.tries = st.tries * _DECAY + k + (1 if k < len(draft) else 0)
         keep = st.base + 1 + k
         if len(slot.cached) > keep:  # (a failed slot's cache is already cleared)
-            at = kv_pos(prompt, keep)  # the position of entry ``keep`` (vision/mrope.py)
+            at = kv_pos(prompt, keep)  # the position of entry ``keep`` (media/prompt.py)
             ll.llama_memory_seq_rm(m.memory, slot.index, at, -1)  # partial removal: always done for a KV cache
             del slot.cached[keep:]
             if m.n_swa > 0 and slot.cached and \

@@ -40,7 +40,7 @@ slower). So:
   thread: the slot's KV up to the image is copied in (``kv_store.save_seq``), the image's
   pieces decoded exactly as the engine would (same pieces, same positions), and the
   sequence copied back into the slot when the engine next steps. The streams go on
-  meanwhile; the image gets the cores they leave, and ``VisionSteps`` gives it a share
+  meanwhile; the image gets the cores they leave, and ``MediaSteps`` gives it a share
   of each step's time (it waits for it, ``IMAGE_SHARE``) so it is never starved.
 """
 

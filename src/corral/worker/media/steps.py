@@ -1,12 +1,14 @@
-"""Images inside the continuous batch: the step's side of the vision room.
+"""Media inside the continuous batch: the step's side of the media room. What follows says
+"image"; every chunk kind (media/prompt.py) goes the same way: its encode, its embeddings.
 
-A prompt with images is a ``VisionTokens`` list: runs of text tokens, which the step's
-prompt chunks decode as always (``prefill.py`` stops each run at the next image), and
-image spans. For a slot whose prompt reaches an image, ``VisionSteps.step``:
+A prompt with images is a ``MediaPrompt`` (media/prompt.py): runs of text tokens, which the
+step's prompt chunks decode as always (``prefill.py`` stops each run at the next chunk:
+``media.prompt.text_end``), and chunks. For a slot whose prompt reaches an image,
+``MediaSteps.step``:
 
-1. has the image encoded (``vision.side.ImageThreads``): alone on the engine's thread, as
+1. has the image encoded (``media.side.ImageThreads``): alone on the engine's thread, as
    llama-server does (nothing else is generating; a second OpenMP team would make every
-   team's barriers sleep, vision/side.py); beside other streams on the niced image thread,
+   team's barriers sleep, media/side.py); beside other streams on the niced image thread,
    one image at a time, while the engine thread goes on decoding every other slot. A slot
    waits at its image until the embeddings are there.
 2. alone (no other slot generating): decodes the embeddings into the slot's sequence,
@@ -15,7 +17,7 @@ image spans. For a slot whose prompt reaches an image, ``VisionSteps.step``:
    step's batch of tokens; Gemma 3's image positions attend to one another
    (non-causal), so causal attention is off for that decode only.
 3. beside other streams: the encode and the same pieces run on the niced image thread,
-   in the side context (``vision.side.SideContext``: the slot's KV copied in, the image
+   in the side context (``media.side.SideContext``: the slot's KV copied in, the image
    decoded, the KV copied back into the slot in a later step), and the engine waits for
    that work ``IMAGE_SHARE`` of each step's time. A non-causal image is one decode of
    all its positions (it cannot be split without changing its KV), so on the engine's
@@ -23,7 +25,7 @@ image spans. For a slot whose prompt reaches an image, ``VisionSteps.step``:
 
 Prefix reuse: the image positions' pseudo-ids come from the pixels' hash, so the same
 picture in the next turn matches the slot's cache and is neither encoded nor decoded
-again; ``snap`` cuts a match that ends inside an image back to the image's start.
+again; ``media.prompt.reuse_cut`` cuts a match that ends inside an image back to its start.
 An encode or decode that fails fails that request only (``RequestFailed(internal)``).
 
 As a step feature (``StepFeature``, worker/slots.py; listed only when the model has a
@@ -47,16 +49,17 @@ from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.cache.kv_store import restore_seq, save_seq
 from corral.worker.model import LoadedModel
-from corral.worker.vision import mrope
+from corral.worker.media import mrope
 from corral.worker.slots import Job, Slot, StepFeature
-from corral.worker.vision.projector import ImageSpan, Projector, VisionTokens, load_projector
-from corral.worker.vision.side import ImageThreads, SideContext, SideUnsupported
+from corral.worker.media.projector import Projector, load_projector
+from corral.worker.media.prompt import MediaChunk, MediaPrompt, kv_pos
+from corral.worker.media.side import ImageThreads, SideContext, SideUnsupported
 
-__all__ = ["EmbdBatch", "VisionSteps", "decode_embd"]
+__all__ = ["EmbdBatch", "MediaSteps", "decode_embd"]
 
-log = logging.getLogger("corral.worker.vision.steps")
+log = logging.getLogger("corral.worker.media.steps")
 FailSlot = Callable[[Slot, Job, str], None]
-# While other slots generate, image work (on the niced image thread, vision/side.py) gets at
+# While other slots generate, image work (on the niced image thread, media/side.py) gets at
 # least this share of the time: the engine waits for it share / (1 - share) of each step.
 # Alone, an image goes at full speed.
 IMAGE_SHARE = 0.1
@@ -85,24 +88,22 @@ class EmbdBatch:
             logits=ctypes.cast(self.logits, ctypes.POINTER(ctypes.c_int8)))
 
 
-class VisionSteps(StepFeature):
-    """The engine's images: the projector (or none) and the encodes and pieces of each step."""
-
-    name = "vision"
+class MediaSteps(StepFeature):
+    """The engine's media: the projector (or none) and the encodes and pieces of each step."""
 
     def __init__(self, projector: Projector | None, m: LoadedModel, s: wire.WorkerSettings,
                  fail: FailSlot | None = None) -> None:
         self.proj = projector
         self.fail = fail  # how a request whose image failed ends (the engine's)
-        self.mrope = projector is not None and projector.mrope  # M-RoPE positions (vision/mrope.py)
+        self.mrope = projector is not None and projector.mrope  # M-RoPE positions (media/mrope.py)
         self.m = m
         self.model_id = s.model_id
         self.piece = max(1, min(m.n_batch, ll.llama_n_ubatch(m.ctx)))
         self._batch: EmbdBatch | None = None
         self.threads = ImageThreads()  # encodes and side decodes: here alone, niced beside other streams
         self.side = SideContext(m, s, self.piece)
-        self._pending: dict[ImageSpan, tuple[cf.Future[np.ndarray], Job]] = {}
-        self._side: dict[ImageSpan, tuple[cf.Future[bytes], Job, int]] = {}  # decoding in the side context
+        self._pending: dict[MediaChunk, tuple[cf.Future[np.ndarray], Job]] = {}
+        self._side: dict[MediaChunk, tuple[cf.Future[bytes], Job, int]] = {}  # decoding in the side context
         self.pieces = 0  # image pieces decoded on the engine's thread (one per step at most)
         self.side_images = 0  # images decoded in the side context and copied into their slot
         self.share = IMAGE_SHARE
@@ -110,7 +111,7 @@ class VisionSteps(StepFeature):
         self._waited = 0.0
 
     @classmethod
-    def load(cls, s: wire.WorkerSettings, m: LoadedModel, fail: FailSlot | None = None) -> VisionSteps:
+    def load(cls, s: wire.WorkerSettings, m: LoadedModel, fail: FailSlot | None = None) -> MediaSteps:
         return cls(load_projector(s, m), m, s, fail)
 
     @property
@@ -135,18 +136,11 @@ class VisionSteps(StepFeature):
 
     # ------------------------------------------------------------------ preparing (any thread)
 
-    def tokenize(self, text: str, images: list[bytes], *, add_special: bool) -> VisionTokens:
+    def tokenize(self, text: str, media: list[bytes], *, add_special: bool) -> MediaPrompt:
         if self.proj is None:
             raise RequestRejected("invalid_request", f"model {self.model_id} does not take images: it has no "
                                                      "multimodal projector (set mmproj for it)")
-        return self.proj.tokenize(text, images, add_special=add_special)
-
-    kv_pos = staticmethod(mrope.kv_pos)  # a slot's KV position after M-RoPE images (vision/mrope.py)
-
-    @staticmethod
-    def snap(tokens: list[int], reuse: int) -> int:
-        """``reuse`` cut back to the start of an image it would end inside."""
-        return tokens.snap(reuse) if isinstance(tokens, VisionTokens) else reuse
+        return self.proj.tokenize(text, media, add_special=add_special)
 
     # ------------------------------------------------------------------ the step (engine thread)
 
@@ -154,21 +148,21 @@ class VisionSteps(StepFeature):
         """Start the encodes the slots' prompts need, collect finished ones, and decode one
         image piece (before the step's batch of tokens) or, beside other streams, hand the
         image to the side context."""
-        if self.proj is None or not (self._pending or self._side or any(_vision_job(s) for s in slots)):
+        if self.proj is None or not (self._pending or self._side or any(_media_job(s) for s in slots)):
             return
-        others = any(s.job is not None and _vision_job(s) is None for s in slots)
+        others = any(s.job is not None and _media_job(s) is None for s in slots)
         self._give_share(others)
         self._collect(slots, fail)
-        for slot, job, toks in _vision_slots(slots):
-            for span in toks.images:
+        for slot, job, toks in _media_slots(slots):
+            for span in toks.chunks:
                 if span.end > slot.prompt_pos and span.embd is None and span not in self._pending:
                     self._encode_later(span, job, others)
                     if others:
                         break  # one at a time while others stream
         if not others:
             self._collect(slots, fail)  # encoded here and now: decoded in this step
-        for slot, job, toks in _vision_slots(slots):
-            at = toks.span_at(slot.prompt_pos)
+        for slot, job, toks in _media_slots(slots):
+            at = toks.chunk_at(slot.prompt_pos)
             if at is None or at.embd is None or at in self._side:
                 continue
             if others and self.side.usable:
@@ -223,7 +217,7 @@ class VisionSteps(StepFeature):
         """A batch for image pieces: 4 positions an embedding with M-RoPE."""
         return EmbdBatch(self.piece, n_embd, mrope.N_POS_PER_EMBD if self.mrope else 1)
 
-    def _encode_later(self, span: ImageSpan, job: Job, beside: bool) -> None:
+    def _encode_later(self, span: MediaChunk, job: Job, beside: bool) -> None:
         assert self.proj is not None
         self._pending[span] = (self.threads.submit(beside, self.proj.encode, span), job)
 
@@ -255,14 +249,14 @@ class VisionSteps(StepFeature):
                 del self._side[span]
                 self._take_side(slot, job, span, sfut, fail)
 
-    def _decode_beside(self, slot: Slot, job: Job, span: ImageSpan) -> None:
+    def _decode_beside(self, slot: Slot, job: Job, span: MediaChunk) -> None:
         """Hand the rest of ``span`` to the side context (on the niced thread), from the slot's KV now."""
         assert span.embd is not None
         off = slot.prompt_pos - span.start
         rows, start, non_causal, seq_len = span.embd[off:], len(slot.cached), span.non_causal, slot.prompt_pos
         state = save_seq(self.m.ctx, slot.index)
         batch = self._embd_batch(rows.shape[1])
-        p0 = mrope.kv_pos(job.tokens, span.start) if self.mrope else 0  # M-RoPE: the image's first position
+        p0 = kv_pos(job.tokens, span.start) if self.mrope else 0  # M-RoPE: the image's first position
 
         def work(ctx: ll.llama_context_p) -> None:
             for at in range(0, rows.shape[0], self.piece):
@@ -276,7 +270,7 @@ class VisionSteps(StepFeature):
         self._side[span] = (self.threads.submit(True, self.side.run, state if seq_len else b"", work, n_stream), job,
                             slot.prompt_pos)
 
-    def _take_side(self, slot: Slot, job: Job, span: ImageSpan, fut: cf.Future[bytes], fail: FailSlot) -> None:
+    def _take_side(self, slot: Slot, job: Job, span: MediaChunk, fut: cf.Future[bytes], fail: FailSlot) -> None:
         exc = fut.exception()
         if isinstance(exc, SideUnsupported):  # the slot's KV is as it was: decode the image here
             log.warning("images go on the engine's thread from now on: %s", exc)
@@ -294,13 +288,13 @@ class VisionSteps(StepFeature):
         span.embd = None
         self.side_images += 1
 
-    def _decode_piece(self, slot: Slot, job: Job, span: ImageSpan, fail: FailSlot) -> None:
+    def _decode_piece(self, slot: Slot, job: Job, span: MediaChunk, fail: FailSlot) -> None:
         assert span.embd is not None
         if self._batch is None:
             self._batch = self._embd_batch(span.embd.shape[1])
         off = slot.prompt_pos - span.start
         k = min(self.piece, span.n_tokens - off)
-        at = (span, mrope.kv_pos(job.tokens, span.start), off) if self.mrope else None
+        at = (span, kv_pos(job.tokens, span.start), off) if self.mrope else None
         rc = decode_embd(self.m.ctx, self._batch, span.embd[off: off + k], len(slot.cached), slot.index,
                          span.non_causal, mrope_at=at)
         if rc != 0:
@@ -314,15 +308,15 @@ class VisionSteps(StepFeature):
 
 
 def decode_embd(ctx: ll.llama_context_p, b: EmbdBatch, rows: np.ndarray, pos: int, seq: int, non_causal: bool,
-                *, mrope_at: tuple[ImageSpan, int, int] | None = None) -> int:
+                *, mrope_at: tuple[MediaChunk, int, int] | None = None) -> int:
     """One llama_decode of embedding ``rows`` at positions ``pos``.. of sequence ``seq``
     (causal attention off for it when the image attends non-causally); llama_decode's code.
     ``mrope_at``: (the image, its first position, the rows' offset in it): M-RoPE's t/y/x
-    positions instead (vision/mrope.py)."""
+    positions instead (media/mrope.py)."""
     k = rows.shape[0]
     b.embd[: k * b.n_embd] = rows.ravel()
     if mrope_at is not None:
-        mrope.write_positions(b.pos, mrope_at[0], mrope_at[1], mrope_at[2], k)
+        mrope_at[0].write_mrope(b.pos, mrope_at[1], mrope_at[2], k)
     else:
         b.pos[:k] = list(range(pos, pos + k))
     for i in range(k):
@@ -338,18 +332,18 @@ def decode_embd(ctx: ll.llama_context_p, b: EmbdBatch, rows: np.ndarray, pos: in
             ll.llama_set_causal_attn(ctx, True)
 
 
-def _vision_slots(slots: list[Slot]) -> Iterator[tuple[Slot, Job, VisionTokens]]:
-    """The slots whose prompt with images is still being prefilled, with the job and its tokens."""
+def _media_slots(slots: list[Slot]) -> Iterator[tuple[Slot, Job, MediaPrompt]]:
+    """The slots whose prompt with media is still being prefilled, with the job and its tokens."""
     for slot in slots:
-        job = _vision_job(slot)
+        job = _media_job(slot)
         if job is not None:
-            assert isinstance(job.tokens, VisionTokens)
+            assert isinstance(job.tokens, MediaPrompt)
             yield slot, job, job.tokens
 
 
-def _vision_job(slot: Slot) -> Job | None:
-    """The slot's job while its prompt with images is still being prefilled."""
+def _media_job(slot: Slot) -> Job | None:
+    """The slot's job while its prompt with media is still being prefilled."""
     job = slot.job
-    if job is None or slot.n_gen > 0 or not isinstance(job.tokens, VisionTokens) or not job.tokens.images:
+    if job is None or slot.n_gen > 0 or not isinstance(job.tokens, MediaPrompt) or not job.tokens.chunks:
         return None
-    return job if slot.prompt_pos < job.tokens.images[-1].end else None
+    return job if slot.prompt_pos < job.tokens.chunks[-1].end else None
