@@ -88,14 +88,14 @@ async def test_long_recording_is_windows_side_by_side(harness: Harness, model_pa
                                                       audio_mmproj_path: Path) -> None:
     await start(harness, model_path, audio_mmproj_path)
     c = client(harness)
-    # 65 s: three windows (each cut at a pause before 30 s), each 750 positions
+    # 65 s: three windows (about 22 s each, cut at pauses), each 750 positions
     verbose = await c.audio.transcriptions.create(model="gemma-audio", file=("long.flac", encode(recording(65), "flac")),
                                                   response_format="verbose_json", extra_body={"max_tokens": 2})
     segs = verbose.segments or []
     assert len(segs) == 3
     assert segs[0].start == 0.0 and segs[-1].end == pytest.approx(65.0)
     assert all(a.end == b.start for a, b in zip(segs, segs[1:]))
-    assert all(25.0 <= s.end - s.start <= 30.0 for s in segs[:-1])
+    assert all(15.0 <= s.end - s.start <= 30.0 for s in segs)  # an even share each, cut at a pause
     r = await c.audio.transcriptions.create(model="gemma-audio", file=("long.flac", encode(recording(65), "flac")),
                                             extra_body={"max_tokens": 2})
     assert r.usage is not None and r.usage.input_tokens >= 3 * WINDOW_TOKENS  # type: ignore[union-attr]
