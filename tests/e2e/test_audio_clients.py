@@ -125,6 +125,13 @@ async def test_chat_input_audio_and_ollama(harness: Harness, model_path: Path, a
             {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": b64, "format": "wav"}}]}])
     assert err.value.code == "audio_not_supported" and err.value.param == "messages.0.content.0"
 
+    # the Responses API's input_audio part
+    resp = await harness.client.post("/v1/responses", json={"model": "gemma-audio", "max_output_tokens": 3, "input": [
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": b64, "format": "wav"}},
+                                     {"type": "input_text", "text": "What is said?"}]}]})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["input_tokens"] >= WINDOW_TOKENS
+
     o = ollama.AsyncClient(host=harness.base_url)
     reply = await o.chat(model="gemma-audio", options={"num_predict": 3, "temperature": 0},
                          messages=[{"role": "user", "content": "What is said?", "images": [b64]}])
