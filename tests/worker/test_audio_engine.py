@@ -83,3 +83,36 @@ def test_an_image_to_an_audio_only_projector_is_refused(aengine: Engine) -> None
     _, finals, _ = run_engine(aengine, [chat("img", user(f"See {M}", buf.getvalue()))])
     fin = finals["img"]
     assert isinstance(fin, wire.RequestFailed) and fin.code == "invalid_request", fin
+
+
+def _beside_count(engine: Engine, group_a: str | None, group_b: str | None) -> int:
+    """Side-context decodes while request a generates and b's recording waits for media."""
+    long = wire.SamplingParams(max_tokens=2000, temperature=0.0, ignore_eos=True)  # aborted once b ends
+    a = wire.GenerateRequest(id=f"a{group_a}", messages=[user(f"One {M} two", clip(1))], params=long,
+                             media_group=group_a)
+    b = wire.GenerateRequest(id=f"b{group_b}", messages=[user(f"Three {M} four", clip(2))], params=GREEDY,
+                             media_group=group_b)
+    engine.submit(a)
+    for _ in range(500):  # until a generates
+        engine.step()
+        if any(s.job is not None and s.job.req.id == a.id and s.n_gen > 0 for s in engine.slots):
+            break
+    before = engine.media.side_images
+    engine.submit(b)
+    done = False
+    for _ in range(2000):  # until b ends (a still generating)
+        msgs = engine.step()
+        if any(isinstance(m, wire.Finished | wire.RequestFailed) and m.id == b.id for m in msgs):
+            done = isinstance(next(m for m in msgs if getattr(m, "id", None) == b.id and not
+                                   isinstance(m, wire.Delta)), wire.Finished)
+            break
+    assert done
+    assert any(s.job is not None and s.job.req.id == a.id for s in engine.slots)  # b ran beside a's stream
+    engine.abort(a.id)
+    run_engine(engine, [])
+    return engine.media.side_images - before
+
+
+def test_windows_of_one_recording_do_not_yield_to_one_another(aengine: Engine) -> None:
+    assert _beside_count(aengine, None, None) == 1  # another request's stream: b's audio goes beside it
+    assert _beside_count(aengine, "t1", "t1") == 0  # a sibling window: decoded on the engine's thread

@@ -94,7 +94,7 @@ async def _spec(request: Request, form: TranscriptionForm) -> tuple[GenerationSp
     for i, (a, b) in enumerate(cuts):
         turn = wire.ChatMessage("user", wire.MEDIA_MARKER + "\n" + ask, images=[wav_bytes(Pcm(pcm.samples[a:b]))])
         spec.requests.append(wire.GenerateRequest(id=f"{rid}-{i}", messages=[turn], params=params, think=False,
-                                                  thinking_optional=True))
+                                                  thinking_optional=True, media_group=rid))
     return spec, pcm, cuts
 
 
