@@ -55,6 +55,13 @@ def audio_page(playwright: Any, tmp_path: Path, audio_server: CorralServer) -> I
 def test_recorded_and_attached_audio_reach_the_model(audio_page: Any, audio_server: CorralServer,
                                                     tmp_path: Path) -> None:
     page = audio_page
+
+    def used() -> tuple[int, int]:  # this server's usage of the model (its state dir is the session's)
+        with audio_server.client() as c:
+            rows = c.get("/usage", params={"model": "gemma-audio"}).json()["data"]
+        return sum(r["requests"] for r in rows), sum(r["prompt_tokens"] for r in rows)
+
+    before = used()
     page.locator('#chat-model option[value="gemma-audio"]').wait_for(state="attached")
     page.select_option("#chat-model", "gemma-audio")
     page.locator("#chat-record").wait_for(state="visible")
@@ -84,6 +91,6 @@ def test_recorded_and_attached_audio_reach_the_model(audio_page: Any, audio_serv
     with audio_server.client() as c:
         m = next(x for x in c.get("/v1/models").json()["data"] if x["id"] == "gemma-audio")
         assert m["audio"] is True
-        # the model heard both: two requests, each with a window's 750 positions in its prompt
-        rows = [r for r in c.get("/usage", params={"model": "gemma-audio"}).json()["data"]]
-        assert sum(r["requests"] for r in rows) == 2 and sum(r["prompt_tokens"] for r in rows) >= 2 * 750
+    # the model heard both: two requests, each with a window's 750 positions in its prompt
+    after = used()
+    assert after[0] - before[0] == 2 and after[1] - before[1] >= 2 * 750, (before, after)
