@@ -47,20 +47,20 @@ from pathlib import Path
 from bench import llama_server
 from bench.context import SLOT_CTX, Ctx, log
 from bench.report import Table, repeat_summary, write_results
-from bench.scenarios import (coldstart, dialects, fairness, instances, keys_overhead, multimodel, overhead, queue,
-                             router_ceiling, sampling, speculation, speculation_draft, swap,
+from bench.scenarios import (audio, coldstart, dialects, fairness, instances, keys_overhead, multimodel, overhead,
+                             queue, router_ceiling, sampling, speculation, speculation_draft, swap,
                              throughput)
 from bench.servers import ROOT, stop_all
 
 SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects", "instances", "sampling",
              "fairness", "keys_overhead", "speculation", "speculation-draft", "swap", "router_ceiling",
-             "default_slots")
+             "default_slots", "audio")
 
 # hang guards per scenario (seconds; x0.6 with --quick), far above normal run times
 LIMITS_S = {"instances": 300, "throughput": 1500, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
             "dialects": 1200, "sampling": 600, "fairness": 700, "keys_overhead": 240, "speculation": 900,
             "speculation-draft": 900, "swap": 900, "router_ceiling": 600,
-            "default_slots": 900}
+            "default_slots": 900, "audio": 1500}
 
 FUNCS: dict[str, Callable[[Ctx], Awaitable[list[Table]]]] = {
     "instances": instances.sc_instances, "throughput": throughput.sc_throughput, "overhead": overhead.sc_overhead,
@@ -68,7 +68,8 @@ FUNCS: dict[str, Callable[[Ctx], Awaitable[list[Table]]]] = {
     "dialects": dialects.sc_dialects, "sampling": sampling.sc_sampling, "fairness": fairness.sc_fairness,
     "keys_overhead": keys_overhead.sc_keys_overhead, "speculation": lambda ctx: _speculation(ctx),
     "speculation-draft": speculation_draft.sc_speculation_draft, "swap": swap.sc_swap,
-    "router_ceiling": router_ceiling.sc_router_ceiling, "default_slots": throughput.sc_default_slots}
+    "router_ceiling": router_ceiling.sc_router_ceiling, "default_slots": throughput.sc_default_slots,
+    "audio": audio.sc_audio}
 
 
 async def _speculation(ctx: Ctx) -> list[Table]:

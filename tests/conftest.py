@@ -45,6 +45,15 @@ def mmproj_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def audio_mmproj_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Qwen2-Audio projector for the embedded model (random weights, 750 positions a
+    30 s window): testkit/gguf_audio.py."""
+    from testkit.gguf_audio import write_qwen2a_mmproj
+
+    return write_qwen2a_mmproj(tmp_path_factory.mktemp("mmproj") / "qwen2a-mmproj.gguf")
+
+
+@pytest.fixture(scope="session")
 def qwen2vl_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A tiny Qwen2-VL text model and its projector (M-RoPE images; random weights, 0.4 s):
     testkit/gguf_qwen2vl.py."""

@@ -188,7 +188,7 @@ WORKER_FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("failures", "host.*", "llama_context", "batch", "*.state", "lora", "speculation", "time_limit", "host")),
     ("model", ("model", "fit", "tokens")),
     ("parts", ("sampling*", "output*", "prompt*", "embed*", "reasoning", "reasoning.plan", "reasoning.split",
-               "media", "media.prompt", "media.image", "media.projector", "media.mrope", "cache", "cache.kv_store")),
+               "media", "media.prompt", "media.image", "media.audio", "media.projector", "media.mrope", "cache", "cache.kv_store")),
     ("slot", ("slots", "prefill")),
     ("features", ("intake", "reasoning.feature", "lora.adapters", "media.steps", "media.side", "cache.prompt_cache",
                   "cache.disk", "cache.slot_files", "speculation.*", "time_limit.feature", "preempt*")),

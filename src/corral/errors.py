@@ -14,7 +14,9 @@
     │   │   ├── UnreadableModel      400 code=unreadable_model  (GGUF header unreadable)
     │   │   ├── NitroLoadFailed      400 code=model_load_failed (Nitro loadmodel of a bad file)
     │   │   ├── InvalidImage         400 code=invalid_image     (not an image, truncated, a bomb...)
-    │   │   └── VisionNotSupported   400 code=vision_not_supported (images to a model without mmproj)
+    │   │   ├── VisionNotSupported   400 code=vision_not_supported (images to a model without mmproj)
+    │   │   ├── InvalidAudio         400 code=invalid_audio     (not audio, truncated, too long, a bomb...)
+    │   │   └── AudioNotSupported    400 code=audio_not_supported (audio to a model whose projector does not hear)
     │   ├── AuthenticationError      401 authentication_error
     │   ├── Forbidden                403 code=forbidden
     │   │   ├── PathNotAllowed       403 code=path_not_allowed
@@ -77,6 +79,8 @@ __all__ = [
     "ScopeDenied",
     "InvalidImage",
     "VisionNotSupported",
+    "InvalidAudio",
+    "AudioNotSupported",
     "ImageUrlNotAllowed",
     "RateLimited",
     "NitroLoadFailed",
@@ -194,6 +198,14 @@ class InvalidImage(InvalidRequest):
 
 class VisionNotSupported(InvalidRequest):
     code = "vision_not_supported"
+
+
+class InvalidAudio(InvalidRequest):
+    code = "invalid_audio"
+
+
+class AudioNotSupported(InvalidRequest):
+    code = "audio_not_supported"
 
 
 class AuthenticationError(RequestError):

@@ -65,6 +65,8 @@ infer   POST /v1/chat/completions | POST /chat/completions | POST /v1/completion
         POST /infill | POST /v1/rerank | POST /rerank | POST /v1/reranking | POST /reranking | POST /apply-template
         POST /v1/responses/input_tokens | GET /v1/responses/{response_id} | DELETE /v1/responses/{response_id}
         POST /v1/responses/{response_id}/cancel | GET /v1/stream | DELETE /v1/stream
+        POST /v1/audio/transcriptions | POST /audio/transcriptions | POST /v1/audio/translations
+        POST /audio/translations
 manage  GET /stats | GET /metrics | GET /models/events | GET /models/sse | POST /models/load
         POST /models/unload | POST /models/reload | POST /models | POST /models/pull
         GET /models/pull/{pull_id} | DELETE /models/pull/{pull_id} | POST /api/pull | POST /api/copy

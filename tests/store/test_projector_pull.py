@@ -136,3 +136,24 @@ def test_mmproj_setting_resolves_like_the_model_path(tmp_path: Path) -> None:
     # the worker gets the resolved path; a changed projector restarts it
     assert specs["b"].worker_settings(0, 1).mmproj == str(tmp_path / "mmproj-m.gguf")
     assert specs["a"].worker_key() != specs["b"].worker_key()
+
+
+async def test_an_audio_projector_is_pulled_and_hears(hub: FakeHub, store: ModelStore, bus: EventBus,
+                                                       tmp_path: Path) -> None:
+    """An audio repo (Ultravox, Qwen2-Audio: ``mmproj-*.gguf`` as for vision) pulls its
+    projector the same way, and the header says the model hears (control/capabilities.py)."""
+    from corral.control.capabilities import projector_encoders
+    from testkit.gguf_audio import write_qwen2a_mmproj
+
+    repo = "me/hear-GGUF"
+    proj = write_qwen2a_mmproj(tmp_path / "p.gguf", n_layer=1).read_bytes()
+    hub.add(f"{repo}/hear-Q8_0.gguf", small_gguf(200_000, seed=21))
+    hub.add(f"{repo}/mmproj-hear-f16.gguf", proj)
+    dm = manager(store, bus)
+    async with bus.subscribe() as q:
+        h = await dm.start(f"{repo}:Q8_0")
+        events = await until(q, terminal_for(h.pull_id))
+    assert events[-1]["event"] == "download_finished", events[-1]
+    (m,) = store.list()
+    assert m.mmproj is not None and m.mmproj.read_bytes() == proj
+    assert projector_encoders(m.mmproj) == (False, True)  # hears, does not see

@@ -189,7 +189,7 @@ def test_an_undecodable_image_is_refused(vengine: Engine, data: bytes) -> None:
 
 def test_markers_and_images_must_pair_up(vengine: Engine) -> None:
     fin = failed(vengine, chat("pair", user(f"One marker {M}", picture(1), picture(2))))
-    assert fin.code == "invalid_request" and "1 image marker(s) but 2 image(s)" in fin.message
+    assert fin.code == "invalid_request" and "1 media marker(s) but 2 file(s)" in fin.message
 
 
 def test_other_requests_run_on_beside_a_bad_image(vengine: Engine) -> None:

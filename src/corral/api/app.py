@@ -41,6 +41,7 @@ from corral.api.manage import usage as usage_routes
 from corral.api.ollama import create as ollama_create
 from corral.api.ollama import models as ollama_models
 from corral.api.ollama import routes as ollama_routes
+from corral.api.openai import audio_routes
 from corral.api.openai import responses as responses_routes
 from corral.api.openai import routes as openai_routes
 from corral.api.openai import tokenize as tokenize_routes
@@ -181,6 +182,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
     app.include_router(ollama_create.router)
     app.include_router(anthropic_routes.router)
     app.include_router(responses_routes.router)
+    app.include_router(audio_routes.router)
     app.include_router(page_routes.router)
     app.include_router(hub_routes.router)
     app.include_router(live_stats.router)

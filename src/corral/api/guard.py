@@ -24,13 +24,18 @@ A pure ASGI middleware (not BaseHTTPMiddleware: it must not buffer streams). In 
    or ``multipart/form-data`` is refused (415): those are the types a browser may send
    cross-site without a preflight. Any other type, or none, is read as JSON (every route
    that takes a body takes JSON), as Ollama does: LiteLLM's ``ollama/`` providers send
-   JSON with no Content-Type, or ``application/octet-stream``.
+   JSON with no Content-Type, or ``application/octet-stream``. The one exception is
+   ``FORM_PATHS``, OpenAI's speech-to-text routes, whose body is OpenAI's multipart form:
+   there ``multipart/form-data`` is the type (a cross-site page is still refused by step 2
+   when it sends an Origin, and by step 3 where keys are configured).
 5. **Overload**: while the router's loop lags more than ``[server] shed_lag_s``
    (``corral.api.overload``), a request to a model is answered 503 with ``Retry-After``
    before its body is read.
 6. **Body size**: ``Content-Length`` over ``max_body_bytes`` -> 413 at once; a chunked
    body is counted as it streams in. Over the limit before the response started: 413;
-   after (a stream already running): the request ends as if the client had left.
+   after (a stream already running): the request ends as if the client had left. On
+   ``FORM_PATHS`` the bound is ``max_audio_bytes_per_request`` and 1 MiB for the fields,
+   when that is more.
 
 Routes must also never change state on GET/HEAD (no preflight protects those).
 """
@@ -59,7 +64,7 @@ from corral.api.overload import LoadMonitor
 from corral.errors import (AuthenticationError, CorralError, HostNotAllowed, OriginNotAllowed,
                            PayloadTooLarge, Unavailable, UnsupportedMediaType)
 
-__all__ = ["GuardMiddleware", "host_allowed", "key_matches"]
+__all__ = ["FORM_PATHS", "GuardMiddleware", "host_allowed", "key_matches"]
 
 _OPEN_PATHS = frozenset({"/health"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -137,6 +142,8 @@ def _open_path(scope: Scope) -> bool:
     return path in _OPEN_PATHS or (scope["method"] in ("GET", "HEAD") and is_public_path(path))
 
 
+FORM_PATHS = frozenset({"/v1/audio/transcriptions", "/audio/transcriptions", "/v1/audio/translations",
+                        "/audio/translations"})
 _SIMPLE_TYPES = frozenset({b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"})
 
 
@@ -199,9 +206,12 @@ class GuardMiddleware:
         if caller is not None and model_route and access is not None:
             app = ModelRequest(self.app, access, caller, srv.queue_timeout_s)
         token = CALLER.set(caller)
+        limit = srv.max_body_bytes
+        if scope["path"] in FORM_PATHS:  # recordings in OpenAI's multipart form
+            limit = max(limit, srv.max_audio_bytes_per_request + 1024 * 1024)
+        elif scope["method"] == "POST" and str(scope.get("path", "")).startswith("/api/blobs/"):
+            limit = srv.max_upload_bytes  # an upload for Ollama's create: a model file
         try:
-            limit = srv.max_upload_bytes if scope["method"] == "POST" and str(scope.get("path", "")).startswith(
-                "/api/blobs/") else srv.max_body_bytes  # an upload for Ollama's create: a model file
             await self._guarded(scope, receive, send, limit, cors_origin, app)
         finally:
             CALLER.reset(token)
@@ -237,8 +247,12 @@ class GuardMiddleware:
         return None, cors_origin
 
     def _media_refusal(self, scope: Scope) -> CorralError | None:
+        content_type = _header(scope, b"content-type")
+        if scope["path"] in FORM_PATHS and content_type is not None \
+                and content_type.split(b";", 1)[0].strip().lower() == b"multipart/form-data":
+            return None
         if scope["method"] in _BODY_METHODS and self._has_body(scope) \
-                and _cross_site_type(_header(scope, b"content-type")):
+                and _cross_site_type(content_type):
             return UnsupportedMediaType(
                 "the request body must be JSON, not a text/plain or form body (a browser sends those "
                 "cross-site without asking); send 'Content-Type: application/json' "

@@ -33,6 +33,8 @@ _INFER_POSTS = ("/v1/chat/completions", "/chat/completions", "/v1/completions", 
                 "/v1/embeddings", "/embeddings", "/v1/messages", "/v1/messages/count_tokens",
                 "/v1/responses", "/v1/responses/input_tokens", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
                 "/tokenize", "/detokenize",
+                # speech to text (api/openai/audio_routes.py): multipart forms, as OpenAI takes them
+                "/v1/audio/transcriptions", "/audio/transcriptions", "/v1/audio/translations", "/audio/translations",
                 # llama-server's own (api/llamacpp): infill, rerank, the chat as a template renders it
                 "/infill", "/v1/rerank", "/rerank", "/v1/reranking", "/reranking", "/apply-template")
 

@@ -159,6 +159,15 @@ class ServerConfig(_NoBoolNumbers):
     max_images_per_request: int = Field(32, ge=1)
     max_image_bytes_per_request: ByteSize = 50 * 1024 * 1024  # encoded: inline and fetched
     max_image_pixels_per_request: int = Field(100_000_000, ge=1)  # all of a request's, from headers
+    # audio in requests (api/core/audio.py, docs/internals/audio.md): each file is decoded in a
+    # child process bounded in time and memory; a recording longer than max_audio_s is refused
+    # while it is decoded (a small file that decodes to hours never is in full)
+    max_audio_bytes: ByteSize = 25 * 1024 * 1024  # one file, encoded (OpenAI's limit)
+    max_audio_bytes_per_request: ByteSize = 50 * 1024 * 1024  # a request's files together, encoded
+    max_audio_files_per_request: int = Field(16, ge=1)
+    max_audio_s: float = Field(3600.0, gt=0)  # a request's recordings together, decoded
+    audio_decode_timeout_s: float = Field(60.0, gt=0)  # one file's decode, wall clock
+    audio_decode_memory: ByteSize = 1024 * 1024 * 1024  # the decoding child's address space
     log_dir: Path | None = None  # worker stderr logs; None: a temporary directory
     worker_command: list[str] | None = None  # advanced/tests: argv prefix instead of python -m corral.worker
     # Ray cluster for model instances ("auto", "HOST:PORT", "ray://HOST:10001"); None: local processes

@@ -78,7 +78,8 @@ class CatalogSync:
                 store_models = None
         if cfg.server.worker_command is not None:
             return [dataclasses.replace(m, problem=None) for m in store_models or []], {}
-        problems = {m.path: p for m in cfg.models.values() if (p := check_file(m.path).problem) is not None}
+        problems = {m.path: p for m in cfg.models.values()
+                    if m.path is not None and (p := check_file(m.path).problem) is not None}
         return store_models, problems
 
     async def specs(self, cfg: CorralConfig) -> list[ModelSpec]:

@@ -108,6 +108,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
         "source": spec.source,
         "in_cache": spec.path.exists(),
         "vision": can(pool, "vision"),  # sees images: a projector (``mmproj``: its file)
+        "audio": can(pool, "audio"),  # hears recordings: a projector with an audio encoder
         "mmproj": spec.mmproj,
         "status": {
             "value": status,

@@ -66,6 +66,7 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     pooling: str = ""  # the embedding context's pooling (none|mean|cls|last|rank); "" without one
     fim: bool = False  # the vocabulary has prefix, suffix and middle FIM tokens (infill works)
     vision: bool = False  # a projector is loaded: messages and prompts may carry images
+    audio: bool = False  # its projector has an audio encoder: they may carry recordings (16 kHz WAV)
     mmproj_bytes: int = 0  # the projector file's size (held in memory beside the weights); 0 without one
     mmproj_device: str = ""  # the backend libmtmd runs it on ("CLIP using Vulkan0 backend"; "CPU")
     mmproj_buffers: list[BufferSize] = []  # its compute buffers, as libmtmd logged them

@@ -186,6 +186,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
     infill: Infill | None = None  # fill-in-the-middle: the prompt is built from the model's FIM tokens
     speculative: bool | None = None  # draft and verify (the model's ``speculative``); None: as the model says
     images: list[bytes] | None = None  # vision, with ``prompt``: the image files, in the order of its MEDIA_MARKERs
+    # the windows of one recording (api/openai/audio_routes.py) share this id: their media work
+    # does not yield to one another's generation as it yields to other streams (media/steps.py)
+    media_group: str | None = None
     lora: list[LoraScale] | None = None  # adapter scales (wire/lora.py); None: the model's defaults
     # whose prompt cache this request may reuse and fill (the router's corral.control.keys.cache_tenant:
     # a digest of the key or its cache_group and the body's cache_salt; "": the one tenant of a

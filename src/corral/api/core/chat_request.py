@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
-from corral.api.core.images import ImageRef
+from corral.api.core.images import ImageRef, data_url
 from corral.api.core.schemas import SamplingFields
 from corral.api.core.structured import JSON_OBJECT_SCHEMA, check_schema, forced_call_schema, schema_text
 from corral.errors import InvalidRequest, UnsupportedOption
@@ -32,18 +32,38 @@ class _ImageUrl(BaseModel):
     detail: str | None = None
 
 
+class _InputAudio(BaseModel):
+    model_config = _LENIENT
+    data: str = Field(min_length=1)  # base64
+    format: str | None = None  # OpenAI: "wav" | "mp3"; corral reads more (api/core/audio.py)
+
+
 class _ContentPart(BaseModel):
-    """A content part: ``text``, or ``image_url`` (a ``data:`` or http(s) URL; api/core/images.py)."""
+    """A content part: ``text``, ``image_url`` (a ``data:`` or http(s) URL; api/core/images.py)
+    or ``input_audio`` (base64 and its format; api/core/audio.py)."""
     model_config = _LENIENT
     type: str
     text: str | None = None
     image_url: _ImageUrl | str | None = None
+    input_audio: _InputAudio | None = None
     field: str | None = None  # set by a dialect's translation: the part's name in its own body (errors name it)
 
     def image(self) -> str | None:
         if self.type != "image_url" or self.image_url is None:
             return None
         return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+    def media(self, where: str) -> ImageRef | None:
+        """The part's image or recording, if it is one."""
+        if (url := self.image()) is not None:
+            return ImageRef(url, self.field or where)
+        if self.type == "input_audio":
+            if self.input_audio is None:
+                raise InvalidRequest(f"{self.field or where}.input_audio: required for a part of type input_audio",
+                                     param=f"{self.field or where}.input_audio")
+            return ImageRef(data_url(self.input_audio.data, "audio/*"), self.field or where, audio=True,
+                            format=self.input_audio.format)
+        return None
 
 
 class FunctionCallIn(BaseModel):
@@ -78,20 +98,19 @@ class ChatMessageIn(BaseModel):
             return c
         out = []
         for j, part in enumerate(c):
-            if part.image() is not None:
+            if part.media(f"messages.{index}.content.{j}") is not None:
                 out.append(wire.MEDIA_MARKER)
                 continue
             if part.type != "text" or part.text is None:
                 raise UnsupportedOption(f"content parts of type {part.type!r} are not supported "
-                                        "(text and image_url)", param=f"messages.{index}.content.{j}.type")
+                                        "(text, image_url and input_audio)", param=f"messages.{index}.content.{j}.type")
             out.append(part.text)
         return "".join(out)
 
     def image_refs(self, index: int) -> list[ImageRef]:
         if not isinstance(self.content, list):
             return []
-        return [ImageRef(url, p.field or f"messages.{index}.content.{j}") for j, p in enumerate(self.content)
-                if (url := p.image()) is not None]
+        return [ref for j, p in enumerate(self.content) if (ref := p.media(f"messages.{index}.content.{j}")) is not None]
 
     def to_wire(self, index: int) -> wire.ChatMessage:
         calls = None

@@ -38,23 +38,28 @@ import msgspec
 from starlette.requests import Request
 
 from corral import wire
+from corral.api.core.audio import decode_recordings
 from corral.api.core.image_check import PixelBudget, checked_image
 from corral.api.core.image_fetch import fetch_image
 from corral.api.http import plane_of
 from corral.config.file import ServerConfig
 from corral.control.capabilities import can
 from corral.control.scheduling.pool import ModelPool
-from corral.errors import ImageUrlNotAllowed, InvalidImage, InvalidRequest, PayloadTooLarge, VisionNotSupported
+from corral.errors import (AudioNotSupported, ImageUrlNotAllowed, InvalidImage, InvalidRequest, PayloadTooLarge,
+                           VisionNotSupported)
 
 __all__ = ["ImageRef", "attach_images", "decode_data_url", "data_url"]
 
 
 @dataclass(frozen=True, slots=True)
 class ImageRef:
-    """One image of a request: its URL (``data:`` or http(s)) and the field it came from."""
+    """One image (or recording: ``audio``) of a request: its URL (``data:`` or http(s); a
+    recording's is always ``data:``) and the field it came from; a recording's declared format."""
 
     url: str
     where: str
+    audio: bool = False
+    format: str | None = None
 
 
 def data_url(b64: str, media_type: str = "image/*") -> str:
@@ -137,15 +142,34 @@ def _check_markers(messages: Sequence[wire.ChatMessage], images: list[list[bytes
 
 async def attach_images(request: Request, pool: ModelPool, requests: list[wire.GenerateRequest],
                         refs: list[list[ImageRef]]) -> list[wire.GenerateRequest]:
-    """``requests`` with their images (``refs[i]``: message i's; with a raw prompt, all in
-    order), each loaded and checked; the errors of the module's docstring."""
+    """``requests`` with their images and recordings (``refs[i]``: message i's; with a raw
+    prompt, all in order), each loaded and checked; the errors of the module's docstring
+    and of ``api/core/audio.py``. A recording goes to the worker as 16 kHz mono WAV in the
+    same list as the images, at its marker."""
     plane = plane_of(request)
+    srv = plane.config.server
+    heard = [r for rs in refs for r in rs if r.audio]
+    if heard and not can(pool, "audio"):
+        raise AudioNotSupported(
+            f"{heard[0].where}: model {pool.spec.id!r} does not hear audio: it has no projector with an audio "
+            "encoder (set mmproj in its [models] table to one, e.g. Qwen2-Audio's or Ultravox's)",
+            param=heard[0].where)
+    seen = [[r for r in rs if not r.audio] for rs in refs]
+    recordings = iter(await decode_recordings([(r.url, r.where, r.format) for r in heard], srv))
+    pictures = await _load_images(pool, seen, srv) if any(seen) else [[] for _ in refs]
+    images: list[list[bytes]] = []
+    for rs, pics in zip(refs, pictures):
+        it = iter(pics)
+        images.append([next(recordings) if r.audio else next(it) for r in rs])
+    return _attach(requests, images)
+
+
+async def _load_images(pool: ModelPool, refs: list[list[ImageRef]], srv: ServerConfig) -> list[list[bytes]]:
     first = next(r for rs in refs for r in rs)
     if not can(pool, "vision"):
         raise VisionNotSupported(
             f"{first.where}: model {pool.spec.id!r} does not read images: it has no vision projector (set mmproj "
             "in its [models] table, or put its mmproj-*.gguf next to the model file)", param=first.where)
-    srv = plane.config.server
     total = srv.max_image_bytes_per_request
     used = _check_totals([r for rs in refs for r in rs], srv)
     fetched: list[list[bytes | None]] = []
@@ -161,7 +185,10 @@ async def attach_images(request: Request, pool: ModelPool, requests: list[wire.G
         raw = decode_data_url(ref.url, ref.where, srv.max_image_bytes) if data is None else data
         return checked_image(raw, ref.where, budget)
 
-    images = await asyncio.to_thread(lambda: [[check(d, ref) for d, ref in zip(ds, rs)] for ds, rs in zip(fetched, refs)])
+    return await asyncio.to_thread(lambda: [[check(d, ref) for d, ref in zip(ds, rs)] for ds, rs in zip(fetched, refs)])
+
+
+def _attach(requests: list[wire.GenerateRequest], images: list[list[bytes]]) -> list[wire.GenerateRequest]:
     out = []
     for r in requests:
         if r.messages is not None:

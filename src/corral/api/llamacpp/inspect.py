@@ -28,6 +28,7 @@ from corral.api.core.target import resolve
 from corral.api.core.schemas import parse_body
 from corral.api.http import invalid_request, json_response, plane_of
 from corral.api.llamacpp.schemas import ApplyTemplateBody, model_for
+from corral.control.capabilities import can
 from corral.control.generation_defaults import in_force
 from corral.control.scheduling.pool import ModelPool
 from corral.model.settings import SAMPLING_KEYS, ModelSettings
@@ -80,7 +81,7 @@ async def props(request: Request, model: str | None = None) -> Response:
         # how the slots were sized (n_parallel = "auto": from memory, corral/fit/slots.py); None before a load
         "slots_plan": msgspec.to_builtins(info.slot_plan) if info and info.slot_plan else None,
         "model_alias": spec.id, "model_path": str(spec.path), "is_loaded": info is not None,
-        "modalities": {"vision": False, "audio": False},
+        "modalities": {"vision": can(pool, "vision"), "audio": can(pool, "audio")},
         "chat_template": (info.tokenizer.chat_template if info and info.tokenizer else None) or spec.chat_template or "",
         "bos_token": info.tokenizer.bos_token if info and info.tokenizer else "",
         "eos_token": info.tokenizer.eos_token if info and info.tokenizer else "",

@@ -99,7 +99,7 @@ def _adapter_entry(m: AdapterModel, base: dict[str, Any]) -> dict[str, Any]:
     return {"id": m.id, "object": "model", "owned_by": "corral", "created": base["created"], "aliases": [],
             "path": m.adapter.path, "source": base["source"],
             "in_cache": base["in_cache"] and Path(m.adapter.path).exists(),
-            "vision": False, "mmproj": None, "adapter": m.describe(),
+            "vision": False, "audio": False, "mmproj": None, "adapter": m.describe(),
             "status": {k: v for k, v in base["status"].items() if k != "progress"},  # the base's download's
             "settings": base["settings"], "queued": 0, "last_used": base["last_used"], "memory_bytes": 0,
             "instances": []}

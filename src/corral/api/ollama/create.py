@@ -176,7 +176,7 @@ def _record(request: Request, body: CreateBody, name: str) -> CreatedModel:
         raise InvalidRequest("from or files is required (the model to start from)", param="from")
     settings: dict[str, Any] = {}
     for key, value in (body.parameters or {}).items():
-        got = _param_value(key, value, base.n_parallel)
+        got = _param_value(key, value, base.slots_asked() or 1)  # "auto": ctx_len is one slot's
         if got is not None:
             settings[got[0]] = got[1]
     if body.system is not None:

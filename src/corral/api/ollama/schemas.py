@@ -12,6 +12,8 @@ JSON schema) and ``tools`` go through corral's structured output and tool callin
 
 from __future__ import annotations
 
+import binascii
+
 import json
 import math
 import re
@@ -20,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral import wire
+from corral.api.core.audio import is_audio
 from corral.api.core.images import data_url
 from corral.api.core.schemas import CacheSalt
 from corral.errors import InvalidRequest, UnsupportedOption
@@ -262,15 +265,28 @@ class OllamaGenerateRequest(_Generating):
         return None, [*msgs, turn]
 
 
+def _sniffs_audio(b64: str) -> bool:
+    head = "".join(b64[:64].split())[:24]  # 18 bytes: enough for every signature sniff() reads
+    try:
+        return is_audio(binascii.a2b_base64(head[: len(head) // 4 * 4]))
+    except (binascii.Error, ValueError):
+        return False
+
+
 def _content(text: str, images: list[Any] | None, where: str) -> str | list[dict[str, Any]]:
-    """A turn's content in OpenAI's shape: its images (base64) first, as Ollama places them, then the text."""
+    """A turn's content in OpenAI's shape: its images (base64) first, as Ollama places them, then the
+    text. An entry may be a recording (Ollama sniffs the media type of each): it becomes an
+    ``input_audio`` part (api/core/audio.py)."""
     if not images:
         return text
     parts: list[dict[str, Any]] = []
     for k, img in enumerate(images):
         if not isinstance(img, str):
             raise InvalidRequest(f"{where}.{k}: an image is a base64 string", param=f"{where}.{k}")
-        parts.append({"type": "image_url", "image_url": {"url": data_url(img)}, "field": f"{where}.{k}"})
+        if _sniffs_audio(img):
+            parts.append({"type": "input_audio", "input_audio": {"data": img}, "field": f"{where}.{k}"})
+        else:
+            parts.append({"type": "image_url", "image_url": {"url": data_url(img)}, "field": f"{where}.{k}"})
     return [*parts, {"type": "text", "text": text}]
 
 

@@ -37,6 +37,7 @@ class _Part(BaseModel):
     text: str | None = None
     image_url: str | None = None  # input_image: a data: or http(s) URL
     file_id: str | None = None  # input_image of an uploaded file (not supported: corral has no files API)
+    input_audio: dict[str, Any] | None = None  # input_audio: {"data": base64, "format": "wav" | "mp3" | ...}
 
 
 class _Item(BaseModel):
@@ -185,8 +186,11 @@ def _text(content: str | list[_Part] | None, where: str) -> str | list[dict[str,
                 raise UnsupportedOption("input_image: only image_url (a data: or http(s) URL) is supported, not "
                                         "file_id", param=f"{where}.{j}.image_url")
             out.append({"type": "image_url", "image_url": {"url": p.image_url}, "field": f"{where}.{j}"})
+        elif p.type == "input_audio":
+            out.append({"type": "input_audio", "input_audio": p.input_audio, "field": f"{where}.{j}"})
         elif p.type not in ("input_text", "output_text", "text") or p.text is None:
-            raise UnsupportedOption(f"content parts of type {p.type!r} are not supported (text, input_image)",
+            raise UnsupportedOption(f"content parts of type {p.type!r} are not supported (text, input_image, "
+                                    "input_audio)",
                                     param=f"{where}.{j}.type")
         else:
             out.append({"type": "text", "text": p.text})

@@ -241,7 +241,7 @@ def _openai_model(plane: ControlPlane, pool: ModelPool) -> dict[str, Any]:
     return {"id": pool.spec.id, "object": "model", "created": int(plane.started_at),
             "owned_by": "corral", "aliases": list(pool.spec.aliases),
             "status": {"value": status, **({"failed": True, "reason": pool.failure_reason} if status == "failed" else {})},
-            "vision": can(pool, "vision")}
+            "vision": can(pool, "vision"), "audio": can(pool, "audio")}
 
 
 def _openai_adapter_model(plane: ControlPlane, m: AdapterModel) -> dict[str, Any]:
@@ -249,7 +249,7 @@ def _openai_adapter_model(plane: ControlPlane, m: AdapterModel) -> dict[str, Any
     lists LoRA modules); images are refused under an adapter, so no vision."""
     return {"id": m.id, "object": "model", "created": int(plane.started_at), "owned_by": "corral",
             "aliases": [], "parent": m.base.spec.id, "adapter": m.describe(),
-            "status": {"value": m.base.status()}, "vision": False}
+            "status": {"value": m.base.status()}, "vision": False, "audio": False}
 
 
 @router.get("/v1/models")

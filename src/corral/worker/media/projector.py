@@ -3,13 +3,14 @@ projector, a request's media as prompt positions, and one chunk's encode.
 
 - ``load_projector(settings, m)``: the ``mmproj`` GGUF on the loaded text model (None
   without one). ``ModelLoadError`` for a file libmtmd refuses (not a projector, another
-  model's width) or one without a vision encoder. M-RoPE projectors (Qwen2-VL and kin:
+  model's width) or one with neither a vision nor an audio encoder. M-RoPE projectors (Qwen2-VL and kin:
   2-D image positions, ``Projector.mrope``) are placed by ``worker/media/mrope.py``.
 - ``Projector.tokenize(text, media, ...)``: the rendered prompt, with one
   ``wire.MEDIA_MARKER`` per file, as a ``MediaPrompt`` (media/prompt.py): a plain
   ``list[int]`` of the prompt's positions (text tokens, and for every position of a chunk a
   negative pseudo-id derived from a hash of its content and the position in it, ``media_ids``),
-  carrying each chunk (an ``ImageChunk``: a kind of ``CHUNK_KINDS``). Everything that
+  carrying each chunk (an ``ImageChunk`` or an ``AudioChunk``, one per encoder window of a
+  recording: a kind of ``CHUNK_KINDS``). Everything that
   compares prompts (slot reuse, the host-RAM store) sees the same picture as the same ids
   and another picture as other ids.
 - ``Projector.encode(chunk)``: runs the encoder on one chunk (any thread; one at a
@@ -39,6 +40,7 @@ from corral.worker.host.devices import logged_buffers
 from corral.worker.llama_context import captured
 from corral.worker.llama_context import log_callback as _log_callback
 from corral.worker.llama_context import log_lines as _log_lines
+from corral.worker.media.audio import AudioChunk, window_digest
 from corral.worker.media.image import ImageChunk
 from corral.worker.media.prompt import MediaChunk, MediaPrompt, MtmdChunks
 from corral.worker.model import LoadedModel, ModelLoadError
@@ -49,6 +51,7 @@ __all__ = ["CHUNK_KINDS", "Projector", "load_projector", "media_ids"]
 # ``MediaChunk`` subclass in its own module of media/, and one line here)
 CHUNK_KINDS: dict[int, type[MediaChunk]] = {
     mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE: ImageChunk,
+    mtmd.MTMD_INPUT_CHUNK_TYPE_AUDIO: AudioChunk,
 }
 _ID_SPACE = 2**31 - 1  # pseudo-ids are -1 .. -(2**31 - 1): they fit the batch's int32 tokens
 _USING = re.compile(r"CLIP using (\S+) backend")  # clip.cpp's line at the load
@@ -71,18 +74,21 @@ class Projector:
     path: str
     nbytes: int
     mrope: bool = False  # 4 positions an embedding, images advance by n_pos (media/mrope.py)
+    vision: bool = True  # it has an image encoder (mtmd_support_vision)
+    audio: bool = False  # it has an audio encoder (mtmd_support_audio)
     device: str = ""  # the backend libmtmd runs it on, as it logged it ("Vulkan0", "CPU")
     buffers: list[wire.BufferSize] = field(default_factory=list)  # its compute buffers, as logged
     encodes: int = 0  # images encoded (a cache hit is none)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def tokenize(self, text: str, images: list[bytes], *, add_special: bool) -> MediaPrompt:
-        """``text``'s tokens and its images' positions; RequestRejected for an image that
-        does not decode, or markers and images that do not pair up."""
+        """``text``'s tokens and its media's positions; RequestRejected for a file that
+        does not decode, or markers and files that do not pair up. A file is an image, or a
+        recording as the router sends one (16 kHz mono WAV): libmtmd tells them apart."""
         n_markers = text.count(wire.MEDIA_MARKER)
         if n_markers != len(images):
-            raise RequestRejected("invalid_request", f"the prompt has {n_markers} image marker(s) but "
-                                                     f"{len(images)} image(s) came with it")
+            raise RequestRejected("invalid_request", f"the prompt has {n_markers} media marker(s) but "
+                                                     f"{len(images)} file(s) came with it")
         bitmaps = [self._bitmap(i, data) for i, data in enumerate(images)]
         try:
             return self._tokenize(text, bitmaps, add_special)
@@ -118,7 +124,8 @@ class Projector:
                                   if rc == 2 else "the image markers and the images do not pair up")
         out = MediaPrompt()
         found: list[MediaChunk] = []
-        digests = iter(d for _, d in bitmaps)
+        by_id = {d.hex(): d for _, d in bitmaps}  # each chunk names its bitmap (mtmd_bitmap_set_id)
+        windows: dict[bytes, int] = {}  # a recording over one encoder window is several chunks
         for i in range(mtmd.mtmd_input_chunks_size(chunks.ptr)):
             chunk = mtmd.mtmd_input_chunks_get(chunks.ptr, i)
             kind = mtmd.mtmd_input_chunk_get_type(chunk)
@@ -132,7 +139,10 @@ class Projector:
                 takes = " and ".join(sorted(c.kind for c in CHUNK_KINDS.values()))
                 raise RequestRejected("invalid_request", f"this model takes {takes} only, not this kind of media")
             n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
-            digest = next(digests)
+            digest = by_id[(mtmd.mtmd_input_chunk_get_id(chunk) or b"").decode()]
+            if cls is AudioChunk:
+                k = windows[digest] = windows.get(digest, -1) + 1
+                digest = window_digest(digest, k)
             found.append(cls(len(out), n, digest, chunk, chunks, bool(mtmd.mtmd_decode_use_non_causal(self.ctx, chunk)),
                              mtmd.mtmd_input_chunk_get_n_pos(chunk)))
             out.extend(media_ids(digest, n))
@@ -188,10 +198,12 @@ def _load(s: wire.WorkerSettings, path: str, m: LoadedModel) -> Projector:
     if not ctx:
         detail = "; ".join(line for line in _log_lines if line)[-500:]
         raise ModelLoadError(f"mmproj: libmtmd could not load {path} for this model" + (f": {detail}" if detail else ""))
-    if not mtmd.mtmd_support_vision(ctx):
+    vision, audio = bool(mtmd.mtmd_support_vision(ctx)), bool(mtmd.mtmd_support_audio(ctx))
+    if not vision and not audio:
         mtmd.mtmd_free(ctx)
-        raise ModelLoadError(f"mmproj: {path} has no vision encoder (an audio projector is not supported)")
+        raise ModelLoadError(f"mmproj: {path} has neither a vision nor an audio encoder")
     used = [u.group(1) for u in map(_USING.search, lines) if u]
     return Projector(ctx, ll.llama_model_n_embd_inp(m.model), path, os.path.getsize(path),  # n_embd_inp: Qwen3-VL adds deepstack
-                     mrope=bool(mtmd.mtmd_decode_use_mrope(ctx)), device=used[-1] if used else "",
+                     mrope=bool(mtmd.mtmd_decode_use_mrope(ctx)), vision=vision, audio=audio,
+                     device=used[-1] if used else "",
                      buffers=logged_buffers(lines))

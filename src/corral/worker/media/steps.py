@@ -122,7 +122,7 @@ class MediaSteps(StepFeature):
     def model_info(self, info: wire.ModelInfo) -> wire.ModelInfo:
         if self.proj is None:
             return info
-        return msgspec.structs.replace(info, vision=True, mmproj_bytes=self.proj.nbytes, mmproj_device=self.proj.device,
+        return msgspec.structs.replace(info, vision=self.proj.vision, audio=self.proj.audio, mmproj_bytes=self.proj.nbytes, mmproj_device=self.proj.device,
                                        mmproj_buffers=self.proj.buffers)
 
     @property
@@ -150,7 +150,7 @@ class MediaSteps(StepFeature):
         image to the side context."""
         if self.proj is None or not (self._pending or self._side or any(_media_job(s) for s in slots)):
             return
-        others = any(s.job is not None and _media_job(s) is None for s in slots)
+        others = _others_streaming(slots)
         self._give_share(others)
         self._collect(slots, fail)
         for slot, job, toks in _media_slots(slots):
@@ -339,6 +339,16 @@ def _media_slots(slots: list[Slot]) -> Iterator[tuple[Slot, Job, MediaPrompt]]:
         if job is not None:
             assert isinstance(job.tokens, MediaPrompt)
             yield slot, job, job.tokens
+
+
+def _others_streaming(slots: list[Slot]) -> bool:
+    """Whether a slot generates that media work must yield to: any stream, except the windows
+    of a recording whose other windows wait for media here (``GenerateRequest.media_group``:
+    one transcription's windows; the side path protects other requests' streams, not a
+    request's own windows from one another)."""
+    waiting = {job.req.media_group for _, job, _ in _media_slots(slots) if job.req.media_group}
+    return any(s.job is not None and _media_job(s) is None and s.job.req.media_group not in waiting
+               for s in slots)
 
 
 def _media_job(slot: Slot) -> Job | None:

@@ -1,5 +1,8 @@
 // The chat playground: streams an answer from /v1/chat/completions; Stop aborts the request
 // (the server frees the slot when the connection closes); tokens/s and TTFT after each answer.
+// For a model that hears (its `audio`), a recording goes with the next message as an
+// `input_audio` part: a file attached, or the microphone through MediaRecorder (WebM/Opus);
+// the server sniffs the format.
 (function () {
   "use strict";
   const C = window.corral;
@@ -7,6 +10,52 @@
   const $ = (id) => document.getElementById(id);
   let history = []; // [{role, content}]
   let controller = null;
+  let audio = null; // {data: base64, name} to send with the next message
+  let recorder = null;
+
+  function hears(id) {
+    const m = C.models.find((x) => x.id === id);
+    return !!(m && m.audio);
+  }
+
+  function showAudio() {
+    const on = hears($("chat-model").value);
+    document.querySelectorAll(".audio-only").forEach((n) => { n.hidden = !on; });
+    if (!on) audio = null;
+    $("chat-audio").textContent = audio ? "audio: " + audio.name : "";
+  }
+
+  function setAudio(blob, name) {
+    const r = new FileReader();
+    r.onload = () => {
+      audio = { data: String(r.result).split(",")[1] || "", name: name };
+      showAudio();
+    };
+    r.readAsDataURL(blob);
+  }
+
+  async function record() {
+    if (recorder) { recorder.stop(); return; }
+    let stream;
+    try {
+      stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+    } catch (e) {
+      $("chat-audio").textContent = "microphone: " + e.message;
+      return;
+    }
+    const parts = [];
+    recorder = new MediaRecorder(stream);
+    recorder.ondataavailable = (e) => { if (e.data.size) parts.push(e.data); };
+    recorder.onstop = () => {
+      stream.getTracks().forEach((t) => t.stop());
+      recorder = null;
+      $("chat-record").textContent = "Record";
+      setAudio(new Blob(parts, { type: parts.length ? parts[0].type : "audio/webm" }), "recording");
+    };
+    recorder.start();
+    $("chat-record").textContent = "Stop recording";
+    $("chat-audio").textContent = "recording…";
+  }
 
   C.updateChatModels = function () {
     const sel = $("chat-model");
@@ -18,6 +67,7 @@
     const loaded = usable.find((m) => m.status.value === "loaded");
     const dflt = usable.find((m) => (m.aliases || []).includes("default"));
     sel.value = ids.includes(keep) ? keep : (loaded || dflt || usable[0] || {}).id || "";
+    showAudio();
   };
 
   function bubble(role, text) {
@@ -35,10 +85,18 @@
   async function send() {
     const text = $("chat-input").value;
     const model = $("chat-model").value;
-    if (!text.trim() || !model || controller) return;
+    if ((!text.trim() && !audio) || !model || controller) return;
     $("chat-input").value = "";
-    history.push({ role: "user", content: text });
-    bubble("user", text);
+    if (audio) {
+      history.push({ role: "user", content: [{ type: "input_audio", input_audio: { data: audio.data } },
+                                             { type: "text", text: text }] });
+      bubble("user", "[" + audio.name + "] " + text);
+      audio = null;
+      showAudio();
+    } else {
+      history.push({ role: "user", content: text });
+      bubble("user", text);
+    }
     const out = bubble("assistant streaming", "");
     const span = out.querySelector(".text");
     const messages = [];
@@ -121,9 +179,19 @@
       if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
     });
     $("chat-stop").addEventListener("click", () => { if (controller) controller.abort(); });
+    $("chat-model").addEventListener("change", showAudio);
+    $("chat-attach").addEventListener("click", () => $("chat-audio-file").click());
+    $("chat-audio-file").addEventListener("change", (e) => {
+      const f = e.target.files && e.target.files[0];
+      if (f) setAudio(f, f.name);
+      e.target.value = "";
+    });
+    $("chat-record").addEventListener("click", record);
     $("chat-clear").addEventListener("click", () => {
       if (controller) controller.abort();
       history = [];
+      audio = null;
+      showAudio();
       $("chat-log").replaceChildren();
       $("chat-stats").textContent = "";
     });

@@ -102,7 +102,7 @@
     const bits = [m.adapter ? "adapter " + m.adapter.id + " of " + m.adapter.base : "", m.source || "",
       s.ctx_len ? "ctx " + s.ctx_len : "", s.n_parallel === "auto" ? "auto slots (at most " + s.n_parallel_max + ")" : s.n_parallel ? s.n_parallel + " slots" : "",
       s.instances > 1 ? s.instances + " instances" : "", m.memory_bytes ? C.bytes(m.memory_bytes) : "",
-      s.ttl_s ? "ttl " + C.duration(s.ttl_s) : "", s.pinned ? "pinned" : "", s.embedding ? "embedding" : "", m.vision ? "vision" : ""].filter(Boolean);
+      s.ttl_s ? "ttl " + C.duration(s.ttl_s) : "", s.pinned ? "pinned" : "", s.embedding ? "embedding" : "", m.vision ? "vision" : "", m.audio ? "audio" : ""].filter(Boolean);
     const acts = [];
     if (!m.adapter) { // an adapter model has no actions of its own
       if (st === "unloaded" || st === "failed") acts.push(button(m, "load", "Load"));

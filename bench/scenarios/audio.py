@@ -1,0 +1,165 @@
+"""Scenario ``audio``: speech on the embedded Gemma 3 270M with a generated Qwen2-Audio
+projector (testkit/gguf_audio.py: 750 positions a 30 s window; random weights, so the words
+mean nothing and every answer runs to its ``max_tokens``). Recordings are tone bursts with
+pauses (testkit/audio_files.py).
+
+(a) **Streams beside audio**: two text streams (``ignore_eos``) alone, then while a third
+    client sends 5 s recordings in chat ``input_audio`` parts back to back; the streams'
+    tok/s beside audio over alone (goal >= 0.9x, as images).
+(b) **A long recording, windows side by side**: ``/v1/audio/transcriptions`` of one
+    recording (10 minutes; 2 with ``--quick``) on a model with 4 slots (its windows side by
+    side) against the same model with 1 slot (one window after another, as llama-server
+    transcribes in one context); the time to the whole transcript and the ratio (goal
+    >= 2.5x). What bounds it: the windows' prompts (750 positions each) are compute-bound
+    on the same cores either way; side by side gains the batched generation and the
+    overlap of one window's encode with another's decode.
+(c) **First token of a 30 s clip**: a streamed chat with one 30 s ``input_audio`` part,
+    the median time to its first token over 3 rounds, corral against llama-server
+    ``--mmproj`` on the same files (llama-server only where it was built).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.context import Ctx, log, start
+from bench.report import Table, ratio
+from bench.servers import Server, corral_cmd, free_port
+
+STREAM_PROMPT = "Once upon a time, in a small village by the sea,"
+WINDOW_TOKENS = 64  # each window's answer in (b): about what 30 s of speech transcribe to
+
+
+def _files(ctx: Ctx) -> tuple[Path, Any, Any]:
+    from testkit.audio_files import encode, recording
+    from testkit.gguf_audio import write_qwen2a_mmproj
+
+    mmproj = write_qwen2a_mmproj(ctx.tmp / "qwen2a-mmproj.gguf")
+    return mmproj, encode, recording
+
+
+async def _stream_rate(client: httpx.AsyncClient, model: str, n: int) -> float:
+    """One stream's tokens over its whole time (sent to its end)."""
+    t0 = time.perf_counter()
+    body = {"model": model, "prompt": STREAM_PROMPT, "max_tokens": n, "ignore_eos": True, "temperature": 0,
+            "stream": True}
+    count = 0
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                if json.loads(line[6:])["choices"][0].get("text"):
+                    count += 1
+    return count / (time.perf_counter() - t0)
+
+
+async def _beside(srv: Server, model: str, clip_b64: str, n_tokens: int, rounds: int) -> tuple[float, float, int]:
+    """(streams' tok/s alone, beside audio, audio requests sent beside them)."""
+    alone: list[float] = []
+    beside: list[float] = []
+    sent = 0
+    async with httpx.AsyncClient(base_url=srv.base_url, timeout=600) as c:
+        for _ in range(rounds):
+            alone += await asyncio.gather(*(_stream_rate(c, model, n_tokens) for _ in range(2)))
+            stop = asyncio.Event()
+
+            async def hear() -> int:
+                k = 0
+                while not stop.is_set():
+                    r = await c.post("/v1/chat/completions", json={"model": model, "max_tokens": 1, "messages": [
+                        {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": clip_b64}},
+                                                     {"type": "text", "text": "What is said?"}]}]})
+                    r.raise_for_status()
+                    k += 1
+                return k
+
+            task = asyncio.create_task(hear())
+            beside += await asyncio.gather(*(_stream_rate(c, model, n_tokens) for _ in range(2)))
+            stop.set()
+            sent += await task
+    return statistics.median(alone), statistics.median(beside), sent
+
+
+async def _transcribe(srv: Server, model: str, data: bytes, name: str = "long.flac") -> tuple[float, int]:
+    async with httpx.AsyncClient(base_url=srv.base_url, timeout=1800) as c:
+        t0 = time.perf_counter()
+        r = await c.post("/v1/audio/transcriptions", files={"file": (name, data)},
+                         data={"model": model, "response_format": "verbose_json",
+                               "max_tokens": str(WINDOW_TOKENS)})
+        if r.status_code != 200:
+            raise RuntimeError(f"transcription: HTTP {r.status_code}: {r.text[:300]}")
+        return time.perf_counter() - t0, len(r.json()["segments"])
+
+
+async def _first_token(base_url: str, model: str, clip_b64: str, rounds: int) -> float:
+    out = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=600) as c:
+        for _ in range(rounds):
+            body = {"model": model, "max_tokens": 2, "temperature": 0, "stream": True, "messages": [
+                {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": clip_b64, "format": "wav"}},
+                                             {"type": "text", "text": "What is said?"}]}]}
+            t0 = time.perf_counter()
+            async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                r.raise_for_status()
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {") and '"content":"' in line.replace(" ", "") \
+                            and '"content":""' not in line.replace(" ", ""):
+                        out.append(time.perf_counter() - t0)
+                        break
+    return statistics.median(out) * 1000 if out else float("nan")
+
+
+async def sc_audio(ctx: Ctx) -> list[Table]:
+    if "corral" not in ctx.args.servers:
+        return []
+    mmproj, encode, recording = _files(ctx)
+    minutes = ctx.n(10, 2)
+    models = {"audio-4": ctx.corral_model(4, mmproj=str(mmproj), ctx_len=4 * 2048),
+              "audio-1": ctx.corral_model(1, mmproj=str(mmproj), ctx_len=2048),
+              "audio-3": ctx.corral_model(3, mmproj=str(mmproj), ctx_len=3 * 2048)}
+    cfg = ctx.corral_config("audio", models, max_loaded_models=1, max_audio_s=3600.0)
+    port = free_port()
+    srv = start("corral-audio", corral_cmd(cfg, port), port)
+    a = Table("Audio (a): two text streams' tok/s beside 5 s recordings (chat input_audio) against alone",
+              ["server", "streams alone tok/s", "beside audio tok/s", "ratio", "audio requests beside"])
+    b = Table(f"Audio (b): /v1/audio/transcriptions of a {minutes}-minute recording: windows side by side "
+              "(4 slots) against one after another (1 slot)",
+              ["server", "slots", "windows", "seconds to the transcript", "speed-up"])
+    c = Table("Audio (c): first token of a 30 s clip (streamed chat, input_audio), median of 3",
+              ["server", "first token ms", "vs llama-server"])
+    try:
+        clip5 = base64.b64encode(encode(recording(5), "wav")).decode()
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=600) as warm:
+            await _stream_rate(warm, "audio-3", 4)  # loads the model: not timed
+        log("audio (a): streams alone and beside recordings")
+        alone, beside, sent = await _beside(srv, "audio-3", clip5, ctx.n(96, 48), ctx.n(2, 1))
+        a.rows.append(["corral", f"{alone:.1f}", f"{beside:.1f}", ratio(beside, alone), str(sent)])
+        long = encode(recording(minutes * 60), "flac")
+        times: dict[int, float] = {}
+        windows: dict[int, int] = {}
+        for slots, mid in ((4, "audio-4"), (1, "audio-1")):
+            await _transcribe(srv, mid, encode(recording(1), "wav"), "warm.wav")  # loads the model: not timed
+            log(f"audio (b): {minutes} min on {slots} slot(s)")
+            times[slots], windows[slots] = await _transcribe(srv, mid, long)
+        for slots in (4, 1):
+            b.rows.append(["corral", str(slots), str(windows[slots]), f"{times[slots]:.1f}",
+                           ratio(times[1], times[slots])])
+        log("audio (c): first token of a 30 s clip")
+        clip30 = base64.b64encode(encode(recording(30), "wav")).decode()
+        ours = await _first_token(srv.base_url, "audio-1", clip30, 3)
+        c.rows.append(["corral", f"{ours:.0f}", "llama-server not run"])
+        if ctx.llama_bin is None:
+            c.notes.append(f"llama-server: {ctx.llama_bin_error}; the same-tokens check against it is not run")
+    finally:
+        srv.stop()
+    b.notes.append(f"{WINDOW_TOKENS} tokens a window (random weights: every window runs to it); "
+                   f"{ctx.threads} threads; the ratio is bounded by the cores the windows' 750-position "
+                   "prompts share either way")
+    return [a, b, c]
