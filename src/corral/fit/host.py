@@ -15,9 +15,21 @@ from corral.fit.plan import has_side_context, placement
 from corral.fit.rows import outputs_max
 from corral.model.settings import ModelSettings
 
-__all__ = ["host_bytes", "host_ctx"]
+__all__ = ["host_bytes", "host_ctx", "mem_available_bytes"]
 
 _CTX_STEP = 256
+
+
+def mem_available_bytes() -> int | None:
+    """This machine's ``MemAvailable`` (/proc/meminfo), None where there is none."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def host_bytes(layout: ModelLayout, s: ModelSettings, cells: int) -> int:

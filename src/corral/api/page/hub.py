@@ -41,6 +41,7 @@ from corral.api.http import json_response, plane_of, store_of
 from corral.errors import (HubUnauthorized, HubUnreachable, InvalidRequest, ModelFileMissing, NotFound,
                            UnreadableModel)
 from corral.fit.estimate import FitEstimate, GpuBudget, estimate
+from corral.fit.host import mem_available_bytes
 from corral.fit.layout import GGUFError, ModelLayout, read_layout
 from corral.model.settings import ModelSettings
 from corral.store import hub_search
@@ -196,21 +197,10 @@ async def _estimate(request: Request, layout: ModelLayout, settings: ModelSettin
                 for k, (d, b) in enumerate(zip(budget.known, budget.budgets()))]
         host = budget.host_bytes
     if host is None:
-        host = _mem_available()
+        host = mem_available_bytes()
     cap = plane.config.server.memory_budget
     if cap is not None:
         host = min(host, int(cap)) if host is not None else int(cap)
     est: FitEstimate = estimate(layout, settings, gpus=gpus, host_available_bytes=host)
     return {**est.to_dict(), "architecture": layout.architecture,
             "gpus": [{"name": g.name, "budget_bytes": g.budget_bytes} for g in gpus]}
-
-
-def _mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None

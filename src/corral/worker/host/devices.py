@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from corral import wire
+from corral.fit.host import mem_available_bytes
 
 __all__ = ["list_devices", "llama_cpp_lib", "FAKE_DEVICES_ENV", "gpu_devices", "offload_devices", "logged_buffers",
            "host_available_bytes", "ggml_amx"]
@@ -205,14 +206,7 @@ def host_available_bytes() -> int | None:
     cpu = next((d for d in fake or [] if d.kind == "cpu"), None)
     if cpu is not None:
         return cpu.free_bytes
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return mem_available_bytes()
 
 
 _BUFFER = re.compile(r"(\S+)\s+(model|KV|compute|output|LoRA) buffer size =\s*([0-9.]+) MiB")
