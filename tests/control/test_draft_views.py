@@ -40,8 +40,9 @@ def test_a_draft_model_needs_its_path() -> None:
 
 def test_the_gpu_need_adds_the_draft_models(model_path: Path) -> None:
     budgets, free = [8 << 30], [8 << 30]
-    plain = _spec(model_path, n_gpu_layers=-1, ctx_len=2048)
-    drafted = _spec(model_path, n_gpu_layers=-1, ctx_len=2048, speculative="draft", draft_model=str(model_path))
+    plain = _spec(model_path, n_gpu_layers=-1, ctx_len=2048, n_parallel=4)  # slots set: the rows are counted
+    drafted = _spec(model_path, n_gpu_layers=-1, ctx_len=2048, n_parallel=4, speculative="draft",
+                    draft_model=str(model_path))
     own = _need(SimpleNamespace(spec=plain), budgets, free)  # type: ignore[arg-type]
     both = _need(SimpleNamespace(spec=drafted), budgets, free)  # type: ignore[arg-type]
     assert own[0] > 100 << 20

@@ -107,4 +107,5 @@ async def test_bad_reload_changes_nothing(harness: Harness, tmp_path: Path) -> N
             plane_log.removeHandler(line)
         assert "SIGHUP reload failed, nothing changed" in line.message and str(path) in line.message
     assert loop_errors == []
-    assert (await c.post("/v1/completions", json={"model": "a", "prompt": "x"})).status_code == 200
+    r = await c.post("/v1/completions", json={"model": "a", "prompt": "x"})
+    assert r.status_code == 200, r.text

@@ -52,8 +52,11 @@ def server_paths(r: RouterProcess) -> list[str]:
     return [str(r.tmp), src, sys.prefix]
 
 
-def check_answer(r: RouterProcess, status: int, text: str, sent: str) -> None:
-    assert status < 500, (status, text[:500])
+def check_answer(r: RouterProcess, status: int, text: str, sent: str, path: str = "") -> None:
+    if path.startswith("/hub/") and status == 503:  # the fuzzed router is offline (HF_HUB_OFFLINE): the
+        assert '"code":"hub_unreachable"' in text, text[:500]  # Hub's own 503, said so; nothing else
+    else:
+        assert status < 500, (status, text[:500])
     assert not _EXC.search(text), text[:500]
     if status >= 400:
         for p in server_paths(r):
@@ -77,7 +80,7 @@ def test_schemathesis_every_operation(router: RouterProcess) -> None:
             resp = case.call(base_url=router.base_url, timeout=60)
             counts[op.label] = counts.get(op.label, 0) + 1
             sent = json.dumps(case.body, default=str) + str(case.path_parameters) + str(case.query)
-            check_answer(router, resp.status_code, resp.text, sent)
+            check_answer(router, resp.status_code, resp.text, sent, op.path)
 
         run()
     print(f"\nschemathesis: {sum(counts.values())} cases over {len(counts)} operations")

@@ -223,6 +223,8 @@ async def main() -> int:
     ap.add_argument("--settings", required=True)
     args = ap.parse_args()
     settings = msgspec.json.decode(args.settings, type=wire.WorkerSettings)
+    if settings.slots_asked() is None:  # n_parallel = "auto": a worker plans its slots; this one takes 4
+        settings = msgspec.structs.replace(settings, n_parallel=4, ctx_len=4 * settings.slot_ctx())
     with open(settings.model_path + ".settings", "w") as f:  # what the router sent, for tests
         f.write(args.settings)
     script = dict(DEFAULTS)

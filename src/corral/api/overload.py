@@ -7,7 +7,8 @@ front of fast workers collapses there). ``LoadMonitor`` keeps it from that:
 
 - **Lag**: a task sleeps ``INTERVAL_S`` again and again; how late it wakes up is how long
   any ready callback waits for the loop, smoothed over about ``SMOOTHING`` samples
-  (``lag_s``). GC pauses and a slow callback show in it as they happen.
+  (``lag_s``), each counted at most ``SAMPLE_CAP_S``: a lag over the default 0.25 s takes
+  several late samples in a row (a loop that stays behind), never one slow callback.
 - **Shedding**: while the smoothed lag is over ``[server] shed_lag_s``, the guard
   (``corral.api.guard``) answers new requests to a model 503 with ``Retry-After``, from
   their headers alone: their bodies are never read or parsed, so a refusal costs a
@@ -38,6 +39,7 @@ __all__ = ["LoadMonitor", "freeze_startup_objects", "INTERVAL_S"]
 
 INTERVAL_S = 0.02  # between lag samples
 SMOOTHING = 5  # samples the smoothed lag spans (an exponential average)
+SAMPLE_CAP_S = 0.5  # the most one sample counts: one slow callback (a reload, a GC pause) never sheds alone
 
 
 class LoadMonitor:
@@ -75,7 +77,7 @@ class LoadMonitor:
         while True:
             t0 = time.perf_counter()
             await asyncio.sleep(INTERVAL_S)
-            late = max(0.0, time.perf_counter() - t0 - INTERVAL_S)
+            late = min(SAMPLE_CAP_S, max(0.0, time.perf_counter() - t0 - INTERVAL_S))
             self.lag_s += alpha * (late - self.lag_s)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""`corral config import FILE`: print the corral.toml a llama.cpp preset.ini, an Ollama
+"""`corral config import FILE`: print the corral TOML config a llama.cpp preset.ini, an Ollama
 Modelfile or a llama-swap config.yaml amounts to (corral.config.importer), with a comment
 at each line it could not carry over. Reads the file only; no server."""
 
@@ -20,7 +20,7 @@ config_app = typer.Typer(help="Bring a setup from llama.cpp, Ollama or llama-swa
 def import_cmd(file: Path = typer.Argument(..., help="a preset.ini, a Modelfile or a llama-swap config.yaml"),
                name: str | None = typer.Option(None, "--name", help="a Modelfile's model id [its file's name]")
                ) -> None:
-    """Print the corral.toml FILE amounts to (what cannot be carried over: as comments)."""
+    """Print the corral TOML config FILE amounts to (what cannot be carried over: as comments)."""
     from corral.config.importer import import_config
 
     try:

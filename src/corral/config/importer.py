@@ -1,4 +1,4 @@
-"""``corral config import FILE``: the corral.toml another server's setup amounts to.
+"""``corral config import FILE``: the corral TOML config another server's setup amounts to.
 
 Three kinds of file, told apart by name and content:
 
