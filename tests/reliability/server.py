@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,15 @@ class RouterProcess:
 def wait_until(pred: Any, timeout: float, what: str, interval: float = 0.1) -> None:
     """Poll a condition of another process (nothing to await across processes)."""
     until(pred, timeout, what, interval)
+
+
+def serving(r: RouterProcess) -> Iterator[RouterProcess]:
+    """A module fixture's body: ``r`` started, then stopped with every worker it ran gone."""
+    r.start()
+    pids: list[int] = []
+    try:
+        yield r
+        pids = r.worker_pids()
+    finally:
+        r.stop()
+    wait_until(lambda: not [p for p in pids if alive(p)], 20, "workers to exit")

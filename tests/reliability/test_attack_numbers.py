@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from reliability.server import RouterProcess, alive, real_models, wait_until
+from reliability.server import RouterProcess, real_models, serving, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -97,14 +97,7 @@ def router(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Iterat
     models = real_models(model_path, "m", ctx_len=512, n_parallel=4)
     models.update(real_models(model_path, "e", ctx_len=512, n_parallel=2, embedding=True, pooling="rank"))
     r = RouterProcess(tmp, models, queue_timeout_s=30.0)
-    r.start()
-    pids: list[int] = []
-    try:
-        yield r
-        pids = r.worker_pids()
-    finally:
-        r.stop()
-    wait_until(lambda: not [p for p in pids if alive(p)], 20, "workers to exit")
+    yield from serving(r)
 
 
 def _send(c: httpx.Client, route: str, body: Any) -> httpx.Response:

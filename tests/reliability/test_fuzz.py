@@ -20,7 +20,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from reliability.server import RouterProcess, real_models, wait_until
+from reliability.server import RouterProcess, real_models, serving, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -36,15 +36,7 @@ def router(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Iterat
     r = RouterProcess(tmp, real_models(model_path, "m", ctx_len=256, n_parallel=4),
                       allowed_model_dirs=[str(tmp / "allowed")], max_body_bytes=8 * 1024 * 1024,
                       queue_timeout_s=20.0)
-    r.start()
-    pids: list[int] = []
-    try:
-        yield r
-        pids = r.worker_pids()
-    finally:
-        r.stop()
-    from reliability.server import alive
-    wait_until(lambda: not [p for p in pids if alive(p)], 20, "workers to exit")
+    yield from serving(r)
 
 
 def server_paths(r: RouterProcess) -> list[str]:
