@@ -20,14 +20,14 @@ MiB = 1024 * 1024
 async def test_auto_slots_come_from_the_host_memory_and_a_number_set_is_kept(
         harness: Harness, model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from corral.fit.layout import read_layout
-    from corral.fit.slots import plan_slots
+    from corral.fit.slots import HOST_SHARE, plan_slots
     from corral.model.settings import ModelSettings
 
     layout = read_layout(model_path)
     one = plan_slots(layout, ModelSettings(ctx_len=512), host_available_bytes=10**15)
-    # a host whose quarter holds the weights and between 5 and 6 slots of 512 cells
-    available = 4 * (sum(layout.layer_bytes) + layout.input_bytes + layout.output_bytes + 5 * one.slot_bytes
-                     + one.slot_bytes // 2)
+    # a host whose share (HOST_SHARE) holds the weights and between 5 and 6 slots of 512 cells
+    available = int((sum(layout.layer_bytes) + layout.input_bytes + layout.output_bytes + 5 * one.slot_bytes
+                     + one.slot_bytes // 2) / HOST_SHARE)
     expected = plan_slots(layout, ModelSettings(ctx_len=512), host_available_bytes=available)
     assert expected.n_slots == 5
     monkeypatch.setenv("CORRAL_FAKE_DEVICES", json.dumps(

@@ -13,10 +13,12 @@ weights, in whole slots of the context one slot asks for (``ModelSettings.slot_c
   context). At least one: a model that does not fit whole goes on to ``plan_fit``, which
   lowers its context and then its layers.
 - On the host: the most slots whose weights and KV take at most ``HOST_SHARE`` of the
-  host's available memory (``MemAvailable``). A quarter, not the half a fixed count's
-  context is fitted within (``worker/fit.py``), because the KV a slot reserves is touched
-  at the load: 64 slots of 32,768 cells of Gemma 3 270M would hold 7 GiB of RAM whether
-  or not anyone uses them, on a machine shared with other programs.
+  host's available memory (``MemAvailable``): the half a fixed count's context is fitted
+  within too (``worker/fit.py``). The KV a slot reserves is touched at the load: 64 slots
+  of 32,768 cells of Gemma 3 270M hold 7 GiB of RAM whether or not anyone uses them. A
+  quarter (session 17) gave the embedded model 42 slots on a 24 GB box and left 22 of 64
+  clients a whole generation behind (TTFT p95 3.0x better than 4 slots, where the goal
+  was 5x; docs/benchmarks/2026-12-06-slots-and-router-ceiling.md); a half gives it the 64.
 
 A number set (``n_parallel = N``) is kept as it is. Pure functions of a layout, settings
 and the memory seen: the worker plans its load with them, the router estimates a GPU's
@@ -40,7 +42,7 @@ __all__ = ["plan_slots", "with_slots", "HOST_SHARE", "UNREAD_SLOTS"]
 
 _S = TypeVar("_S", bound=ModelSettings)
 
-HOST_SHARE = 0.25  # of MemAvailable: what weights and the slots' KV may take on the host
+HOST_SHARE = 0.5  # of MemAvailable: what weights and the slots' KV may take on the host
 UNREAD_SLOTS = 4  # "auto" where the GGUF's layout cannot be read (llama.cpp may still load it)
 
 
