@@ -1,7 +1,7 @@
 """Keys and scopes: every route of the app has a scope decision, and it holds.
 
 The routes come from the app itself (``app_routes(app.routes)``): a route added without
-an entry in corral.api.scopes.ROUTE_SCOPES fails here. Fake workers (router logic only).
+an entry in corral.api.route_table.ROUTES fails here. Fake workers (router logic only).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import httpx
 from support.harness import Harness, chat
 from support.keys import bearer, write_keys_file
 
-from corral.api.scopes import ROUTE_SCOPES, RouteScopes, app_routes
+from corral.api.route_table import app_routes
+from corral.api.scopes import ROUTE_SCOPES, RouteScopes
 
 JSON = {"content-type": "application/json"}
 KEYS = {"inferrer": {"scopes": ["infer"]}, "manager": {"scopes": ["manage"]},

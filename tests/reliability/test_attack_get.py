@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.api.scopes import app_routes
+from corral.api.route_table import app_routes
 from corral.events import Event, EventName
 from support.harness import Harness, chat
 
