@@ -115,7 +115,7 @@ def test_find_draft_takes_the_latest_longest_match() -> None:
     assert find_draft(np.array([5, 6, 1, 2, 9, 9, 1, 2], dtype=np.int32), 2) == [9, 9]
 
 
-def test_drafts_are_as_long_as_they_pay() -> None:  # n-gram drafts: no draft cost (tests/worker/test_spec_cost.py)
+def test_drafts_are_as_long_as_they_pay() -> None:  # n-gram drafts: no draft cost (tests/worker/speculation/test_spec_cost.py)
     assert best_length(0.95, 1, 0.5, 0.0, 64) == 13  # 0.95^13 > 0.5 > 0.95^14
     assert best_length(0.95, 4, 0.5, 0.0, 64) == 4  # four slots: the step's own tokens are cheap per token
     assert best_length(0.95, 4, 0.5, 0.0, 64) < best_length(0.99, 4, 0.5, 0.0, 64)

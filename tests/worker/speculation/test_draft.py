@@ -26,8 +26,8 @@ from corral.worker.speculation.speculator import CPU_TOKEN_COST
 from testkit.draft_models import write_tiny_draft
 from testkit.gguf_models import write_reranker
 from worker.conftest import run_engine, settings_for
-from worker import test_speculation
-from worker.test_speculation import PROMPTS, _greedy_requests, _margin, _tokens, check_sampled_follows_target
+from worker.speculation import test_speculation
+from worker.speculation.test_speculation import PROMPTS, _greedy_requests, _margin, _tokens, check_sampled_follows_target
 
 plain, noise = test_speculation.plain, test_speculation.noise  # the same engine fixtures (one each here)
 
@@ -46,7 +46,7 @@ def selfdraft(model_path: Path) -> Iterator[Engine]:
                             ctx_len=4096, draft_max=8))
     # the model as its own draft costs a whole decode a draft token, so the measured costs would
     # stop it drafting (worker/speculation/cost.py): these tests check what its drafts give, with the
-    # draft's cost taken as 0 (the rule itself: tests/worker/test_spec_cost.py)
+    # draft's cost taken as 0 (the rule itself: tests/worker/speculation/test_spec_cost.py)
     e.spec.costs.fixed = (CPU_TOKEN_COST, 0.0)
     yield e
     e.close()
