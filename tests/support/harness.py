@@ -21,6 +21,7 @@ from corral.api.app import create_app
 from corral.config.file import CorralConfig, config_from_dict
 from corral.events import Event
 from corral.control.plane import ControlPlane
+from support.keys import write_keys_file
 from support.waiting import until_async
 from testkit.model_settings import TEST_CTX_LEN, TEST_N_PARALLEL
 
@@ -84,6 +85,17 @@ class Harness:
         self.base_url = f"http://127.0.0.1:{port}"
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=30)
         return self.plane
+
+    async def start_with_keys(self, keys: dict[str, dict[str, Any]], models: dict[str, dict[str, Any]] | None = None,
+                              **server: Any) -> dict[str, str]:
+        """Start with a keys file (``tmp/keys.toml``) of ``keys`` (name -> its KeySpec fields), serving
+        ``models`` (None: one fake model, "a") under ``server``; each key's secret by name."""
+        path = self.tmp / "keys.toml"
+        secrets = write_keys_file(path, **keys)
+        if models is None:
+            models = {"a": {"path": str(self.script("a"))}}
+        await self.start(self.config(models, keys_file=str(path), **server))
+        return secrets
 
     @property
     def client(self) -> httpx.AsyncClient:
