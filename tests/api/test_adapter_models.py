@@ -17,10 +17,10 @@ async def _start(harness: Harness) -> dict[str, str]:
                         "lora": [{"id": "sql", "path": str(sql), "scale": 0.5},
                                  {"id": "poet", "path": str(poet), "scale": 0.75, "model": "gemma-poet"}]},
               "other": {"path": str(harness.script("other"))}}
-    return await harness.start_with_keys({"alice": {"scopes": ["infer"], "models": ["gemma*"]},
-                                          "bob": {"scopes": ["infer"], "models": ["gemma"]},  # the base, not the adapter
-                                          "carol": {"scopes": ["infer"], "models": ["gemma-poet"]},  # the adapter only
-                                          "root": {"scopes": ["admin"]}}, models)
+    return await harness.serve(models, keys={"alice": {"scopes": ["infer"], "models": ["gemma*"]},
+                                             "bob": {"scopes": ["infer"], "models": ["gemma"]},  # the base, not the adapter
+                                             "carol": {"scopes": ["infer"], "models": ["gemma-poet"]},  # the adapter only
+                                             "root": {"scopes": ["admin"]}})
 
 
 async def _lists(harness: Harness, secret: str) -> dict[str, dict[str, dict]]:

@@ -27,7 +27,7 @@ def _body(client: str, name: str) -> dict[str, Any]:
 async def test_codex_responses_bodies_are_served(harness: Harness, name: str) -> None:
     """Codex CLI 0.171.0 (wire_api = "responses"): a ``namespace`` tool group and the hosted
     ``web_search`` tool, developer messages, ``store: false``, ``include``, streamed."""
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     body = _body("codex", name)
     async with c.stream("POST", "/v1/responses", json=body) as r:
@@ -71,7 +71,7 @@ def test_tool_calls_come_back_in_their_tools_item_types() -> None:
 
 
 async def test_background_response_runs_without_the_connection(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     r = await c.post("/v1/responses", json={"model": "a", "input": "hi", "background": True})
     assert r.status_code == 200 and r.json()["status"] == "queued", r.text

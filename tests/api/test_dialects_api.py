@@ -30,7 +30,7 @@ def assert_shape(path: str, body: Any) -> None:
 
 
 async def test_malformed_bodies_get_4xx_in_each_apis_shape(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     for path in POSTS:
         for raw in BAD_BODIES:
@@ -74,7 +74,7 @@ async def test_bad_values_name_the_field(harness: Harness, path: str, body: dict
 
 
 async def test_unknown_model_is_404_in_each_shape(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     r = await c.post("/api/chat", json={"model": "zz", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 404 and "zz" in r.json()["error"]

@@ -20,7 +20,7 @@ MSG = {"model": "a", "max_tokens": 5, "messages": [{"role": "user", "content": "
 
 
 async def test_requests_per_minute_with_headers_in_every_dialect(harness: Harness) -> None:
-    secrets = await harness.start_with_keys({"o": {"rpm": 2}, "an": {"rpm": 1}, "ol": {"rpm": 1}})
+    secrets = await harness.serve(keys={"o": {"rpm": 2}, "an": {"rpm": 1}, "ol": {"rpm": 1}})
     c = harness.client
     h = bearer(secrets["o"])
     r1 = await c.post("/v1/chat/completions", json=chat("a"), headers=h)
@@ -55,7 +55,7 @@ async def test_requests_per_minute_with_headers_in_every_dialect(harness: Harnes
 
 
 async def test_tokens_per_minute_and_per_day(harness: Harness) -> None:
-    secrets = await harness.start_with_keys({"t": {"tpm": 3}, "d": {"tpd": 3}, "root": {"scopes": ["admin"]}})
+    secrets = await harness.serve(keys={"t": {"tpm": 3}, "d": {"tpd": 3}, "root": {"scopes": ["admin"]}})
     c = harness.client
     h = bearer(secrets["t"])
     r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)  # 1 prompt + 2 completion tokens: its budget
@@ -77,7 +77,7 @@ async def test_tokens_per_minute_and_per_day(harness: Harness) -> None:
 
 
 async def test_concurrency_and_queue(harness: Harness) -> None:
-    secrets = await harness.start_with_keys({"one": {"concurrency": 1, "queue": 1}, "none": {"concurrency": 1, "queue": 0}})
+    secrets = await harness.serve(keys={"one": {"concurrency": 1, "queue": 1}, "none": {"concurrency": 1, "queue": 0}})
     c = harness.client
     limiter = harness.plane.access.limiter
     h = bearer(secrets["one"])
@@ -104,8 +104,8 @@ async def test_concurrency_and_queue(harness: Harness) -> None:
 
 
 async def test_priority_is_bounded_by_the_keys_max(harness: Harness) -> None:
-    secrets = await harness.start_with_keys({"low": {}, "high": {"max_priority": 5}, "root": {"scopes": ["admin"]}},
-                                            api_key="s3cret")
+    secrets = await harness.serve(keys={"low": {}, "high": {"max_priority": 5}, "root": {"scopes": ["admin"]}},
+                                  api_key="s3cret")
     c = harness.client
     for body, path in ((chat("a"), "/v1/chat/completions"), (MSG, "/v1/messages"),
                        (chat("a", stream=False), "/api/chat")):
@@ -192,7 +192,7 @@ def test_token_need_bounds_what_a_request_may_use() -> None:
 
 
 async def test_a_request_holds_its_reservation_until_it_ends_and_gets_the_rest_back(harness: Harness) -> None:
-    secrets = await harness.start_with_keys({"k": {"tpm": 100000}})
+    secrets = await harness.serve(keys={"k": {"tpm": 100000}})
     c = harness.client
     limiter = harness.plane.access.limiter
     frozen = time.time()

@@ -13,9 +13,9 @@ MODELS = ("gemma-small", "gemma-big", "secret-model")
 async def _start(harness: Harness) -> dict[str, str]:
     models = {m: {"path": str(harness.script(m))} for m in MODELS}
     models["secret-model"]["aliases"] = ["best"]
-    secrets = await harness.start_with_keys({"alice": {"scopes": ["infer", "manage"], "models": ["gemma-*"]},
-                                             "carol": {"scopes": ["infer"], "models": ["best"]},  # an alias
-                                             "root": {"scopes": ["admin"]}}, models)
+    secrets = await harness.serve(models, keys={"alice": {"scopes": ["infer", "manage"], "models": ["gemma-*"]},
+                                                "carol": {"scopes": ["infer"], "models": ["best"]},  # an alias
+                                                "root": {"scopes": ["admin"]}})
     c = harness.client
     for m in MODELS:  # loaded, so that /api/ps lists them
         assert (await c.post("/models/load", json={"model": m}, headers=bearer(secrets["root"]))).status_code == 200

@@ -99,7 +99,7 @@ def test_every_route_has_a_scope_decision(harness: Harness) -> None:
 
 
 async def test_route_by_scope_table(harness: Harness) -> None:
-    secrets = await harness.start_with_keys(KEYS)
+    secrets = await harness.serve(keys=KEYS)
     c = harness.client
     table: dict[tuple[str, str], dict[str | None, int]] = {}
     for (method, path), scope in sorted(ROUTE_SCOPES.items()):
@@ -124,7 +124,7 @@ async def test_route_by_scope_table(harness: Harness) -> None:
 
 
 async def test_scope_refusals_in_each_dialect(harness: Harness) -> None:
-    secrets = await harness.start_with_keys(KEYS)
+    secrets = await harness.serve(keys=KEYS)
     c = harness.client
     h = bearer(secrets["manager"])
     r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)
@@ -145,7 +145,7 @@ async def test_scope_refusals_in_each_dialect(harness: Harness) -> None:
 
 
 async def test_api_key_is_one_admin_key_next_to_the_file(harness: Harness) -> None:
-    secrets = await harness.start_with_keys(KEYS, api_key="s3cret")
+    secrets = await harness.serve(keys=KEYS, api_key="s3cret")
     c = harness.client
     assert (await c.post("/models/load", json={"model": "a"}, headers=bearer("s3cret"))).status_code == 200
     assert (await c.get("/metrics", headers={"x-api-key": "s3cret"})).status_code == 200
@@ -174,7 +174,7 @@ def test_every_infer_route_is_admitted_as_a_model_request() -> None:
 
 
 async def test_keep_alive_needs_manage_and_an_open_server_keeps_it(harness: Harness) -> None:
-    secrets = await harness.start_with_keys(KEYS)
+    secrets = await harness.serve(keys=KEYS)
     c = harness.client
     body = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "stream": False, "keep_alive": -1}
     r = await c.post("/api/chat", json=body, headers=bearer(secrets["inferrer"]))
@@ -186,7 +186,7 @@ async def test_keep_alive_needs_manage_and_an_open_server_keeps_it(harness: Harn
 
 
 async def test_without_keys_keep_alive_applies(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     r = await c.post("/api/generate", json={"model": "a", "prompt": "hi", "stream": False, "keep_alive": "-1"})
     assert r.status_code == 200 and "x-corral-keep-alive-ignored" not in r.headers

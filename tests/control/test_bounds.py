@@ -30,7 +30,8 @@ async def test_huge_numbers_are_refused_before_a_slot_is_taken(harness: Harness)
                                    "temperature", "repeat_penalty",
                                    "presence_penalty"])
 async def test_every_numeric_field_is_bounded(harness: Harness, field: str) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
+    plane = harness.plane
     r = await harness.client.post("/v1/completions", json={"model": "a", "prompt": "x", field: BIG})
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     assert harness.requests_seen("a") == [] and plane.pools["a"].inflight == 0
@@ -39,7 +40,7 @@ async def test_every_numeric_field_is_bounded(harness: Harness, field: str) -> N
 async def test_router_and_worker_agree_on_zero(harness: Harness) -> None:
     """repeat_penalty 0 was accepted by the router and refused by the worker; max_tokens 0
     the other way round."""
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     r = await c.post("/v1/completions", json={"model": "a", "prompt": "x", "repeat_penalty": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "repeat_penalty"

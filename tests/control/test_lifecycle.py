@@ -22,7 +22,8 @@ def transitions(events: list[dict]) -> list[tuple[str, str]]:
 
 
 async def test_exact_state_events_for_load_crash_restart_unload(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
+    plane = harness.plane
     seen: list[dict] = []
     async with plane.bus.subscribe() as q:
         r = await harness.client.post("/models/load", json={"model": "a"})
@@ -47,7 +48,7 @@ async def test_exact_state_events_for_load_crash_restart_unload(harness: Harness
 
 
 async def test_events_stream_over_sse(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     lines: list[dict] = []
     async with harness.client.stream("GET", "/models/events") as resp:
         assert resp.headers["content-type"].startswith("text/event-stream")

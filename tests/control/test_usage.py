@@ -21,8 +21,8 @@ MSG = {"model": "a", "max_tokens": 5, "messages": [{"role": "user", "content": "
 async def _start(harness: Harness, **server: object) -> dict[str, str]:
     models = {"a": {"path": str(harness.script("a"))}, "b": {"path": str(harness.script("b"))},
               "e": {"path": str(harness.script("e")), "embedding": True}}
-    return await harness.start_with_keys({"alice": {}, "bob": {}, "root": {"scopes": ["admin"]}}, models,
-                                         state_dir=str(harness.tmp / "state"), **server)
+    return await harness.serve(models, keys={"alice": {}, "bob": {}, "root": {"scopes": ["admin"]}},
+                               state_dir=str(harness.tmp / "state"), **server)
 
 
 _OLD = ("key", "model", "day", "requests", "prompt_tokens", "completion_tokens")

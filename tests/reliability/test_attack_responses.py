@@ -16,7 +16,7 @@ KEYS = {"alice": {"scopes": ["infer"]}, "mallory": {"scopes": ["infer"]}}
 
 
 async def test_another_keys_response_id_is_404(harness: Harness) -> None:
-    secrets = await harness.start_with_keys(KEYS, state_dir=str(harness.tmp / "state"))
+    secrets = await harness.serve(keys=KEYS, state_dir=str(harness.tmp / "state"))
     c = harness.client
     alice, mallory = bearer(secrets["alice"]), bearer(secrets["mallory"])
     r = await c.post("/v1/responses", json={"model": "a", "input": "SECRET plan"}, headers=alice)

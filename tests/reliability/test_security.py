@@ -97,7 +97,7 @@ def test_key_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 async def test_cross_site_requests_are_refused(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     base = harness.base_url
     # a form/text POST from a web page: no preflight in the browser, so the server refuses it

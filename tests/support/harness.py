@@ -86,15 +86,19 @@ class Harness:
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=30)
         return self.plane
 
-    async def start_with_keys(self, keys: dict[str, dict[str, Any]], models: dict[str, dict[str, Any]] | None = None,
-                              **server: Any) -> dict[str, str]:
-        """Start with a keys file (``tmp/keys.toml``) of ``keys`` (name -> its KeySpec fields), serving
-        ``models`` (None: one fake model, "a") under ``server``; each key's secret by name."""
-        path = self.tmp / "keys.toml"
-        secrets = write_keys_file(path, **keys)
+    async def serve(self, models: dict[str, dict[str, Any]] | None = None, *,
+                    keys: dict[str, dict[str, Any]] | None = None, **server: Any) -> dict[str, str]:
+        """Start serving ``models`` (None: one fake model, "a") under ``server``'s settings, with
+        a keys file (``tmp/keys.toml``) of ``keys`` (name -> its KeySpec fields) where given;
+        each key's secret by name."""
+        secrets: dict[str, str] = {}
+        if keys is not None:
+            path = self.tmp / "keys.toml"
+            secrets = write_keys_file(path, **keys)
+            server = {"keys_file": str(path), **server}
         if models is None:
             models = {"a": {"path": str(self.script("a"))}}
-        await self.start(self.config(models, keys_file=str(path), **server))
+        await self.start(self.config(models, **server))
         return secrets
 
     @property
