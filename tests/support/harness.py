@@ -87,10 +87,11 @@ class Harness:
         return self.plane
 
     async def serve(self, models: dict[str, dict[str, Any]] | None = None, *,
-                    keys: dict[str, dict[str, Any]] | None = None, **server: Any) -> dict[str, str]:
+                    keys: dict[str, dict[str, Any]] | None = None, sighup: bool = False,
+                    **server: Any) -> dict[str, str]:
         """Start serving ``models`` (None: one fake model, "a") under ``server``'s settings, with
         a keys file (``tmp/keys.toml``) of ``keys`` (name -> its KeySpec fields) where given;
-        each key's secret by name."""
+        each key's secret by name. ``sighup``: SIGHUP reloads, as in ``corral serve``."""
         secrets: dict[str, str] = {}
         if keys is not None:
             path = self.tmp / "keys.toml"
@@ -98,7 +99,7 @@ class Harness:
             server = {"keys_file": str(path), **server}
         if models is None:
             models = {"a": {"path": str(self.script("a"))}}
-        await self.start(self.config(models, **server))
+        await self.start(self.config(models, **server), sighup=sighup)
         return secrets
 
     @property
