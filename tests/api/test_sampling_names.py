@@ -12,6 +12,7 @@ from corral.api.core.schemas import CompletionRequest
 from corral.api.llamacpp.schemas import InfillBody
 from corral.api.ollama.schemas import OPTION_NAMES, OllamaOptions, sampling_from_options
 from corral.api.openai.responses_schemas import ResponsesRequest
+from corral.model.settings import SAMPLING_KEYS, ModelSettings
 
 # a value for each knob, none of them its default
 KNOBS: dict[str, Any] = {
@@ -60,3 +61,10 @@ def test_sampling_from_reads_spelled_names_and_converted_win() -> None:
     assert got == wire.SamplingParams(max_tokens=3, seed=5)
     assert wire.spelled({"max_tokens": "n"}) == {f: "n" if f == "max_tokens" else f
                                                   for f in wire.SamplingParams.__struct_fields__}
+
+
+def test_a_models_defaults_name_wire_fields() -> None:
+    """The knobs a model has defaults for (``SAMPLING_KEYS``: /props, Ollama's show, the defaults
+    added to a request) are fields of the wire's SamplingParams and of ModelSettings."""
+    assert set(SAMPLING_KEYS) <= set(wire.SamplingParams.__struct_fields__)
+    assert set(SAMPLING_KEYS) <= set(ModelSettings.__struct_fields__)
