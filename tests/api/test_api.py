@@ -84,7 +84,7 @@ async def test_models_lists(harness: Harness) -> None:
 
 
 async def test_bad_input_gets_clear_4xx(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, max_body_bytes=2000))
+    await harness.serve({"a": {"path": str(harness.script("a"))}}, max_body_bytes=2000)
     c = harness.client
 
     async def err(r, status, code=None, param=None):  # noqa: ANN001, ANN202
@@ -168,7 +168,7 @@ async def test_bad_input_gets_clear_4xx(harness: Harness) -> None:
 
 
 async def test_chunked_body_over_limit_is_413(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, max_body_bytes=1000))
+    await harness.serve({"a": {"path": str(harness.script("a"))}}, max_body_bytes=1000)
 
     async def chunks():  # noqa: ANN202
         for _ in range(10):
@@ -180,7 +180,7 @@ async def test_chunked_body_over_limit_is_413(harness: Harness) -> None:
 
 
 async def test_api_key(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, api_key="sekret"))
+    await harness.serve({"a": {"path": str(harness.script("a"))}}, api_key="sekret")
     c = harness.client
     r = await c.post("/v1/chat/completions", json=chat("a"))
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
@@ -203,7 +203,7 @@ async def test_metrics_count_requests(harness: Harness) -> None:
 
 
 async def test_nitro_loadmodel_and_unloadmodel(harness: Harness) -> None:
-    await harness.start(harness.config({}, allowed_model_dirs=[str(harness.tmp)]))
+    await harness.serve({}, allowed_model_dirs=[str(harness.tmp)])
     path = harness.script("tiny")
     r = await harness.client.post("/inferences/llamacpp/loadmodel", json={
         "model_id": "tinyllama", "llama_model_path": str(path), "ctx_len": 512, "ngl": 0,

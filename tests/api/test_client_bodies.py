@@ -106,7 +106,7 @@ async def test_ollama_bodies_without_a_json_content_type_are_served(harness: Har
     """LiteLLM 1.81.10's ``ollama/`` and ``ollama_chat/`` providers (and so aider 0.86.2) send
     JSON with no Content-Type (async: application/octet-stream); aider sends
     ``options.num_ctx`` = prompt x 1.25 + 8192, over the slot's 1,024 tokens here."""
-    await harness.start(harness.config({"gemma": {"path": str(harness.script("a"))}}))
+    await harness.serve({"gemma": {"path": str(harness.script("a"))}})
     c = harness.client
     for name, rec in _recorded(client):
         headers = {"content-type": rec["content_type"]} if rec["content_type"] else {}

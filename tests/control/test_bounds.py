@@ -52,7 +52,8 @@ async def test_router_and_worker_agree_on_zero(harness: Harness) -> None:
 
 
 async def test_a_request_that_cannot_be_encoded_takes_no_slot(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a")), "n_parallel": 1}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "n_parallel": 1}})
+    plane = harness.plane
     await harness.client.post("/models/load", json={"model": "a"})
     bad = wire.GenerateRequest(id="x", prompt="x", params=wire.SamplingParams(max_tokens=BIG))
     with pytest.raises(InvalidRequest):
@@ -61,7 +62,8 @@ async def test_a_request_that_cannot_be_encoded_takes_no_slot(harness: Harness) 
 
 
 async def test_a_failed_send_gives_the_slot_back(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a")), "n_parallel": 1}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "n_parallel": 1}})
+    plane = harness.plane
     await harness.client.post("/models/load", json={"model": "a"})
     inst = plane.pools["a"].instances[0]
 

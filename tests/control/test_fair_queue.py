@@ -138,7 +138,8 @@ async def test_priority_orders_a_keys_requests(harness: Harness) -> None:
 
 
 async def test_without_keys_the_queue_is_fifo(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a")), "n_parallel": 1}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "n_parallel": 1}})
+    plane = harness.plane
     queued = [("none", {"prompt": f"r{i}"}) for i in range(6)]
     order = await _burst(harness, plane, "none", queued)
     assert order == [f"r{i}" for i in range(6)]

@@ -49,9 +49,9 @@ async def test_another_keys_response_id_is_404(harness: Harness) -> None:
 
     # across a restart: still alice's, still nobody else's
     await harness.stop()
-    await harness.start(harness.config(
+    await harness.serve(
         {"a": {"path": str(harness.script("a"))}}, keys_file=str(harness.tmp / "keys.toml"),
-        state_dir=str(harness.tmp / "state")))
+        state_dir=str(harness.tmp / "state"))
     c = harness.client
     assert (await c.get(f"/v1/responses/{rid}", headers=alice)).json()["id"] == rid
     assert (await c.get(f"/v1/responses/{rid}", headers=mallory)).status_code == 404

@@ -1,7 +1,9 @@
 """Router test harness: a real uvicorn server in the test's event loop, fake worker processes.
 
 ``harness.script(name, **kw)`` writes a fake-worker script (see fake_worker.py) and
-returns its path, which serves as the model's ``path``.
+returns its path, which serves as the model's ``path``. ``harness.serve(models, keys=...,
+**server)`` starts the router (one fake model "a" when no models are given);
+``harness.start(cfg)`` starts it with a config made otherwise (a file's, with a loader, a store).
 """
 
 from __future__ import annotations
