@@ -62,9 +62,8 @@ def _models(model_path: Path) -> dict[str, Any]:
 
 
 async def _start(h: Harness, model_path: Path, state: Path) -> dict[str, str]:
-    secrets = write_keys_file(h.tmp / "keys.toml", alice={"scopes": ["infer", "manage"]})
-    await h.serve(_models(model_path), worker_command=None, keys_file=str(h.tmp / "keys.toml"),
-                  state_dir=str(state))
+    secrets = await h.serve(_models(model_path), keys={"alice": {"scopes": ["infer", "manage"]}}, worker_command=None,
+                            state_dir=str(state))
     return bearer(secrets["alice"])
 
 
