@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import httpx
 from support.harness import Harness, chat
-from support.keys import bearer, write_keys_file
+from support.keys import bearer
 
 from corral.api.route_table import app_routes
 from corral.api.scopes import ROUTE_SCOPES, RouteScopes
@@ -155,9 +155,7 @@ async def test_api_key_is_one_admin_key_next_to_the_file(harness: Harness) -> No
 
 
 async def test_an_empty_keys_file_refuses_everyone(harness: Harness) -> None:
-    write_keys_file(harness.tmp / "keys.toml")
-    cfg = harness.config({"a": {"path": str(harness.script("a"))}}, keys_file=str(harness.tmp / "keys.toml"))
-    await harness.start(cfg)
+    await harness.serve(keys={})
     c = harness.client
     assert (await c.get("/v1/models")).status_code == 401
     assert (await c.get("/health")).status_code == 200
