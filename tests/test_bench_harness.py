@@ -147,7 +147,7 @@ async def test_lean_client_streams_and_times_one_token_requests(tmp_path: Path) 
 
     h = Harness(tmp_path)
     try:
-        await h.start(h.config({"m": {"path": str(h.script("m", tokens=["a", "b", "c"]))}}))
+        await h.serve({"m": {"path": str(h.script("m", tokens=["a", "b", "c"]))}})
         raw: list = []
         r = await run_load_lean(h.base_url, label="lean", model="m", concurrency=2, n_requests=5, max_tokens=3,
                                 raw=raw)

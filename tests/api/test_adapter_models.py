@@ -4,7 +4,7 @@ base named, and only for the keys that see both the adapter id and its base (fak
 from __future__ import annotations
 
 from support.harness import Harness, chat
-from support.keys import bearer, write_keys_file
+from support.keys import bearer
 
 ADAPTER_BYTES = 4096
 
@@ -13,17 +13,14 @@ async def _start(harness: Harness) -> dict[str, str]:
     poet, sql = harness.tmp / "poet.gguf", harness.tmp / "sql.gguf"
     poet.write_bytes(b"\0" * ADAPTER_BYTES)
     sql.write_bytes(b"\0" * 16)
-    path = harness.tmp / "keys.toml"
-    secrets = write_keys_file(path, alice={"scopes": ["infer"], "models": ["gemma*"]},
-                              bob={"scopes": ["infer"], "models": ["gemma"]},  # the base, not the adapter
-                              carol={"scopes": ["infer"], "models": ["gemma-poet"]},  # the adapter, not the base
-                              root={"scopes": ["admin"]})
     models = {"gemma": {"path": str(harness.script("gemma")),
                         "lora": [{"id": "sql", "path": str(sql), "scale": 0.5},
                                  {"id": "poet", "path": str(poet), "scale": 0.75, "model": "gemma-poet"}]},
               "other": {"path": str(harness.script("other"))}}
-    await harness.start(harness.config(models, keys_file=str(path)))
-    return secrets
+    return await harness.serve(models, keys={"alice": {"scopes": ["infer"], "models": ["gemma*"]},
+                                             "bob": {"scopes": ["infer"], "models": ["gemma"]},  # the base, not the adapter
+                                             "carol": {"scopes": ["infer"], "models": ["gemma-poet"]},  # the adapter only
+                                             "root": {"scopes": ["admin"]}})
 
 
 async def _lists(harness: Harness, secret: str) -> dict[str, dict[str, dict]]:

@@ -14,10 +14,6 @@ from support.harness import Harness
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "clients" / "claude_code"
 
 
-async def _start(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
-
-
 def _recorded(name: str) -> tuple[str, dict[str, str], dict[str, Any]]:
     r = json.loads((FIXTURES / f"{name}.json").read_text())
     headers = {k: v for k, v in r["headers"].items() if k.lower() not in ("host", "content-length", "connection")}
@@ -25,7 +21,7 @@ def _recorded(name: str) -> tuple[str, dict[str, str], dict[str, Any]]:
 
 
 async def test_claude_code_body_reaches_the_worker(harness: Harness) -> None:
-    await _start(harness)
+    await harness.serve()
     path, headers, body = _recorded("session_b_tool_result")
     r = await harness.client.post(path, headers=headers, content=json.dumps({**body, "stream": False}))
     assert r.status_code == 200, r.text
@@ -42,7 +38,7 @@ async def test_claude_code_body_reaches_the_worker(harness: Harness) -> None:
 
 
 async def test_thinking_forms_become_reasoning_fields(harness: Harness) -> None:
-    await _start(harness)
+    await harness.serve()
     base = {"model": "a", "max_tokens": 32000, "messages": [{"role": "user", "content": "hi"}]}
     cases = [({"thinking": {"type": "enabled", "budget_tokens": 31999}}, (True, 31999, None)),
              ({"thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}}, (None, None, None)),
@@ -74,7 +70,7 @@ def _tool_turns(n: int) -> list[dict[str, Any]]:
 
 
 async def test_context_edits_clear_old_tool_results_and_thinking(harness: Harness) -> None:
-    await _start(harness)
+    await harness.serve()
     tools = [{"name": n, "input_schema": {"type": "object"}} for n in ("Read", "Bash")]
     body = {"model": "a", "max_tokens": 8, "tools": tools, "messages": _tool_turns(5), "context_management": {
         "edits": [{"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 2}},

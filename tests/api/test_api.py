@@ -33,7 +33,7 @@ async def test_chat_completion_and_alias(harness: Harness) -> None:
 
 
 async def test_streaming_chat_with_usage(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     r = await harness.client.post("/v1/chat/completions",
                                   json=chat("a", stream=True, stream_options={"include_usage": True}))
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -48,7 +48,7 @@ async def test_streaming_chat_with_usage(harness: Harness) -> None:
 
 
 async def test_completions_stream_and_not(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     r = await harness.client.post("/v1/completions", json={"model": "a", "prompt": "Once"})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Hello, world!"
     assert r.json()["object"] == "text_completion"
@@ -84,7 +84,7 @@ async def test_models_lists(harness: Harness) -> None:
 
 
 async def test_bad_input_gets_clear_4xx(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, max_body_bytes=2000))
+    await harness.serve({"a": {"path": str(harness.script("a"))}}, max_body_bytes=2000)
     c = harness.client
 
     async def err(r, status, code=None, param=None):  # noqa: ANN001, ANN202
@@ -168,7 +168,7 @@ async def test_bad_input_gets_clear_4xx(harness: Harness) -> None:
 
 
 async def test_chunked_body_over_limit_is_413(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, max_body_bytes=1000))
+    await harness.serve({"a": {"path": str(harness.script("a"))}}, max_body_bytes=1000)
 
     async def chunks():  # noqa: ANN202
         for _ in range(10):
@@ -180,7 +180,7 @@ async def test_chunked_body_over_limit_is_413(harness: Harness) -> None:
 
 
 async def test_api_key(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, api_key="sekret"))
+    await harness.serve({"a": {"path": str(harness.script("a"))}}, api_key="sekret")
     c = harness.client
     r = await c.post("/v1/chat/completions", json=chat("a"))
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
@@ -192,7 +192,7 @@ async def test_api_key(harness: Harness) -> None:
 
 
 async def test_metrics_count_requests(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     assert (await harness.client.post("/v1/chat/completions", json=chat("a"))).status_code == 200
     text = (await harness.client.get("/metrics")).text
     assert 'corral_requests_total{endpoint="chat",instance="0",model="a",status="200"} 1.0' in text
@@ -203,7 +203,7 @@ async def test_metrics_count_requests(harness: Harness) -> None:
 
 
 async def test_nitro_loadmodel_and_unloadmodel(harness: Harness) -> None:
-    await harness.start(harness.config({}, allowed_model_dirs=[str(harness.tmp)]))
+    await harness.serve({}, allowed_model_dirs=[str(harness.tmp)])
     path = harness.script("tiny")
     r = await harness.client.post("/inferences/llamacpp/loadmodel", json={
         "model_id": "tinyllama", "llama_model_path": str(path), "ctx_len": 512, "ngl": 0,
@@ -234,7 +234,7 @@ def test_router_never_imports_llama_cpp() -> None:
 
 
 async def test_error_before_first_token_keeps_its_status_when_streaming(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     for stream in (True, False):
         r = await harness.client.post("/v1/chat/completions", json=chat("a", "TOOLONG", stream=stream))
         assert r.status_code == 400, r.text
@@ -247,7 +247,7 @@ async def test_error_before_first_token_keeps_its_status_when_streaming(harness:
 
 
 async def test_unexpected_error_is_500_without_traceback(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
 
     async def broken(*a, **kw):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("secret internal detail")
@@ -294,7 +294,7 @@ class _Downloads:
 
 
 async def test_downloading_model_listed_and_unload_cancels(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     dm = _Downloads([_Pull("newmodel")])
     harness.app.state.downloads = dm
     models = {m["id"]: m for m in (await harness.client.get("/models")).json()["data"]}
@@ -326,7 +326,7 @@ async def test_every_gguf_under_models_dir_is_a_model(harness: Harness) -> None:
 
 
 async def test_requests_for_a_downloading_model(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     harness.app.state.downloads = _Downloads([_Pull("newmodel")])
     r = await harness.client.post("/v1/chat/completions", json=chat("newmodel"))
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_downloading"

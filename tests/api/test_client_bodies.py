@@ -27,7 +27,7 @@ def _body(client: str, name: str) -> dict[str, Any]:
 async def test_codex_responses_bodies_are_served(harness: Harness, name: str) -> None:
     """Codex CLI 0.171.0 (wire_api = "responses"): a ``namespace`` tool group and the hosted
     ``web_search`` tool, developer messages, ``store: false``, ``include``, streamed."""
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     body = _body("codex", name)
     async with c.stream("POST", "/v1/responses", json=body) as r:
@@ -71,7 +71,7 @@ def test_tool_calls_come_back_in_their_tools_item_types() -> None:
 
 
 async def test_background_response_runs_without_the_connection(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     r = await c.post("/v1/responses", json={"model": "a", "input": "hi", "background": True})
     assert r.status_code == 200 and r.json()["status"] == "queued", r.text
@@ -106,7 +106,7 @@ async def test_ollama_bodies_without_a_json_content_type_are_served(harness: Har
     """LiteLLM 1.81.10's ``ollama/`` and ``ollama_chat/`` providers (and so aider 0.86.2) send
     JSON with no Content-Type (async: application/octet-stream); aider sends
     ``options.num_ctx`` = prompt x 1.25 + 8192, over the slot's 1,024 tokens here."""
-    await harness.start(harness.config({"gemma": {"path": str(harness.script("a"))}}))
+    await harness.serve({"gemma": {"path": str(harness.script("a"))}})
     c = harness.client
     for name, rec in _recorded(client):
         headers = {"content-type": rec["content_type"]} if rec["content_type"] else {}

@@ -21,10 +21,6 @@ def recorded(name: str, index: int = 0) -> dict[str, Any]:
     return body
 
 
-async def _start(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
-
-
 def _params(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(name, parameters) of the body's tools, in either API's shape."""
     out = []
@@ -38,7 +34,7 @@ def _params(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
                                         ("openai_agents_responses", "/v1/responses"),
                                         ("instructor_responses_tools", "/v1/responses")])
 async def test_forced_call_with_a_format_is_constrained_by_the_call(harness: Harness, name: str, path: str) -> None:
-    await _start(harness)
+    await harness.serve()
     body = recorded(name)
     r = await harness.client.post(path, json=body)
     assert r.status_code == 200, r.text
@@ -49,7 +45,7 @@ async def test_forced_call_with_a_format_is_constrained_by_the_call(harness: Har
 
 
 async def test_format_still_checked_and_raw_constraints_still_exclusive(harness: Harness) -> None:
-    await _start(harness)
+    await harness.serve()
     body = recorded("openai_agents_chat")
     bad = json.loads(json.dumps(body))
     bad["response_format"]["json_schema"]["schema"]["properties"]["temperature_c"]["minimum"] = 0
@@ -69,7 +65,7 @@ async def test_format_still_checked_and_raw_constraints_still_exclusive(harness:
 
 
 async def test_anthropic_output_config_becomes_the_schema(harness: Harness) -> None:
-    await _start(harness)
+    await harness.serve()
     for name in ("anthropic_output_config", "anthropic_parse"):
         body = recorded(name)
         r = await harness.client.post("/v1/messages", json=body)
@@ -94,7 +90,7 @@ async def test_anthropic_output_config_becomes_the_schema(harness: Harness) -> N
      "response_format.json_schema.schema.minimum"),
 ])
 async def test_anthropic_refuses_what_it_cannot_honour(harness: Harness, extra: dict[str, Any], param: str) -> None:
-    await _start(harness)
+    await harness.serve()
     base = {"model": "a", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         r = await harness.client.post(path, json={**base, **extra})
@@ -106,7 +102,7 @@ async def test_anthropic_refuses_what_it_cannot_honour(harness: Harness, extra: 
 
 
 async def test_anthropic_accepts_descriptive_fields(harness: Harness) -> None:
-    await _start(harness)
+    await harness.serve()
     body = {"model": "a", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
             "metadata": {"user_id": "u"}, "service_tier": "auto", "inference_geo": "eu", "speed": "standard",
             "cache_control": {"type": "ephemeral"}, "user_profile_id": "p", "workspace_id": "w"}
@@ -116,7 +112,7 @@ async def test_anthropic_accepts_descriptive_fields(harness: Harness) -> None:
 
 
 async def test_a_format_without_a_forced_call_is_not_parsed_as_calls(harness: Harness) -> None:
-    await _start(harness)
+    await harness.serve()
     body = recorded("openai_agents_named_output")
     r = await harness.client.post("/v1/responses", json=body)
     assert r.status_code == 200, r.text
@@ -130,7 +126,7 @@ async def test_a_format_without_a_forced_call_is_not_parsed_as_calls(harness: Ha
 
 
 async def test_anthropic_output_config_with_a_forced_tool(harness: Harness) -> None:
-    await _start(harness)
+    await harness.serve()
     body = recorded("anthropic_output_config")
     tool = {"name": "get_temperature", "description": "The temperature in a city.",
             "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

@@ -30,7 +30,7 @@ def assert_shape(path: str, body: Any) -> None:
 
 
 async def test_malformed_bodies_get_4xx_in_each_apis_shape(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     for path in POSTS:
         for raw in BAD_BODIES:
@@ -66,7 +66,7 @@ async def test_malformed_bodies_get_4xx_in_each_apis_shape(harness: Harness) -> 
     ("/v1/responses", {"model": "a", "input": []}, "input"),
 ])
 async def test_bad_values_name_the_field(harness: Harness, path: str, body: dict[str, Any], words: str) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a")), "ctx_len": 1024}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "ctx_len": 1024}})
     r = await harness.client.post(path, json=body)
     assert r.status_code == 400, r.text
     assert_shape(path, r.json())
@@ -74,7 +74,7 @@ async def test_bad_values_name_the_field(harness: Harness, path: str, body: dict
 
 
 async def test_unknown_model_is_404_in_each_shape(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     r = await c.post("/api/chat", json={"model": "zz", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 404 and "zz" in r.json()["error"]
@@ -87,7 +87,7 @@ async def test_unknown_model_is_404_in_each_shape(harness: Harness) -> None:
 
 
 async def test_translations_reach_the_worker_as_one_wire_request(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a")), "ctx_len": 1024, "n_parallel": 2}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "ctx_len": 1024, "n_parallel": 2}})
     c = harness.client
     r = await c.post("/api/generate", json={"model": "a", "prompt": "P", "system": "S", "stream": False,
                                             "options": {"num_predict": 7, "temperature": 0.5, "top_k": 3,
@@ -134,7 +134,8 @@ async def test_queue_full_is_529_overloaded_on_anthropic_routes(harness: Harness
 
 
 async def test_streams_end_with_each_apis_terminal_event_and_abort_on_disconnect(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a")), "n_parallel": 1}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "n_parallel": 1}})
+    plane = harness.plane
     c = harness.client
     r = await c.post("/api/chat", json={"model": "a", "messages": [{"role": "user", "content": "x"}]})
     lines = [json.loads(x) for x in r.text.strip().split("\n")]
@@ -158,7 +159,8 @@ async def test_streams_end_with_each_apis_terminal_event_and_abort_on_disconnect
 
 async def test_ids_with_slash_and_colon_in_every_route(harness: Harness) -> None:
     mid = "org/model-GGUF:Q4_K_M"
-    plane = await harness.start(harness.config({mid: {"path": str(harness.script("a")), "aliases": ["m:latest"]}}))
+    await harness.serve({mid: {"path": str(harness.script("a")), "aliases": ["m:latest"]}})
+    plane = harness.plane
     c = harness.client
     assert [m["id"] for m in (await c.get("/v1/models")).json()["data"]] == [mid]
     assert [m["id"] for m in (await c.get("/models")).json()["data"]] == [mid]
@@ -183,7 +185,7 @@ async def test_ollama_num_ctx_sizes_the_chat_as_ollama_does(harness: Harness) ->
     """aider sends num_ctx = prompt x 1.25 + 8192: taken within the slot, never a 400; a chat
     over it loses its oldest turns (system and last message kept), or is refused with
     truncate: false; a context under the slot caps the tokens generated."""
-    await harness.start(harness.config({"a": {"path": str(harness.script("a")), "ctx_len": 4096, "n_parallel": 1}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "ctx_len": 4096, "n_parallel": 1}})
     c = harness.client
     turns = [{"role": "system", "content": "be brief"}]
     for i in range(6):

@@ -16,7 +16,8 @@ SLOW_CHAT = {"model": "a", "stream": True, "messages": [{"role": "user", "conten
 
 async def test_a_client_leaving_before_the_first_token_is_499_without_a_traceback(
         harness: Harness, caplog: pytest.LogCaptureFixture) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a", slow_delay_s=60))}}))
+    await harness.serve({"a": {"path": str(harness.script("a", slow_delay_s=60))}})
+    plane = harness.plane
     caplog.set_level(logging.INFO)
     for path, body in (("/v1/chat/completions", SLOW_CHAT),
                        ("/v1/chat/completions", {**SLOW_CHAT, "stream": False}),
@@ -34,7 +35,8 @@ async def test_a_client_leaving_before_the_first_token_is_499_without_a_tracebac
 
 
 async def test_headers_and_the_opening_event_come_before_the_first_token(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a", slow_delay_s=60))}}))
+    await harness.serve({"a": {"path": str(harness.script("a", slow_delay_s=60))}})
+    plane = harness.plane
     c = harness.client
     for path, body, opening in (("/v1/responses", {"model": "a", "input": "SLOW", "stream": True},
                                  b"event: response.created"),

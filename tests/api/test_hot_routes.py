@@ -20,7 +20,7 @@ def _hot_layer(app: Any) -> HotRoutes:
 
 
 async def test_hot_paths_answer_like_the_routed_paths(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     assert (await c.get("/health")).status_code == 200  # builds the middleware stack
     hot = _hot_layer(harness.app)

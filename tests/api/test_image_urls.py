@@ -83,9 +83,9 @@ async def servers() -> AsyncIterator[Callable[[str], ImageServer]]:
 
 async def start(harness: Harness, **server: Any) -> None:
     (harness.tmp / "mmproj-v.gguf").write_bytes(b"GGUF" + bytes(100))
-    await harness.start(harness.config({"v": {"path": str(harness.script("v")),
-                                              "mmproj": str(harness.tmp / "mmproj-v.gguf")}},
-                                       allow_image_urls=True, **server))
+    await harness.serve({"v": {"path": str(harness.script("v")),
+                               "mmproj": str(harness.tmp / "mmproj-v.gguf")}},
+                        allow_image_urls=True, **server)
 
 
 async def ask(harness: Harness, url: str) -> Any:

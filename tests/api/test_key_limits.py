@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from support.harness import Harness, _until, chat
-from support.keys import bearer, write_keys_file
+from support.keys import bearer
 
 from corral.control.keys.limits import Limiter, format_reset
 from corral.errors import RateLimited
@@ -19,16 +19,8 @@ from corral.config.keys_file import KeySpec
 MSG = {"model": "a", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
 
 
-async def _start(harness: Harness, server: dict[str, Any] | None = None, **keys: dict[str, Any]) -> dict[str, str]:
-    path = harness.tmp / "keys.toml"
-    secrets = write_keys_file(path, **keys)
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, keys_file=str(path),
-                                       **(server or {})))
-    return secrets
-
-
 async def test_requests_per_minute_with_headers_in_every_dialect(harness: Harness) -> None:
-    secrets = await _start(harness, o={"rpm": 2}, an={"rpm": 1}, ol={"rpm": 1})
+    secrets = await harness.serve(keys={"o": {"rpm": 2}, "an": {"rpm": 1}, "ol": {"rpm": 1}})
     c = harness.client
     h = bearer(secrets["o"])
     r1 = await c.post("/v1/chat/completions", json=chat("a"), headers=h)
@@ -63,7 +55,7 @@ async def test_requests_per_minute_with_headers_in_every_dialect(harness: Harnes
 
 
 async def test_tokens_per_minute_and_per_day(harness: Harness) -> None:
-    secrets = await _start(harness, t={"tpm": 3}, d={"tpd": 3}, root={"scopes": ["admin"]})
+    secrets = await harness.serve(keys={"t": {"tpm": 3}, "d": {"tpd": 3}, "root": {"scopes": ["admin"]}})
     c = harness.client
     h = bearer(secrets["t"])
     r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)  # 1 prompt + 2 completion tokens: its budget
@@ -85,7 +77,7 @@ async def test_tokens_per_minute_and_per_day(harness: Harness) -> None:
 
 
 async def test_concurrency_and_queue(harness: Harness) -> None:
-    secrets = await _start(harness, one={"concurrency": 1, "queue": 1}, none={"concurrency": 1, "queue": 0})
+    secrets = await harness.serve(keys={"one": {"concurrency": 1, "queue": 1}, "none": {"concurrency": 1, "queue": 0}})
     c = harness.client
     limiter = harness.plane.access.limiter
     h = bearer(secrets["one"])
@@ -112,8 +104,8 @@ async def test_concurrency_and_queue(harness: Harness) -> None:
 
 
 async def test_priority_is_bounded_by_the_keys_max(harness: Harness) -> None:
-    secrets = await _start(harness, {"api_key": "s3cret"}, low={}, high={"max_priority": 5},
-                           root={"scopes": ["admin"]})
+    secrets = await harness.serve(keys={"low": {}, "high": {"max_priority": 5}, "root": {"scopes": ["admin"]}},
+                                  api_key="s3cret")
     c = harness.client
     for body, path in ((chat("a"), "/v1/chat/completions"), (MSG, "/v1/messages"),
                        (chat("a", stream=False), "/api/chat")):
@@ -200,7 +192,7 @@ def test_token_need_bounds_what_a_request_may_use() -> None:
 
 
 async def test_a_request_holds_its_reservation_until_it_ends_and_gets_the_rest_back(harness: Harness) -> None:
-    secrets = await _start(harness, k={"tpm": 100000})
+    secrets = await harness.serve(keys={"k": {"tpm": 100000}})
     c = harness.client
     limiter = harness.plane.access.limiter
     frozen = time.time()

@@ -5,19 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from support.harness import Harness, chat
-from support.keys import bearer, write_keys_file
+from support.keys import bearer
 
 MODELS = ("gemma-small", "gemma-big", "secret-model")
 
 
 async def _start(harness: Harness) -> dict[str, str]:
-    path = harness.tmp / "keys.toml"
-    secrets = write_keys_file(path, alice={"scopes": ["infer", "manage"], "models": ["gemma-*"]},
-                              carol={"scopes": ["infer"], "models": ["best"]},  # an alias
-                              root={"scopes": ["admin"]})
     models = {m: {"path": str(harness.script(m))} for m in MODELS}
     models["secret-model"]["aliases"] = ["best"]
-    await harness.start(harness.config(models, keys_file=str(path)))
+    secrets = await harness.serve(models, keys={"alice": {"scopes": ["infer", "manage"], "models": ["gemma-*"]},
+                                                "carol": {"scopes": ["infer"], "models": ["best"]},  # an alias
+                                                "root": {"scopes": ["admin"]}})
     c = harness.client
     for m in MODELS:  # loaded, so that /api/ps lists them
         assert (await c.post("/models/load", json={"model": m}, headers=bearer(secrets["root"]))).status_code == 200

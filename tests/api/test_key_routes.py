@@ -7,21 +7,16 @@ from __future__ import annotations
 import asyncio
 
 from support.harness import Harness, chat
-from support.keys import bearer, write_keys_file
+from support.keys import bearer
 
 from corral.config.keys_file import read_keys
 
 
-async def _start(harness: Harness, **server: object) -> dict[str, str]:
-    path = harness.tmp / "keys.toml"
-    secrets = write_keys_file(path, alice={"rpm": 1}, root={"scopes": ["admin"]})
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, keys_file=str(path),
-                                       state_dir=str(harness.tmp / "state"), **server))
-    return secrets
+KEYS = {"alice": {"rpm": 1}, "root": {"scopes": ["admin"]}}
 
 
 async def test_create_use_list_and_revoke_a_key(harness: Harness) -> None:
-    secrets = await _start(harness)
+    secrets = await harness.serve(keys=KEYS, state_dir=str(harness.tmp / "state"))
     c = harness.client
     root = bearer(secrets["root"])
     r = await c.post("/keys", json={"name": "carol", "scopes": ["infer"], "models": ["a"], "tpm": 5000}, headers=root)
@@ -53,7 +48,7 @@ async def test_create_use_list_and_revoke_a_key(harness: Harness) -> None:
 
 
 async def test_an_infer_key_sees_only_its_own(harness: Harness) -> None:
-    secrets = await _start(harness)
+    secrets = await harness.serve(keys=KEYS, state_dir=str(harness.tmp / "state"))
     c = harness.client
     alice = bearer(secrets["alice"])
     assert (await c.get("/keys", headers=alice)).status_code == 403
@@ -65,7 +60,7 @@ async def test_an_infer_key_sees_only_its_own(harness: Harness) -> None:
 
 
 async def test_429s_count_in_the_usage_and_who_runs_now(harness: Harness) -> None:
-    secrets = await _start(harness)
+    secrets = await harness.serve(keys=KEYS, state_dir=str(harness.tmp / "state"))
     c = harness.client
     alice, root = bearer(secrets["alice"]), bearer(secrets["root"])
     assert (await c.post("/v1/chat/completions", json=chat("a"), headers=alice)).status_code == 200

@@ -1,18 +1,18 @@
 """Keys and scopes: every route of the app has a scope decision, and it holds.
 
 The routes come from the app itself (``app_routes(app.routes)``): a route added without
-an entry in corral.api.scopes.ROUTE_SCOPES fails here. Fake workers (router logic only).
+an entry in corral.api.route_table.ROUTES fails here. Fake workers (router logic only).
 """
 
 from __future__ import annotations
 
-from typing import Any
 
 import httpx
 from support.harness import Harness, chat
-from support.keys import bearer, write_keys_file
+from support.keys import bearer
 
-from corral.api.scopes import ROUTE_SCOPES, RouteScopes, app_routes
+from corral.api.route_table import app_routes
+from corral.api.scopes import ROUTE_SCOPES, RouteScopes
 
 JSON = {"content-type": "application/json"}
 KEYS = {"inferrer": {"scopes": ["infer"]}, "manager": {"scopes": ["manage"]},
@@ -23,14 +23,6 @@ PASSES = {"public": {None, "inferrer", "manager", "admin", "both"},
           "infer": {"inferrer", "admin", "both"},
           "manage": {"manager", "admin", "both"},
           "admin": {"admin"}}
-
-
-async def _start(harness: Harness, **server: Any) -> dict[str, str]:
-    secrets = write_keys_file(harness.tmp / "keys.toml", **KEYS)
-    cfg = harness.config({"a": {"path": str(harness.script("a"))}},
-                         keys_file=str(harness.tmp / "keys.toml"), **server)
-    await harness.start(cfg)
-    return secrets
 
 
 async def _status(c: httpx.AsyncClient, method: str, url: str, headers: dict[str, str]) -> tuple[int, str]:
@@ -107,7 +99,7 @@ def test_every_route_has_a_scope_decision(harness: Harness) -> None:
 
 
 async def test_route_by_scope_table(harness: Harness) -> None:
-    secrets = await _start(harness)
+    secrets = await harness.serve(keys=KEYS)
     c = harness.client
     table: dict[tuple[str, str], dict[str | None, int]] = {}
     for (method, path), scope in sorted(ROUTE_SCOPES.items()):
@@ -132,7 +124,7 @@ async def test_route_by_scope_table(harness: Harness) -> None:
 
 
 async def test_scope_refusals_in_each_dialect(harness: Harness) -> None:
-    secrets = await _start(harness)
+    secrets = await harness.serve(keys=KEYS)
     c = harness.client
     h = bearer(secrets["manager"])
     r = await c.post("/v1/chat/completions", json=chat("a"), headers=h)
@@ -153,7 +145,7 @@ async def test_scope_refusals_in_each_dialect(harness: Harness) -> None:
 
 
 async def test_api_key_is_one_admin_key_next_to_the_file(harness: Harness) -> None:
-    secrets = await _start(harness, api_key="s3cret")
+    secrets = await harness.serve(keys=KEYS, api_key="s3cret")
     c = harness.client
     assert (await c.post("/models/load", json={"model": "a"}, headers=bearer("s3cret"))).status_code == 200
     assert (await c.get("/metrics", headers={"x-api-key": "s3cret"})).status_code == 200
@@ -163,9 +155,7 @@ async def test_api_key_is_one_admin_key_next_to_the_file(harness: Harness) -> No
 
 
 async def test_an_empty_keys_file_refuses_everyone(harness: Harness) -> None:
-    write_keys_file(harness.tmp / "keys.toml")
-    cfg = harness.config({"a": {"path": str(harness.script("a"))}}, keys_file=str(harness.tmp / "keys.toml"))
-    await harness.start(cfg)
+    await harness.serve(keys={})
     c = harness.client
     assert (await c.get("/v1/models")).status_code == 401
     assert (await c.get("/health")).status_code == 200
@@ -182,7 +172,7 @@ def test_every_infer_route_is_admitted_as_a_model_request() -> None:
 
 
 async def test_keep_alive_needs_manage_and_an_open_server_keeps_it(harness: Harness) -> None:
-    secrets = await _start(harness)
+    secrets = await harness.serve(keys=KEYS)
     c = harness.client
     body = {"model": "a", "messages": [{"role": "user", "content": "hi"}], "stream": False, "keep_alive": -1}
     r = await c.post("/api/chat", json=body, headers=bearer(secrets["inferrer"]))
@@ -194,7 +184,7 @@ async def test_keep_alive_needs_manage_and_an_open_server_keeps_it(harness: Harn
 
 
 async def test_without_keys_keep_alive_applies(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     r = await c.post("/api/generate", json={"model": "a", "prompt": "hi", "stream": False, "keep_alive": "-1"})
     assert r.status_code == 200 and "x-corral-keep-alive-ignored" not in r.headers

@@ -40,7 +40,7 @@ async def test_samples_tokens_per_second_busy_slots_and_queue(harness: Harness) 
 
 
 async def test_stats_route_and_a_removed_model(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     rec: StatsRecorder = harness.app.state.stats
     await rec.sample()
     r = await harness.client.get("/stats")

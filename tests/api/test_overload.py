@@ -12,7 +12,7 @@ from support.harness import Harness, chat
 
 
 async def test_a_lagging_router_sheds_model_requests_before_reading_their_body(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, shed_lag_s=0.25))
+    await harness.serve({"a": {"path": str(harness.script("a"))}}, shed_lag_s=0.25)
     c = harness.client
     load = harness.app.state.load
     await load.close()  # the sampler no longer updates lag_s
@@ -44,7 +44,7 @@ async def test_a_lagging_router_sheds_model_requests_before_reading_their_body(h
 
 
 async def test_shed_lag_s_zero_never_sheds(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, shed_lag_s=0))
+    await harness.serve({"a": {"path": str(harness.script("a"))}}, shed_lag_s=0)
     c = harness.client
     await harness.app.state.load.close()
     harness.app.state.load.lag_s = 60.0

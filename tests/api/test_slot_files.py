@@ -18,7 +18,7 @@ JSON = {"content-type": "application/json"}
 async def _start(harness: Harness, models: dict[str, dict] | None = None) -> Path:
     state = harness.tmp / "state"
     models = models or {"a": {"path": str(harness.script("a")), "n_parallel": 2, "load_on_startup": True}}
-    await harness.start(harness.config(models, state_dir=str(state)))
+    await harness.serve(models, state_dir=str(state))
     for spec in models:
         r = await harness.client.post("/models/load", json={"model": spec})
         assert r.status_code == 200, r.text
@@ -95,8 +95,8 @@ async def test_errors_are_llama_servers(harness: Harness) -> None:
 
 
 async def test_a_model_not_loaded_has_no_slots(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}},
-                                       state_dir=str(harness.tmp / "state")))
+    await harness.serve({"a": {"path": str(harness.script("a"))}},
+                        state_dir=str(harness.tmp / "state"))
     r = await harness.client.post("/slots/0?action=erase")
     assert r.status_code == 400 and "not loaded" in r.json()["error"]["message"]
 

@@ -28,7 +28,7 @@ async def test_delete_a_loaded_store_model_through_the_plane(harness: Harness) -
 
 
 async def test_store_routes_without_a_store_are_404_not_500(harness: Harness) -> None:
-    await harness.start(harness.config({}))  # use_store=False: no store, no downloads
+    await harness.serve({})  # use_store=False: no store, no downloads
     c = harness.client
     for method, path in [("GET", "/models/pull/p1"), ("DELETE", "/models/pull/p1"), ("DELETE", "/models/x"),
                          ("POST", "/models/pull"), ("DELETE", "/api/delete")]:

@@ -48,8 +48,8 @@ async def start(harness: Harness, **server: Any) -> None:
     proj = harness.tmp / "proj"
     proj.mkdir(exist_ok=True)
     (proj / "mmproj-v-f16.gguf").write_bytes(b"GGUF" + bytes(1000))
-    await harness.start(harness.config({"v": {"path": str(harness.script("v")), "mmproj": "proj/mmproj-v-f16.gguf"},
-                                        "t": {"path": str(harness.script("t"))}}, **server))
+    await harness.serve({"v": {"path": str(harness.script("v")), "mmproj": "proj/mmproj-v-f16.gguf"},
+                         "t": {"path": str(harness.script("t"))}}, **server)
 
 
 def seen_messages(harness: Harness, model: str = "v") -> list[dict[str, Any]]:

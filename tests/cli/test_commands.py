@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from corral.cli.client import server_url
-from ui.server import CorralServer, free_port
+from support.serve_process import free_port
+from ui.server import CorralServer
 
 from .run import corral
 

@@ -49,8 +49,9 @@ async def _invoke(*args: str) -> Result:
 
 async def test_corral_create_from_a_model_and_from_a_local_gguf(
         harness: Harness, model_path: Path, tmp_path: Path) -> None:
-    plane = await harness.start(harness.config({"gemma": {"path": str(model_path)}}, worker_command=None,
-                                               state_dir=str(tmp_path / "state"), models_dir=str(tmp_path / "m")))
+    await harness.serve({"gemma": {"path": str(model_path)}}, worker_command=None,
+                        state_dir=str(tmp_path / "state"), models_dir=str(tmp_path / "m"))
+    plane = harness.plane
     mf = tmp_path / "Modelfile"
     mf.write_text(MODELFILE)
     r = await _invoke("create", "plumber", "-f", str(mf), "--server", harness.base_url)

@@ -30,7 +30,8 @@ async def test_huge_numbers_are_refused_before_a_slot_is_taken(harness: Harness)
                                    "temperature", "repeat_penalty",
                                    "presence_penalty"])
 async def test_every_numeric_field_is_bounded(harness: Harness, field: str) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
+    plane = harness.plane
     r = await harness.client.post("/v1/completions", json={"model": "a", "prompt": "x", field: BIG})
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     assert harness.requests_seen("a") == [] and plane.pools["a"].inflight == 0
@@ -39,7 +40,7 @@ async def test_every_numeric_field_is_bounded(harness: Harness, field: str) -> N
 async def test_router_and_worker_agree_on_zero(harness: Harness) -> None:
     """repeat_penalty 0 was accepted by the router and refused by the worker; max_tokens 0
     the other way round."""
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     r = await c.post("/v1/completions", json={"model": "a", "prompt": "x", "repeat_penalty": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "repeat_penalty"
@@ -51,7 +52,8 @@ async def test_router_and_worker_agree_on_zero(harness: Harness) -> None:
 
 
 async def test_a_request_that_cannot_be_encoded_takes_no_slot(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a")), "n_parallel": 1}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "n_parallel": 1}})
+    plane = harness.plane
     await harness.client.post("/models/load", json={"model": "a"})
     bad = wire.GenerateRequest(id="x", prompt="x", params=wire.SamplingParams(max_tokens=BIG))
     with pytest.raises(InvalidRequest):
@@ -60,7 +62,8 @@ async def test_a_request_that_cannot_be_encoded_takes_no_slot(harness: Harness) 
 
 
 async def test_a_failed_send_gives_the_slot_back(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a")), "n_parallel": 1}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "n_parallel": 1}})
+    plane = harness.plane
     await harness.client.post("/models/load", json={"model": "a"})
     inst = plane.pools["a"].instances[0]
 

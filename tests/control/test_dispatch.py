@@ -15,8 +15,9 @@ from support.harness import _until
 
 
 async def test_a_request_queued_when_its_model_is_removed_gets_404(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"b": {"path": str(harness.script("b", slow_delay_s=0.05)),
-                                                      "n_parallel": 1}}))
+    await harness.serve({"b": {"path": str(harness.script("b", slow_delay_s=0.05)),
+                               "n_parallel": 1}})
+    plane = harness.plane
     cl = harness.client
     running = asyncio.create_task(cl.post("/v1/chat/completions", json=chat("b", "SLOW")))
     await _until(lambda: plane.pools["b"].inflight == 1)
@@ -30,7 +31,8 @@ async def test_a_request_queued_when_its_model_is_removed_gets_404(harness: Harn
 
 
 async def test_a_handle_to_a_removed_model_is_not_the_model_added_again_under_its_id(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"b": {"path": str(harness.script("b"))}}))
+    await harness.serve({"b": {"path": str(harness.script("b"))}})
+    plane = harness.plane
     old = plane.pool("b")
     spec = old.spec
     await plane.remove_model("b")
@@ -44,7 +46,8 @@ async def test_a_handle_to_a_removed_model_is_not_the_model_added_again_under_it
 
 
 async def test_a_name_that_names_nothing_is_counted_once_as_unknown(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a")), "aliases": ["first"]}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "aliases": ["first"]}})
+    plane = harness.plane
     cl = harness.client
     for path, body in [("/v1/chat/completions", chat("nope")), ("/api/chat", chat("nope")),
                        ("/v1/embeddings", {"model": "nope", "input": "x"})]:

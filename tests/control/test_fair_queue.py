@@ -9,7 +9,7 @@ import httpx
 
 from corral.control.scheduling.fair_queue import FairQueue
 from support.harness import Harness, _until, chat
-from support.keys import bearer, write_keys_file
+from support.keys import bearer
 
 
 # ------------------------------------------------------------------ the queue alone
@@ -88,11 +88,8 @@ async def test_priority_within_a_key_and_aging() -> None:
 
 
 async def _start(harness: Harness, **keys: dict[str, Any]) -> tuple[dict[str, str], Any]:
-    path = harness.tmp / "keys.toml"
-    secrets = write_keys_file(path, **keys)
-    cfg = harness.config({"a": {"path": str(harness.script("a")), "n_parallel": 1}}, keys_file=str(path))
-    plane = await harness.start(cfg)
-    return secrets, plane
+    secrets = await harness.serve({"a": {"path": str(harness.script("a")), "n_parallel": 1}}, keys=keys)
+    return secrets, harness.plane
 
 
 async def _burst(harness: Harness, plane: Any, opener: str,
@@ -141,7 +138,8 @@ async def test_priority_orders_a_keys_requests(harness: Harness) -> None:
 
 
 async def test_without_keys_the_queue_is_fifo(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a")), "n_parallel": 1}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "n_parallel": 1}})
+    plane = harness.plane
     queued = [("none", {"prompt": f"r{i}"}) for i in range(6)]
     order = await _burst(harness, plane, "none", queued)
     assert order == [f"r{i}" for i in range(6)]

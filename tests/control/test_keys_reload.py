@@ -16,12 +16,9 @@ from support.keys import bearer, remove_key, rotate_key, write_keys_file
 
 
 async def _start(harness: Harness, *, sighup: bool = False) -> tuple[Path, dict[str, str]]:
-    path = harness.tmp / "keys.toml"
-    secrets = write_keys_file(path, bob={"scopes": ["infer"]}, eve={"scopes": ["infer"]})
-    cfg = harness.config({"a": {"path": str(harness.script("a", tokens=["t"] * 6, slow_delay_s=0.05))}},
-                         keys_file=str(path))
-    await harness.start(cfg, sighup=sighup)
-    return path, secrets
+    secrets = await harness.serve({"a": {"path": str(harness.script("a", tokens=["t"] * 6, slow_delay_s=0.05))}},
+                                  keys={"bob": {"scopes": ["infer"]}, "eve": {"scopes": ["infer"]}}, sighup=sighup)
+    return harness.tmp / "keys.toml", secrets
 
 
 def _replace(path: Path, text: str) -> None:

@@ -22,7 +22,8 @@ def transitions(events: list[dict]) -> list[tuple[str, str]]:
 
 
 async def test_exact_state_events_for_load_crash_restart_unload(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
+    plane = harness.plane
     seen: list[dict] = []
     async with plane.bus.subscribe() as q:
         r = await harness.client.post("/models/load", json={"model": "a"})
@@ -47,7 +48,7 @@ async def test_exact_state_events_for_load_crash_restart_unload(harness: Harness
 
 
 async def test_events_stream_over_sse(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     lines: list[dict] = []
     async with harness.client.stream("GET", "/models/events") as resp:
         assert resp.headers["content-type"].startswith("text/event-stream")
@@ -135,7 +136,7 @@ async def test_crash_while_loading_retries_then_stays_failed(harness: Harness) -
 
 
 async def test_autoload_off(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, autoload=False))
+    await harness.serve({"a": {"path": str(harness.script("a"))}}, autoload=False)
     r = await harness.client.post("/v1/chat/completions", json=chat("a"))
     assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_loaded"
     await harness.client.post("/models/load", json={"model": "a"})
@@ -156,7 +157,8 @@ async def test_unload_lets_running_request_finish(harness: Harness) -> None:
 
 
 async def test_router_shutdown_stops_workers(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a")), "instances": 2}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "instances": 2}})
+    plane = harness.plane
     await harness.client.post("/models/load", json={"model": "a"})
     pids = [i.pid for i in plane.pools["a"].instances]
     assert len(set(pids)) == 2
@@ -193,7 +195,8 @@ __all__ = ["httpx"]
 
 
 async def test_stop_during_start(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a", load_delay_s=0.5))}}))
+    await harness.serve({"a": {"path": str(harness.script("a", load_delay_s=0.5))}})
+    plane = harness.plane
     seen: list[dict] = []
     async with plane.bus.subscribe() as q:
         load = asyncio.create_task(harness.client.post("/v1/completions", json={"model": "a", "prompt": "x"}))
@@ -208,7 +211,8 @@ async def test_stop_during_start(harness: Harness) -> None:
 
 
 async def test_explicit_load_cancelled_by_an_unload_is_409(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a", load_delay_s=0.5))}}))
+    await harness.serve({"a": {"path": str(harness.script("a", load_delay_s=0.5))}})
+    plane = harness.plane
     async with plane.bus.subscribe() as q:
         load = asyncio.create_task(harness.client.post("/models/load", json={"model": "a"}))
         await wait_event(q, lambda e: e.get("new") == "starting")
@@ -283,8 +287,9 @@ async def test_restarts_metric_ignores_a_restart_that_never_happened(harness: Ha
 
 async def test_request_retries_a_crash_looping_model_after_its_backoff(harness: Harness) -> None:
     script = harness.script("c", exit_on_load=3)
-    plane = await harness.start(harness.config({"c": {"path": str(script)}}, max_restarts=0,
-                                               restart_backoff_s=0.2))
+    await harness.serve({"c": {"path": str(script)}}, max_restarts=0,
+                        restart_backoff_s=0.2)
+    plane = harness.plane
     r = await harness.client.post("/v1/chat/completions", json=chat("c"))
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
     script.write_text("{}")  # whatever made it crash has passed
@@ -294,7 +299,8 @@ async def test_request_retries_a_crash_looping_model_after_its_backoff(harness: 
 
 
 async def test_a_worker_of_another_protocol_version_fails_to_load(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a", protocol=99))}}))
+    await harness.serve({"a": {"path": str(harness.script("a", protocol=99))}})
+    plane = harness.plane
     r = await harness.client.post("/v1/chat/completions", json=chat("a"))
     assert r.status_code == 503 and "wire protocol 99" in r.json()["error"]["message"], r.text
     assert plane.pools["a"].status() == "failed"

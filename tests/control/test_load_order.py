@@ -20,7 +20,8 @@ async def _order(harness: Harness, keyed: bool) -> list[str]:
     server: dict[str, Any] = {"max_loaded_models": 1}
     if keyed:
         server["keys_file"] = str(path)
-    plane = await harness.start(harness.config(_models(harness), **server))
+    await harness.serve(_models(harness), **server)
+    plane = harness.plane
     c = harness.client
     heavy = bearer(secrets["heavy"]) if keyed else {}
     light = bearer(secrets["light"]) if keyed else {}

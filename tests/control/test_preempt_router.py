@@ -12,20 +12,18 @@ from typing import Any
 import httpx
 
 from support.harness import Harness, _until
-from support.keys import bearer, write_keys_file
+from support.keys import bearer
 
 PIECES = [f"t{i} " for i in range(24)]
 FULL = "".join(PIECES)
 
 
 async def _start(harness: Harness, keys: bool = True, **server: Any) -> tuple[dict[str, str], Any]:
-    path = harness.tmp / "keys.toml"
-    secrets = write_keys_file(path, heavy={"scopes": ["infer", "manage"]}, light={}) if keys else {}
     script = harness.script("a", tokens=PIECES, token_delay_s=0.03)
-    cfg = harness.config({"a": {"path": str(script), "n_parallel": 2}},
-                         **({"keys_file": str(path)} if keys else {}), **server)
-    plane = await harness.start(cfg)
-    return secrets, plane
+    secrets = await harness.serve({"a": {"path": str(script), "n_parallel": 2}},
+                                  keys={"heavy": {"scopes": ["infer", "manage"]}, "light": {}} if keys else None,
+                                  **server)
+    return secrets, harness.plane
 
 
 async def _stream(c: httpx.AsyncClient, secret: str | None, prompt: str, started: asyncio.Event | None = None,

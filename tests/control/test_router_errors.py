@@ -30,8 +30,9 @@ def _router_errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 async def test_a_router_error_fails_its_request_and_spares_the_worker(
         harness: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    plane = await harness.start(harness.config(
-        {"a": {"path": str(harness.script("a", slow_delay_s=0.5)), "n_parallel": 2}}))
+    await harness.serve(
+        {"a": {"path": str(harness.script("a", slow_delay_s=0.5)), "n_parallel": 2}})
+    plane = harness.plane
     c = harness.client
     assert (await c.post("/models/load", json={"model": "a"})).status_code == 200
     pool = plane.pools["a"]

@@ -67,7 +67,8 @@ async def test_disconnect_aborts_and_frees_the_slot(harness: Harness) -> None:
 
 async def test_eviction_skips_busy_model_and_takes_lru_idle(harness: Harness) -> None:
     models = {m: {"path": str(harness.script(m))} for m in ("a", "b", "c")}
-    plane = await harness.start(harness.config(models, max_loaded_models=2))
+    await harness.serve(models, max_loaded_models=2)
+    plane = harness.plane
     c = harness.client
     await c.post("/models/load", json={"model": "a"})  # a: least recently used ...
     await c.post("/models/load", json={"model": "b"})
@@ -83,7 +84,8 @@ async def test_eviction_skips_busy_model_and_takes_lru_idle(harness: Harness) ->
 
 async def test_no_room_when_all_busy_gives_503_capacity_timeout(harness: Harness) -> None:
     models = {m: {"path": str(harness.script(m))} for m in ("a", "b")}
-    plane = await harness.start(harness.config(models, max_loaded_models=1, queue_timeout_s=0.3))
+    await harness.serve(models, max_loaded_models=1, queue_timeout_s=0.3)
+    plane = harness.plane
     c = harness.client
     async with c.stream("POST", "/v1/completions", json={"model": "a", "prompt": "FOREVER", "stream": True}):
         await _until(lambda: plane.pools["a"].inflight == 1)
@@ -96,7 +98,8 @@ async def test_no_room_when_all_busy_gives_503_capacity_timeout(harness: Harness
 
 async def test_single_gpu_mode_waits_for_busy_model_then_switches(harness: Harness) -> None:
     models = {"a": {"path": str(harness.script("a", slow_delay_s=0.05))}, "b": {"path": str(harness.script("b"))}}
-    plane = await harness.start(harness.config(models, max_loaded_models=1))
+    await harness.serve(models, max_loaded_models=1)
+    plane = harness.plane
     c = harness.client
     slow = asyncio.create_task(c.post("/v1/completions", json={"model": "a", "prompt": "SLOW"}))
     await _until(lambda: plane.pools["a"].inflight == 1)
@@ -108,7 +111,8 @@ async def test_single_gpu_mode_waits_for_busy_model_then_switches(harness: Harne
 
 async def test_pinned_model_is_never_evicted(harness: Harness) -> None:
     models = {"a": {"path": str(harness.script("a")), "pinned": True}, "b": {"path": str(harness.script("b"))}}
-    plane = await harness.start(harness.config(models, max_loaded_models=1, queue_timeout_s=0.3))
+    await harness.serve(models, max_loaded_models=1, queue_timeout_s=0.3)
+    plane = harness.plane
     await harness.client.post("/models/load", json={"model": "a"})
     r = await harness.client.post("/models/load", json={"model": "b"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "capacity_timeout"
@@ -118,7 +122,8 @@ async def test_pinned_model_is_never_evicted(harness: Harness) -> None:
 async def test_memory_budget_uses_reported_sizes(harness: Harness) -> None:
     models = {"a": {"path": str(harness.script("a", model_bytes=600, kv_bytes=100))},
               "b": {"path": str(harness.script("b", model_bytes=500, kv_bytes=100))}}
-    plane = await harness.start(harness.config(models, memory_budget=1000))
+    await harness.serve(models, memory_budget=1000)
+    plane = harness.plane
     await harness.client.post("/models/load", json={"model": "a"})
     assert memory_bytes(plane.pools["a"]) == 700
     async with plane.bus.subscribe() as q:
@@ -130,7 +135,8 @@ async def test_memory_budget_uses_reported_sizes(harness: Harness) -> None:
 
 
 async def test_idle_ttl_unloads(harness: Harness) -> None:
-    plane = await harness.start(harness.config({"a": {"path": str(harness.script("a")), "ttl_s": 0.3}}))
+    await harness.serve({"a": {"path": str(harness.script("a")), "ttl_s": 0.3}})
+    plane = harness.plane
     async with plane.bus.subscribe() as q:
         assert (await harness.client.post("/v1/completions", json={"model": "a", "prompt": "x"})).status_code == 200
         loop = asyncio.get_running_loop()
@@ -204,7 +210,8 @@ async def test_many_concurrent_requests_never_exceed_slots(harness: Harness) -> 
 
 async def test_a_slow_load_does_not_hold_up_other_models(harness: Harness) -> None:
     models = {"slow": {"path": str(harness.script("slow", load_delay_s=1.0))}, "b": {"path": str(harness.script("b"))}}
-    plane = await harness.start(harness.config(models))
+    await harness.serve(models)
+    plane = harness.plane
     await harness.client.post("/models/load", json={"model": "b"})
     loading = asyncio.create_task(harness.client.post("/v1/completions", json={"model": "slow", "prompt": "x"}))
     await _until(lambda: plane.pools["slow"].status() == "loading")

@@ -47,7 +47,7 @@ def test_worker_settings_carry_every_model_setting(tmp_path: Path) -> None:
 
 
 async def test_nitro_loadmodel_checks_settings_by_its_own_names(harness: Harness) -> None:
-    await harness.start(harness.config({}, allowed_model_dirs=[str(harness.tmp)]))
+    await harness.serve({}, allowed_model_dirs=[str(harness.tmp)])
     path = harness.script("n")
     r = await harness.client.post("/inferences/llamacpp/loadmodel",
                                   json={"model_id": "n", "llama_model_path": str(path), "n_parallel": 0})

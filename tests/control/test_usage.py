@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.harness import Harness, _until, chat
-from support.keys import bearer, write_keys_file
+from support.keys import bearer
 
 from corral.control.keys.limits import utc_day
 from corral.control.keys.usage import UsageBook, state_dir
@@ -19,13 +19,10 @@ MSG = {"model": "a", "max_tokens": 5, "messages": [{"role": "user", "content": "
 
 
 async def _start(harness: Harness, **server: object) -> dict[str, str]:
-    path = harness.tmp / "keys.toml"
-    secrets = write_keys_file(path, alice={}, bob={}, root={"scopes": ["admin"]})
     models = {"a": {"path": str(harness.script("a"))}, "b": {"path": str(harness.script("b"))},
               "e": {"path": str(harness.script("e")), "embedding": True}}
-    await harness.start(harness.config(models, keys_file=str(path), state_dir=str(harness.tmp / "state"),
-                                       **server))
-    return secrets
+    return await harness.serve(models, keys={"alice": {}, "bob": {}, "root": {"scopes": ["admin"]}},
+                               state_dir=str(harness.tmp / "state"), **server)
 
 
 _OLD = ("key", "model", "day", "requests", "prompt_tokens", "completion_tokens")

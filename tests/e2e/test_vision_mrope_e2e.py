@@ -1,7 +1,7 @@
 """A Qwen2-VL model (M-RoPE images) behind the router: the openai client sends images in chat
 turns to a real worker with the tiny Qwen2-VL pair (testkit/gguf_qwen2vl.py) and real
 libmtmd. The words are meaningless (random weights); the positions are checked against libmtmd
-and llama-server elsewhere (tests/worker/test_vision_mrope.py, bench/checks/vision_mrope.py):
+and llama-server elsewhere (tests/worker/media/test_vision_mrope.py, bench/checks/vision_mrope.py):
 here, that the router's path reaches them and a cached turn answers as a cold one."""
 
 from __future__ import annotations

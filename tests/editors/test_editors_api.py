@@ -51,7 +51,7 @@ def _openai_error(r: Any, status: int = 400) -> str:
 
 
 async def test_editor_routes(harness: Harness, fim_model_path: Path, reranker_path: Path, model_path: Path) -> None:
-    await harness.start(harness.config(_models(fim_model_path, reranker_path, model_path), worker_command=None))
+    await harness.serve(_models(fim_model_path, reranker_path, model_path), worker_command=None)
     c = harness.client
 
     # ---- infill: llama.vscode's own request (it names no model: the one with FIM tokens

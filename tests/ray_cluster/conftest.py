@@ -28,6 +28,7 @@ from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from support.serve_process import serve_command, stop_process  # noqa: E402
 
 NODE_MEMORY = 2 * 1024**3
 
@@ -115,8 +116,6 @@ def cluster(nodes: Nodes) -> Nodes:
 
 import asyncio  # noqa: E402
 import json  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
 from typing import Any  # noqa: E402
 
 import httpx  # noqa: E402
@@ -155,9 +154,8 @@ class RayRouter:
         cfg.write_text(toml({"server": srv, "defaults": {"ctx_len": TEST_CTX_LEN, "n_parallel": TEST_N_PARALLEL}, "models": models}))
         self.log_path = tmp / "router.log"
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "corral.cli.main", "serve", "-c", str(cfg)],
-                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(serve_command("-c", str(cfg)), stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         self.client = httpx.AsyncClient(base_url=self.url, timeout=60)
 
     def log(self) -> str:
@@ -182,13 +180,7 @@ class RayRouter:
 
     async def stop(self) -> None:
         await self.client.aclose()
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_process(self.proc, group=True)
 
 
 class Events:

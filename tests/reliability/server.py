@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,14 +18,9 @@ from typing import Any
 
 import httpx
 
+from support.serve_process import free_port, serve_command, stop_process
 from support.waiting import until
 from testkit.model_settings import TEST_CTX_LEN, TEST_N_PARALLEL
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def toml_value(v: Any) -> str:
@@ -80,9 +73,8 @@ class RouterProcess:
 
     def start(self, timeout: float = 60.0) -> "RouterProcess":
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "corral.cli.main", "serve", "-c", str(self.config_path),
-                 "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT, env=self.env)
+            self.proc = subprocess.Popen(serve_command("-c", str(self.config_path), "--log-level", "warning"),
+                                         stdout=out, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout
         while True:
             assert self.proc.poll() is None, f"router exited: {self.log.read_text()[-2000:]}"
@@ -114,14 +106,8 @@ class RouterProcess:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc)
 
 
 def wait_until(pred: Any, timeout: float, what: str, interval: float = 0.1) -> None:

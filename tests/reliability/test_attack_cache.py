@@ -92,8 +92,8 @@ async def start(h: Harness, model_path: Path, *, groups: dict[str, str] | None =
     specs = {n: {"scopes": ["infer", "manage"], **({"cache_group": groups[n]} if groups and n in groups else {})}
              for n in ("alice", "bob", "mallory")}
     secrets = write_keys_file(path, **specs)
-    await h.start(h.config(models(model_path, n_parallel=n_parallel), worker_command=None, keys_file=str(path),
-                           state_dir=str(h.tmp / "state"), **server))
+    await h.serve(models(model_path, n_parallel=n_parallel), worker_command=None, keys_file=str(path),
+                  state_dir=str(h.tmp / "state"), **server)
     return {n: bearer(s) for n, s in secrets.items()}
 
 
@@ -148,7 +148,7 @@ async def test_another_cache_salt_of_the_same_key_does_not_share(harness: Harnes
 
 
 async def test_a_server_without_keys_shares_as_before(harness: Harness, model_path: Path) -> None:
-    await harness.start(harness.config(models(model_path), worker_command=None, state_dir=str(harness.tmp / "s")))
+    await harness.serve(models(model_path), worker_command=None, state_dir=str(harness.tmp / "s"))
     _, n_prompt = await ask(harness, {}, SECRET)
     again, _ = await ask(harness, {}, SECRET)
     assert again > n_prompt // 2
@@ -207,7 +207,7 @@ async def _alice_slot(c: httpx.AsyncClient, who: dict[str, str]) -> int:
 @pytest.mark.parametrize("salt", [7, ["a"], "", "x" * 257])
 async def test_a_bad_cache_salt_is_a_400_in_the_dialects_shape(harness: Harness, url: str, body: dict[str, Any],
                                                                shape: str, salt: Any) -> None:
-    await harness.start(harness.config({"m": {"path": str(harness.script("m"))}}))
+    await harness.serve({"m": {"path": str(harness.script("m"))}})
     r = await harness.client.post(url, json={"model": "m", **body, "cache_salt": salt})
     assert r.status_code == 400, r.text
     err = r.json()

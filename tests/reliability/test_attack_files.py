@@ -62,9 +62,8 @@ def _models(model_path: Path) -> dict[str, Any]:
 
 
 async def _start(h: Harness, model_path: Path, state: Path) -> dict[str, str]:
-    secrets = write_keys_file(h.tmp / "keys.toml", alice={"scopes": ["infer", "manage"]})
-    await h.start(h.config(_models(model_path), worker_command=None, keys_file=str(h.tmp / "keys.toml"),
-                           state_dir=str(state)))
+    secrets = await h.serve(_models(model_path), keys={"alice": {"scopes": ["infer", "manage"]}}, worker_command=None,
+                            state_dir=str(state))
     return bearer(secrets["alice"])
 
 
@@ -170,8 +169,8 @@ async def test_a_crafted_cache_file_is_dropped_and_the_model_loads(harness: Harn
 
 async def test_a_failed_load_answers_its_reason_without_the_workers_log(harness: Harness, model_path: Path) -> None:
     crash = [sys.executable, "-c", "import corral.worker.not_installed"]  # a broken install: a traceback, exit 1
-    await harness.start(harness.config(_models(model_path), worker_command=crash,
-                                       state_dir=str(harness.tmp / "state")))
+    await harness.serve(_models(model_path), worker_command=crash,
+                        state_dir=str(harness.tmp / "state"))
     c = harness.client
     r = await c.post("/v1/completions", json={"model": "m", "prompt": "Hi", "max_tokens": 1})
     assert r.status_code == 503, r.text
@@ -183,7 +182,7 @@ async def test_a_failed_load_answers_its_reason_without_the_workers_log(harness:
 
 
 async def test_no_request_schema_names_a_source_file(harness: Harness, model_path: Path) -> None:
-    await harness.start(harness.config(_models(model_path)))
+    await harness.serve(_models(model_path))
     c = harness.client
     r = await c.get("/openapi.json")
     assert r.status_code == 200

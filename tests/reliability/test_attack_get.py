@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral.api.scopes import app_routes
+from corral.api.route_table import app_routes
 from corral.events import Event, EventName
 from support.harness import Harness, chat
 
@@ -56,8 +56,8 @@ async def test_no_get_or_head_route_loads_unloads_or_evicts(harness: Harness, ev
 
 
 async def test_tokenizer_info_of_a_model_not_loaded_says_so(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))},
-                                        "b": {"path": str(harness.script("b"))}}, max_loaded_models=1))
+    await harness.serve({"a": {"path": str(harness.script("a"))},
+                         "b": {"path": str(harness.script("b"))}}, max_loaded_models=1)
     c = harness.client
     assert (await c.post("/v1/chat/completions", json=chat("a"))).status_code == 200
     async with harness.plane.bus.subscribe() as q:

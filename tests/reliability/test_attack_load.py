@@ -72,8 +72,8 @@ async def _start_vision(harness: Harness, **server: Any) -> None:
     proj = harness.tmp / "proj"
     proj.mkdir(exist_ok=True)
     (proj / "mmproj-v-f16.gguf").write_bytes(b"GGUF" + bytes(1000))
-    await harness.start(harness.config({"v": {"path": str(harness.script("v")),
-                                              "mmproj": "proj/mmproj-v-f16.gguf"}}, **server))
+    await harness.serve({"v": {"path": str(harness.script("v")),
+                               "mmproj": "proj/mmproj-v-f16.gguf"}}, **server)
 
 
 def _generated(harness: Harness) -> list[dict[str, Any]]:

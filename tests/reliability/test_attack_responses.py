@@ -7,21 +7,16 @@ from __future__ import annotations
 import stat
 
 from support.harness import Harness
-from support.keys import bearer, write_keys_file
+from support.keys import bearer
 
 from corral.api.openai.responses_store import RESPONSES_DB
 
 
-async def _start(harness: Harness) -> dict[str, str]:
-    path = harness.tmp / "keys.toml"
-    secrets = write_keys_file(path, alice={"scopes": ["infer"]}, mallory={"scopes": ["infer"]})
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, keys_file=str(path),
-                                       state_dir=str(harness.tmp / "state")))
-    return secrets
+KEYS = {"alice": {"scopes": ["infer"]}, "mallory": {"scopes": ["infer"]}}
 
 
 async def test_another_keys_response_id_is_404(harness: Harness) -> None:
-    secrets = await _start(harness)
+    secrets = await harness.serve(keys=KEYS, state_dir=str(harness.tmp / "state"))
     c = harness.client
     alice, mallory = bearer(secrets["alice"]), bearer(secrets["mallory"])
     r = await c.post("/v1/responses", json={"model": "a", "input": "SECRET plan"}, headers=alice)
@@ -54,9 +49,9 @@ async def test_another_keys_response_id_is_404(harness: Harness) -> None:
 
     # across a restart: still alice's, still nobody else's
     await harness.stop()
-    await harness.start(harness.config(
+    await harness.serve(
         {"a": {"path": str(harness.script("a"))}}, keys_file=str(harness.tmp / "keys.toml"),
-        state_dir=str(harness.tmp / "state")))
+        state_dir=str(harness.tmp / "state"))
     c = harness.client
     assert (await c.get(f"/v1/responses/{rid}", headers=alice)).json()["id"] == rid
     assert (await c.get(f"/v1/responses/{rid}", headers=mallory)).status_code == 404

@@ -33,9 +33,9 @@ def _script(path: Path) -> Path:
 async def test_an_infer_key_cannot_unload_or_pin_a_shared_model(harness: Harness) -> None:
     path = harness.tmp / "keys.toml"
     secrets = write_keys_file(path, user={"scopes": ["infer"]}, ops={"scopes": ["infer", "manage"]})
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))},
-                                        "e": {"path": str(harness.script("e")), "embedding": True}},
-                                       keys_file=str(path)))
+    await harness.serve({"a": {"path": str(harness.script("a"))},
+                         "e": {"path": str(harness.script("e")), "embedding": True}},
+                        keys_file=str(path))
     c = harness.client
     user, ops = bearer(secrets["user"]), bearer(secrets["ops"])
     pool = harness.plane.pools["a"]
@@ -77,7 +77,7 @@ async def test_a_manage_key_cannot_take_over_names_it_cannot_see(harness: Harnes
     models = {"gemma": {"path": str(harness.script("gemma")),
                         "lora": [{"id": "poet", "path": str(adapter), "scale": 0.5, "model": "gemma-poet"}]},
               "private": {"path": str(harness.script("private"))}}
-    await harness.start(harness.config(models, keys_file=str(path), allowed_model_dirs=[str(nitro_file.parent)]))
+    await harness.serve(models, keys_file=str(path), allowed_model_dirs=[str(nitro_file.parent)])
     c = harness.client
     m = bearer(secrets["mallory"])
     # the adapter model's id, bare or with :latest: 409 in Ollama's shape
@@ -145,7 +145,7 @@ async def test_tokenizer_info_loads_nothing_and_is_admitted_like_every_model_req
     instance's report alone: no load, no worker asked (issue 45); the key's limits still apply."""
     path = harness.tmp / "keys.toml"
     secrets = write_keys_file(path, one={"concurrency": 1, "queue": 0})
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, keys_file=str(path)))
+    await harness.serve({"a": {"path": str(harness.script("a"))}}, keys_file=str(path))
     c = harness.client
     pool = harness.plane.pools["a"]
     h = bearer(secrets["one"])

@@ -97,7 +97,7 @@ def test_key_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 async def test_cross_site_requests_are_refused(harness: Harness) -> None:
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}))
+    await harness.serve()
     c = harness.client
     base = harness.base_url
     # a form/text POST from a web page: no preflight in the browser, so the server refuses it
@@ -212,7 +212,7 @@ async def test_nitro_failed_load_is_a_4xx_and_leaves_nothing(harness: Harness, t
     bad = fake_gguf(harness, allowed / "bad.gguf", load_fail="bad magic b'root' in /secret/file",
                     stderr=["first caller's secret log line"])
     bad2 = fake_gguf(harness, allowed / "bad2.gguf", load_fail="unsupported thing")
-    await harness.start(harness.config({}, allowed_model_dirs=[str(allowed)]))
+    await harness.serve({}, allowed_model_dirs=[str(allowed)])
     c = harness.client
     r = await c.post("/inferences/llamacpp/loadmodel", json={"model_id": "m", "llama_model_path": str(bad)})
     assert r.status_code == 400 and r.json()["error"]["code"] == "model_load_failed", r.text
@@ -264,7 +264,7 @@ async def test_pull_targets_stay_in_the_models_dir(harness: Harness, tmp_path: P
 
 async def test_logs_are_owner_only(harness: Harness, tmp_path: Path) -> None:
     logs = tmp_path / "new" / "logs"
-    await harness.start(harness.config({"a": {"path": str(harness.script("a"))}}, log_dir=str(logs)))
+    await harness.serve({"a": {"path": str(harness.script("a"))}}, log_dir=str(logs))
     assert (await harness.client.post("/models/load", json={"model": "a"})).status_code == 200
     assert stat.S_IMODE(logs.stat().st_mode) == 0o700
     files = list(logs.iterdir())

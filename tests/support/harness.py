@@ -1,7 +1,9 @@
 """Router test harness: a real uvicorn server in the test's event loop, fake worker processes.
 
 ``harness.script(name, **kw)`` writes a fake-worker script (see fake_worker.py) and
-returns its path, which serves as the model's ``path``.
+returns its path, which serves as the model's ``path``. ``harness.serve(models, keys=...,
+**server)`` starts the router (one fake model "a" when no models are given);
+``harness.start(cfg)`` starts it with a config made otherwise (a file's, with a loader, a store).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from corral.api.app import create_app
 from corral.config.file import CorralConfig, config_from_dict
 from corral.events import Event
 from corral.control.plane import ControlPlane
+from support.keys import write_keys_file
 from support.waiting import until_async
 from testkit.model_settings import TEST_CTX_LEN, TEST_N_PARALLEL
 
@@ -84,6 +87,22 @@ class Harness:
         self.base_url = f"http://127.0.0.1:{port}"
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=30)
         return self.plane
+
+    async def serve(self, models: dict[str, dict[str, Any]] | None = None, *,
+                    keys: dict[str, dict[str, Any]] | None = None, sighup: bool = False,
+                    **server: Any) -> dict[str, str]:
+        """Start serving ``models`` (None: one fake model, "a") under ``server``'s settings, with
+        a keys file (``tmp/keys.toml``) of ``keys`` (name -> its KeySpec fields) where given;
+        each key's secret by name. ``sighup``: SIGHUP reloads, as in ``corral serve``."""
+        secrets: dict[str, str] = {}
+        if keys is not None:
+            path = self.tmp / "keys.toml"
+            secrets = write_keys_file(path, **keys)
+            server = {"keys_file": str(path), **server}
+        if models is None:
+            models = {"a": {"path": str(self.script("a"))}}
+        await self.start(self.config(models, **server), sighup=sighup)
+        return secrets
 
     @property
     def client(self) -> httpx.AsyncClient:

@@ -8,22 +8,15 @@ ends it with SIGTERM (its workers go with it).
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import httpx
 
+from support.serve_process import free_port, serve_command, stop_process
+
 SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -47,8 +40,8 @@ class CorralServer:
         self.models_dir.mkdir(parents=True, exist_ok=True)
         self.log: list[str] = []
         self._started = threading.Event()
-        cmd = [sys.executable, "-m", "corral.cli.main", "serve", "--port", str(self.port),
-               "--models-dir", str(self.models_dir), "--ctx-len", "2048", "--n-parallel", "2", *args]
+        cmd = serve_command("--port", str(self.port), "--models-dir", str(self.models_dir), "--ctx-len", "2048",
+                            "--n-parallel", "2", *args)
         if api_key:
             cmd += ["--api-key", api_key]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -76,11 +69,5 @@ class CorralServer:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
         self._reader.join(5)

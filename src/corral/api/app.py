@@ -52,7 +52,8 @@ from corral.api.guard import GuardMiddleware
 from corral.api.overload import LoadMonitor, freeze_startup_objects
 from corral.api.http import error_response, invalid_request, path_policy
 from corral.api.hot_routes import HotRoutes
-from corral.api.scopes import RouteScopes, app_routes
+from corral.api.route_table import app_routes
+from corral.api.scopes import RouteScopes
 from corral.api.openapi_doc import document_request_bodies
 from corral.config.file import CorralConfig, ServerConfig
 from corral.control.keys.access import Access
@@ -201,8 +202,7 @@ def create_app(config: CorralConfig, *, config_loader: Callable[[], CorralConfig
         plane = getattr(app.state, "router", None)
         return plane.config.server if plane is not None else config.server
 
-    hot = [openai_routes.router, ollama_routes.router, anthropic_routes.router, responses_routes.router]
-    app.add_middleware(HotRoutes, fastapi_app=app, routers=hot)  # inside the guard: added first
+    app.add_middleware(HotRoutes, fastapi_app=app)  # inside the guard: added first
     def access() -> Access | None:
         plane = getattr(app.state, "router", None)
         return plane.access if plane is not None else None

@@ -1,8 +1,8 @@
 """The generation routes, reached without Starlette's routing layers.
 
-A request to ``POST /v1/completions`` (and the other paths in ``HOT_PATHS``) goes
-through the guard and then straight to its endpoint function: no route matching over
-every route, no dependency solving, no exception-middleware and exit-stack wrappers
+A request to ``POST /v1/completions`` (and the other routes ``corral.api.route_table``
+marks hot, ``HOT_PATHS``) goes through the guard and then straight to its endpoint
+function: no route matching over every route, no dependency solving, no exception-middleware and exit-stack wrappers
 (about a third of the router's CPU for a 1-token request, measured with py-spy). The
 endpoint is the very function FastAPI registered (so /openapi.json, the route list
 and any request that misses this layer are unchanged), called with a Starlette
@@ -19,34 +19,33 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from corral.api.route_table import ROUTES, served
+
 __all__ = ["HOT_PATHS", "HotRoutes"]
 
-HOT_PATHS = frozenset({
-    "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-    "/v1/messages", "/v1/responses", "/api/chat", "/api/generate",
-})
+# the routes the table marks hot (corral.api.route_table.ROUTES): POST only
+HOT_PATHS = frozenset(path for (method, path), route in ROUTES.items() if route.hot and method == "POST")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 Handler = Callable[[Request, Exception], Any]
 
 
 class HotRoutes:
-    def __init__(self, app: ASGIApp, fastapi_app: FastAPI, routers: list[APIRouter]) -> None:
-        """``routers``: the routers ``fastapi_app`` includes without a prefix."""
+    def __init__(self, app: ASGIApp, fastapi_app: FastAPI) -> None:
+        """Built with the middleware stack, once every route of ``fastapi_app`` is in."""
         self.app = app
         self._fastapi = fastapi_app
         self.endpoints: dict[str, Endpoint] = {}
-        for router in routers:
-            for route in router.routes:
-                if (isinstance(route, APIRoute) and route.path in HOT_PATHS and "POST" in (route.methods or ())
-                        and _takes_only_request(route)):
-                    self.endpoints.setdefault(route.path, route.endpoint)
+        for path, route in served(fastapi_app.routes):
+            if (isinstance(route, APIRoute) and path in HOT_PATHS and "POST" in (route.methods or ())
+                    and _takes_only_request(route)):
+                self.endpoints.setdefault(path, route.endpoint)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -5,7 +5,8 @@ it and never on each other; it imports nothing else of corral but ``corral.model
 ``wire.GenerateRequest``: this package re-exports every type of its modules, one a topic:
 
     requests    GenerateRequest, EmbedRequest, TokenizeRequest, Abort (and their parts:
-                ChatMessage, SamplingParams, ToolCall; the bounds check ``invalid_field``)
+                ChatMessage, SamplingParams, ToolCall; the bounds check ``invalid_field``; a
+                dialect's body read as SamplingParams: ``sampling_from``, ``spelled``)
     answers     Delta, Finished, RequestFailed, Embeddings, Tokenized (Usage, Timings, logprobs)
     lifecycle   WorkerSettings, Loading, Ready, LoadFailed, StatsRequest, Stats, Shutdown
     model       ModelInfo, DraftInfo (``Ready.info``)
@@ -76,11 +77,12 @@ from corral.wire.lora import LoraAdapterInfo, LoraScale
 from corral.wire.model import DraftInfo, ModelInfo, SlotPlan
 from corral.wire.preempt import Paused, Preempt, Resume
 from corral.wire.requests import (MEDIA_MARKER, Abort, ChatMessage, EmbedRequest, GenerateRequest, PromptFormat,
-                                  SamplingParams, SamplingValues, TokenizeRequest, ToolCall, invalid_field)
+                                  SamplingParams, SamplingValues, TokenizeRequest, ToolCall, invalid_field, sampling_from,
+                                  spelled)
 from corral.wire.slots import SlotFileAction, SlotFileDone, SlotFileError, SlotFileVerb, filename_problem
 
 __all__ = [
-    "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams", "SamplingValues", "PromptFormat", "MEDIA_MARKER",
+    "PROTOCOL_VERSION", "WorkerSettings", "ChatMessage", "ToolCall", "SamplingParams", "SamplingValues", "spelled", "sampling_from", "PromptFormat", "MEDIA_MARKER",
     "invalid_field", "GenerateRequest", "EmbedRequest", "Abort", "StatsRequest", "Shutdown",
     "Loading", "ModelInfo", "DraftInfo", "SlotPlan", "TokenizerInfo", "DeviceInfo", "DevicePlan", "DevicePlacement", "BufferSize",
     "FitPlan", "host_and_gpu_bytes", "Ready", "LoadFailed", "Delta",

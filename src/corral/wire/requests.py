@@ -21,7 +21,7 @@ from corral.model.settings import (INT32_MAX, SAMPLING_BUILTIN, SAMPLING_KEYS, B
 from corral.wire.editors import Infill
 from corral.wire.lora import LoraScale
 
-__all__ = ["ToolCall", "MEDIA_MARKER", "ChatMessage", "INT64_MIN", "INT64_MAX", "SamplingParams", "SamplingValues", "PromptFormat", "invalid_field",
+__all__ = ["ToolCall", "MEDIA_MARKER", "ChatMessage", "INT64_MIN", "INT64_MAX", "SamplingParams", "SamplingValues", "spelled", "sampling_from", "PromptFormat", "invalid_field",
            "GenerateRequest", "TokenizeRequest", "EmbedRequest", "Abort"]
 
 
@@ -97,6 +97,23 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         return SamplingValues(**{k: SAMPLING_BUILTIN[k] if v is None else v for k, v in got.items()},
                               max_tokens=self.max_tokens, seed=self.seed, ignore_eos=self.ignore_eos,
                               logit_bias=self.logit_bias)
+
+
+def spelled(spelling: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each field of ``SamplingParams`` -> its name in a dialect's request body: the one name
+    list of every dialect. ``spelling`` maps the fields a dialect names otherwise (Ollama's
+    ``num_predict`` for ``max_tokens``); every other field keeps the wire's name."""
+    return {f: (spelling or {}).get(f, f) for f in SamplingParams.__struct_fields__}
+
+
+def sampling_from(body: Mapping[str, Any], spelling: Mapping[str, str] | None = None,
+                  **converted: Any) -> SamplingParams:
+    """A request body's sampling (``body``: its fields, e.g. ``vars(model)``): every field of
+    ``SamplingParams`` the body sets (not None) under its dialect's name (``spelled``), then
+    ``converted``, which win: the fields a dialect does not carry as the wire does (a ``stop``
+    string, -1 for "no limit", logit bias keyed by text). Bounds: ``invalid_field``."""
+    given = {f: v for f, name in spelled(spelling).items() if (v := body.get(name)) is not None}
+    return SamplingParams(**{**given, **converted})
 
 
 class SamplingValues(msgspec.Struct, frozen=True, kw_only=True):

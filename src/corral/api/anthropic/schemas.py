@@ -334,14 +334,8 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest):
             raise InvalidRequest("stop_sequences: stop sequences must not be empty", param="stop_sequences")
 
     def sampling(self) -> wire.SamplingParams:
-        kw: dict[str, Any] = {}
-        for name in ("temperature", "top_p", "top_k"):
-            v = getattr(self, name)
-            if v is not None:
-                kw[name] = v
-        return wire.SamplingParams(max_tokens=self.max_tokens,
-                                   stop=None if self.stop_sequences is None else list(self.stop_sequences),
-                                   ignore_eos=self.ignore_eos, **kw)
+        """The wire's fields under their own names, and ``stop_sequences``."""
+        return wire.sampling_from(vars(self), stop=None if self.stop_sequences is None else list(self.stop_sequences))
 
 
 def stop_reason(finish_reason: str, stop_string: str | None,

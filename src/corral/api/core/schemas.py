@@ -68,13 +68,6 @@ MAX_CACHE_SALT_CHARS = 256
 CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS, strict=True)]
 
 
-# the sampling knobs a request body may carry under these names (OpenAI's and llama-server's);
-# each one it leaves out is the model's default (corral.control.generation_defaults)
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
-                   "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length",
-                   "dry_penalty_last_n", "dry_sequence_breakers", "seed")
-
-
 class SamplingFields(BaseModel):
     """The sampling fields chat and completions share (and their checks)."""
     model_config = _LENIENT
@@ -152,15 +145,11 @@ class SamplingFields(BaseModel):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def sampling(self) -> wire.SamplingParams:
-        kw: dict[str, Any] = {}
-        for name in SAMPLING_FIELDS:
-            v = getattr(self, name)
-            if v is not None:
-                kw[name] = v
-        # bounds: checked once for the whole request (api/core/generation.py's check_bounds)
-        return wire.SamplingParams(max_tokens=self.max_new_tokens(),
-                                   stop=None if self.stop is None else self.stop_list(),
-                                   ignore_eos=self.ignore_eos, logit_bias=self.token_bias(), **kw)
+        """The wire's fields under their own names (OpenAI's and llama-server's); each knob left
+        out is the model's default (corral.control.generation_defaults). Bounds: checked once
+        for the whole request (api/core/generation.py's check_bounds)."""
+        return wire.sampling_from(vars(self), max_tokens=self.max_new_tokens(),
+                                  stop=None if self.stop is None else self.stop_list(), logit_bias=self.token_bias())
 
     @property
     def include_usage(self) -> bool:

@@ -23,7 +23,7 @@ from corral.api.core.dialect import Generation, Outcome, TextEvent, run_generati
 from corral.api.core.generation import GenerationSpec
 from corral.api.core.schemas import parse_body
 from corral.api.http import json_response, plane_of, sse_data, sse_stream
-from corral.api.llamacpp.schemas import InfillBody, model_that
+from corral.api.llamacpp.schemas import SPELLING, InfillBody, model_that
 from corral.api.openai.routes import timings_body
 from corral.control.generation_defaults import sampling_defaults
 from corral.errors import CorralError
@@ -71,7 +71,7 @@ async def infill(request: Request) -> Response:
     req = wire.GenerateRequest(id=rid, prompt=body.prompt, params=params, infill=body.infill(), lora=lora,
                                t_max_predict_ms=body.t_max_predict_ms)
     spec = GenerationSpec(model, "infill", rid, [req], prefix=body.input_prefix or body.input_suffix,
-                          cache_salt=body.cache_salt, field_names={"params.max_tokens": "n_predict"})
+                          cache_salt=body.cache_salt, field_names={f"params.{f}": name for f, name in SPELLING.items()})
     gen = await run_generation(request, spec, stream=body.stream)
     if spec.target is not None:  # the settings it ran with: the model's defaults where it gave none
         params = params.over(sampling_defaults(spec.target.pool.spec))

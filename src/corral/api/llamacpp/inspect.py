@@ -27,7 +27,7 @@ from corral.api.core.submit import observe, submit
 from corral.api.core.target import resolve
 from corral.api.core.schemas import parse_body
 from corral.api.http import invalid_request, json_response, plane_of
-from corral.api.llamacpp.schemas import ApplyTemplateBody, model_for
+from corral.api.llamacpp.schemas import SPELLING, ApplyTemplateBody, model_for
 from corral.control.capabilities import can
 from corral.control.generation_defaults import in_force
 from corral.control.scheduling.pool import ModelPool
@@ -47,8 +47,8 @@ def generation_settings(spec: ModelSettings) -> dict[str, Any]:
     ``default_generation_settings`` (``n_predict`` -1: no limit; ``seed`` -1: random)."""
     g = in_force(spec)
     out = {k: g[k] for k in SAMPLING_KEYS}
-    out.update(n_predict=-1 if g["max_tokens"] is None else g["max_tokens"],
-               seed=-1 if g["seed"] is None else g["seed"], chat_template_kwargs=g["chat_template_kwargs"])
+    out[SPELLING["max_tokens"]] = -1 if g["max_tokens"] is None else g["max_tokens"]
+    out.update(seed=-1 if g["seed"] is None else g["seed"], chat_template_kwargs=g["chat_template_kwargs"])
     return out
 
 

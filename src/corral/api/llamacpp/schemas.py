@@ -20,7 +20,7 @@ from corral.control.capabilities import can
 from corral.control.plane import ControlPlane
 from corral.errors import InvalidRequest
 
-__all__ = ["BODIES", "ApplyTemplateBody", "InfillBody", "InfillChunkBody", "RerankBody", "model_for", "model_that"]
+__all__ = ["BODIES", "SPELLING", "ApplyTemplateBody", "InfillBody", "InfillChunkBody", "RerankBody", "model_for", "model_that"]
 
 _LENIENT = ConfigDict(extra="ignore")
 
@@ -40,6 +40,10 @@ async def model_that(plane: ControlPlane, name: str | None, task: Literal["infil
     which = f"several can ({', '.join(sorted(able))})" if able else "none of them can"
     raise InvalidRequest(f"model: required field is missing: more than one model is configured and {which} "
                          f"{'fill in the middle' if task == 'infill' else 'rerank'}", param="model")
+
+
+# llama-server's names of the wire.SamplingParams fields it names otherwise (its bodies, /props)
+SPELLING = {"max_tokens": "n_predict"}
 
 
 class InfillChunkBody(BaseModel):
@@ -95,16 +99,12 @@ class InfillBody(BaseModel):
                            n_indent=self.n_indent)
 
     def sampling(self) -> wire.SamplingParams:
+        """The wire's fields under llama-server's names (``SPELLING``; ``max_tokens`` too); -1
+        is no limit (``n_predict``) and a random seed. Bounds: checked once for the whole
+        request (api/core/generation.py's check_bounds)."""
         n = self.n_predict if self.n_predict is not None else self.max_tokens
-        kw: dict[str, Any] = {k: getattr(self, k) for k in (
-            "temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
-            "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length",
-            "dry_penalty_last_n", "dry_sequence_breakers") if getattr(self, k) is not None}
-        if self.seed is not None and self.seed >= 0:  # llama-server: -1 is a random seed
-            kw["seed"] = self.seed
-        # bounds: checked once for the whole request (api/core/generation.py's check_bounds)
-        return wire.SamplingParams(max_tokens=None if n is None or n < 0 else n, stop=self.stop,
-                                   ignore_eos=self.ignore_eos, **kw)
+        seed = self.seed if self.seed is not None and self.seed >= 0 else None
+        return wire.sampling_from(vars(self), SPELLING, max_tokens=None if n is None or n < 0 else n, seed=seed)
 
 
 class RerankBody(BaseModel):

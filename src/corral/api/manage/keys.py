@@ -17,6 +17,7 @@ revoked key stops at once. Without a keys file: 409 (the single ``--api-key`` is
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,7 @@ async def revoke_key(request: Request, name: str) -> Response:
     return json_response({"name": name, "revoked": True})
 
 
-async def _write(request: Request, edit: Any) -> None:
+async def _write(request: Request, edit: Callable[[], None]) -> None:
     async with _edit:
         try:
             await asyncio.to_thread(edit)

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import State
 from starlette.responses import Response, StreamingResponse
 
 from corral.api.core.schemas import parse_body
@@ -61,7 +62,7 @@ class CreateBody(BaseModel):
 
 
 
-def open_created(app_state: Any, configured_dir: Path | None) -> None:
+def open_created(app_state: State, configured_dir: Path | None) -> None:
     """Called by the app's lifespan: the created models' file in ``state_dir``."""
     app_state.created = CreatedModels(state_dir(configured_dir))
 

@@ -32,7 +32,7 @@ from corral.model import reasoning_format
 from corral.model.settings import SAMPLING_KEYS, ModelSettings
 from corral.api.core.adapter_models import AdapterModel, adapter_file_size, adapter_models, find_adapter_model
 from corral.api.http import created_of, downloads_of, json_response, ndjson_line, plane_of, store_of
-from corral.api.ollama.schemas import OllamaCopyRequest, OllamaModelRequest, OllamaPullRequest
+from corral.api.ollama.schemas import SPELLING, OllamaCopyRequest, OllamaModelRequest, OllamaPullRequest
 from corral.api.core.schemas import parse_body
 from corral.api.manage.store import remove_from_store
 from corral.events import Event
@@ -164,8 +164,8 @@ def _sizes(pool: ModelPool) -> tuple[int, int]:
     return size, size if on_gpu else 0
 
 
-# the model settings Ollama's PARAMETER lines name otherwise
-_OLLAMA_NAMES = {"default_max_tokens": "num_predict"}
+# the model settings Ollama's PARAMETER lines name otherwise (the token limit as its options do)
+_OLLAMA_NAMES = {"default_max_tokens": SPELLING["max_tokens"]}
 
 
 def _license(request: Request, model_id: str) -> list[str]:

@@ -29,7 +29,7 @@ from corral.errors import InvalidRequest, UnsupportedOption
 
 __all__ = ["OllamaOptions", "OllamaChatRequest", "OllamaGenerateRequest", "OllamaEmbedRequest",
            "OllamaEmbeddingsRequest", "OllamaModelRequest", "OllamaPullRequest", "OllamaCopyRequest",
-           "parse_keep_alive", "KEEP_ALIVE_MAX_S", "OPTION_NAMES", "sampling_from_options"]
+           "parse_keep_alive", "KEEP_ALIVE_MAX_S", "SPELLING", "OPTION_NAMES", "sampling_from_options"]
 
 _LENIENT = ConfigDict(extra="ignore")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -115,30 +115,26 @@ class OllamaOptions(BaseModel):
     ignore_eos: bool = False  # corral's extension (as on its OpenAI routes): generate every token
 
 
+# Ollama's names of the wire.SamplingParams fields its options name otherwise
+SPELLING = {"max_tokens": "num_predict"}
+
 # the wire field each option fills, for a 400 of the wire's bounds (api/core/generation.py's check_bounds)
-OPTION_NAMES = {**{f"params.{k}": f"options.{k}" for k in (
-    "temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n", "presence_penalty",
-    "frequency_penalty")}, "params.max_tokens": "options.num_predict", "thinking_budget": "think"}
+OPTION_NAMES = {**{f"params.{f}": f"options.{name}" for f, name in wire.spelled(SPELLING).items()
+                   if name in OllamaOptions.model_fields}, "thinking_budget": "think"}
 
 
 def sampling_from_options(opts: OllamaOptions | None, slot_ctx: int) -> wire.SamplingParams:
     """``options`` -> sampling parameters; ``slot_ctx``: the context one slot holds."""
     if opts is None:
         return wire.SamplingParams()
-    kw: dict[str, Any] = {}
-    for name in ("temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "repeat_penalty",
-                 "presence_penalty", "frequency_penalty"):
-        v = getattr(opts, name)
-        if v is not None:
-            kw[name] = v
-    if opts.repeat_last_n is not None:
-        kw["repeat_last_n"] = slot_ctx if opts.repeat_last_n == -1 else opts.repeat_last_n
-    if opts.num_predict is not None and opts.num_predict >= 0:
-        kw["max_tokens"] = opts.num_predict  # -1 (forever) and -2 (fill the context): no limit
+    last_n = slot_ctx if opts.repeat_last_n == -1 else opts.repeat_last_n
+    # -1 (forever) and -2 (fill the context): no limit
+    limit = opts.num_predict if opts.num_predict is not None and opts.num_predict >= 0 else None
     stops = [opts.stop] if isinstance(opts.stop, str) else list(opts.stop or [])
     if any(not s for s in stops):
         raise InvalidRequest("options.stop: stop strings must not be empty", param="options.stop")
-    return wire.SamplingParams(stop=None if opts.stop is None else stops, ignore_eos=opts.ignore_eos, **kw)
+    return wire.sampling_from(vars(opts), SPELLING, repeat_last_n=last_n, max_tokens=limit,
+                              stop=None if opts.stop is None else stops)
 
 
 class _Generating(BaseModel):

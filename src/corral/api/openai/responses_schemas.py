@@ -166,12 +166,8 @@ class ResponsesRequest(BaseModel):
         return out
 
     def sampling(self) -> wire.SamplingParams:
-        kw: dict[str, Any] = {}
-        if self.temperature is not None:
-            kw["temperature"] = self.temperature
-        if self.top_p is not None:
-            kw["top_p"] = self.top_p
-        return wire.SamplingParams(max_tokens=self.max_output_tokens, ignore_eos=self.ignore_eos, **kw)
+        """The wire's fields under their own names (``max_output_tokens`` for ``max_tokens``)."""
+        return wire.sampling_from(vars(self), {"max_tokens": "max_output_tokens"})
 
 
 def _text(content: str | list[_Part] | None, where: str) -> str | list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from corral.worker.media.prompt import MediaPrompt
 from testkit.audio_files import recording
 from testkit.gguf_audio import WINDOW_TOKENS, audio_tokens
 
-from .conftest import run_engine, settings_for
+from worker.conftest import run_engine, settings_for
 
 pytestmark = pytest.mark.integration
 

@@ -115,7 +115,7 @@ def test_find_draft_takes_the_latest_longest_match() -> None:
     assert find_draft(np.array([5, 6, 1, 2, 9, 9, 1, 2], dtype=np.int32), 2) == [9, 9]
 
 
-def test_drafts_are_as_long_as_they_pay() -> None:  # n-gram drafts: no draft cost (tests/worker/test_spec_cost.py)
+def test_drafts_are_as_long_as_they_pay() -> None:  # n-gram drafts: no draft cost (tests/worker/speculation/test_spec_cost.py)
     assert best_length(0.95, 1, 0.5, 0.0, 64) == 13  # 0.95^13 > 0.5 > 0.95^14
     assert best_length(0.95, 4, 0.5, 0.0, 64) == 4  # four slots: the step's own tokens are cheap per token
     assert best_length(0.95, 4, 0.5, 0.0, 64) < best_length(0.99, 4, 0.5, 0.0, 64)
@@ -196,6 +196,30 @@ def _batch_noise(e: Engine) -> float:
     return worst
 
 
+def check_parting(deltas_a: dict[str, list[wire.Delta]], deltas_b: dict[str, list[wire.Delta]],
+                  noise: float) -> dict[str, tuple[int, int, int]]:
+    """Every emitted token of ``b`` is the top choice of its verifying batch (outside grammars);
+    where ``b`` parts from ``a``, ``a``'s margin there is inside twice the noise (the margin
+    moves by the noise at both tokens, history drift included). Where each text parts."""
+    assert 0.0 <= noise < 1.0, noise  # the kernels differ a little between batch shapes, or not at all (no repack: AMX)
+    parted: dict[str, tuple[int, int, int]] = {}
+    for rid in deltas_a:
+        a, b = _tokens(deltas_a[rid]), _tokens(deltas_b[rid])
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x.id != y.id:
+                parted[rid] = (i, x.id, y.id)
+                break
+        else:
+            assert len(a) == len(b), rid
+        if not rid.startswith("g-"):
+            assert all(y.top and (y.top[0].id == y.id or y.top[0].logprob == y.logprob) for y in b), rid
+    bound = 2 * noise
+    for rid, (i, tok_a, tok_b) in parted.items():
+        margin = _margin(_tokens(deltas_a[rid])[i], tok_b)
+        assert margin <= bound, f"{rid} parts at token {i} with margin {margin:.4f} > noise bound {bound:.4f}"
+    return parted
+
+
 def test_greedy_text_is_the_models_own_except_inside_the_noise(plain: Engine, spec: Engine, noise: float) -> None:
     _, finals_a, deltas_a = run_engine(plain, _greedy_requests())
     s0 = spec.stats()
@@ -212,22 +236,7 @@ def test_greedy_text_is_the_models_own_except_inside_the_noise(plain: Engine, sp
     assert generated / steps > 1.25, (generated, steps)
     assert spec.spec.window_broken == 0
 
-    assert 0.0 <= noise < 1.0, noise  # the kernels differ a little between batch shapes, or not at all (no repack: AMX)
-    parted: dict[str, tuple[int, int, int]] = {}
-    for rid in deltas_a:
-        a, b = _tokens(deltas_a[rid]), _tokens(deltas_b[rid])
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x.id != y.id:
-                parted[rid] = (i, x.id, y.id)
-                break
-        else:
-            assert len(a) == len(b), rid
-        if not rid.startswith("g-"):  # every emitted token is the top choice of its verifying batch
-            assert all(y.top and (y.top[0].id == y.id or y.top[0].logprob == y.logprob) for y in b), rid
-    bound = 2 * noise  # the margin moves by the noise at both tokens (history drift included)
-    for rid, (i, tok_a, tok_b) in parted.items():
-        margin = _margin(_tokens(deltas_a[rid])[i], tok_b)
-        assert margin <= bound, f"{rid} parts at token {i} with margin {margin:.4f} > noise bound {bound:.4f}"
+    parted = check_parting(deltas_a, deltas_b, noise)
     assert len(parted) <= len(deltas_a) // 2, parted  # most texts are the same outright
 
 

@@ -28,8 +28,8 @@ from corral.worker.media.prompt import MediaPrompt
 from corral.worker.media.prompt import kv_pos
 from testkit.gguf_qwen2vl import image_grid, write_qwen2vl_mmproj, write_qwen2vl_model
 
-from .conftest import run_engine, settings_for
-from .test_vision_beside import _stream_running
+from worker.conftest import run_engine, settings_for
+from worker.media.test_vision_beside import _stream_running
 
 pytestmark = pytest.mark.integration
 

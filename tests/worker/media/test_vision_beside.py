@@ -23,8 +23,8 @@ from corral.worker.engine import Engine
 from corral.worker.cache.kv_store import restore_seq, save_seq
 from corral.worker.media.side import BESIDE_NICE, BESIDE_THREAD, restream, thread_nice
 
-from .conftest import run_engine, settings_for
-from .test_vision_engine import GREEDY, M, chat, picture, user
+from worker.conftest import run_engine, settings_for
+from worker.media.test_vision_engine import GREEDY, M, chat, picture, user
 
 pytestmark = pytest.mark.integration
 

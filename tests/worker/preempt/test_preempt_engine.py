@@ -12,7 +12,7 @@ from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.preempt.preemption import store_key
 
-from .conftest import run_engine, settings_for
+from worker.conftest import run_engine, settings_for
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from corral.worker.cache.disk import model_key
 from corral.worker.engine import Engine
 from testkit.gguf_lora import write_lora
 from worker.conftest import run_engine, settings_for, REUSED_TAIL
-from worker.test_prompt_cache import LONG, OTHER
+from worker.cache.test_prompt_cache import LONG, OTHER
 
 GREEDY = wire.SamplingParams(temperature=0.0, max_tokens=12)
 A1 = [wire.LoraScale("a", 1.0)]

@@ -9,7 +9,7 @@ from corral.worker.engine import Engine
 from corral.worker.slots import Job, Slot
 from corral.worker.time_limit.feature import TimeLimitFeature
 
-from .conftest import run_engine
+from worker.conftest import run_engine
 
 PROMPT = "A list of fruits, one a line:\n- apple\n- pear\n-"
 GREEDY = wire.SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)

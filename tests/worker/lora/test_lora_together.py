@@ -1,7 +1,7 @@
 """LoRA adapters with the other features that move or keep a slot's cells: a paused request
 resumes under its own adapter set (its KV restored, or recomputed under that set while the
 other slots decode without adapters), and images under an adapter set are refused. The prompt
-cache under adapter sets: tests/worker/test_lora_prompt_cache.py."""
+cache under adapter sets: tests/worker/lora/test_lora_prompt_cache.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from corral.worker.engine import Engine
 from corral.worker.failures import RequestRejected
 from testkit.gguf_lora import write_lora
 from worker.conftest import run_engine, settings_for
-from worker.test_preempt_engine import OTHER, Run
+from worker.preempt.test_preempt_engine import OTHER, Run
 
 PROMPT = "The capital of France is"
 A1 = [wire.LoraScale("a", 1.0)]

@@ -175,7 +175,7 @@ def test_a_real_model_generates_the_same_text_with_and_without_the_short_list(
     from corral.worker.sampling import sampler as sampling
     from corral.worker.engine import Engine
 
-    from .conftest import run_engine, settings_for
+    from worker.conftest import run_engine, settings_for
 
     def reqs() -> list[wire.GenerateRequest]:
         return [

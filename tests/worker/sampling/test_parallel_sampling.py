@@ -18,7 +18,7 @@ import pytest
 from corral import wire
 from corral.worker.engine import Engine
 
-from .conftest import settings_for
+from worker.conftest import settings_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from corral import wire
 from corral.worker.engine import Engine
 from corral.worker.preempt.urgent import PREEMPT_GAP_S
 
-from .test_preempt_engine import Run, fresh, gen
+from worker.preempt.test_preempt_engine import Run, fresh, gen
 
 pytestmark = pytest.mark.integration
 

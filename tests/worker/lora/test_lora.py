@@ -15,7 +15,7 @@ from corral.worker.engine import Engine
 from corral.worker.model import ModelLoadError
 from testkit.gguf_lora import write_bad_lora, write_lora
 from worker.conftest import REUSED_TAIL, run_engine, settings_for
-from worker import test_speculation
+from worker.speculation import test_speculation
 
 noise = test_speculation.noise  # the fixture: the batch-shape noise
 

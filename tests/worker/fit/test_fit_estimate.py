@@ -13,7 +13,7 @@ from corral.model.settings import ModelSettings
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
-# a 1.1B-like model: 22 layers of 40 MiB, 125 MiB output head, 125 MiB embeddings (tests/worker/test_fit.py's)
+# a 1.1B-like model: 22 layers of 40 MiB, 125 MiB output head, 125 MiB embeddings (tests/worker/fit/test_fit.py's)
 LAYOUT = ModelLayout(architecture="llama", n_layer=22, n_embd=2048, n_head_kv=4, head_dim_k=64, head_dim_v=64,
                      n_vocab=32000, layer_bytes=(40 * MiB,) * 22, output_bytes=125 * MiB, input_bytes=125 * MiB,
                      n_ctx_train=8192)

@@ -14,7 +14,7 @@ import pytest
 from corral import wire
 from corral.worker.engine import Engine
 
-from .conftest import run_engine, settings_for
+from worker.conftest import run_engine, settings_for
 
 OPENED = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
           "{% if add_generation_prompt %}assistant: <think>\n{% endif %}")

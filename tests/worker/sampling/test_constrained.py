@@ -8,7 +8,7 @@ import math
 from corral import wire
 from corral.worker.engine import Engine
 
-from .conftest import run_engine
+from worker.conftest import run_engine
 
 G = wire.SamplingParams(max_tokens=6, temperature=0.0)
 

@@ -26,8 +26,9 @@ from corral.worker.speculation.speculator import CPU_TOKEN_COST
 from testkit.draft_models import write_tiny_draft
 from testkit.gguf_models import write_reranker
 from worker.conftest import run_engine, settings_for
-from worker import test_speculation
-from worker.test_speculation import PROMPTS, _greedy_requests, _margin, _tokens, check_sampled_follows_target
+from worker.speculation import test_speculation
+from worker.speculation.test_speculation import (PROMPTS, _greedy_requests, check_parting,
+                                                 check_sampled_follows_target)
 
 plain, noise = test_speculation.plain, test_speculation.noise  # the same engine fixtures (one each here)
 
@@ -46,7 +47,7 @@ def selfdraft(model_path: Path) -> Iterator[Engine]:
                             ctx_len=4096, draft_max=8))
     # the model as its own draft costs a whole decode a draft token, so the measured costs would
     # stop it drafting (worker/speculation/cost.py): these tests check what its drafts give, with the
-    # draft's cost taken as 0 (the rule itself: tests/worker/test_spec_cost.py)
+    # draft's cost taken as 0 (the rule itself: tests/worker/speculation/test_spec_cost.py)
     e.spec.costs.fixed = (CPU_TOKEN_COST, 0.0)
     yield e
     e.close()
@@ -64,28 +65,6 @@ def _requests() -> list[wire.GenerateRequest]:
 def _dm(e: Engine) -> DraftSpeculator:
     assert isinstance(e.spec, DraftSpeculator)
     return e.spec
-
-
-def _check_parting(deltas_a: dict[str, list[wire.Delta]], deltas_b: dict[str, list[wire.Delta]],
-                   noise: float) -> dict[str, tuple[int, int, int]]:
-    """Every emitted token of ``b`` is the top choice of its verifying batch (outside grammars);
-    where ``b`` parts from ``a``, ``a``'s margin there is inside twice the noise."""
-    assert 0.0 <= noise < 1.0, noise  # 0: the batch shapes give the same logits (no repacked weights)
-    parted: dict[str, tuple[int, int, int]] = {}
-    for rid in deltas_a:
-        a, b = _tokens(deltas_a[rid]), _tokens(deltas_b[rid])
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x.id != y.id:
-                parted[rid] = (i, x.id, y.id)
-                break
-        else:
-            assert len(a) == len(b), rid
-        if not rid.startswith("g-"):
-            assert all(y.top and (y.top[0].id == y.id or y.top[0].logprob == y.logprob) for y in b), rid
-    for rid, (i, tok_a, tok_b) in parted.items():
-        margin = _margin(_tokens(deltas_a[rid])[i], tok_b)
-        assert margin <= 2 * noise, f"{rid} parts at token {i} with margin {margin:.4f} > bound {2 * noise:.4f}"
-    return parted
 
 
 # ------------------------------------------------------------------ load
@@ -141,7 +120,7 @@ def test_self_draft_greedy_text_is_the_models_own(plain: Engine, selfdraft: Engi
     assert generated / steps > 1.3, (generated, steps)
     assert dm.positions - positions0 > dm.decodes - decodes0  # some draft decodes served several slots
     assert selfdraft.spec.window_broken == 0 and _dm(selfdraft).dm.window_resets == 0
-    parted = _check_parting(deltas_a, deltas_b, noise)
+    parted = check_parting(deltas_a, deltas_b, noise)
     assert len(parted) <= len(deltas_a) // 2, parted
 
 
@@ -158,7 +137,7 @@ def test_a_failing_draft_still_gives_the_models_text(plain: Engine, model_path: 
         assert st.spec_drafted > 0 and st.spec_accepted < st.spec_drafted // 2, (st.spec_drafted, st.spec_accepted)
         assert st.spec_drafted < st.tokens_generated  # failing slots pause
         assert e.spec.window_broken == 0
-        _check_parting(deltas_a, deltas_b, noise)
+        check_parting(deltas_a, deltas_b, noise)
     finally:
         e.close()
 

@@ -19,7 +19,7 @@ from corral.worker.media.projector import media_ids
 from corral.worker.media.prompt import MediaPrompt
 from testkit.gguf_vision import image_tokens
 
-from .conftest import run_engine, settings_for
+from worker.conftest import run_engine, settings_for
 
 pytestmark = pytest.mark.integration
 
@@ -262,7 +262,7 @@ def test_speculation_never_drafts_a_pseudo_id() -> None:
 
 
 def test_a_worker_process_takes_images_over_the_wire(model_path: Path, mmproj_path: Path) -> None:
-    from .client import WorkerClient
+    from worker.client import WorkerClient
 
     with WorkerClient(settings_for(model_path, n_parallel=1, ctx_len=1024, mmproj=str(mmproj_path))) as c:
         ready = c.wait_ready()
@@ -276,7 +276,7 @@ def test_a_worker_process_takes_images_over_the_wire(model_path: Path, mmproj_pa
 
 
 def test_a_bad_projector_is_load_failed(model_path: Path, tmp_path: Path) -> None:
-    from .client import WorkerClient
+    from worker.client import WorkerClient
 
     junk = tmp_path / "mmproj-junk.gguf"
     junk.write_bytes(b"GGUF" + b"\0" * 64)

@@ -1,0 +1,1 @@
+"""The prompt cache and the host KV store (src/corral/worker/cache/)."""

@@ -1,0 +1,1 @@
+"""The host's CPUs: the thread governor (src/corral/worker/host/)."""

@@ -1,0 +1,1 @@
+"""Images and audio in the engine (src/corral/worker/media/)."""

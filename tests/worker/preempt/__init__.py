@@ -1,0 +1,1 @@
+"""Pausing, resuming and urgent starts (src/corral/worker/preempt/)."""

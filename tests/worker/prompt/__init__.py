@@ -1,0 +1,1 @@
+"""Chat prompts as templates render them (src/corral/worker/prompt/)."""

@@ -1,0 +1,1 @@
+"""Thinking models: the split and the budget (src/corral/worker/reasoning/)."""

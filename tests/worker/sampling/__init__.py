@@ -1,0 +1,1 @@
+"""The sampler: constraints, the candidate list, sampling on threads (src/corral/worker/sampling/)."""

@@ -1,0 +1,1 @@
+"""llama-server's generation time limit (src/corral/worker/time_limit/)."""
