@@ -14,8 +14,9 @@ pauses (testkit/audio_files.py).
     on the same cores either way; side by side gains the batched generation and the
     overlap of one window's encode with another's decode.
 (c) **First token of a 30 s clip**: a streamed chat with one 30 s ``input_audio`` part,
-    the median time to its first token over 3 rounds, corral against llama-server
-    ``--mmproj`` on the same files (llama-server only where it was built).
+    the median time to its first token over 3 rounds (a new clip each: no prompt-cache
+    hit), corral against llama-server ``--mmproj`` on the same files (``llama_mmproj_cmd``,
+    also bench/checks/audio.py's; llama-server only where it was built).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import httpx
 
 from bench.context import Ctx, log, start
 from bench.report import Table, ratio
-from bench.servers import Server, corral_cmd, free_port
+from bench.servers import Server, corral_cmd, free_port, llama_server_cmd
 
 STREAM_PROMPT = "Once upon a time, in a small village by the sea,"
 WINDOW_TOKENS = 64  # each window's answer in (b): about what 30 s of speech transcribe to
@@ -44,6 +45,12 @@ def _files(ctx: Ctx) -> tuple[Path, Any, Any]:
 
     mmproj = write_qwen2a_mmproj(ctx.tmp / "qwen2a-mmproj.gguf")
     return mmproj, encode, recording
+
+
+def llama_mmproj_cmd(binary: str | Path, model: str, mmproj: Path, port: int, *, threads: int, ctx: int) -> list[str]:
+    """llama-server on ``model`` with the projector ``mmproj``, one slot of ``ctx`` cells."""
+    return llama_server_cmd(binary, model, port, n_parallel=1, slot_ctx=ctx, threads=threads) + [
+        "--mmproj", str(mmproj)]
 
 
 async def _stream_rate(client: httpx.AsyncClient, model: str, n: int) -> float:
@@ -98,10 +105,18 @@ async def _transcribe(srv: Server, model: str, data: bytes, name: str = "long.fl
         return time.perf_counter() - t0, len(r.json()["segments"])
 
 
-async def _first_token(base_url: str, model: str, clip_b64: str, rounds: int) -> float:
+def clips30(encode: Any, recording: Any, n: int, first: int = 0) -> list[str]:
+    """``n`` different 30 s clips (base64 WAV): each at its own loudness, so no server finds one
+    in its prompt cache."""
+    return [base64.b64encode(encode((recording(30) * (1 - 0.04 * k)).astype("int16"), "wav")).decode()
+            for k in range(first, first + n)]
+
+
+async def _first_token(base_url: str, model: str, clips: list[str]) -> float:
+    """The median time to the first token of a streamed chat, one request a clip (ms)."""
     out = []
     async with httpx.AsyncClient(base_url=base_url, timeout=600) as c:
-        for _ in range(rounds):
+        for clip_b64 in clips:
             body = {"model": model, "max_tokens": 2, "temperature": 0, "stream": True, "messages": [
                 {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": clip_b64, "format": "wav"}},
                                              {"type": "text", "text": "What is said?"}]}]}
@@ -114,6 +129,18 @@ async def _first_token(base_url: str, model: str, clip_b64: str, rounds: int) ->
                         out.append(time.perf_counter() - t0)
                         break
     return statistics.median(out) * 1000 if out else float("nan")
+
+
+async def _llama_first_token(ctx: Ctx, mmproj: Path, clips: list[str]) -> float:
+    """(c) on llama-server ``--mmproj``: one warm-up request, then the median of ``clips`` (ms)."""
+    port = free_port()
+    srv = start("llama-server-audio", llama_mmproj_cmd(ctx.need_llama(), ctx.model, mmproj, port,
+                                                      threads=ctx.threads, ctx=2048), port)
+    try:
+        await _first_token(srv.base_url, "m", clips[-1:])  # the first graphs: not timed
+        return await _first_token(srv.base_url, "m", clips[:-1])
+    finally:
+        srv.stop()
 
 
 async def sc_audio(ctx: Ctx) -> list[Table]:
@@ -152,13 +179,20 @@ async def sc_audio(ctx: Ctx) -> list[Table]:
             b.rows.append(["corral", str(slots), str(windows[slots]), f"{times[slots]:.1f}",
                            ratio(times[1], times[slots])])
         log("audio (c): first token of a 30 s clip")
-        clip30 = base64.b64encode(encode(recording(30), "wav")).decode()
-        ours = await _first_token(srv.base_url, "audio-1", clip30, 3)
-        c.rows.append(["corral", f"{ours:.0f}", "llama-server not run"])
-        if ctx.llama_bin is None:
-            c.notes.append(f"llama-server: {ctx.llama_bin_error}; the same-tokens check against it is not run")
+        clips = clips30(encode, recording, 4)  # 3 timed, a warm-up (llama-server's): each new to both
+        ours = await _first_token(srv.base_url, "audio-1", clips[:-1])
     finally:
         srv.stop()
+    theirs = await _llama_first_token(ctx, mmproj, clips) if ctx.llama_bin is not None else None
+    c.rows.append(["corral", f"{ours:.0f}", "llama-server not run" if theirs is None else ratio(theirs, ours)])
+    if theirs is None:
+        c.notes.append(f"llama-server: {ctx.llama_bin_error}; not run")
+    else:
+        c.rows.append(["llama-server", f"{theirs:.0f}", "1.00x"])
+        c.notes.append("the same files, one slot of 2048 cells, warm (corral's model served (b) before), a new "
+                       "clip each round (no prompt-cache hit); llama-server renders ChatML, corral its plain "
+                       "prompt (a few text tokens apart beside 750 audio positions); the ratio is "
+                       "llama-server's time over corral's (above 1: corral is faster)")
     b.notes.append(f"{WINDOW_TOKENS} tokens a window (random weights: every window runs to it); "
                    f"{ctx.threads} threads; the ratio is bounded by the cores the windows' 750-position "
                    "prompts share either way")
