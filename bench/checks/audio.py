@@ -13,10 +13,11 @@ llama-server's own fallback for a GGUF without one (ChatML, ``CHATML_TEMPLATE``)
 corral is given explicitly (for such a GGUF corral renders a plain ``User:``/``Assistant:``
 prompt instead, deliberately: the Nitro prompt format).
 
-1. **Prompt tokens** (chat ``input_audio``, 1 s, 29 s and 31 s): ``usage.prompt_tokens`` the
-   same on both, and the audio's part of it (the prompt less the text around the audio:
+1. **Prompt tokens** (chat ``input_audio``, 1 s, 29 s, 30 s and 31 s): ``usage.prompt_tokens``
+   the same on both, and the audio's part of it (the prompt less the text around the audio:
    the turn and libmtmd's ``<|audio_bos|>``/``<|audio_eos|>``, counted by each server's
-   ``/tokenize``) 750, 750 and 1,500.
+   ``/tokenize``) 750, 750, 1,500 and 1,500 (libmtmd's window holds 30 s less 10 ms:
+   testkit ``audio_tokens``).
 2. **Greedy tokens** (the same requests, temperature 0, ``MAX_TOKENS``): the same text,
    completion token count and token pieces (``logprobs``), and the largest difference of
    their log-probabilities.
@@ -53,7 +54,7 @@ THREADS = 2
 CTX = 4096
 N_BATCH = 512
 MAX_TOKENS = 24
-CLIPS_S = (1, 29, 31)
+CLIPS_S = (1, 29, 30, 31)
 ASK = "What is said?"
 # llama-server's CHATML_TEMPLATE_SRC (common/chat.cpp): its template for a GGUF without one
 CHATML_TEMPLATE = ("{%- for message in messages -%}\n"
