@@ -1,6 +1,6 @@
 """Audio parity check: corral against llama-server ``--mmproj`` on the same two files.
 
-    .venv/bin/python -m bench.checks.audio [--json OUT]     # ~4 min on 2 cores
+    .venv/bin/python -m bench.checks.audio [--json OUT]     # 1-4 min on 2 cores, with the load
 
 The files: the embedded Gemma 3 270M and a Qwen2-Audio (``qwen2a``) projector for it written
 offline (testkit/gguf_audio.py: a Whisper encoder, 750 positions a started 30 s window;
