@@ -9,9 +9,10 @@ to the text model's ``n_embd`` (640 for the embedded Gemma 3 270M). Random weigh
 fixed seed: the words a model says about a recording are meaningless, but every step
 (resample, log-mel, encode, decode the embeddings) is real.
 
-libmtmd pads every started 30-second window of 16 kHz audio to 3,000 mel frames; the
-convolutions halve them (1,500 positions) and the pool halves them again: each window is
-``WINDOW_TOKENS`` (750) prompt positions, whatever the weights, between ``<|audio_bos|>``
+libmtmd pads every started 30-second window of 16 kHz audio to 3,000 mel frames (a window
+holds 30 s less 10 ms: ``audio_tokens``); the convolutions halve them (1,500 positions)
+and the pool halves them again: each window is ``WINDOW_TOKENS`` (750) prompt positions,
+whatever the weights, between ``<|audio_bos|>``
 and ``<|audio_eos|>`` (plain text to Gemma's tokenizer).
 
 Needs only the PyPI ``gguf`` package and numpy, no network.
@@ -30,10 +31,12 @@ WINDOW_TOKENS = 750  # 3,000 mel frames / 2 (conv stride) / 2 (average pool)
 
 
 def audio_tokens(seconds: float) -> int:
-    """How many prompt positions ``seconds`` of audio take with this projector."""
-    import math
-
-    return WINDOW_TOKENS * max(1, math.ceil(seconds / WINDOW_S))
+    """How many prompt positions ``seconds`` of 16 kHz audio take with this projector: libmtmd's
+    mel (tools/mtmd/mtmd-audio.cpp) pads the recording with 30 s of silence and 200 samples at
+    each end, takes ``(n + 480,000) // 160 + 1`` frames and encodes every whole 3,000: a
+    window holds 30 s less 161 samples, and 30.0 s are two windows."""
+    n = int(round(seconds * 16000))
+    return WINDOW_TOKENS * (((n + 480_000) // 160 + 1) // 3000)
 
 
 def write_qwen2a_mmproj(dst: Path, *, text_n_embd: int = 640, n_embd: int = 64, n_ff: int = 96,

@@ -8,7 +8,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from corral.api.core.audio import RATE, AudioBudget, Pcm, check_format, decode_audio, sniff, windows
+from corral.api.core.audio import (RATE, WINDOW_SAMPLES, AudioBudget, Pcm, check_format, decode_audio, sniff,
+                                   windows)
 from corral.api.openai.audio_form import TranscriptionForm, parse_form
 from corral.api.openai.audio_routes import srt, vtt
 from corral.config.file import ServerConfig
@@ -35,12 +36,18 @@ def test_windows_cut_long_recordings_at_pauses_within_30_s() -> None:
     assert len(cuts) == 5  # as few as whole windows allow: ceil(125 / 30)
     assert cuts[0][0] == 0 and cuts[-1][1] == len(samples)
     assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
-    assert all(b - a <= 30 * RATE for a, b in cuts)
+    assert all(b - a <= WINDOW_SAMPLES for a, b in cuts)
     for _, end in cuts[:-1]:  # each cut falls in a pause (the tone is off 0.8 .. 1.0 s of each second)
         assert 0.8 <= (end / RATE) % 1.0 < 1.0
-    assert windows(Pcm(recording(30))) == [(0, 30 * RATE)]
-    quiet = windows(Pcm(np.zeros(61 * RATE, dtype=np.int16)))  # no pause to find: still within 30 s
-    assert len(quiet) == 3 and all(b - a <= 30 * RATE for a, b in quiet)
+    assert windows(Pcm(recording(29.5))) == [(0, int(29.5 * RATE))]
+    full = np.zeros(WINDOW_SAMPLES, dtype=np.int16)
+    assert windows(Pcm(full)) == [(0, WINDOW_SAMPLES)]
+    # 30.0 s is two encoder windows to libmtmd (tests/worker/test_audio_engine.py): two windows
+    # here too, cut at a pause, never one of 30 s that spills 10 ms into 750 more positions
+    thirty = windows(Pcm(recording(30)))
+    assert len(thirty) == 2 and all(b - a <= WINDOW_SAMPLES for a, b in thirty)
+    quiet = windows(Pcm(np.zeros(61 * RATE, dtype=np.int16)))  # no pause to find: still within a window
+    assert len(quiet) == 3 and all(b - a <= WINDOW_SAMPLES for a, b in quiet)
 
 
 def test_srt_and_vtt_stamps() -> None:

@@ -101,6 +101,27 @@ async def test_long_recording_is_windows_side_by_side(harness: Harness, model_pa
     assert r.usage is not None and r.usage.input_tokens >= 3 * WINDOW_TOKENS  # type: ignore[union-attr]
 
 
+async def test_transcription_asks_what_llama_server_asks(harness: Harness, model_path: Path,
+                                                        audio_mmproj_path: Path) -> None:
+    """A transcription's window is the user turn llama-server builds for one
+    (tools/server's convert_transcriptions_to_chatcmpl): "Transcribe audio to text", the
+    language in brackets, the audio right after; so its prompt is that chat's, token for token
+    (bench/checks/audio.py compares the two servers themselves)."""
+    await start(harness, model_path, audio_mmproj_path)
+    c = client(harness)
+    wav = encode(recording(2), "wav")
+    b64 = base64.b64encode(wav).decode()
+    for language, ask in ((None, "Transcribe audio to text"), ("de", "Transcribe audio to text (language: de)")):
+        lang: dict[str, Any] = {"language": language} if language else {}
+        r = await c.audio.transcriptions.create(model="gemma-audio", file=("a.wav", wav), temperature=0,
+                                                extra_body={"max_tokens": 1}, **lang)
+        chat = await c.chat.completions.create(model="gemma-audio", max_tokens=1, temperature=0, messages=[
+            {"role": "user", "content": [{"type": "text", "text": ask},
+                                         {"type": "input_audio", "input_audio": {"data": b64, "format": "wav"}}]}])
+        assert r.usage is not None and chat.usage is not None
+        assert r.usage.input_tokens == chat.usage.prompt_tokens, language  # type: ignore[union-attr]
+
+
 async def test_chat_input_audio_and_ollama(harness: Harness, model_path: Path, audio_mmproj_path: Path) -> None:
     await start(harness, model_path, audio_mmproj_path)
     c = client(harness)

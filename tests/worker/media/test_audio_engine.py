@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from corral import wire
-from corral.api.core.audio import Pcm, wav_bytes
+from corral.api.core.audio import WINDOW_SAMPLES, Pcm, wav_bytes
 from corral.worker.engine import Engine
 from corral.worker.media.audio import AudioChunk
 from corral.worker.media.prompt import MediaPrompt
@@ -44,11 +44,21 @@ def aengine(model_path: Path, audio_mmproj_path: Path) -> Iterator[Engine]:
     e.close()
 
 
+def test_one_window_holds_window_samples(aengine: Engine) -> None:
+    """libmtmd's mel makes a window of 30 s less 161 samples: one sample more is a second
+    window (750 more positions); the router cuts transcriptions at WINDOW_SAMPLES for it."""
+    samples = recording(31)
+    for n, windows in ((WINDOW_SAMPLES, 1), (WINDOW_SAMPLES + 1, 2)):
+        toks = aengine.prepare(chat(f"w{n}", user(f"Hear {M} now.", wav_bytes(Pcm(samples[:n]))))).tokens
+        assert isinstance(toks, MediaPrompt)
+        assert [c.n_tokens for c in toks.chunks] == [WINDOW_TOKENS] * windows, n
+
+
 def test_model_info_says_audio(aengine: Engine) -> None:
     assert aengine.info.audio is True and aengine.info.vision is False
 
 
-@pytest.mark.parametrize("seconds", [1, 29, 31, 61])
+@pytest.mark.parametrize("seconds", [1, 29, 30, 31, 61])
 def test_every_started_window_is_750_positions(aengine: Engine, seconds: float) -> None:
     toks = aengine.prepare(chat("n", user(f"Hear {M} now.", clip(seconds)))).tokens
     assert isinstance(toks, MediaPrompt)

@@ -20,8 +20,8 @@ as audio, a Responses ``input_audio`` part, a ``/completion`` multimodal item, t
    format its decoder (libmtmd's miniaudio) then reads, in the request's media list at
    the recording's marker.
 
-``windows(pcm)`` cuts a long recording into windows of at most 30 s for the transcription
-routes (api/openai/audio_routes.py), each cut on the quietest 100 ms of the last 5 s before it.
+``windows(pcm)`` cuts a long recording into windows of one encoder window each (30 s less
+10 ms, ``WINDOW_SAMPLES``) for the transcription routes (api/openai/audio_routes.py), each cut on the quietest 100 ms of the last 5 s before it.
 """
 
 from __future__ import annotations
@@ -41,11 +41,16 @@ import numpy.typing as npt
 from corral.config.file import ServerConfig
 from corral.errors import InvalidAudio, InvalidRequest, PayloadTooLarge
 
-__all__ = ["RATE", "WINDOW_S", "AudioBudget", "Pcm", "sniff", "check_format", "decode_audio", "decode_recordings",
+__all__ = ["RATE", "WINDOW_SAMPLES", "AudioBudget", "Pcm", "sniff", "check_format", "decode_audio", "decode_recordings",
            "wav_bytes", "windows", "is_audio", "FORMATS"]
 
 RATE = 16_000
-WINDOW_S = 30.0  # a Whisper-style encoder's window (libmtmd pads each started one to 30 s)
+# The most samples one window of a Whisper-style encoder holds: libmtmd's mel
+# (tools/mtmd/mtmd-audio.cpp) pads a recording with 30 s of silence and 200 samples at each
+# end, takes (n + 480,000) // 160 + 1 frames and encodes each whole 3,000 of them as a window:
+# 479,839 samples (30 s less 161) are one window, 30.0 s are two (10 ms of sound and 29.99 s
+# of padding, 750 more positions for nothing)
+WINDOW_SAMPLES = 30 * RATE - 161
 _SEARCH_S = 5.0  # a cut looks this far back from the window's end for silence
 _FRAME = RATE // 10  # 100 ms: the unit the cut's loudness is measured in
 _CPU_S = 120  # the child's CPU seconds (the wall-clock bound is the config's)
@@ -221,13 +226,13 @@ def wav_bytes(pcm: Pcm) -> bytes:
             + b"data" + struct.pack("<I", len(body)) + body)
 
 
-def windows(pcm: Pcm, window_s: float = WINDOW_S) -> list[tuple[int, int]]:
-    """Sample ranges (start, end) of at most ``window_s`` each covering ``pcm``, as few as
-    whole windows allow: each cut aims at an even share of what is left and goes on the
-    quietest 100 ms of the 5 s around that aim (never past ``window_s`` from the window's
-    start): speech rarely pauses exactly at the aim, and a pause nearby is a better place
-    to cut than the middle of a word."""
-    n, size = len(pcm.samples), int(window_s * RATE)
+def windows(pcm: Pcm, size: int = WINDOW_SAMPLES) -> list[tuple[int, int]]:
+    """Sample ranges (start, end) of at most ``size`` samples (one encoder window) each
+    covering ``pcm``, as few as whole windows allow: each cut aims at an even share of what
+    is left and goes on the quietest 100 ms of the 5 s around that aim (never past ``size``
+    from the window's start): speech rarely pauses exactly at the aim, and a pause nearby is
+    a better place to cut than the middle of a word."""
+    n = len(pcm.samples)
     search = int(_SEARCH_S * RATE)
     out: list[tuple[int, int]] = []
     start = 0

@@ -5,7 +5,7 @@ The form (api/openai/audio_form.py) is checked, the model must hear (400
 ``audio_not_supported`` otherwise), and the file is decoded in a child process to 16 kHz
 mono PCM (api/core/audio.py, with its bounds). A recording longer than a window (30 s) is
 cut into windows, each on a quiet place near its end; every window is one worker request
-(a chat turn: the window's audio, then the instruction), all submitted at once, so they
+(a chat turn: the instruction, then the window's audio, as llama-server asks), all submitted at once, so they
 run side by side on the model's free slots and instances, and the text is joined in
 order. A reasoning model transcribes with its reasoning off (``think = false``).
 
@@ -38,15 +38,20 @@ router = APIRouter()
 
 
 def instruction(form: TranscriptionForm) -> str:
-    """What each window's turn asks of the model, after its audio."""
+    """What each window's turn asks of the model, before its audio. A transcription asks what
+    llama-server asks (tools/server's ``convert_transcriptions_to_chatcmpl`` with
+    ``common_chat_get_asr_prompt``): "Transcribe audio to text", `` (language: xx)`` where one
+    is given, the audio right after it in one user turn, so both servers give a model the
+    same prompt. Two things are corral's own: translations (llama-server has no such route)
+    and ``prompt``, which OpenAI defines as context for the transcript (names, terms, the
+    text before) and corral adds to the instruction, where llama-server would put it in the
+    instruction's place."""
     if form.translate:
-        text = "Translate the speech into English. Answer with the translation only."
+        text = "Translate audio to English text"
     else:
-        text = "Transcribe the speech exactly as spoken. Answer with the transcript only."
-    if form.language and not form.translate:
-        text += f" The speech is in {form.language}."
+        text = "Transcribe audio to text" + (f" (language: {form.language})" if form.language else "")
     if form.prompt:
-        text += f" Context (spelling of names and terms): {form.prompt}"
+        text += f". Context (spelling of names and terms): {form.prompt}"
     return text
 
 
@@ -92,7 +97,7 @@ async def _spec(request: Request, form: TranscriptionForm) -> tuple[GenerationSp
     ask = instruction(form)
     params = wire.SamplingParams(temperature=form.temperature, max_tokens=form.max_tokens)
     for i, (a, b) in enumerate(cuts):
-        turn = wire.ChatMessage("user", wire.MEDIA_MARKER + "\n" + ask, images=[wav_bytes(Pcm(pcm.samples[a:b]))])
+        turn = wire.ChatMessage("user", ask + wire.MEDIA_MARKER, images=[wav_bytes(Pcm(pcm.samples[a:b]))])
         spec.requests.append(wire.GenerateRequest(id=f"{rid}-{i}", messages=[turn], params=params, think=False,
                                                   thinking_optional=True, media_group=rid))
     return spec, pcm, cuts
