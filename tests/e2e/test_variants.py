@@ -52,3 +52,83 @@ async def test_the_nitro_seeds_two_loads_end_with_one_worker(harness: Harness, m
     assert len(plane.pools[b].instances) == 1
     assert alone["choices"][0]["message"]["content"] == rb["choices"][0]["message"]["content"]
     assert alone["usage"]["prompt_tokens"] == rb["usage"]["prompt_tokens"]
+
+
+def _table(model_path: Path, **kw: Any) -> dict[str, Any]:
+    return {"path": str(model_path), "ctx_len": 1024, "n_parallel": 2, "threads": 1, **kw}
+
+
+PIRATE = {"system": "You are a pirate. Answer like one.", "temperature": 0.0, "default_max_tokens": 12}
+
+
+async def _pirate_and_plain(h: Harness, pirate: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def ask(body: dict[str, Any]) -> dict[str, Any]:
+        r = await h.client.post("/v1/chat/completions", json={
+            **body, "messages": [{"role": "user", "content": "What is the biggest tech company?"}]})
+        assert r.status_code == 200, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    # the pirate sends nothing: its table's system prompt, temperature and token limit apply
+    return await asyncio.gather(ask({"model": pirate}), ask({"model": "plain", "temperature": 0, "max_tokens": 12}))
+
+
+async def test_two_tables_of_one_file_are_one_worker(harness: Harness, model_path: Path) -> None:
+    """[models] tables equal in all a load fixes: the second is a variant of the loaded first
+    (one worker, its own system prompt and defaults, its own id in /models, /api/ps, metrics);
+    its greedy text is the one it answers served alone."""
+    await harness.start(harness.config({"plain": _table(model_path), "pirate": _table(model_path, **PIRATE)},
+                                       worker_command=None))
+    plane, c = harness.plane, harness.client
+    assert (await c.post("/models/load", json={"model": "plain"})).status_code == 200
+    rp, rq = await _pirate_and_plain(harness, "pirate")
+    assert len(plane.pools["plain"].instances) == 1 and plane.pools["pirate"].instances == []  # one worker
+    assert (rp["model"], rq["model"]) == ("pirate", "plain")
+    assert rp["usage"]["prompt_tokens"] > rq["usage"]["prompt_tokens"]  # its system prompt went with it
+    assert rp["usage"]["completion_tokens"] <= 12
+    listed = {m["id"]: m for m in (await c.get("/models")).json()["data"]}
+    assert listed["pirate"]["variant_of"] == "plain" and listed["plain"]["variant_of"] is None
+    assert listed["pirate"]["memory_bytes"] == 0 and listed["plain"]["memory_bytes"] > 0
+    ps = {m["name"]: m for m in (await c.get("/api/ps")).json()["models"]}
+    assert ps["pirate"]["variant_of"] == "plain" and "variant_of" not in ps["plain"]
+    assert ps["pirate"]["size"] == ps["plain"]["size"] > 0  # the one worker's memory, not twice loaded
+    assert 'model="pirate"' in (await c.get("/metrics")).text
+
+    await plane.unload(plane.pools["plain"])  # the pirate alone: its own worker, the same answer
+    alone, _ = await _pirate_and_plain(harness, "pirate")
+    assert len(plane.pools["pirate"].instances) == 1
+    assert alone["choices"][0]["message"]["content"] == rp["choices"][0]["message"]["content"]
+    assert alone["usage"] == rp["usage"]
+
+
+async def test_own_instances_and_a_reloaded_load_setting_make_models_of_their_own(harness: Harness) -> None:
+    """A variant table edited (reload) to differ in a load setting gets a worker of its own from
+    its next request, the other's untouched; own_instances = true in both tables: two workers."""
+    path = str(harness.script("m"))
+    configs = [harness.config({"a": {"path": path}, "b": {"path": path, "system": "x"}})]
+    plane = await harness.start(configs[0], loader=lambda: configs[-1])
+    c = harness.client
+
+    async def ask(model: str) -> None:
+        r = await c.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == model
+
+    assert (await c.post("/models/load", json={"model": "a"})).status_code == 200
+    await ask("b")
+    assert plane.pools["b"].instances == []  # a variant
+    pid = plane.pools["a"].instances[0].pid
+    configs.append(harness.config({"a": {"path": path}, "b": {"path": path, "system": "x", "ctx_len": 2048}}))
+    assert (await c.post("/models/reload")).status_code == 200
+    await ask("b")
+    assert plane.pools["b"].occupies and plane.pools["a"].instances[0].pid == pid
+    listed = {m["id"]: m for m in (await c.get("/models")).json()["data"]}
+    assert listed["b"]["variant_of"] is None
+
+    configs.append(harness.config({"a": {"path": path, "own_instances": True},
+                                   "b": {"path": path, "system": "x", "own_instances": True}}))
+    assert (await c.post("/models/reload")).status_code == 200
+    await plane.unload(plane.pools["b"])
+    assert plane.pools["a"].instances[0].pid == pid  # own_instances restarts no worker
+    assert not plane.pools["b"].occupies
+    await ask("b")
+    assert plane.pools["b"].occupies and plane.pools["a"].occupies  # two models, a worker each

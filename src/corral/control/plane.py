@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ControlPlane"]
 
-VARIANT_SOURCES = frozenset({"nitro", "created", "preset"})  # the models ``serving`` may share
+VARIANT_SOURCES = frozenset({"config", "nitro", "created", "preset"})  # the models ``serving`` may share
 
 log = logging.getLogger("corral.plane")
 
@@ -118,8 +118,13 @@ class ControlPlane:
             self.sync.add(spec, announce=False)
         housekeeper = Housekeeper(self.pools, self.admission, self._background)
         self._housekeeper = asyncio.get_running_loop().create_task(housekeeper.run(), name="housekeeper")
+        started: set[tuple[Any, ...]] = set()  # a variant of a model loaded here loads nothing
         for pool in self.pools.values():
             if pool.spec.load_on_startup:
+                key = pool.spec.load_key()
+                if key in started and self._may_share(pool):
+                    continue
+                started.add(key)
                 self._load_soon(pool)
 
     async def close(self) -> None:
@@ -218,16 +223,26 @@ class ControlPlane:
         a loaded (or loading) model's equal in all a load fixes (``ModelSpec.load_key``: the
         file, context, GPU layers, projector, cache types...): ``pool`` is then a variant of
         it, served with no second load (its generation defaults and plain prompt go with
-        each request). Ids made at run time (Nitro's loadmodel, Ollama's create) and a
-        preset's sections are variants so; two [models] tables of one file stay two models,
-        as the operator wrote them (tests and placement rely on that)."""
-        if pool.occupies or pool.spec.source not in VARIANT_SOURCES:
+        each request). [models] tables, ids made at run time (Nitro's loadmodel, Ollama's
+        create) and a preset's sections are variants so; a model that sets ``own_instances``
+        runs on its own workers only (part of its load_key: none other shares its workers)."""
+        if not self._may_share(pool):
             return pool
         key = pool.spec.load_key()
         for other in self.pools.values():
             if other is not pool and other.occupies and other.spec.load_key() == key:
                 return other
         return pool
+
+    def variant_of(self, pool: ModelPool) -> str | None:
+        """The id of the model whose instances serve ``pool`` (``serving``), None where that is
+        ``pool`` itself or a model the request's key may not see (its id is not told)."""
+        runs_on = self.serving(pool)
+        return runs_on.spec.id if runs_on is not pool and self.access.visible(runs_on.spec) else None
+
+    def _may_share(self, pool: ModelPool) -> bool:
+        """``pool`` may run on another's instances (it holds none of its own, it may be a variant)."""
+        return not pool.occupies and pool.spec.source in VARIANT_SOURCES and not pool.spec.own_instances
 
     def visible_pools(self) -> list[ModelPool]:
         """The models the request's key may use (every model outside a request)."""

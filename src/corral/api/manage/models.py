@@ -69,8 +69,7 @@ async def list_models(request: Request) -> Response:
     visible = plane.visible_pools()  # the models the request's key may use
     for pool in visible:
         entry = plane.describe(pool)
-        runs_on = plane.serving(pool)  # a variant: listed under its own id, served by another's instances
-        entry["variant_of"] = runs_on.spec.id if runs_on is not pool else None
+        entry["variant_of"] = plane.variant_of(pool)  # a variant: its own id, served by another's instances
         progress = dm.progress(pool.spec.id) if dm is not None else None
         if progress is not None and entry["status"]["value"] == "unloaded":
             entry["status"]["value"] = "downloading"
