@@ -132,3 +132,34 @@ async def test_own_instances_and_a_reloaded_load_setting_make_models_of_their_ow
     assert not plane.pools["b"].occupies
     await ask("b")
     assert plane.pools["b"].occupies and plane.pools["a"].occupies  # two models, a worker each
+
+
+async def test_a_loadmodel_that_would_change_a_loaded_models_setting_is_refused(harness: Harness) -> None:
+    """Nitro's loadmodel of a [models] table's id asking another ctx_len: 409 naming ctx_len,
+    nothing changed (the worker, the table's settings), the model answers; the same body under
+    a new id is a model of its own (its context differs), and a new id that differs only in its
+    prompts is a variant."""
+    path = harness.script("m")
+    plane = await harness.start(harness.config({"a": {"path": str(path), "ctx_len": 1024}},
+                                               allowed_model_dirs=[str(harness.tmp)]))
+    c = harness.client
+    assert (await c.post("/models/load", json={"model": "a"})).status_code == 200
+    pid = plane.pools["a"].instances[0].pid
+
+    def body(mid: str, **kw: Any) -> dict[str, Any]:
+        return {"model_id": mid, "llama_model_path": str(path), **kw}
+
+    r = await c.post("/inferences/llamacpp/loadmodel", json=body("a", ctx_len=2048, pre_prompt="P"))
+    assert r.status_code == 409, r.text
+    assert "ctx_len" in r.text and "1024" in r.text and "2048" in r.text
+    assert plane.pools["a"].instances[0].pid == pid and plane.pools["a"].spec.ctx_len == 1024
+    assert plane.pools["a"].spec.source == "config" and plane.pools["a"].spec.pre_prompt is None
+    r = await c.post("/v1/completions", json={"model": "a", "prompt": "x"})
+    assert r.status_code == 200, r.text
+    assert (await c.post("/inferences/llamacpp/loadmodel", json=body("a", ctx_len=1024))).status_code == 200
+
+    assert (await c.post("/inferences/llamacpp/loadmodel", json=body("b", ctx_len=2048))).status_code == 200
+    assert plane.pools["b"].occupies  # another context: its own worker
+    r = await c.post("/inferences/llamacpp/loadmodel", json=body("v", ctx_len=1024, pre_prompt="P"))
+    assert r.status_code == 200, r.text
+    assert not plane.pools["v"].occupies and plane.variant_of(plane.pools["v"]) == "a"
