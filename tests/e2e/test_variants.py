@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from support.harness import Harness
+from support.waiting import until_async
 
 
 def _load(model_id: str, path: Path, pre: str) -> dict[str, Any]:
@@ -163,3 +164,17 @@ async def test_a_loadmodel_that_would_change_a_loaded_models_setting_is_refused(
     r = await c.post("/inferences/llamacpp/loadmodel", json=body("v", ctx_len=1024, pre_prompt="P"))
     assert r.status_code == 200, r.text
     assert not plane.pools["v"].occupies and plane.variant_of(plane.pools["v"]) == "a"
+
+
+async def test_two_tables_loaded_on_startup_start_one_worker(harness: Harness) -> None:
+    """Both tables load_on_startup: the second is the first's variant, no second worker (two
+    loads at once would each have started one)."""
+    path = str(harness.script("m"))
+    plane = await harness.start(harness.config({"a": {"path": path, "load_on_startup": True},
+                                                "b": {"path": path, "system": "x", "load_on_startup": True}}))
+    await until_async(lambda: plane.pools["a"].has_ready)
+    assert not plane.pools["b"].occupies
+    r = await harness.client.post("/v1/chat/completions", json={"model": "b", "messages": [{"role": "user",
+                                                                                           "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    assert plane.pools["a"].occupies and not plane.pools["b"].occupies

@@ -118,13 +118,13 @@ class ControlPlane:
             self.sync.add(spec, announce=False)
         housekeeper = Housekeeper(self.pools, self.admission, self._background)
         self._housekeeper = asyncio.get_running_loop().create_task(housekeeper.run(), name="housekeeper")
-        started: set[tuple[Any, ...]] = set()  # a variant of a model loaded here loads nothing
+        started: list[tuple[Any, ...]] = []  # a variant of a model loaded here loads nothing (keys hold dicts)
         for pool in self.pools.values():
             if pool.spec.load_on_startup:
                 key = pool.spec.load_key()
                 if key in started and self._may_share(pool):
                     continue
-                started.add(key)
+                started.append(key)
                 self._load_soon(pool)
 
     async def close(self) -> None:
