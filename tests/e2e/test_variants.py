@@ -178,3 +178,20 @@ async def test_two_tables_loaded_on_startup_start_one_worker(harness: Harness) -
                                                                                            "content": "hi"}]})
     assert r.status_code == 200, r.text
     assert plane.pools["a"].occupies and not plane.pools["b"].occupies
+
+
+async def test_two_variants_first_requests_at_once_start_one_worker(harness: Harness, model_path: Path) -> None:
+    """Nothing loaded, the first requests of two tables of one file arrive together: the load
+    is decided under the lock that starts it (Admission.load), so the second rides on the
+    worker the first started; both answered, each under its own id and its own system prompt."""
+    await harness.start(harness.config({"plain": _table(model_path), "pirate": _table(model_path, **PIRATE)},
+                                       worker_command=None))
+    plane = harness.plane
+    rp, rq = await _pirate_and_plain(harness, "pirate")
+    assert (rp["model"], rq["model"]) == ("pirate", "plain")
+    assert rp["usage"]["prompt_tokens"] > rq["usage"]["prompt_tokens"]  # its system prompt went with it
+    workers = [i for p in plane.pools.values() for i in p.instances]
+    assert len(workers) == 1  # one worker process for both
+    host = next(p for p in plane.pools.values() if p.occupies)
+    other = plane.pools["plain" if host.spec.id == "pirate" else "pirate"]
+    assert plane.variant_of(other) == host.spec.id

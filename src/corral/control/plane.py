@@ -90,7 +90,8 @@ class ControlPlane:
         self.admission = Admission(self.pools, lambda: self.config.server, self._background,
                                    node_room=self._node_room if self.ray is not None else None,
                                    gpus=GpuBudget(lambda: self._local.worker_command, lambda: self.config.server)
-                                   if self.spawner is self._local else None)
+                                   if self.spawner is self._local else None,
+                                   serving=self.serving)
         self.sync = CatalogSync(catalog=self.catalog, pools=self.pools, bus=self.bus,
                                 admission=self.admission, make_pool=self._make_pool,
                                 load_soon=self._load_soon, store=store, embedded=embedded)
@@ -255,7 +256,9 @@ class ControlPlane:
         A variant (``serving``) runs on the model that serves it, under its own id."""
         msg = generation_defaults.apply(pool.spec, msg)
         runs_on = self.serving(pool)
-        if runs_on is not pool:
+        if self._may_share(pool):  # a variant now, or once its load is decided (Admission.load)
+            # its own plain prompt and adapter scales go with it: on a worker of its own they
+            # are that worker's (the same request), on another's they make it this model
             msg = generation_defaults.with_prompt_format(pool.spec, msg)
             if msg.lora is None and pool.spec.lora:  # the variant's own adapter scales
                 msg = msgspec.structs.replace(msg, lora=[
@@ -265,10 +268,11 @@ class ControlPlane:
                                           as_model=pool.spec.id)
 
     async def embed(self, pool: ModelPool, msg: wire.EmbedRequest) -> RequestStream:
-        return await self.dispatch.submit(pool, msg, None)
+        return await self.dispatch.submit(self.serving(pool), msg, None, as_model=pool.spec.id)
 
     async def tokenize(self, pool: ModelPool, msg: wire.TokenizeRequest) -> RequestStream:
-        return await self.dispatch.tokenize(pool, generation_defaults.with_system(pool.spec, msg))
+        return await self.dispatch.tokenize(self.serving(pool), generation_defaults.with_system(pool.spec, msg),
+                                            as_model=pool.spec.id)
 
     def keep_alive(self, pool: ModelPool, seconds: float | None) -> None:
         self.dispatch.keep_alive(pool, seconds)
@@ -289,7 +293,7 @@ class ControlPlane:
         409 when another request unloaded it before it was ready (the later call wins).
         ``pool``: what the request resolved its name to (``pool``), once, where it entered."""
         try:
-            await self.admission.load(self.serving(pool))  # a variant: the model that serves it
+            await self.admission.load(pool)  # a variant: the model that serves it (admission decides)
         except ModelUnloaded as exc:
             raise Conflict(f"{exc.message}: another request unloaded it before it was ready",
                            param="model") from None
