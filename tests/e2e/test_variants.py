@@ -195,3 +195,35 @@ async def test_two_variants_first_requests_at_once_start_one_worker(harness: Har
     host = next(p for p in plane.pools.values() if p.occupies)
     other = plane.pools["plain" if host.spec.id == "pirate" else "pirate"]
     assert plane.variant_of(other) == host.spec.id
+
+
+async def test_a_variant_is_listed_with_the_status_of_the_model_serving_it(harness: Harness) -> None:
+    """While its host loads and once it is loaded, a variant is listed (GET /models,
+    /v1/models, /v1/models/ID) with the host's status and variant_of: it answers with no
+    load of its own; once the host unloads it is unloaded again, a variant of nothing."""
+    path = str(harness.script("m", load_delay_s=1.0))
+    plane = await harness.start(harness.config({"a": {"path": path}, "b": {"path": path, "system": "x"}}))
+    c = harness.client
+
+    async def listed(mid: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        corral = {m["id"]: m for m in (await c.get("/models")).json()["data"]}[mid]
+        openai = {m["id"]: m for m in (await c.get("/v1/models")).json()["data"]}[mid]
+        one = (await c.get(f"/v1/models/{mid}")).json()
+        return corral, openai, one
+
+    for entry in await listed("b"):
+        assert entry["status"]["value"] == "unloaded" and entry.get("variant_of") is None
+    loading = asyncio.create_task(plane.load(plane.pools["a"]))
+    await until_async(lambda: plane.pools["a"].status() == "loading")
+    for entry in await listed("b"):
+        assert entry["status"]["value"] == "loading" and entry["variant_of"] == "a"
+    await loading
+    for entry in await listed("b"):
+        assert entry["status"]["value"] == "loaded" and entry["variant_of"] == "a"
+    host = {m["id"]: m for m in (await c.get("/v1/models")).json()["data"]}["a"]
+    assert "variant_of" not in host and host["status"]["value"] == "loaded"
+    assert not plane.pools["b"].occupies  # listed so, loaded nothing of its own
+
+    await plane.unload(plane.pools["a"])
+    for entry in await listed("b"):
+        assert entry["status"]["value"] == "unloaded" and entry.get("variant_of") is None

@@ -241,6 +241,11 @@ class ControlPlane:
         runs_on = self.serving(pool)
         return runs_on.spec.id if runs_on is not pool and self.access.visible(runs_on.spec) else None
 
+    def status(self, pool: ModelPool) -> str:
+        """``pool``'s status as the listings show it: a variant's is the status of the model
+        serving it (loaded or loading: it answers with no load of its own), else its own."""
+        return self.serving(pool).status()
+
     def _may_share(self, pool: ModelPool) -> bool:
         """``pool`` may run on another's instances (it holds none of its own, it may be a variant)."""
         return not pool.occupies and pool.spec.source in VARIANT_SOURCES and not pool.spec.own_instances
@@ -359,5 +364,5 @@ class ControlPlane:
         return views.snapshot(self.pools.values())
 
     def describe(self, pool: ModelPool) -> dict[str, Any]:
-        return views.describe(pool, created=int(self.started_at))
+        return views.describe(pool, created=int(self.started_at), status=self.status(pool))
 
