@@ -6,9 +6,11 @@ to that id served alone), under its own id, listed with variant_of and no memory
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.harness import Harness
 from support.waiting import until_async
 
@@ -227,3 +229,52 @@ async def test_a_variant_is_listed_with_the_status_of_the_model_serving_it(harne
     await plane.unload(plane.pools["a"])
     for entry in await listed("b"):
         assert entry["status"]["value"] == "unloaded" and entry.get("variant_of") is None
+
+
+async def _stream_until_end(c: Any, model: str, started: asyncio.Event) -> tuple[str, str | None]:
+    """A streamed chat: its text and how it ended (the finish reason, or the error event's type)."""
+    text, end = "", None
+    async with c.stream("POST", "/v1/chat/completions", json={
+            "model": model, "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                end = f"error {chunk['error']['type']}"
+                continue
+            for ch in chunk["choices"]:
+                text += ch["delta"].get("content") or ""
+                end = ch.get("finish_reason") or end
+            started.set()
+    return text, end
+
+
+@pytest.mark.parametrize("drain_s", [30.0, 0.0])
+async def test_unloading_the_host_ends_a_variants_request_as_the_hosts_own(harness: Harness, drain_s: float) -> None:
+    """The host unloads while its own request and a variant's stream: both end alike (drained:
+    both finish; no drain: both cut with finish_reason "abort"); the variant's next request
+    loads the weights again (autoload: the variant on a worker of its own, as a variant of
+    nothing loaded does) and answers."""
+    tokens = [f" t{i}" for i in range(40)]
+    path = str(harness.script("m", tokens=tokens, token_delay_s=0.05))
+    plane = await harness.start(harness.config({"a": {"path": path}, "b": {"path": path, "system": "x"}},
+                                               drain_timeout_s=drain_s))
+    c = harness.client
+    assert (await c.post("/models/load", json={"model": "a"})).status_code == 200
+    started = {m: asyncio.Event() for m in ("a", "b")}
+    streams = {m: asyncio.create_task(_stream_until_end(c, m, started[m])) for m in ("a", "b")}
+    await asyncio.gather(*(e.wait() for e in started.values()))
+    assert not plane.pools["b"].occupies  # b runs on a's worker
+    await plane.unload(plane.pools["a"])
+    (text_a, end_a), (text_b, end_b) = await asyncio.gather(*streams.values())
+    if drain_s:  # drained: both finish
+        assert end_a == end_b == "stop" and text_a == text_b == "".join(tokens)
+    else:  # no drain: both cut, told so (finish_reason "abort", then [DONE])
+        assert end_a == end_b == "abort" and len(text_a) < len("".join(tokens)) and len(text_b) < len("".join(tokens))
+    assert not plane.pools["a"].occupies
+    r = await c.post("/v1/chat/completions", json={"model": "b", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "b" and r.json()["choices"][0]["message"]["content"] == "".join(tokens)
+    assert len([i for p in plane.pools.values() for i in p.instances if i.holds_memory]) == 1
