@@ -32,6 +32,7 @@ from corral.model import reasoning_format
 from corral.model.settings import SAMPLING_KEYS, ModelSettings
 from corral.api.core.adapter_models import AdapterModel, adapter_file_size, adapter_models, find_adapter_model
 from corral.api.http import created_of, downloads_of, json_response, ndjson_line, plane_of, store_of
+from corral.api.ollama.create import blob_store
 from corral.api.ollama.schemas import OllamaCopyRequest, OllamaModelRequest, OllamaPullRequest
 from corral.api.core.schemas import parse_body
 from corral.api.manage.store import remove_from_store
@@ -366,8 +367,13 @@ async def delete(request: Request) -> Response:
         mid = name
     created = created_of(request)
     if mid in plane.pools and plane.pools[mid].spec.source == "created" and created is not None:
-        created.remove(mid)  # its blobs stay (another model may use them)
+        gone = next((r for r in created.load() if r.name == mid), None)
+        created.remove(mid)
         await plane.remove_model(mid)
+        if gone is not None:  # its uploads that no model runs on any more go too (Ollama prunes so)
+            used = {f for r in created.load() for f in r.files()}
+            used |= {str(f) for p in plane.pools.values() for f in (p.spec.path, p.spec.mmproj) if f}
+            blob_store(request).remove_unused(gone.files(), used)
         return Response(status_code=200)
     store = store_of(request)
     if store is None or await asyncio.to_thread(store.get, mid) is None:
