@@ -49,6 +49,13 @@ async def test_the_nitro_seeds_two_loads_end_with_one_worker(harness: Harness, m
     assert len(plane.pools[a].instances) == 1 and plane.pools[b].instances == []
     metrics = (await c.get("/metrics")).text
     assert f'model="{b}"' in metrics
+    rendered = {}
+    for mid in (a, b):  # /apply-template renders each id's own pre_prompt, on the one worker
+        r = await c.post("/apply-template", json={"model": mid, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        rendered[mid] = r.json()["prompt"]
+    assert rendered[b].startswith("You are a pirate.") and rendered[a].startswith("A chat between")
+    assert plane.pools[b].instances == []
 
     await plane.unload(plane.pools[a])  # now b alone: it loads for itself and answers the same
     alone = await ask(b)

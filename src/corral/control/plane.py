@@ -276,8 +276,10 @@ class ControlPlane:
         return await self.dispatch.submit(self.serving(pool), msg, None, as_model=pool.spec.id)
 
     async def tokenize(self, pool: ModelPool, msg: wire.TokenizeRequest) -> RequestStream:
-        return await self.dispatch.tokenize(self.serving(pool), generation_defaults.with_system(pool.spec, msg),
-                                            as_model=pool.spec.id)
+        msg = generation_defaults.with_system(pool.spec, msg)
+        if self._may_share(pool):  # a variant renders a chat with its own plain prompt (as in generate)
+            msg = generation_defaults.with_prompt_format(pool.spec, msg)
+        return await self.dispatch.tokenize(self.serving(pool), msg, as_model=pool.spec.id)
 
     def keep_alive(self, pool: ModelPool, seconds: float | None) -> None:
         self.dispatch.keep_alive(pool, seconds)
