@@ -71,15 +71,17 @@ def _table(model_path: Path, **kw: Any) -> dict[str, Any]:
 PIRATE = {"system": "You are a pirate. Answer like one.", "temperature": 0.0, "default_max_tokens": 12}
 
 
-async def _pirate_and_plain(h: Harness, pirate: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    async def ask(body: dict[str, Any]) -> dict[str, Any]:
-        r = await h.client.post("/v1/chat/completions", json={
-            **body, "messages": [{"role": "user", "content": "What is the biggest tech company?"}]})
-        assert r.status_code == 200, r.text
-        return r.json()  # type: ignore[no-any-return]
+async def _ask(h: Harness, body: dict[str, Any]) -> dict[str, Any]:
+    r = await h.client.post("/v1/chat/completions", json={
+        **body, "messages": [{"role": "user", "content": "What is the biggest tech company?"}]})
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
 
+
+async def _pirate_and_plain(h: Harness, pirate: str) -> tuple[dict[str, Any], dict[str, Any]]:
     # the pirate sends nothing: its table's system prompt, temperature and token limit apply
-    return await asyncio.gather(ask({"model": pirate}), ask({"model": "plain", "temperature": 0, "max_tokens": 12}))
+    return await asyncio.gather(_ask(h, {"model": pirate}),
+                                _ask(h, {"model": "plain", "temperature": 0, "max_tokens": 12}))
 
 
 async def test_two_tables_of_one_file_are_one_worker(harness: Harness, model_path: Path) -> None:
@@ -104,7 +106,7 @@ async def test_two_tables_of_one_file_are_one_worker(harness: Harness, model_pat
     assert 'model="pirate"' in (await c.get("/metrics")).text
 
     await plane.unload(plane.pools["plain"])  # the pirate alone: its own worker, the same answer
-    alone, _ = await _pirate_and_plain(harness, "pirate")
+    alone = await _ask(harness, {"model": "pirate"})  # (asked with plain's at once, either one may load)
     assert len(plane.pools["pirate"].instances) == 1
     assert alone["choices"][0]["message"]["content"] == rp["choices"][0]["message"]["content"]
     assert alone["usage"] == rp["usage"]
