@@ -25,6 +25,7 @@ Scenarios (see bench/README.md):
   swap        one model at a time, two alternating, 2,000-token system prompts: first token after a swap, prompt cache on/off, llama.cpp router (bench/scenarios/swap.py)
   router_ceiling  the router alone over workers that answer at once: tokens and requests per router CPU-second,
               added latency at c=1/64/256, goodput past saturation (bench/scenarios/router_ceiling.py)
+  variants    a second id of one file as a variant vs own_instances: load -> first token, memory (bench/scenarios/variants.py)
   speculation-draft  a draft model (CORRAL_BENCH_DRAFT, else the model itself): corral vs llama-server -md (bench/scenarios/speculation_draft.py)
 """
 
@@ -49,18 +50,18 @@ from bench.context import SLOT_CTX, Ctx, log
 from bench.report import Table, repeat_summary, write_results
 from bench.scenarios import (audio, coldstart, dialects, fairness, instances, keys_overhead, multimodel, overhead,
                              queue, router_ceiling, sampling, speculation, speculation_draft, swap,
-                             throughput)
+                             throughput, variants)
 from bench.servers import ROOT, stop_all
 
 SCENARIOS = ("throughput", "overhead", "multimodel", "coldstart", "queue", "dialects", "instances", "sampling",
              "fairness", "keys_overhead", "speculation", "speculation-draft", "swap", "router_ceiling",
-             "default_slots", "audio")
+             "default_slots", "audio", "variants")
 
 # hang guards per scenario (seconds; x0.6 with --quick), far above normal run times
 LIMITS_S = {"instances": 300, "throughput": 1500, "overhead": 240, "multimodel": 600, "coldstart": 180, "queue": 600,
             "dialects": 1200, "sampling": 600, "fairness": 700, "keys_overhead": 240, "speculation": 900,
             "speculation-draft": 900, "swap": 900, "router_ceiling": 600,
-            "default_slots": 900, "audio": 1500}
+            "default_slots": 900, "audio": 1500, "variants": 300}
 
 FUNCS: dict[str, Callable[[Ctx], Awaitable[list[Table]]]] = {
     "instances": instances.sc_instances, "throughput": throughput.sc_throughput, "overhead": overhead.sc_overhead,
@@ -69,7 +70,7 @@ FUNCS: dict[str, Callable[[Ctx], Awaitable[list[Table]]]] = {
     "keys_overhead": keys_overhead.sc_keys_overhead, "speculation": lambda ctx: _speculation(ctx),
     "speculation-draft": speculation_draft.sc_speculation_draft, "swap": swap.sc_swap,
     "router_ceiling": router_ceiling.sc_router_ceiling, "default_slots": throughput.sc_default_slots,
-    "audio": audio.sc_audio}
+    "audio": audio.sc_audio, "variants": variants.sc_variants}
 
 
 async def _speculation(ctx: Ctx) -> list[Table]:

@@ -97,7 +97,7 @@ async def sc_multimodel(ctx: Ctx) -> list[Table]:
         srv = None
         try:
             models = {one_id: ctx.corral_model(8, threads=threads)}
-            models.update({mid: ctx.corral_model(4, threads=threads) for mid in ids})
+            models.update({mid: ctx.corral_model(4, threads=threads, own_instances=True) for mid in ids})  # two workers
             cfg = ctx.corral_config("multimodel", models, max_loaded_models=3)
             srv = start("corral-multimodel", corral_cmd(cfg, port), port)
             rows(name, *await _one_vs_two(srv, one_id, ids, n_each, n_one, t, rounds, soft_s=soft, hard_s=hard))

@@ -13,6 +13,7 @@ its chats share that prefix.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -175,3 +176,79 @@ async def test_stop_during_the_prefill_is_a_499_without_a_traceback(
     assert errors == [], [rec.getMessage() for rec in errors]
     follow = await asyncio.wait_for(replay(harness.client, 18), 600)  # the tag task, on the freed slot
     assert follow.status_code == 200, follow.text
+
+
+CREATED = "pirate-owui"  # 024: the admin page's "Create a model" (its JSON box: from, system, parameters)
+UPLOADED = "tiny-upload"  # 032-033: the admin page's GGUF upload (POST /ollama/models/upload/0)
+
+
+async def test_the_model_editor_creates_chats_shows_and_deletes(
+        harness: Harness, model_path: Path, tmp_path: Path) -> None:
+    """Open WebUI's admin model management, recorded (021-035): a model created FROM the
+    loaded one with a system prompt and parameters answers with them in effect (its text is
+    the loaded model's with that system message and those options), show returns its
+    Modelfile and parameters, a GGUF uploaded as a blob (its bytes made again by testkit,
+    checked against the recorded digest) becomes a model, and deleting both leaves nothing:
+    no record in the state dir, no blob."""
+    from testkit.draft_models import write_tiny_draft
+
+    state, models = tmp_path / "state", tmp_path / "models"
+    plane = await harness.start(_config(harness, model_path, state_dir=str(state), models_dir=str(models)))
+    c = harness.client
+    assert (await c.post("/models/load", json={"model": MODEL})).status_code == 200
+
+    async def listed() -> tuple[set[str], set[str]]:
+        answers = {}
+        for n in (21, 22, 23):  # the lists Open WebUI reads after each change
+            r = await replay(c, n)
+            assert r.status_code == 200, (n, r.text)
+            answers[recorded(n)["path"]] = r.json()
+        return {m["id"] for m in answers["/v1/models"]["data"]}, {t["name"] for t in answers["/api/tags"]["models"]}
+
+    r = await replay(c, 24)  # sent without "stream": Ollama's status lines
+    assert r.status_code == 200, r.text
+    assert [json.loads(line)["status"] for line in r.text.splitlines() if line][-1] == "success"
+    for n in (25, 26, 27):
+        assert (await replay(c, n)).status_code == 200
+    assert all(CREATED in names for names in await listed())
+    assert not plane.pools[CREATED].occupies  # a variant of the loaded model: no second load
+
+    made = recorded(24)["body"]
+    r = await replay(c, 28)  # Open WebUI's chat with the created model (Ollama's /api/chat)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    same = await c.post("/api/chat", json={
+        "model": MODEL, "stream": False, "options": made["parameters"],
+        "messages": [{"role": "system", "content": made["system"]}, *recorded(28)["body"]["messages"]]})
+    assert same.status_code == 200, same.text
+    assert answer["message"]["content"] == same.json()["message"]["content"]  # its system and options
+    assert answer["prompt_eval_count"] == same.json()["prompt_eval_count"]
+    assert 0 < answer["eval_count"] <= made["parameters"]["num_predict"]
+    assert answer["model"] == CREATED
+
+    for n in (29, 30):
+        assert (await replay(c, n)).status_code == 200
+    r = await replay(c, 31)
+    assert r.status_code == 200, r.text
+    shown = r.json()
+    assert shown["system"] == made["system"] and f'SYSTEM """{made["system"]}"""' in shown["modelfile"]
+    assert "PARAMETER temperature 0" in shown["modelfile"] and "num_predict 24" in shown["parameters"]
+
+    blob = recorded(32)
+    data = write_tiny_draft(model_path, tmp_path / "tiny-upload.gguf").read_bytes()
+    assert (hashlib.sha256(data).hexdigest(), len(data)) == (blob["body"]["sha256"], blob["body"]["bytes"]), \
+        "testkit's tiny GGUF is no longer the file that was uploaded"
+    r = await c.request(blob["method"], blob["path"], headers=blob["headers"], content=data)
+    assert r.status_code == 201, r.text
+    r = await replay(c, 33)  # {"model", "files": {name: digest}, "stream": false}
+    assert r.status_code == 200, r.text
+    assert json.loads(r.text.splitlines()[-1])["status"] == "success"
+    assert all(UPLOADED in names for names in await listed())
+
+    for n, gone in ((34, CREATED), (35, UPLOADED)):
+        r = await replay(c, n)
+        assert r.status_code == 200, r.text
+        assert all(gone not in names for names in await listed())
+    assert json.loads((state / "created-models.json").read_text()) == []
+    assert list((models / ".corral" / "blobs").iterdir()) == []  # the upload went with its model
+    assert (await replay(c, 34)).status_code == 404  # a second delete: Open WebUI shows the error

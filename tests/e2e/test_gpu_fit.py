@@ -133,7 +133,7 @@ async def test_two_models_spread_over_two_gpus_and_a_third_evicts_the_lru_one(
     need = device_need(read_layout(model_path), ModelSettings(**settings), budget_bytes=80 * GiB)
     room = need + need // 2  # one model per GPU
     fake(monkeypatch, room + 10 * MiB, room)
-    cfg = harness.config({m: {"path": str(model_path), **settings} for m in ("a", "b", "c")},
+    cfg = harness.config({m: {"path": str(model_path), "own_instances": True, **settings} for m in ("a", "b", "c")},
                          worker_command=None, gpu_memory_margin=0)
     plane = await harness.start(cfg)
 

@@ -115,3 +115,22 @@ async def test_bad_creates_are_4xx_and_create_nothing(harness: Harness, model_pa
     assert set(plane.pools) == before and not (state / FILE_NAME).exists()
     r = await c.post("/v1/completions", json={"model": "gemma", "prompt": "Hi", "max_tokens": 1})
     assert r.status_code == 200  # the other models unaffected
+
+
+async def test_a_blob_goes_with_the_last_model_made_from_it(harness: Harness, model_path: Path,
+                                                           tmp_path: Path) -> None:
+    """Two models made from one uploaded GGUF (the second FROM the first): deleting one keeps
+    the blob, deleting the last deletes it (Ollama prunes a deleted model's layers so)."""
+    cfg = harness.config({"gemma": {"path": str(model_path)}}, worker_command=None, state_dir=str(tmp_path / "state"),
+                         models_dir=str(tmp_path / "models"))
+    await harness.start(cfg)
+    client = ollama.AsyncClient(host=harness.base_url)
+    digest = await client.create_blob(model_path)
+    blob = tmp_path / "models" / ".corral" / "blobs" / f"sha256-{digest[7:]}"
+    assert (await client.create(model="one", files={"m.gguf": digest})).status == "success"
+    assert (await client.create(model="two", from_="one", system="x")).status == "success"
+    await client.delete("one")
+    assert blob.is_file()  # "two" runs on it
+    await client.delete("two")
+    assert not blob.exists()
+    assert model_path.is_file()  # a configured model's file is never pruned

@@ -19,7 +19,9 @@ PROMPT = " ".join(f"Rule {i}: the {('red', 'blue', 'green')[i % 3]} stone goes t
 
 
 def models(model_path: Path, *ids: str) -> dict[str, Any]:
-    return {i: {"path": str(model_path), "ctx_len": 1024, "n_parallel": 2, "threads": 1} for i in ids}
+    """One file, ids that are models of their own (not variants): each its own worker."""
+    return {i: {"path": str(model_path), "ctx_len": 1024, "n_parallel": 2, "threads": 1, "own_instances": True}
+            for i in ids}
 
 
 async def complete(h: Harness, model: str) -> tuple[str, int, int]:

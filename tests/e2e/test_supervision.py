@@ -26,7 +26,9 @@ LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
 
 
 def models(model_path: Path, *ids: str, **kw) -> dict:  # noqa: ANN003
-    return {i: {"path": str(model_path), "ctx_len": 1024, "n_parallel": 2, "threads": 1, **kw} for i in ids}
+    """One file, ids that are models of their own (not variants): each its own worker."""
+    return {i: {"path": str(model_path), "ctx_len": 1024, "n_parallel": 2, "threads": 1, "own_instances": True, **kw}
+            for i in ids}
 
 
 async def test_kill_worker_mid_stream(harness: Harness, model_path: Path) -> None:

@@ -186,7 +186,7 @@ async def test_per_node_budget_evicts_idle_models_never_busy_ones(cluster: Nodes
     """Two models that each need node_a's one CPU: loading the second evicts the first
     when it is idle, and never while it serves (the load then gets 503 after the wait)."""
     p, q = mid("p"), mid("q")
-    pinned = {"ray_resources": {"node_a": 1}, "ctx_len": 4096, "n_parallel": 1}
+    pinned = {"ray_resources": {"node_a": 1}, "ctx_len": 4096, "n_parallel": 1, "own_instances": True}
     r = RayRouter(tmp_path, cluster, {p: model(model_path, **pinned), q: model(model_path, **pinned)},
                   queue_timeout_s=3.0)
     try:

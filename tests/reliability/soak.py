@@ -79,7 +79,7 @@ def router_kills(model_path: Path, tmp: Path, times: int = 10) -> int:
     for i in range(times):
         d = tmp / f"kill{i}"
         d.mkdir()
-        r = RouterProcess(d, real_models(model_path, "a", "b", ctx_len=256, n_parallel=1)).start()
+        r = RouterProcess(d, real_models(model_path, "a", "b", ctx_len=256, n_parallel=1, own_instances=True)).start()
         with r.client() as c:
             for m in ("a", "b"):
                 c.post("/models/load", json={"model": m})
@@ -105,7 +105,7 @@ async def main() -> int:
     with tempfile.TemporaryDirectory(prefix="corral-soak-") as tmpdir:
         tmp = Path(tmpdir)
         (tmp / "main").mkdir()
-        r = RouterProcess(tmp / "main", real_models(model_path, "a", "b", ctx_len=1024, n_parallel=8),
+        r = RouterProcess(tmp / "main", real_models(model_path, "a", "b", ctx_len=1024, n_parallel=8, own_instances=True),
                           header_timeout_s=3.0).start()
         try:
             kills = max(1, int(args.minutes * 60 // args.interval))

@@ -148,7 +148,7 @@ async def test_worker_sigkill_under_streaming_load(routers, model_path: Path) ->
 
 
 def test_router_sigkill_leaves_no_worker(routers, model_path: Path) -> None:  # noqa: ANN001
-    models = real_models(model_path, "a", "b", ctx_len=256, n_parallel=1)
+    models = real_models(model_path, "a", "b", ctx_len=256, n_parallel=1, own_instances=True)
     for i in range(10):
         r = routers(models, sub=f"kill{i}-")
         with r.client() as c:

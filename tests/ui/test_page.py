@@ -223,3 +223,23 @@ def test_no_layout_break_with_many_models_and_long_ids(browser_context: Any, ser
     boxes = page.evaluate("""[...document.querySelectorAll('article.model, .panel')].map(e => {
         const r = e.getBoundingClientRect(); return [r.left, r.right]; })""")
     assert all(left >= 0 and right <= width + 0.5 for left, right in boxes)
+
+
+def test_a_variant_shows_the_status_of_the_model_it_runs_on(page: Any, server: CorralServer) -> None:
+    """A model created FROM the default one is its variant: while the default is loaded its
+    card says so (status loaded, "variant of"), and has no Load/Unload of its own."""
+    variant = "pirate-variant"
+    with server.client(timeout=120) as c:
+        r = c.post("/api/create", json={"model": variant, "from": DEFAULT, "system": "Arr.", "stream": False})
+        assert r.status_code == 200, r.text
+        try:
+            assert c.post("/models/load", json={"model": DEFAULT}).status_code == 200
+            page.reload()
+            page.wait_for_function(f"""document.querySelector('article.model[data-model="{variant}"] .model-head .status')
+                                      ?.dataset.status === 'loaded'""", timeout=120_000)
+            assert f"variant of {DEFAULT}" in card(page, variant).inner_text()
+            assert card(page, variant).locator("button[data-action=load], button[data-action=unload]").count() == 0
+            assert card(page, DEFAULT).locator("button[data-action=unload]").count() == 1
+        finally:
+            c.post("/models/unload", json={"model": DEFAULT})
+            c.request("DELETE", "/api/delete", json={"model": variant})

@@ -38,6 +38,12 @@ class CreatedModel(msgspec.Struct, frozen=True, kw_only=True):
     license: list[str] = []
     mmproj: str | None = None
 
+    def files(self) -> set[str]:
+        """The files it runs on: its GGUF, its projector and its adapters'."""
+        lora = self.settings.get("lora") or []
+        return {self.path, *([self.mmproj] if self.mmproj else []),
+                *(a["path"] for a in lora if isinstance(a, dict) and isinstance(a.get("path"), str))}
+
     def model_settings(self, base: ModelSettings | None = None) -> ModelSettings:
         """Its settings over ``base`` (SettingsError for bad ones)."""
         return ModelSettings.layered([base.to_dict() if base is not None else {}, self.settings])

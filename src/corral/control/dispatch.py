@@ -69,25 +69,27 @@ class Dispatch:
         self._live.add(stream)
         stream.at_end(self._live.discard)  # added first: runs last
 
-    async def tokenize(self, pool: ModelPool, msg: wire.TokenizeRequest) -> RequestStream:
+    async def tokenize(self, pool: ModelPool, msg: wire.TokenizeRequest, as_model: str | None = None) -> RequestStream:
         """Tokenize, detokenize or render a chat (``Tokenized``): no slot, no queue (the worker
-        answers between decode steps); a model not loaded is loaded first."""
+        answers between decode steps); a model not loaded is loaded first. ``as_model``: as
+        in ``submit``."""
         frame = encode_request(msg)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._server().queue_timeout_s  # the load's bound (no slot to wait for)
+        asked = pool  # the model the request named: ``pool`` may become the one serving it
         while True:
-            self.current(pool)
+            self.current(asked)
             ready = [i for i in pool.instances if i.accepting]
             if not ready:
                 if pool.has_ready or loop.time() >= deadline:  # ready but its channel is closing: no wait
                     raise CapacityTimeout(f"model {pool.spec.id!r} is not available", retry_after_s=1)
                 try:
-                    await self.ensure_loaded(pool)
+                    pool = await self.ensure_loaded(pool)  # a variant: the model that serves it
                 except ModelUnloaded:
                     pass
                 continue
             inst = min(ready, key=pool.busy)
-            stream = RequestStream(msg.id, pool.spec.id, input_param(msg))
+            stream = RequestStream(msg.id, as_model or asked.spec.id, input_param(msg))
             if inst.submit(msg.id, frame, stream, slotted=False):
                 self._sent(stream)
                 self._access.track(stream)
@@ -118,13 +120,14 @@ class Dispatch:
         who = requester()  # whom the request is for: read once, passed to the queue and preemption
         bound = self._server().request_queue_timeout_s  # None: waits while its client does
         deadline = None if bound is None else loop.time() + bound
+        asked = pool  # the model the request named: ``pool`` may become the one serving it (ensure_loaded)
         while True:
-            stream = RequestStream(msg.id, as_model or self.current(pool).spec.id, input_param(msg))
+            stream = RequestStream(msg.id, as_model or self.current(asked).spec.id, input_param(msg))
             inst = pool.try_acquire(prefix, who)
             if inst is None:
                 if not pool.has_ready and not pool.draining:
                     try:
-                        await self.ensure_loaded(pool)
+                        pool = await self.ensure_loaded(pool)  # a variant: the model that serves it
                     except ModelUnloaded:  # another request unloaded it meanwhile: autoload again
                         if deadline is not None and loop.time() >= deadline:
                             raise
@@ -149,7 +152,10 @@ class Dispatch:
                 pool.track(stream, who, inst if isinstance(msg, wire.GenerateRequest) else None)  # its fair share
                 return stream
 
-    async def ensure_loaded(self, pool: ModelPool) -> None:
+    async def ensure_loaded(self, pool: ModelPool) -> ModelPool:
+        """``pool`` loaded (autoload), or the model whose instances serve it: a variant's
+        first request while its host started loading (``Admission.load``); the request goes
+        there."""
         if self._ray is not None:  # the Ray cluster lost: 503 at once, not a wait for instances
             err = self._ray.unreachable()
             if err is not None:
@@ -158,17 +164,16 @@ class Dispatch:
         if pool.occupies:
             waiting = pool.wait_ready(srv.load_timeout_s)
             await (waiting if self._ray is None else self._ray.while_reachable(waiting))
-            return
+            return pool
         if pool.failed_final:
             if pool.retry_due:  # a crash loop's backoff has passed: try again
-                await self._admission.load(pool, fresh=False)
-                return
+                return await self._admission.load(pool, fresh=False)
             raise LoadFailed(f"model {pool.spec.id!r} failed: {pool.failure_reason}; "
                              "POST /models/load to try again")
         if not srv.autoload:
             raise ModelNotLoaded(f"model {pool.spec.id!r} is not loaded and autoload is off; "
                                  "load it with POST /models/load", param="model")
-        await self._admission.load(pool)
+        return await self._admission.load(pool)
 
     def keep_alive(self, pool: ModelPool, seconds: float | None) -> None:
         """Ollama's ``keep_alive``, applied when a request ends: None leaves the model's

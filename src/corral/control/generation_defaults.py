@@ -15,7 +15,7 @@ a default needs no restart and two ids served by one worker keep their own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -23,6 +23,8 @@ from corral import wire
 from corral.model.settings import SAMPLING_BUILTIN, SAMPLING_KEYS, ModelSettings
 
 __all__ = ["apply", "in_force", "sampling_defaults", "with_prompt_format", "with_system"]
+
+Rendered = TypeVar("Rendered", wire.GenerateRequest, wire.TokenizeRequest)  # what a worker renders a chat for
 
 
 def sampling_defaults(s: ModelSettings) -> dict[str, Any]:
@@ -55,7 +57,7 @@ def apply(s: ModelSettings, msg: wire.GenerateRequest) -> wire.GenerateRequest:
     return msgspec.structs.replace(msg, **change) if change else msg
 
 
-def with_prompt_format(s: ModelSettings, msg: wire.GenerateRequest) -> wire.GenerateRequest:
+def with_prompt_format(s: ModelSettings, msg: Rendered) -> Rendered:
     """``msg`` carrying ``s``'s plain prompt (pre/user/ai/system_prompt): a variant's, for
     a worker loaded for another id (the worker renders a model without a chat template so)."""
     fmt = wire.PromptFormat(pre_prompt=s.pre_prompt, user_prompt=s.user_prompt, ai_prompt=s.ai_prompt,

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ControlPlane"]
 
-VARIANT_SOURCES = frozenset({"nitro", "created", "preset"})  # the models ``serving`` may share
+VARIANT_SOURCES = frozenset({"config", "nitro", "created", "preset"})  # the models ``serving`` may share
 
 log = logging.getLogger("corral.plane")
 
@@ -90,7 +90,8 @@ class ControlPlane:
         self.admission = Admission(self.pools, lambda: self.config.server, self._background,
                                    node_room=self._node_room if self.ray is not None else None,
                                    gpus=GpuBudget(lambda: self._local.worker_command, lambda: self.config.server)
-                                   if self.spawner is self._local else None)
+                                   if self.spawner is self._local else None,
+                                   serving=self.serving)
         self.sync = CatalogSync(catalog=self.catalog, pools=self.pools, bus=self.bus,
                                 admission=self.admission, make_pool=self._make_pool,
                                 load_soon=self._load_soon, store=store, embedded=embedded)
@@ -118,8 +119,13 @@ class ControlPlane:
             self.sync.add(spec, announce=False)
         housekeeper = Housekeeper(self.pools, self.admission, self._background)
         self._housekeeper = asyncio.get_running_loop().create_task(housekeeper.run(), name="housekeeper")
+        started: list[tuple[Any, ...]] = []  # a variant of a model loaded here loads nothing (keys hold dicts)
         for pool in self.pools.values():
             if pool.spec.load_on_startup:
+                key = pool.spec.load_key()
+                if key in started and self._may_share(pool):
+                    continue
+                started.append(key)
                 self._load_soon(pool)
 
     async def close(self) -> None:
@@ -218,16 +224,31 @@ class ControlPlane:
         a loaded (or loading) model's equal in all a load fixes (``ModelSpec.load_key``: the
         file, context, GPU layers, projector, cache types...): ``pool`` is then a variant of
         it, served with no second load (its generation defaults and plain prompt go with
-        each request). Ids made at run time (Nitro's loadmodel, Ollama's create) and a
-        preset's sections are variants so; two [models] tables of one file stay two models,
-        as the operator wrote them (tests and placement rely on that)."""
-        if pool.occupies or pool.spec.source not in VARIANT_SOURCES:
+        each request). [models] tables, ids made at run time (Nitro's loadmodel, Ollama's
+        create) and a preset's sections are variants so; a model that sets ``own_instances``
+        runs on its own workers only (part of its load_key: none other shares its workers)."""
+        if not self._may_share(pool):
             return pool
         key = pool.spec.load_key()
         for other in self.pools.values():
             if other is not pool and other.occupies and other.spec.load_key() == key:
                 return other
         return pool
+
+    def variant_of(self, pool: ModelPool) -> str | None:
+        """The id of the model whose instances serve ``pool`` (``serving``), None where that is
+        ``pool`` itself or a model the request's key may not see (its id is not told)."""
+        runs_on = self.serving(pool)
+        return runs_on.spec.id if runs_on is not pool and self.access.visible(runs_on.spec) else None
+
+    def status(self, pool: ModelPool) -> str:
+        """``pool``'s status as the listings show it: a variant's is the status of the model
+        serving it (loaded or loading: it answers with no load of its own), else its own."""
+        return self.serving(pool).status()
+
+    def _may_share(self, pool: ModelPool) -> bool:
+        """``pool`` may run on another's instances (it holds none of its own, it may be a variant)."""
+        return not pool.occupies and pool.spec.source in VARIANT_SOURCES and not pool.spec.own_instances
 
     def visible_pools(self) -> list[ModelPool]:
         """The models the request's key may use (every model outside a request)."""
@@ -240,7 +261,9 @@ class ControlPlane:
         A variant (``serving``) runs on the model that serves it, under its own id."""
         msg = generation_defaults.apply(pool.spec, msg)
         runs_on = self.serving(pool)
-        if runs_on is not pool:
+        if self._may_share(pool):  # a variant now, or once its load is decided (Admission.load)
+            # its own plain prompt and adapter scales go with it: on a worker of its own they
+            # are that worker's (the same request), on another's they make it this model
             msg = generation_defaults.with_prompt_format(pool.spec, msg)
             if msg.lora is None and pool.spec.lora:  # the variant's own adapter scales
                 msg = msgspec.structs.replace(msg, lora=[
@@ -250,10 +273,13 @@ class ControlPlane:
                                           as_model=pool.spec.id)
 
     async def embed(self, pool: ModelPool, msg: wire.EmbedRequest) -> RequestStream:
-        return await self.dispatch.submit(pool, msg, None)
+        return await self.dispatch.submit(self.serving(pool), msg, None, as_model=pool.spec.id)
 
     async def tokenize(self, pool: ModelPool, msg: wire.TokenizeRequest) -> RequestStream:
-        return await self.dispatch.tokenize(pool, generation_defaults.with_system(pool.spec, msg))
+        msg = generation_defaults.with_system(pool.spec, msg)
+        if self._may_share(pool):  # a variant renders a chat with its own plain prompt (as in generate)
+            msg = generation_defaults.with_prompt_format(pool.spec, msg)
+        return await self.dispatch.tokenize(self.serving(pool), msg, as_model=pool.spec.id)
 
     def keep_alive(self, pool: ModelPool, seconds: float | None) -> None:
         self.dispatch.keep_alive(pool, seconds)
@@ -274,7 +300,7 @@ class ControlPlane:
         409 when another request unloaded it before it was ready (the later call wins).
         ``pool``: what the request resolved its name to (``pool``), once, where it entered."""
         try:
-            await self.admission.load(self.serving(pool))  # a variant: the model that serves it
+            await self.admission.load(pool)  # a variant: the model that serves it (admission decides)
         except ModelUnloaded as exc:
             raise Conflict(f"{exc.message}: another request unloaded it before it was ready",
                            param="model") from None
@@ -340,5 +366,5 @@ class ControlPlane:
         return views.snapshot(self.pools.values())
 
     def describe(self, pool: ModelPool) -> dict[str, Any]:
-        return views.describe(pool, created=int(self.started_at))
+        return views.describe(pool, created=int(self.started_at), status=self.status(pool))
 

@@ -53,8 +53,9 @@ def snapshot(pools: Iterable[ModelPool]) -> list[dict[str, Any]]:
     return out
 
 
-def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
-    """One model as GET /models shows it (llama.cpp router fields plus instances)."""
+def describe(pool: ModelPool, *, created: int, status: str | None = None) -> dict[str, Any]:
+    """One model as GET /models shows it (llama.cpp router fields plus instances).
+    ``status``: a variant's (``ControlPlane.status``), else the pool's own."""
     spec = pool.spec
     instances = []
     for i in pool.instances:
@@ -97,7 +98,7 @@ def describe(pool: ModelPool, *, created: int) -> dict[str, Any]:
             "gpu": {"devices": i.gpu.devices, "need_bytes": i.gpu.need_bytes,
                     "need_bytes_per_device": i.gpu.needs} if i.gpu else None,
         })
-    status = pool.status()
+    status = status or pool.status()
     return {
         "id": spec.id,
         "object": "model",

@@ -220,6 +220,10 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # saved prefixes' KV each worker keeps (a size, "2GiB", or bytes; 0: off). The same budget
     # holds sequences paused by fair-share preemption (worker/cache/kv_store.py).
     prompt_cache_ram: Annotated[int, Meta(ge=0, le=2**50)] = 1024**3
+    # variants (control/plane.py's serving): false, an id equal to a loaded model in all a load
+    # fixes runs on that model's instances; true, this model runs only on workers of its own and
+    # no other id runs on them (fixed per load: two ids that both set it are two models)
+    own_instances: bool = False
     # router only (changing these needs no worker restart)
     ttl_s: Annotated[float, Meta(gt=0)] | None = None  # unload after this long idle
     # an unload lets running requests finish this long (llama-server preset's stop-timeout);
@@ -333,7 +337,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     def worker_key(self) -> tuple[Any, ...]:
         """The settings whose change needs the worker restarted."""
         return tuple(getattr(self, f) for f in ModelSettings.__struct_fields__
-                     if f not in LIVE_FIELDS and f not in GENERATION_FIELDS)
+                     if f not in LIVE_FIELDS and f not in GENERATION_FIELDS and f not in ROUTER_LOAD_FIELDS)
 
     def load_key(self) -> tuple[Any, ...]:
         """What a load fixes: two models equal in it (and in their file) are variants, served
@@ -351,6 +355,9 @@ BYTE_FIELDS = frozenset({"prompt_cache_ram"})
 
 # changing these applies to a loaded model at once (no worker restart)
 LIVE_FIELDS = frozenset({"ttl_s", "pinned", "load_on_startup", "drain_timeout_s"})
+
+# what a load fixes that only the router reads: in load_key, not worker_key (a change restarts no worker)
+ROUTER_LOAD_FIELDS = frozenset({"own_instances"})
 
 # the plain (Nitro-style) prompt's parts: a request carries them (wire.PromptFormat) for a variant
 PROMPT_FIELDS = frozenset({"pre_prompt", "user_prompt", "ai_prompt", "system_prompt"})

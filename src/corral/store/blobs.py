@@ -4,7 +4,8 @@ models and LoRA adapters, kept in ``models_dir/.corral/blobs/sha256-<hex>`` (own
 An upload streams to a temporary file in that folder while it is hashed; only when the
 bytes hash to the digest it was sent under is it renamed into place (a mismatch, a client
 that leaves, a body over the limit: the temporary file goes, nothing is kept). A blob is
-never listed as a model; ``/api/create`` names it by digest.
+never listed as a model; ``/api/create`` names it by digest. Deleting the last model made
+from a blob deletes the blob (``remove_unused``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 import os
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 from corral.errors import InvalidRequest, PayloadTooLarge
@@ -41,6 +42,18 @@ class BlobStore:
 
     def has(self, digest: str) -> bool:
         return self.path(digest).is_file()
+
+    def remove_unused(self, files: Iterable[str], used: set[str]) -> list[Path]:
+        """Delete those of ``files`` that are blobs here and not in ``used`` (the files every
+        model still runs on): a deleted model's uploads, as Ollama prunes its layers. Returns
+        what went."""
+        gone = []
+        for name in files:
+            path = Path(name)
+            if path.parent == self.root and path.name.startswith("sha256-") and name not in used:
+                path.unlink(missing_ok=True)
+                gone.append(path)
+        return gone
 
     async def write(self, digest: str, chunks: AsyncIterator[bytes], *, limit: int) -> Path:
         """Keep the uploaded bytes under ``digest`` once they hash to it; returns the path."""

@@ -222,7 +222,8 @@ class GenerateRequest(msgspec.Struct, frozen=True, tag="generate", kw_only=True,
 
 class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True):
     """Exactly one of text / tokens / messages: tokenize text, detokenize tokens, or render
-    messages (and tools) with the model's chat template (``Tokenized.text``, /apply-template)."""
+    messages (and tools) with the model's chat template (``Tokenized.text``, /apply-template);
+    ``prompt_format``: a variant's plain prompt, as in ``GenerateRequest``."""
 
     id: str
     text: str | None = None
@@ -231,6 +232,7 @@ class TokenizeRequest(msgspec.Struct, frozen=True, tag="tokenize", kw_only=True)
     parse_special: bool = True
     messages: list[ChatMessage] | None = None
     tools: list[dict[str, Any]] | None = None
+    prompt_format: PromptFormat | None = None
 
 
 class EmbedRequest(msgspec.Struct, frozen=True, tag="embed", kw_only=True):

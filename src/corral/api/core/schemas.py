@@ -276,6 +276,13 @@ def nitro_settings(body: NitroLoadModel, inherited: ModelSettings) -> ModelSetti
         raise InvalidRequest(f"{param}: {msg}", param=param) from None
 
 
+def nitro_changes(body: NitroLoadModel, settings: ModelSettings) -> list[tuple[str, Any, Any]]:
+    """(Nitro's key, the body's value, ``settings``' value) for each setting the body gives
+    that ``settings`` has otherwise."""
+    return [(theirs, getattr(body, theirs), getattr(settings, ours)) for theirs, ours in _NITRO_SETTINGS.items()
+            if getattr(body, theirs) is not None and getattr(body, theirs) != getattr(settings, ours)]
+
+
 class NitroUnloadModel(BaseModel):
     model_config = _LENIENT
     model_id: str = Field(min_length=1)

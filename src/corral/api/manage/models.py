@@ -30,7 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from corral.api.core.adapter_models import AdapterModel, adapter_models, serving_model
 from corral.api.core.target import pull_if_needed
 from corral.api.http import downloads_of, json_response, path_policy, plane_of, sse_data
-from corral.api.core.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitro_settings,
+from corral.api.core.schemas import (ModelRef, NitroLoadModel, NitroUnloadModel, nitro_changes, nitro_settings,
                                 parse_body)
 from corral.control.catalog import ModelSpec
 from corral.errors import (ConfigError, Conflict, InvalidConfig, InvalidRequest, LoadFailed, ModelNotFound,
@@ -69,8 +69,7 @@ async def list_models(request: Request) -> Response:
     visible = plane.visible_pools()  # the models the request's key may use
     for pool in visible:
         entry = plane.describe(pool)
-        runs_on = plane.serving(pool)  # a variant: listed under its own id, served by another's instances
-        entry["variant_of"] = runs_on.spec.id if runs_on is not pool else None
+        entry["variant_of"] = plane.variant_of(pool)  # a variant: its own id, served by another's instances
         progress = dm.progress(pool.spec.id) if dm is not None else None
         if progress is not None and entry["status"]["value"] == "unloaded":
             entry["status"]["value"] = "downloading"
@@ -213,6 +212,12 @@ async def nitro_load(request: Request) -> Response:
     if existing is not None and existing.spec.source != "nitro" and existing.spec.path != spec.path:
         raise Conflict(f"model_id {body.model_id!r} is already a {existing.spec.source} model "
                        "at another path", param="model_id")
+    changed = nitro_changes(body, existing.spec) if existing is not None and existing.spec.source != "nitro" else []
+    if existing is not None and changed:  # a config's (or created) model's settings are its own: never dropped silently
+        key, asked, has = changed[0]
+        raise Conflict(f"{key}: model_id {body.model_id!r} is a {existing.spec.source} model with "
+                       f"{key} {has!r}; a loadmodel cannot change it (asked {asked!r}): give another model_id "
+                       "(one that differs only in its prompts shares this model's workers)", param=key)
     added = existing is None
     if existing is not None and existing.spec.source == "nitro":
         await plane.add_model(spec, replace=True)

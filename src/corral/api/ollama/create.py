@@ -37,7 +37,7 @@ from corral.state.paths import state_dir
 from corral.store.blobs import BlobStore, parse_digest
 from corral.store.local import default_models_dir
 
-__all__ = ["router", "open_created", "created_models", "spec_of"]
+__all__ = ["router", "open_created", "created_models", "spec_of", "blob_store"]
 
 router = APIRouter()
 
@@ -72,7 +72,7 @@ def created_models(request: Request) -> CreatedModels | None:
     return created
 
 
-def _blobs(request: Request) -> BlobStore:
+def blob_store(request: Request) -> BlobStore:
     store = store_of(request)
     root = store.root if store is not None else (plane_of(request).config.server.models_dir or default_models_dir())
     return BlobStore(root)
@@ -84,14 +84,14 @@ def _blobs(request: Request) -> BlobStore:
 @router.get("/api/blobs/{digest}")
 @router.head("/api/blobs/{digest}", include_in_schema=False)
 async def blob_exists(request: Request, digest: str) -> Response:
-    return Response(status_code=200 if _blobs(request).has(digest) else 404)
+    return Response(status_code=200 if blob_store(request).has(digest) else 404)
 
 
 @router.post("/api/blobs/{digest}", status_code=201)
 async def blob_upload(request: Request, digest: str) -> Response:
     parse_digest(digest)  # a bad digest is a 400 before any byte is read
     limit = plane_of(request).config.server.max_upload_bytes
-    await _blobs(request).write(digest, request.stream(), limit=limit)
+    await blob_store(request).write(digest, request.stream(), limit=limit)
     return Response(status_code=201)
 
 
@@ -147,7 +147,7 @@ def spec_of(rec: CreatedModel) -> ModelSpec:
 def _record(request: Request, body: CreateBody, name: str) -> CreatedModel:
     """The model the body describes, checked whole (4xx for anything wrong)."""
     plane = plane_of(request)
-    blobs = _blobs(request)
+    blobs = blob_store(request)
     base: ModelSettings
     mmproj: str | None = None
     parent: str | None = None

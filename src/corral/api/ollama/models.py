@@ -32,6 +32,7 @@ from corral.model import reasoning_format
 from corral.model.settings import SAMPLING_KEYS, ModelSettings
 from corral.api.core.adapter_models import AdapterModel, adapter_file_size, adapter_models, find_adapter_model
 from corral.api.http import created_of, downloads_of, json_response, ndjson_line, plane_of, store_of
+from corral.api.ollama.create import blob_store
 from corral.api.ollama.schemas import SPELLING, OllamaCopyRequest, OllamaModelRequest, OllamaPullRequest
 from corral.api.core.schemas import parse_body
 from corral.api.manage.store import remove_from_store
@@ -126,25 +127,27 @@ async def tags(request: Request) -> Response:
 
 @router.get("/api/ps")
 async def ps(request: Request) -> Response:
-    """The loaded models, and the adapter models whose base is loaded (each entry the base's
-    memory: they run on its workers)."""
+    """The loaded models, their variants (control/plane.py's serving) and the adapter models
+    whose base is loaded: a variant's or an adapter model's entry shows the memory of the
+    model it runs on (its workers; ``variant_of`` names that model)."""
     plane = plane_of(request)
-    pools = [p for p in plane.visible_pools() if p.status() == "loaded"]
+    listed = [(p, plane.serving(p)) for p in plane.visible_pools()]
+    rows = [(p, runs_on) for p, runs_on in listed if runs_on.status() == "loaded"]
     adapters = [a for a in adapter_models(plane) if a.base.status() == "loaded"]
     shas = await _store_sha(request)
-    bases = pools + [a.base for a in adapters]
+    pools = [p for p, _ in rows] + [a.base for a in adapters]
     out = []
-    for pool, meta in zip(bases, await _metas(bases)):
-        ttl = pool.ttl_s
-        size, size_vram = _sizes(pool)
-        slot = next((i.info.n_ctx_slot for i in pool.instances if i.info is not None),
-                    pool.spec.slot_ctx())
+    for (pool, runs_on), meta in zip([*rows, *((a.base, a.base) for a in adapters)], await _metas(pools)):
+        size, size_vram = _sizes(runs_on)
+        slot = next((i.info.n_ctx_slot for i in runs_on.instances if i.info is not None),
+                    runs_on.spec.slot_ctx())
+        variant = {"variant_of": plane.variant_of(pool)} if runs_on is not pool else {}  # corral's own field
         out.append({**_entry(pool, meta, shas), "size": size, "size_vram": size_vram,
-                    "expires_at": _expires_at(pool.last_used, ttl),
-                    "context_length": slot})
-    return json_response({"models": out[:len(pools)] + [
+                    "expires_at": _expires_at(runs_on.last_used, runs_on.ttl_s),
+                    "context_length": slot, **variant})
+    return json_response({"models": out[:len(rows)] + [
         {**_adapter_entry(a, e), "size": e["size"], "size_vram": e["size_vram"]}
-        for a, e in zip(adapters, out[len(pools):])]})
+        for a, e in zip(adapters, out[len(rows):])]})
 
 
 def _sizes(pool: ModelPool) -> tuple[int, int]:
@@ -364,8 +367,13 @@ async def delete(request: Request) -> Response:
         mid = name
     created = created_of(request)
     if mid in plane.pools and plane.pools[mid].spec.source == "created" and created is not None:
-        created.remove(mid)  # its blobs stay (another model may use them)
+        gone = next((r for r in created.load() if r.name == mid), None)
+        created.remove(mid)
         await plane.remove_model(mid)
+        if gone is not None:  # its uploads that no model runs on any more go too (Ollama prunes so)
+            used = {f for r in created.load() for f in r.files()}
+            used |= {str(f) for p in plane.pools.values() for f in (p.spec.path, p.spec.mmproj) if f}
+            blob_store(request).remove_unused(gone.files(), used)
         return Response(status_code=200)
     store = store_of(request)
     if store is None or await asyncio.to_thread(store.get, mid) is None:

@@ -237,10 +237,12 @@ async def embeddings(request: Request) -> Response:
 
 
 def _openai_model(plane: ControlPlane, pool: ModelPool) -> dict[str, Any]:
-    status = pool.status()
+    status = plane.status(pool)  # a variant: the status of the model serving it
+    variant = plane.variant_of(pool)
     return {"id": pool.spec.id, "object": "model", "created": int(plane.started_at),
             "owned_by": "corral", "aliases": list(pool.spec.aliases),
             "status": {"value": status, **({"failed": True, "reason": pool.failure_reason} if status == "failed" else {})},
+            **({"variant_of": variant} if variant is not None else {}),  # corral's own field
             "vision": can(pool, "vision"), "audio": can(pool, "audio")}
 
 

@@ -60,8 +60,10 @@ def _gpu_why(short: Shortage) -> str:
 class Admission:
     def __init__(self, pools: dict[str, ModelPool], server: Callable[[], ServerConfig],
                  background: Background, node_room: Callable[[ModelPool], str | None] | None = None,
-                 gpus: GpuBudget | None = None) -> None:
+                 gpus: GpuBudget | None = None,
+                 serving: Callable[[ModelPool], ModelPool] = lambda pool: pool) -> None:
         self._pools = pools
+        self._serving = serving  # the pool whose instances serve a pool's requests (ControlPlane.serving)
         self.gpus = gpus  # local workers: the GPU inventory, per-device budget and placement
         self.node_room = node_room  # on a Ray cluster: why no node has room for the pool, or None
         self._server = server
@@ -72,24 +74,31 @@ class Admission:
 
     # ------------------------------------------------------------------ loading
 
-    async def load(self, pool: ModelPool, *, fresh: bool = True) -> None:
-        """Start ``pool`` (making room first) unless it already holds its place; wait
-        until an instance is ready. ``fresh=False``: failed instances retry with their
-        failure counts (after a crash loop's backoff). LoadFailed for a file that does
-        not read as GGUF (checked again here, off the event loop: it may have changed since
-        the catalog was read); nothing is started for it."""
-        if not pool.occupies and self._server().worker_command is None:
-            problem = (await asyncio.to_thread(check_file, pool.spec.path)).problem
+    async def load(self, pool: ModelPool, *, fresh: bool = True) -> ModelPool:
+        """Start the model that serves ``pool`` (making room first) unless it already holds
+        its place; wait until an instance is ready; return it. That model is ``pool``, or one
+        ``pool`` is a variant of (``ControlPlane.serving``: loaded or loading, equal in all a
+        load fixes), decided again under the lock that starts it: of two variants' first
+        requests at once, the second rides on the load the first started (no second load).
+        ``fresh=False``: failed instances retry with their failure counts (after a crash
+        loop's backoff). LoadFailed for a file that does not read as GGUF (checked again
+        here, off the event loop: it may have changed since the catalog was read); nothing
+        is started for it."""
+        serving = self._serving(pool)
+        if not serving.occupies and self._server().worker_command is None:
+            problem = (await asyncio.to_thread(check_file, serving.spec.path)).problem
             if problem is not None:
-                raise LoadFailed(f"model {pool.spec.id!r} failed: its file does not read as GGUF: {problem}")
-        if not pool.occupies:
+                raise LoadFailed(f"model {serving.spec.id!r} failed: its file does not read as GGUF: {problem}")
+        if not serving.occupies:
             async with self._lock.turn():
-                if not pool.occupies:
-                    placed = await self._make_room(pool)
-                    pool.start(fresh=fresh, gpus=placed)
-        await pool.wait_ready(self._server().load_timeout_s)
+                serving = self._serving(pool)  # a variant's host may have started while this waited
+                if not serving.occupies:
+                    placed = await self._make_room(serving)
+                    serving.start(fresh=fresh, gpus=placed)
+        await serving.wait_ready(self._server().load_timeout_s)
         if self._server().memory_budget is not None:
-            self._background(self._trim(pool), "trim")
+            self._background(self._trim(serving), "trim")
+        return serving
 
     async def _make_room(self, pool: ModelPool) -> list[GpuSlot] | None:
         """Evict LRU idle models until ``pool`` fits (count, host memory, GPU memory);

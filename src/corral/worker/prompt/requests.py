@@ -85,7 +85,7 @@ def tokenize(tok: Tokenizer, req: wire.TokenizeRequest, prompts: PromptPreparer 
     if req.messages is not None:
         if prompts is None:
             raise RequestRejected("invalid_request", "this model renders no chat template")
-        return wire.Tokenized(req.id, [], [], prompts.render(req.messages, req.tools))
+        return wire.Tokenized(req.id, [], [], prompts.render(req.messages, req.tools, fmt=req.prompt_format))
     if req.text is not None:
         tokens = tok.tokenize(req.text, add_special=req.add_special, parse_special=req.parse_special)
     else:

@@ -99,12 +99,14 @@
     const live = liveNumbers(m.id);
     card.root.className = "model st-" + st;
     // an adapter model id runs on its base's workers: the base's card loads and unloads them
-    const bits = [m.adapter ? "adapter " + m.adapter.id + " of " + m.adapter.base : "", m.source || "",
+    // a variant runs on the workers of the model it is a variant of: that card loads and unloads them
+    const bits = [m.adapter ? "adapter " + m.adapter.id + " of " + m.adapter.base : "",
+      m.variant_of ? "variant of " + m.variant_of : "", m.source || "",
       s.ctx_len ? "ctx " + s.ctx_len : "", s.n_parallel === "auto" ? "auto slots (at most " + s.n_parallel_max + ")" : s.n_parallel ? s.n_parallel + " slots" : "",
       s.instances > 1 ? s.instances + " instances" : "", m.memory_bytes ? C.bytes(m.memory_bytes) : "",
       s.ttl_s ? "ttl " + C.duration(s.ttl_s) : "", s.pinned ? "pinned" : "", s.embedding ? "embedding" : "", m.vision ? "vision" : "", m.audio ? "audio" : ""].filter(Boolean);
     const acts = [];
-    if (!m.adapter) { // an adapter model has no actions of its own
+    if (!m.adapter && !m.variant_of) { // an adapter model or a variant has no load or unload of its own
       if (st === "unloaded" || st === "failed") acts.push(button(m, "load", "Load"));
       if (st === "loaded" || st === "loading") acts.push(button(m, "unload", "Unload", "ghost"));
       if (st === "downloading") acts.push(button(m, "cancel", "Cancel download", "danger"));
