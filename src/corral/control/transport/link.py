@@ -118,6 +118,7 @@ class WorkerLink(abc.ABC):
         self._decoder = wire.FrameDecoder()
         self._exit: LinkExit | None = None
         self._transport: asyncio.WriteTransport | None = None  # set by the subclass once connected
+        self._held: list[bytes] = []  # requests' frames of this loop turn, for one write (``submit``)
 
     # ------------------------------------------------------------ transport (subclasses)
 
@@ -132,9 +133,29 @@ class WorkerLink(abc.ABC):
         return t is not None and not t.is_closing()
 
     def _write(self, frame: bytes) -> None:
-        """Queue one encoded frame to the worker (never blocks)."""
-        if self._transport is not None:
+        """Queue one encoded frame to the worker (never blocks), after any held ones."""
+        if self._held:
+            self._held.append(frame)
+            self._flush()
+        elif self._transport is not None:
             self._transport.write(frame)
+
+    def _write_soon(self, frame: bytes) -> None:
+        """Hold a request's frame until the end of this turn of the event loop, then write
+        it with every other held one (``submit``). Requests that arrive together (a burst of
+        clients, read in one poll) then reach the worker in one write: it wakes once and
+        starts them in the same step, where a write each woke it for the first and left
+        the rest to its next step; and on shared cores each write was a chance for the
+        woken worker to take the router's core. Any other frame goes out after the held
+        ones (``_write``), so the order to the worker stays the order of the calls."""
+        if not self._held:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._held.append(frame)
+
+    def _flush(self) -> None:
+        held, self._held = self._held, []
+        if held and self._transport is not None:
+            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
 
     @abc.abstractmethod
     def terminate(self) -> None:
@@ -304,7 +325,8 @@ class WorkerLink(abc.ABC):
 
     def submit(self, request_id: str, frame: bytes, stream: RequestStream, instance_index: int,
                slotted: bool = True) -> bool:
-        """Send an encoded request (sync). False when the channel is closed. ``slotted=False``:
+        """Send an encoded request (sync; written at the end of this loop turn, with the
+        others of the turn: ``_write_soon``). False when the channel is closed. ``slotted=False``:
         a request that holds no slot (tokenizing), so its end frees none."""
         if not self.is_open:
             return False
@@ -314,7 +336,7 @@ class WorkerLink(abc.ABC):
         stream.bind(instance_index, self.abort)
         stream.send = self._send_for
         stream.started = time.perf_counter()
-        self._write(frame)
+        self._write_soon(frame)
         return True
 
     def _send_for(self, msg: wire.Preempt | wire.Resume) -> bool:
