@@ -154,8 +154,9 @@ class WorkerLink(abc.ABC):
 
     def _flush(self) -> None:
         held, self._held = self._held, []
-        if held and self._transport is not None:
-            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+        t = self._transport
+        if held and t is not None and not t.is_closing():  # closed since: the requests fail with the link
+            t.write(held[0] if len(held) == 1 else b"".join(held))
 
     @abc.abstractmethod
     def terminate(self) -> None:
