@@ -104,7 +104,7 @@ class DirectWorker:
             top_k=SAMPLING["top_k"], min_p=SAMPLING["min_p"],
         )
         res = RequestResult(ok=False)
-        t0 = time.perf_counter()
+        t0 = res.t0 = time.perf_counter()
         try:
             self._writer.write(wire.encode(wire.GenerateRequest(id=rid, prompt=prompt, params=params)))
             await self._writer.drain()

@@ -150,7 +150,10 @@ async def test_streams_end_with_each_apis_terminal_event_and_abort_on_disconnect
     for path, body in (("/api/generate", {"model": "a", "prompt": "FOREVER"}),
                        ("/v1/messages", {"model": "a", "max_tokens": 4000, "stream": True,
                                          "messages": [{"role": "user", "content": "FOREVER"}]}),
-                       ("/v1/responses", {"model": "a", "input": "FOREVER", "stream": True})):
+                       ("/v1/responses", {"model": "a", "input": "FOREVER", "stream": True}),
+                       ("/v1/chat/completions", {"model": "a", "stream": True,
+                                                 "messages": [{"role": "user", "content": "FOREVER"}]}),
+                       ("/v1/completions", {"model": "a", "prompt": "FOREVER", "stream": True})):
         async with c.stream("POST", path, json=body) as s:
             async for _ in s.aiter_bytes():
                 break

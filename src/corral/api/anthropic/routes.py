@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from corral import wire
 from corral.api.anthropic.context_edits import apply_context_edits
@@ -39,7 +39,7 @@ from corral.api.core.dialect import (Generation, ReasoningEvent, TextEvent, Tool
                                      parse_arguments, run_generation)
 from corral.api.core.generation import GenerationSpec
 from corral.api.core.token_count import count_chat_tokens
-from corral.api.http import error_body
+from corral.api.http import InTaskStreamingResponse, error_body
 from corral.api.core.schemas import parse_body
 from corral.errors import CorralError
 
@@ -101,7 +101,7 @@ async def messages(request: Request) -> Response:
             "id": mid, "type": "message", "role": "assistant", "model": gen.model, "content": content,
             "stop_reason": reason, "stop_sequence": seq, "usage": _usage(gen, tail.cache), **(tail.extra or {})}),
             media_type="application/json")
-    return StreamingResponse(gen.closing(_chunks(gen, mid, tail)), media_type="text/event-stream", headers=_SSE_HEADERS)
+    return InTaskStreamingResponse(gen.closing(_chunks(gen, mid, tail)), media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,9 +127,13 @@ async def _first_output(s: RequestStream) -> None:
     """Until the stream's first output, so that an error before it still gets its HTTP
     status; but at most ``FIRST_OUTPUT_WAIT_S`` once a worker has it: a long prefill then
     goes on behind headers already sent (clients log a slow first byte, or give up), and an
-    error after that comes in the stream, in the dialect's shape."""
+    error after that comes in the stream, in the dialect's shape. Awaited in the request's
+    own task (``asyncio.timeout``, not ``wait_for``'s task of its own): the first token
+    wakes the handler directly, not a task that then wakes it two turns of the loop later,
+    each turn behind every other stream's token of the same step."""
     try:
-        await asyncio.wait_for(s.wait_started(), FIRST_OUTPUT_WAIT_S)
+        async with asyncio.timeout(FIRST_OUTPUT_WAIT_S):
+            await s.wait_started()
     except TimeoutError:
         return
 

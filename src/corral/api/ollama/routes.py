@@ -30,7 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from corral import wire
 from corral.api.core.dialect import (Generation, Outcome, ReasoningEvent, TextEvent, ToolCallEvent, build_spec,
                                      parse_arguments, run_embedding, run_generation)
-from corral.api.http import json_response, ndjson_line, plane_of
+from corral.api.http import InTaskStreamingResponse, json_response, ndjson_line, plane_of
 from corral.api.ollama.context import fit_num_ctx
 from corral.api.ollama.schemas import (OllamaChatRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                        OllamaGenerateRequest, OPTION_NAMES, parse_keep_alive, sampling_from_options)
@@ -135,7 +135,7 @@ def _ndjson(gen: Generation, text_line: Callable[[str, str], bytes],
             yield ndjson_line({"error": exc.message})
         finally:
             gen.close()
-    return StreamingResponse(lines(), media_type=_NDJSON)
+    return InTaskStreamingResponse(lines(), media_type=_NDJSON)
 
 
 async def _run(request: Request, body: OllamaChatRequest | OllamaGenerateRequest, endpoint: str,

@@ -22,12 +22,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from corral import wire
 from corral.api.core.audio import RATE, Pcm, AudioBudget, decode_audio, wav_bytes, windows
 from corral.api.core.generation import FinishEvent, GenerationSpec, TextEvent, generate, open_stream, target_of
-from corral.api.http import json_response, plane_of, sse_data
+from corral.api.http import InTaskStreamingResponse, json_response, plane_of, sse_data
 from corral.api.openai.audio_form import TranscriptionForm, parse_form
 from corral.control.capabilities import can
 from corral.errors import AudioNotSupported, CorralError
@@ -196,5 +196,5 @@ async def _streamed(request: Request, spec: GenerationSpec, form: TranscriptionF
         yield sse_data({"type": "transcript.text.done", "text": joined.strip(), "logprobs": None, "usage": _usage(gs.usage)})
         yield b"data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream",
+    return InTaskStreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -34,7 +34,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from starlette.datastructures import State
 from starlette.requests import Request as StarletteRequest
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Message
 
 from corral import wire
@@ -42,7 +42,7 @@ from corral.api.core.dialect import Generation, build_spec, run_generation
 from corral.api.core.generation import GenerationSpec
 from corral.api.core.schemas import parse_body
 from corral.api.core.token_count import count_chat_tokens
-from corral.api.http import json_response
+from corral.api.http import InTaskStreamingResponse, json_response
 from corral.api.openai.responses_schemas import ResponsesRequest
 from corral.api.openai.responses_store import ResponseStore, StoredResponse
 from corral.api.openai.responses_stream import Shape, events, status_of
@@ -147,7 +147,7 @@ async def create_response(request: Request) -> Response:
         response = shape.response(status_of(gen), _output(shape, gen), gen)
         await remember(gen.text, gen.tool_calls, gen.reasoning, response)
         return Response(_json.encode(response), media_type="application/json")
-    return StreamingResponse(events(gen, shape, remember), media_type="text/event-stream",
+    return InTaskStreamingResponse(events(gen, shape, remember), media_type="text/event-stream",
                              headers=_SSE_HEADERS)
 
 
