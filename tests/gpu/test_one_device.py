@@ -52,7 +52,9 @@ from .conftest import DEVICE
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 
 MiB = 1024 * 1024
-SETTINGS = {"ctx_len": 512, "n_parallel": 1, "threads": 2}
+# own_instances: each id its own worker process on the device (the seeds' case), not a variant
+# sharing the first one's weights (what tables with the same file and load settings are otherwise)
+SETTINGS = {"ctx_len": 512, "n_parallel": 1, "threads": 2, "own_instances": True}
 PROMPT = "One, two, three,"
 TOKENS = 4
 # 64 tokens or more: the prompt cache keeps it (worker/prompt_cache.py MIN_SAVE_TOKENS)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -70,14 +71,16 @@ async def generate(link: WorkerLink, owner: Owner, rid: str) -> str:
     got: list[str] = []
     done = asyncio.get_running_loop().create_future()
 
-    class Stream:
+    class Stream:  # what the link reads of a RequestStream
         instance = None
         started = 0.0
+        first_token: float | None = None
 
         def bind(self, *a: Any) -> None:
             pass
 
         def on_delta(self, d: wire.Delta) -> None:
+            self.first_token = self.first_token or time.perf_counter()
             got.append(d.text)
 
         def on_end(self, msg: Any) -> None:
