@@ -8,9 +8,9 @@ as audio, a Responses ``input_audio`` part, a ``/completion`` multimodal item, t
    Matroska/WebM, MP4/M4A, ADTS AAC); anything else is a 400 naming the part, and a
    declared ``format`` that the bytes contradict is one too;
 2. ``decode_audio``: the file goes to a child process (``api/core/audio_child.py``: PyAV,
-   i.e. FFmpeg's demuxer for that one container and its decoders) that writes 16 kHz mono
-   s16 samples back. The child has an address-space and a CPU-time bound of its own and the
-   router a wall-clock one (``[server] audio_decode_timeout_s``): a decoder that crashes,
+   i.e. FFmpeg's demuxer for that one container and its decoders, forked for that file by
+   the decoder's parent, ``Decoder``) that writes 16 kHz mono s16 samples back. The child
+   has an address-space and a CPU-time bound of its own and the router a wall-clock one (``[server] audio_decode_timeout_s``): a decoder that crashes,
    loops or balloons ends the child, never the router, and is a 400 naming the part. It
    stops at ``max_audio_s`` (what the request's other files left): a small file that
    decodes to hours is refused while it is decoded, not after;
@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import contextlib
 import os
 import signal
+import socket
 import struct
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,11 +41,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from corral.api.core import audio_child
 from corral.config.file import ServerConfig
-from corral.errors import InvalidAudio, InvalidRequest, PayloadTooLarge
+from corral.errors import InternalError, InvalidAudio, InvalidRequest, PayloadTooLarge
 
 __all__ = ["RATE", "WINDOW_SAMPLES", "AudioBudget", "Pcm", "sniff", "check_format", "decode_audio", "decode_recordings",
-           "wav_bytes", "windows", "is_audio", "FORMATS"]
+           "wav_bytes", "windows", "is_audio", "FORMATS", "Decoder", "DECODER"]
 
 RATE = 16_000
 # The most samples one window of a Whisper-style encoder holds: libmtmd's mel
@@ -146,6 +150,60 @@ def check_format(data: bytes, where: str, declared: str | None) -> str:
     return container
 
 
+class Decoder:
+    """The router's audio decoder: one parent process (``audio_child.serve``, PyAV loaded)
+    that forks a child for each file. Started on the first file, started again when it has
+    gone; it exits when the router does (its socket closes). Not bound to an event loop:
+    the job's socket is."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._control: socket.socket | None = None
+
+    def _start(self) -> socket.socket:
+        self.close()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "corral.api.core.audio_child"], stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                env={k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG")})
+        self._control = ours
+        return ours
+
+    def job(self, container: str, max_samples: int, max_as: int, cpu_s: int) -> socket.socket:
+        """A socket to a new child that decodes one file (``audio_child``'s protocol)."""
+        msg = audio_child.JOB.pack(container.encode(), max_samples, max_as, cpu_s)
+        mine, child = socket.socketpair()
+        with child:
+            for attempt in (0, 1):
+                control = self._control
+                if control is None or self._proc is None or self._proc.poll() is not None:
+                    control = self._start()
+                try:
+                    socket.send_fds(control, [msg], [child.fileno()])
+                    break
+                except OSError:
+                    if attempt:
+                        mine.close()
+                        raise
+                    self.close()  # gone since: once more with a new one
+        return mine
+
+    def close(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+DECODER = Decoder()
+
+
 async def decode_audio(data: bytes, where: str, srv: ServerConfig, budget: AudioBudget,
                        declared: str | None = None) -> Pcm:
     """``data`` (an untrusted media file) as 16 kHz mono PCM, within ``budget``; the
@@ -156,31 +214,58 @@ async def decode_audio(data: bytes, where: str, srv: ServerConfig, budget: Audio
     if max_samples <= 0:
         raise InvalidAudio(f"{where}: the request's recordings are longer than {srv.max_audio_s:g} s together "
                            "(max_audio_s)", param=where)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "corral.api.core.audio_child", container, str(max_samples),
-        str(srv.audio_decode_memory), str(_CPU_S),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        start_new_session=True, env={k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG")})
     try:
-        out, err = await asyncio.wait_for(proc.communicate(data), srv.audio_decode_timeout_s)
-    except asyncio.TimeoutError:
+        sock = DECODER.job(container, max_samples, int(srv.audio_decode_memory), _CPU_S)
+    except OSError as exc:
+        raise InternalError(f"the audio decoder could not be started ({type(exc).__name__})") from None
+    loop = asyncio.get_running_loop()
+    pid = 0
+    reply = bytearray()
+    try:
+        sock.setblocking(False)
+        async with asyncio.timeout(srv.audio_decode_timeout_s):
+            head = await _recv_exactly(loop, sock, 8)
+            if head is not None:
+                (pid,) = struct.unpack("<q", head)
+                await loop.sock_sendall(sock, struct.pack("<q", len(data)) + data)
+                limit = audio_child.REPLY.size + 1024 + 2 * max_samples
+                while len(reply) <= limit and (chunk := await loop.sock_recv(sock, 1 << 20)):
+                    reply += chunk
+    except TimeoutError:
         raise InvalidAudio(f"{where}: the audio file did not decode within {srv.audio_decode_timeout_s:g} s "
                            "(audio_decode_timeout_s)", param=where) from None
+    except OSError:
+        reply.clear()  # the child went away mid-file: it crashed
     finally:
-        if proc.returncode is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-    reason = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-    if proc.returncode == 3:
+        sock.close()
+        if pid > 0:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)  # ended already, or stuck
+    n = audio_child.REPLY.size
+    if len(reply) < n:
+        raise InvalidAudio(f"{where}: the {container} audio could not be read: the decoder failed on it (a corrupt "
+                           "or hostile file)", param=where)
+    code, n_reason = audio_child.REPLY.unpack_from(reply)
+    reason = bytes(reply[n: n + n_reason]).decode("utf-8", "replace")
+    if code == audio_child.LONG:
         raise InvalidAudio(f"{where}: the recording is longer than the {budget.seconds:g} s the request may "
-                           f"have left (max_audio_s: {srv.max_audio_s:g} s a request; it runs {reason[0]})",
+                           f"have left (max_audio_s: {srv.max_audio_s:g} s a request; it runs {reason})",
                            param=where)
-    if proc.returncode != 0:
-        why = reason[0] if proc.returncode == 2 else "the decoder failed on it (a corrupt or hostile file)"
-        raise InvalidAudio(f"{where}: the {container} audio could not be read: {why}", param=where)
-    samples = np.frombuffer(out, dtype="<i2").copy()
+    if code != audio_child.OK:
+        raise InvalidAudio(f"{where}: the {container} audio could not be read: {reason}", param=where)
+    samples = np.frombuffer(bytes(reply[n + n_reason:]), dtype="<i2").copy()
     budget.seconds -= len(samples) / RATE
     return Pcm(samples)
+
+
+async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = await loop.sock_recv(sock, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
 
 
 def _base64(url: str, where: str, max_bytes: int) -> bytes:
