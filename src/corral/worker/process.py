@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,6 +47,7 @@ from corral.worker.host.cpu import ThreadGovernor, parent_running
 
 if TYPE_CHECKING:
     from corral.worker.engine import Engine
+    from corral.worker.media.steps import MediaSteps
     from corral.worker.preempt.urgent import UrgentStarts
 
 __all__ = ["main", "serve"]
@@ -72,16 +73,16 @@ class _Renderers:
     up to its time bound). ``put`` is how a result, and anything that must follow it (an
     Abort of the request, read while it rendered), joins the inbox."""
 
-    def __init__(self, put: Callable[[object, str | None], None], n: int = 2) -> None:
+    def __init__(self, put: Callable[[object, str | None], None], pool: Executor | None = None) -> None:
         self._put = put
-        self._pool = ThreadPoolExecutor(n, thread_name_prefix="corral-render")
+        self._pool = pool or ThreadPoolExecutor(2, thread_name_prefix="corral-render")
         self._lock = threading.Lock()
         self._held: dict[str, list[object]] = {}  # rendering: what was read for it meanwhile
 
-    def submit(self, rid: str, work: Callable[[], object]) -> None:
+    def submit(self, rid: str, work: Callable[[], object]) -> Future[None]:
         with self._lock:
             self._held[rid] = []
-        self._pool.submit(self._run, rid, work)
+        return self._pool.submit(self._run, rid, work)
 
     def hold(self, rid: str, msg: object) -> bool:
         """Keep ``msg`` (an Abort) until ``rid`` is rendered; False if it is not rendering."""
@@ -107,7 +108,8 @@ class _Renderers:
 def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]",
             prepare: Callable[[wire.GenerateRequest], object] | None = None,
             urgent: "UrgentStarts | None" = None,
-            tokenize: Callable[[wire.TokenizeRequest], object] | None = None) -> None:
+            tokenize: Callable[[wire.TokenizeRequest], object] | None = None,
+            media: "MediaSteps | None" = None) -> None:
     dec = wire.FrameDecoder()
 
     def put(msg: object, rid: str | None) -> None:
@@ -117,6 +119,12 @@ def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]",
             inbox.put(msg)
 
     renderers = _Renderers(put)
+    # a request that carries media is prepared (its images decoded, its recordings' mel
+    # spectrograms computed: libmtmd's own threads) on the media room's idle-priority thread,
+    # given its share of the engine's time (media/steps.py), not beside the decode threads;
+    # but the windows of one recording (a media_group) do not yield to one another, as
+    # their encodes do not: they are prepared side by side as other requests are
+    media_renderers = _Renderers(put, media.intake) if media is not None else None
     try:
         while True:
             data = sock.recv(1 << 16)
@@ -126,9 +134,14 @@ def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]",
                 try:
                     msg: object = wire.decode_to_worker(body)
                     rid = msg.id if isinstance(msg, wire.GenerateRequest) else None
-                    if isinstance(msg, wire.Abort) and renderers.hold(msg.id, msg):
+                    if isinstance(msg, wire.Abort) and (renderers.hold(msg.id, msg) or (
+                            media_renderers is not None and media_renderers.hold(msg.id, msg))):
                         continue
                     if prepare is not None and isinstance(msg, wire.GenerateRequest):
+                        if (media is not None and media_renderers is not None and _has_media(msg)
+                                and msg.media_group is None):
+                            media.preparing(media_renderers.submit(msg.id, functools.partial(prepare, msg)))
+                            continue
                         if msg.messages is not None:  # its chat template renders off the reader
                             renderers.submit(msg.id, functools.partial(prepare, msg))
                             continue
@@ -149,6 +162,10 @@ def _reader(sock: socket.socket, inbox: "queue.SimpleQueue[object]",
         log.error("socket read failed: %s", exc)
     finally:
         inbox.put(_EOF)
+
+
+def _has_media(req: wire.GenerateRequest) -> bool:
+    return bool(req.images) or any(m.images for m in req.messages or ())
 
 
 def _preparer(engine: "Engine") -> Callable[[wire.GenerateRequest], object]:
@@ -232,7 +249,8 @@ def serve(sock: socket.socket, settings: wire.WorkerSettings) -> int:
 
     inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
     threading.Thread(target=_reader, args=(sock, inbox, _preparer(engine), engine.preempt.urgent,
-                                           _template_renderer(engine)), name="corral-reader", daemon=True).start()
+                                           _template_renderer(engine), engine.media if engine.media.on else None),
+                     name="corral-reader", daemon=True).start()
     governor = ThreadGovernor(engine.m.threads, engine.set_threads, parent_running=parent_running)
     governor.enabled = governor.enabled and os.environ.get("CORRAL_ADAPTIVE_THREADS", "1") != "0"
     try:

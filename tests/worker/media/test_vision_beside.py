@@ -194,3 +194,58 @@ def test_a_state_restreamed_round_trips(engine2: Engine) -> None:
     assert restore_seq(engine2.m.ctx, slot.index, back)  # the engine's context reads it back
     assert ll.llama_memory_seq_pos_max(engine2.m.memory, slot.index) == pos_max == len(slot.cached) - 1
     assert restream(state[:-3], 1) is None  # not the layout: refused, never guessed
+
+
+def test_a_request_with_media_is_prepared_on_the_idle_intake_thread_with_its_share(engine2: Engine) -> None:
+    """worker/process.py's reader sends a request that carries media to the media room's
+    intake thread (nice, SCHED_IDLE: libmtmd's mel threads inherit it), which the step counts
+    as media work in flight until it is prepared; a text request and a recording's windows
+    (a media_group) are prepared on the ordinary render threads."""
+    import concurrent.futures
+    import queue
+    import socket
+
+    from corral.worker import process
+    from corral.worker.media.side import INTAKE_THREAD
+
+    v = engine2.media
+    release, started = threading.Event(), threading.Event()
+    where: dict[str, tuple[str, int, int]] = {}
+
+    def prepare(req: wire.GenerateRequest) -> object:
+        tid = threading.get_native_id()
+        with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+            stat = f.read()
+        name = stat[stat.index(b"(") + 1: stat.rindex(b")")].decode()
+        where[req.id] = (name, os.getpriority(os.PRIO_PROCESS, tid), int(stat[stat.rindex(b")") + 2:].split()[38]))
+        if req.id == "media":
+            started.set()
+            assert release.wait(30)
+        return req
+
+    ours, theirs = socket.socketpair()
+    inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+    reader = threading.Thread(target=process._reader, args=(theirs, inbox, prepare, None, None, v), daemon=True)
+    reader.start()
+    try:
+        img = picture(44)
+        ours.sendall(wire.encode(chat("media", user(f"Name {M}.", img))))
+        assert started.wait(30)
+        assert len(v._in_flight()) == 1 and v._prep  # the step sees it as media work in flight meanwhile
+        ours.sendall(wire.encode(wire.GenerateRequest(id="text", messages=[wire.ChatMessage(role="user", content="Hi")])))
+        ours.sendall(wire.encode(wire.GenerateRequest(id="window", prompt=f"{wire.MEDIA_MARKER} Transcribe",
+                                                      images=[img], media_group="rec")))
+        firsts = {getattr(inbox.get(timeout=30), "id") for _ in range(2)}
+        assert firsts == {"text", "window"}  # not behind the media request held on the intake thread
+        release.set()
+        assert getattr(inbox.get(timeout=30), "id") == "media"
+    finally:
+        release.set()
+        ours.close()
+        reader.join(30)
+    concurrent.futures.wait(list(v._prep), 30)  # its future ends just after its result is in the inbox
+    assert not v._prep and not v._in_flight()
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert where["media"] == (INTAKE_THREAD, min(19, base + BESIDE_NICE), os.SCHED_IDLE), where
+    for rid in ("text", "window"):
+        assert where[rid][0] != INTAKE_THREAD and where[rid][2] == os.SCHED_OTHER, where

@@ -63,11 +63,12 @@ from corral.worker.llama_context import ContextFailed, context_params, open_cont
 from corral.worker.cache.kv_store import restore_seq, save_seq
 from corral.worker.model import LoadedModel
 
-__all__ = ["BESIDE_NICE", "BESIDE_THREAD", "ImageThreads", "SideContext", "SideUnsupported", "restream",
-           "thread_nice"]
+__all__ = ["BESIDE_NICE", "BESIDE_THREAD", "INTAKE_THREAD", "ImageThreads", "SideContext", "SideUnsupported", "restream",
+           "start_thread", "thread_nice"]
 
 BESIDE_NICE = 19  # the beside thread's nice: below every normal-priority thread
 BESIDE_THREAD = "corral-img-bg"  # the beside thread's comm (at most 15 bytes)
+INTAKE_THREAD = "corral-media-in"  # the thread that prepares requests with media (media/steps.py)
 _PR_SET_NAME = 15
 
 
@@ -80,7 +81,7 @@ def _name_thread(name: str) -> None:
         pass  # not Linux: the names only serve thread_nice
 
 
-def _start_thread(name: str, nice: int) -> None:
+def start_thread(name: str, nice: int) -> None:
     _name_thread(name)
     if nice > 0 and hasattr(os, "setpriority"):
         try:
@@ -208,7 +209,7 @@ class ImageThreads:
                 fut.set_exception(exc)
             return fut
         if self._pool is None:
-            self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix=BESIDE_THREAD, initializer=_start_thread,
+            self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix=BESIDE_THREAD, initializer=start_thread,
                                                initargs=(BESIDE_THREAD, BESIDE_NICE))
         return self._pool.submit(_then_release, fn, *args)
 

@@ -53,7 +53,7 @@ from corral.worker.media import mrope
 from corral.worker.slots import Job, Slot, StepFeature
 from corral.worker.media.projector import Projector, load_projector
 from corral.worker.media.prompt import MediaChunk, MediaPrompt, kv_pos
-from corral.worker.media.side import ImageThreads, SideContext, SideUnsupported
+from corral.worker.media.side import BESIDE_NICE, INTAKE_THREAD, ImageThreads, SideContext, SideUnsupported, start_thread
 
 __all__ = ["EmbdBatch", "MediaSteps", "decode_embd"]
 
@@ -101,6 +101,8 @@ class MediaSteps(StepFeature):
         self.piece = max(1, min(m.n_batch, ll.llama_n_ubatch(m.ctx)))
         self._batch: EmbdBatch | None = None
         self.threads = ImageThreads()  # encodes and side decodes: here alone, niced beside other streams
+        self._intake: cf.ThreadPoolExecutor | None = None  # preparing requests with media (``intake``)
+        self._prep: set[cf.Future[Any]] = set()  # those being prepared there now
         self.side = SideContext(m, s, self.piece)
         self._pending: dict[MediaChunk, tuple[cf.Future[np.ndarray], Job]] = {}
         self._side: dict[MediaChunk, tuple[cf.Future[bytes], Job, int]] = {}  # decoding in the side context
@@ -136,6 +138,28 @@ class MediaSteps(StepFeature):
 
     # ------------------------------------------------------------------ preparing (any thread)
 
+    @property
+    def intake(self) -> cf.ThreadPoolExecutor:
+        """Where a request that carries media is prepared (worker/process.py): one thread at
+        nice ``BESIDE_NICE`` and ``SCHED_IDLE`` like the beside thread, so the work of
+        reading its files (images decoded, a recording's mel spectrogram, which libmtmd
+        computes on threads of its own, which inherit the priority) takes only the cores the
+        decode threads leave, and ``preparing`` gives it its share of each step. At normal
+        priority beside two streams, recordings sent back to back (each a cached prefix:
+        their preparation all there was to do) held the streams to 0.34-0.37x of their rate
+        alone (bench/probes/audio_beside.py). The windows of one recording (``media_group``)
+        are prepared on the ordinary render threads instead (worker/process.py)."""
+        if self._intake is None:
+            self._intake = cf.ThreadPoolExecutor(1, thread_name_prefix=INTAKE_THREAD, initializer=start_thread,
+                                                 initargs=(INTAKE_THREAD, BESIDE_NICE))
+        return self._intake
+
+    def preparing(self, fut: cf.Future[Any]) -> None:
+        """A request with media is being prepared on ``intake``: the step gives it its share
+        (``_give_share``) until ``fut`` is done."""
+        self._prep.add(fut)
+        fut.add_done_callback(self._prep.discard)
+
     def tokenize(self, text: str, media: list[bytes], *, add_special: bool) -> MediaPrompt:
         if self.proj is None:
             raise RequestRejected("invalid_request", f"model {self.model_id} does not take images: it has no "
@@ -148,7 +172,7 @@ class MediaSteps(StepFeature):
         """Start the encodes the slots' prompts need, collect finished ones, and decode one
         image piece (before the step's batch of tokens) or, beside other streams, hand the
         image to the side context."""
-        if self.proj is None or not (self._pending or self._side or any(_media_job(s) for s in slots)):
+        if self.proj is None or not (self._pending or self._side or self._prep or any(_media_job(s) for s in slots)):
             return
         others = _others_streaming(slots)
         self._give_share(others)
@@ -188,6 +212,8 @@ class MediaSteps(StepFeature):
         for fut, _ in self._pending.values():
             fut.cancel()
         self.threads.shutdown()
+        if self._intake is not None:
+            self._intake.shutdown(wait=False, cancel_futures=True)
         self._pending.clear()
         self._side.clear()
         if self.proj is not None:
@@ -210,8 +236,8 @@ class MediaSteps(StepFeature):
         self._last_step, self._waited = now, waited
 
     def _in_flight(self) -> list[cf.Future[Any]]:
-        """The encodes and side decodes not collected yet."""
-        return [f for f, _ in self._pending.values()] + [f for f, _, _ in self._side.values()]
+        """The encodes and side decodes not collected yet, and the requests being prepared."""
+        return [f for f, _ in self._pending.values()] + [f for f, _, _ in self._side.values()] + list(self._prep)
 
     def _embd_batch(self, n_embd: int) -> EmbdBatch:
         """A batch for image pieces: 4 positions an embedding with M-RoPE."""
