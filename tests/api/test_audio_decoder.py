@@ -10,7 +10,6 @@ import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 
 import pytest
@@ -47,11 +46,11 @@ def _wait_gone(pid: int) -> None:
 
 def _child_pid(sock: socket.socket) -> int:
     head = b""
-    while len(head) < 8:
-        chunk = sock.recv(8 - len(head))
+    while len(head) < audio_child.LEN.size:
+        chunk = sock.recv(audio_child.LEN.size - len(head))
         assert chunk, "the decoder's child closed before it said its pid"
         head += chunk
-    (pid,) = struct.unpack("<q", head)
+    (pid,) = audio_child.LEN.unpack(head)
     return int(pid)
 
 
@@ -69,7 +68,7 @@ def test_one_parent_a_child_a_file_and_none_left() -> None:
         sock = DECODER.job("wav", 16000 * 10, int(SRV.audio_decode_memory), 120)
         with sock:
             pids.append(_child_pid(sock))
-            sock.sendall(struct.pack("<q", len(wav)) + wav)
+            sock.sendall(audio_child.LEN.pack(len(wav)) + wav)
             reply = b""
             while chunk := sock.recv(1 << 20):
                 reply += chunk

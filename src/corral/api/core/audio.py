@@ -10,9 +10,9 @@ as audio, a Responses ``input_audio`` part, a ``/completion`` multimodal item, t
 2. ``decode_audio``: the file goes to a child process (``api/core/audio_child.py``: PyAV,
    i.e. FFmpeg's demuxer for that one container and its decoders, forked for that file by
    the decoder's parent, ``Decoder``) that writes 16 kHz mono s16 samples back. The child
-   has an address-space and a CPU-time bound of its own and the router a wall-clock one (``[server] audio_decode_timeout_s``): a decoder that crashes,
-   loops or balloons ends the child, never the router, and is a 400 naming the part. It
-   stops at ``max_audio_s`` (what the request's other files left): a small file that
+   has an address-space and a CPU-time bound of its own and the router a wall-clock one
+   (``[server] audio_decode_timeout_s``): a decoder that crashes, loops or balloons ends
+   the child, never the router, and is a 400 naming the part. It stops at ``max_audio_s`` (what the request's other files left): a small file that
    decodes to hours is refused while it is decoded, not after;
 3. the bounds before any decoding: ``max_audio_files_per_request`` (400),
    ``max_audio_bytes`` a file and ``max_audio_bytes_per_request`` together (413);
@@ -224,10 +224,10 @@ async def decode_audio(data: bytes, where: str, srv: ServerConfig, budget: Audio
     try:
         sock.setblocking(False)
         async with asyncio.timeout(srv.audio_decode_timeout_s):
-            head = await _recv_exactly(loop, sock, 8)
+            head = await _recv_exactly(loop, sock, audio_child.LEN.size)
             if head is not None:
-                (pid,) = struct.unpack("<q", head)
-                await loop.sock_sendall(sock, struct.pack("<q", len(data)) + data)
+                (pid,) = audio_child.LEN.unpack(head)
+                await loop.sock_sendall(sock, audio_child.LEN.pack(len(data)) + data)
                 limit = audio_child.REPLY.size + 1024 + 2 * max_samples
                 while len(reply) <= limit and (chunk := await loop.sock_recv(sock, 1 << 20)):
                     reply += chunk

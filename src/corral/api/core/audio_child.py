@@ -40,20 +40,20 @@ import socket
 import struct
 import sys
 
-__all__ = ["JOB", "REPLY", "OK", "BAD", "LONG", "serve", "decode"]
+__all__ = ["JOB", "LEN", "REPLY", "OK", "BAD", "LONG", "serve", "decode"]
 
 RATE = 16_000
 OK, BAD, LONG = 0, 2, 3
 JOB = struct.Struct("<16sqqq")  # container, most samples, address-space bytes, CPU seconds
 REPLY = struct.Struct("<BH")  # status, the reason's length (then the reason, then the samples)
-_LEN = struct.Struct("<q")  # the child's pid; the file's length
+LEN = struct.Struct("<q")  # the child's pid (to the router); the file's length (from it)
 
 
 def _limit(max_as: int, cpu_s: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (max_as, max_as))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # stdout is a pipe, not a file
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # its output is a socket, not a file
 
 
 class _Failed(Exception):
@@ -134,8 +134,8 @@ def _recv(conn: socket.socket, n: int) -> bytes:
 def _child(conn: socket.socket, job: bytes) -> None:
     """One file, in the forked child (``serve``)."""
     name, max_samples, max_as, cpu_s = JOB.unpack(job)
-    conn.sendall(_LEN.pack(os.getpid()))
-    (n,) = _LEN.unpack(_recv(conn, _LEN.size))
+    conn.sendall(LEN.pack(os.getpid()))
+    (n,) = LEN.unpack(_recv(conn, LEN.size))
     data = _recv(conn, n)
     _limit(max_as, cpu_s)
     out = io.BytesIO()
