@@ -12,8 +12,8 @@ as audio, a Responses ``input_audio`` part, a ``/completion`` multimodal item, t
    the decoder's parent, ``Decoder``) that writes 16 kHz mono s16 samples back. The child
    has an address-space and a CPU-time bound of its own and the router a wall-clock one
    (``[server] audio_decode_timeout_s``): a decoder that crashes, loops or balloons ends
-   the child, never the router, and is a 400 naming the part. It stops at ``max_audio_s`` (what the request's other files left): a small file that
-   decodes to hours is refused while it is decoded, not after;
+   the child, never the router, and is a 400 naming the part. It stops at
+   ``max_audio_s`` (what the request's other files left): a small file that decodes to hours is refused while it is decoded, not after;
 3. the bounds before any decoding: ``max_audio_files_per_request`` (400),
    ``max_audio_bytes`` a file and ``max_audio_bytes_per_request`` together (413);
 4. the worker gets each recording as a 16 kHz mono 16-bit WAV (``wav_bytes``), the one
