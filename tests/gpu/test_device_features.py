@@ -22,9 +22,10 @@ the estimate (``_need``: the feature model loads beside ``plain``); the projecto
 (``use_gpu = False`` in worker/media/projector.py: ``mmproj_device`` "CPU").
 tests/control/test_projector_memory.py checks the same accounting with fake workers.
 
-Cold (an empty Mesa shader cache) the first run took 38 minutes on 2 loaded cores, nearly
-all of it the first 7-token prompt's pipelines, and the projector's encode about 6 minutes
-more; warm, the file takes 50 s (three cases, 14 to 17 s each).
+Cold (an empty Mesa shader cache, flash attention off: ``SETTINGS``), on 2 quiet cores
+(2026-12-06): draft 210 s (the first 7-token prompt's pipelines), LoRA 36 s, projector 505 s
+(its encode's; 1,091 s with flash attention in libmtmd); warm, the file takes 50 s (three
+cases, 14 to 17 s each).
 """
 
 from __future__ import annotations

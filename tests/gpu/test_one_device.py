@@ -26,9 +26,10 @@ matrix (planned weights 235 MiB against the 65 MiB llama.cpp logged on Vulkan0);
 with ``prompt_cache_disk = 0`` (0 cached tokens instead of 78).
 
 Warm (the shader cache kept), the group takes about a minute; cold, the pipelines of each
-new batch shape compile at the first prompt that needs them (30 minutes at the first 7-token
-prompt on 2 shared cores; the swap's 84-token prompt goes in 7-token batches so that it adds
-about 2 minutes, not 24): docs/benchmarks/2026-12-03-vulkan-lavapipe.md.
+new batch shape compile at the first prompt that needs them (the swap's 84-token prompt goes in
+7-token batches so that it adds minutes, not 24): the whole group cold 19.6 minutes on 2 quiet
+cores, 32 with flash attention on (docs/benchmarks/2026-12-06-fresh-machine.md,
+docs/benchmarks/2026-12-03-vulkan-lavapipe.md).
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 
 MiB = 1024 * 1024
 # own_instances: each id its own worker process on the device (the seeds' case), not a variant
-# sharing the first one's weights (what tables with the same file and load settings are otherwise)
-SETTINGS = {"ctx_len": 512, "n_parallel": 1, "threads": 2, "own_instances": True}
+# sharing the first one's weights (what tables with the same file and load settings are otherwise).
+# flash_attn off, in the model and its projector: flash attention's shaders are lavapipe's slowest
+# to compile (the first 7-token prompt, cold, 773 s with it and 468 s without on 2 quiet cores)
+SETTINGS = {"ctx_len": 512, "n_parallel": 1, "threads": 2, "own_instances": True, "flash_attn": False}
 PROMPT = "One, two, three,"
 TOKENS = 4
 # 64 tokens or more: the prompt cache keeps it (worker/prompt_cache.py MIN_SAVE_TOKENS)

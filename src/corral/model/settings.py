@@ -129,7 +129,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # min(n_parallel, CPUs, 4) with no GPU layers, else min(n_parallel, CPUs, 8). Never
     # more than the cores the thread governor finds free at that moment.
     sampling_threads: Annotated[int, Meta(ge=1, le=256)] | Literal["auto"] = "auto"
-    flash_attn: bool | None = None  # None: llama.cpp decides
+    flash_attn: bool | None = None  # None: llama.cpp decides (the model and its projector)
     # sliding-window layers keep every position (llama-server's --swa-full): more KV memory
     # (Gemma 3 270M at 2 x 8192 cells: 144 MiB, not 54), and a cached prefix is reusable at
     # any length, not only while its last window is still there (a shared system prompt)

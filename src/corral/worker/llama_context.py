@@ -94,6 +94,14 @@ def model_params(n_gpu_layers: int) -> Any:
     return p
 
 
+def flash_attn_type(s: wire.WorkerSettings) -> int:
+    """llama.cpp's flash attention type for ``s.flash_attn``: on, off, or auto where unset (the
+    model's context and its projector's, as llama-server's ``-fa`` sets both)."""
+    if s.flash_attn is None:
+        return int(ll.LLAMA_FLASH_ATTN_TYPE_AUTO)
+    return int(ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+
+
 def context_params(s: wire.WorkerSettings, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
                    threads: int, threads_batch: int | None = None, flash_attn: bool = True,
                    **more: Any) -> Any:
@@ -106,8 +114,8 @@ def context_params(s: wire.WorkerSettings, *, n_ctx: int, n_batch: int, n_ubatch
     p.n_threads_batch = threads if threads_batch is None else threads_batch
     p.no_perf = True
     p.type_k, p.type_v = GGML_TYPES[s.cache_type_k], GGML_TYPES[s.cache_type_v]
-    if flash_attn and s.flash_attn is not None:
-        p.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    if flash_attn:
+        p.flash_attn_type = flash_attn_type(s)
     for name, value in more.items():
         setattr(p, name, value)
     return p

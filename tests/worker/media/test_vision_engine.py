@@ -65,6 +65,19 @@ def test_model_info_says_vision(vengine: Engine, mmproj_path: Path) -> None:
     assert {b.buffer for b in vengine.info.mmproj_buffers} <= {"CPU"}
 
 
+def test_the_projector_follows_the_models_flash_attn(vengine: Engine, model_path: Path, mmproj_path: Path) -> None:
+    """``flash_attn`` is the model's and its projector's, as llama-server's ``-fa`` is: unset,
+    llama.cpp decides (the CPU backend has it); false, libmtmd's attention is not flash."""
+    assert vengine.media.proj is not None and vengine.media.proj.flash_attn is True
+    off = Engine(settings_for(model_path, n_parallel=1, ctx_len=512, flash_attn=False, mmproj=str(mmproj_path)))
+    try:
+        assert off.media.proj is not None and off.media.proj.flash_attn is False
+        texts, finals, _ = run_engine(off, [chat("off", user(f"Describe {M} please.", picture(1)))])
+        assert finished(finals, "off").usage.completion_tokens > 0
+    finally:
+        off.close()
+
+
 def test_an_image_request_answers(vengine: Engine) -> None:
     before = vengine.media.encodes
     texts, finals, _ = run_engine(vengine, [chat("one", user(f"Describe {M} please.", picture(1)))])

@@ -37,7 +37,7 @@ import numpy.typing as npt
 from corral import wire
 from corral.worker.failures import RequestRejected
 from corral.worker.host.devices import logged_buffers
-from corral.worker.llama_context import captured
+from corral.worker.llama_context import captured, flash_attn_type
 from corral.worker.llama_context import log_callback as _log_callback
 from corral.worker.llama_context import log_lines as _log_lines
 from corral.worker.media.audio import AudioChunk, window_digest
@@ -55,6 +55,7 @@ CHUNK_KINDS: dict[int, type[MediaChunk]] = {
 }
 _ID_SPACE = 2**31 - 1  # pseudo-ids are -1 .. -(2**31 - 1): they fit the batch's int32 tokens
 _USING = re.compile(r"CLIP using (\S+) backend")  # clip.cpp's line at the load
+_FLASH = re.compile(r"flash attention is (enabled|disabled)")  # clip.cpp's warmup, at the load
 
 
 def media_ids(digest: bytes, n: int) -> list[int]:
@@ -77,6 +78,7 @@ class Projector:
     vision: bool = True  # it has an image encoder (mtmd_support_vision)
     audio: bool = False  # it has an audio encoder (mtmd_support_audio)
     device: str = ""  # the backend libmtmd runs it on, as it logged it ("Vulkan0", "CPU")
+    flash_attn: bool = False  # its attention is flash attention, as libmtmd logged it at the load
     buffers: list[wire.BufferSize] = field(default_factory=list)  # its compute buffers, as logged
     encodes: int = 0  # images encoded (a cache hit is none)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -191,6 +193,7 @@ def _load(s: wire.WorkerSettings, path: str, m: LoadedModel) -> Projector:
     p = mtmd.mtmd_context_params_default()
     p.use_gpu = m.info.gpu_layers > 0
     p.n_threads = m.threads_batch
+    p.flash_attn_type = flash_attn_type(s)
     p.print_timings = False
     p.media_marker = wire.MEDIA_MARKER.encode()
     with captured() as lines:  # "CLIP using Vulkan0 backend", "Vulkan0 compute buffer size = ..."
@@ -206,4 +209,5 @@ def _load(s: wire.WorkerSettings, path: str, m: LoadedModel) -> Projector:
     return Projector(ctx, ll.llama_model_n_embd_inp(m.model), path, os.path.getsize(path),  # n_embd_inp: Qwen3-VL adds deepstack
                      mrope=bool(mtmd.mtmd_decode_use_mrope(ctx)), vision=vision, audio=audio,
                      device=used[-1] if used else "",
+                     flash_attn=[f.group(1) for f in map(_FLASH.search, lines) if f][-1:] == ["enabled"],
                      buffers=logged_buffers(lines))
