@@ -57,18 +57,8 @@ chromium:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
 	  else sudo -n apt-get update -qq && sudo -n apt-get install -y -qq chromium; fi; }
 
-# The GPU build (the first time: about 14 minutes of 2 cores, niced) goes on beside the rest of the
-# suite, which leaves a core idle about half the time; the GPU group runs once the build is in place.
-# Either part failing fails the target; a build that fails shows its log's end.
-test: install chromium
-	@status=0; echo "the $(GPU_BACKEND) build for the GPU group (tests/gpu) goes on beside the suite: $(VENV)/gpu-build.log"; \
-	$(MAKE) --no-print-directory $(VENV)/llama-cpp-$(GPU_BACKEND)/.installed > $(VENV)/gpu-build.log 2>&1 & build=$$!; \
-	trap 'kill $$build 2>/dev/null' INT TERM; \
-	CORRAL_GPU_BACKEND=$(GPU_BACKEND) $(PY) -m pytest -q -ra --durations=30 --ignore=tests/gpu || status=1; \
-	if wait $$build; then \
-	  CORRAL_GPU_BACKEND=$(GPU_BACKEND) $(PY) -m pytest -q -ra --durations=10 tests/gpu || status=1; \
-	else echo "the $(GPU_BACKEND) build failed ($(VENV)/gpu-build.log):"; tail -40 $(VENV)/gpu-build.log; status=1; fi; \
-	exit $$status
+test: install chromium $(VENV)/llama-cpp-$(GPU_BACKEND)/.installed
+	CORRAL_GPU_BACKEND=$(GPU_BACKEND) $(PY) -m pytest -q -ra --durations=30
 
 # The long reliability run (30 minutes, two models, faults under load; see tests/reliability/soak.py).
 soak: install
