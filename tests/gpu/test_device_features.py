@@ -12,8 +12,8 @@ backend"; the draft's and the adapter's buffers as llama.cpp logged them), and g
 the same twice on the device (the projector: an image; the draft: the model's own tokens; the
 adapter: other tokens than the model's, and the model's at scale 0).
 
-Lean for lavapipe: 7-token batches (``n_batch = 7``, the pipelines the other GPU tests
-compile), a one-token image (16x16 pixels, 8x8 patches, merged 2x2), drafts of at most 2.
+Lean for lavapipe: prompts a token at a time (``SETTINGS``: the pipelines a decode uses), a
+one-token image (16x16 pixels, 8x8 patches, merged 2x2), drafts of at most 2.
 
 Each check fails with its mutation (on lavapipe, 2026-12-03): the fit plan's neighbours not
 counted once reported (``placement.gpus._fitted`` returning ``_plan_shares``: used 85,408,256
@@ -22,10 +22,9 @@ the estimate (``_need``: the feature model loads beside ``plain``); the projecto
 (``use_gpu = False`` in worker/media/projector.py: ``mmproj_device`` "CPU").
 tests/control/test_projector_memory.py checks the same accounting with fake workers.
 
-Cold (an empty Mesa shader cache, flash attention off: ``SETTINGS``), on 2 quiet cores
-(2026-12-06): draft 210 s (the first 7-token prompt's pipelines), LoRA 36 s, projector 505 s
-(its encode's; 1,091 s with flash attention in libmtmd); warm, the file takes 50 s (three
-cases, 14 to 17 s each).
+Cold (an empty Mesa shader cache, ``SETTINGS``), beside the rest of the suite on 2 cores
+(2026-12-07): projector 468 s (the first prompt's pipelines, then its encode's), draft 10 s,
+LoRA 12 s; with 7-token batches and the draft's flash attention on it was 743, 306 and 38 s.
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ from .test_one_device import PROMPT, SETTINGS, instance, load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 
-LEAN = {**SETTINGS, "n_batch": 7}
 TOKENS = 4
 
 
@@ -73,7 +71,7 @@ def feature_model(feature: str, model_path: Path, files: dict[str, Path]) -> dic
         "draft": {"speculative": "draft", "draft_model": str(files["draft"]), "draft_max": 2},
         "lora": {"lora": [{"id": "a", "path": str(files["lora"]), "scale": 1.0}]},
     }[feature]
-    return {"path": str(model_path), **LEAN, **extra}
+    return {"path": str(model_path), **SETTINGS, **extra}
 
 
 def need(table: dict[str, Any], model_path: Path, gpu0: Any) -> int:
@@ -123,7 +121,7 @@ async def test_a_feature_on_the_device(feature: str, harness: Harness, model_pat
                                        fixtures: dict[str, Path]) -> None:
     [gpu0] = [d for d in probe_devices([sys.executable, "-m", "corral.worker"]) if d.kind == "gpu"]
     device = f"{DEVICE}0"
-    tables = {"plain": {"path": str(model_path), **LEAN}, feature: feature_model(feature, model_path, fixtures)}
+    tables = {"plain": {"path": str(model_path), **SETTINGS}, feature: feature_model(feature, model_path, fixtures)}
     needs = {m: need(t, model_path, gpu0) for m, t in tables.items()}
     assert needs[feature] > needs["plain"]
     budget = needs["plain"] + needs[feature] - 1  # each alone, never both

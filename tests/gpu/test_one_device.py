@@ -25,11 +25,12 @@ ignoring what is used (the budget ignored: c loads, nothing stopped); the evicti
 matrix (planned weights 235 MiB against the 65 MiB llama.cpp logged on Vulkan0); the swap
 with ``prompt_cache_disk = 0`` (0 cached tokens instead of 78).
 
-Warm (the shader cache kept), the group takes about a minute; cold, the pipelines of each
-new batch shape compile at the first prompt that needs them (the swap's 84-token prompt goes in
-7-token batches so that it adds minutes, not 24): the whole group cold 19.6 minutes on 2 quiet
-cores, 32 with flash attention on (docs/benchmarks/2026-12-06-fresh-machine.md,
-docs/benchmarks/2026-12-03-vulkan-lavapipe.md).
+Warm (the shader cache kept), the group takes about a minute; cold, lavapipe compiles each
+pipeline at the first graph that needs it, a matrix-vector product once per weight type and
+batch width (a minute or more each), so every prompt here goes a token at a time
+(``n_batch = 1``: the width a decode uses) and without flash attention: the whole group cold
+9 minutes beside the rest of the suite, was 27.7 with 7-token batches and the draft's flash
+attention (docs/benchmarks/2026-12-07-fresh-machine.md).
 """
 
 from __future__ import annotations
@@ -55,9 +56,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 MiB = 1024 * 1024
 # own_instances: each id its own worker process on the device (the seeds' case), not a variant
 # sharing the first one's weights (what tables with the same file and load settings are otherwise).
-# flash_attn off, in the model and its projector: flash attention's shaders are lavapipe's slowest
-# to compile (the first 7-token prompt, cold, 773 s with it and 468 s without on 2 quiet cores)
-SETTINGS = {"ctx_len": 512, "n_parallel": 1, "threads": 2, "own_instances": True, "flash_attn": False}
+# flash_attn off, in the model, its draft and its projector: flash attention's shaders are
+# lavapipe's slowest to compile (the first 7-token prompt, cold, 773 s with it and 468 s without
+# on 2 quiet cores). n_batch 1: every prompt goes a token at a time, through the pipelines a
+# decode uses; each other batch width is a pipeline per weight type for LLVM to compile once
+# (a minute or more each on 2 cores: the swap's 7-token batches alone cost 6 minutes cold)
+SETTINGS = {"ctx_len": 512, "n_parallel": 1, "threads": 2, "own_instances": True, "flash_attn": False,
+            "n_batch": 1}
 PROMPT = "One, two, three,"
 TOKENS = 4
 # 64 tokens or more: the prompt cache keeps it (worker/prompt_cache.py MIN_SAVE_TOKENS)
@@ -193,10 +198,7 @@ async def test_a_swap_on_the_device_keeps_the_prompt_cache(harness: Harness, mod
     """``max_loaded_models = 1``: a second model swaps the first off the device (its bytes
     freed there), and the first one's prefix comes back from the prompt cache on disk when it
     returns, with the greedy tokens a fresh prefill gave."""
-    # n_batch 7: the long prompt goes in batches of the first test's prompt length, whose
-    # pipelines lavapipe has mostly compiled by then (measured: 107 s more cold; in one
-    # 84-token batch it needs pipelines of its own: 24 minutes cold)
-    models = {m: {"path": str(model_path), **SETTINGS, "n_batch": 7} for m in ("m1", "m2")}
+    models = {m: {"path": str(model_path), **SETTINGS} for m in ("m1", "m2")}
     cfg = harness.config(models, worker_command=None, max_loaded_models=1, state_dir=str(tmp_path / "state"),
                          load_timeout_s=1800, queue_timeout_s=1800)
     plane = await harness.start(cfg)

@@ -96,26 +96,24 @@ def model_params(n_gpu_layers: int) -> Any:
 
 def flash_attn_type(s: wire.WorkerSettings) -> int:
     """llama.cpp's flash attention type for ``s.flash_attn``: on, off, or auto where unset (the
-    model's context and its projector's, as llama-server's ``-fa`` sets both)."""
+    model's context, its draft's and its projector's, as llama-server's ``-fa`` sets them all)."""
     if s.flash_attn is None:
         return int(ll.LLAMA_FLASH_ATTN_TYPE_AUTO)
     return int(ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED)
 
 
 def context_params(s: wire.WorkerSettings, *, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int,
-                   threads: int, threads_batch: int | None = None, flash_attn: bool = True,
-                   **more: Any) -> Any:
+                   threads: int, threads_batch: int | None = None, **more: Any) -> Any:
     """``llama_context_params`` for a context of ``s``'s model: the sizes given, the KV cache
-    types of ``s``, no perf counters, ``s.flash_attn`` (unless ``flash_attn`` is False: the
-    llama.cpp default), and any other field in ``more`` (``embeddings=True``, ...)."""
+    types of ``s``, no perf counters, ``s.flash_attn``, and any other field in ``more``
+    (``embeddings=True``, ...)."""
     p = ll.llama_context_default_params()
     p.n_ctx, p.n_batch, p.n_ubatch, p.n_seq_max = n_ctx, n_batch, n_ubatch, n_seq_max
     p.n_threads = threads
     p.n_threads_batch = threads if threads_batch is None else threads_batch
     p.no_perf = True
     p.type_k, p.type_v = GGML_TYPES[s.cache_type_k], GGML_TYPES[s.cache_type_v]
-    if flash_attn:
-        p.flash_attn_type = flash_attn_type(s)
+    p.flash_attn_type = flash_attn_type(s)
     for name, value in more.items():
         setattr(p, name, value)
     return p

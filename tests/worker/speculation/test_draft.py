@@ -11,6 +11,7 @@ still the model's own. A draft with another vocabulary is refused at load.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 from corral import wire
 from corral.worker.speculation.draft import DraftSpeculator, main_settings
 from corral.worker.engine import Engine
+from corral.worker.llama_context import captured
 from corral.worker.model import ModelLoadError
 from corral.worker.slots import Slot
 from corral.worker.speculation.speculator import CPU_TOKEN_COST
@@ -89,6 +91,17 @@ def test_a_draft_with_another_vocabulary_is_refused(model_path: Path, tiny_draft
     for path, reason in cases:
         with pytest.raises(ModelLoadError, match=reason):
             Engine(settings_for(model_path, speculative="draft", draft_model=str(path), n_parallel=2, ctx_len=1024))
+
+
+def test_the_draft_follows_the_models_flash_attn(model_path: Path, tiny_drafts: tuple[Path, Path]) -> None:
+    """``flash_attn`` is the draft's too, as llama-server's ``-fa`` is: false, both contexts are
+    made without flash attention (llama.cpp logs each context's setting as it makes it)."""
+    with captured() as lines:
+        e = Engine(settings_for(model_path, speculative="draft", draft_model=str(tiny_drafts[0]), n_parallel=1,
+                                ctx_len=512, flash_attn=False))
+    e.close()
+    made = [line.rsplit("=", 1)[1].strip() for line in lines if re.search(r"flash_attn\s+=", line)]
+    assert made == ["disabled", "disabled"], made
 
 
 def test_the_main_plan_leaves_room_for_the_draft(model_path: Path) -> None:

@@ -112,7 +112,7 @@ def _draft_context(s: wire.WorkerSettings, m: LoadedModel, path: Path, model: ll
         # a logits row a drafting slot (fit.plan counts the same); a stream per slot, with whole
         # windows: rollbacks lose no cell
         p = context_params(s, n_ctx=n_ctx_slot * m.n_slots, n_batch=m.n_batch, n_ubatch=min(m.n_batch, 512),
-                           n_seq_max=m.n_slots, threads=m.threads, threads_batch=m.threads_batch, flash_attn=False,
+                           n_seq_max=m.n_slots, threads=m.threads, threads_batch=m.threads_batch,
                            n_outputs_max=outputs_max(draft_settings(s), m.n_slots), kv_unified=False, swa_full=True)
         try:
             return open_context(model, p)[0]
