@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "from corral.store.embedded import embedded_model_path; print('default model:', embedded_model_path())"
 	touch $@
 
-# A GPU build (Vulkan: 847 s measured on 2 shared cores, shaders included), kept outside the checkout
+# A GPU build (Vulkan: 307 s on a fresh 2-core machine, shaders included), kept outside the checkout
 # as pip keeps the CPU wheel: in $(CORRAL_GPU_CACHE)/whl/ (never in pip's cache, which does not key
 # on CMAKE_ARGS), with Mesa's lavapipe and its shader cache beside it (bench/gpu/build_wheel.sh)
 $(VENV)/llama-cpp-%/.installed: $(VENV)/.installed bench/gpu/build_wheel.sh bench/gpu/install_backend.sh

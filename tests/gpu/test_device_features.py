@@ -22,9 +22,9 @@ the estimate (``_need``: the feature model loads beside ``plain``); the projecto
 (``use_gpu = False`` in worker/media/projector.py: ``mmproj_device`` "CPU").
 tests/control/test_projector_memory.py checks the same accounting with fake workers.
 
-Cold (an empty Mesa shader cache, ``SETTINGS``), beside the rest of the suite on 2 cores
-(2026-12-07): projector 468 s (the first prompt's pipelines, then its encode's), draft 10 s,
-LoRA 12 s; with 7-token batches and the draft's flash attention on it was 743, 306 and 38 s.
+Cold (an empty Mesa shader cache, ``SETTINGS``), a fresh machine's ``make test`` on 2 cores
+(2026-12-07): projector 336 s (the first prompt's pipelines, then its encode's), draft 14 s,
+LoRA 14 s; with 7-token batches and the draft's flash attention on: 592, 189 and 34 s.
 """
 
 from __future__ import annotations

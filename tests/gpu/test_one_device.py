@@ -29,7 +29,7 @@ Warm (the shader cache kept), the group takes about a minute; cold, lavapipe com
 pipeline at the first graph that needs it, a matrix-vector product once per weight type and
 batch width (a minute or more each), so every prompt here goes a token at a time
 (``n_batch = 1``: the width a decode uses) and without flash attention: the whole group cold
-9 minutes beside the rest of the suite, was 27.7 with 7-token batches and the draft's flash
+7 minutes on a fresh 2-core machine, was 20.8 with 7-token batches and the draft's flash
 attention (docs/benchmarks/2026-12-07-fresh-machine.md).
 """
 
